@@ -1,0 +1,100 @@
+# Lovelock — the entry points people type. `make help` lists them.
+#
+# Two commands work on a fresh Debian bookworm machine, as root:
+#   make demo   sets up everything and runs the testbed demo
+#   make test   sets up everything and runs the test suite
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+# Go lives in /usr/local/go on our machines; the module proxy supplies the
+# toolchain go.mod asks for when the installed one is older.
+export PATH := /usr/local/go/bin:$(HOME)/go/bin:$(PATH)
+export GOTOOLCHAIN ?= auto
+
+GO        ?= go
+BIN       := bin
+ARCHES    := amd64 arm64
+VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -s -w -X github.com/lovelock-dpu/lovelock/appliance.Version=$(VERSION)
+FUZZTIME  ?= 10s
+PREFIX    ?= ll-
+
+# Debian packages the project needs: clang/llvm/libbpf-dev/linux-libc-dev
+# build the BPF objects; iproute2, bpftool and tcpdump are for people
+# inspecting the testbed; git and ca-certificates fetch Go modules.
+APT_PACKAGES := clang llvm libbpf-dev linux-libc-dev iproute2 bpftool tcpdump \
+	iputils-ping git make ca-certificates
+
+.PHONY: help
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+.PHONY: deps
+deps: ## install every apt package and Go module the project needs (idempotent)
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "deps: installing $$missing"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+	@if ! command -v $(GO) >/dev/null; then \
+		echo "deps: no Go found; installing Debian's golang-go (the module proxy then supplies the toolchain go.mod names)"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq golang-go >/dev/null; \
+	fi
+	@$(GO) mod download
+	@$(GO) version
+
+.PHONY: generate
+generate: ## regenerate the BPF objects and Go bindings from bpf/*.c (needs clang)
+	$(GO) generate ./bpf/...
+
+.PHONY: build
+build: ## build static lovelock and lovelockd for amd64 and arm64 into bin/
+	@for arch in $(ARCHES); do \
+		for cmd in control/cmd/lovelock appliance/cmd/lovelockd; do \
+			CGO_ENABLED=0 GOOS=linux GOARCH=$$arch $(GO) build -trimpath -ldflags '$(LDFLAGS)' \
+				-o $(BIN)/linux_$$arch/$$(basename $$cmd) ./$$cmd; \
+		done; \
+	done
+	@ls -l $(BIN)/linux_*/
+
+.PHONY: test
+test: deps ## run every test (privileged ones need root) and short fuzz runs
+	$(GO) tool gotestsum --format testname -- -count=1 ./...
+	$(GO) test -run='^$$' -fuzz='^FuzzDecode$$' -fuzztime=$(FUZZTIME) ./dataplane/wire/
+
+.PHONY: bench
+bench: ## run the benchmarks
+	$(GO) test -run='^$$' -bench=. -benchmem ./...
+
+.PHONY: lint
+lint: ## gofmt, go vet and staticcheck
+	@bad=$$(gofmt -l $$(git ls-files '*.go')); \
+	if [ -n "$$bad" ]; then echo "gofmt would change:"; echo "$$bad"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
+
+.PHONY: demo
+demo: deps ## bring up the testbed, show it, run the planner, tear it down
+	$(GO) build -o $(BIN)/lovelock ./control/cmd/lovelock
+	@trap '$(BIN)/lovelock testbed down --prefix $(PREFIX)' EXIT; \
+	set -x; \
+	$(BIN)/lovelock testbed up --prefix $(PREFIX); \
+	$(BIN)/lovelock testbed status --prefix $(PREFIX); \
+	$(BIN)/lovelock testbed exec --prefix $(PREFIX) host0 -- ping -c 2 -W 1 10.77.11.1; \
+	$(BIN)/lovelock plan --scenario paper; \
+	$(BIN)/lovelock plan --phi 3 --slowdown 1.2
+
+.PHONY: testbed-up
+testbed-up: ## bring up the netns testbed (idempotent)
+	$(GO) run ./control/cmd/lovelock testbed up --prefix $(PREFIX)
+
+.PHONY: testbed-down
+testbed-down: ## remove the netns testbed, also after a crash
+	$(GO) run ./control/cmd/lovelock testbed down --prefix $(PREFIX)
+
+.PHONY: clean
+clean: ## remove build outputs
+	rm -rf $(BIN)

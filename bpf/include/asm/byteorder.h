@@ -1,0 +1,2 @@
+/* See README: bpfel is little-endian. */
+#include <linux/byteorder/little_endian.h>

@@ -1,0 +1,2 @@
+/* See README. */
+#include <asm-generic/ioctl.h>

@@ -1,0 +1,2 @@
+/* See README. */
+#include <asm-generic/posix_types.h>
