@@ -20,6 +20,8 @@ VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X github.com/lovelock-dpu/lovelock/appliance.Version=$(VERSION)
 FUZZTIME  ?= 10s
 PREFIX    ?= ll-
+# Go release installed when a machine has none (see deps).
+GO_BOOTSTRAP := go1.26.8
 
 # Debian packages the project needs: clang/llvm/libbpf-dev/linux-libc-dev
 # build the BPF objects; iproute2, bpftool and tcpdump are for people
@@ -40,8 +42,13 @@ deps: ## install every apt package and Go module the project needs (idempotent)
 		apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 	@if ! command -v $(GO) >/dev/null; then \
-		echo "deps: no Go found; installing Debian's golang-go (the module proxy then supplies the toolchain go.mod names)"; \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq golang-go >/dev/null; \
+		echo "deps: no Go found; bootstrapping $(GO_BOOTSTRAP) into /usr/local/go through Debian's golang-go and the module proxy"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq golang-go >/dev/null; \
+		arch=$$(dpkg --print-architecture); \
+		dir=$$(cd /tmp && GOMODCACHE=/usr/local/lib/go-toolchains GOFLAGS=-modcacherw /usr/lib/go/bin/go mod download -json \
+			golang.org/toolchain@v0.0.1-$(GO_BOOTSTRAP).linux-$$arch | sed -n 's/.*"Dir": "\(.*\)".*/\1/p'); \
+		[ ! -e /usr/local/go ] || { echo "deps: /usr/local/go exists but holds no go binary; remove it and rerun"; exit 1; }; \
+		ln -s "$$dir" /usr/local/go; \
 	fi
 	@$(GO) mod download
 	@$(GO) version
