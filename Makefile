@@ -71,6 +71,7 @@ build: ## build static lovelock and lovelockd for amd64 and arm64 into bin/
 test: deps ## run every test (privileged ones need root) and short fuzz runs
 	$(GO) tool gotestsum --format testname -- -count=1 ./...
 	$(GO) test -run='^$$' -fuzz='^FuzzDecode$$' -fuzztime=$(FUZZTIME) ./dataplane/wire/
+	$(GO) test -run='^$$' -fuzz='^FuzzFrame$$' -fuzztime=$(FUZZTIME) ./dataplane/wire/
 
 .PHONY: bench
 bench: ## run the benchmarks

@@ -20,8 +20,9 @@ type Workload struct {
 	// BandwidthRatio is the network bandwidth of one SmartNIC relative to one
 	// server. The paper's projection gains bandwidth only from having φ times
 	// more NICs ("higher aggregate end-host network bandwidth due to more
-	// Smart NICs"), i.e. 1; Table 1 would allow 2 for a 200 Gb/s E2000 against
-	// a 100 Gb/s N2d server, but the paper's numbers do not use it.
+	// Smart NICs"), i.e. 1. Table 1 would allow 2 for a 200 Gb/s E2000 against
+	// a 100 Gb/s N2d server, but the paper's projections then need a network
+	// share near 54%, against its "over 60%".
 	BandwidthRatio float64 `json:"bandwidth_ratio"`
 }
 

@@ -221,7 +221,7 @@ func Decode(b []byte) (Header, []byte, error) {
 	if len(b) < HeaderLen {
 		return Header{}, nil, fmt.Errorf("wire: header needs %d bytes, have %d: %w", HeaderLen, len(b), ErrShortBuffer)
 	}
-	h, err := check(b, len(b)-HeaderLen)
+	h, err := check(b, len(b))
 	if err != nil {
 		return Header{}, nil, fmt.Errorf("wire: %w", err)
 	}

@@ -1,0 +1,41 @@
+// Package cli is the `lovelock` command line: it configures and inspects a
+// Lovelock node, drives the netns testbed, and runs the cluster planner. Each
+// top-level command lives in its own file; all output goes to the app's
+// Writer so tests run commands in-process.
+package cli
+
+import (
+	"fmt"
+	"io"
+
+	ucli "github.com/urfave/cli/v2"
+
+	"github.com/lovelock-dpu/lovelock/appliance"
+)
+
+// App returns the lovelock command line, writing to stdout and stderr.
+func App(stdout, stderr io.Writer) *ucli.App {
+	return &ucli.App{
+		Name:    "lovelock",
+		Usage:   "configure and inspect Lovelock DPU nodes, run the testbed, plan clusters",
+		Version: appliance.Version,
+		Description: "Lovelock turns a BlueField-class DPU into a headless cluster node. This tool talks to\n" +
+			"the node's daemon (lovelockd), builds the network-namespace testbed used to develop and\n" +
+			"demonstrate it, and evaluates the cost and energy model of DPU-hosted clusters.\n\n" +
+			"Every command has --help; listing commands take --output json.",
+		Commands: []*ucli.Command{
+			testbedCommand(),
+			planCommand(),
+		},
+		Action: func(c *ucli.Context) error {
+			if c.Args().Present() {
+				return fmt.Errorf("unknown command %q: see 'lovelock --help'", c.Args().First())
+			}
+			return ucli.ShowAppHelp(c)
+		},
+		Writer:    stdout,
+		ErrWriter: stderr,
+		// Errors are printed once, by main, with the exit code it chooses.
+		ExitErrHandler: func(*ucli.Context, error) {},
+	}
+}

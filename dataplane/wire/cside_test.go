@@ -1,0 +1,338 @@
+package wire
+
+// The Go/C agreement tests. TestCLayout compares struct layouts and needs
+// nothing; the others load the data plane's C parser (bpf/include/parse.h,
+// through bpf.WireChecker) and run frames through it with
+// BPF_PROG_TEST_RUN, so they need root: testenv.RequirePriv skips them
+// otherwise, or fails them under LOVELOCK_REQUIRE_PRIV=1.
+
+import (
+	"bytes"
+	"encoding/binary"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/lovelock-dpu/lovelock/bpf"
+	"github.com/lovelock-dpu/lovelock/control/testenv"
+)
+
+var (
+	randomFrames = flag.Int("wire.frames", 25000, "mutated frames TestCParserRandom compares")
+	randomSeed   = flag.Uint64("wire.seed", 0, "seed for TestCParserRandom (0: from the clock)")
+)
+
+// BPF_PROG_TEST_RUN rejects XDP data shorter than an Ethernet header with
+// EINVAL, so shorter frames are left to TestParseFrame. Beyond one page less
+// headroom and skb_shared_info (3520 bytes on x86-64) it puts the data into
+// fragments the program cannot see; the parser never reads past byte 110, so
+// that changes no verdict, and maxTestRunLen, a jumbo frame, only keeps the
+// fuzzer's inputs within what test_run accepts.
+const (
+	minTestRunLen = ethHeaderLen
+	maxTestRunLen = 9216
+)
+
+func newChecker(tb testing.TB, port uint16) *bpf.WireChecker {
+	tb.Helper()
+	testenv.RequirePriv(tb)
+	w, err := bpf.NewWireChecker(port)
+	if err != nil {
+		tb.Fatalf("wire checker: %v", err)
+	}
+	tb.Cleanup(func() { w.Close() })
+	return w
+}
+
+// disagreement runs frame through the C parser and ParseFrame and describes
+// how their results differ, or returns "" when they agree: same status and,
+// for a valid header, same offset and header bytes.
+func disagreement(tb testing.TB, w *bpf.WireChecker, frame []byte, port uint16) string {
+	tb.Helper()
+	res, err := w.Check(frame)
+	if err != nil {
+		tb.Fatalf("C parser on %d-byte frame: %v", len(frame), err)
+	}
+	h, off, goErr := ParseFrame(frame, port)
+	cs, gs := Status(res.Status), StatusOf(goErr)
+	switch {
+	case cs != gs:
+		return fmt.Sprintf("C says %v, Go says %v (%v)", cs, gs, goErr)
+	case gs != StatusOK:
+		return ""
+	case int(res.Offset) != off:
+		return fmt.Sprintf("C finds the header at %d, Go at %d", res.Offset, off)
+	case !bytes.Equal(res.Header[:], h.append(nil)):
+		return fmt.Sprintf("C header % x, Go header % x", res.Header, h.append(nil))
+	case !bytes.Equal(res.Header[:], frame[off:off+HeaderLen]):
+		return fmt.Sprintf("C header % x, frame has % x", res.Header, frame[off:off+HeaderLen])
+	}
+	return ""
+}
+
+// TestCLayout checks struct ll_hdr, as bpf2go generated it from the
+// object's BTF, against the Go encoder's size and offsets, and the C verdicts
+// against Status.
+func TestCLayout(t *testing.T) {
+	var c bpf.WireHeader
+	if n := unsafe.Sizeof(c); n != HeaderLen {
+		t.Errorf("sizeof(struct ll_hdr) = %d, HeaderLen = %d", n, HeaderLen)
+	}
+	fields := []struct {
+		name         string
+		cOff, goOff  uintptr
+		cSize, goLen uintptr
+	}{
+		{"Version", unsafe.Offsetof(c.Version), OffsetVersion, unsafe.Sizeof(c.Version), 1},
+		{"Type", unsafe.Offsetof(c.Type), OffsetType, unsafe.Sizeof(c.Type), 1},
+		{"Flags", unsafe.Offsetof(c.Flags), OffsetFlags, unsafe.Sizeof(c.Flags), 2},
+		{"Tenant", unsafe.Offsetof(c.Tenant), OffsetTenant, unsafe.Sizeof(c.Tenant), 4},
+		{"Src", unsafe.Offsetof(c.Src), OffsetSrc, unsafe.Sizeof(c.Src), 4},
+		{"Dst", unsafe.Offsetof(c.Dst), OffsetDst, unsafe.Sizeof(c.Dst), 4},
+		{"Seq", unsafe.Offsetof(c.Seq), OffsetSeq, unsafe.Sizeof(c.Seq), 4},
+		{"Length", unsafe.Offsetof(c.Length), OffsetLength, unsafe.Sizeof(c.Length), 4},
+	}
+	for _, f := range fields {
+		if f.cOff != f.goOff || f.cSize != f.goLen {
+			t.Errorf("%s: C offset %d size %d, Go offset %d size %d", f.name, f.cOff, f.cSize, f.goOff, f.goLen)
+		}
+	}
+	// Every named field of the C struct is covered above.
+	named := 0
+	for f := range reflect.TypeFor[bpf.WireHeader]().Fields() {
+		if f.Name != "_" {
+			named++
+		}
+	}
+	if named != len(fields) {
+		t.Errorf("struct ll_hdr has %d fields, the test knows %d", named, len(fields))
+	}
+	if unsafe.Sizeof(bpf.WireResult{}.Header) != HeaderLen {
+		t.Errorf("WireResult.Header is %d bytes", unsafe.Sizeof(bpf.WireResult{}.Header))
+	}
+	for c, g := range map[bpf.WireStatus]Status{
+		bpf.WireOK: StatusOK, bpf.WireNotLovelock: StatusNotLovelock, bpf.WireTruncated: StatusTruncated,
+		bpf.WireBadVersion: StatusBadVersion, bpf.WireBadLength: StatusBadLength, bpf.WireUnknownType: StatusUnknownType,
+	} {
+		if uint32(c) != uint32(g) {
+			t.Errorf("C status %d, Go %v = %d", c, g, g)
+		}
+	}
+}
+
+// TestCParserFixtures runs the fixture table through the C parser: each
+// frame must get the verdict the table expects, and the same as ParseFrame.
+func TestCParserFixtures(t *testing.T) {
+	checkers := map[uint16]*bpf.WireChecker{}
+	compared := 0
+	for _, c := range frameCases() {
+		if len(c.frame) < minTestRunLen {
+			continue // the kernel will not run it; TestParseFrame covers Go
+		}
+		if len(c.frame) > maxTestRunLen {
+			t.Fatalf("%s: %d-byte frame is too long for BPF_PROG_TEST_RUN", c.name, len(c.frame))
+		}
+		w := checkers[c.port]
+		if w == nil {
+			w = newChecker(t, c.port)
+			checkers[c.port] = w
+		}
+		res, err := w.Check(c.frame)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if got := Status(res.Status); got != c.want {
+			t.Errorf("%s: C says %v, want %v", c.name, got, c.want)
+		} else if c.want == StatusOK && int(res.Offset) != c.off {
+			t.Errorf("%s: C finds the header at %d, want %d", c.name, res.Offset, c.off)
+		}
+		if d := disagreement(t, w, c.frame, c.port); d != "" {
+			t.Errorf("%s: %s\nframe % x", c.name, d, c.frame)
+		}
+		compared++
+	}
+	t.Logf("%d fixture frames compared", compared)
+}
+
+// TestCParserRandom compares the parsers on mutated frames: valid frames of
+// every encapsulation with one to four fields set to values chosen to hit
+// each check's edges, random bytes overwritten, cut short or extended.
+func TestCParserRandom(t *testing.T) {
+	w := newChecker(t, DefaultPort)
+	seed := *randomSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	t.Logf("seed %d (replay with -wire.seed=%d)", seed, seed)
+	r := rand.New(rand.NewPCG(seed, 0))
+
+	var count [6]int
+	start := time.Now()
+	for i := range *randomFrames {
+		frame := randomFrame(r)
+		if d := disagreement(t, w, frame, DefaultPort); d != "" {
+			t.Fatalf("frame %d: %s\nframe: %#v", i, d, frame)
+		}
+		_, _, err := ParseFrame(frame, DefaultPort)
+		count[StatusOf(err)]++
+	}
+	t.Logf("%d frames in %v, zero disagreements; by status:", *randomFrames, time.Since(start).Round(time.Millisecond))
+	for s, n := range count {
+		t.Logf("  %-13v %6d", Status(s), n)
+	}
+	// A generator that stopped reaching some verdict would make the
+	// comparison hollow.
+	if *randomFrames >= 20000 {
+		for s, n := range count {
+			if n < *randomFrames/200 {
+				t.Errorf("only %d of %d frames got %v", n, *randomFrames, Status(s))
+			}
+		}
+	}
+}
+
+// randomFrame builds a valid frame and mutates it.
+func randomFrame(r *rand.Rand) []byte {
+	o := udpOpts()
+	o.vlan = r.IntN(4) == 0
+	o.ipv6 = r.IntN(3) == 0
+	if !o.ipv6 && r.IntN(3) == 0 {
+		o.ipOpts = 1 + r.IntN(10)
+	}
+	n := r.IntN(48)
+	if r.IntN(20) == 0 {
+		n = r.IntN(1500)
+	}
+	types := Types()
+	frame, off := buildFrame(o, llBytes(types[r.IntN(len(types))], Flags(r.Uint32()), n))
+	for range 1 + r.IntN(4) {
+		frame = mutate(r, frame, off)
+	}
+	if len(frame) < minTestRunLen {
+		frame = frame[:minTestRunLen]
+	}
+	return frame[:min(len(frame), maxTestRunLen)]
+}
+
+// mutate changes one field of frame, whose Lovelock header starts at off
+// (so its UDP header at off-8 and its IP header at 14 or 18).
+func mutate(r *rand.Rand, frame []byte, off int) []byte {
+	pick := func(vs ...int) int {
+		if r.IntN(len(vs)+1) == 0 {
+			return r.IntN(1 << 16)
+		}
+		return vs[r.IntN(len(vs))]
+	}
+	put8 := func(i, v int) {
+		if i < len(frame) {
+			frame[i] = byte(v)
+		}
+	}
+	put16 := func(i, v int) {
+		if i+2 <= len(frame) {
+			binary.BigEndian.PutUint16(frame[i:], uint16(v))
+		}
+	}
+	put32 := func(i int, v uint32) {
+		if i+4 <= len(frame) {
+			binary.BigEndian.PutUint32(frame[i:], v)
+		}
+	}
+	l3 := ethHeaderLen
+	if len(frame) >= ethHeaderLen && binary.BigEndian.Uint16(frame[12:]) == etherTypeVLAN {
+		l3 += vlanHeaderLen
+	}
+	udp := off - udpHeaderLen
+	udpLen := func() int {
+		if udp+6 <= len(frame) {
+			return int(binary.BigEndian.Uint16(frame[udp+4:]))
+		}
+		return 0
+	}
+	ethertypes := []int{etherTypeIPv4, etherTypeIPv6, etherTypeVLAN, 0x0806, 0x88a8}
+
+	switch r.IntN(14) {
+	case 0: // any byte
+		if len(frame) > 0 {
+			frame[r.IntN(len(frame))] = byte(r.Uint32())
+		}
+	case 1: // cut short, often inside the headers
+		cut := r.IntN(len(frame) + 1)
+		if r.IntN(2) == 0 {
+			cut = min(len(frame), off-udpHeaderLen+r.IntN(udpHeaderLen+HeaderLen+1))
+		}
+		frame = frame[:cut]
+	case 2:
+		put16(12, pick(ethertypes...))
+	case 3:
+		put16(16, pick(ethertypes...))
+	case 4: // IPv4 version and IHL
+		put8(l3, 0x40|r.IntN(16))
+	case 5: // IPv4 flags and fragment offset
+		put16(l3+6, pick(0, 0x2000, 0x4000, 0x8000, 1, 0x1fff, 0x2001))
+	case 6: // IPv4 protocol or IPv6 next header
+		i := l3 + 9
+		if len(frame) > l3 && frame[l3]>>4 == 6 {
+			i = l3 + 6
+		}
+		put8(i, pick(protoUDP, 6, 0, 43, 44, 58))
+	case 7:
+		put16(udp+2, pick(DefaultPort, DefaultPort-1, DefaultPort+1, 0xf000^0x00ff))
+	case 8: // UDP length around every boundary
+		actual := len(frame) - udp
+		put16(udp+4, pick(0, 1, 7, 8, 9, 31, 32, 33, actual, actual-1, actual+1, actual+100, 0xffff))
+	case 9:
+		put8(off+OffsetVersion, pick(0, 1, 1, 2, 0xff))
+	case 10:
+		put8(off+OffsetType, pick(0, 3, 0x13, 0x23, 0x30, 0x31, 0x01, 0xff))
+	case 11: // Lovelock length around the right value
+		want := udpLen() - udpHeaderLen - HeaderLen
+		put32(off+OffsetLength, uint32(pick(want, want-1, want+1, 0, -1, 1<<16)))
+	case 12: // trailing bytes, as Ethernet padding
+		for range 1 + r.IntN(32) {
+			frame = append(frame, byte(r.Uint32()))
+		}
+	case 13: // make the Lovelock length agree with the UDP length again
+		put32(off+OffsetLength, uint32(udpLen()-udpHeaderLen-HeaderLen))
+	}
+	return frame
+}
+
+// FuzzFrame builds Ethernet frames from its arguments, mutated by the fuzzer,
+// and checks that the C parser and ParseFrame agree on each. With mode bit 2
+// set, udpPayload is used as the whole frame instead. The seed corpus is in
+// testdata/fuzz/FuzzFrame.
+func FuzzFrame(f *testing.F) {
+	w := newChecker(f, DefaultPort)
+	f.Add(byte(0), byte(0), byte(protoUDP), uint16(0), uint16(DefaultPort), int16(0), uint16(0), llBytes(TypePing, 0, 4))
+	f.Fuzz(func(t *testing.T, mode, ipOpts, proto byte, fragOff, dport uint16, udpLenDelta int16, cut uint16, udpPayload []byte) {
+		frame := udpPayload
+		if mode&4 == 0 {
+			o := udpOpts()
+			o.vlan = mode&1 != 0
+			o.ipv6 = mode&2 != 0
+			if mode&8 != 0 {
+				o.etherType = 0x0806
+			}
+			if ipOpts&0x80 != 0 {
+				o.ihl = int(ipOpts & 0x0f) // a raw IHL, options not added
+			} else {
+				o.ipOpts = int(ipOpts) % 11
+			}
+			o.proto, o.fragOff, o.dport = proto, fragOff, dport
+			o.udpLen = int(uint16(udpHeaderLen + len(udpPayload) + int(udpLenDelta)))
+			frame, _ = buildFrame(o, udpPayload)
+			frame = frame[:len(frame)-int(cut)%(len(frame)+1)]
+		}
+		if len(frame) < minTestRunLen || len(frame) > maxTestRunLen {
+			return
+		}
+		if d := disagreement(t, w, frame, DefaultPort); d != "" {
+			t.Fatalf("%s\nframe % x", d, frame)
+		}
+	})
+}

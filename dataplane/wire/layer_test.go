@@ -1,0 +1,190 @@
+package wire
+
+import (
+	"bytes"
+	"errors"
+	"net"
+	"testing"
+
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
+)
+
+// serialize builds Ethernet [/802.1Q] / IPv4 or IPv6 / UDP / Lovelock /
+// payload with gopacket.
+func serialize(t *testing.T, vlan, ipv6 bool, dport uint16, ll *Lovelock, payload []byte, opts gopacket.SerializeOptions) []byte {
+	t.Helper()
+	eth := &layers.Ethernet{
+		SrcMAC:       net.HardwareAddr{2, 0, 0, 0, 0, 1},
+		DstMAC:       net.HardwareAddr{2, 0, 0, 0, 0, 2},
+		EthernetType: layers.EthernetTypeIPv4,
+	}
+	udp := &layers.UDP{SrcPort: 40000, DstPort: layers.UDPPort(dport)}
+	var ls []gopacket.SerializableLayer
+	ls = append(ls, eth)
+	l3 := layers.EthernetTypeIPv4
+	if ipv6 {
+		l3 = layers.EthernetTypeIPv6
+	}
+	if vlan {
+		eth.EthernetType = layers.EthernetTypeDot1Q
+		ls = append(ls, &layers.Dot1Q{VLANIdentifier: 100, Type: l3})
+	} else {
+		eth.EthernetType = l3
+	}
+	if ipv6 {
+		ip := &layers.IPv6{Version: 6, HopLimit: 64, NextHeader: layers.IPProtocolUDP,
+			SrcIP: net.ParseIP("fd00::1"), DstIP: net.ParseIP("fd00::2")}
+		if err := udp.SetNetworkLayerForChecksum(ip); err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, ip)
+	} else {
+		ip := &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolUDP,
+			SrcIP: net.IPv4(10, 0, 0, 1), DstIP: net.IPv4(10, 0, 0, 2),
+			Options: []layers.IPv4Option{{OptionType: 1}, {OptionType: 1}, {OptionType: 1}, {OptionType: 1}}}
+		if err := udp.SetNetworkLayerForChecksum(ip); err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, ip)
+	}
+	ls = append(ls, udp, ll, gopacket.Payload(payload))
+	buf := gopacket.NewSerializeBuffer()
+	if err := gopacket.SerializeLayers(buf, opts, ls...); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func TestLayerRoundTrip(t *testing.T) {
+	payload := []byte("far memory page, or part of one")
+	for _, tc := range []struct {
+		name       string
+		vlan, ipv6 bool
+	}{
+		{"ipv4", false, false},
+		{"ipv6", false, true},
+		{"vlan-ipv4", true, false},
+		{"vlan-ipv6", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want := Header{Version: Version, Type: TypeMemReply, Flags: FlagMore | 0x0400,
+				Tenant: 77, Src: 3, Dst: 4, Seq: 0xfffffffe}
+			ll := &Lovelock{Header: want}
+			frame := serialize(t, tc.vlan, tc.ipv6, DefaultPort, ll, payload,
+				gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true})
+			want.Length = uint32(len(payload))
+			if ll.Length != want.Length {
+				t.Errorf("FixLengths left Length %d, want %d", ll.Length, want.Length)
+			}
+
+			pkt := gopacket.NewPacket(frame, layers.LayerTypeEthernet, gopacket.Default)
+			if el := pkt.ErrorLayer(); el != nil {
+				t.Fatalf("decode error: %v", el.Error())
+			}
+			got, ok := pkt.Layer(LayerTypeLovelock).(*Lovelock)
+			if !ok {
+				t.Fatalf("no Lovelock layer in %v", pkt)
+			}
+			if got.Header != want {
+				t.Errorf("header %+v, want %+v", got.Header, want)
+			}
+			if !bytes.Equal(got.LayerPayload(), payload) {
+				t.Errorf("payload %q, want %q", got.LayerPayload(), payload)
+			}
+			if app := pkt.ApplicationLayer(); app == nil || !bytes.Equal(app.Payload(), payload) {
+				t.Errorf("application layer %v, want payload %q", app, payload)
+			}
+			if tc.vlan && pkt.Layer(layers.LayerTypeDot1Q) == nil {
+				t.Error("no 802.1Q layer")
+			}
+
+			// The same frame through the Go frame parser, and through a
+			// DecodingLayerParser with no allocation per layer.
+			h, off, err := ParseFrame(frame, DefaultPort)
+			if err != nil || h != want || !bytes.Equal(frame[off+HeaderLen:], payload) {
+				t.Errorf("ParseFrame = %+v, %d, %v", h, off, err)
+			}
+			var (
+				eth  layers.Ethernet
+				dot  layers.Dot1Q
+				ip4  layers.IPv4
+				ip6  layers.IPv6
+				udp  layers.UDP
+				lovl Lovelock
+				pl   gopacket.Payload
+			)
+			p := gopacket.NewDecodingLayerParser(layers.LayerTypeEthernet, &eth, &dot, &ip4, &ip6, &udp, &lovl, &pl)
+			var decoded []gopacket.LayerType
+			if err := p.DecodeLayers(frame, &decoded); err != nil {
+				t.Fatalf("DecodeLayers: %v (decoded %v)", err, decoded)
+			}
+			if decoded[len(decoded)-2] != LayerTypeLovelock || lovl.Header != want {
+				t.Errorf("DecodingLayerParser: %v, %+v", decoded, lovl.Header)
+			}
+		})
+	}
+}
+
+func TestLayerMalformed(t *testing.T) {
+	// Without FixLengths, SerializeTo writes Length as it is.
+	ll := &Lovelock{Header: Header{Version: Version, Type: TypePing, Length: 1}}
+	buf := gopacket.NewSerializeBuffer()
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{}, ll, gopacket.Payload("xy")); err != nil {
+		t.Fatal(err)
+	}
+	if want := ll.Header.append(nil); !bytes.Equal(buf.Bytes()[:HeaderLen], want) || ll.Length != 1 {
+		t.Fatalf("SerializeTo without FixLengths: % x, Length %d", buf.Bytes(), ll.Length)
+	}
+
+	ll = &Lovelock{Header: Header{Version: Version, Type: TypePing}}
+	frame := serialize(t, false, false, DefaultPort, ll, []byte("xy"), gopacket.SerializeOptions{FixLengths: true})
+	_, off, err := ParseFrame(frame, DefaultPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	frame[off+OffsetLength+3] = 1 // claims 1 payload byte, has 2
+	pkt := gopacket.NewPacket(frame, layers.LayerTypeEthernet, gopacket.Default)
+	el := pkt.ErrorLayer()
+	if el == nil || !errors.Is(el.Error(), ErrBadLength) {
+		t.Fatalf("error layer %v, want one wrapping ErrBadLength", el)
+	}
+	if pkt.Layer(LayerTypeLovelock) != nil {
+		t.Error("malformed header decoded as a Lovelock layer")
+	}
+
+	var l Lovelock
+	df := &feedback{}
+	if err := l.DecodeFromBytes(make([]byte, 10), df); !errors.Is(err, ErrShortBuffer) || !df.truncated {
+		t.Errorf("short buffer: err %v, truncated %v", err, df.truncated)
+	}
+}
+
+type feedback struct{ truncated bool }
+
+func (f *feedback) SetTruncated() { f.truncated = true }
+
+func TestRegisterPort(t *testing.T) {
+	const port = 61441
+	payload := []byte{1, 2, 3}
+	frame := serialize(t, false, false, port, &Lovelock{Header: Header{Version: Version, Type: TypePong}},
+		payload, gopacket.SerializeOptions{FixLengths: true})
+	if pkt := gopacket.NewPacket(frame, layers.LayerTypeEthernet, gopacket.Default); pkt.Layer(LayerTypeLovelock) != nil {
+		t.Fatalf("port %d decodes as Lovelock before RegisterPort", port)
+	}
+	RegisterPort(port)
+	pkt := gopacket.NewPacket(frame, layers.LayerTypeEthernet, gopacket.Default)
+	l, ok := pkt.Layer(LayerTypeLovelock).(*Lovelock)
+	if !ok || l.Type != TypePong || !bytes.Equal(l.Payload, payload) {
+		t.Fatalf("after RegisterPort(%d): %v", port, pkt)
+	}
+}
+
+func TestLayerTypeRegistered(t *testing.T) {
+	if LayerTypeLovelock.String() != "Lovelock" {
+		t.Errorf("LayerTypeLovelock = %q", LayerTypeLovelock.String())
+	}
+	if got := layers.UDPPort(DefaultPort).LayerType(); got != LayerTypeLovelock {
+		t.Errorf("UDP port %d decodes as %v", DefaultPort, got)
+	}
+}
