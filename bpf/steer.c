@@ -1,27 +1,45 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 //go:build ignore
 
-/* steer is the DPU's packet classifier. This first version parses every frame
- * up to the Lovelock header and counts what it saw; every frame is passed to
- * the kernel. The rule engine and the other verdicts build on it. */
+/* steer is the DPU's packet classifier: one parser and one rule lookup
+ * (include/parse.h, include/rules.h) behind an XDP program and TC programs,
+ * so traffic is steered the same way whether it arrives as an xdp_buff or,
+ * host-originated or on a device without XDP, as an skb. */
 #include <linux/bpf.h>
+#include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
 
 #include "include/parse.h"
+#include "include/rules.h"
 
 /* Lovelock UDP port; set from Go before load. */
 volatile const __u16 ll_port = LL_DEFAULT_PORT;
 
+/* Force the rule set's types into BTF so bpf2go generates them for Go (the
+ * cilium/ebpf idiom: they are used only behind the inner map's sizes). */
+const struct rule_key *unused_rule_key __attribute__((unused));
+const struct shape *unused_shape __attribute__((unused));
+const struct ruleset_hdr *unused_ruleset_hdr __attribute__((unused));
+const struct rule_val *unused_rule_val __attribute__((unused));
+
+/* AF_XDP sockets for the xsk:<queue> action, by queue. */
+#define MAX_XSK_QUEUES 64
+
 /* Indices of the per-CPU stats array. */
 enum steer_stat {
-	STAT_RX = 0,        /* every frame seen */
+	STAT_RX = 0,        /* every packet seen */
 	STAT_LOVELOCK = 1,  /* valid Lovelock packets */
-	STAT_OTHER = 2,     /* well-formed non-Lovelock traffic */
-	STAT_MALFORMED = 3, /* truncated or invalid headers */
+	STAT_MALFORMED = 2, /* malformed headers (given the default action) */
+	STAT_NO_RULE = 3,   /* well-formed, matched no rule (default action) */
+	STAT_PASS = 4,      /* verdicts, as carried out */
+	STAT_DROP = 5,
+	STAT_REDIRECT = 6,
+	STAT_XSK = 7,
+	STAT_XSK_TC = 8,    /* xsk verdicts on a TC hook, passed instead */
 	STAT_MAX,
 };
 
-struct stat_counter {
+struct counter {
 	__u64 packets;
 	__u64 bytes;
 };
@@ -29,41 +47,135 @@ struct stat_counter {
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__type(key, __u32);
-	__type(value, struct stat_counter);
+	__type(value, struct counter);
 	__uint(max_entries, STAT_MAX);
 } steer_stats SEC(".maps");
 
-static __always_inline void count(__u32 idx, __u64 bytes)
-{
-	struct stat_counter *s = bpf_map_lookup_elem(&steer_stats, &idx);
+/* Per-rule counters, by rule ID; ID 0 counts default verdicts. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct counter);
+	__uint(max_entries, MAX_RULES);
+} rule_stats SEC(".maps");
 
-	if (s) {
-		s->packets++;
-		s->bytes += bytes;
+struct {
+	__uint(type, BPF_MAP_TYPE_XSKMAP);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, MAX_XSK_QUEUES);
+} xsks SEC(".maps");
+
+static __always_inline void count(void *map, __u32 idx, __u64 bytes)
+{
+	struct counter *c = bpf_map_lookup_elem(map, &idx);
+
+	if (c) {
+		c->packets++;
+		c->bytes += bytes;
 	}
+}
+
+/* steer parses and classifies one packet and counts it; v holds the verdict. */
+static __always_inline void steer(void *data, void *data_end, __u32 ifindex, struct verdict *v)
+{
+	struct cursor c = { .pos = data, .end = data_end };
+	struct pkt_meta m = {};
+	__u64 len = data_end - data;
+	enum ll_status st;
+	int malformed;
+
+	m.key.ifindex = ifindex;
+	st = parse_packet(&c, ll_port, &m);
+	malformed = ll_malformed(st);
+	if (malformed) {
+		/* Fields of a malformed packet are not trusted. */
+		__builtin_memset(&m.key, 0, sizeof(m.key));
+		count(&steer_stats, STAT_MALFORMED, len);
+	} else if (st == LL_OK) {
+		count(&steer_stats, STAT_LOVELOCK, len);
+	}
+	count(&steer_stats, STAT_RX, len);
+
+	v->id = 0;
+	v->action = ACT_PASS;
+	v->arg = 0;
+	classify(&m.key, malformed, v);
+	if (v->id == 0 && !malformed)
+		count(&steer_stats, STAT_NO_RULE, len);
+	count(&rule_stats, v->id, len);
 }
 
 SEC("xdp")
 int xdp_steer(struct xdp_md *ctx)
 {
-	struct cursor c = {
-		.pos = (void *)(long)ctx->data,
-		.end = (void *)(long)ctx->data_end,
-	};
-	__u64 len = ctx->data_end - ctx->data;
-	struct ll_hdr *ll = NULL;
+	void *data = (void *)(long)ctx->data, *data_end = (void *)(long)ctx->data_end;
+	__u64 len = data_end - data;
+	struct verdict v;
 
-	count(STAT_RX, len);
-	switch (parse_to_ll(&c, ll_port, &ll)) {
-	case LL_OK:
-		count(STAT_LOVELOCK, len);
-		break;
-	case LL_NOT_LOVELOCK:
-		count(STAT_OTHER, len);
-		break;
-	default:
-		count(STAT_MALFORMED, len);
+	steer(data, data_end, ctx->ingress_ifindex, &v);
+	switch (v.action) {
+	case ACT_DROP:
+		count(&steer_stats, STAT_DROP, len);
+		return XDP_DROP;
+	case ACT_REDIRECT:
+		count(&steer_stats, STAT_REDIRECT, len);
+		return bpf_redirect(v.arg, 0);
+	case ACT_XSK:
+		count(&steer_stats, STAT_XSK, len);
+		/* No socket in the slot: the kernel gets the packet, nothing is lost. */
+		return bpf_redirect_map(&xsks, v.arg, XDP_PASS);
 	}
+	count(&steer_stats, STAT_PASS, len);
+	return XDP_PASS;
+}
+
+static __always_inline int tc_steer(struct __sk_buff *skb)
+{
+	void *data, *data_end;
+	struct verdict v;
+
+	/* Parse from linear data: pull the whole packet in (a no-op for most). */
+	if (skb->data_end - skb->data < skb->len)
+		bpf_skb_pull_data(skb, skb->len);
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+
+	steer(data, data_end, skb->ifindex, &v);
+	switch (v.action) {
+	case ACT_DROP:
+		count(&steer_stats, STAT_DROP, skb->len);
+		return TC_ACT_SHOT;
+	case ACT_REDIRECT:
+		count(&steer_stats, STAT_REDIRECT, skb->len);
+		return bpf_redirect(v.arg, 0);
+	case ACT_XSK:
+		/* AF_XDP sockets are reachable from XDP only. */
+		count(&steer_stats, STAT_XSK_TC, skb->len);
+		break;
+	}
+	count(&steer_stats, STAT_PASS, skb->len);
+	return TC_ACT_OK;
+}
+
+SEC("tc")
+int tc_ingress(struct __sk_buff *skb)
+{
+	return tc_steer(skb);
+}
+
+SEC("tc")
+int tc_egress(struct __sk_buff *skb)
+{
+	return tc_steer(skb);
+}
+
+/* xdp_pass lets veth deliver XDP_REDIRECTed frames: a veth only takes them
+ * when the program on its peer exists. Attach it to the peers of redirect
+ * targets that run no steering program. */
+SEC("xdp")
+int xdp_pass(struct xdp_md *ctx)
+{
 	return XDP_PASS;
 }
 

@@ -1,6 +1,7 @@
 package bpf
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,24 +15,24 @@ type Stat uint32
 
 // Counters kept by the steering program.
 const (
-	StatRX        Stat = 0 // every frame seen
-	StatLovelock  Stat = 1 // valid Lovelock packets
-	StatOther     Stat = 2 // well-formed non-Lovelock traffic
-	StatMalformed Stat = 3 // truncated or invalid headers
-	numStats           = 4
+	StatRX        Stat = iota // every packet seen
+	StatLovelock              // valid Lovelock packets
+	StatMalformed             // malformed headers (given the default action)
+	StatNoRule                // well-formed packets no rule matched (default action)
+	StatPass                  // verdicts as carried out: to the kernel
+	StatDrop                  // dropped
+	StatRedirect              // redirected to another interface
+	StatXSK                   // sent to an AF_XDP socket
+	StatXSKOnTC               // xsk verdicts on a TC hook, passed instead
+	NumStats
 )
+
+var statNames = [NumStats]string{"rx", "lovelock", "malformed", "no_rule", "pass", "drop", "redirect", "xsk", "xsk_on_tc"}
 
 // String names the counter as metrics and the CLI show it.
 func (s Stat) String() string {
-	switch s {
-	case StatRX:
-		return "rx"
-	case StatLovelock:
-		return "lovelock"
-	case StatOther:
-		return "other"
-	case StatMalformed:
-		return "malformed"
+	if s < NumStats {
+		return statNames[s]
 	}
 	return fmt.Sprintf("stat(%d)", uint32(s))
 }
@@ -43,28 +44,58 @@ type Counter struct {
 }
 
 // Pin names under a steering pin directory. Their layout is documented in
-// docs/ARCHITECTURE.md; changing a name is a breaking change for a running
-// data plane.
+// docs/ARCHITECTURE.md; renaming one breaks adoption of a running data plane.
 const (
-	PinStats   = "steer_stats"
-	PinProgXDP = "xdp_steer"
+	PinProgXDP       = "xdp_steer"
+	PinProgTCIngress = "tc_ingress"
+	PinProgTCEgress  = "tc_egress"
+	PinProgXDPPass   = "xdp_pass"
+	PinStats         = "steer_stats"
+	PinRuleStats     = "rule_stats"
+	PinRulesets      = "rulesets"
+	PinXSKs          = "xsks"
 )
 
-// SteerOptions configure the steering program before it is loaded.
-type SteerOptions struct {
+// Options configure the steering program before it is loaded.
+type Options struct {
 	// Port is the Lovelock UDP port; 0 means the wire default (61440).
 	Port uint16
 }
 
-// Steer is a loaded steering program and its maps.
+// Steer holds the steering programs and maps, loaded fresh or opened from
+// pins. The caller must Close it; programs stay loaded after Close only while
+// a pin or an attached link still refers to them.
 type Steer struct {
-	objs steerObjects
+	XDP       *ebpf.Program // classifier for XDP hooks
+	TCIngress *ebpf.Program // classifier for TC ingress (clsact/tcx)
+	TCEgress  *ebpf.Program // classifier for TC egress
+	XDPPass   *ebpf.Program // pass-through for peers of veth redirect targets
+
+	stats     *ebpf.Map
+	ruleStats *ebpf.Map
+	rulesets  *ebpf.Map
+	xsks      *ebpf.Map
+
+	inner *ebpf.MapSpec // template of a rule set map
 }
 
-// LoadSteer loads the steering program into the kernel. The caller owns the
-// result and must Close it; a program stays loaded after Close only while
-// something (a pin or an attached link) still refers to it.
-func LoadSteer(opts SteerOptions) (*Steer, error) {
+func (s *Steer) pins() []struct {
+	name string
+	obj  interface{ Pin(string) error }
+} {
+	return []struct {
+		name string
+		obj  interface{ Pin(string) error }
+	}{
+		{PinProgXDP, s.XDP}, {PinProgTCIngress, s.TCIngress}, {PinProgTCEgress, s.TCEgress},
+		{PinProgXDPPass, s.XDPPass}, {PinStats, s.stats}, {PinRuleStats, s.ruleStats},
+		{PinRulesets, s.rulesets}, {PinXSKs, s.xsks},
+	}
+}
+
+// Load loads the steering programs and maps into the kernel, with no rule
+// set installed (every packet passes).
+func Load(opts Options) (*Steer, error) {
 	spec, err := loadSteer()
 	if err != nil {
 		return nil, err
@@ -74,74 +105,186 @@ func LoadSteer(opts SteerOptions) (*Steer, error) {
 			return nil, fmt.Errorf("steer: set ll_port: %w", err)
 		}
 	}
-	s := &Steer{}
-	if err := spec.LoadAndAssign(&s.objs, nil); err != nil {
+	var objs steerObjects
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
 		return nil, fmt.Errorf("steer: load: %+v", err)
+	}
+	return &Steer{
+		XDP: objs.XdpSteer, TCIngress: objs.TcIngress, TCEgress: objs.TcEgress, XDPPass: objs.XdpPass,
+		stats: objs.SteerStats, ruleStats: objs.RuleStats, rulesets: objs.Rulesets, xsks: objs.Xsks,
+		inner: spec.Maps[steerMapRulesets].InnerMap,
+	}, nil
+}
+
+// ErrStale reports pinned programs built from other sources than this
+// binary's: adopting them would mix two versions of the data plane.
+var ErrStale = errors.New("pinned programs differ from this build")
+
+// OpenPinned opens a steering data plane pinned in dir by Pin. It refuses
+// (ErrStale) programs whose instructions differ from this build's, so a
+// daemon never adopts a data plane it does not understand.
+func OpenPinned(dir string) (*Steer, error) {
+	spec, err := loadSteer()
+	if err != nil {
+		return nil, err
+	}
+	s := &Steer{inner: spec.Maps[steerMapRulesets].InnerMap}
+	progs := []struct {
+		pin  string
+		spec string
+		dst  **ebpf.Program
+	}{
+		{PinProgXDP, steerProgXdpSteer, &s.XDP}, {PinProgTCIngress, steerProgTcIngress, &s.TCIngress},
+		{PinProgTCEgress, steerProgTcEgress, &s.TCEgress}, {PinProgXDPPass, steerProgXdpPass, &s.XDPPass},
+	}
+	for _, p := range progs {
+		prog, err := ebpf.LoadPinnedProgram(filepath.Join(dir, p.pin), nil)
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("steer: open pinned program %s: %w", p.pin, err)
+		}
+		*p.dst = prog
+		if err := sameTag(prog, spec.Programs[p.spec]); err != nil {
+			s.Close()
+			return nil, fmt.Errorf("steer: program %s in %s: %w", p.pin, dir, err)
+		}
+	}
+	maps := []struct {
+		pin string
+		dst **ebpf.Map
+	}{{PinStats, &s.stats}, {PinRuleStats, &s.ruleStats}, {PinRulesets, &s.rulesets}, {PinXSKs, &s.xsks}}
+	for _, m := range maps {
+		mp, err := ebpf.LoadPinnedMap(filepath.Join(dir, m.pin), nil)
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("steer: open pinned map %s: %w", m.pin, err)
+		}
+		*m.dst = mp
 	}
 	return s, nil
 }
 
-// Pin pins the program and its maps into dir, which must be on a bpffs.
-func (s *Steer) Pin(dir string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("steer: pin dir: %w", err)
+// sameTag compares a loaded program's tag (a hash of its instructions) with
+// the tag the embedded spec would get.
+func sameTag(prog *ebpf.Program, spec *ebpf.ProgramSpec) error {
+	info, err := prog.Info()
+	if err != nil {
+		return fmt.Errorf("read program info: %w", err)
 	}
-	if err := s.objs.SteerStats.Pin(filepath.Join(dir, PinStats)); err != nil {
-		return fmt.Errorf("steer: pin map %s: %w", PinStats, err)
+	// The kernel's tag ignores map references, so it is stable across
+	// loads; ProgramSpec.Tag mirrors bpf_prog_calc_tag.
+	want, err := spec.Tag()
+	if err != nil {
+		return fmt.Errorf("compute tag: %w", err)
 	}
-	if err := s.objs.XdpSteer.Pin(filepath.Join(dir, PinProgXDP)); err != nil {
-		return fmt.Errorf("steer: pin program %s: %w", PinProgXDP, err)
+	if info.Tag != want {
+		return fmt.Errorf("tag %s, this build has %s: %w", info.Tag, want, ErrStale)
 	}
 	return nil
 }
 
-// AttachXDP attaches the program to the interface ifindex with a BPF link.
+// Pin pins every program and map into dir, on a bpffs, creating it.
+func (s *Steer) Pin(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("steer: pin dir: %w", err)
+	}
+	for _, p := range s.pins() {
+		if err := p.obj.Pin(filepath.Join(dir, p.name)); err != nil {
+			return fmt.Errorf("steer: pin %s: %w", p.name, err)
+		}
+	}
+	return nil
+}
+
+// AttachXDP attaches the classifier to the interface ifindex with a BPF link.
 // flags selects the mode (link.XDPDriverMode for native, link.XDPGenericMode).
 // The program stays attached while the link is open or pinned.
 func (s *Steer) AttachXDP(ifindex int, flags link.XDPAttachFlags) (link.Link, error) {
-	l, err := link.AttachXDP(link.XDPOptions{
-		Program:   s.objs.XdpSteer,
-		Interface: ifindex,
-		Flags:     flags,
-	})
+	l, err := link.AttachXDP(link.XDPOptions{Program: s.XDP, Interface: ifindex, Flags: flags})
 	if err != nil {
 		return nil, fmt.Errorf("steer: attach xdp to ifindex %d: %w", ifindex, err)
 	}
 	return l, nil
 }
 
-// Stats reads the program's counters.
+// Stats reads the data plane's counters, indexed by Stat.
 func (s *Steer) Stats() ([]Counter, error) {
-	return readStats(s.objs.SteerStats)
+	out := make([]Counter, NumStats)
+	for i := range out {
+		c, err := sumPerCPU(s.stats, uint32(i))
+		if err != nil {
+			return nil, fmt.Errorf("steer: read %s: %w", Stat(i), err)
+		}
+		out[i] = c
+	}
+	return out, nil
 }
 
-// Close releases this process's references to the program and maps.
+// RuleCounter reads the counters of rule id (0: packets no rule matched).
+func (s *Steer) RuleCounter(id uint32) (Counter, error) {
+	c, err := sumPerCPU(s.ruleStats, id)
+	if err != nil {
+		return Counter{}, fmt.Errorf("steer: read counters of rule %d: %w", id, err)
+	}
+	return c, nil
+}
+
+// SetXSK puts the AF_XDP socket fd into slot queue of the xsk map, where
+// rules with action xsk:<queue> send packets.
+func (s *Steer) SetXSK(queue uint32, fd int) error {
+	if err := s.xsks.Update(queue, uint32(fd), ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("steer: register AF_XDP socket for queue %d: %w", queue, err)
+	}
+	return nil
+}
+
+// ClearXSK empties slot queue of the xsk map.
+func (s *Steer) ClearXSK(queue uint32) error {
+	if err := s.xsks.Delete(queue); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("steer: unregister AF_XDP socket for queue %d: %w", queue, err)
+	}
+	return nil
+}
+
+// Close releases this process's handles.
 func (s *Steer) Close() error {
-	return s.objs.Close()
+	var errs []error
+	for _, c := range []interface{ Close() error }{s.XDP, s.TCIngress, s.TCEgress, s.XDPPass, s.stats, s.ruleStats, s.rulesets, s.xsks} {
+		switch v := c.(type) {
+		case *ebpf.Program:
+			if v != nil {
+				errs = append(errs, v.Close())
+			}
+		case *ebpf.Map:
+			if v != nil {
+				errs = append(errs, v.Close())
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
-// ReadPinnedStats reads the counters of a steering program pinned in dir, for
-// a process that did not load it (the CLI, a restarted daemon).
+func sumPerCPU(m *ebpf.Map, key uint32) (Counter, error) {
+	var perCPU []steerCounter
+	if err := m.Lookup(key, &perCPU); err != nil {
+		return Counter{}, err
+	}
+	var c Counter
+	for _, v := range perCPU {
+		c.Packets += v.Packets
+		c.Bytes += v.Bytes
+	}
+	return c, nil
+}
+
+// ReadPinnedStats reads the counters of a steering data plane pinned in dir,
+// for a process that did not load it.
 func ReadPinnedStats(dir string) ([]Counter, error) {
 	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, PinStats), &ebpf.LoadPinOptions{ReadOnly: true})
 	if err != nil {
 		return nil, fmt.Errorf("steer: open pinned map %s: %w", PinStats, err)
 	}
 	defer m.Close()
-	return readStats(m)
-}
-
-func readStats(m *ebpf.Map) ([]Counter, error) {
-	out := make([]Counter, numStats)
-	for i := range out {
-		var perCPU []steerStatCounter
-		if err := m.Lookup(uint32(i), &perCPU); err != nil {
-			return nil, fmt.Errorf("steer: read %s: %w", Stat(i), err)
-		}
-		for _, c := range perCPU {
-			out[i].Packets += c.Packets
-			out[i].Bytes += c.Bytes
-		}
-	}
-	return out, nil
+	s := &Steer{stats: m}
+	return s.Stats()
 }

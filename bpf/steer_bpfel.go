@@ -13,19 +13,78 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-type steerStatCounter struct {
+type steerCounter struct {
 	_       structs.HostLayout
 	Packets uint64
 	Bytes   uint64
+}
+
+type steerFlowKey struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Family  uint8
+	Proto   uint8
+	LlType  uint8
+	Pad     uint8
+	Src     [16]uint8
+	Dst     [16]uint8
+	Sport   uint16
+	Dport   uint16
+	Tenant  uint32
+	Rank    uint32
+}
+
+type steerRuleKey struct {
+	_     structs.HostLayout
+	Shape uint32
+	Flow  steerFlowKey
+}
+
+type steerRuleVal struct {
+	_      structs.HostLayout
+	Prio   uint32
+	Id     uint32
+	Action uint16
+	Pad    uint16
+	Arg    uint32
+}
+
+type steerRulesetHdr struct {
+	_             structs.HostLayout
+	Nshapes       uint32
+	DefaultId     uint32
+	DefaultAction uint16
+	Pad           uint16
+	DefaultArg    uint32
+}
+
+type steerShape struct {
+	_       structs.HostLayout
+	Fields  uint8
+	SrcLen  uint8
+	DstLen  uint8
+	RankLen uint8
+	MaxPrio uint32
+	Pad     [2]uint32
 }
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	steerMapSteerStats = "steer_stats"
-	steerProgXdpSteer  = "xdp_steer"
-	steerVarLlPort     = "ll_port"
+	steerMapRuleStats        = "rule_stats"
+	steerMapRulesets         = "rulesets"
+	steerMapSteerStats       = "steer_stats"
+	steerMapXsks             = "xsks"
+	steerProgTcEgress        = "tc_egress"
+	steerProgTcIngress       = "tc_ingress"
+	steerProgXdpPass         = "xdp_pass"
+	steerProgXdpSteer        = "xdp_steer"
+	steerVarLlPort           = "ll_port"
+	steerVarUnusedRuleKey    = "unused_rule_key"
+	steerVarUnusedRuleVal    = "unused_rule_val"
+	steerVarUnusedRulesetHdr = "unused_ruleset_hdr"
+	steerVarUnusedShape      = "unused_shape"
 )
 
 // loadSteer returns the embedded CollectionSpec for steer.
@@ -70,21 +129,31 @@ type steerSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerProgramSpecs struct {
-	XdpSteer *ebpf.ProgramSpec `ebpf:"xdp_steer"`
+	TcEgress  *ebpf.ProgramSpec `ebpf:"tc_egress"`
+	TcIngress *ebpf.ProgramSpec `ebpf:"tc_ingress"`
+	XdpPass   *ebpf.ProgramSpec `ebpf:"xdp_pass"`
+	XdpSteer  *ebpf.ProgramSpec `ebpf:"xdp_steer"`
 }
 
 // steerMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerMapSpecs struct {
+	RuleStats  *ebpf.MapSpec `ebpf:"rule_stats"`
+	Rulesets   *ebpf.MapSpec `ebpf:"rulesets"`
 	SteerStats *ebpf.MapSpec `ebpf:"steer_stats"`
+	Xsks       *ebpf.MapSpec `ebpf:"xsks"`
 }
 
 // steerVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerVariableSpecs struct {
-	LlPort *ebpf.VariableSpec `ebpf:"ll_port"`
+	LlPort           *ebpf.VariableSpec `ebpf:"ll_port"`
+	UnusedRuleKey    *ebpf.VariableSpec `ebpf:"unused_rule_key"`
+	UnusedRuleVal    *ebpf.VariableSpec `ebpf:"unused_rule_val"`
+	UnusedRulesetHdr *ebpf.VariableSpec `ebpf:"unused_ruleset_hdr"`
+	UnusedShape      *ebpf.VariableSpec `ebpf:"unused_shape"`
 }
 
 // steerObjects contains all objects after they have been loaded into the kernel.
@@ -107,12 +176,18 @@ func (o *steerObjects) Close() error {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerMaps struct {
+	RuleStats  *ebpf.Map `ebpf:"rule_stats"`
+	Rulesets   *ebpf.Map `ebpf:"rulesets"`
 	SteerStats *ebpf.Map `ebpf:"steer_stats"`
+	Xsks       *ebpf.Map `ebpf:"xsks"`
 }
 
 func (m *steerMaps) Close() error {
 	return _SteerClose(
+		m.RuleStats,
+		m.Rulesets,
 		m.SteerStats,
+		m.Xsks,
 	)
 }
 
@@ -120,18 +195,28 @@ func (m *steerMaps) Close() error {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerVariables struct {
-	LlPort *ebpf.Variable `ebpf:"ll_port"`
+	LlPort           *ebpf.Variable `ebpf:"ll_port"`
+	UnusedRuleKey    *ebpf.Variable `ebpf:"unused_rule_key"`
+	UnusedRuleVal    *ebpf.Variable `ebpf:"unused_rule_val"`
+	UnusedRulesetHdr *ebpf.Variable `ebpf:"unused_ruleset_hdr"`
+	UnusedShape      *ebpf.Variable `ebpf:"unused_shape"`
 }
 
 // steerPrograms contains all programs after they have been loaded into the kernel.
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerPrograms struct {
-	XdpSteer *ebpf.Program `ebpf:"xdp_steer"`
+	TcEgress  *ebpf.Program `ebpf:"tc_egress"`
+	TcIngress *ebpf.Program `ebpf:"tc_ingress"`
+	XdpPass   *ebpf.Program `ebpf:"xdp_pass"`
+	XdpSteer  *ebpf.Program `ebpf:"xdp_steer"`
 }
 
 func (p *steerPrograms) Close() error {
 	return _SteerClose(
+		p.TcEgress,
+		p.TcIngress,
+		p.XdpPass,
 		p.XdpSteer,
 	)
 }

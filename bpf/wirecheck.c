@@ -16,6 +16,7 @@ struct wire_result {
 	__u32 status; /* enum ll_status */
 	__u32 offset; /* byte offset of the Lovelock header in the frame */
 	struct ll_hdr hdr;
+	struct flow_key key;
 };
 
 struct {
@@ -32,17 +33,26 @@ int wire_check(struct xdp_md *ctx)
 		.pos = (void *)(long)ctx->data,
 		.end = (void *)(long)ctx->data_end,
 	};
-	struct ll_hdr *ll = NULL;
+	struct pkt_meta m = {};
 	__u32 key = 0;
 	struct wire_result *res = bpf_map_lookup_elem(&wire_out, &key);
 
 	if (!res)
 		return XDP_ABORTED;
 	__builtin_memset(res, 0, sizeof(*res));
-	res->status = parse_to_ll(&c, ll_port, &ll);
-	if (res->status == LL_OK && ll) {
-		res->offset = (__u32)((void *)ll - (void *)(long)ctx->data);
-		__builtin_memcpy(&res->hdr, ll, sizeof(*ll));
+	res->status = parse_packet(&c, ll_port, &m);
+	res->key = m.key;
+	if (res->status == LL_OK) {
+		__u32 off = m.ll_off;
+		void *ll;
+
+		/* Bound the offset so the verifier can check the access. */
+		if (off > 4096)
+			return XDP_ABORTED;
+		ll = (void *)(long)ctx->data + off;
+		res->offset = off;
+		if (ll + sizeof(res->hdr) <= (void *)(long)ctx->data_end)
+			__builtin_memcpy(&res->hdr, ll, sizeof(res->hdr));
 	}
 	return XDP_PASS;
 }

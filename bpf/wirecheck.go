@@ -23,6 +23,7 @@ const (
 	WireBadVersion  WireStatus = 3 // unknown header version
 	WireBadLength   WireStatus = 4 // length field disagrees with the UDP payload
 	WireUnknownType WireStatus = 5 // unknown message type
+	WireBadHeader   WireStatus = 6 // invalid L3/L4 header
 )
 
 // WireResult is what the C parser found in one frame.
@@ -32,6 +33,9 @@ type WireResult struct {
 	Offset uint32
 	// Header is the raw 24-byte Lovelock header (WireOK only).
 	Header [24]byte
+	// Key is the flow key rules would match (zero fields the parser did
+	// not reach; steer zeroes it entirely for malformed packets).
+	Key FlowKey
 }
 
 // WireChecker runs frames through the data plane's C parser with
@@ -70,7 +74,10 @@ func (w *WireChecker) Check(frame []byte) (WireResult, error) {
 		Status: WireStatus(binary.NativeEndian.Uint32(raw[0:4])),
 		Offset: binary.NativeEndian.Uint32(raw[4:8]),
 	}
-	copy(res.Header[:], raw[8:])
+	copy(res.Header[:], raw[8:32])
+	if _, err := binary.Decode(raw[32:], binary.NativeEndian, &res.Key); err != nil {
+		return WireResult{}, fmt.Errorf("wirecheck: decode flow key: %w", err)
+	}
 	return res, nil
 }
 

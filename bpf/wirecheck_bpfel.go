@@ -13,6 +13,21 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type wirecheckFlowKey struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Family  uint8
+	Proto   uint8
+	LlType  uint8
+	Pad     uint8
+	Src     [16]uint8
+	Dst     [16]uint8
+	Sport   uint16
+	Dport   uint16
+	Tenant  uint32
+	Rank    uint32
+}
+
 type wirecheckLlHdr struct {
 	_       structs.HostLayout
 	Version uint8
@@ -30,6 +45,7 @@ type wirecheckWireResult struct {
 	Status uint32
 	Offset uint32
 	Hdr    wirecheckLlHdr
+	Key    wirecheckFlowKey
 }
 
 // Names of all BPF objects in the ELF.

@@ -1,7 +1,12 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* Packet parsing through a bounds-checked cursor. Every helper checks the
  * access against data_end before touching a byte, so the verifier accepts it
- * and truncated packets end in a defined status instead of a fault. */
+ * and malformed packets end in a defined status instead of a fault.
+ *
+ * parse_packet fills a struct pkt_meta: the flow key rules match on, and the
+ * verdict on the packet's headers (enum ll_status). The Go reference parser
+ * (dataplane/wire.ParseFrame) mirrors it step by step; docs/steering.md
+ * lists the rules both follow. */
 #ifndef LOVELOCK_PARSE_H
 #define LOVELOCK_PARSE_H
 
@@ -11,10 +16,14 @@
 #include <linux/ipv6.h>
 #include <linux/in.h>
 #include <linux/udp.h>
+#include <linux/tcp.h>
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
 
 #include "lovelock_wire.h"
+
+/* IPv6 extension headers skipped before giving up (malformed). */
+#define MAX_IPV6_EXT_HDRS 4
 
 struct cursor {
 	void *pos;
@@ -26,15 +35,38 @@ struct vlan_hdr {
 	__be16 encap_proto;
 };
 
-/* Result of parsing a packet up to the Lovelock header. The values are shared
- * with dataplane/wire's error kinds (see wire.Status). */
+/* Verdict on a packet's headers. Values are shared with dataplane/wire's
+ * Status. Anything but OK and NOT_LOVELOCK is malformed. */
 enum ll_status {
-	LL_OK = 0,           /* a valid Lovelock header was parsed */
-	LL_NOT_LOVELOCK = 1, /* well-formed, but not UDP to the Lovelock port */
-	LL_TRUNCATED = 2,    /* a header ends past the packet (short buffer) */
+	LL_OK = 0,           /* a valid Lovelock packet */
+	LL_NOT_LOVELOCK = 1, /* well-formed, but not a Lovelock packet */
+	LL_TRUNCATED = 2,    /* a header ends past the packet, or past its UDP datagram */
 	LL_BAD_VERSION = 3,  /* Lovelock header with an unknown version */
-	LL_BAD_LENGTH = 4,   /* length field disagrees with the UDP payload */
+	LL_BAD_LENGTH = 4,   /* Lovelock length disagrees with the UDP payload */
 	LL_UNKNOWN_TYPE = 5, /* Lovelock header with an unknown type */
+	LL_BAD_HEADER = 6,   /* an invalid L3/L4 header (IP version, IHL, UDP length, too many IPv6 extension headers) */
+};
+
+/* What rules match on. Numbers are in host byte order, addresses in network
+ * order (IPv4 in the first four bytes). Fields a packet lacks are zero. */
+struct flow_key {
+	__u32 ifindex;  /* interface the hook runs on */
+	__u8 family;    /* 4, 6, or 0 for non-IP */
+	__u8 proto;     /* IP protocol */
+	__u8 ll_type;   /* Lovelock type, 0 when not a valid Lovelock packet */
+	__u8 pad;
+	__u8 src[16];
+	__u8 dst[16];
+	__u16 sport;    /* UDP/TCP ports; 0 for fragments and other protocols */
+	__u16 dport;
+	__u32 tenant;   /* Lovelock tenant */
+	__u32 rank;     /* Lovelock destination rank or region */
+};
+
+struct pkt_meta {
+	struct flow_key key;
+	__u32 status;   /* enum ll_status */
+	__u32 ll_off;   /* offset of the Lovelock header, when status is LL_OK */
 };
 
 /* Returns a pointer to len bytes at the cursor and advances it, or NULL. */
@@ -66,33 +98,84 @@ static __always_inline int ll_type_known(__u8 type)
 	return 0;
 }
 
-/* Validates the Lovelock header at the cursor. udp_payload is the payload
- * length the UDP header claims. */
-static __always_inline enum ll_status parse_ll(struct cursor *c, __u32 udp_payload,
-					      struct ll_hdr **out)
+/* Validates the Lovelock header at the cursor, given a UDP payload of
+ * payload bytes that lies within the packet. Same checks, same order as
+ * wire.Decode on that payload. */
+static __always_inline enum ll_status parse_ll(struct cursor *c, __u32 payload,
+					      struct pkt_meta *m, void *start)
 {
-	struct ll_hdr *ll = cursor_pull(c, sizeof(*ll));
+	struct ll_hdr *ll;
 
+	if (payload < sizeof(*ll))
+		return LL_TRUNCATED;
+	ll = cursor_pull(c, sizeof(*ll));
 	if (!ll)
 		return LL_TRUNCATED;
 	if (ll->version != LL_WIRE_VERSION)
 		return LL_BAD_VERSION;
-	if (udp_payload < sizeof(*ll) || bpf_ntohl(ll->length) != udp_payload - sizeof(*ll))
+	if (bpf_ntohl(ll->length) != payload - sizeof(*ll))
 		return LL_BAD_LENGTH;
 	if (!ll_type_known(ll->type))
 		return LL_UNKNOWN_TYPE;
-	*out = ll;
+	m->key.ll_type = ll->type;
+	m->key.tenant = bpf_ntohl(ll->tenant);
+	m->key.rank = bpf_ntohl(ll->dst);
+	m->ll_off = (__u32)((void *)ll - start);
 	return LL_OK;
 }
 
-/* Parses Ethernet (one optional 802.1Q tag), IPv4 (with options) or IPv6
- * (no extension headers yet), UDP to port, and the Lovelock header. */
-static __always_inline enum ll_status parse_to_ll(struct cursor *c, __u16 port,
-						  struct ll_hdr **out)
+static __always_inline int ipv6_ext(__u8 nexthdr)
 {
+	return nexthdr == IPPROTO_HOPOPTS || nexthdr == IPPROTO_ROUTING ||
+	       nexthdr == IPPROTO_DSTOPTS || nexthdr == IPPROTO_FRAGMENT ||
+	       nexthdr == IPPROTO_AH;
+}
+
+/* Skips IPv6 extension headers. Sets *frag when the packet is a fragment
+ * (any fragment: L4 ports are then not looked at). */
+static __always_inline enum ll_status skip_ipv6_ext(struct cursor *c, __u8 *nexthdr, int *frag)
+{
+	int i;
+
+	for (i = 0; i < MAX_IPV6_EXT_HDRS; i++) {
+		__u8 *h;
+
+		if (!ipv6_ext(*nexthdr))
+			return LL_OK;
+		h = cursor_pull(c, 2);
+		if (!h)
+			return LL_TRUNCATED;
+		if (*nexthdr == IPPROTO_FRAGMENT) {
+			/* 8 bytes: next header, reserved, offset+flags, identification. */
+			__be16 *off = cursor_pull(c, 6);
+
+			if (!off)
+				return LL_TRUNCATED;
+			if (*off & bpf_htons(0xfff9))
+				*frag = 1;
+			*nexthdr = h[0];
+			continue;
+		}
+		__u32 len = *nexthdr == IPPROTO_AH ? ((__u32)h[1] + 2) * 4 : ((__u32)h[1] + 1) * 8;
+
+		if (!cursor_pull(c, len - 2))
+			return LL_TRUNCATED;
+		*nexthdr = h[0];
+	}
+	return ipv6_ext(*nexthdr) ? LL_BAD_HEADER : LL_OK;
+}
+
+/* parse_packet walks Ethernet (one optional 802.1Q tag), IPv4 (with options)
+ * or IPv6 (with up to MAX_IPV6_EXT_HDRS extension headers), UDP or TCP, and
+ * the Lovelock header on UDP destination port port. */
+static __always_inline enum ll_status parse_packet(struct cursor *c, __u16 port,
+						   struct pkt_meta *m)
+{
+	void *start = c->pos;
 	struct ethhdr *eth = cursor_pull(c, sizeof(*eth));
 	__u16 proto;
 	__u8 l4;
+	int frag = 0;
 
 	if (!eth)
 		return LL_TRUNCATED;
@@ -106,45 +189,82 @@ static __always_inline enum ll_status parse_to_ll(struct cursor *c, __u16 port,
 	}
 
 	if (proto == bpf_htons(ETH_P_IP)) {
-		struct iphdr *ip = c->pos;
+		struct iphdr *ip = cursor_pull(c, sizeof(*ip));
 		__u32 ihl;
 
-		if (!cursor_pull(c, sizeof(*ip)))
+		if (!ip)
 			return LL_TRUNCATED;
+		if (ip->version != 4 || ip->ihl < 5)
+			return LL_BAD_HEADER;
 		ihl = ip->ihl * 4;
-		if (ihl < sizeof(*ip))
-			return LL_TRUNCATED;
-		/* Skip IPv4 options: pull the rest of the header. */
+		/* Skip IPv4 options. */
 		if (ihl > sizeof(*ip) && !cursor_pull(c, ihl - sizeof(*ip)))
 			return LL_TRUNCATED;
-		/* Only first fragments carry the UDP header. */
-		if (ip->frag_off & bpf_htons(0x1fff))
-			return LL_NOT_LOVELOCK;
+		m->key.family = 4;
+		m->key.proto = ip->protocol;
+		__builtin_memcpy(m->key.src, &ip->saddr, 4);
+		__builtin_memcpy(m->key.dst, &ip->daddr, 4);
+		/* More-fragments flag or an offset: a fragment. */
+		frag = (ip->frag_off & bpf_htons(0x3fff)) != 0;
 		l4 = ip->protocol;
 	} else if (proto == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6 = cursor_pull(c, sizeof(*ip6));
+		enum ll_status st;
 
 		if (!ip6)
 			return LL_TRUNCATED;
+		if (ip6->version != 6)
+			return LL_BAD_HEADER;
+		m->key.family = 6;
+		__builtin_memcpy(m->key.src, &ip6->saddr, 16);
+		__builtin_memcpy(m->key.dst, &ip6->daddr, 16);
 		l4 = ip6->nexthdr;
+		st = skip_ipv6_ext(c, &l4, &frag);
+		if (st != LL_OK)
+			return st;
+		m->key.proto = l4;
 	} else {
 		return LL_NOT_LOVELOCK;
 	}
 
+	/* Fragments are classified on L3 alone, so all pieces of a datagram
+	 * go the same way. */
+	if (frag)
+		return LL_NOT_LOVELOCK;
+
+	if (l4 == IPPROTO_TCP) {
+		struct tcphdr *tcp = cursor_pull(c, sizeof(*tcp));
+
+		if (!tcp)
+			return LL_TRUNCATED;
+		m->key.sport = bpf_ntohs(tcp->source);
+		m->key.dport = bpf_ntohs(tcp->dest);
+		return LL_NOT_LOVELOCK;
+	}
 	if (l4 != IPPROTO_UDP)
 		return LL_NOT_LOVELOCK;
 
 	struct udphdr *udp = cursor_pull(c, sizeof(*udp));
-	__u16 ulen;
+	__u32 ulen;
 
 	if (!udp)
 		return LL_TRUNCATED;
-	if (udp->dest != bpf_htons(port))
-		return LL_NOT_LOVELOCK;
+	m->key.sport = bpf_ntohs(udp->source);
+	m->key.dport = bpf_ntohs(udp->dest);
 	ulen = bpf_ntohs(udp->len);
 	if (ulen < sizeof(*udp))
-		return LL_BAD_LENGTH;
-	return parse_ll(c, ulen - sizeof(*udp), out);
+		return LL_BAD_HEADER;
+	/* The datagram must lie within the packet (bytes after it are padding). */
+	if ((void *)udp + ulen > c->end)
+		return LL_TRUNCATED;
+	if (m->key.dport != port)
+		return LL_NOT_LOVELOCK;
+	return parse_ll(c, ulen - sizeof(*udp), m, start);
+}
+
+static __always_inline int ll_malformed(enum ll_status st)
+{
+	return st != LL_OK && st != LL_NOT_LOVELOCK;
 }
 
 #endif

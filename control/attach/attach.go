@@ -143,7 +143,7 @@ func programFor(cfg Config) (*ebpf.Program, bool, error) {
 	if !errors.Is(err, os.ErrNotExist) {
 		return nil, false, fmt.Errorf("program %s: %w", pin, err)
 	}
-	s, err := bpf.LoadSteer(bpf.SteerOptions{Port: cfg.Port})
+	s, err := bpf.Load(bpf.Options{Port: cfg.Port})
 	if err != nil {
 		return nil, false, err
 	}
