@@ -21,10 +21,10 @@ type (
 
 // Limits compiled into the data plane (include/rules.h).
 const (
-	MaxShapes      = 32      // distinct mask shapes in one rule set
-	MaxRules       = 65536   // rule IDs are 1..MaxRules-1; 0 counts default verdicts
-	MaxRuleEntries = 262144  // map entries in one rule set, META entries included
-	MaxXSKQueues   = 64      // slots of the AF_XDP socket map
+	MaxShapes      = 32     // distinct mask shapes in one rule set
+	MaxRules       = 65536  // rule IDs are 1..MaxRules-1; 0 counts default verdicts
+	MaxRuleEntries = 262144 // map entries in one rule set, META entries included
+	MaxXSKQueues   = 64     // slots of the AF_XDP socket map
 	metaShape      = ^uint32(0)
 	metaHdr        = ^uint32(0)
 )
