@@ -100,7 +100,12 @@ func (rs *Ruleset) Validate() error {
 			return fmt.Errorf("shape %d has a higher priority than shape %d: %w", i, i-1, ErrRuleset)
 		}
 	}
+	seen := make(map[RuleKey]uint32, len(rs.Entries))
 	for _, e := range rs.Entries {
+		if id, dup := seen[e.Key]; dup {
+			return fmt.Errorf("rules %d and %d compile to the same key: %w", id, e.Val.Id, ErrRuleset)
+		}
+		seen[e.Key] = e.Val.Id
 		if int(e.Key.Shape) >= len(rs.Shapes) {
 			return fmt.Errorf("entry for rule %d names shape %d of %d: %w", e.Val.Id, e.Key.Shape, len(rs.Shapes), ErrRuleset)
 		}
@@ -154,7 +159,7 @@ func (s *Steer) Apply(rs *Ruleset) error {
 	for i, e := range entries {
 		keys[i], vals[i] = e.Key, e.Val
 	}
-	if _, err := m.BatchUpdate(keys, vals, &ebpf.BatchOptions{ElemFlags: uint64(ebpf.UpdateNoExist)}); err != nil {
+	if _, err := m.BatchUpdate(keys, vals, nil); err != nil {
 		return fmt.Errorf("steer: fill rule set map (%d entries): %w", len(entries), err)
 	}
 	if err := s.rulesets.Update(uint32(0), m, ebpf.UpdateAny); err != nil {

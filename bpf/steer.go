@@ -124,18 +124,23 @@ var ErrStale = errors.New("pinned programs differ from this build")
 // (ErrStale) programs whose instructions differ from this build's, so a
 // daemon never adopts a data plane it does not understand.
 func OpenPinned(dir string) (*Steer, error) {
-	spec, err := loadSteer()
+	// The kernel's tag hashes the instructions as loaded (calls and
+	// callbacks linked, map references blanked); load this build's programs
+	// once to learn their tags.
+	fresh, err := Load(Options{})
 	if err != nil {
 		return nil, err
 	}
-	s := &Steer{inner: spec.Maps[steerMapRulesets].InnerMap}
+	defer fresh.Close()
+
+	s := &Steer{inner: fresh.inner}
 	progs := []struct {
-		pin  string
-		spec string
-		dst  **ebpf.Program
+		pin   string
+		fresh *ebpf.Program
+		dst   **ebpf.Program
 	}{
-		{PinProgXDP, steerProgXdpSteer, &s.XDP}, {PinProgTCIngress, steerProgTcIngress, &s.TCIngress},
-		{PinProgTCEgress, steerProgTcEgress, &s.TCEgress}, {PinProgXDPPass, steerProgXdpPass, &s.XDPPass},
+		{PinProgXDP, fresh.XDP, &s.XDP}, {PinProgTCIngress, fresh.TCIngress, &s.TCIngress},
+		{PinProgTCEgress, fresh.TCEgress, &s.TCEgress}, {PinProgXDPPass, fresh.XDPPass, &s.XDPPass},
 	}
 	for _, p := range progs {
 		prog, err := ebpf.LoadPinnedProgram(filepath.Join(dir, p.pin), nil)
@@ -144,7 +149,7 @@ func OpenPinned(dir string) (*Steer, error) {
 			return nil, fmt.Errorf("steer: open pinned program %s: %w", p.pin, err)
 		}
 		*p.dst = prog
-		if err := sameTag(prog, spec.Programs[p.spec]); err != nil {
+		if err := sameTag(prog, p.fresh); err != nil {
 			s.Close()
 			return nil, fmt.Errorf("steer: program %s in %s: %w", p.pin, dir, err)
 		}
@@ -164,21 +169,18 @@ func OpenPinned(dir string) (*Steer, error) {
 	return s, nil
 }
 
-// sameTag compares a loaded program's tag (a hash of its instructions) with
-// the tag the embedded spec would get.
-func sameTag(prog *ebpf.Program, spec *ebpf.ProgramSpec) error {
-	info, err := prog.Info()
+// sameTag compares two loaded programs' tags (hashes of their instructions).
+func sameTag(pinned, fresh *ebpf.Program) error {
+	a, err := pinned.Info()
 	if err != nil {
 		return fmt.Errorf("read program info: %w", err)
 	}
-	// The kernel's tag ignores map references, so it is stable across
-	// loads; ProgramSpec.Tag mirrors bpf_prog_calc_tag.
-	want, err := spec.Tag()
+	b, err := fresh.Info()
 	if err != nil {
-		return fmt.Errorf("compute tag: %w", err)
+		return fmt.Errorf("read program info: %w", err)
 	}
-	if info.Tag != want {
-		return fmt.Errorf("tag %s, this build has %s: %w", info.Tag, want, ErrStale)
+	if a.Tag != b.Tag {
+		return fmt.Errorf("tag %s, this build has %s: %w", a.Tag, b.Tag, ErrStale)
 	}
 	return nil
 }
@@ -227,6 +229,19 @@ func (s *Steer) RuleCounter(id uint32) (Counter, error) {
 		return Counter{}, fmt.Errorf("steer: read counters of rule %d: %w", id, err)
 	}
 	return c, nil
+}
+
+// ResetRuleCounter zeroes the counters of rule id, before the ID is given to
+// a new rule.
+func (s *Steer) ResetRuleCounter(id uint32) error {
+	n, err := ebpf.PossibleCPU()
+	if err != nil {
+		return fmt.Errorf("steer: %w", err)
+	}
+	if err := s.ruleStats.Update(id, make([]steerCounter, n), ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("steer: reset counters of rule %d: %w", id, err)
+	}
+	return nil
 }
 
 // SetXSK puts the AF_XDP socket fd into slot queue of the xsk map, where

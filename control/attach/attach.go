@@ -1,13 +1,17 @@
 // Package attach owns the steering data plane's pinned state on a node: it
-// loads the steering program (or adopts the one already pinned), and attaches
-// it to interfaces through BPF links pinned beside it, so the data plane keeps
-// forwarding while no control process is running.
+// loads the steering programs (or adopts the ones already pinned) and
+// attaches them to interfaces through BPF links pinned beside them, so the
+// data plane keeps forwarding while no control process runs.
 //
-// Pin layout under Dir (documented in docs/ARCHITECTURE.md):
+// Pin layout under Dir (docs/ARCHITECTURE.md, version 1):
 //
-//	xdp_steer          the XDP program
-//	steer_stats        its per-CPU counters
-//	links/xdp_<iface>  one pinned XDP link per attached interface
+//	xdp_steer, tc_ingress, tc_egress, xdp_pass   programs
+//	steer_stats, rule_stats, rulesets, xsks      maps
+//	links/<hook>@<iface>                          one pinned link per attachment
+//
+// The directory is built under a temporary name and renamed into place, so
+// it is either complete or absent. Writers hold an exclusive flock on the
+// directory's parent while they change it.
 package attach
 
 import (
@@ -15,6 +19,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -30,6 +36,28 @@ const DefaultDir = "/sys/fs/bpf/lovelock"
 // ErrNoBPFFS reports that a pin directory is not on a bpffs mount.
 var ErrNoBPFFS = errors.New("not on a bpffs mount (mount one with: mount -t bpf bpf /sys/fs/bpf)")
 
+// ErrNotAttached reports a detach of something that is not attached.
+var ErrNotAttached = errors.New("not attached")
+
+// Hook is where on an interface the classifier runs.
+type Hook string
+
+// Hooks.
+const (
+	HookXDP       Hook = "xdp"        // XDP, before the kernel allocates an skb
+	HookTCIngress Hook = "tc-ingress" // TC ingress (tcx), for skb-only paths
+	HookTCEgress  Hook = "tc-egress"  // TC egress (tcx): host-originated packets
+)
+
+// ParseHook checks a hook name.
+func ParseHook(s string) (Hook, error) {
+	switch h := Hook(s); h {
+	case HookXDP, HookTCIngress, HookTCEgress:
+		return h, nil
+	}
+	return "", fmt.Errorf("hook %q: want %s, %s or %s", s, HookXDP, HookTCIngress, HookTCEgress)
+}
+
 // Mode selects how XDP is attached.
 type Mode string
 
@@ -39,163 +67,261 @@ const (
 	ModeGeneric Mode = "generic" // on the skb path; for drivers without XDP
 )
 
-func (m Mode) flags() (link.XDPAttachFlags, error) {
-	switch m {
-	case ModeNative, "":
-		return link.XDPDriverMode, nil
-	case ModeGeneric:
-		return link.XDPGenericMode, nil
+// ParseMode checks an XDP mode name; "" means native.
+func ParseMode(s string) (Mode, error) {
+	switch m := Mode(s); m {
+	case "":
+		return ModeNative, nil
+	case ModeNative, ModeGeneric:
+		return m, nil
 	}
-	return 0, fmt.Errorf("xdp mode %q: want %q or %q", m, ModeNative, ModeGeneric)
+	return "", fmt.Errorf("xdp mode %q: want %q or %q", s, ModeNative, ModeGeneric)
 }
 
-// Config describes the desired data plane.
-type Config struct {
-	// Dir is the pin directory; it must be on a bpffs.
+// Attachment is one interface hook running the classifier.
+type Attachment struct {
+	Iface string `json:"iface"`
+	Hook  Hook   `json:"hook"`
+	// Mode is the XDP mode asked for (XDP only).
+	Mode Mode `json:"mode,omitempty"`
+}
+
+// Options configure Open.
+type Options struct {
+	// Dir is the pin directory; its parent must be on a bpffs.
 	Dir string
-	// Port is the Lovelock UDP port (0: the wire default).
+	// Port is the Lovelock UDP port used when programs are loaded fresh.
 	Port uint16
-	// Interfaces to attach to.
-	Interfaces []string
-	// Mode of XDP attachment.
-	Mode Mode
 }
 
-// Result says what Ensure did for each interface.
-type Result struct {
-	// Loaded is true when a program was loaded, false when a pinned one was adopted.
+// Node is a node's steering data plane, opened for changes: it holds the
+// writer lock until Close.
+type Node struct {
+	// Steer holds the programs and maps; its rule set can be swapped.
+	Steer *bpf.Steer
+	// Loaded is true when Open loaded programs, false when it adopted pins.
 	Loaded bool
-	// Attached lists interfaces that got a new link.
-	Attached []string
-	// Adopted lists interfaces whose pinned link was kept as it was.
-	Adopted []string
+
+	dir  string
+	lock *os.File
 }
 
-// Ensure brings the node to cfg: it adopts a pinned program or loads and pins
-// one, then attaches it to every interface that has no pinned link yet. It
-// never detaches anything, so it is safe to run at every daemon start.
-func Ensure(cfg Config) (Result, error) {
-	var res Result
-	flags, err := cfg.Mode.flags()
+// Open adopts the data plane pinned in opts.Dir, or loads one and pins it
+// there. Adopted programs must match this build (bpf.ErrStale otherwise),
+// and nothing pinned is changed when Open fails.
+func Open(opts Options) (*Node, error) {
+	dir := filepath.Clean(opts.Dir)
+	parent := filepath.Dir(dir)
+	if err := checkBPFFS(parent); err != nil {
+		return nil, fmt.Errorf("pin dir %s: %w", dir, err)
+	}
+	lock, err := lockDir(parent)
 	if err != nil {
-		return res, err
+		return nil, err
 	}
-	if err := checkBPFFS(cfg.Dir); err != nil {
-		return res, err
+	n := &Node{dir: dir, lock: lock}
+	if err := n.open(opts.Port); err != nil {
+		lock.Close()
+		return nil, err
 	}
-	// Resolve every interface before touching kernel state, so a typo
-	// changes nothing.
-	ifindex := make([]int, len(cfg.Interfaces))
-	for i, name := range cfg.Interfaces {
-		nl, err := netlink.LinkByName(name)
-		if err != nil {
-			return res, fmt.Errorf("interface %s: %w", name, err)
-		}
-		ifindex[i] = nl.Attrs().Index
-	}
-	prog, loaded, err := programFor(cfg)
-	if err != nil {
-		return res, err
-	}
-	defer prog.Close()
-	res.Loaded = loaded
-
-	if err := os.MkdirAll(filepath.Join(cfg.Dir, "links"), 0o700); err != nil {
-		return res, fmt.Errorf("pin dir: %w", err)
-	}
-	for i, name := range cfg.Interfaces {
-		adopted, err := attachOne(cfg.Dir, prog, name, ifindex[i], flags)
-		if err != nil {
-			return res, err
-		}
-		if adopted {
-			res.Adopted = append(res.Adopted, name)
-		} else {
-			res.Attached = append(res.Attached, name)
-		}
-	}
-	return res, nil
+	return n, nil
 }
 
-// Detach removes the pinned link of iface, which detaches the program from it.
-func Detach(dir, iface string) error {
-	pin := linkPin(dir, iface)
-	l, err := link.LoadPinnedLink(pin, nil)
-	if errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("interface %s: no pinned link at %s: %w", iface, pin, os.ErrNotExist)
+func (n *Node) open(port uint16) error {
+	// Leftovers of a load that crashed before its rename.
+	stale, _ := filepath.Glob(n.dir + "_tmp_*")
+	for _, d := range stale {
+		os.RemoveAll(d)
 	}
+	if _, err := os.Stat(n.dir); err == nil {
+		s, err := bpf.OpenPinned(n.dir)
+		if err != nil {
+			if errors.Is(err, bpf.ErrStale) {
+				return fmt.Errorf("%w; the data plane was left as it is: start the lovelockd that pinned it, "+
+					"or detach everything ('lovelock iface detach --all') and remove %s", err, n.dir)
+			}
+			return err
+		}
+		n.Steer = s
+		return nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("pin dir %s: %w", n.dir, err)
+	}
+
+	s, err := bpf.Load(bpf.Options{Port: port})
 	if err != nil {
-		return fmt.Errorf("interface %s: open link %s: %w", iface, pin, err)
+		return err
 	}
-	defer l.Close()
-	if err := l.Unpin(); err != nil {
-		return fmt.Errorf("interface %s: unpin link: %w", iface, err)
+	// bpffs refuses dots in names.
+	tmp := fmt.Sprintf("%s_tmp_%d", n.dir, os.Getpid())
+	if err := s.Pin(tmp); err != nil {
+		s.Close()
+		os.RemoveAll(tmp)
+		return err
 	}
+	if err := os.Mkdir(filepath.Join(tmp, "links"), 0o700); err != nil {
+		s.Close()
+		os.RemoveAll(tmp)
+		return fmt.Errorf("pin dir: %w", err)
+	}
+	if err := os.Rename(tmp, n.dir); err != nil {
+		s.Close()
+		os.RemoveAll(tmp)
+		return fmt.Errorf("pin dir: move into place: %w", err)
+	}
+	n.Steer, n.Loaded = s, true
 	return nil
 }
 
-func programFor(cfg Config) (*ebpf.Program, bool, error) {
-	pin := filepath.Join(cfg.Dir, bpf.PinProgXDP)
-	prog, err := ebpf.LoadPinnedProgram(pin, nil)
-	if err == nil {
-		return prog, false, nil
-	}
-	if !errors.Is(err, os.ErrNotExist) {
-		return nil, false, fmt.Errorf("program %s: %w", pin, err)
-	}
-	s, err := bpf.Load(bpf.Options{Port: cfg.Port})
-	if err != nil {
-		return nil, false, err
-	}
-	defer s.Close()
-	if err := s.Pin(cfg.Dir); err != nil {
-		return nil, false, err
-	}
-	prog, err = ebpf.LoadPinnedProgram(pin, nil)
-	if err != nil {
-		return nil, false, fmt.Errorf("program %s: reopen after pinning: %w", pin, err)
-	}
-	return prog, true, nil
+// Dir is the pin directory.
+func (n *Node) Dir() string { return n.dir }
+
+// Close releases the handles and the lock; the data plane stays as it is.
+func (n *Node) Close() error {
+	err := n.Steer.Close()
+	return errors.Join(err, n.lock.Close())
 }
 
-func attachOne(dir string, prog *ebpf.Program, name string, ifindex int, flags link.XDPAttachFlags) (adopted bool, err error) {
-	pin := linkPin(dir, name)
+// Attach attaches the classifier at a's hook on a's interface, unless a link
+// is already pinned there (then it reports adopted). A link is pinned before
+// its handle closes; if pinning fails, closing detaches it again.
+func (n *Node) Attach(a Attachment) (adopted bool, err error) {
+	pin := n.linkPin(a.Iface, a.Hook)
 	if l, err := link.LoadPinnedLink(pin, nil); err == nil {
 		l.Close()
 		return true, nil
 	} else if !errors.Is(err, os.ErrNotExist) {
-		return false, fmt.Errorf("interface %s: open pinned link %s: %w", name, pin, err)
+		return false, fmt.Errorf("interface %s %s: open pinned link: %w", a.Iface, a.Hook, err)
 	}
-	l, err := link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifindex, Flags: flags})
+	nl, err := netlink.LinkByName(a.Iface)
 	if err != nil {
-		return false, fmt.Errorf("interface %s: attach xdp: %w", name, err)
+		return false, fmt.Errorf("interface %s: %w", a.Iface, err)
+	}
+	ifindex := nl.Attrs().Index
+
+	var l link.Link
+	switch a.Hook {
+	case HookXDP:
+		mode, err := ParseMode(string(a.Mode))
+		if err != nil {
+			return false, err
+		}
+		flags := link.XDPDriverMode
+		if mode == ModeGeneric {
+			flags = link.XDPGenericMode
+		}
+		l, err = link.AttachXDP(link.XDPOptions{Program: n.Steer.XDP, Interface: ifindex, Flags: flags})
+		if err != nil {
+			return false, fmt.Errorf("interface %s: attach xdp (%s): %w", a.Iface, mode, err)
+		}
+	case HookTCIngress, HookTCEgress:
+		prog, at := n.Steer.TCIngress, ebpf.AttachTCXIngress
+		if a.Hook == HookTCEgress {
+			prog, at = n.Steer.TCEgress, ebpf.AttachTCXEgress
+		}
+		l, err = link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: at})
+		if err != nil {
+			return false, fmt.Errorf("interface %s: attach %s (tcx): %w", a.Iface, a.Hook, err)
+		}
+	default:
+		_, err := ParseHook(string(a.Hook))
+		return false, err
 	}
 	defer l.Close()
-	// Pin first, or the link dies with this process; if pinning fails the
-	// deferred Close detaches again and nothing half-done is left.
 	if err := l.Pin(pin); err != nil {
-		return false, fmt.Errorf("interface %s: pin link: %w", name, err)
+		return false, fmt.Errorf("interface %s %s: pin link: %w", a.Iface, a.Hook, err)
 	}
 	return false, nil
 }
 
-func linkPin(dir, iface string) string {
-	return filepath.Join(dir, "links", "xdp_"+iface)
+// Detach removes the pinned link of iface's hook, which detaches it.
+func (n *Node) Detach(iface string, hook Hook) error {
+	return detachPin(n.linkPin(iface, hook), iface, hook)
+}
+
+func detachPin(pin, iface string, hook Hook) error {
+	l, err := link.LoadPinnedLink(pin, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("interface %s %s: %w", iface, hook, ErrNotAttached)
+	}
+	if err != nil {
+		return fmt.Errorf("interface %s %s: open pinned link: %w", iface, hook, err)
+	}
+	defer l.Close()
+	if err := l.Unpin(); err != nil {
+		return fmt.Errorf("interface %s %s: unpin link: %w", iface, hook, err)
+	}
+	return nil
+}
+
+// Attachments lists what is attached, from the pinned links.
+func (n *Node) Attachments() ([]Attachment, error) {
+	return listLinks(n.dir)
+}
+
+// ListAttachments lists the attachments pinned in dir without taking the
+// writer lock (for readers such as the CLI).
+func ListAttachments(dir string) ([]Attachment, error) {
+	return listLinks(dir)
+}
+
+func listLinks(dir string) ([]Attachment, error) {
+	entries, err := os.ReadDir(filepath.Join(dir, "links"))
+	if err != nil {
+		return nil, fmt.Errorf("pinned links: %w", err)
+	}
+	var out []Attachment
+	for _, e := range entries {
+		hook, esc, ok := strings.Cut(e.Name(), "@")
+		if !ok {
+			continue
+		}
+		out = append(out, Attachment{Iface: pinUnescaper.Replace(esc), Hook: Hook(hook)})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Iface != out[j].Iface {
+			return out[i].Iface < out[j].Iface
+		}
+		return out[i].Hook < out[j].Hook
+	})
+	return out, nil
+}
+
+func (n *Node) linkPin(iface string, hook Hook) string {
+	return filepath.Join(n.dir, "links", string(hook)+"@"+pinEscaper.Replace(iface))
+}
+
+// bpffs refuses dots in names, which interface names (eth0.100) may hold.
+var (
+	pinEscaper   = strings.NewReplacer("%", "%25", ".", "%2E")
+	pinUnescaper = strings.NewReplacer("%2E", ".", "%25", "%")
+)
+
+func lockDir(dir string) (*os.File, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("lock %s: %w", dir, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("lock %s: another lovelockd (or lovelock command) is changing the data plane", dir)
+		}
+		return nil, fmt.Errorf("lock %s: %w", dir, err)
+	}
+	return f, nil
 }
 
 func checkBPFFS(dir string) error {
-	// The directory may not exist yet: check the nearest existing parent.
-	for p := dir; ; p = filepath.Dir(p) {
-		var st unix.Statfs_t
-		err := unix.Statfs(p, &st)
-		if err == nil {
-			if st.Type != unix.BPF_FS_MAGIC {
-				return fmt.Errorf("pin dir %s: %w", dir, ErrNoBPFFS)
-			}
-			return nil
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("%s does not exist: %w", dir, ErrNoBPFFS)
 		}
-		if !errors.Is(err, unix.ENOENT) || p == filepath.Dir(p) {
-			return fmt.Errorf("pin dir %s: %w", dir, err)
-		}
+		return err
 	}
+	if st.Type != unix.BPF_FS_MAGIC {
+		return ErrNoBPFFS
+	}
+	return nil
 }

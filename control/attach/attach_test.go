@@ -4,12 +4,14 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"github.com/vishvananda/netlink"
 
+	"github.com/lovelock-dpu/lovelock/bpf"
 	"github.com/lovelock-dpu/lovelock/control/attach"
 	"github.com/lovelock-dpu/lovelock/control/testenv"
 )
@@ -22,44 +24,67 @@ func xdpAttached(name string) (bool, error) {
 	return l.Attrs().Xdp != nil && l.Attrs().Xdp.Attached, nil
 }
 
-// TestEnsureAdoptDetach walks a daemon's life: first start loads and
-// attaches, a restart adopts the pins untouched, detach removes one link.
-func TestEnsureAdoptDetach(t *testing.T) {
-	ns := testenv.NewNetNS(t)
-	dir := filepath.Join(testenv.BPFFS(t), "lovelock")
-	cfg := attach.Config{Dir: dir, Interfaces: []string{"a", "b"}}
-
-	testenv.InNetNS(t, ns, func() error {
-		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "a"}, PeerName: "b"}); err != nil {
+func vethAB() error {
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "a"}, PeerName: "b"}); err != nil {
+		return err
+	}
+	for _, n := range []string{"a", "b"} {
+		l, err := netlink.LinkByName(n)
+		if err != nil {
 			return err
 		}
-		for _, n := range cfg.Interfaces {
-			l, err := netlink.LinkByName(n)
-			if err != nil {
-				return err
-			}
-			if err := netlink.LinkSetUp(l); err != nil {
-				return err
-			}
+		if err := netlink.LinkSetUp(l); err != nil {
+			return err
 		}
+	}
+	return nil
+}
 
-		res, err := attach.Ensure(cfg)
+// TestOpenAdoptDetach walks a daemon's life: the first start loads, pins and
+// attaches; a restart adopts the pins untouched; detach removes one link.
+func TestOpenAdoptDetach(t *testing.T) {
+	ns := testenv.NewNetNS(t)
+	dir := filepath.Join(testenv.BPFFS(t), "lovelock")
+
+	testenv.InNetNS(t, ns, func() error {
+		if err := vethAB(); err != nil {
+			return err
+		}
+		n, err := attach.Open(attach.Options{Dir: dir})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !res.Loaded || !slices.Equal(res.Attached, cfg.Interfaces) || len(res.Adopted) != 0 {
-			t.Errorf("first start: %+v, want loaded and both attached", res)
+		if !n.Loaded {
+			t.Error("first open adopted, want loaded")
 		}
+		// A second writer is refused while the first holds the lock.
+		if _, err := attach.Open(attach.Options{Dir: dir}); err == nil || !strings.Contains(err.Error(), "another lovelockd") {
+			t.Errorf("second open: %v, want a lock error", err)
+		}
+		for _, a := range []attach.Attachment{{Iface: "a", Hook: attach.HookXDP}, {Iface: "b", Hook: attach.HookXDP}, {Iface: "a", Hook: attach.HookTCEgress}} {
+			if adopted, err := n.Attach(a); err != nil || adopted {
+				t.Fatalf("attach %+v: adopted=%v err=%v", a, adopted, err)
+			}
+		}
+		n.Close()
 
-		res, err = attach.Ensure(cfg)
+		n, err = attach.Open(attach.Options{Dir: dir})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res.Loaded || len(res.Attached) != 0 || !slices.Equal(res.Adopted, cfg.Interfaces) {
-			t.Errorf("restart: %+v, want both adopted and nothing loaded", res)
+		defer n.Close()
+		if n.Loaded {
+			t.Error("restart loaded, want adopted")
+		}
+		if adopted, err := n.Attach(attach.Attachment{Iface: "a", Hook: attach.HookXDP}); err != nil || !adopted {
+			t.Errorf("re-attach: adopted=%v err=%v, want adopted", adopted, err)
+		}
+		got, err := n.Attachments()
+		if err != nil || len(got) != 3 {
+			t.Errorf("attachments = %+v, %v; want 3", got, err)
 		}
 
-		if err := attach.Detach(dir, "a"); err != nil {
+		if err := n.Detach("a", attach.HookXDP); err != nil {
 			t.Fatal(err)
 		}
 		if on, err := xdpAttached("a"); err != nil || on {
@@ -68,37 +93,85 @@ func TestEnsureAdoptDetach(t *testing.T) {
 		if on, err := xdpAttached("b"); err != nil || !on {
 			t.Errorf("b after detaching a: attached=%v err=%v", on, err)
 		}
-		if err := attach.Detach(dir, "a"); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("second detach: %v, want ErrNotExist", err)
+		if err := n.Detach("a", attach.HookXDP); !errors.Is(err, attach.ErrNotAttached) {
+			t.Errorf("second detach: %v, want ErrNotAttached", err)
 		}
 		return nil
 	})
 }
 
-func TestEnsureBadInput(t *testing.T) {
-	ns := testenv.NewNetNS(t)
-	bpffs := testenv.BPFFS(t)
-	for _, tc := range []struct {
-		name string
-		cfg  attach.Config
-		want string
-	}{
-		{"unknown interface", attach.Config{Dir: filepath.Join(bpffs, "x"), Interfaces: []string{"nope0"}}, "interface nope0"},
-		{"bad mode", attach.Config{Dir: filepath.Join(bpffs, "y"), Mode: "turbo"}, `xdp mode "turbo"`},
-		{"not bpffs", attach.Config{Dir: t.TempDir()}, "not on a bpffs"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			testenv.InNetNS(t, ns, func() error {
-				_, err := attach.Ensure(tc.cfg)
-				if err == nil || !strings.Contains(err.Error(), tc.want) {
-					t.Errorf("err = %v, want it to mention %q", err, tc.want)
-				}
-				// A refused config leaves nothing pinned behind.
-				if entries, _ := os.ReadDir(tc.cfg.Dir); len(entries) != 0 {
-					t.Errorf("pin dir %s holds %d entries after a refused config", tc.cfg.Dir, len(entries))
-				}
-				return nil
-			})
-		})
+// TestOpenStale plants a pin directory whose program is not this build's:
+// Open must refuse it and leave it exactly as it was.
+func TestOpenStale(t *testing.T) {
+	dir := filepath.Join(testenv.BPFFS(t), "lovelock")
+	n, err := attach.Open(attach.Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
 	}
+	n.Close()
+	// Swap the XDP program pin for another program: an "older version".
+	xdp := filepath.Join(dir, bpf.PinProgXDP)
+	if err := os.Remove(xdp); err != nil {
+		t.Fatal(err)
+	}
+	old, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:         ebpf.XDP,
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2), asm.Return()},
+		License:      "GPL",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	if err := old.Pin(xdp); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := os.ReadDir(dir)
+	_, err = attach.Open(attach.Options{Dir: dir})
+	if !errors.Is(err, bpf.ErrStale) {
+		t.Fatalf("open stale: %v, want ErrStale", err)
+	}
+	after, _ := os.ReadDir(dir)
+	if len(before) != len(after) {
+		t.Errorf("stale open changed the pin dir: %d entries before, %d after", len(before), len(after))
+	}
+}
+
+func TestOpenBadInput(t *testing.T) {
+	bpffs := testenv.BPFFS(t)
+	ns := testenv.NewNetNS(t)
+	t.Run("not bpffs", func(t *testing.T) {
+		_, err := attach.Open(attach.Options{Dir: filepath.Join(t.TempDir(), "lovelock")})
+		if !errors.Is(err, attach.ErrNoBPFFS) {
+			t.Errorf("err = %v, want ErrNoBPFFS", err)
+		}
+	})
+	t.Run("missing bpffs", func(t *testing.T) {
+		_, err := attach.Open(attach.Options{Dir: "/nonexistent/bpf/lovelock"})
+		if !errors.Is(err, attach.ErrNoBPFFS) {
+			t.Errorf("err = %v, want ErrNoBPFFS", err)
+		}
+	})
+	t.Run("unknown interface and hook", func(t *testing.T) {
+		n, err := attach.Open(attach.Options{Dir: filepath.Join(bpffs, "x")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer n.Close()
+		testenv.InNetNS(t, ns, func() error {
+			if _, err := n.Attach(attach.Attachment{Iface: "nope0", Hook: attach.HookXDP}); err == nil || !strings.Contains(err.Error(), "interface nope0") {
+				t.Errorf("unknown iface: %v", err)
+			}
+			if _, err := n.Attach(attach.Attachment{Iface: "lo", Hook: "tc-sideways"}); err == nil || !strings.Contains(err.Error(), `hook "tc-sideways"`) {
+				t.Errorf("bad hook: %v", err)
+			}
+			if _, err := n.Attach(attach.Attachment{Iface: "lo", Hook: attach.HookXDP, Mode: "turbo"}); err == nil || !strings.Contains(err.Error(), `xdp mode "turbo"`) {
+				t.Errorf("bad mode: %v", err)
+			}
+			return nil
+		})
+		if got, _ := n.Attachments(); len(got) != 0 {
+			t.Errorf("refused attachments left pins: %+v", got)
+		}
+	})
 }
