@@ -15,9 +15,77 @@ type (
 	RuleKey = steerRuleKey
 	// RuleVal is a rule set map value: priority, rule ID, action, argument.
 	RuleVal = steerRuleVal
-	// Shape is a mask shape: which fields are exact and how many prefix bits.
-	Shape = steerShape
 )
+
+type shapeset = steerShapeset
+
+// Shape is a mask shape: which fields are matched exactly and how many
+// prefix bits of the addresses and the rank. The data plane stores it as a
+// mask over the flow key (Mask).
+type Shape struct {
+	Fields  uint8  // Field* bits
+	SrcLen  uint8  // source prefix bits (0..32 for IPv4 keys, 0..128 for IPv6)
+	DstLen  uint8  // destination prefix bits
+	RankLen uint8  // high bits of the Lovelock rank (0..32)
+	MaxPrio uint32 // highest priority among the shape's rules
+}
+
+// Mask returns the flow key mask of the shape: a packet's key ANDed with it
+// is the key its rules are stored under.
+func (sh Shape) Mask() FlowKey {
+	var m FlowKey
+	ones := func(bit uint8) uint32 {
+		if sh.Fields&bit != 0 {
+			return ^uint32(0)
+		}
+		return 0
+	}
+	m.Ifindex = ones(FieldIfindex)
+	m.Family = uint8(ones(FieldFamily))
+	m.Proto = uint8(ones(FieldProto))
+	m.LlType = uint8(ones(FieldLLType))
+	m.Sport = uint16(ones(FieldSport))
+	m.Dport = uint16(ones(FieldDport))
+	m.Tenant = ones(FieldTenant)
+	prefix(m.Src[:], int(sh.SrcLen))
+	prefix(m.Dst[:], int(sh.DstLen))
+	if sh.RankLen > 0 {
+		m.Rank = ^uint32(0) << (32 - min(uint32(sh.RankLen), 32))
+	}
+	return m
+}
+
+// prefix sets the first bits bits of b.
+func prefix(b []byte, bits int) {
+	for i := range b {
+		switch {
+		case bits >= 8:
+			b[i] = 0xff
+		case bits > 0:
+			b[i] = 0xff << (8 - bits)
+		}
+		bits -= 8
+	}
+}
+
+// Masked returns k with only the shape's bits kept.
+func (sh Shape) Masked(k FlowKey) FlowKey {
+	m := sh.Mask()
+	k.Ifindex &= m.Ifindex
+	k.Family &= m.Family
+	k.Proto &= m.Proto
+	k.LlType &= m.LlType
+	k.Pad = 0
+	for i := range k.Src {
+		k.Src[i] &= m.Src[i]
+		k.Dst[i] &= m.Dst[i]
+	}
+	k.Sport &= m.Sport
+	k.Dport &= m.Dport
+	k.Tenant &= m.Tenant
+	k.Rank &= m.Rank
+	return k
+}
 
 // Limits compiled into the data plane (include/rules.h).
 const (
@@ -26,7 +94,6 @@ const (
 	MaxRuleEntries = 262144 // map entries in one rule set, META entries included
 	MaxXSKQueues   = 64     // slots of the AF_XDP socket map
 	metaShape      = ^uint32(0)
-	metaHdr        = ^uint32(0)
 )
 
 // Shape.Fields bits: fields matched exactly.
@@ -92,7 +159,7 @@ func (rs *Ruleset) Validate() error {
 	if len(rs.Shapes) > MaxShapes {
 		return fmt.Errorf("%d mask shapes, the data plane holds %d: %w", len(rs.Shapes), MaxShapes, ErrRuleset)
 	}
-	if n := len(rs.Entries) + len(rs.Shapes) + 1; n > MaxRuleEntries {
+	if n := len(rs.Entries) + 1; n > MaxRuleEntries {
 		return fmt.Errorf("%d map entries, the data plane holds %d: %w", n, MaxRuleEntries, ErrRuleset)
 	}
 	for i := 1; i < len(rs.Shapes); i++ {
@@ -102,6 +169,9 @@ func (rs *Ruleset) Validate() error {
 	}
 	seen := make(map[RuleKey]uint32, len(rs.Entries))
 	for _, e := range rs.Entries {
+		if int(e.Key.Shape) < len(rs.Shapes) && rs.Shapes[e.Key.Shape].Masked(e.Key.Flow) != e.Key.Flow {
+			return fmt.Errorf("entry for rule %d has bits outside its shape's mask: %w", e.Val.Id, ErrRuleset)
+		}
 		if id, dup := seen[e.Key]; dup {
 			return fmt.Errorf("rules %d and %d compile to the same key: %w", id, e.Val.Id, ErrRuleset)
 		}
@@ -116,54 +186,76 @@ func (rs *Ruleset) Validate() error {
 	return nil
 }
 
-// metaEntries encodes the shapes and the header as META entries. The C side
-// reads their values as struct shape and struct ruleset_hdr, which have
-// rule_val's size; the packing below follows those structs' layouts.
-func (rs *Ruleset) metaEntries() []Entry {
-	out := make([]Entry, 0, len(rs.Shapes)+1)
-	for i, sh := range rs.Shapes {
-		var k RuleKey
-		k.Shape, k.Flow.Ifindex = metaShape, uint32(i)
-		// struct shape: fields, src_len, dst_len, rank_len | max_prio | pad.
-		out = append(out, Entry{Key: k, Val: RuleVal{
-			Prio: uint32(sh.Fields) | uint32(sh.SrcLen)<<8 | uint32(sh.DstLen)<<16 | uint32(sh.RankLen)<<24,
-			Id:   sh.MaxPrio,
-		}})
-	}
-	var k RuleKey
-	k.Shape, k.Flow.Ifindex = metaShape, metaHdr
-	// struct ruleset_hdr: nshapes | default_id | default_action, pad | default_arg.
-	out = append(out, Entry{Key: k, Val: RuleVal{
-		Prio: uint32(len(rs.Shapes)), Action: uint16(rs.DefaultAction), Arg: rs.DefaultArg,
-	}})
-	return out
-}
-
-// Apply installs rs as the live rule set, atomically: it fills a new map and
-// swaps it into the one-slot rulesets array. When Apply returns, no packet is
-// still being classified by the previous set (the kernel waits for running
-// programs when a map-in-map slot changes).
+// Apply installs rs as the live rule set, atomically: it writes rs's shapes
+// into the shapeset slot the live set does not use, fills a new hash map
+// whose META entry names that slot, and swaps the map into the one-slot
+// rulesets array. When Apply returns, no packet is still being classified by
+// the previous set (the kernel waits for running programs when a map-in-map
+// slot changes), so the next Apply may rewrite the other slot.
 func (s *Steer) Apply(rs *Ruleset) error {
 	if err := rs.Validate(); err != nil {
 		return err
 	}
+	live, err := s.liveShapeset()
+	if err != nil {
+		return err
+	}
+	slot := 1 - live
+
+	ss := shapeset{Nshapes: uint32(len(rs.Shapes)), DefaultAction: uint16(rs.DefaultAction), DefaultArg: rs.DefaultArg}
+	for i, sh := range rs.Shapes {
+		ss.Shapes[i].Mask, ss.Shapes[i].MaxPrio = sh.Mask(), sh.MaxPrio
+	}
+	if err := s.shapesets.Update(slot, &ss, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("steer: write shapes: %w", err)
+	}
+
 	m, err := ebpf.NewMap(s.inner.Copy())
 	if err != nil {
 		return fmt.Errorf("steer: create rule set map: %w", err)
 	}
 	defer m.Close()
-
-	entries := append(rs.metaEntries(), rs.Entries...)
-	keys := make([]RuleKey, len(entries))
-	vals := make([]RuleVal, len(entries))
-	for i, e := range entries {
-		keys[i], vals[i] = e.Key, e.Val
+	keys := make([]RuleKey, 0, len(rs.Entries)+1)
+	vals := make([]RuleVal, 0, len(rs.Entries)+1)
+	var meta RuleKey
+	meta.Shape = metaShape
+	// struct ruleset_hdr: shapeset | pad[3], in rule_val's place.
+	keys, vals = append(keys, meta), append(vals, RuleVal{Prio: slot})
+	for _, e := range rs.Entries {
+		keys, vals = append(keys, e.Key), append(vals, e.Val)
 	}
 	if _, err := m.BatchUpdate(keys, vals, nil); err != nil {
-		return fmt.Errorf("steer: fill rule set map (%d entries): %w", len(entries), err)
+		return fmt.Errorf("steer: fill rule set map (%d entries): %w", len(keys), err)
 	}
 	if err := s.rulesets.Update(uint32(0), m, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("steer: swap in rule set: %w", err)
 	}
 	return nil
+}
+
+// liveShapeset returns the shapeset slot of the live rule set (0 when none
+// is installed), read from the kernel so that it is right after a restart.
+func (s *Steer) liveShapeset() (uint32, error) {
+	var id ebpf.MapID
+	if err := s.rulesets.Lookup(uint32(0), &id); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return 0, nil
+		}
+		return 0, fmt.Errorf("steer: read live rule set: %w", err)
+	}
+	if id == 0 {
+		return 0, nil
+	}
+	m, err := ebpf.NewMapFromID(id)
+	if err != nil {
+		return 0, fmt.Errorf("steer: open live rule set: %w", err)
+	}
+	defer m.Close()
+	var meta RuleKey
+	meta.Shape = metaShape
+	var hdr RuleVal
+	if err := m.Lookup(&meta, &hdr); err != nil {
+		return 0, fmt.Errorf("steer: read live rule set header: %w", err)
+	}
+	return hdr.Prio, nil
 }

@@ -54,6 +54,7 @@ const (
 	PinRuleStats     = "rule_stats"
 	PinRulesets      = "rulesets"
 	PinXSKs          = "xsks"
+	PinShapesets     = "shapesets"
 )
 
 // Options configure the steering program before it is loaded.
@@ -74,6 +75,7 @@ type Steer struct {
 	stats     *ebpf.Map
 	ruleStats *ebpf.Map
 	rulesets  *ebpf.Map
+	shapesets *ebpf.Map
 	xsks      *ebpf.Map
 
 	inner *ebpf.MapSpec // template of a rule set map
@@ -89,7 +91,7 @@ func (s *Steer) pins() []struct {
 	}{
 		{PinProgXDP, s.XDP}, {PinProgTCIngress, s.TCIngress}, {PinProgTCEgress, s.TCEgress},
 		{PinProgXDPPass, s.XDPPass}, {PinStats, s.stats}, {PinRuleStats, s.ruleStats},
-		{PinRulesets, s.rulesets}, {PinXSKs, s.xsks},
+		{PinRulesets, s.rulesets}, {PinShapesets, s.shapesets}, {PinXSKs, s.xsks},
 	}
 }
 
@@ -111,7 +113,7 @@ func Load(opts Options) (*Steer, error) {
 	}
 	return &Steer{
 		XDP: objs.XdpSteer, TCIngress: objs.TcIngress, TCEgress: objs.TcEgress, XDPPass: objs.XdpPass,
-		stats: objs.SteerStats, ruleStats: objs.RuleStats, rulesets: objs.Rulesets, xsks: objs.Xsks,
+		stats: objs.SteerStats, ruleStats: objs.RuleStats, rulesets: objs.Rulesets, shapesets: objs.Shapesets, xsks: objs.Xsks,
 		inner: spec.Maps[steerMapRulesets].InnerMap,
 	}, nil
 }
@@ -157,7 +159,7 @@ func OpenPinned(dir string) (*Steer, error) {
 	maps := []struct {
 		pin string
 		dst **ebpf.Map
-	}{{PinStats, &s.stats}, {PinRuleStats, &s.ruleStats}, {PinRulesets, &s.rulesets}, {PinXSKs, &s.xsks}}
+	}{{PinStats, &s.stats}, {PinRuleStats, &s.ruleStats}, {PinRulesets, &s.rulesets}, {PinShapesets, &s.shapesets}, {PinXSKs, &s.xsks}}
 	for _, m := range maps {
 		mp, err := ebpf.LoadPinnedMap(filepath.Join(dir, m.pin), nil)
 		if err != nil {
@@ -264,7 +266,7 @@ func (s *Steer) ClearXSK(queue uint32) error {
 // Close releases this process's handles.
 func (s *Steer) Close() error {
 	var errs []error
-	for _, c := range []interface{ Close() error }{s.XDP, s.TCIngress, s.TCEgress, s.XDPPass, s.stats, s.ruleStats, s.rulesets, s.xsks} {
+	for _, c := range []interface{ Close() error }{s.XDP, s.TCIngress, s.TCEgress, s.XDPPass, s.stats, s.ruleStats, s.rulesets, s.shapesets, s.xsks} {
 		switch v := c.(type) {
 		case *ebpf.Program:
 			if v != nil {

@@ -50,22 +50,25 @@ type steerRuleVal struct {
 }
 
 type steerRulesetHdr struct {
-	_             structs.HostLayout
-	Nshapes       uint32
-	DefaultId     uint32
-	DefaultAction uint16
-	Pad           uint16
-	DefaultArg    uint32
+	_        structs.HostLayout
+	Shapeset uint32
+	Pad      [3]uint32
 }
 
 type steerShape struct {
 	_       structs.HostLayout
-	Fields  uint8
-	SrcLen  uint8
-	DstLen  uint8
-	RankLen uint8
+	Mask    steerFlowKey
 	MaxPrio uint32
-	Pad     [2]uint32
+}
+
+type steerShapeset struct {
+	_             structs.HostLayout
+	Nshapes       uint32
+	DefaultAction uint16
+	Pad           uint16
+	DefaultArg    uint32
+	Pad2          uint32
+	Shapes        [32]steerShape
 }
 
 // Names of all BPF objects in the ELF.
@@ -74,6 +77,7 @@ type steerShape struct {
 const (
 	steerMapRuleStats        = "rule_stats"
 	steerMapRulesets         = "rulesets"
+	steerMapShapesets        = "shapesets"
 	steerMapSteerStats       = "steer_stats"
 	steerMapXsks             = "xsks"
 	steerProgTcEgress        = "tc_egress"
@@ -84,7 +88,6 @@ const (
 	steerVarUnusedRuleKey    = "unused_rule_key"
 	steerVarUnusedRuleVal    = "unused_rule_val"
 	steerVarUnusedRulesetHdr = "unused_ruleset_hdr"
-	steerVarUnusedShape      = "unused_shape"
 )
 
 // loadSteer returns the embedded CollectionSpec for steer.
@@ -141,6 +144,7 @@ type steerProgramSpecs struct {
 type steerMapSpecs struct {
 	RuleStats  *ebpf.MapSpec `ebpf:"rule_stats"`
 	Rulesets   *ebpf.MapSpec `ebpf:"rulesets"`
+	Shapesets  *ebpf.MapSpec `ebpf:"shapesets"`
 	SteerStats *ebpf.MapSpec `ebpf:"steer_stats"`
 	Xsks       *ebpf.MapSpec `ebpf:"xsks"`
 }
@@ -153,7 +157,6 @@ type steerVariableSpecs struct {
 	UnusedRuleKey    *ebpf.VariableSpec `ebpf:"unused_rule_key"`
 	UnusedRuleVal    *ebpf.VariableSpec `ebpf:"unused_rule_val"`
 	UnusedRulesetHdr *ebpf.VariableSpec `ebpf:"unused_ruleset_hdr"`
-	UnusedShape      *ebpf.VariableSpec `ebpf:"unused_shape"`
 }
 
 // steerObjects contains all objects after they have been loaded into the kernel.
@@ -178,6 +181,7 @@ func (o *steerObjects) Close() error {
 type steerMaps struct {
 	RuleStats  *ebpf.Map `ebpf:"rule_stats"`
 	Rulesets   *ebpf.Map `ebpf:"rulesets"`
+	Shapesets  *ebpf.Map `ebpf:"shapesets"`
 	SteerStats *ebpf.Map `ebpf:"steer_stats"`
 	Xsks       *ebpf.Map `ebpf:"xsks"`
 }
@@ -186,6 +190,7 @@ func (m *steerMaps) Close() error {
 	return _SteerClose(
 		m.RuleStats,
 		m.Rulesets,
+		m.Shapesets,
 		m.SteerStats,
 		m.Xsks,
 	)
@@ -199,7 +204,6 @@ type steerVariables struct {
 	UnusedRuleKey    *ebpf.Variable `ebpf:"unused_rule_key"`
 	UnusedRuleVal    *ebpf.Variable `ebpf:"unused_rule_val"`
 	UnusedRulesetHdr *ebpf.Variable `ebpf:"unused_ruleset_hdr"`
-	UnusedShape      *ebpf.Variable `ebpf:"unused_shape"`
 }
 
 // steerPrograms contains all programs after they have been loaded into the kernel.

@@ -63,6 +63,8 @@ struct flow_key {
 	__u32 rank;     /* Lovelock destination rank or region */
 };
 
+_Static_assert(sizeof(struct flow_key) % 4 == 0, "flow_key is masked word by word");
+
 struct pkt_meta {
 	struct flow_key key;
 	__u32 status;   /* enum ll_status */

@@ -1,16 +1,19 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* The compiled rule set and its tuple-space lookup.
  *
- * A rule set is one hash map (struct rule_key -> struct rule_val). Rules are
- * grouped by mask shape: which fields they match and how many prefix bits.
- * A packet's flow key is masked once per shape and looked up once per shape,
- * so lookup cost grows with the number of shapes (at most MAX_SHAPES), never
- * with the number of rules. The shapes and the set's defaults live in the
- * same map under the reserved shape id META_SHAPE, so one map is one
- * consistent rule set. The data plane reaches the current set through a
- * one-slot array of maps: replacing the slot swaps whole rule sets
- * atomically (the kernel waits for running programs before the syscall
- * returns), and a packet holds one set for its whole lookup. */
+ * A rule set is one hash map (struct rule_key -> struct rule_val) plus one
+ * struct shapeset. Rules are grouped by mask shape: which fields they match
+ * and how many prefix bits. A packet's flow key is masked once per shape and
+ * looked up once per shape, so lookup cost grows with the number of shapes
+ * (at most MAX_SHAPES), never with the number of rules.
+ *
+ * Atomic swaps: the data plane reaches the live hash map through a one-slot
+ * array of maps; replacing the slot swaps rule sets, and the kernel waits for
+ * running programs before that syscall returns. The hash map's META entry
+ * names which of the two shapesets slots belongs to it. A swap writes the
+ * slot the live set does not use, then replaces the hash map: a packet holds
+ * one hash map for its whole lookup, and the shapeset it names is not
+ * rewritten until every packet that could hold that map has finished. */
 #ifndef LOVELOCK_RULES_H
 #define LOVELOCK_RULES_H
 
@@ -24,18 +27,8 @@
  * is split into prefixes, plus the META entries. */
 #define MAX_RULE_ENTRIES 262144
 
+/* Key of the META entry (struct ruleset_hdr): shape META_SHAPE, rest zero. */
 #define META_SHAPE 0xffffffff
-/* flow.ifindex of the META entry holding struct ruleset_hdr. */
-#define META_HDR 0xffffffff
-
-/* struct shape.fields: exact-match fields. */
-#define F_IFINDEX (1 << 0)
-#define F_FAMILY (1 << 1)
-#define F_PROTO (1 << 2)
-#define F_LL_TYPE (1 << 3)
-#define F_SPORT (1 << 4)
-#define F_DPORT (1 << 5)
-#define F_TENANT (1 << 6)
 
 enum action {
 	ACT_PASS = 0,     /* to the kernel stack */
@@ -57,28 +50,39 @@ struct rule_val {
 	__u32 arg;      /* ifindex for ACT_REDIRECT, queue for ACT_XSK */
 };
 
-/* Value of META entry i < nshapes. Shapes are stored by descending
- * max_prio, so a lookup stops once no later shape can win. */
+/* A mask shape: a packet's flow key ANDed with mask is looked up under the
+ * shape's index. Userspace computes the masks (all-ones for exact fields,
+ * prefix bits for addresses and ranks), so masking here is branch-free. */
 struct shape {
-	__u8 fields;    /* F_* bits */
-	__u8 src_len;   /* source prefix bits kept (0..32 for IPv4, 0..128 for IPv6) */
-	__u8 dst_len;   /* destination prefix bits kept */
-	__u8 rank_len;  /* high bits of the Lovelock rank kept (0..32) */
+	struct flow_key mask;
 	__u32 max_prio; /* highest priority among the shape's rules */
-	__u32 pad[2];
 };
 
-/* Value of the META_HDR entry. */
-struct ruleset_hdr {
+/* The shapes of a rule set, by descending max_prio (so a lookup stops once
+ * no later shape can win), and its default verdict. */
+struct shapeset {
 	__u32 nshapes;
-	__u32 default_id; /* always 0 today: the "no rule" counters */
 	__u16 default_action;
 	__u16 pad;
 	__u32 default_arg;
+	__u32 pad2;
+	struct shape shapes[MAX_SHAPES];
 };
 
-_Static_assert(sizeof(struct rule_val) == sizeof(struct shape), "META values share rule_val's size");
-_Static_assert(sizeof(struct rule_val) == sizeof(struct ruleset_hdr), "META values share rule_val's size");
+/* Value of the META entry. */
+struct ruleset_hdr {
+	__u32 shapeset; /* index into shapesets: 0 or 1 */
+	__u32 pad[3];
+};
+
+_Static_assert(sizeof(struct rule_val) == sizeof(struct ruleset_hdr), "the META value shares rule_val's size");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct shapeset);
+	__uint(max_entries, 2);
+} shapesets SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
@@ -95,55 +99,18 @@ struct {
 	});
 } rulesets SEC(".maps");
 
-static __always_inline __u32 prefix_mask(int bits)
-{
-	if (bits <= 0)
-		return 0;
-	if (bits >= 32)
-		return 0xffffffff;
-	return bpf_htonl(0xffffffff << (32 - bits));
-}
-
-static __always_inline void mask_addr(__u8 *dst, const __u8 *src, int len)
-{
-	__u32 w[4];
-
-	__builtin_memcpy(w, src, 16);
-	w[0] &= prefix_mask(len);
-	w[1] &= prefix_mask(len - 32);
-	w[2] &= prefix_mask(len - 64);
-	w[3] &= prefix_mask(len - 96);
-	__builtin_memcpy(dst, w, 16);
-}
-
-/* Builds the key of flow under shape sh into k. */
+/* Builds the key of flow f under shape sh (index idx) into k. */
 static __always_inline void mask_flow(struct rule_key *k, const struct flow_key *f,
 				      const struct shape *sh, __u32 idx)
 {
-	__u8 fl = sh->fields;
+	const __u32 *in = (const __u32 *)f, *m = (const __u32 *)&sh->mask;
+	__u32 *out = (__u32 *)&k->flow;
+	int w;
 
-	__builtin_memset(k, 0, sizeof(*k));
 	k->shape = idx;
-	if (fl & F_IFINDEX)
-		k->flow.ifindex = f->ifindex;
-	if (fl & F_FAMILY)
-		k->flow.family = f->family;
-	if (fl & F_PROTO)
-		k->flow.proto = f->proto;
-	if (fl & F_LL_TYPE)
-		k->flow.ll_type = f->ll_type;
-	if (fl & F_SPORT)
-		k->flow.sport = f->sport;
-	if (fl & F_DPORT)
-		k->flow.dport = f->dport;
-	if (fl & F_TENANT)
-		k->flow.tenant = f->tenant;
-	if (sh->src_len)
-		mask_addr(k->flow.src, f->src, sh->src_len);
-	if (sh->dst_len)
-		mask_addr(k->flow.dst, f->dst, sh->dst_len);
-	if (sh->rank_len)
-		k->flow.rank = f->rank & (sh->rank_len >= 32 ? 0xffffffff : ~(0xffffffff >> sh->rank_len));
+#pragma unroll
+	for (w = 0; w < sizeof(struct flow_key) / 4; w++)
+		out[w] = in[w] & m[w];
 }
 
 struct verdict {
@@ -154,9 +121,9 @@ struct verdict {
 
 struct lookup_ctx {
 	void *rs;                  /* the rule set, fixed for the whole lookup */
+	struct shapeset *ss;       /* its shapes */
 	const struct flow_key *f;
 	struct rule_key k;
-	__u32 nshapes;
 	__u32 found;
 	struct rule_val best;
 };
@@ -169,14 +136,15 @@ static long lookup_shape(__u32 i, void *data)
 	struct shape *sh;
 	struct rule_val *r;
 
-	if (i >= lc->nshapes)
+	__u64 idx = i;
+
+	if (i >= lc->ss->nshapes)
 		return 1;
-	__builtin_memset(&lc->k, 0, sizeof(lc->k));
-	lc->k.shape = META_SHAPE;
-	lc->k.flow.ifindex = i;
-	sh = bpf_map_lookup_elem(lc->rs, &lc->k);
-	if (!sh)
-		return 1;
+	/* Bound the index in the register that indexes: clang otherwise checks
+	 * one copy of i and indexes with another, which the verifier cannot
+	 * follow. MAX_SHAPES is a power of two. */
+	asm volatile("%0 &= %1" : "+r"(idx) : "i"(MAX_SHAPES - 1));
+	sh = &lc->ss->shapes[idx];
 	/* Shapes come by descending max_prio: none later can win. */
 	if (lc->found && sh->max_prio <= lc->best.prio)
 		return 1;
@@ -202,18 +170,19 @@ static __always_inline int classify(const struct flow_key *f, int malformed, str
 	if (!lc.rs)
 		return 0;
 	lc.k.shape = META_SHAPE;
-	lc.k.flow.ifindex = META_HDR;
 	hdr = bpf_map_lookup_elem(lc.rs, &lc.k);
 	if (!hdr)
 		return 0;
-	v->id = hdr->default_id;
-	v->action = hdr->default_action;
-	v->arg = hdr->default_arg;
+	lc.ss = bpf_map_lookup_elem(&shapesets, &hdr->shapeset);
+	if (!lc.ss)
+		return 0;
+	v->id = 0;
+	v->action = lc.ss->default_action;
+	v->arg = lc.ss->default_arg;
 	if (malformed)
 		return 1;
 
 	lc.f = f;
-	lc.nshapes = hdr->nshapes;
 	bpf_loop(MAX_SHAPES, lookup_shape, &lc, 0);
 	if (lc.found) {
 		v->id = lc.best.id;
