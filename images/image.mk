@@ -1,0 +1,54 @@
+# The Lovelock DPU image: build, boot test, Vagrant check.
+# Included from the main Makefile (include images/image.mk); uses its GO, BIN,
+# LDFLAGS and VERSION. See docs/image.md.
+#
+#   make image        bin/image/{amd64,arm64}/: kernel, initramfs, manifest, arm64 .bfb
+#   make image-test   boot both in QEMU (software emulation) and check lovelockd from inside
+#   make image-lock   re-pin the Debian kernels to what the mirror has now
+#   make vagrant-validate
+
+IMAGE_DIR    ?= $(BIN)/image
+IMAGE_ARCHES ?= amd64 arm64
+IMAGE_BOOTS  ?= amd64,arm64,arm64-uefi
+# The card's firmware stream (package mlxbf-bootimages, not redistributable:
+# never commit it). Without it the .bfb is an OS-only stream.
+DEFAULT_BFB  ?=
+# Set to 1 to refresh apt's lists even when nothing is missing (after the
+# mirror moved on to a newer kernel).
+IMAGE_APT_UPDATE ?=
+IMAGE_APT_PACKAGES := qemu-system-x86 qemu-system-arm qemu-efi-aarch64 vagrant
+
+.PHONY: image-deps
+image-deps: ## install QEMU, UEFI firmware for arm64 and vagrant; enable arm64 packages in apt (idempotent)
+	@need_update="$(IMAGE_APT_UPDATE)"; \
+	if ! dpkg --print-foreign-architectures | grep -qx arm64; then \
+		echo "image-deps: dpkg --add-architecture arm64 (the card's kernel package is arm64)"; \
+		dpkg --add-architecture arm64; need_update=1; \
+	fi; \
+	ls /var/lib/apt/lists/*_binary-arm64_Packages* >/dev/null 2>&1 || need_update=1; \
+	missing=$$(for p in $(IMAGE_APT_PACKAGES); do \
+		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	[ -z "$$missing" ] || need_update=1; \
+	if [ -n "$$need_update" ]; then echo "image-deps: apt-get update"; apt-get update -qq; fi; \
+	if [ -n "$$missing" ]; then \
+		echo "image-deps: installing" $$missing; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+.PHONY: image
+image: image-deps ## build the DPU image (amd64 and arm64: kernel, initramfs, manifest; arm64 .bfb) into bin/image
+	$(GO) run ./images/cmd/mkimage build --out $(IMAGE_DIR) --go $(GO) \
+		--ldflags '$(LDFLAGS)' --version $(VERSION) \
+		$(foreach a,$(IMAGE_ARCHES),--arch $(a)) $(if $(DEFAULT_BFB),--default-bfb $(DEFAULT_BFB))
+
+.PHONY: image-test
+image-test: image ## boot the images in QEMU (no KVM) and check lovelockd and its XDP attach from inside
+	$(GO) run ./images/cmd/boottest --image $(IMAGE_DIR) --cases $(IMAGE_BOOTS)
+
+.PHONY: image-lock
+image-lock: image-deps ## re-pin images/kernel.lock.json to the kernels the mirror has now
+	$(GO) run ./images/cmd/mkimage lock $(foreach a,$(IMAGE_ARCHES),--arch $(a))
+
+.PHONY: vagrant-validate
+vagrant-validate: image-deps ## check vagrant/Vagrantfile (no VM boots; provider blocks are not checked)
+	cd vagrant && vagrant validate --ignore-provider

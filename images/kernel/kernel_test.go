@@ -1,0 +1,174 @@
+package kernel
+
+import (
+	"bytes"
+	"context"
+	"debug/elf"
+	"encoding/binary"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ulikunitz/xz"
+)
+
+func TestShippedLock(t *testing.T) {
+	l, err := LoadLock("../kernel.lock.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, arch := range []string{"amd64", "arm64"} {
+		p, err := l.For(arch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(p.Package, "linux-image-") || p.Release != strings.TrimPrefix(p.Package, "linux-image-") {
+			t.Errorf("%s: package %q and release %q disagree", arch, p.Package, p.Release)
+		}
+		if len(p.Modules) == 0 {
+			t.Errorf("%s: no modules: the image could not reach its NIC", arch)
+		}
+	}
+	// Save writes what LoadLock reads.
+	tmp := filepath.Join(t.TempDir(), "lock.json")
+	if err := l.Save(tmp); err != nil {
+		t.Fatal(err)
+	}
+	again, err := LoadLock(tmp)
+	if err != nil || again.Kernels["arm64"].SHA256 != l.Kernels["arm64"].SHA256 {
+		t.Fatalf("round trip: %v", err)
+	}
+	if b, _ := os.ReadFile(tmp); bytes.Contains(b, []byte(`\u003c`)) {
+		t.Error("Save escapes < and > in the note")
+	}
+}
+
+func TestLockRejects(t *testing.T) {
+	tmp := filepath.Join(t.TempDir(), "lock.json")
+	os.WriteFile(tmp, []byte(`{"kernels": {"amd64": {"package": "linux-image-x", "version": "1", "release": "x", "sha256": "short"}}}`), 0o644)
+	if _, err := LoadLock(tmp); err == nil {
+		t.Fatal("LoadLock accepted a short sha256")
+	}
+	l := &Lock{}
+	if _, err := l.For("riscv64"); err == nil {
+		t.Fatal("For found a kernel for an architecture without one")
+	}
+}
+
+func TestDebName(t *testing.T) {
+	p := Package{Package: "linux-image-6.12.117+deb12-arm64", Version: "1:6.12.117-1~deb12u1"}
+	if got := p.DebName("arm64"); got != "linux-image-6.12.117+deb12-arm64_1%3a6.12.117-1~deb12u1_arm64.deb" {
+		t.Fatalf("DebName = %s", got)
+	}
+}
+
+func TestFetchUsesVerifiedCache(t *testing.T) {
+	dir := t.TempDir()
+	p := Package{Package: "linux-image-test", Version: "1", SHA256: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"} // sha256("test")
+	os.WriteFile(filepath.Join(dir, p.DebName("amd64")), []byte("test"), 0o644)
+	got, err := Fetch(context.Background(), p, "amd64", dir, &bytes.Buffer{})
+	if err != nil || got != filepath.Join(dir, p.DebName("amd64")) {
+		t.Fatalf("Fetch = %q, %v", got, err)
+	}
+	if err := verify(got, strings.Repeat("0", 64)); !errors.Is(err, ErrChecksum) {
+		t.Fatalf("verify with a wrong sum: %v", err)
+	}
+}
+
+// fakeKO is the smallest ELF64 module debug/elf reads: a .modinfo section.
+func fakeKO(fields ...string) []byte {
+	modinfo := []byte(strings.Join(fields, "\x00") + "\x00")
+	shstr := []byte("\x00.modinfo\x00.shstrtab\x00")
+	shOff := (64 + len(modinfo) + len(shstr) + 7) &^ 7
+	var b bytes.Buffer
+	binary.Write(&b, binary.LittleEndian, elf.Header64{
+		Ident: [16]byte{0x7f, 'E', 'L', 'F', byte(elf.ELFCLASS64), byte(elf.ELFDATA2LSB), byte(elf.EV_CURRENT)},
+		Type:  uint16(elf.ET_REL), Machine: uint16(elf.EM_AARCH64), Version: uint32(elf.EV_CURRENT),
+		Shoff: uint64(shOff), Ehsize: 64, Shentsize: 64, Shnum: 3, Shstrndx: 2,
+	})
+	b.Write(modinfo)
+	b.Write(shstr)
+	b.Write(make([]byte, shOff-b.Len()))
+	for _, sh := range []elf.Section64{{},
+		{Name: 1, Type: uint32(elf.SHT_PROGBITS), Off: 64, Size: uint64(len(modinfo)), Addralign: 1},
+		{Name: 10, Type: uint32(elf.SHT_STRTAB), Off: uint64(64 + len(modinfo)), Size: uint64(len(shstr)), Addralign: 1},
+	} {
+		binary.Write(&b, binary.LittleEndian, sh)
+	}
+	return b.Bytes()
+}
+
+func xzBytes(t *testing.T, b []byte) []byte {
+	var out bytes.Buffer
+	w, err := xz.NewWriter(&out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Write(b)
+	w.Close()
+	return out.Bytes()
+}
+
+// TestExtract builds a small kernel package with dpkg-deb (xz-compressed
+// and plain modules, a built-in one) and takes the image's files out of it.
+func TestExtract(t *testing.T) {
+	if _, err := exec.LookPath("dpkg-deb"); err != nil {
+		t.Fatalf("dpkg-deb (Debian's dpkg) is needed: %v", err)
+	}
+	const rel = "6.12.0-test-arm64"
+	vermagic := "vermagic=" + rel + " SMP preempt mod_unload modversions aarch64"
+	root := t.TempDir()
+	files := map[string][]byte{
+		"DEBIAN/control":                          []byte("Package: linux-image-test\nVersion: 1\nArchitecture: all\nMaintainer: t <t@t>\nDescription: test\n"),
+		"boot/vmlinuz-" + rel:                     []byte("the kernel"),
+		"boot/config-" + rel:                      []byte("CONFIG_BPF=y\n"),
+		"lib/modules/" + rel + "/modules.builtin": []byte("kernel/drivers/virtio/virtio_pci.ko\n"),
+		"lib/modules/" + rel + "/kernel/drivers/net/virtio_net.ko.xz":   xzBytes(t, fakeKO("depends=net_failover", "name=virtio_net", vermagic)),
+		"lib/modules/" + rel + "/kernel/drivers/net/net_failover.ko.xz": xzBytes(t, fakeKO("depends=failover", "name=net_failover", vermagic)),
+		"lib/modules/" + rel + "/kernel/net/core/failover.ko":           fakeKO("depends=", "name=failover", vermagic),
+		"lib/modules/" + rel + "/kernel/drivers/unused.ko.xz":           []byte("never decompressed"),
+	}
+	for name, data := range files {
+		p := filepath.Join(root, name)
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deb := filepath.Join(t.TempDir(), "test.deb")
+	if out, err := exec.Command("dpkg-deb", "--root-owner-group", "-b", root, deb).CombinedOutput(); err != nil {
+		t.Fatalf("dpkg-deb -b: %v\n%s", err, out)
+	}
+	c, err := Extract(context.Background(), deb, Package{Release: rel, Modules: []string{"virtio_pci", "virtio-net"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(c.Kernel) != "the kernel" || string(c.Config) != "CONFIG_BPF=y\n" {
+		t.Fatalf("kernel %q config %q", c.Kernel, c.Config)
+	}
+	var order []string
+	for _, m := range c.Modules {
+		order = append(order, m.Path)
+	}
+	want := "kernel/net/core/failover.ko kernel/drivers/net/net_failover.ko kernel/drivers/net/virtio_net.ko"
+	if strings.Join(order, " ") != want {
+		t.Fatalf("modules %v, want %s", order, want)
+	}
+	if len(c.Builtin) != 1 || c.Builtin[0] != "virtio_pci" {
+		t.Fatalf("builtin = %v", c.Builtin)
+	}
+	if _, err := elf.NewFile(bytes.NewReader(c.ModuleData["kernel/drivers/net/virtio_net.ko"])); err != nil {
+		t.Fatalf("virtio_net.ko not decompressed to ELF: %v", err)
+	}
+
+	// A module the package lacks, and a module built for another kernel.
+	if _, err := Extract(context.Background(), deb, Package{Release: rel, Modules: []string{"mlx5_core"}}); err == nil {
+		t.Fatal("Extract found a module the package does not have")
+	}
+	if _, err := Extract(context.Background(), deb, Package{Release: "6.1.0-other", Modules: nil}); err == nil {
+		t.Fatal("Extract accepted a wrong release")
+	}
+}
