@@ -3,116 +3,253 @@ package wire
 import (
 	"encoding/binary"
 	"fmt"
+	"net/netip"
 )
 
 // Header sizes and protocol numbers ParseFrame walks; the names follow the
-// kernel's (ETH_HLEN, ETH_P_*, IPPROTO_UDP).
+// kernel's (ETH_HLEN, ETH_P_*, IPPROTO_*).
 const (
 	ethHeaderLen  = 14
 	vlanHeaderLen = 4
 	ipv4MinLen    = 20
 	ipv6HeaderLen = 40
 	udpHeaderLen  = 8
+	tcpMinLen     = 20
+	ipv6FragLen   = 8
 
 	etherTypeIPv4 = 0x0800
 	etherTypeIPv6 = 0x86dd
 	etherTypeVLAN = 0x8100
 
-	protoUDP = 17
+	protoHopOpts  = 0
+	protoTCP      = 6
+	protoUDP      = 17
+	protoRouting  = 43
+	protoFragment = 44
+	protoAH       = 51
+	protoDstOpts  = 60
 )
 
+// MaxIPv6ExtHeaders is how many IPv6 extension headers ParseFrame, like the
+// C parser (MAX_IPV6_EXT_HDRS), skips before it calls a frame malformed
+// (ErrBadHeader).
+const MaxIPv6ExtHeaders = 4
+
+// Flow is what steering rules match on, as the data plane extracts it. It is
+// struct flow_key of bpf/include/parse.h without the ingress interface, which
+// the hook, not the frame, supplies.
+type Flow struct {
+	Family       uint8      // 4, 6, or 0 for non-IP
+	Proto        uint8      // IP protocol (after IPv6 extension headers)
+	Src, Dst     netip.Addr // zero Addr when Family == 0
+	Sport, Dport uint16     // 0 for fragments and protocols without ports
+	Type         Type       // Lovelock type; 0 unless the frame is a valid Lovelock packet
+	Tenant       uint32     // Lovelock tenant (valid Lovelock packets only)
+	Rank         uint32     // Lovelock destination rank or region (valid Lovelock packets only)
+}
+
+// Frame is what ParseFrame found.
+type Frame struct {
+	// Header is the Lovelock header; zero unless ParseFrame returned nil.
+	Header Header
+	// Offset is where Header starts in the frame; 0 unless ParseFrame
+	// returned nil.
+	Offset int
+	// Flow holds the fields rules match on, filled as far as the parser got
+	// (on every error too; see ParseFrame).
+	Flow Flow
+}
+
 // ParseFrame walks an Ethernet frame the way the data plane's C parser
-// (parse_to_ll in bpf/include/parse.h) does and returns the Lovelock header
-// and its offset from the start of the frame. Its verdict, through StatusOf,
-// equals the C parser's on every input; cside_test.go checks that.
+// (parse_packet in bpf/include/parse.h) does, and returns the Lovelock header,
+// its offset from the start of the frame and the flow key. Its verdict,
+// through StatusOf, and its flow equal the C parser's on every input;
+// cside_test.go checks that. docs/wire.md lists the rules both follow.
 //
-// What it walks, as the C side does: Ethernet with at most one 802.1Q tag;
-// IPv4 with options (IHL below 5 is ErrShortBuffer; fragments other than the
-// first are ErrNotLovelock) or IPv6 without extension headers (any next
-// header but UDP is ErrNotLovelock); UDP with destination port port. The UDP
-// length field, not the frame length, gives the payload the Lovelock length
-// must match; a UDP length below 8 is ErrBadLength, and bytes after it
-// (Ethernet padding) are ignored. Neither the IP version nibble, the IP
-// lengths nor the UDP checksum are checked.
+// The error is nil for a valid Lovelock packet, wraps ErrNotLovelock for a
+// well-formed frame that is not one (another ethertype or protocol, another
+// port, any IP fragment), and otherwise wraps the sentinel of the first check
+// that failed: ErrShortBuffer, ErrBadHeader, ErrBadVersion, ErrBadLength or
+// ErrUnknownType. The Lovelock checks are exactly Decode's, on the UDP payload
+// as the UDP length delimits it; that payload always lies within frame.
 //
-// Caveat: because the UDP length field is trusted, success does not promise
-// that the payload lies within frame. Check
-// off+HeaderLen+int(h.Length) <= len(frame) before slicing the payload.
-func ParseFrame(frame []byte, port uint16) (h Header, off int, err error) {
+// Frame.Flow is filled on every error as far as the parser got, field for
+// field like the C parser's key before the data plane looks at the verdict
+// (bpf.WireChecker reports that key): the IP fields once the IP header (and
+// for IPv6 the extension headers, for the protocol) passed, the ports once
+// the TCP or UDP header was present. The data plane does not trust the fields
+// of a malformed frame (Status.Malformed) and gives it the default action
+// with an all-zero key; callers that classify must not match on Flow then.
+//
+// ParseFrame sees the whole frame. The C parser sees the linear part of the
+// packet only, which is the whole frame for single-buffer XDP; the tests keep
+// to frames BPF_PROG_TEST_RUN keeps linear. ParseFrame does not allocate for
+// a valid Lovelock packet.
+func ParseFrame(frame []byte, port uint16) (Frame, error) {
+	var f Frame
 	b := frame
 	if len(b) < ethHeaderLen {
-		return Header{}, 0, truncated("ethernet", ethHeaderLen, len(b))
+		return f, truncated("ethernet", ethHeaderLen, len(b))
 	}
 	proto := binary.BigEndian.Uint16(b[12:])
-	off = ethHeaderLen
+	off := ethHeaderLen
 	if proto == etherTypeVLAN {
 		if len(b)-off < vlanHeaderLen {
-			return Header{}, 0, truncated("802.1Q", vlanHeaderLen, len(b)-off)
+			return f, truncated("802.1Q", vlanHeaderLen, len(b)-off)
 		}
 		proto = binary.BigEndian.Uint16(b[off+2:])
 		off += vlanHeaderLen
 	}
 
-	var l4 uint8
+	var (
+		l4   uint8
+		frag bool
+	)
 	switch proto {
 	case etherTypeIPv4:
 		ip := b[off:]
 		if len(ip) < ipv4MinLen {
-			return Header{}, 0, truncated("ipv4", ipv4MinLen, len(ip))
+			return f, truncated("ipv4", ipv4MinLen, len(ip))
+		}
+		if v := ip[0] >> 4; v != 4 {
+			return f, fmt.Errorf("wire: frame: ip version %d in an ipv4 ethertype: %w", v, ErrBadHeader)
 		}
 		ihl := int(ip[0]&0x0f) * 4
 		if ihl < ipv4MinLen {
-			return Header{}, 0, fmt.Errorf("wire: frame: ipv4 header length %d below %d: %w", ihl, ipv4MinLen, ErrShortBuffer)
+			return f, fmt.Errorf("wire: frame: ipv4 header length %d below %d: %w", ihl, ipv4MinLen, ErrBadHeader)
 		}
 		if len(ip) < ihl {
-			return Header{}, 0, truncated("ipv4 with options", ihl, len(ip))
+			return f, truncated("ipv4 with options", ihl, len(ip))
 		}
-		// Only the first fragment carries the UDP header.
-		if fragOff := binary.BigEndian.Uint16(ip[6:]) & 0x1fff; fragOff != 0 {
-			return Header{}, 0, fmt.Errorf("wire: frame: ipv4 fragment at offset %d: %w", int(fragOff)*8, ErrNotLovelock)
-		}
+		f.Flow.Family = 4
+		f.Flow.Proto = ip[9]
+		f.Flow.Src = netip.AddrFrom4([4]byte(ip[12:16]))
+		f.Flow.Dst = netip.AddrFrom4([4]byte(ip[16:20]))
+		// More-fragments flag or an offset: any fragment.
+		frag = binary.BigEndian.Uint16(ip[6:])&0x3fff != 0
 		l4 = ip[9]
 		off += ihl
 	case etherTypeIPv6:
 		ip := b[off:]
 		if len(ip) < ipv6HeaderLen {
-			return Header{}, 0, truncated("ipv6", ipv6HeaderLen, len(ip))
+			return f, truncated("ipv6", ipv6HeaderLen, len(ip))
 		}
-		l4 = ip[6]
+		if v := ip[0] >> 4; v != 6 {
+			return f, fmt.Errorf("wire: frame: ip version %d in an ipv6 ethertype: %w", v, ErrBadHeader)
+		}
+		f.Flow.Family = 6
+		f.Flow.Src = netip.AddrFrom16([16]byte(ip[8:24]))
+		f.Flow.Dst = netip.AddrFrom16([16]byte(ip[24:40]))
 		off += ipv6HeaderLen
+		var err error
+		if off, l4, frag, err = skipIPv6Ext(b, off, ip[6]); err != nil {
+			return f, err
+		}
+		f.Flow.Proto = l4
 	default:
-		return Header{}, 0, fmt.Errorf("wire: frame: ethertype %#04x: %w", proto, ErrNotLovelock)
+		return f, fmt.Errorf("wire: frame: ethertype %#04x: %w", proto, ErrNotLovelock)
+	}
+
+	// Fragments are classified on L3 alone, so that all pieces of a
+	// datagram go the same way.
+	if frag {
+		return f, fmt.Errorf("wire: frame: ip fragment: %w", ErrNotLovelock)
+	}
+	if l4 == protoTCP {
+		tcp := b[off:]
+		if len(tcp) < tcpMinLen {
+			return f, truncated("tcp", tcpMinLen, len(tcp))
+		}
+		f.Flow.Sport = binary.BigEndian.Uint16(tcp[0:])
+		f.Flow.Dport = binary.BigEndian.Uint16(tcp[2:])
+		return f, fmt.Errorf("wire: frame: tcp: %w", ErrNotLovelock)
 	}
 	if l4 != protoUDP {
-		return Header{}, 0, fmt.Errorf("wire: frame: ip protocol %d: %w", l4, ErrNotLovelock)
+		return f, fmt.Errorf("wire: frame: ip protocol %d: %w", l4, ErrNotLovelock)
 	}
 
 	udp := b[off:]
 	if len(udp) < udpHeaderLen {
-		return Header{}, 0, truncated("udp", udpHeaderLen, len(udp))
+		return f, truncated("udp", udpHeaderLen, len(udp))
 	}
-	if dport := binary.BigEndian.Uint16(udp[2:]); dport != port {
-		return Header{}, 0, fmt.Errorf("wire: frame: udp port %d, want %d: %w", dport, port, ErrNotLovelock)
-	}
+	f.Flow.Sport = binary.BigEndian.Uint16(udp[0:])
+	f.Flow.Dport = binary.BigEndian.Uint16(udp[2:])
 	ulen := int(binary.BigEndian.Uint16(udp[4:]))
 	if ulen < udpHeaderLen {
-		return Header{}, 0, fmt.Errorf("wire: frame: udp length %d below %d: %w", ulen, udpHeaderLen, ErrBadLength)
+		return f, fmt.Errorf("wire: frame: udp length %d below %d: %w", ulen, udpHeaderLen, ErrBadHeader)
 	}
-	off += udpHeaderLen
-
-	// The header is pulled from the frame before the UDP length is looked
-	// at, as in parse_ll: a frame too short for it is truncated whatever the
-	// UDP length says.
-	if len(b)-off < HeaderLen {
-		return Header{}, 0, truncated("lovelock", HeaderLen, len(b)-off)
+	// The datagram must lie within the frame; bytes after it are padding.
+	if ulen > len(udp) {
+		return f, fmt.Errorf("wire: frame: udp datagram of %d bytes, frame has %d: %w", ulen, len(udp), ErrShortBuffer)
 	}
-	h, err = check(b[off:], ulen-udpHeaderLen)
+	if f.Flow.Dport != port {
+		return f, fmt.Errorf("wire: frame: udp port %d, want %d: %w", f.Flow.Dport, port, ErrNotLovelock)
+	}
+	h, err := decode(udp[udpHeaderLen:ulen])
 	if err != nil {
-		return Header{}, 0, fmt.Errorf("wire: frame: %w", err)
+		return f, fmt.Errorf("wire: frame: lovelock %w", err)
 	}
-	return h, off, nil
+	f.Header = h
+	f.Offset = off + udpHeaderLen
+	f.Flow.Type = h.Type
+	f.Flow.Tenant = h.Tenant
+	f.Flow.Rank = h.Dst
+	return f, nil
+}
+
+// isIPv6Ext reports whether nh names an extension header the parser skips
+// (ipv6_ext in parse.h).
+func isIPv6Ext(nh uint8) bool {
+	switch nh {
+	case protoHopOpts, protoRouting, protoDstOpts, protoFragment, protoAH:
+		return true
+	}
+	return false
+}
+
+// skipIPv6Ext skips up to MaxIPv6ExtHeaders extension headers starting at
+// off with next header nh, as skip_ipv6_ext does, and returns the offset and
+// protocol of what follows them and whether a fragment header marked the
+// packet as a fragment (an offset or the M flag). A later fragment's payload
+// is walked like headers, too, when its fragment header names an extension
+// header next: the C parser does so.
+func skipIPv6Ext(b []byte, off int, nh uint8) (int, uint8, bool, error) {
+	frag := false
+	for range MaxIPv6ExtHeaders {
+		if !isIPv6Ext(nh) {
+			return off, nh, frag, nil
+		}
+		if len(b)-off < 2 {
+			return off, nh, frag, truncatedExt(nh, 2, len(b)-off)
+		}
+		var n int
+		switch nh {
+		case protoFragment:
+			n = ipv6FragLen
+		case protoAH:
+			n = (int(b[off+1]) + 2) * 4
+		default:
+			n = (int(b[off+1]) + 1) * 8
+		}
+		if len(b)-off < n {
+			return off, nh, frag, truncatedExt(nh, n, len(b)-off)
+		}
+		if nh == protoFragment && binary.BigEndian.Uint16(b[off+2:])&0xfff9 != 0 {
+			frag = true
+		}
+		nh = b[off]
+		off += n
+	}
+	if isIPv6Ext(nh) {
+		return off, nh, frag, fmt.Errorf("wire: frame: more than %d ipv6 extension headers: %w", MaxIPv6ExtHeaders, ErrBadHeader)
+	}
+	return off, nh, frag, nil
 }
 
 func truncated(layer string, need, have int) error {
 	return fmt.Errorf("wire: frame: %s header needs %d bytes, have %d: %w", layer, need, have, ErrShortBuffer)
+}
+
+func truncatedExt(nh uint8, need, have int) error {
+	return fmt.Errorf("wire: frame: ipv6 extension header %d needs %d bytes, have %d: %w", nh, need, have, ErrShortBuffer)
 }

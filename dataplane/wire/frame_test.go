@@ -11,7 +11,7 @@ import (
 
 // isSentinel reports whether err wraps one of the package's sentinels.
 func isSentinel(err error) bool {
-	for _, s := range []error{ErrShortBuffer, ErrBadVersion, ErrBadLength, ErrUnknownType, ErrNotLovelock} {
+	for _, s := range []error{ErrShortBuffer, ErrBadVersion, ErrBadLength, ErrUnknownType, ErrBadHeader, ErrNotLovelock} {
 		if errors.Is(err, s) {
 			return true
 		}
@@ -19,28 +19,99 @@ func isSentinel(err error) bool {
 	return false
 }
 
-// TestParseFrame holds the Go frame parser to the verdicts parse.h gives the
-// fixtures; cside_test.go runs the same fixtures through the C parser.
+// TestParseFrame holds the Go frame parser to the verdicts and flows parse.h
+// gives the fixtures; cside_test.go runs the same fixtures through the C
+// parser.
 func TestParseFrame(t *testing.T) {
 	for _, c := range frameCases() {
 		t.Run(c.name, func(t *testing.T) {
-			h, off, err := ParseFrame(c.frame, c.port)
+			fr, err := ParseFrame(c.frame, c.port)
 			if got := StatusOf(err); got != c.want {
 				t.Fatalf("status %v (%v), want %v", got, err, c.want)
 			}
+			if c.flow != nil && fr.Flow != *c.flow {
+				t.Errorf("flow\n got %+v\nwant %+v", fr.Flow, *c.flow)
+			}
+			checkFlowInvariants(t, fr, err)
 			if err != nil {
 				if !isSentinel(err) {
 					t.Errorf("error %v wraps no sentinel", err)
 				}
 				return
 			}
-			if off != c.off {
-				t.Errorf("offset %d, want %d", off, c.off)
+			if fr.Offset != c.off {
+				t.Errorf("offset %d, want %d", fr.Offset, c.off)
 			}
-			if got := h.append(nil); !bytes.Equal(got, c.frame[off:off+HeaderLen]) {
-				t.Errorf("header re-encodes as % x, frame has % x", got, c.frame[off:off+HeaderLen])
+			if got := fr.Header.append(nil); !bytes.Equal(got, c.frame[fr.Offset:fr.Offset+HeaderLen]) {
+				t.Errorf("header re-encodes as % x, frame has % x", got, c.frame[fr.Offset:fr.Offset+HeaderLen])
+			}
+			// Success promises the payload is there.
+			if end := fr.Offset + HeaderLen + int(fr.Header.Length); end > len(c.frame) {
+				t.Errorf("payload ends at %d, past the %d-byte frame", end, len(c.frame))
 			}
 		})
+	}
+}
+
+// checkFlowInvariants checks what ParseFrame promises of every result.
+func checkFlowInvariants(t *testing.T, fr Frame, err error) {
+	t.Helper()
+	f := fr.Flow
+	switch f.Family {
+	case 0:
+		if f != (Flow{}) {
+			t.Errorf("non-IP flow has fields: %+v", f)
+		}
+	case 4:
+		if !f.Src.Is4() || !f.Dst.Is4() {
+			t.Errorf("IPv4 flow with addresses %v, %v", f.Src, f.Dst)
+		}
+	case 6:
+		if !f.Src.Is6() || !f.Dst.Is6() {
+			t.Errorf("IPv6 flow with addresses %v, %v", f.Src, f.Dst)
+		}
+	default:
+		t.Errorf("family %d", f.Family)
+	}
+	if err != nil {
+		if fr.Header != (Header{}) || fr.Offset != 0 || f.Type != 0 || f.Tenant != 0 || f.Rank != 0 {
+			t.Errorf("failed parse (%v) returned Lovelock fields: %+v", err, fr)
+		}
+		return
+	}
+	if f.Type != fr.Header.Type || f.Tenant != fr.Header.Tenant || f.Rank != fr.Header.Dst || f.Proto != protoUDP {
+		t.Errorf("flow %+v disagrees with header %+v", f, fr.Header)
+	}
+}
+
+func TestParseFrameErrors(t *testing.T) {
+	valid := llBytes(TypePing, 0, 16)
+	frame, _ := buildFrame(udpOpts(), withU32(valid, OffsetLength, 3))
+	cut, _ := buildFrame(udpOpts(), valid)
+	o := udpOpts()
+	o.ipv6, o.ext = true, []ext6{{kind: protoHopOpts}, {kind: protoHopOpts}, {kind: protoHopOpts}, {kind: protoHopOpts}, {kind: protoHopOpts}}
+	ext5, _ := buildFrame(o, valid)
+	for _, c := range []struct {
+		frame []byte
+		want  string
+	}{
+		{frame, "wire: frame: lovelock header claims 3 payload bytes, have 16: bad length"},
+		{cut[:len(cut)-1], "wire: frame: udp datagram of 48 bytes, frame has 47: short buffer"},
+		{cut[:20], "wire: frame: ipv4 header needs 20 bytes, have 6: short buffer"},
+		{ext5, "wire: frame: more than 4 ipv6 extension headers: bad l3/l4 header"},
+	} {
+		if _, err := ParseFrame(c.frame, DefaultPort); err == nil || err.Error() != c.want {
+			t.Errorf("err = %v, want %q", err, c.want)
+		}
+	}
+}
+
+func TestParseFrameDoesNotAllocate(t *testing.T) {
+	o := udpOpts()
+	o.ipv6, o.ext = true, []ext6{{kind: protoHopOpts}, {kind: protoFragment}}
+	frame, _ := buildFrame(o, llBytes(TypeBundle, 0, 64))
+	if n := testing.AllocsPerRun(100, func() { _, _ = ParseFrame(frame, DefaultPort) }); n != 0 {
+		t.Errorf("ParseFrame of a valid frame: %v allocs, want 0", n)
 	}
 }
 
@@ -54,7 +125,7 @@ func BenchmarkParseFrame(b *testing.B) {
 	b.Run("wire", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, _, err := ParseFrame(frame, DefaultPort); err != nil {
+			if _, err := ParseFrame(frame, DefaultPort); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"net"
+	"net/netip"
 	"testing"
 
 	"github.com/gopacket/gopacket"
@@ -101,9 +102,17 @@ func TestLayerRoundTrip(t *testing.T) {
 
 			// The same frame through the Go frame parser, and through a
 			// DecodingLayerParser with no allocation per layer.
-			h, off, err := ParseFrame(frame, DefaultPort)
-			if err != nil || h != want || !bytes.Equal(frame[off+HeaderLen:], payload) {
-				t.Errorf("ParseFrame = %+v, %d, %v", h, off, err)
+			fr, err := ParseFrame(frame, DefaultPort)
+			if err != nil || fr.Header != want || !bytes.Equal(frame[fr.Offset+HeaderLen:], payload) {
+				t.Errorf("ParseFrame = %+v, %v", fr, err)
+			}
+			wantFlow := Flow{Family: 4, Proto: protoUDP, Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"),
+				Sport: 40000, Dport: DefaultPort, Type: want.Type, Tenant: want.Tenant, Rank: want.Dst}
+			if tc.ipv6 {
+				wantFlow.Family, wantFlow.Src, wantFlow.Dst = 6, netip.MustParseAddr("fd00::1"), netip.MustParseAddr("fd00::2")
+			}
+			if fr.Flow != wantFlow {
+				t.Errorf("ParseFrame flow %+v, want %+v", fr.Flow, wantFlow)
 			}
 			var (
 				eth  layers.Ethernet
@@ -139,11 +148,11 @@ func TestLayerMalformed(t *testing.T) {
 
 	ll = &Lovelock{Header: Header{Version: Version, Type: TypePing}}
 	frame := serialize(t, false, false, DefaultPort, ll, []byte("xy"), gopacket.SerializeOptions{FixLengths: true})
-	_, off, err := ParseFrame(frame, DefaultPort)
+	fr, err := ParseFrame(frame, DefaultPort)
 	if err != nil {
 		t.Fatal(err)
 	}
-	frame[off+OffsetLength+3] = 1 // claims 1 payload byte, has 2
+	frame[fr.Offset+OffsetLength+3] = 1 // claims 1 payload byte, has 2
 	pkt := gopacket.NewPacket(frame, layers.LayerTypeEthernet, gopacket.Default)
 	el := pkt.ErrorLayer()
 	if el == nil || !errors.Is(el.Error(), ErrBadLength) {

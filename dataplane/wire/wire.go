@@ -2,7 +2,8 @@
 // starts the UDP payload of every service packet, its encoder and validating
 // decoder, the gopacket layer that lets captures and tests decode it, and a
 // frame parser that mirrors the data plane's C parser (bpf/include/parse.h)
-// verdict for verdict. No other Go package encodes or decodes the header.
+// verdict for verdict and flow key for flow key. No other Go package encodes
+// or decodes the header.
 //
 // The C definition lives in bpf/include/lovelock_wire.h; cside_test.go holds
 // the two in step and docs/wire.md draws the layout.
@@ -197,18 +198,25 @@ func (h Header) put(b []byte) {
 // them with errors.Is, or map them to the C parser's verdicts with StatusOf.
 var (
 	// ErrShortBuffer: a header (Lovelock, or in ParseFrame any lower one)
-	// ends past the end of the buffer.
+	// ends past the end of the buffer; in ParseFrame also: the UDP datagram
+	// runs past the end of the frame, or its payload is too short for a
+	// Lovelock header.
 	ErrShortBuffer = errors.New("short buffer")
 	// ErrBadVersion: the header's version is not Version.
 	ErrBadVersion = errors.New("bad version")
 	// ErrBadLength: the length field does not equal the payload bytes after
-	// the header (in ParseFrame also: the UDP length is below 8, or leaves no
-	// room for the header).
+	// the header.
 	ErrBadLength = errors.New("bad length")
 	// ErrUnknownType: the header's type is not a known Type.
 	ErrUnknownType = errors.New("unknown type")
-	// ErrNotLovelock: ParseFrame found a well-formed frame that is not UDP to
-	// the Lovelock port. Decode never returns it.
+	// ErrBadHeader: ParseFrame found an invalid L3 or L4 header: an IP
+	// version that disagrees with the ethertype, an IPv4 header length below
+	// 20 bytes, a UDP length below 8, or more than MaxIPv6ExtHeaders IPv6
+	// extension headers. Decode never returns it.
+	ErrBadHeader = errors.New("bad l3/l4 header")
+	// ErrNotLovelock: ParseFrame found a well-formed frame that is not a
+	// Lovelock packet: not IP, not UDP to the Lovelock port, or an IP
+	// fragment. Decode never returns it.
 	ErrNotLovelock = errors.New("not lovelock")
 )
 
@@ -218,21 +226,20 @@ var (
 // ErrBadVersion, ErrBadLength (Length differs from len(b)-HeaderLen),
 // ErrUnknownType. Unknown flag bits are accepted and kept.
 func Decode(b []byte) (Header, []byte, error) {
-	if len(b) < HeaderLen {
-		return Header{}, nil, fmt.Errorf("wire: header needs %d bytes, have %d: %w", HeaderLen, len(b), ErrShortBuffer)
-	}
-	h, err := check(b, len(b))
+	h, err := decode(b)
 	if err != nil {
 		return Header{}, nil, fmt.Errorf("wire: %w", err)
 	}
 	return h, b[HeaderLen:], nil
 }
 
-// check validates the header in b[:HeaderLen] against udpPayload, the UDP
-// payload length the packet claims, exactly as parse_ll does after it has
-// pulled the header: version, then length, then type. len(b) >= HeaderLen.
-// Its errors carry no "wire:" prefix; the callers add their own context.
-func check(b []byte, udpPayload int) (Header, error) {
+// decode is Decode without the payload and the "wire:" prefix on errors, so
+// that ParseFrame can add its own context. It runs parse_ll's checks in
+// parse_ll's order: size, version, length, type.
+func decode(b []byte) (Header, error) {
+	if len(b) < HeaderLen {
+		return Header{}, fmt.Errorf("header needs %d bytes, have %d: %w", HeaderLen, len(b), ErrShortBuffer)
+	}
 	h := Header{
 		Version: b[OffsetVersion],
 		Type:    Type(b[OffsetType]),
@@ -246,11 +253,8 @@ func check(b []byte, udpPayload int) (Header, error) {
 	if h.Version != Version {
 		return Header{}, fmt.Errorf("header version %d, want %d: %w", h.Version, Version, ErrBadVersion)
 	}
-	if udpPayload < HeaderLen {
-		return Header{}, fmt.Errorf("%d UDP payload bytes leave no room for the %d-byte header: %w", udpPayload, HeaderLen, ErrBadLength)
-	}
-	if int64(h.Length) != int64(udpPayload-HeaderLen) {
-		return Header{}, fmt.Errorf("header claims %d payload bytes, have %d: %w", h.Length, udpPayload-HeaderLen, ErrBadLength)
+	if int64(h.Length) != int64(len(b)-HeaderLen) {
+		return Header{}, fmt.Errorf("header claims %d payload bytes, have %d: %w", h.Length, len(b)-HeaderLen, ErrBadLength)
 	}
 	if !h.Type.Known() {
 		return Header{}, fmt.Errorf("header type %v: %w", h.Type, ErrUnknownType)
@@ -263,15 +267,23 @@ func check(b []byte, udpPayload int) (Header, error) {
 // directly.
 type Status uint32
 
-// The verdicts, equal to LL_OK ... LL_UNKNOWN_TYPE.
+// The verdicts, equal to LL_OK ... LL_BAD_HEADER. Every status but StatusOK
+// and StatusNotLovelock marks a malformed frame (Malformed).
 const (
-	StatusOK          Status = 0 // a valid Lovelock header
-	StatusNotLovelock Status = 1 // well-formed, but not UDP to the Lovelock port
+	StatusOK          Status = 0 // a valid Lovelock packet
+	StatusNotLovelock Status = 1 // well-formed, but not a Lovelock packet (ErrNotLovelock)
 	StatusTruncated   Status = 2 // a header ends past the buffer (ErrShortBuffer)
 	StatusBadVersion  Status = 3 // ErrBadVersion
 	StatusBadLength   Status = 4 // ErrBadLength
 	StatusUnknownType Status = 5 // ErrUnknownType
+	StatusBadHeader   Status = 6 // an invalid L3/L4 header (ErrBadHeader)
 )
+
+// Malformed reports whether s marks a malformed frame (ll_malformed in C):
+// the data plane gives such frames the default action, whatever the rules.
+func (s Status) Malformed() bool {
+	return s != StatusOK && s != StatusNotLovelock
+}
 
 // String returns the verdict's name in lower case, or "status(N)".
 func (s Status) String() string {
@@ -288,6 +300,8 @@ func (s Status) String() string {
 		return "bad-length"
 	case StatusUnknownType:
 		return "unknown-type"
+	case StatusBadHeader:
+		return "bad-header"
 	}
 	return "status(" + strconv.FormatUint(uint64(s), 10) + ")"
 }
@@ -308,6 +322,8 @@ func StatusOf(err error) Status {
 		return StatusBadLength
 	case errors.Is(err, ErrUnknownType):
 		return StatusUnknownType
+	case errors.Is(err, ErrBadHeader):
+		return StatusBadHeader
 	}
 	return StatusNotLovelock
 }

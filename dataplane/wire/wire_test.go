@@ -119,6 +119,7 @@ func TestStatusOf(t *testing.T) {
 		{fmt.Errorf("ctx: %w", ErrBadVersion), StatusBadVersion},
 		{fmt.Errorf("ctx: %w", ErrBadLength), StatusBadLength},
 		{fmt.Errorf("ctx: %w", ErrUnknownType), StatusUnknownType},
+		{fmt.Errorf("ctx: %w", ErrBadHeader), StatusBadHeader},
 		{errors.New("something else"), StatusNotLovelock},
 	}
 	for _, tt := range tests {
@@ -127,13 +128,18 @@ func TestStatusOf(t *testing.T) {
 		}
 	}
 	// The values are the C enum's (enum ll_status in bpf/include/parse.h).
-	for s, want := range map[Status]uint32{StatusOK: 0, StatusNotLovelock: 1, StatusTruncated: 2, StatusBadVersion: 3, StatusBadLength: 4, StatusUnknownType: 5} {
+	for s, want := range map[Status]uint32{StatusOK: 0, StatusNotLovelock: 1, StatusTruncated: 2, StatusBadVersion: 3, StatusBadLength: 4, StatusUnknownType: 5, StatusBadHeader: 6} {
 		if uint32(s) != want {
 			t.Errorf("%v = %d, want %d", s, s, want)
 		}
 	}
 	if s := Status(9).String(); s != "status(9)" {
 		t.Errorf("Status(9) = %q", s)
+	}
+	for s := range StatusBadHeader + 1 {
+		if want := s != StatusOK && s != StatusNotLovelock; s.Malformed() != want {
+			t.Errorf("%v.Malformed() = %v", s, !want)
+		}
 	}
 }
 
