@@ -31,7 +31,7 @@ APT_PACKAGES := clang llvm libbpf-dev linux-libc-dev iproute2 bpftool tcpdump \
 
 .PHONY: help
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
 .PHONY: deps
 deps: ## install every apt package and Go module the project needs (idempotent)
@@ -74,8 +74,12 @@ test: deps ## run every test (privileged ones need root) and short fuzz runs
 	$(GO) test -run='^$$' -fuzz='^FuzzFrame$$' -fuzztime=$(FUZZTIME) ./dataplane/wire/
 
 .PHONY: bench
-bench: ## run the benchmarks
+bench: bench-steer ## run the benchmarks
 	$(GO) test -run='^$$' -bench=. -benchmem ./...
+
+.PHONY: bench-steer
+bench-steer: ## per-packet cost of the steering classifier against an XDP_PASS floor (root)
+	$(GO) run ./bpf/cmd/bench-steer
 
 .PHONY: lint
 lint: ## gofmt, go vet and staticcheck
@@ -85,15 +89,10 @@ lint: ## gofmt, go vet and staticcheck
 	$(GO) tool staticcheck ./...
 
 .PHONY: demo
-demo: deps ## bring up the testbed, show it, run the planner, tear it down
-	$(GO) build -o $(BIN)/lovelock ./control/cmd/lovelock
-	@trap '$(BIN)/lovelock testbed down --prefix $(PREFIX)' EXIT; \
-	set -x; \
-	$(BIN)/lovelock testbed up --prefix $(PREFIX); \
-	$(BIN)/lovelock testbed status --prefix $(PREFIX); \
-	$(BIN)/lovelock testbed exec --prefix $(PREFIX) host0 -- ping -c 2 -W 1 10.77.11.1; \
-	$(BIN)/lovelock plan --scenario paper; \
-	$(BIN)/lovelock plan --phi 3 --slowdown 1.2
+demo: deps ## the testbed demo: lovelockd on DPUs, rules, mixed traffic, counters, the planner
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/lovelock ./control/cmd/lovelock
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/lovelockd ./appliance/cmd/lovelockd
+	BIN=$(BIN) PREFIX=$(PREFIX) appliance/examples/demo.sh
 
 .PHONY: testbed-up
 testbed-up: ## bring up the netns testbed (idempotent)
@@ -106,3 +105,6 @@ testbed-down: ## remove the netns testbed, also after a crash
 .PHONY: clean
 clean: ## remove build outputs
 	rm -rf $(BIN)
+
+# The DPU image: image-deps, image, image-test, image-lock, vagrant-validate.
+include images/image.mk

@@ -23,7 +23,14 @@ func App(stdout, stderr io.Writer) *ucli.App {
 			"the node's daemon (lovelockd), builds the network-namespace testbed used to develop and\n" +
 			"demonstrate it, and evaluates the cost and energy model of DPU-hosted clusters.\n\n" +
 			"Every command has --help; listing commands take --output json.",
+		Flags: []ucli.Flag{socketFlag()},
 		Commands: []*ucli.Command{
+			ifaceCommand(),
+			ruleCommand(),
+			rulesCommand(),
+			statsCommand(),
+			captureCommand(),
+			imageCommand(),
 			testbedCommand(),
 			planCommand(),
 		},

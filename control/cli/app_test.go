@@ -17,6 +17,20 @@ func TestHelp(t *testing.T) {
 		{"testbed", "down", "--help"},
 		{"testbed", "status", "--help"},
 		{"testbed", "exec", "--help"},
+		{"testbed", "traffic", "--help"},
+		{"iface", "--help"},
+		{"iface", "attach", "--help"},
+		{"iface", "detach", "--help"},
+		{"iface", "list", "--help"},
+		{"rule", "--help"},
+		{"rule", "add", "--help"},
+		{"rule", "del", "--help"},
+		{"rule", "list", "--help"},
+		{"rules", "--help"},
+		{"rules", "apply", "--help"},
+		{"stats", "--help"},
+		{"capture", "--help"},
+		{"image", "--help"},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			var out bytes.Buffer

@@ -49,6 +49,7 @@ DPU .2) and fd77:10-12::/64. docs/testbed.md has the full plan.
 with the prefix, also after a crash.`),
 		Flags: []ucli.Flag{testbedPrefixFlag()},
 		Subcommands: []*ucli.Command{
+			trafficCommand(),
 			{
 				Name:  "up",
 				Usage: "create the testbed, or repair it to match the plan (safe to repeat)",

@@ -1,24 +1,22 @@
 // Command lovelockd is the Lovelock daemon: it owns a DPU's data plane. At
-// start it adopts the steering program pinned under the bpffs (or loads and
-// pins one) and attaches it to the configured interfaces through pinned BPF
-// links, then reports the data plane's counters until it is stopped. Stopping
-// it never detaches the data plane: packets keep flowing without it.
+// start it adopts the steering programs pinned under the bpffs (or loads and
+// pins them), reconciles attachments and rules with its state file, then
+// serves the local API (unix socket, root only) and Prometheus metrics until
+// it is stopped. Stopping it never detaches the data plane.
 package main
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
 	ucli "github.com/urfave/cli/v2"
 
 	"github.com/lovelock-dpu/lovelock/appliance"
-	"github.com/lovelock-dpu/lovelock/bpf"
-	"github.com/lovelock-dpu/lovelock/control/attach"
+	"github.com/lovelock-dpu/lovelock/appliance/config"
+	"github.com/lovelock-dpu/lovelock/appliance/daemon"
 )
 
 func main() {
@@ -31,66 +29,60 @@ func main() {
 }
 
 func app() *ucli.App {
+	def := config.Defaults()
 	return &ucli.App{
 		Name:    "lovelockd",
-		Usage:   "own a DPU's data plane: attach the steering program and keep it running",
+		Usage:   "own a DPU's data plane: steering programs, rules, local API, metrics",
 		Version: appliance.Version,
-		Description: "lovelockd loads Lovelock's XDP steering program, pins it under the bpffs and attaches\n" +
-			"it to the given interfaces with pinned BPF links. A restart adopts what is pinned instead\n" +
-			"of reattaching; SIGTERM stops the daemon but leaves the data plane attached.",
+		Description: "lovelockd loads Lovelock's steering programs, pins them under the bpffs and attaches\n" +
+			"them to interfaces with pinned BPF links. A restart adopts what is pinned instead of\n" +
+			"reattaching, then restores attachments and rules from the state file. SIGTERM stops the\n" +
+			"daemon but leaves the data plane attached; 'lovelock iface detach' detaches it.\n\n" +
+			"Flags override the config file (" + config.DefaultPath + ").",
 		Flags: []ucli.Flag{
-			&ucli.StringFlag{Name: "bpffs", Value: attach.DefaultDir, Usage: "pin directory on a bpffs mount"},
-			&ucli.StringSliceFlag{Name: "iface", Usage: "interface to attach the steering program to (repeatable)"},
-			&ucli.StringFlag{Name: "xdp-mode", Value: string(attach.ModeNative), Usage: "XDP attach mode: native or generic (generic only for drivers without XDP)"},
-			&ucli.UintFlag{Name: "port", Value: 61440, Usage: "Lovelock UDP port"},
-			&ucli.DurationFlag{Name: "stats-interval", Value: 30 * time.Second, Usage: "how often to log the data plane's counters (0: never)"},
+			&ucli.StringFlag{Name: "config", Value: config.DefaultPath, Usage: "configuration file (YAML or JSON)"},
+			&ucli.StringFlag{Name: "pin-dir", Usage: "pin directory on a bpffs (default " + def.PinDir + ")"},
+			&ucli.StringFlag{Name: "state", Usage: "state file (default " + def.State + ")"},
+			&ucli.StringFlag{Name: "socket", Usage: "API unix socket (default " + def.Socket + ")"},
+			&ucli.StringFlag{Name: "metrics", Usage: "Prometheus listen address, \"off\" to disable (default " + def.Metrics + ")"},
+			&ucli.StringFlag{Name: "rules", Usage: "rule file applied when the state file holds no rules"},
+			&ucli.StringSliceFlag{Name: "xdp", Usage: "attach XDP (native mode) to this interface at start (repeatable)"},
+			&ucli.StringSliceFlag{Name: "xdp-generic", Usage: "attach XDP in generic mode, for drivers without XDP (repeatable)"},
+			&ucli.StringSliceFlag{Name: "tc-egress", Usage: "attach the TC egress classifier to this interface (repeatable)"},
+			&ucli.BoolFlag{Name: "json-log", Usage: "log as JSON instead of text"},
 		},
 		Action: run,
 	}
 }
 
 func run(c *ucli.Context) error {
-	port := c.Uint("port")
-	if port == 0 || port > 65535 {
-		return fmt.Errorf("--port %d: want 1-65535", port)
+	var handler slog.Handler = slog.NewTextHandler(os.Stderr, nil)
+	if c.Bool("json-log") {
+		handler = slog.NewJSONHandler(os.Stderr, nil)
 	}
-	cfg := attach.Config{
-		Dir:        c.String("bpffs"),
-		Port:       uint16(port),
-		Interfaces: c.StringSlice("iface"),
-		Mode:       attach.Mode(c.String("xdp-mode")),
-	}
-	res, err := attach.Ensure(cfg)
+	log := slog.New(handler)
+
+	cfg, err := config.Load(c.String("config"), c.IsSet("config"))
 	if err != nil {
 		return err
 	}
-	slog.Info("data plane ready", "version", appliance.Version, "pins", cfg.Dir,
-		"loaded", res.Loaded, "attached", res.Attached, "adopted", res.Adopted)
-
-	interval := c.Duration("stats-interval")
-	if interval <= 0 {
-		<-c.Context.Done()
-		slog.Info("stopping; the data plane stays attached")
-		return nil
-	}
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-c.Context.Done():
-			slog.Info("stopping; the data plane stays attached")
-			return nil
-		case <-tick.C:
-			stats, err := bpf.ReadPinnedStats(cfg.Dir)
-			if err != nil {
-				slog.Warn("read counters", "err", err)
-				continue
-			}
-			attrs := make([]any, 0, 2*len(stats))
-			for i, s := range stats {
-				attrs = append(attrs, bpf.Stat(i).String(), s.Packets)
-			}
-			slog.Info("counters", attrs...)
+	for flag, dst := range map[string]*string{"pin-dir": &cfg.PinDir, "state": &cfg.State, "socket": &cfg.Socket, "metrics": &cfg.Metrics, "rules": &cfg.Rules} {
+		if c.IsSet(flag) {
+			*dst = c.String(flag)
 		}
 	}
+	if cfg.Metrics == "off" {
+		cfg.Metrics = ""
+	}
+	cfg.Interfaces = append(cfg.Interfaces, interfaceFlags(c)...)
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+
+	d, err := daemon.New(cfg, log)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Run(c.Context)
 }

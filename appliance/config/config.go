@@ -1,0 +1,87 @@
+// Package config is lovelockd's configuration file: where the data plane is
+// pinned, which interfaces it is attached to at first start, where the state
+// and the API live. YAML or JSON; every field has a default.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/lovelock-dpu/lovelock/control/api"
+	"github.com/lovelock-dpu/lovelock/control/attach"
+)
+
+// DefaultPath is where lovelockd looks for its configuration.
+const DefaultPath = "/etc/lovelock/lovelockd.yaml"
+
+// Config is lovelockd's configuration.
+type Config struct {
+	// PinDir is the bpffs directory of the data plane's pins.
+	PinDir string `json:"pin_dir,omitempty"`
+	// Port is the Lovelock UDP port.
+	Port uint16 `json:"port,omitempty"`
+	// State is the file where lovelockd records the desired state
+	// (attachments and rules) it reconciles at start.
+	State string `json:"state,omitempty"`
+	// Socket is the API's unix socket.
+	Socket string `json:"socket,omitempty"`
+	// Metrics is the address of the Prometheus endpoint ("" disables it).
+	Metrics string `json:"metrics,omitempty"`
+	// Interfaces to attach at start, on top of those in the state file.
+	Interfaces []attach.Attachment `json:"interfaces,omitempty"`
+	// Rules is a rule file applied when the state file holds no rules.
+	Rules string `json:"rules,omitempty"`
+}
+
+// Defaults returns the configuration used when no file exists.
+func Defaults() Config {
+	return Config{
+		PinDir:  attach.DefaultDir,
+		Port:    61440,
+		State:   "/var/lib/lovelock/state.json",
+		Socket:  api.DefaultSocket,
+		Metrics: "127.0.0.1:9477",
+	}
+}
+
+// Load reads the configuration at path over the defaults. A missing file at
+// the default path is not an error; a missing file named explicitly is.
+func Load(path string, explicit bool) (Config, error) {
+	cfg := Defaults()
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) && !explicit {
+		return cfg, nil
+	}
+	if err != nil {
+		return cfg, fmt.Errorf("config: %w", err)
+	}
+	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
+		return cfg, fmt.Errorf("config %s: %w", path, err)
+	}
+	return cfg, cfg.Validate()
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	if c.PinDir == "" || c.State == "" || c.Socket == "" {
+		return errors.New("config: pin_dir, state and socket must not be empty")
+	}
+	if c.Port == 0 {
+		return errors.New("config: port must be 1-65535")
+	}
+	for i, a := range c.Interfaces {
+		if a.Iface == "" {
+			return fmt.Errorf("config: interfaces[%d]: iface is empty", i)
+		}
+		if _, err := attach.ParseHook(string(a.Hook)); err != nil {
+			return fmt.Errorf("config: interfaces[%d] (%s): %w", i, a.Iface, err)
+		}
+		if _, err := attach.ParseMode(string(a.Mode)); err != nil {
+			return fmt.Errorf("config: interfaces[%d] (%s): %w", i, a.Iface, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,352 @@
+// Package daemon is lovelockd: it opens (or adopts) the node's pinned
+// steering data plane, reconciles it with the desired state recorded in its
+// state file, and serves the local API and Prometheus metrics. The data
+// plane does not depend on the daemon: stopping or killing it leaves every
+// program, link and rule set in place, and a restart adopts them.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/vishvananda/netlink"
+
+	"github.com/lovelock-dpu/lovelock/appliance"
+	"github.com/lovelock-dpu/lovelock/appliance/config"
+	"github.com/lovelock-dpu/lovelock/bpf"
+	"github.com/lovelock-dpu/lovelock/control/api"
+	"github.com/lovelock-dpu/lovelock/control/attach"
+	"github.com/lovelock-dpu/lovelock/control/rules"
+)
+
+// Daemon is a running lovelockd. Its methods implement api.Service.
+type Daemon struct {
+	cfg     config.Config
+	log     *slog.Logger
+	started time.Time
+
+	mu    sync.Mutex // serialises changes to the data plane and the state
+	node  *attach.Node
+	state State
+}
+
+// New opens the data plane and reconciles it with the state file. It fails
+// only when the data plane cannot be opened; attachments or rules that
+// cannot be restored are logged and reported, and the data plane keeps what
+// it had.
+func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
+	node, err := attach.Open(attach.Options{Dir: cfg.PinDir, Port: cfg.Port})
+	if err != nil {
+		return nil, err
+	}
+	d := &Daemon{cfg: cfg, log: log, started: time.Now(), node: node}
+	state, err := LoadState(cfg.State)
+	if err != nil {
+		node.Close()
+		return nil, err
+	}
+	if !state.HasRules && cfg.Rules != "" {
+		data, err := os.ReadFile(cfg.Rules)
+		if err != nil {
+			node.Close()
+			return nil, fmt.Errorf("rules file: %w", err)
+		}
+		set, err := rules.Parse(data)
+		if err != nil {
+			node.Close()
+			return nil, fmt.Errorf("rules file %s: %w", cfg.Rules, err)
+		}
+		state.Rules, state.HasRules = *set, true
+	}
+	for _, a := range cfg.Interfaces {
+		if !slices.ContainsFunc(state.Attachments, func(b attach.Attachment) bool { return b.Iface == a.Iface && b.Hook == a.Hook }) {
+			state.Attachments = append(state.Attachments, a)
+		}
+	}
+	d.state = state
+	log.Info("data plane opened", "pins", cfg.PinDir, "loaded", node.Loaded, "version", appliance.Version)
+	d.reconcile()
+	return d, nil
+}
+
+// reconcile brings the data plane to d.state, logging what it cannot do.
+func (d *Daemon) reconcile() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, a := range d.state.Attachments {
+		adopted, err := d.node.Attach(a)
+		if err != nil {
+			d.log.Error("restore attachment", "iface", a.Iface, "hook", a.Hook, "err", err)
+			continue
+		}
+		d.log.Info("attachment", "iface", a.Iface, "hook", a.Hook, "adopted", adopted)
+	}
+	if err := d.apply(d.state.Rules); err != nil {
+		d.log.Error("restore rules; the data plane keeps its current rule set", "err", err)
+		return
+	}
+	d.log.Info("rules applied", "rules", len(d.state.Rules.Rules), "default", d.state.Rules.Default)
+}
+
+// Close releases the data plane without changing it.
+func (d *Daemon) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.node.Close()
+}
+
+// Run serves the API and metrics until ctx ends.
+func (d *Daemon) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 2)
+	go func() { errc <- api.Serve(ctx, d.cfg.Socket, api.Handler(d)) }()
+	if d.cfg.Metrics != "" {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(&collector{d: d})
+		ln, err := net.Listen("tcp", d.cfg.Metrics)
+		if err != nil {
+			return fmt.Errorf("metrics: %w", err)
+		}
+		srv := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})}
+		go func() { <-ctx.Done(); srv.Close() }()
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("metrics: %w", err)
+			}
+		}()
+		d.log.Info("metrics", "addr", ln.Addr().String())
+	}
+	d.log.Info("ready", "socket", d.cfg.Socket)
+	select {
+	case <-ctx.Done():
+		d.log.Info("stopping; the data plane stays attached")
+		return nil
+	case err := <-errc:
+		return err
+	}
+}
+
+// Status implements api.Service.
+func (d *Daemon) Status() (api.Status, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	att, err := d.node.Attachments()
+	if err != nil {
+		return api.Status{}, err
+	}
+	return api.Status{
+		Version: appliance.Version, PinDir: d.node.Dir(), Port: d.cfg.Port, Loaded: d.node.Loaded,
+		Started: d.started, Attachments: att, Rules: len(d.state.Rules.Rules),
+	}, nil
+}
+
+// Attachments implements api.Service.
+func (d *Daemon) Attachments() ([]attach.Attachment, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.node.Attachments()
+}
+
+// Attach implements api.Service.
+func (d *Daemon) Attach(a attach.Attachment) (api.Attached, error) {
+	if _, err := attach.ParseHook(string(a.Hook)); err != nil {
+		return api.Attached{}, &api.BadRequestError{Err: err}
+	}
+	if _, err := attach.ParseMode(string(a.Mode)); err != nil {
+		return api.Attached{}, &api.BadRequestError{Err: err}
+	}
+	if _, err := netlink.LinkByName(a.Iface); err != nil {
+		return api.Attached{}, &api.BadRequestError{Err: fmt.Errorf("interface %s: %w (see 'ip link')", a.Iface, err)}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	adopted, err := d.node.Attach(a)
+	if err != nil {
+		return api.Attached{}, err
+	}
+	next := d.state
+	next.Attachments = append(slices.DeleteFunc(slices.Clone(next.Attachments), func(b attach.Attachment) bool {
+		return b.Iface == a.Iface && b.Hook == a.Hook
+	}), a)
+	return api.Attached{Adopted: adopted}, d.save(next)
+}
+
+// Detach implements api.Service.
+func (d *Daemon) Detach(iface string, hook attach.Hook) error {
+	if _, err := attach.ParseHook(string(hook)); err != nil {
+		return &api.BadRequestError{Err: err}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.node.Detach(iface, hook); err != nil {
+		if errors.Is(err, attach.ErrNotAttached) {
+			return &api.NotFoundError{Err: err}
+		}
+		return err
+	}
+	next := d.state
+	next.Attachments = slices.DeleteFunc(slices.Clone(next.Attachments), func(b attach.Attachment) bool {
+		return b.Iface == iface && b.Hook == hook
+	})
+	return d.save(next)
+}
+
+// Rules implements api.Service.
+func (d *Daemon) Rules() (rules.Set, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.state.Rules, nil
+}
+
+// ApplyRules implements api.Service: the whole set replaces the live one
+// atomically, or nothing changes.
+func (d *Daemon) ApplyRules(set rules.Set) (api.Applied, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.replace(set)
+}
+
+// AddRule implements api.Service.
+func (d *Daemon) AddRule(r rules.Rule) (api.Applied, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	set := cloneSet(d.state.Rules)
+	r.ID = 0
+	set.Rules = append(set.Rules, r)
+	return d.replace(set)
+}
+
+// DeleteRule implements api.Service.
+func (d *Daemon) DeleteRule(name string) (api.Applied, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	set := cloneSet(d.state.Rules)
+	n := len(set.Rules)
+	set.Rules = slices.DeleteFunc(set.Rules, func(r rules.Rule) bool { return r.Name == name })
+	if len(set.Rules) == n {
+		return api.Applied{}, &api.NotFoundError{Err: fmt.Errorf("rule %q: no such rule (see 'lovelock rule list')", name)}
+	}
+	return d.replace(set)
+}
+
+// replace assigns IDs, applies set and records it. Callers hold d.mu.
+func (d *Daemon) replace(set rules.Set) (api.Applied, error) {
+	assignIDs(&set, d.state.Rules)
+	if err := d.apply(set); err != nil {
+		return api.Applied{}, err
+	}
+	next := d.state
+	next.Rules, next.HasRules = set, true
+	return api.Applied{Rules: len(set.Rules)}, d.save(next)
+}
+
+// apply compiles set and swaps it in. Rule IDs that are new to the data
+// plane get their counters zeroed first, so a reused ID starts from zero.
+func (d *Daemon) apply(set rules.Set) error {
+	compiled, err := rules.Compile(&set, resolveIface, d.cfg.Port)
+	if err != nil {
+		return &api.BadRequestError{Err: err}
+	}
+	old := map[uint32]bool{}
+	for _, r := range d.state.Rules.Rules {
+		old[r.ID] = true
+	}
+	for _, r := range set.Rules {
+		if !old[r.ID] {
+			if err := d.node.Steer.ResetRuleCounter(r.ID); err != nil {
+				return err
+			}
+		}
+	}
+	return d.node.Steer.Apply(compiled)
+}
+
+func (d *Daemon) save(next State) error {
+	if err := next.Save(d.cfg.State); err != nil {
+		return fmt.Errorf("the data plane changed but the state file was not written: %w", err)
+	}
+	d.state = next
+	return nil
+}
+
+// Stats implements api.Service.
+func (d *Daemon) Stats() (api.Stats, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	verdicts, err := d.node.Steer.Stats()
+	if err != nil {
+		return api.Stats{}, err
+	}
+	st := api.Stats{Time: time.Now(), Verdicts: map[string]api.Counter{}}
+	for i, c := range verdicts {
+		st.Verdicts[bpf.Stat(i).String()] = c
+	}
+	if st.Default, err = d.node.Steer.RuleCounter(0); err != nil {
+		return api.Stats{}, err
+	}
+	for _, r := range d.state.Rules.Rules {
+		c, err := d.node.Steer.RuleCounter(r.ID)
+		if err != nil {
+			return api.Stats{}, err
+		}
+		st.Rules = append(st.Rules, api.RuleStat{Name: r.Name, ID: r.ID, Priority: r.Priority, Action: r.Action.String(), Counter: c})
+	}
+	return st, nil
+}
+
+// assignIDs gives every rule of set an ID: the one the rule of the same name
+// has in prev, else the lowest ID free in both sets. IDs index per-rule
+// counters, so a rule keeps its counters across rule set changes, and an ID
+// live in prev is never handed to a different rule in the same swap.
+func assignIDs(set *rules.Set, prev rules.Set) {
+	byName := map[string]uint32{}
+	taken := map[uint32]bool{}
+	for _, r := range prev.Rules {
+		byName[r.Name] = r.ID
+		taken[r.ID] = true
+	}
+	used := map[uint32]bool{}
+	for i, r := range set.Rules {
+		set.Rules[i].ID = 0
+		if id, ok := byName[r.Name]; ok && !used[id] {
+			set.Rules[i].ID = id
+			used[id] = true
+		}
+	}
+	next := uint32(1)
+	for i := range set.Rules {
+		if set.Rules[i].ID != 0 {
+			continue
+		}
+		for used[next] || taken[next] {
+			next++
+		}
+		set.Rules[i].ID = next
+		used[next] = true
+	}
+}
+
+// cloneSet copies s deeply enough to edit its rule list.
+func cloneSet(s rules.Set) rules.Set {
+	s.Rules = slices.Clone(s.Rules)
+	return s
+}
+
+func resolveIface(name string) (int, error) {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		return 0, fmt.Errorf("interface %s: %w", name, err)
+	}
+	return l.Attrs().Index, nil
+}

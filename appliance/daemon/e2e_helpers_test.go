@@ -1,0 +1,312 @@
+package daemon_test
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/lovelock-dpu/lovelock/bpf"
+	"github.com/lovelock-dpu/lovelock/control/api"
+	"github.com/lovelock-dpu/lovelock/control/testbed"
+	"github.com/lovelock-dpu/lovelock/control/testenv"
+)
+
+var (
+	buildOnce sync.Once
+	daemonBin string
+	buildErr  error
+)
+
+// lovelockdBinary builds lovelockd once per test binary.
+func lovelockdBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "lovelockd-e2e-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		daemonBin = filepath.Join(dir, "lovelockd")
+		out, err := exec.Command("go", "build", "-o", daemonBin, "github.com/lovelock-dpu/lovelock/appliance/cmd/lovelockd").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build lovelockd: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return daemonBin
+}
+
+// bed brings up a testbed with a prefix unique to this test and tears it
+// down at the end.
+func bed(t *testing.T) testbed.Spec {
+	t.Helper()
+	testenv.RequirePriv(t)
+	spec := testbed.DefaultSpec()
+	spec.Prefix = fmt.Sprintf("lle%d%s-", os.Getpid()%100000, t.Name()[4:min(len(t.Name()), 8)])
+	ctx := context.Background()
+	t.Cleanup(func() {
+		if err := testbed.Down(ctx, spec); err != nil {
+			t.Errorf("testbed down: %v", err)
+		}
+	})
+	if err := testbed.Up(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	return spec
+}
+
+// daemonProc is a lovelockd process running inside a testbed node.
+type daemonProc struct {
+	t      *testing.T
+	spec   testbed.Spec
+	node   string
+	args   []string
+	socket string
+	cmd    *exec.Cmd
+	log    *os.File
+}
+
+// startDaemon runs lovelockd in node with pins on a private bpffs, a private
+// state file and socket, and extra args.
+func startDaemon(t *testing.T, spec testbed.Spec, node string, extra ...string) *daemonProc {
+	t.Helper()
+	dir := t.TempDir()
+	d := &daemonProc{
+		t: t, spec: spec, node: node, socket: filepath.Join(dir, "api.sock"),
+		args: append([]string{
+			"--config", filepath.Join(dir, "none.yaml"),
+			"--pin-dir", filepath.Join(testenv.BPFFS(t), "lovelock"),
+			"--state", filepath.Join(dir, "state.json"),
+			"--socket", filepath.Join(dir, "api.sock"),
+			"--metrics", "off",
+		}, extra...),
+	}
+	// An empty config file: the flags say everything.
+	if err := os.WriteFile(filepath.Join(dir, "none.yaml"), []byte("{}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	log, err := os.Create(filepath.Join(dir, "lovelockd.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.log = log
+	t.Cleanup(func() {
+		d.stop(syscall.SIGTERM)
+		if t.Failed() {
+			out, _ := os.ReadFile(log.Name())
+			t.Logf("lovelockd log:\n%s", out)
+		}
+	})
+	d.start()
+	return d
+}
+
+func (d *daemonProc) start() {
+	d.t.Helper()
+	d.cmd = exec.Command(lovelockdBinary(d.t), d.args...)
+	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
+	// Fork from a thread inside the node: the child inherits its netns
+	// (and keeps this mount namespace, so the test's bpffs is visible).
+	if err := d.spec.Run(d.node, d.cmd.Start); err != nil {
+		d.t.Fatalf("start lovelockd in %s: %v", d.node, err)
+	}
+	d.waitReady()
+}
+
+func (d *daemonProc) waitReady() {
+	d.t.Helper()
+	cl := api.NewClient(d.socket)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := cl.Status(ctx)
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			d.t.Fatalf("lovelockd in %s not ready: %v", d.node, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// stop signals the daemon and waits for it.
+func (d *daemonProc) stop(sig syscall.Signal) {
+	if d.cmd == nil || d.cmd.Process == nil {
+		return
+	}
+	d.cmd.Process.Signal(sig)
+	d.cmd.Wait()
+	d.cmd = nil
+}
+
+func (d *daemonProc) client() *api.Client { return api.NewClient(d.socket) }
+
+// udpCounter counts datagrams arriving on a UDP port inside a node.
+type udpCounter struct {
+	conn *net.UDPConn
+	n    atomic.Int64
+	done chan struct{}
+}
+
+func listenUDP(t *testing.T, spec testbed.Spec, node string, port int) *udpCounter {
+	t.Helper()
+	u := &udpCounter{done: make(chan struct{})}
+	err := spec.Run(node, func() error {
+		var err error
+		u.conn, err = net.ListenUDP("udp4", &net.UDPAddr{Port: port})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.conn.SetReadBuffer(8 << 20)
+	go func() {
+		defer close(u.done)
+		buf := make([]byte, 2048)
+		for {
+			if _, _, err := u.conn.ReadFromUDP(buf); err != nil {
+				return
+			}
+			u.n.Add(1)
+		}
+	}()
+	t.Cleanup(func() { u.conn.Close(); <-u.done })
+	return u
+}
+
+// dialUDP opens a UDP socket in node towards addr:port from source port sport
+// (0: any).
+func dialUDP(t *testing.T, spec testbed.Spec, node, addr string, sport, port int) *net.UDPConn {
+	t.Helper()
+	var c *net.UDPConn
+	err := spec.Run(node, func() error {
+		var err error
+		var laddr *net.UDPAddr
+		if sport != 0 {
+			laddr = &net.UDPAddr{Port: sport}
+		}
+		c, err = net.DialUDP("udp4", laddr, &net.UDPAddr{IP: net.ParseIP(addr), Port: port})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// frameCounter counts frames carrying UDP to dport seen by an AF_PACKET
+// socket on an interface inside a node.
+type frameCounter struct {
+	fd   int
+	n    atomic.Int64
+	done chan struct{}
+}
+
+func countFrames(t *testing.T, spec testbed.Spec, node, iface string, dport uint16) *frameCounter {
+	t.Helper()
+	f := &frameCounter{done: make(chan struct{})}
+	err := spec.Run(node, func() error {
+		l, err := netlink.LinkByName(iface)
+		if err != nil {
+			return err
+		}
+		proto := int(htons(unix.ETH_P_ALL))
+		f.fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, proto)
+		if err != nil {
+			return err
+		}
+		unix.SetsockoptInt(f.fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 8<<20)
+		unix.SetsockoptTimeval(f.fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 100000})
+		return unix.Bind(f.fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: l.Attrs().Index})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var closed atomic.Bool
+	go func() {
+		defer close(f.done)
+		buf := make([]byte, 2048)
+		for !closed.Load() {
+			n, _, err := unix.Recvfrom(f.fd, buf, 0)
+			if err != nil {
+				continue
+			}
+			if udpDport(buf[:n]) == dport {
+				f.n.Add(1)
+			}
+		}
+	}()
+	t.Cleanup(func() { closed.Store(true); <-f.done; unix.Close(f.fd) })
+	return f
+}
+
+// udpDport returns the UDP destination port of an untagged IPv4 frame, or 0.
+func udpDport(f []byte) uint16 {
+	if len(f) < 14+20+8 || binary.BigEndian.Uint16(f[12:]) != 0x0800 || f[23] != 17 {
+		return 0
+	}
+	ihl := int(f[14]&0xf) * 4
+	if len(f) < 14+ihl+8 {
+		return 0
+	}
+	return binary.BigEndian.Uint16(f[14+ihl+2:])
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// passOnPeer attaches the xdp_pass program to iface in node: veth delivers
+// XDP_REDIRECTed frames only to a peer that runs an XDP program.
+func passOnPeer(t *testing.T, spec testbed.Spec, node, iface string) {
+	t.Helper()
+	s, err := bpf.Load(bpf.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	err = spec.Run(node, func() error {
+		l, err := netlink.LinkByName(iface)
+		if err != nil {
+			return err
+		}
+		xl, err := link.AttachXDP(link.XDPOptions{Program: s.XDPPass, Interface: l.Attrs().Index})
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { xl.Close() })
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+

@@ -1,0 +1,45 @@
+package daemon
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// collector exports the data plane's counters at scrape time, straight from
+// the BPF maps, so metrics never lag the data plane.
+type collector struct{ d *Daemon }
+
+var (
+	verdictPackets = prometheus.NewDesc("lovelock_steer_packets_total", "Packets seen by the steering data plane, by counter.", []string{"counter"}, nil)
+	verdictBytes   = prometheus.NewDesc("lovelock_steer_bytes_total", "Bytes seen by the steering data plane, by counter.", []string{"counter"}, nil)
+	rulePackets    = prometheus.NewDesc("lovelock_rule_packets_total", "Packets matched by each rule (rule \"default\": no rule matched).", []string{"rule", "id", "action"}, nil)
+	ruleBytes      = prometheus.NewDesc("lovelock_rule_bytes_total", "Bytes matched by each rule.", []string{"rule", "id", "action"}, nil)
+	upDesc         = prometheus.NewDesc("lovelock_stats_up", "1 when the data plane's counters could be read.", nil, nil)
+)
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{verdictPackets, verdictBytes, rulePackets, ruleBytes, upDesc} {
+		ch <- d
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	st, err := c.d.Stats()
+	if err != nil {
+		ch <- prometheus.MustNewConstMetric(upDesc, prometheus.GaugeValue, 0)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(upDesc, prometheus.GaugeValue, 1)
+	for name, v := range st.Verdicts {
+		ch <- prometheus.MustNewConstMetric(verdictPackets, prometheus.CounterValue, float64(v.Packets), name)
+		ch <- prometheus.MustNewConstMetric(verdictBytes, prometheus.CounterValue, float64(v.Bytes), name)
+	}
+	ch <- prometheus.MustNewConstMetric(rulePackets, prometheus.CounterValue, float64(st.Default.Packets), "default", "0", "default")
+	ch <- prometheus.MustNewConstMetric(ruleBytes, prometheus.CounterValue, float64(st.Default.Bytes), "default", "0", "default")
+	for _, r := range st.Rules {
+		id := strconv.FormatUint(uint64(r.ID), 10)
+		ch <- prometheus.MustNewConstMetric(rulePackets, prometheus.CounterValue, float64(r.Counter.Packets), r.Name, id, r.Action)
+		ch <- prometheus.MustNewConstMetric(ruleBytes, prometheus.CounterValue, float64(r.Counter.Bytes), r.Name, id, r.Action)
+	}
+}

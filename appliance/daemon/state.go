@@ -1,0 +1,67 @@
+package daemon
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/lovelock-dpu/lovelock/control/attach"
+	"github.com/lovelock-dpu/lovelock/control/rules"
+)
+
+// State is the desired state lovelockd records after every change and
+// reconciles at start.
+type State struct {
+	Attachments []attach.Attachment `json:"attachments"`
+	Rules       rules.Set           `json:"rules"`
+	// HasRules is false until a rule set was applied; until then the
+	// config's rule file, if any, is the starting set.
+	HasRules bool `json:"has_rules"`
+}
+
+// LoadState reads the state file; a missing file is an empty state.
+func LoadState(path string) (State, error) {
+	var s State
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return s, nil
+	}
+	if err != nil {
+		return s, fmt.Errorf("state file: %w", err)
+	}
+	if err := json.Unmarshal(data, &s); err != nil {
+		return s, fmt.Errorf("state file %s: %w (move it away to start from the config alone)", path, err)
+	}
+	return s, nil
+}
+
+// Save writes the state file atomically: a crash leaves the old or the new
+// file, never a torn one.
+func (s State) Save(path string) error {
+	data, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".state-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(append(data, '\n')); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}

@@ -1,0 +1,96 @@
+// Package api is lovelockd's local API: JSON over HTTP on a unix socket that
+// only root can open. It owns the request and reply types, the server-side
+// routing onto a Service, and the client the CLI uses.
+//
+//	GET    /v1/status                   Status
+//	GET    /v1/ifaces                   []attach.Attachment
+//	POST   /v1/ifaces                   attach.Attachment -> Attached
+//	DELETE /v1/ifaces/{iface}/{hook}    detach
+//	GET    /v1/rules                    rules.Set
+//	PUT    /v1/rules                    rules.Set (whole set, atomic) -> Applied
+//	POST   /v1/rules                    rules.Rule (add one)          -> Applied
+//	DELETE /v1/rules/{name}             delete one                    -> Applied
+//	GET    /v1/stats                    Stats
+//
+// Errors come back as {"error": "..."} with a 4xx status for bad requests and
+// 5xx for failures of the node.
+package api
+
+import (
+	"time"
+
+	"github.com/lovelock-dpu/lovelock/bpf"
+	"github.com/lovelock-dpu/lovelock/control/attach"
+	"github.com/lovelock-dpu/lovelock/control/rules"
+)
+
+// DefaultSocket is where lovelockd listens.
+const DefaultSocket = "/run/lovelock/lovelockd.sock"
+
+// Status describes the daemon and its data plane.
+type Status struct {
+	Version     string              `json:"version"`
+	PinDir      string              `json:"pin_dir"`
+	Port        uint16              `json:"port"`
+	Loaded      bool                `json:"loaded"` // false: adopted pins at start
+	Started     time.Time           `json:"started"`
+	Attachments []attach.Attachment `json:"attachments"`
+	Rules       int                 `json:"rules"`
+}
+
+// Attached answers an attach.
+type Attached struct {
+	Adopted bool `json:"adopted"` // already attached: nothing changed
+}
+
+// Applied answers a rule change.
+type Applied struct {
+	Rules int `json:"rules"` // rules now live
+}
+
+// Counter is packets and bytes.
+type Counter = bpf.Counter
+
+// RuleStat is one rule's counters.
+type RuleStat struct {
+	Name     string  `json:"name"`
+	ID       uint32  `json:"id"`
+	Priority uint32  `json:"priority"`
+	Action   string  `json:"action"`
+	Counter  Counter `json:"counter"`
+}
+
+// Stats are the data plane's counters at Time.
+type Stats struct {
+	Time time.Time `json:"time"`
+	// Verdicts by name (rx, pass, drop, redirect, xsk, malformed, ...).
+	Verdicts map[string]Counter `json:"verdicts"`
+	// Rules in rule set order; Default counts packets no rule matched.
+	Rules   []RuleStat `json:"rules"`
+	Default Counter    `json:"default"`
+}
+
+// Service is what the daemon offers through the API.
+type Service interface {
+	Status() (Status, error)
+	Attachments() ([]attach.Attachment, error)
+	Attach(attach.Attachment) (Attached, error)
+	Detach(iface string, hook attach.Hook) error
+	Rules() (rules.Set, error)
+	ApplyRules(rules.Set) (Applied, error)
+	AddRule(rules.Rule) (Applied, error)
+	DeleteRule(name string) (Applied, error)
+	Stats() (Stats, error)
+}
+
+// BadRequestError marks errors caused by the request (reported as 400).
+type BadRequestError struct{ Err error }
+
+func (e *BadRequestError) Error() string { return e.Err.Error() }
+func (e *BadRequestError) Unwrap() error { return e.Err }
+
+// NotFoundError marks requests for things that do not exist (reported as 404).
+type NotFoundError struct{ Err error }
+
+func (e *NotFoundError) Error() string { return e.Err.Error() }
+func (e *NotFoundError) Unwrap() error { return e.Err }

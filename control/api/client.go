@@ -1,0 +1,118 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"syscall"
+
+	"github.com/lovelock-dpu/lovelock/control/attach"
+	"github.com/lovelock-dpu/lovelock/control/rules"
+)
+
+// ErrNoDaemon reports that no lovelockd answers on the socket.
+var ErrNoDaemon = errors.New("lovelockd is not running (start it with 'systemctl start lovelockd' or run lovelockd)")
+
+// Client talks to lovelockd over its unix socket.
+type Client struct {
+	socket string
+	hc     *http.Client
+}
+
+// NewClient returns a client for the daemon listening on socket.
+func NewClient(socket string) *Client {
+	return &Client{socket: socket, hc: &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		},
+	}}}
+}
+
+func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://lovelockd"+path, body)
+	if err != nil {
+		return err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+			return fmt.Errorf("%s: %w", c.socket, ErrNoDaemon)
+		}
+		return fmt.Errorf("lovelockd at %s: %w", c.socket, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		var e errorReply
+		if json.NewDecoder(resp.Body).Decode(&e) == nil && e.Error != "" {
+			return errors.New(e.Error)
+		}
+		return fmt.Errorf("lovelockd: %s %s: %s", method, path, resp.Status)
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("lovelockd: %s %s: decode reply: %w", method, path, err)
+	}
+	return nil
+}
+
+// Status asks for the daemon's status.
+func (c *Client) Status(ctx context.Context) (s Status, err error) {
+	return s, c.do(ctx, http.MethodGet, "/v1/status", nil, &s)
+}
+
+// Attachments lists attached interface hooks.
+func (c *Client) Attachments(ctx context.Context) (a []attach.Attachment, err error) {
+	return a, c.do(ctx, http.MethodGet, "/v1/ifaces", nil, &a)
+}
+
+// Attach attaches the classifier to an interface hook.
+func (c *Client) Attach(ctx context.Context, a attach.Attachment) (r Attached, err error) {
+	return r, c.do(ctx, http.MethodPost, "/v1/ifaces", a, &r)
+}
+
+// Detach detaches the classifier from an interface hook.
+func (c *Client) Detach(ctx context.Context, iface string, hook attach.Hook) error {
+	return c.do(ctx, http.MethodDelete, "/v1/ifaces/"+url.PathEscape(iface)+"/"+url.PathEscape(string(hook)), nil, nil)
+}
+
+// Rules returns the live rule set.
+func (c *Client) Rules(ctx context.Context) (s rules.Set, err error) {
+	return s, c.do(ctx, http.MethodGet, "/v1/rules", nil, &s)
+}
+
+// ApplyRules replaces the whole rule set atomically.
+func (c *Client) ApplyRules(ctx context.Context, s rules.Set) (r Applied, err error) {
+	return r, c.do(ctx, http.MethodPut, "/v1/rules", s, &r)
+}
+
+// AddRule adds one rule to the live set.
+func (c *Client) AddRule(ctx context.Context, rule rules.Rule) (r Applied, err error) {
+	return r, c.do(ctx, http.MethodPost, "/v1/rules", rule, &r)
+}
+
+// DeleteRule removes the rule called name.
+func (c *Client) DeleteRule(ctx context.Context, name string) (r Applied, err error) {
+	return r, c.do(ctx, http.MethodDelete, "/v1/rules/"+url.PathEscape(name), nil, &r)
+}
+
+// Stats reads the data plane's counters.
+func (c *Client) Stats(ctx context.Context) (s Stats, err error) {
+	return s, c.do(ctx, http.MethodGet, "/v1/stats", nil, &s)
+}

@@ -1,0 +1,199 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
+	"github.com/gopacket/gopacket/pcapgo"
+	ucli "github.com/urfave/cli/v2"
+
+	"github.com/lovelock-dpu/lovelock/control/rules"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
+)
+
+func captureCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:  "capture",
+		Usage: "capture packets of an interface to a pcap file, or print a pcap file with Lovelock headers decoded",
+		Description: "Capture: lovelock capture --iface p0 [--rule NAME] -c 100 -w out.pcap\n" +
+			"Read:    lovelock capture -r out.pcap\n\n" +
+			"Capturing uses an AF_PACKET socket, so it sees what the kernel sees on the interface: traffic\n" +
+			"the steering program passed, and everything sent out of it (redirected frames included). Frames\n" +
+			"that XDP dropped, redirected away or sent to AF_XDP never reach it. --rule keeps the frames\n" +
+			"that rule matches, judged by the Go reference classifier against lovelockd's live rule set.\n" +
+			"The files are ordinary pcap (tcpdump -r reads them).",
+		Flags: []ucli.Flag{
+			&ucli.StringFlag{Name: "iface", Aliases: []string{"i"}, Usage: "interface to capture on"},
+			&ucli.StringFlag{Name: "rule", Usage: "keep only frames this rule (by name) matches"},
+			&ucli.IntFlag{Name: "count", Aliases: []string{"c"}, Value: 100, Usage: "stop after this many frames"},
+			&ucli.DurationFlag{Name: "timeout", Value: 30 * time.Second, Usage: "stop after this long (0: no limit)"},
+			&ucli.StringFlag{Name: "write", Aliases: []string{"w"}, Usage: "pcap file to write"},
+			&ucli.StringFlag{Name: "read", Aliases: []string{"r"}, Usage: "pcap file to read and print"},
+			&ucli.UintFlag{Name: "port", Value: uint(wire.DefaultPort), Usage: "Lovelock UDP port for decoding"},
+		},
+		Action: capture,
+	}
+}
+
+func capture(c *ucli.Context) error {
+	port := c.Uint("port")
+	if port == 0 || port > 65535 {
+		return fmt.Errorf("--port %d: want 1-65535", port)
+	}
+	if port != uint(wire.DefaultPort) {
+		wire.RegisterPort(uint16(port))
+	}
+	if r := c.String("read"); r != "" {
+		if c.IsSet("iface") || c.IsSet("write") {
+			return errors.New("capture: --read prints a file; it takes no --iface or --write")
+		}
+		return printPcap(c.App.Writer, r)
+	}
+	iface, out := c.String("iface"), c.String("write")
+	if iface == "" || out == "" {
+		return errors.New("capture: give --iface and --write to capture, or --read to print a file (see --help)")
+	}
+	if c.Int("count") <= 0 {
+		return fmt.Errorf("--count %d: must be positive", c.Int("count"))
+	}
+
+	keep := func([]byte) bool { return true }
+	if name := c.String("rule"); name != "" {
+		var err error
+		if keep, err = ruleFilter(c, name, uint16(port), iface); err != nil {
+			return err
+		}
+	}
+
+	h, err := pcapgo.NewEthernetHandle(iface)
+	if err != nil {
+		return fmt.Errorf("capture on %s: %w", iface, err)
+	}
+	ctx := c.Context
+	if d := c.Duration("timeout"); d > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d)
+		defer cancel()
+	}
+	go func() { <-ctx.Done(); h.Close() }()
+	defer h.Close()
+
+	f, err := os.Create(out)
+	if err != nil {
+		return fmt.Errorf("capture: %w", err)
+	}
+	defer f.Close()
+	w := pcapgo.NewWriter(f)
+	if err := w.WriteFileHeader(65536, layers.LinkTypeEthernet); err != nil {
+		return fmt.Errorf("capture: write %s: %w", out, err)
+	}
+	n := 0
+	for n < c.Int("count") {
+		data, ci, err := h.ReadPacketData()
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			return fmt.Errorf("capture on %s: %w", iface, err)
+		}
+		if !keep(data) {
+			continue
+		}
+		if err := w.WritePacket(ci, data); err != nil {
+			return fmt.Errorf("capture: write %s: %w", out, err)
+		}
+		n++
+	}
+	fmt.Fprintf(c.App.ErrWriter, "captured %d frames on %s into %s\n", n, iface, out)
+	return f.Close()
+}
+
+// ruleFilter returns a predicate that holds for frames the named rule of the
+// live rule set matches on iface.
+func ruleFilter(c *ucli.Context, name string, port uint16, iface string) (func([]byte) bool, error) {
+	set, err := client(c).Rules(c.Context)
+	if err != nil {
+		return nil, err
+	}
+	var id uint32
+	for _, r := range set.Rules {
+		if r.Name == name {
+			id = r.ID
+		}
+	}
+	if id == 0 {
+		return nil, fmt.Errorf("capture --rule %q: no such rule (see 'lovelock rule list')", name)
+	}
+	ifc, err := net.InterfaceByName(iface)
+	if err != nil {
+		return nil, fmt.Errorf("capture --iface %s: %w", iface, err)
+	}
+	cl, err := rules.NewClassifier(&set, resolveLocal, port)
+	if err != nil {
+		return nil, err
+	}
+	return func(frame []byte) bool {
+		return cl.Classify(frame, uint32(ifc.Index)).RuleID == id
+	}, nil
+}
+
+func resolveLocal(name string) (int, error) {
+	ifc, err := net.InterfaceByName(name)
+	if err != nil {
+		return 0, fmt.Errorf("interface %s: %w", name, err)
+	}
+	return ifc.Index, nil
+}
+
+// printPcap prints one line per frame, with the Lovelock header decoded.
+func printPcap(w io.Writer, path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("capture: %w", err)
+	}
+	defer f.Close()
+	r, err := pcapgo.NewReader(f)
+	if err != nil {
+		return fmt.Errorf("capture: read %s: %w", path, err)
+	}
+	for i := 1; ; i++ {
+		data, ci, err := r.ReadPacketData()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("capture: read %s: frame %d: %w", path, i, err)
+		}
+		pkt := gopacket.NewPacket(data, r.LinkType(), gopacket.Default)
+		fmt.Fprintf(w, "%d %s %s\n", i, ci.Timestamp.Format("15:04:05.000000"), summarize(pkt))
+	}
+}
+
+func summarize(pkt gopacket.Packet) string {
+	var parts []string
+	if nl := pkt.NetworkLayer(); nl != nil {
+		parts = append(parts, nl.NetworkFlow().String())
+	}
+	if tl := pkt.TransportLayer(); tl != nil {
+		parts = append(parts, tl.LayerType().String()+" "+tl.TransportFlow().String())
+	}
+	if l, ok := pkt.Layer(wire.LayerTypeLovelock).(*wire.Lovelock); ok {
+		parts = append(parts, fmt.Sprintf("Lovelock v%d %s flags=%s tenant=%d src=%d dst=%d seq=%d len=%d",
+			l.Version, l.Type, l.Flags, l.Tenant, l.Src, l.Dst, l.Seq, l.Length))
+	}
+	if el := pkt.ErrorLayer(); el != nil {
+		parts = append(parts, "error: "+el.Error().Error())
+	}
+	if len(parts) == 0 {
+		parts = append(parts, pkt.LinkLayer().LayerType().String())
+	}
+	return strings.Join(parts, "  ")
+}

@@ -1,0 +1,133 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+
+	ucli "github.com/urfave/cli/v2"
+
+	"github.com/lovelock-dpu/lovelock/control/attach"
+)
+
+func ifaceCommand() *ucli.Command {
+	hookFlag := &ucli.StringFlag{Name: "hook", Value: string(attach.HookXDP), Usage: "where the classifier runs: xdp, tc-ingress or tc-egress (host-originated packets)"}
+	return &ucli.Command{
+		Name:  "iface",
+		Usage: "attach the steering classifier to interfaces, detach it, list attachments",
+		Description: "Attachments are BPF links pinned by lovelockd: they keep classifying while the daemon\n" +
+			"restarts. XDP runs in native (driver) mode unless --mode generic is given; TC hooks see\n" +
+			"skbs, e.g. host-originated packets on tc-egress.",
+		Subcommands: []*ucli.Command{
+			{
+				Name:   "list",
+				Usage:  "list attached interface hooks",
+				Flags:  []ucli.Flag{outputFlag()},
+				Action: ifaceList,
+			},
+			{
+				Name:      "attach",
+				Usage:     "attach the classifier to an interface (idempotent)",
+				ArgsUsage: "IFACE",
+				Flags: []ucli.Flag{hookFlag,
+					&ucli.StringFlag{Name: "mode", Value: string(attach.ModeNative), Usage: "XDP mode: native, or generic for drivers without XDP"}},
+				Action: ifaceAttach,
+			},
+			{
+				Name:      "detach",
+				Usage:     "detach the classifier from an interface hook, or from all with --all",
+				ArgsUsage: "IFACE | --all",
+				Flags:     []ucli.Flag{hookFlag, &ucli.BoolFlag{Name: "all", Usage: "detach every attachment"}},
+				Action:    ifaceDetach,
+			},
+		},
+	}
+}
+
+func ifaceList(c *ucli.Context) error {
+	asJSON, err := wantJSON(c)
+	if err != nil {
+		return err
+	}
+	list, err := client(c).Attachments(c.Context)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return writeJSON(c.App.Writer, list)
+	}
+	tw := newTable(c.App.Writer)
+	fmt.Fprintln(tw, "IFACE\tHOOK")
+	for _, a := range list {
+		fmt.Fprintf(tw, "%s\t%s\n", a.Iface, a.Hook)
+	}
+	return tw.Flush()
+}
+
+func oneIface(c *ucli.Context) (string, error) {
+	if c.NArg() != 1 {
+		return "", fmt.Errorf("%s: want exactly one interface name (see --help)", c.Command.FullName())
+	}
+	return c.Args().First(), nil
+}
+
+func ifaceAttach(c *ucli.Context) error {
+	name, err := oneIface(c)
+	if err != nil {
+		return err
+	}
+	hook, err := attach.ParseHook(c.String("hook"))
+	if err != nil {
+		return err
+	}
+	mode, err := attach.ParseMode(c.String("mode"))
+	if err != nil {
+		return err
+	}
+	a := attach.Attachment{Iface: name, Hook: hook}
+	if hook == attach.HookXDP {
+		a.Mode = mode
+	}
+	res, err := client(c).Attach(c.Context, a)
+	if err != nil {
+		return err
+	}
+	if res.Adopted {
+		fmt.Fprintf(c.App.Writer, "%s %s: already attached\n", name, hook)
+	} else {
+		fmt.Fprintf(c.App.Writer, "%s %s: attached\n", name, hook)
+	}
+	return nil
+}
+
+func ifaceDetach(c *ucli.Context) error {
+	cl := client(c)
+	if c.Bool("all") {
+		if c.NArg() != 0 {
+			return errors.New("iface detach: --all takes no interface name")
+		}
+		list, err := cl.Attachments(c.Context)
+		if err != nil {
+			return err
+		}
+		for _, a := range list {
+			if err := cl.Detach(c.Context, a.Iface, a.Hook); err != nil {
+				return err
+			}
+			fmt.Fprintf(c.App.Writer, "%s %s: detached\n", a.Iface, a.Hook)
+		}
+		return nil
+	}
+	name, err := oneIface(c)
+	if err != nil {
+		return err
+	}
+	hook, err := attach.ParseHook(c.String("hook"))
+	if err != nil {
+		return err
+	}
+	if err := cl.Detach(c.Context, name, hook); err != nil {
+		return err
+	}
+	fmt.Fprintf(c.App.Writer, "%s %s: detached\n", name, hook)
+	return nil
+}

@@ -1,0 +1,111 @@
+package cli
+
+import (
+	"fmt"
+	"time"
+
+	ucli "github.com/urfave/cli/v2"
+
+	"github.com/lovelock-dpu/lovelock/bpf"
+	"github.com/lovelock-dpu/lovelock/control/api"
+)
+
+func statsCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:  "stats",
+		Usage: "show the data plane's counters: per verdict and per rule, packets, bytes and rates",
+		Description: "Counters come straight from the BPF maps. Rates need two samples: with --watch, every\n" +
+			"--interval prints the counters and the rates since the previous sample.",
+		Flags: []ucli.Flag{
+			outputFlag(),
+			&ucli.BoolFlag{Name: "watch", Aliases: []string{"w"}, Usage: "print again every --interval, with rates, until interrupted"},
+			&ucli.DurationFlag{Name: "interval", Value: time.Second, Usage: "sampling interval for --watch"},
+			&ucli.IntFlag{Name: "count", Usage: "with --watch, stop after this many samples (0: until interrupted)"},
+		},
+		Action: stats,
+	}
+}
+
+func stats(c *ucli.Context) error {
+	asJSON, err := wantJSON(c)
+	if err != nil {
+		return err
+	}
+	interval := c.Duration("interval")
+	if interval <= 0 {
+		return fmt.Errorf("--interval %s: must be positive", interval)
+	}
+	cl := client(c)
+	var prev *api.Stats
+	for n := 1; ; n++ {
+		st, err := cl.Stats(c.Context)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			if err := writeJSON(c.App.Writer, st); err != nil {
+				return err
+			}
+		} else if err := printStats(c, st, prev); err != nil {
+			return err
+		}
+		if !c.Bool("watch") || (c.Int("count") > 0 && n >= c.Int("count")) {
+			return nil
+		}
+		prev = &st
+		select {
+		case <-c.Context.Done():
+			return nil
+		case <-time.After(interval):
+		}
+	}
+}
+
+func printStats(c *ucli.Context, st api.Stats, prev *api.Stats) error {
+	rate := func(now, before api.Counter) string {
+		if prev == nil {
+			return "-"
+		}
+		dt := st.Time.Sub(prev.Time).Seconds()
+		if dt <= 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.0f pps %.1f Mb/s", float64(now.Packets-before.Packets)/dt, float64(now.Bytes-before.Bytes)*8/dt/1e6)
+	}
+	w := c.App.Writer
+	fmt.Fprintf(w, "%s\n", st.Time.Format(time.RFC3339))
+	tw := newTable(w)
+	fmt.Fprintln(tw, "COUNTER\tPACKETS\tBYTES\tRATE")
+	for i := bpf.Stat(0); i < bpf.NumStats; i++ {
+		name := i.String()
+		v := st.Verdicts[name]
+		var before api.Counter
+		if prev != nil {
+			before = prev.Verdicts[name]
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", name, v.Packets, v.Bytes, rate(v, before))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	tw = newTable(w)
+	fmt.Fprintln(tw, "RULE\tID\tPRIO\tACTION\tPACKETS\tBYTES\tRATE")
+	prevRule := map[uint32]api.Counter{}
+	var prevDefault api.Counter
+	if prev != nil {
+		for _, r := range prev.Rules {
+			prevRule[r.ID] = r.Counter
+		}
+		prevDefault = prev.Default
+	}
+	for _, r := range st.Rules {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\t%d\t%s\n", r.Name, r.ID, r.Priority, r.Action, r.Counter.Packets, r.Counter.Bytes, rate(r.Counter, prevRule[r.ID]))
+	}
+	fmt.Fprintf(tw, "(default)\t0\t-\t-\t%d\t%d\t%s\n", st.Default.Packets, st.Default.Bytes, rate(st.Default, prevDefault))
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	return nil
+}
