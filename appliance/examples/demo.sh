@@ -34,9 +34,11 @@ say "host0 reaches host1 through dpu0, the fabric and dpu1"
 
 echo '{}' >"$RUN/none.yaml"
 for dpu in dpu0 dpu1; do
+	# Each daemon locks its pin directory's parent: one parent per node.
+	mkdir -p "/sys/fs/bpf/lovelock-demo-$dpu"
 	say "lovelockd on $dpu: XDP on pf0hpf (from the host) and p0 (from the fabric)"
 	"$lovelock" testbed exec --prefix "$PREFIX" "$dpu" -- "$BIN/lovelockd" \
-		--config "$RUN/none.yaml" --pin-dir "/sys/fs/bpf/lovelock-demo-$dpu" \
+		--config "$RUN/none.yaml" --pin-dir "/sys/fs/bpf/lovelock-demo-$dpu/lovelock" \
 		--state "$RUN/$dpu.state.json" --socket "$RUN/$dpu.sock" --metrics off \
 		--xdp pf0hpf --xdp p0 >"$RUN/$dpu.log" 2>&1 &
 	pids+=($!)
@@ -45,7 +47,12 @@ for dpu in dpu0 dpu1; do
 	for _ in $(seq 100); do
 		"$lovelock" --socket "$RUN/$dpu.sock" iface list >/dev/null 2>&1 && break
 		sleep 0.1
-	done
+	done || true
+	if ! "$lovelock" --socket "$RUN/$dpu.sock" iface list >/dev/null 2>&1; then
+		echo "lovelockd on $dpu did not come up; its log:"
+		cat "$RUN/$dpu.log"
+		exit 1
+	fi
 	"$lovelock" --socket "$RUN/$dpu.sock" iface list
 done
 

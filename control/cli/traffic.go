@@ -126,14 +126,20 @@ func traffic(c *ucli.Context) error {
 		for _, class := range trafficMix {
 			for i := 0; i < count; i++ {
 				ls, raw := class.build(src, dst, i)
-				buf := gopacket.NewSerializeBuffer()
+				var frame []byte
 				if raw != nil {
-					ls = []gopacket.SerializableLayer{gopacket.Payload(raw)}
+					// gopacket pads frames to Ethernet's minimum, which
+					// would repair the garbage: write it by hand.
+					frame = append(append(append([]byte{}, eth.DstMAC...), eth.SrcMAC...), 0x08, 0x00)
+					frame = append(frame, raw...)
+				} else {
+					buf := gopacket.NewSerializeBuffer()
+					if err := gopacket.SerializeLayers(buf, opts, append([]gopacket.SerializableLayer{eth}, ls...)...); err != nil {
+						return fmt.Errorf("%s: build: %w", class.name, err)
+					}
+					frame = buf.Bytes()
 				}
-				if err := gopacket.SerializeLayers(buf, opts, append([]gopacket.SerializableLayer{eth}, ls...)...); err != nil {
-					return fmt.Errorf("%s: build: %w", class.name, err)
-				}
-				if err := unix.Sendto(fd, buf.Bytes(), 0, to); err != nil {
+				if err := unix.Sendto(fd, frame, 0, to); err != nil {
 					return fmt.Errorf("%s: send: %w", class.name, err)
 				}
 			}
