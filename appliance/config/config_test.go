@@ -1,0 +1,52 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestLoad(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name     string
+		path     string
+		explicit bool
+		want     string // error substring; "" for success
+		check    func(Config) bool
+	}{
+		{"missing default file", filepath.Join(dir, "none.yaml"), false, "", func(c Config) bool { return c.Port == 61440 && c.PinDir == Defaults().PinDir }},
+		{"missing explicit file", filepath.Join(dir, "none.yaml"), true, "no such file", nil},
+		{"yaml over defaults", write("a.yaml", "port: 7000\ninterfaces:\n  - {iface: p0, hook: xdp, mode: generic}\n"), true, "",
+			func(c Config) bool { return c.Port == 7000 && len(c.Interfaces) == 1 && c.State == Defaults().State }},
+		{"unknown field", write("b.yaml", "prot: 7000\n"), true, `unknown field "prot"`, nil},
+		{"bad hook", write("c.yaml", "interfaces: [{iface: p0, hook: tc-sideways}]\n"), true, `hook "tc-sideways"`, nil},
+		{"bad mode", write("d.yaml", "interfaces: [{iface: p0, hook: xdp, mode: turbo}]\n"), true, `xdp mode "turbo"`, nil},
+		{"empty iface", write("e.yaml", "interfaces: [{hook: xdp}]\n"), true, "iface is empty", nil},
+		{"port zero", write("f.yaml", "port: 0\n"), true, "port must be", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Load(tc.path, tc.explicit)
+			if tc.want != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("err = %v, want it to mention %q", err, tc.want)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tc.check(c) {
+				t.Errorf("config %+v", c)
+			}
+		})
+	}
+}

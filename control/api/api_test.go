@@ -1,0 +1,159 @@
+package api_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lovelock-dpu/lovelock/control/api"
+	"github.com/lovelock-dpu/lovelock/control/attach"
+	"github.com/lovelock-dpu/lovelock/control/rules"
+	"github.com/lovelock-dpu/lovelock/control/testenv"
+)
+
+// fakeService records calls; it stands in for the daemon so that routing,
+// encoding and error mapping are tested on their own.
+type fakeService struct {
+	set      rules.Set
+	attached []attach.Attachment
+}
+
+func (f *fakeService) Status() (api.Status, error) {
+	return api.Status{Version: "test", Rules: len(f.set.Rules), Attachments: f.attached}, nil
+}
+func (f *fakeService) Attachments() ([]attach.Attachment, error) { return f.attached, nil }
+func (f *fakeService) Attach(a attach.Attachment) (api.Attached, error) {
+	if a.Iface == "nope0" {
+		return api.Attached{}, &api.BadRequestError{Err: errors.New("interface nope0: no such interface")}
+	}
+	f.attached = append(f.attached, a)
+	return api.Attached{}, nil
+}
+func (f *fakeService) Detach(iface string, hook attach.Hook) error {
+	return &api.NotFoundError{Err: errors.New("interface " + iface + " " + string(hook) + ": not attached")}
+}
+func (f *fakeService) Rules() (rules.Set, error) { return f.set, nil }
+func (f *fakeService) ApplyRules(s rules.Set) (api.Applied, error) {
+	f.set = s
+	return api.Applied{Rules: len(s.Rules)}, nil
+}
+func (f *fakeService) AddRule(r rules.Rule) (api.Applied, error) {
+	f.set.Rules = append(f.set.Rules, r)
+	return api.Applied{Rules: len(f.set.Rules)}, nil
+}
+func (f *fakeService) DeleteRule(name string) (api.Applied, error) {
+	return api.Applied{}, &api.NotFoundError{Err: errors.New("rule " + name + ": no such rule")}
+}
+func (f *fakeService) Stats() (api.Stats, error) {
+	return api.Stats{Verdicts: map[string]api.Counter{"rx": {Packets: 3, Bytes: 180}}}, nil
+}
+
+func serve(t *testing.T, svc api.Service) *api.Client {
+	t.Helper()
+	// SO_PEERCRED must say root for the server to answer.
+	testenv.RequirePriv(t)
+	sock := filepath.Join(t.TempDir(), "run", "api.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- api.Serve(ctx, sock, api.Handler(svc)) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	for i := 0; i < 100; i++ {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	st, err := os.Stat(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o600 {
+		t.Errorf("socket mode %v, want 0600", st.Mode().Perm())
+	}
+	return api.NewClient(sock)
+}
+
+func TestRoundTrip(t *testing.T) {
+	svc := &fakeService{}
+	cl := serve(t, svc)
+	ctx := context.Background()
+
+	set, err := rules.Parse([]byte(`
+default: drop
+rules:
+  - {name: a, priority: 5, match: {iface: p0, proto: udp, dport: 7000, rank: 4-7}, action: "xsk:2"}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := cl.ApplyRules(ctx, *set); err != nil || res.Rules != 1 {
+		t.Fatalf("apply: %+v, %v", res, err)
+	}
+	got, err := cl.Rules(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := mustFormat(t, set), mustFormat(t, &got)
+	if a != b {
+		t.Errorf("rule set changed on the way:\n%s\nvs\n%s", a, b)
+	}
+	if _, err := cl.Attach(ctx, attach.Attachment{Iface: "p0", Hook: attach.HookXDP}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := cl.Status(ctx)
+	if err != nil || st.Version != "test" || len(st.Attachments) != 1 {
+		t.Errorf("status: %+v, %v", st, err)
+	}
+	stats, err := cl.Stats(ctx)
+	if err != nil || stats.Verdicts["rx"].Packets != 3 {
+		t.Errorf("stats: %+v, %v", stats, err)
+	}
+}
+
+func mustFormat(t *testing.T, s *rules.Set) string {
+	t.Helper()
+	b, err := rules.Format(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func TestErrors(t *testing.T) {
+	cl := serve(t, &fakeService{})
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		call func() error
+		want string
+	}{
+		{"bad request", func() error {
+			_, err := cl.Attach(ctx, attach.Attachment{Iface: "nope0", Hook: attach.HookXDP})
+			return err
+		}, "interface nope0"},
+		{"not found", func() error { return cl.Detach(ctx, "p0", attach.HookXDP) }, "not attached"},
+		{"unknown rule", func() error { _, err := cl.DeleteRule(ctx, "x"); return err }, "rule x: no such rule"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.call(); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err = %v, want it to mention %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestNoDaemon(t *testing.T) {
+	cl := api.NewClient(filepath.Join(t.TempDir(), "missing.sock"))
+	if _, err := cl.Status(context.Background()); !errors.Is(err, api.ErrNoDaemon) {
+		t.Errorf("err = %v, want ErrNoDaemon", err)
+	}
+}
