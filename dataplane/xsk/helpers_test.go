@@ -1,0 +1,276 @@
+package xsk
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/lovelock-dpu/lovelock/control/testenv"
+)
+
+// testEtherType is IEEE 802 "local experimental 1": nothing else on a
+// fresh veth uses it.
+const testEtherType = 0x88b5
+
+var testMagic = []byte("LVXK")
+
+// testFrame builds an Ethernet frame of size bytes (at least 60) carrying
+// seq, with a payload pattern that depends on seq so that a byte in the
+// wrong place shows.
+func testFrame(seq uint64, size int) []byte {
+	size = max(size, 60)
+	f := make([]byte, size)
+	copy(f[0:6], []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+	copy(f[6:12], []byte{0x02, 0, 0, 0, 0, 1})
+	binary.BigEndian.PutUint16(f[12:14], testEtherType)
+	copy(f[14:18], testMagic)
+	binary.BigEndian.PutUint64(f[18:26], seq)
+	for i := 26; i < size; i++ {
+		f[i] = byte(seq) + byte(i)
+	}
+	return f
+}
+
+// frameSeq returns the sequence number of a test frame.
+func frameSeq(f []byte) (uint64, bool) {
+	if len(f) < 26 || binary.BigEndian.Uint16(f[12:14]) != testEtherType || !bytes.Equal(f[14:18], testMagic) {
+		return 0, false
+	}
+	return binary.BigEndian.Uint64(f[18:26]), true
+}
+
+// testNet is a fresh network namespace holding veth pairs.
+type testNet struct {
+	ns netns.NsHandle
+}
+
+func newTestNet(t testing.TB) *testNet {
+	t.Helper()
+	testenv.RequirePriv(t)
+	return &testNet{ns: testenv.NewNetNS(t)}
+}
+
+func (n *testNet) do(t testing.TB, fn func() error) {
+	t.Helper()
+	testenv.InNetNS(t, n.ns, fn)
+}
+
+// veth creates the pair a ⇄ b, with aQueues RX and TX queues on a and one
+// TX queue on b (so everything b sends arrives on a's queue 0), IPv6 off
+// (no DAD or router solicitations in the way) and both ends up. It returns
+// the ifindexes.
+func (n *testNet) veth(t testing.TB, a, b string, aQueues int) (int, int) {
+	t.Helper()
+	var ia, ib int
+	n.do(t, func() error {
+		v := &netlink.Veth{
+			LinkAttrs:       netlink.LinkAttrs{Name: a, NumTxQueues: aQueues, NumRxQueues: aQueues},
+			PeerName:        b,
+			PeerNumTxQueues: 1,
+			PeerNumRxQueues: 1,
+		}
+		if err := netlink.LinkAdd(v); err != nil {
+			return fmt.Errorf("add veth %s: %w", a, err)
+		}
+		for _, name := range []string{a, b} {
+			if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+name+"/disable_ipv6", []byte("1"), 0); err != nil {
+				return err
+			}
+			l, err := netlink.LinkByName(name)
+			if err != nil {
+				return err
+			}
+			if err := netlink.LinkSetUp(l); err != nil {
+				return err
+			}
+			if name == a {
+				ia = l.Attrs().Index
+			} else {
+				ib = l.Attrs().Index
+			}
+		}
+		return nil
+	})
+	return ia, ib
+}
+
+// redirect attaches to ifindex, in driver mode, an XDP program that
+// redirects every packet to xsks[ctx->rx_queue_index], falling back to
+// XDP_PASS for an empty slot, and returns the map.
+func (n *testNet) redirect(t testing.TB, ifindex int) *ebpf.Map {
+	t.Helper()
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.XSKMap, KeySize: 4, ValueSize: 4, MaxEntries: 4})
+	if err != nil {
+		t.Fatalf("XSKMAP: %v", err)
+	}
+	t.Cleanup(func() { m.Close() })
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Name:    "xsk_test",
+		Type:    ebpf.XDP,
+		License: "GPL",
+		Instructions: asm.Instructions{
+			asm.LoadMem(asm.R2, asm.R1, 16, asm.Word), // struct xdp_md: rx_queue_index
+			asm.LoadMapPtr(asm.R1, m.FD()),
+			asm.Mov.Imm(asm.R3, 2), // XDP_PASS
+			asm.FnRedirectMap.Call(),
+			asm.Return(),
+		},
+	})
+	if err != nil {
+		t.Fatalf("load XDP program: %+v", err)
+	}
+	t.Cleanup(func() { prog.Close() })
+	n.do(t, func() error {
+		l, err := link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifindex, Flags: link.XDPDriverMode})
+		if err != nil {
+			return fmt.Errorf("attach XDP to %d: %w", ifindex, err)
+		}
+		t.Cleanup(func() { l.Close() })
+		return nil
+	})
+	return m
+}
+
+func setSlot(t testing.TB, m *ebpf.Map, s *Socket) {
+	t.Helper()
+	if err := m.Update(s.Queue(), uint32(s.FD()), ebpf.UpdateAny); err != nil {
+		t.Fatalf("put socket in XSKMAP slot %d: %v", s.Queue(), err)
+	}
+}
+
+// packetSock opens an AF_PACKET socket on ifindex for testEtherType, with a
+// large receive buffer so a burst is not dropped before it is read.
+func (n *testNet) packetSock(t testing.TB, ifindex int) int {
+	t.Helper()
+	var fd int
+	n.do(t, func() error {
+		var err error
+		proto := int(htons(testEtherType))
+		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, proto)
+		if err != nil {
+			return fmt.Errorf("AF_PACKET socket: %w", err)
+		}
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20); err != nil {
+			return err
+		}
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, 8<<20); err != nil {
+			return err
+		}
+		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(testEtherType), Ifindex: ifindex})
+	})
+	t.Cleanup(func() { unix.Close(fd) })
+	return fd
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// recvPacket reads one incoming frame from an AF_PACKET socket, waiting up
+// to timeout.
+func recvPacket(fd int, buf []byte, timeout time.Duration) ([]byte, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		n, from, err := unix.Recvfrom(fd, buf, unix.MSG_DONTWAIT)
+		if err == nil {
+			if ll, ok := from.(*unix.SockaddrLinklayer); ok && ll.Pkttype == unix.PACKET_OUTGOING {
+				continue
+			}
+			return buf[:n], nil
+		}
+		if !errors.Is(err, unix.EAGAIN) {
+			return nil, err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return nil, unix.EAGAIN
+		}
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		if _, err := unix.Poll(fds, int(min(left, 50*time.Millisecond)/time.Millisecond)+1); err != nil && !errors.Is(err, unix.EINTR) {
+			return nil, err
+		}
+	}
+}
+
+// open creates a socket in the namespace and closes it when the test ends.
+func (n *testNet) open(t testing.TB, ifindex int, queue uint32, ucfg *UMEMConfig, scfg *SocketConfig) *Socket {
+	t.Helper()
+	var s *Socket
+	n.do(t, func() error {
+		var err error
+		s, err = Open(ifindex, queue, ucfg, scfg)
+		return err
+	})
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func (n *testNet) newSocket(t testing.TB, u *UMEM, ifindex int, queue uint32, scfg *SocketConfig) *Socket {
+	t.Helper()
+	var s *Socket
+	n.do(t, func() error {
+		var err error
+		s, err = u.NewSocket(ifindex, queue, scfg)
+		return err
+	})
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// mapping is one line of /proc/self/maps.
+type mapping struct {
+	start, end uint64
+	path       string
+}
+
+func readMaps(t testing.TB) []mapping {
+	t.Helper()
+	f, err := os.Open("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []mapping
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var m mapping
+		fields := strings.Fields(sc.Text())
+		if _, err := fmt.Sscanf(fields[0], "%x-%x", &m.start, &m.end); err != nil {
+			t.Fatalf("maps line %q: %v", sc.Text(), err)
+		}
+		if len(fields) >= 6 {
+			m.path = strings.Join(fields[5:], " ")
+		}
+		out = append(out, m)
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// waitFor polls cond every millisecond for up to d.
+func waitFor(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return true
+}
+
+func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }

@@ -1,0 +1,887 @@
+package xsk
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Socket is one AF_XDP socket bound to an (interface, queue), with an RX
+// ring, a TX ring or both, over a UMEM.
+//
+// The socket belongs to the network namespace of the thread that created
+// it. Once bound, the kernel delivers to it only packets that an XDP program
+// on that interface redirects, from that queue, to an XSKMAP slot holding
+// its FD.
+type Socket struct {
+	umem     *UMEM
+	q        *queueRings
+	key      queueKey
+	name     string // "eth0 queue 3", for errors
+	ownsUMEM bool
+
+	fd         int
+	mode       Mode
+	zcErr      error
+	needWakeup bool
+	maxKicks   int
+	idleSpin   time.Duration
+
+	rxMem, txMem []byte
+	rx, tx       *ring[Desc]
+
+	rxMu      sync.Mutex // the receive side: rx, fill top-up, scratch
+	rxDescs   []Desc
+	rxScratch []uint32
+	txMu      sync.Mutex // the transmit side: tx, scratch
+	txScratch []uint32
+	compMu    sync.Mutex // comp scratch (Reclaim runs without txMu)
+	comp      []uint32
+
+	life      sync.RWMutex // held shared by every call, exclusively by Close
+	closing   atomic.Bool
+	closed    bool
+	closeOnce sync.Once
+	closeErr  error
+	wakeMu    sync.Mutex
+	efd       int // eventfd that wakes a blocked Poll
+
+	// Pre-wrapped so the packet path reports context without allocating.
+	errClosed, errRingFull, errNoFrames, errNoRX, errNoTX error
+
+	rxPackets, txPackets, rxWakeups, txWakeups, polls atomic.Uint64
+}
+
+// Stats are a socket's counters: the kernel's (XDP_STATISTICS) and this
+// process's.
+type Stats struct {
+	// RXDropped counts packets the kernel dropped because no fill frame
+	// was available or the packet did not fit a frame.
+	RXDropped uint64
+	// RXInvalidDescs and TXInvalidDescs count descriptors the kernel
+	// rejected (this package validates before submitting, so they stay 0).
+	RXInvalidDescs uint64
+	TXInvalidDescs uint64
+	// RXRingFull counts packets dropped because the RX ring was full: the
+	// reader is too slow.
+	RXRingFull uint64
+	// RXFillRingEmpty counts times the kernel found the fill ring empty.
+	RXFillRingEmpty uint64
+	// TXRingEmpty counts times the kernel found the TX ring empty.
+	TXRingEmpty uint64
+
+	// RXPackets and TXPackets count descriptors received and submitted.
+	RXPackets uint64
+	TXPackets uint64
+	// RXWakeups and TXWakeups count recvfrom(2) and sendto(2) calls made
+	// because the kernel asked for a wakeup (or always, without
+	// need_wakeup); Polls counts poll(2) calls.
+	RXWakeups uint64
+	TXWakeups uint64
+	Polls     uint64
+}
+
+// Open creates a UMEM sized by ucfg and one socket on it bound to (ifindex,
+// queue). The UMEM is closed with the socket. Nil configurations take the
+// defaults.
+func Open(ifindex int, queue uint32, ucfg *UMEMConfig, scfg *SocketConfig) (*Socket, error) {
+	u, err := NewUMEM(ucfg)
+	if err != nil {
+		return nil, err
+	}
+	s, err := u.NewSocket(ifindex, queue, scfg)
+	if err != nil {
+		return nil, errors.Join(err, u.Close())
+	}
+	s.ownsUMEM = true
+	return s, nil
+}
+
+// NewSocket creates an AF_XDP socket on u and binds it to (ifindex, queue).
+//
+// The first socket of a UMEM registers it with the kernel and binds with
+// cfg.Mode (ModeAuto tries zero-copy, then copy). Later sockets bind with
+// XDP_SHARED_UMEM and inherit the first one's mode and need_wakeup setting:
+// on the same (interface, queue) they share its fill and completion rings;
+// on another queue or interface they get a fill and completion ring pair of
+// their own, which the kernel supports since Linux 5.10.
+func (u *UMEM) NewSocket(ifindex int, queue uint32, cfg *SocketConfig) (*Socket, error) {
+	name := fmt.Sprintf("%s queue %d", ifaceName(ifindex), queue)
+	c, err := cfg.normalise()
+	if err != nil {
+		return nil, fmt.Errorf("xsk %s: %w", name, err)
+	}
+	if c.FillFrames > u.cfg.FillSize {
+		return nil, fmt.Errorf("xsk %s: %d fill frames do not fit a fill ring of %d", name, c.FillFrames, u.cfg.FillSize)
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.closed {
+		return nil, fmt.Errorf("xsk %s: umem: %w", name, ErrClosed)
+	}
+	s, err := u.open(queueKey{ifindex, queue}, name, c)
+	if err != nil {
+		return nil, fmt.Errorf("xsk %s: %w", name, err)
+	}
+	return s, nil
+}
+
+// open does NewSocket's work with u.mu held.
+func (u *UMEM) open(key queueKey, name string, c SocketConfig) (_ *Socket, err error) {
+	s := &Socket{
+		umem: u, key: key, name: name, fd: -1, efd: -1,
+		needWakeup: !u.cfg.NoNeedWakeup,
+		// Copy-mode sendto transmits at most 32 frames (the kernel's
+		// TX_BATCH_SIZE) per call; enough calls to empty the ring.
+		maxKicks: c.TXSize/32 + 2,
+		idleSpin: c.IdleSpin,
+	}
+	var newQ *queueRings
+	defer func() {
+		if err == nil {
+			return
+		}
+		_ = munmap(&s.rxMem)
+		_ = munmap(&s.txMem)
+		if newQ != nil {
+			_ = newQ.unmap()
+		}
+		if s.efd >= 0 {
+			_ = unix.Close(s.efd)
+		}
+		if s.fd >= 0 {
+			_ = unix.Close(s.fd)
+		}
+	}()
+
+	s.fd, err = unix.Socket(unix.AF_XDP, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		s.fd = -1
+		return nil, fmt.Errorf("create AF_XDP socket: %w", err)
+	}
+	off, err := mmapOffsets(s.fd)
+	if err != nil {
+		return nil, err
+	}
+	first := len(u.sockets) == 0
+	if first {
+		if err := registerUMEM(s.fd, u.area, u.cfg); err != nil {
+			return nil, err
+		}
+	}
+	q, share := u.queues[key]
+	if !share {
+		if newQ, err = u.newQueue(key, s.fd, off); err != nil {
+			return nil, err
+		}
+		q = newQ
+	}
+	if !c.NoRX {
+		if s.rxMem, s.rx, err = mapRing[Desc](s.fd, unix.XDP_RX_RING, unix.XDP_PGOFF_RX_RING, off.Rx, c.RXSize, false); err != nil {
+			return nil, err
+		}
+	}
+	if !c.NoTX {
+		if s.txMem, s.tx, err = mapRing[Desc](s.fd, unix.XDP_TX_RING, unix.XDP_PGOFF_TX_RING, off.Tx, c.TXSize, true); err != nil {
+			return nil, err
+		}
+	}
+	if err := s.bind(c.Mode, u.peer(key, first, share), c.BusyTimeout); err != nil {
+		return nil, err
+	}
+	if s.efd, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err != nil {
+		s.efd = -1
+		return nil, fmt.Errorf("eventfd: %w", err)
+	}
+
+	s.q = q
+	q.refs++
+	u.queues[key] = q
+	u.sockets[s] = struct{}{}
+	s.rxDescs = make([]Desc, c.BatchSize)
+	s.rxScratch = make([]uint32, 0, max(c.BatchSize, 256))
+	s.txScratch = make([]uint32, 0, c.BatchSize)
+	s.comp = make([]uint32, 0, max(c.BatchSize, 256))
+	s.errClosed = fmt.Errorf("xsk %s: %w", name, ErrClosed)
+	s.errRingFull = fmt.Errorf("xsk %s: TX: %w", name, ErrRingFull)
+	s.errNoFrames = fmt.Errorf("xsk %s: TX: %w", name, ErrNoFrames)
+	s.errNoRX = fmt.Errorf("xsk %s: RX: %w", name, ErrNoRing)
+	s.errNoTX = fmt.Errorf("xsk %s: TX: %w", name, ErrNoRing)
+
+	if !c.NoRX && q.target.Load() == 0 {
+		target := c.FillFrames
+		if target == 0 {
+			free := u.freeCount()
+			target = min(u.cfg.FillSize, max(free/2, min(free, 1)))
+		}
+		q.target.Store(int64(target))
+		u.fillUp(q, s.rxScratch)
+	}
+	return s, nil
+}
+
+// peer returns the fd to share the UMEM through, or -1 for the first
+// socket. Sharing a queue's rings needs a socket bound to that queue.
+func (u *UMEM) peer(key queueKey, first, share bool) int {
+	if first {
+		return -1
+	}
+	for o := range u.sockets {
+		if !share || o.key == key {
+			return o.fd
+		}
+	}
+	return -1 // unreachable: not first means a socket exists
+}
+
+func (s *Socket) bind(want Mode, peer int, busy time.Duration) error {
+	sa := &unix.SockaddrXDP{Ifindex: uint32(s.key.ifindex), QueueID: s.key.queue}
+	if peer >= 0 {
+		// The kernel refuses mode and wakeup flags on a shared bind; the
+		// socket inherits them from the pool it joins.
+		sa.Flags = unix.XDP_SHARED_UMEM
+		sa.SharedUmemFD = uint32(peer)
+		if err := bindRetry(s.fd, sa, busy); err != nil {
+			return fmt.Errorf("bind sharing a UMEM: %w", err)
+		}
+	} else {
+		var base uint16
+		if s.needWakeup {
+			base = unix.XDP_USE_NEED_WAKEUP
+		}
+		switch want {
+		case ModeCopy:
+			sa.Flags = base | unix.XDP_COPY
+		default:
+			sa.Flags = base | unix.XDP_ZEROCOPY
+		}
+		err := bindRetry(s.fd, sa, busy)
+		if err != nil && want == ModeAuto && !errors.Is(err, unix.EBUSY) {
+			// A failed bind leaves the socket unbound with its rings
+			// intact, so copy mode can be tried on the same socket.
+			s.zcErr = err
+			sa.Flags = base | unix.XDP_COPY
+			err = bindRetry(s.fd, sa, busy)
+		}
+		if err != nil {
+			if s.zcErr != nil {
+				return fmt.Errorf("bind: zero-copy: %v; copy: %w", s.zcErr, err)
+			}
+			return fmt.Errorf("bind in %s mode: %w", want, err)
+		}
+	}
+	opts, err := unix.GetsockoptInt(s.fd, unix.SOL_XDP, unix.XDP_OPTIONS)
+	if err != nil {
+		return fmt.Errorf("read bind options: %w", err)
+	}
+	s.mode = ModeCopy
+	if opts&unix.XDP_OPTIONS_ZEROCOPY != 0 {
+		s.mode = ModeZeroCopy
+	}
+	if want != ModeAuto && s.mode != want {
+		return fmt.Errorf("bound in %s mode, not %s: a socket sharing a UMEM inherits the mode of the first", s.mode, want)
+	}
+	return nil
+}
+
+// bindRetry binds, retrying for up to wait while the queue is busy.
+func bindRetry(fd int, sa *unix.SockaddrXDP, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	pause := time.Millisecond
+	for {
+		err := unix.Bind(fd, sa)
+		if !errors.Is(err, unix.EBUSY) || wait < 0 || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(pause)
+		pause = min(2*pause, 20*time.Millisecond)
+	}
+}
+
+// FD returns the socket's file descriptor, for an XSKMAP update, or -1
+// once the socket is closed.
+func (s *Socket) FD() int {
+	if s.enter() != nil {
+		return -1
+	}
+	defer s.exit()
+	return s.fd
+}
+
+// Ifindex returns the interface the socket is bound to.
+func (s *Socket) Ifindex() int { return s.key.ifindex }
+
+// Queue returns the queue the socket is bound to: the XSKMAP slot it
+// belongs in.
+func (s *Socket) Queue() uint32 { return s.key.queue }
+
+// Mode returns ModeCopy or ModeZeroCopy, as the kernel reported after the
+// bind (XDP_OPTIONS).
+func (s *Socket) Mode() Mode { return s.mode }
+
+// ZeroCopyErr returns why the kernel refused zero-copy when a ModeAuto
+// bind fell back to copy mode, and nil otherwise.
+func (s *Socket) ZeroCopyErr() error { return s.zcErr }
+
+// UMEM returns the UMEM the socket uses.
+func (s *Socket) UMEM() *UMEM { return s.umem }
+
+// Frame returns the bytes a received descriptor points at; see UMEM.Frame.
+func (s *Socket) Frame(d Desc) []byte { return s.umem.Frame(d) }
+
+func (s *Socket) enter() error {
+	s.life.RLock()
+	if s.closed || s.closing.Load() {
+		s.life.RUnlock()
+		return s.errClosedOr()
+	}
+	return nil
+}
+
+func (s *Socket) exit() { s.life.RUnlock() }
+
+func (s *Socket) errClosedOr() error {
+	if s.errClosed != nil {
+		return s.errClosed
+	}
+	return ErrClosed
+}
+
+// RecvBatch moves up to len(descs) received descriptors off the RX ring
+// into descs and returns how many. The frames now belong to the caller:
+// read them with Frame, then give them back with Recycle or send them with
+// TransmitDescs. It never blocks; 0 means the ring is empty (see Poll).
+func (s *Socket) RecvBatch(descs []Desc) (int, error) {
+	if err := s.enter(); err != nil {
+		return 0, err
+	}
+	defer s.exit()
+	if s.rx == nil {
+		return 0, s.errNoRX
+	}
+	s.rxMu.Lock()
+	defer s.rxMu.Unlock()
+	return s.recvLocked(descs), nil
+}
+
+func (s *Socket) recvLocked(descs []Desc) int {
+	u, q := s.umem, s.q
+	idx, got := s.rx.peek(uint32(min(len(descs), 1<<31)))
+	n := 0
+	if got > 0 {
+		want := kernelState(frameFill, q.id)
+		for i := range got {
+			d := *s.rx.at(idx + i)
+			if u.Frame(d) == nil {
+				u.frameErrors.Add(1)
+				continue
+			}
+			if !u.take(d.Addr>>u.shift, want, frameUser) {
+				continue
+			}
+			descs[n] = d
+			n++
+		}
+		s.rx.release()
+		q.fillOut.Add(-int64(n))
+		s.rxPackets.Add(uint64(n))
+	}
+	added := u.fillUp(q, s.rxScratch)
+	// Only zero-copy drivers ever set the fill ring's flag: the driver
+	// went to sleep on an empty fill ring and needs a kick.
+	if (n == 0 || added > 0) && s.needWakeup && q.fill.needsWakeup() {
+		_, _, _ = unix.Syscall6(unix.SYS_RECVFROM, uintptr(s.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
+		s.rxWakeups.Add(1)
+	}
+	return n
+}
+
+// Recycle gives received frames back: to the fill ring up to its target
+// level, the rest to the free list. A descriptor for a frame the caller
+// does not hold is skipped and reported as ErrInvalidDesc after the others
+// are recycled.
+func (s *Socket) Recycle(descs []Desc) error {
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.exit()
+	if s.rx == nil {
+		return s.errNoRX
+	}
+	s.rxMu.Lock()
+	defer s.rxMu.Unlock()
+	return s.recycleLocked(descs)
+}
+
+func (s *Socket) recycleLocked(descs []Desc) error {
+	if len(descs) == 0 {
+		return nil
+	}
+	u, q := s.umem, s.q
+	bad := 0
+	i := 0
+	if room := q.target.Load() - q.fillOut.Load(); room > 0 {
+		q.fillMu.Lock()
+		idx, got := q.fill.reserve(uint32(min(int64(len(descs)), room)))
+		fill := kernelState(frameFill, q.id)
+		w := uint32(0)
+		for ; i < len(descs) && w < got; i++ {
+			d := descs[i]
+			if u.Frame(d) == nil || !u.take(d.Addr>>u.shift, frameUser, fill) {
+				bad++
+				continue
+			}
+			*q.fill.at(idx + w) = d.Addr >> u.shift << u.shift
+			w++
+		}
+		q.fill.cancel(got - w)
+		if w > 0 {
+			q.fillOut.Add(int64(w))
+			q.fill.submit()
+		}
+		q.fillMu.Unlock()
+	}
+	if i < len(descs) {
+		back := s.rxScratch[:0]
+		for ; i < len(descs); i++ {
+			d := descs[i]
+			if u.Frame(d) == nil || !u.take(d.Addr>>u.shift, frameUser, frameFree) {
+				bad++
+				continue
+			}
+			back = append(back, uint32(d.Addr>>u.shift))
+		}
+		u.release(back)
+		if cap(back) > cap(s.rxScratch) {
+			s.rxScratch = back[:0]
+		}
+	}
+	if bad > 0 {
+		return fmt.Errorf("xsk %s: recycle: %d descriptors: %w", s.name, bad, ErrInvalidDesc)
+	}
+	return nil
+}
+
+// TryReceive calls fn for each packet of at most one batch and recycles
+// the frames; fn must not keep the slice. It never blocks and returns how
+// many packets it handled. fn must not call Close, RecvBatch, Recycle or
+// Receive on the same socket; it may transmit on it.
+func (s *Socket) TryReceive(fn func(frame []byte)) (int, error) {
+	if err := s.enter(); err != nil {
+		return 0, err
+	}
+	defer s.exit()
+	if s.rx == nil {
+		return 0, s.errNoRX
+	}
+	s.rxMu.Lock()
+	defer s.rxMu.Unlock()
+	n := s.recvLocked(s.rxDescs)
+	recycled := false
+	defer func() {
+		// Keep the frame accounting exact even if fn panics.
+		if !recycled {
+			_ = s.recycleLocked(s.rxDescs[:n])
+		}
+	}()
+	for _, d := range s.rxDescs[:n] {
+		fn(s.umem.Frame(d))
+	}
+	recycled = true
+	return n, s.recycleLocked(s.rxDescs[:n])
+}
+
+// Receive calls fn for every packet until ctx ends (returning ctx.Err()),
+// the socket is closed (an error wrapping ErrClosed) or its interface goes
+// away (an error wrapping ENETDOWN, within half a second). While the ring
+// is empty it spins for SocketConfig.IdleSpin, then waits in poll(2). The
+// rules for fn are TryReceive's.
+func (s *Socket) Receive(ctx context.Context, fn func(frame []byte)) error {
+	done := ctx.Done()
+	for {
+		select {
+		case <-done:
+			return ctx.Err()
+		default:
+		}
+		n, err := s.TryReceive(fn)
+		if err != nil {
+			return err
+		}
+		if n == 0 && !s.spin() {
+			ready, err := s.Poll(ctx, healthInterval)
+			if err != nil {
+				return err
+			}
+			if !ready {
+				if err := s.sockErr(); err != nil {
+					return err
+				}
+			}
+		}
+	}
+}
+
+// healthInterval is how often an idle Receive looks for a socket error.
+// When its interface goes away the kernel unbinds the socket and sets
+// ENETDOWN, but poll(2) on it never wakes again.
+const healthInterval = 500 * time.Millisecond
+
+// sockErr returns the socket's pending error (SO_ERROR), if any.
+func (s *Socket) sockErr() error {
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.exit()
+	v, err := unix.GetsockoptInt(s.fd, unix.SOL_SOCKET, unix.SO_ERROR)
+	if err != nil {
+		return fmt.Errorf("xsk %s: read socket error: %w", s.name, err)
+	}
+	if v != 0 {
+		return fmt.Errorf("xsk %s: %w", s.name, unix.Errno(v))
+	}
+	return nil
+}
+
+// spin waits up to idleSpin for the RX ring to fill and reports whether it
+// did.
+func (s *Socket) spin() bool {
+	if s.idleSpin <= 0 || s.enter() != nil {
+		return false
+	}
+	defer s.exit()
+	deadline := time.Now().Add(s.idleSpin)
+	for !s.rx.present() {
+		if s.closing.Load() || time.Now().After(deadline) {
+			return false
+		}
+		runtime.Gosched()
+	}
+	return true
+}
+
+// Transmit copies frames into free UMEM frames and submits them to the TX
+// ring, first taking back completed frames. It returns how many frames it
+// queued; when that is fewer than len(frames) the error says why:
+// ErrRingFull (TX ring full), ErrNoFrames (no free frame), or
+// ErrFrameTooLarge (frames[n] is empty or longer than FrameSize-Headroom).
+// The first two are transient: Poll or Reclaim, then send the rest.
+func (s *Socket) Transmit(frames [][]byte) (int, error) {
+	if len(frames) == 0 {
+		return 0, nil
+	}
+	if err := s.enter(); err != nil {
+		return 0, err
+	}
+	defer s.exit()
+	if s.tx == nil {
+		return 0, s.errNoTX
+	}
+	s.txMu.Lock()
+	defer s.txMu.Unlock()
+	s.reclaim()
+
+	u, q := s.umem, s.q
+	limit := u.cfg.FrameSize - u.cfg.Headroom
+	st := kernelState(frameTX, q.id)
+	sent := 0
+	var err error
+	for sent < len(frames) && err == nil {
+		want := min(len(frames)-sent, cap(s.txScratch))
+		n := 0
+		for ; n < want; n++ {
+			if l := len(frames[sent+n]); l == 0 || l > limit {
+				err = fmt.Errorf("xsk %s: TX: frame %d is %d bytes, want 1..%d: %w", s.name, sent+n, l, limit, ErrFrameTooLarge)
+				break
+			}
+		}
+		if n == 0 {
+			break
+		}
+		idx, got := s.tx.reserve(uint32(n))
+		if got == 0 {
+			err = s.errRingFull
+			break
+		}
+		fr := u.alloc(s.txScratch[:0:got], st)
+		s.tx.cancel(got - uint32(len(fr)))
+		for i, fi := range fr {
+			addr := uint64(fi)<<u.shift + uint64(u.cfg.Headroom)
+			l := copy(u.area[addr:], frames[sent+i])
+			*s.tx.at(idx + uint32(i)) = Desc{Addr: addr, Len: uint32(l)}
+		}
+		if len(fr) > 0 {
+			s.tx.submit()
+			sent += len(fr)
+		}
+		switch {
+		case len(fr) < int(got):
+			err = s.errNoFrames
+		case int(got) < n:
+			err = s.errRingFull
+		}
+	}
+	if sent > 0 {
+		s.txPackets.Add(uint64(sent))
+		if kerr := s.kick(); kerr != nil {
+			return sent, kerr
+		}
+	}
+	return sent, err
+}
+
+// TransmitDescs submits frames the caller holds (from RecvBatch) to the TX
+// ring without copying, for forwarding. Sent frames return to the free list
+// when they complete. It returns how many it queued; the error is
+// ErrRingFull when the ring filled up, or ErrInvalidDesc for descs[n].
+func (s *Socket) TransmitDescs(descs []Desc) (int, error) {
+	if len(descs) == 0 {
+		return 0, nil
+	}
+	if err := s.enter(); err != nil {
+		return 0, err
+	}
+	defer s.exit()
+	if s.tx == nil {
+		return 0, s.errNoTX
+	}
+	s.txMu.Lock()
+	defer s.txMu.Unlock()
+	s.reclaim()
+
+	u := s.umem
+	st := kernelState(frameTX, s.q.id)
+	idx, got := s.tx.reserve(uint32(min(len(descs), 1<<31)))
+	var err error
+	w := uint32(0)
+	for ; w < got; w++ {
+		d := descs[w]
+		if u.Frame(d) == nil || !u.take(d.Addr>>u.shift, frameUser, st) {
+			err = fmt.Errorf("xsk %s: TX: descriptor %d (addr %#x len %d): %w", s.name, w, d.Addr, d.Len, ErrInvalidDesc)
+			break
+		}
+		*s.tx.at(idx + w) = Desc{Addr: d.Addr, Len: d.Len}
+	}
+	s.tx.cancel(got - w)
+	if err == nil && int(w) < len(descs) {
+		err = s.errRingFull
+	}
+	if w > 0 {
+		s.tx.submit()
+		s.txPackets.Add(uint64(w))
+		if kerr := s.kick(); kerr != nil {
+			return int(w), kerr
+		}
+	}
+	return int(w), err
+}
+
+// Reclaim takes completed TX frames off the completion ring and returns
+// them to the free list; it returns how many. Transmit does this itself.
+func (s *Socket) Reclaim() (int, error) {
+	if err := s.enter(); err != nil {
+		return 0, err
+	}
+	defer s.exit()
+	return s.reclaim(), nil
+}
+
+func (s *Socket) reclaim() int {
+	s.compMu.Lock()
+	defer s.compMu.Unlock()
+	return s.umem.drainCompletions(s.q, s.comp)
+}
+
+// kick wakes the kernel's transmit path when it asks (need_wakeup), or
+// always without need_wakeup. In copy mode the sendto itself transmits, at
+// most 32 frames a call, and stops early when the completion ring or socket
+// buffer is full, so kick repeats while that makes progress.
+func (s *Socket) kick() error {
+	for range s.maxKicks {
+		if s.needWakeup && !s.tx.needsWakeup() {
+			return nil
+		}
+		_, _, e := unix.Syscall6(unix.SYS_SENDTO, uintptr(s.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
+		s.txWakeups.Add(1)
+		if e != 0 && !transient(e) {
+			return fmt.Errorf("xsk %s: wake TX: %w", s.name, e)
+		}
+		if s.mode == ModeZeroCopy || s.tx.unconsumed() == 0 {
+			return nil
+		}
+		if s.reclaim() == 0 && e == 0 {
+			return nil // stalled on a full completion ring: the next call retries
+		}
+	}
+	return nil
+}
+
+// Poll waits until the RX ring has packets (for a socket without RX ring:
+// until the TX ring has room), the timeout passes (false, nil), ctx ends
+// (ctx.Err()) or the socket is closed (ErrClosed). A negative timeout waits
+// without limit; zero only checks. In copy mode poll(2) also drives pending
+// transmissions.
+func (s *Socket) Poll(ctx context.Context, timeout time.Duration) (bool, error) {
+	if err := s.enter(); err != nil {
+		return false, err
+	}
+	defer s.exit()
+	if s.rx != nil && s.rx.present() {
+		return true, nil
+	}
+	var deadline time.Time
+	if timeout > 0 {
+		deadline = time.Now().Add(timeout)
+	}
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, s.wake)
+		defer stop()
+	}
+	events := int16(unix.POLLIN)
+	if s.rx == nil {
+		events = unix.POLLOUT
+	}
+	fds := []unix.PollFd{{Fd: int32(s.fd), Events: events}, {Fd: int32(s.efd), Events: unix.POLLIN}}
+	for {
+		if s.closing.Load() {
+			return false, s.errClosed
+		}
+		if err := ctx.Err(); err != nil {
+			return false, err
+		}
+		ms := -1
+		if timeout == 0 {
+			ms = 0
+		} else if timeout > 0 {
+			left := time.Until(deadline)
+			if left <= 0 {
+				return false, nil
+			}
+			ms = int((left + time.Millisecond - 1) / time.Millisecond)
+		}
+		fds[0].Revents, fds[1].Revents = 0, 0
+		s.polls.Add(1)
+		n, err := unix.Poll(fds, ms)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return false, fmt.Errorf("xsk %s: poll: %w", s.name, err)
+		}
+		if fds[1].Revents != 0 {
+			var buf [8]byte
+			_, _ = unix.Read(s.efd, buf[:])
+			continue // look at closing and ctx again
+		}
+		if fds[0].Revents&(unix.POLLERR|unix.POLLHUP|unix.POLLNVAL) != 0 {
+			return false, fmt.Errorf("xsk %s: poll: revents %#x", s.name, fds[0].Revents)
+		}
+		if fds[0].Revents&events != 0 {
+			return true, nil
+		}
+		if n == 0 && timeout == 0 {
+			return false, nil
+		}
+	}
+}
+
+// wake interrupts a blocked Poll. It may run after Poll returned (from a
+// context.AfterFunc), hence the lock around the eventfd's lifetime.
+func (s *Socket) wake() {
+	s.wakeMu.Lock()
+	defer s.wakeMu.Unlock()
+	if s.efd < 0 {
+		return
+	}
+	var buf [8]byte
+	binary.NativeEndian.PutUint64(buf[:], 1)
+	_, _ = unix.Write(s.efd, buf[:])
+}
+
+// Stats reads the kernel's counters and this process's.
+func (s *Socket) Stats() (Stats, error) {
+	if err := s.enter(); err != nil {
+		return Stats{}, err
+	}
+	defer s.exit()
+	var k unix.XDPStatistics
+	if err := getsockopt(s.fd, unix.SOL_XDP, unix.XDP_STATISTICS, unsafe.Pointer(&k), unsafe.Sizeof(k)); err != nil {
+		return Stats{}, fmt.Errorf("xsk %s: statistics: %w", s.name, err)
+	}
+	return Stats{
+		RXDropped:       k.Rx_dropped,
+		RXInvalidDescs:  k.Rx_invalid_descs,
+		TXInvalidDescs:  k.Tx_invalid_descs,
+		RXRingFull:      k.Rx_ring_full,
+		RXFillRingEmpty: k.Rx_fill_ring_empty_descs,
+		TXRingEmpty:     k.Tx_ring_empty_descs,
+		RXPackets:       s.rxPackets.Load(),
+		TXPackets:       s.txPackets.Load(),
+		RXWakeups:       s.rxWakeups.Load(),
+		TXWakeups:       s.txWakeups.Load(),
+		Polls:           s.polls.Load(),
+	}, nil
+}
+
+// Close wakes a blocked Poll or Receive, waits for calls in progress,
+// unmaps the RX and TX rings, closes the socket (the kernel removes it from
+// every XSKMAP, so its slot falls back to XDP_PASS) and, with the last
+// socket on its queue, unmaps the fill and completion rings and takes back
+// the frames the kernel held. Frames the caller still holds stay with the
+// UMEM as User frames. Closing twice is safe; afterwards every method
+// returns an error wrapping ErrClosed. Close must not be called from a
+// TryReceive or Receive callback of the same socket.
+func (s *Socket) Close() error {
+	s.closeOnce.Do(func() { s.closeErr = s.close() })
+	return s.closeErr
+}
+
+func (s *Socket) close() error {
+	s.closing.Store(true)
+	s.wake()
+	s.life.Lock()
+	errs := []error{munmap(&s.rxMem), munmap(&s.txMem), s.umem.detach(s)}
+	s.closed = true
+	s.wakeMu.Lock()
+	if s.efd >= 0 {
+		errs = append(errs, unix.Close(s.efd))
+		s.efd = -1
+	}
+	s.wakeMu.Unlock()
+	s.life.Unlock()
+	if s.ownsUMEM {
+		errs = append(errs, s.umem.Close())
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("xsk %s: close: %w", s.name, err)
+	}
+	return nil
+}
+
+// detach closes s's fd and, with the last socket of its queue, the queue's
+// rings. It holds u.mu so that NewSocket never shares through a closing fd.
+func (u *UMEM) detach(s *Socket) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	delete(u.sockets, s)
+	var errs []error
+	if err := unix.Close(s.fd); err != nil {
+		errs = append(errs, err)
+	}
+	s.fd = -1
+	q := s.q
+	if q.refs--; q.refs == 0 {
+		delete(u.queues, q.key)
+		errs = append(errs, q.unmap())
+		u.reclaimQueue(q.id)
+	}
+	return errors.Join(errs...)
+}
