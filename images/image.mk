@@ -4,6 +4,7 @@
 #
 #   make image        bin/image/{amd64,arm64}/: kernel, initramfs, manifest, arm64 .bfb
 #   make image-test   boot both in QEMU (software emulation) and check lovelockd from inside
+#   make image-bpf-test  run the BPF packages' tests inside the image's kernel (QEMU, amd64)
 #   make image-lock   re-pin the Debian kernels to what the mirror has now
 #   make vagrant-validate
 
@@ -17,6 +18,12 @@ DEFAULT_BFB  ?=
 # mirror moved on to a newer kernel).
 IMAGE_APT_UPDATE ?=
 IMAGE_APT_PACKAGES := qemu-system-x86 qemu-system-arm qemu-efi-aarch64 vagrant
+# image-bpf-test: the guests (amd64 keeps CI fast; arm64 works too) and the
+# test packages run inside them, each as a static test binary, comma-separated,
+# each with flags for its binary after a space. Of control/rules only the tests
+# that classify through the kernel, on fewer rule sets (emulation is slow).
+IMAGE_BPF_TEST_ARCHES ?= amd64
+IMAGE_BPF_TEST_PKGS   ?= ./bpf/,./control/attach/,./dataplane/wire/,./control/rules/ -test.run=Differential|BPF|FuzzClassify -rules.sets=4
 
 .PHONY: image-deps
 image-deps: ## install QEMU, UEFI firmware for arm64 and vagrant; enable arm64 packages in apt (idempotent)
@@ -44,6 +51,13 @@ image: image-deps ## build the DPU image (amd64 and arm64: kernel, initramfs, ma
 .PHONY: image-test
 image-test: image ## boot the images in QEMU (no KVM) and check lovelockd and its XDP attach from inside
 	$(GO) run ./images/cmd/boottest --image $(IMAGE_DIR) --cases $(IMAGE_BOOTS)
+
+.PHONY: image-bpf-test
+image-bpf-test: image-deps ## run the BPF packages' tests inside the image's 6.12 kernel under QEMU (no KVM): the target kernel's verifier
+	@for a in $(IMAGE_BPF_TEST_ARCHES); do \
+		$(GO) run ./images/cmd/bpftest --arch $$a --pkgs '$(IMAGE_BPF_TEST_PKGS)' \
+			--out $(IMAGE_DIR)/bpftest --go $(GO) --timeout 120s || exit 1; \
+	done
 
 .PHONY: image-lock
 image-lock: image-deps ## re-pin images/kernel.lock.json to the kernels the mirror has now

@@ -247,13 +247,20 @@ static __always_inline enum ll_status parse_packet(struct cursor *c, __u16 port,
 		return LL_NOT_LOVELOCK;
 
 	struct udphdr *udp = cursor_pull(c, sizeof(*udp));
-	__u32 ulen;
+	__u64 ulen; /* 64-bit, so the asm mask below costs no zero-extension */
 
 	if (!udp)
 		return LL_TRUNCATED;
 	m->key.sport = bpf_ntohs(udp->source);
 	m->key.dport = bpf_ntohs(udp->dest);
 	ulen = bpf_ntohs(udp->len);
+	/* A no-op on the value (a byte-swapped u16), for older verifiers:
+	 * 6.12's and 6.1's forget every bound across a byte swap (BPF_END;
+	 * 6.18's keeps them) and then reject the packet-pointer addition below
+	 * ("math between pkt pointer and register with unbounded min value is
+	 * not allowed"). Clang knows the value fits 16 bits and would drop a C
+	 * check; the asm puts the mask in the register that is added. */
+	asm volatile("%0 &= 0xffff" : "+r"(ulen));
 	if (ulen < sizeof(*udp))
 		return LL_BAD_HEADER;
 	/* The datagram must lie within the packet (bytes after it are padding). */

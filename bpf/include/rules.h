@@ -183,6 +183,14 @@ static __always_inline int classify(const struct flow_key *f, int malformed, str
 		return 1;
 
 	lc.f = f;
+	/* A no-op on the value (a byte-swapped 0 is 0), for older verifiers:
+	 * 6.1's (upstream fixed it in 6.7) checks a bpf_loop callback once,
+	 * from this state, as if it ran one time. Knowing found == 0 there, it
+	 * takes lookup_shape's code for found != 0 (the priority comparisons)
+	 * for dead and removes it, and the last matching shape, not the
+	 * highest-priority one, would win. It does not follow a byte swap
+	 * (BPF_END), so after this it cannot know found and keeps both ways. */
+	asm volatile("%0 = be32 %0" : "+r"(lc.found));
 	bpf_loop(MAX_SHAPES, lookup_shape, &lc, 0);
 	if (lc.found) {
 		v->id = lc.best.id;
