@@ -134,7 +134,8 @@ static __always_inline int ipv6_ext(__u8 nexthdr)
 }
 
 /* Skips IPv6 extension headers. Sets *frag when the packet is a fragment
- * (any fragment: L4 ports are then not looked at). */
+ * (any piece: L4 ports are then not looked at) and stops at its fragment
+ * header, whose next header is then the protocol. */
 static __always_inline enum ll_status skip_ipv6_ext(struct cursor *c, __u8 *nexthdr, int *frag)
 {
 	int i;
@@ -153,9 +154,15 @@ static __always_inline enum ll_status skip_ipv6_ext(struct cursor *c, __u8 *next
 
 			if (!off)
 				return LL_TRUNCATED;
-			if (*off & bpf_htons(0xfff9))
-				*frag = 1;
 			*nexthdr = h[0];
+			/* A fragment (offset or M set): what follows is datagram
+			 * data, not headers, in every piece but the first. Stop
+			 * here so all pieces carry the same protocol. An atomic
+			 * fragment (neither set) is walked through. */
+			if (*off & bpf_htons(0xfff9)) {
+				*frag = 1;
+				return LL_OK;
+			}
 			continue;
 		}
 		__u32 len = *nexthdr == IPPROTO_AH ? ((__u32)h[1] + 2) * 4 : ((__u32)h[1] + 1) * 8;

@@ -210,17 +210,16 @@ func isIPv6Ext(nh uint8) bool {
 // skipIPv6Ext skips up to MaxIPv6ExtHeaders extension headers starting at
 // off with next header nh, as skip_ipv6_ext does, and returns the offset and
 // protocol of what follows them and whether a fragment header marked the
-// packet as a fragment (an offset or the M flag). A later fragment's payload
-// is walked like headers, too, when its fragment header names an extension
-// header next: the C parser does so.
+// packet as a fragment (an offset or the M flag). The walk stops at such a
+// fragment header, whose next header is then the protocol: in later pieces
+// what follows is datagram data, so every piece gets the same protocol.
 func skipIPv6Ext(b []byte, off int, nh uint8) (int, uint8, bool, error) {
-	frag := false
 	for range MaxIPv6ExtHeaders {
 		if !isIPv6Ext(nh) {
-			return off, nh, frag, nil
+			return off, nh, false, nil
 		}
 		if len(b)-off < 2 {
-			return off, nh, frag, truncatedExt(nh, 2, len(b)-off)
+			return off, nh, false, truncatedExt(nh, 2, len(b)-off)
 		}
 		var n int
 		switch nh {
@@ -232,18 +231,19 @@ func skipIPv6Ext(b []byte, off int, nh uint8) (int, uint8, bool, error) {
 			n = (int(b[off+1]) + 1) * 8
 		}
 		if len(b)-off < n {
-			return off, nh, frag, truncatedExt(nh, n, len(b)-off)
+			return off, nh, false, truncatedExt(nh, n, len(b)-off)
 		}
-		if nh == protoFragment && binary.BigEndian.Uint16(b[off+2:])&0xfff9 != 0 {
-			frag = true
-		}
+		isFrag := nh == protoFragment && binary.BigEndian.Uint16(b[off+2:])&0xfff9 != 0
 		nh = b[off]
 		off += n
+		if isFrag {
+			return off, nh, true, nil
+		}
 	}
 	if isIPv6Ext(nh) {
-		return off, nh, frag, fmt.Errorf("wire: frame: more than %d ipv6 extension headers: %w", MaxIPv6ExtHeaders, ErrBadHeader)
+		return off, nh, false, fmt.Errorf("wire: frame: more than %d ipv6 extension headers: %w", MaxIPv6ExtHeaders, ErrBadHeader)
 	}
-	return off, nh, frag, nil
+	return off, nh, false, nil
 }
 
 func truncated(layer string, need, have int) error {
