@@ -21,8 +21,30 @@ const struct rule_key *unused_rule_key __attribute__((unused));
 const struct ruleset_hdr *unused_ruleset_hdr __attribute__((unused));
 const struct rule_val *unused_rule_val __attribute__((unused));
 
-/* AF_XDP sockets for the xsk:<queue> action, by queue. */
-#define MAX_XSK_QUEUES 64
+/* AF_XDP sockets for the xsk:<queue> action. An AF_XDP socket is bound to
+ * one queue of one interface and the kernel delivers to it only packets
+ * that arrived there, so sockets are found by (ifindex, queue): xsk_slots
+ * maps that pair to a slot of xsks. */
+#define MAX_XSK_SLOTS 256
+
+struct xsk_key {
+	__u32 ifindex;
+	__u32 queue;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct xsk_key);
+	__type(value, __u32);
+	__uint(max_entries, MAX_XSK_SLOTS);
+} xsk_slots SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_XSKMAP);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, MAX_XSK_SLOTS);
+} xsks SEC(".maps");
 
 /* Indices of the per-CPU stats array. */
 enum steer_stat {
@@ -35,6 +57,7 @@ enum steer_stat {
 	STAT_REDIRECT = 6,
 	STAT_XSK = 7,
 	STAT_XSK_TC = 8,    /* xsk verdicts on a TC hook, passed instead */
+	STAT_XSK_MISS = 9,  /* xsk verdicts with no socket on the arrival queue, passed instead */
 	STAT_MAX,
 };
 
@@ -57,13 +80,6 @@ struct {
 	__type(value, struct counter);
 	__uint(max_entries, MAX_RULES);
 } rule_stats SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_XSKMAP);
-	__type(key, __u32);
-	__type(value, __u32);
-	__uint(max_entries, MAX_XSK_QUEUES);
-} xsks SEC(".maps");
 
 static __always_inline void count(void *map, __u32 idx, __u64 bytes)
 {
@@ -121,9 +137,20 @@ int xdp_steer(struct xdp_md *ctx)
 		count(&steer_stats, STAT_REDIRECT, len);
 		return bpf_redirect(v.arg, 0);
 	case ACT_XSK:
-		count(&steer_stats, STAT_XSK, len);
-		/* No socket in the slot: the kernel gets the packet, nothing is lost. */
-		return bpf_redirect_map(&xsks, v.arg, XDP_PASS);
+		if (ctx->rx_queue_index == v.arg) {
+			struct xsk_key k = { .ifindex = ctx->ingress_ifindex, .queue = ctx->rx_queue_index };
+			__u32 *slot = bpf_map_lookup_elem(&xsk_slots, &k);
+
+			if (slot) {
+				count(&steer_stats, STAT_XSK, len);
+				return bpf_redirect_map(&xsks, *slot, XDP_PASS);
+			}
+		}
+		/* No socket for the queue the packet arrived on (the kernel could
+		 * not deliver it to another queue's socket): the stack gets it,
+		 * nothing is lost. */
+		count(&steer_stats, STAT_XSK_MISS, len);
+		break;
 	}
 	count(&steer_stats, STAT_PASS, len);
 	return XDP_PASS;

@@ -24,10 +24,11 @@ const (
 	StatRedirect              // redirected to another interface
 	StatXSK                   // sent to an AF_XDP socket
 	StatXSKOnTC               // xsk verdicts on a TC hook, passed instead
+	StatXSKMiss               // xsk verdicts with no socket on the arrival queue, passed instead
 	NumStats
 )
 
-var statNames = [NumStats]string{"rx", "lovelock", "malformed", "no_rule", "pass", "drop", "redirect", "xsk", "xsk_on_tc"}
+var statNames = [NumStats]string{"rx", "lovelock", "malformed", "no_rule", "pass", "drop", "redirect", "xsk", "xsk_on_tc", "xsk_miss"}
 
 // String names the counter as metrics and the CLI show it.
 func (s Stat) String() string {
@@ -54,6 +55,7 @@ const (
 	PinRuleStats     = "rule_stats"
 	PinRulesets      = "rulesets"
 	PinXSKs          = "xsks"
+	PinXSKSlots      = "xsk_slots"
 	PinShapesets     = "shapesets"
 )
 
@@ -77,6 +79,7 @@ type Steer struct {
 	rulesets  *ebpf.Map
 	shapesets *ebpf.Map
 	xsks      *ebpf.Map
+	xskSlots  *ebpf.Map
 
 	inner *ebpf.MapSpec // template of a rule set map
 }
@@ -91,7 +94,7 @@ func (s *Steer) pins() []struct {
 	}{
 		{PinProgXDP, s.XDP}, {PinProgTCIngress, s.TCIngress}, {PinProgTCEgress, s.TCEgress},
 		{PinProgXDPPass, s.XDPPass}, {PinStats, s.stats}, {PinRuleStats, s.ruleStats},
-		{PinRulesets, s.rulesets}, {PinShapesets, s.shapesets}, {PinXSKs, s.xsks},
+		{PinRulesets, s.rulesets}, {PinShapesets, s.shapesets}, {PinXSKs, s.xsks}, {PinXSKSlots, s.xskSlots},
 	}
 }
 
@@ -113,7 +116,7 @@ func Load(opts Options) (*Steer, error) {
 	}
 	return &Steer{
 		XDP: objs.XdpSteer, TCIngress: objs.TcIngress, TCEgress: objs.TcEgress, XDPPass: objs.XdpPass,
-		stats: objs.SteerStats, ruleStats: objs.RuleStats, rulesets: objs.Rulesets, shapesets: objs.Shapesets, xsks: objs.Xsks,
+		stats: objs.SteerStats, ruleStats: objs.RuleStats, rulesets: objs.Rulesets, shapesets: objs.Shapesets, xsks: objs.Xsks, xskSlots: objs.XskSlots,
 		inner: spec.Maps[steerMapRulesets].InnerMap,
 	}, nil
 }
@@ -159,7 +162,7 @@ func OpenPinned(dir string) (*Steer, error) {
 	maps := []struct {
 		pin string
 		dst **ebpf.Map
-	}{{PinStats, &s.stats}, {PinRuleStats, &s.ruleStats}, {PinRulesets, &s.rulesets}, {PinShapesets, &s.shapesets}, {PinXSKs, &s.xsks}}
+	}{{PinStats, &s.stats}, {PinRuleStats, &s.ruleStats}, {PinRulesets, &s.rulesets}, {PinShapesets, &s.shapesets}, {PinXSKs, &s.xsks}, {PinXSKSlots, &s.xskSlots}}
 	for _, m := range maps {
 		mp, err := ebpf.LoadPinnedMap(filepath.Join(dir, m.pin), nil)
 		if err != nil {
@@ -246,19 +249,69 @@ func (s *Steer) ResetRuleCounter(id uint32) error {
 	return nil
 }
 
-// SetXSK puts the AF_XDP socket fd into slot queue of the xsk map, where
-// rules with action xsk:<queue> send packets.
-func (s *Steer) SetXSK(queue uint32, fd int) error {
-	if err := s.xsks.Update(queue, uint32(fd), ebpf.UpdateAny); err != nil {
-		return fmt.Errorf("steer: register AF_XDP socket for queue %d: %w", queue, err)
+// MaxXSKSockets is how many AF_XDP sockets the data plane can hold.
+const MaxXSKSockets = 256
+
+type xskKey = steerXskKey
+
+// SetXSK registers the AF_XDP socket fd, bound to queue of the interface
+// ifindex, for rules with action xsk:<queue> on that interface. It replaces
+// a socket registered for the same interface and queue.
+func (s *Steer) SetXSK(ifindex int, queue uint32, fd int) error {
+	key := xskKey{Ifindex: uint32(ifindex), Queue: queue}
+	slot, err := s.xskSlot(key)
+	if err != nil {
+		return err
+	}
+	// Socket first, then the slot: a packet never finds a slot without one.
+	if err := s.xsks.Update(slot, uint32(fd), ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("steer: register AF_XDP socket for ifindex %d queue %d: %w", ifindex, queue, err)
+	}
+	if err := s.xskSlots.Update(&key, slot, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("steer: register AF_XDP socket for ifindex %d queue %d: %w", ifindex, queue, err)
 	}
 	return nil
 }
 
-// ClearXSK empties slot queue of the xsk map.
-func (s *Steer) ClearXSK(queue uint32) error {
-	if err := s.xsks.Delete(queue); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return fmt.Errorf("steer: unregister AF_XDP socket for queue %d: %w", queue, err)
+// xskSlot returns the slot registered for key, or a free one.
+func (s *Steer) xskSlot(key xskKey) (uint32, error) {
+	used := make(map[uint32]bool)
+	var k xskKey
+	var slot uint32
+	it := s.xskSlots.Iterate()
+	for it.Next(&k, &slot) {
+		if k == key {
+			return slot, nil
+		}
+		used[slot] = true
+	}
+	if err := it.Err(); err != nil {
+		return 0, fmt.Errorf("steer: list AF_XDP sockets: %w", err)
+	}
+	for i := uint32(0); i < MaxXSKSockets; i++ {
+		if !used[i] {
+			return i, nil
+		}
+	}
+	return 0, fmt.Errorf("steer: all %d AF_XDP socket slots are in use", MaxXSKSockets)
+}
+
+// ClearXSK unregisters the AF_XDP socket of queue on interface ifindex.
+func (s *Steer) ClearXSK(ifindex int, queue uint32) error {
+	key := xskKey{Ifindex: uint32(ifindex), Queue: queue}
+	var slot uint32
+	if err := s.xskSlots.Lookup(&key, &slot); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil
+		}
+		return fmt.Errorf("steer: unregister AF_XDP socket: %w", err)
+	}
+	// Slot first, then the socket: a packet never finds a slot without one.
+	if err := s.xskSlots.Delete(&key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("steer: unregister AF_XDP socket: %w", err)
+	}
+	if err := s.xsks.Delete(slot); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("steer: unregister AF_XDP socket: %w", err)
 	}
 	return nil
 }
@@ -266,7 +319,7 @@ func (s *Steer) ClearXSK(queue uint32) error {
 // Close releases this process's handles.
 func (s *Steer) Close() error {
 	var errs []error
-	for _, c := range []interface{ Close() error }{s.XDP, s.TCIngress, s.TCEgress, s.XDPPass, s.stats, s.ruleStats, s.rulesets, s.shapesets, s.xsks} {
+	for _, c := range []interface{ Close() error }{s.XDP, s.TCIngress, s.TCEgress, s.XDPPass, s.stats, s.ruleStats, s.rulesets, s.shapesets, s.xsks, s.xskSlots} {
 		switch v := c.(type) {
 		case *ebpf.Program:
 			if v != nil {

@@ -71,6 +71,12 @@ type steerShapeset struct {
 	Shapes        [32]steerShape
 }
 
+type steerXskKey struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Queue   uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -79,6 +85,7 @@ const (
 	steerMapRulesets         = "rulesets"
 	steerMapShapesets        = "shapesets"
 	steerMapSteerStats       = "steer_stats"
+	steerMapXskSlots         = "xsk_slots"
 	steerMapXsks             = "xsks"
 	steerProgTcEgress        = "tc_egress"
 	steerProgTcIngress       = "tc_ingress"
@@ -146,6 +153,7 @@ type steerMapSpecs struct {
 	Rulesets   *ebpf.MapSpec `ebpf:"rulesets"`
 	Shapesets  *ebpf.MapSpec `ebpf:"shapesets"`
 	SteerStats *ebpf.MapSpec `ebpf:"steer_stats"`
+	XskSlots   *ebpf.MapSpec `ebpf:"xsk_slots"`
 	Xsks       *ebpf.MapSpec `ebpf:"xsks"`
 }
 
@@ -183,6 +191,7 @@ type steerMaps struct {
 	Rulesets   *ebpf.Map `ebpf:"rulesets"`
 	Shapesets  *ebpf.Map `ebpf:"shapesets"`
 	SteerStats *ebpf.Map `ebpf:"steer_stats"`
+	XskSlots   *ebpf.Map `ebpf:"xsk_slots"`
 	Xsks       *ebpf.Map `ebpf:"xsks"`
 }
 
@@ -192,6 +201,7 @@ func (m *steerMaps) Close() error {
 		m.Rulesets,
 		m.Shapesets,
 		m.SteerStats,
+		m.XskSlots,
 		m.Xsks,
 	)
 }

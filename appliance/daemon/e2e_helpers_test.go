@@ -75,6 +75,7 @@ type daemonProc struct {
 	t      *testing.T
 	spec   testbed.Spec
 	node   string
+	pinDir string
 	args   []string
 	socket string
 	cmd    *exec.Cmd
@@ -86,11 +87,12 @@ type daemonProc struct {
 func startDaemon(t *testing.T, spec testbed.Spec, node string, extra ...string) *daemonProc {
 	t.Helper()
 	dir := t.TempDir()
+	pinDir := filepath.Join(testenv.BPFFS(t), "lovelock")
 	d := &daemonProc{
-		t: t, spec: spec, node: node, socket: filepath.Join(dir, "api.sock"),
+		t: t, spec: spec, node: node, socket: filepath.Join(dir, "api.sock"), pinDir: pinDir,
 		args: append([]string{
 			"--config", filepath.Join(dir, "none.yaml"),
-			"--pin-dir", filepath.Join(testenv.BPFFS(t), "lovelock"),
+			"--pin-dir", pinDir,
 			"--state", filepath.Join(dir, "state.json"),
 			"--socket", filepath.Join(dir, "api.sock"),
 			"--metrics", "off",

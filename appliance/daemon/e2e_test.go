@@ -8,7 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
+	"github.com/lovelock-dpu/lovelock/bpf"
 	"github.com/lovelock-dpu/lovelock/control/rules"
+	"github.com/lovelock-dpu/lovelock/dataplane/xsk"
 )
 
 func mustRules(t *testing.T, yaml string) rules.Set {
@@ -227,5 +231,91 @@ rules:
 	}
 	if passed.n.Load() == 0 || redirected.n.Load() == 0 {
 		t.Errorf("both sets must have carried traffic: %d passed, %d redirected", passed.n.Load(), redirected.n.Load())
+	}
+}
+
+// TestXSKAction sends packets through an xsk rule to an AF_XDP socket bound
+// to pf0hpf's queue 0 on dpu0; without the socket, the same packets fall
+// back to the kernel stack.
+func TestXSKAction(t *testing.T) {
+	spec := bed(t)
+	d := startDaemon(t, spec, "dpu0", "--xdp", "pf0hpf")
+	ctx := context.Background()
+	set := mustRules(t, `
+rules:
+  - {name: to-worker, priority: 10, match: {iface: pf0hpf, proto: udp, dport: 7004}, action: "xsk:0"}
+`)
+	if _, err := d.client().ApplyRules(ctx, set); err != nil {
+		t.Fatal(err)
+	}
+	var sock *xsk.Socket
+	var ifindex int
+	err := spec.Run("dpu0", func() error {
+		l, err := netlink.LinkByName("pf0hpf")
+		if err != nil {
+			return err
+		}
+		ifindex = l.Attrs().Index
+		sock, err = xsk.Open(ifindex, 0, nil, nil)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sock.Close()
+	steer, err := bpf.OpenPinned(d.pinDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer steer.Close()
+	if err := steer.SetXSK(ifindex, 0, sock.FD()); err != nil {
+		t.Fatal(err)
+	}
+
+	kernel := listenUDP(t, spec, "dpu0", 7004)
+	send := dialUDP(t, spec, "host0", "10.77.10.2", 0, 7004)
+	const n = 50
+	for i := 0; i < n; i++ {
+		if _, err := send.Write([]byte(fmt.Sprintf("to the worker #%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := 0
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	for got < n && rctx.Err() == nil {
+		k, err := sock.TryReceive(func(frame []byte) {
+			if udpDport(frame) == 7004 {
+				got++
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k == 0 {
+			sock.Poll(rctx, 50*time.Millisecond)
+		}
+	}
+	if got != n {
+		t.Errorf("AF_XDP socket got %d of %d packets", got, n)
+	}
+	if k := kernel.n.Load(); k != 0 {
+		t.Errorf("%d packets reached the kernel socket while the AF_XDP socket was registered", k)
+	}
+
+	// Without a socket, xsk packets go to the stack: nothing is lost.
+	if err := steer.ClearXSK(ifindex, 0); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 10; i++ {
+		send.Write([]byte("no worker"))
+	}
+	eventually(t, "fallback to the kernel", func() bool { return kernel.n.Load() == 10 })
+	st, err := d.client().Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Verdicts["xsk"].Packets != n || st.Verdicts["xsk_miss"].Packets != 10 {
+		t.Errorf("xsk = %d, xsk_miss = %d; want %d and 10", st.Verdicts["xsk"].Packets, st.Verdicts["xsk_miss"].Packets, n)
 	}
 }

@@ -218,14 +218,16 @@ func (a *applied) tally(v Verdict) {
 		a.tallies[bpf.StatLovelock]++
 	}
 	switch v.Action {
+	case bpf.ActionXSK:
+		// The harness registers no AF_XDP sockets: xsk verdicts pass.
+		a.tallies[bpf.StatXSKMiss]++
+		a.tallies[bpf.StatPass]++
 	case bpf.ActionPass:
 		a.tallies[bpf.StatPass]++
 	case bpf.ActionDrop:
 		a.tallies[bpf.StatDrop]++
 	case bpf.ActionRedirect:
 		a.tallies[bpf.StatRedirect]++
-	case bpf.ActionXSK:
-		a.tallies[bpf.StatXSK]++
 	}
 }
 
