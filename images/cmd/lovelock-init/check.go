@@ -15,6 +15,8 @@ import (
 	"github.com/vishvananda/netlink/nl"
 
 	"github.com/lovelock-dpu/lovelock/bpf"
+	"github.com/lovelock-dpu/lovelock/control/api"
+	"github.com/lovelock-dpu/lovelock/control/attach"
 	"github.com/lovelock-dpu/lovelock/images/appconfig"
 )
 
@@ -85,10 +87,45 @@ func bootCheck(ctx context.Context, log *slog.Logger, cfg *appconfig.Config, dir
 	if err := checkTraffic(ctx, cfg, dir); err != nil {
 		return err
 	}
-	// TODO(api): ask lovelockd through its API (status, attachments)
-	// once it serves one; it does not yet, so this says so instead of
-	// pretending.
-	fmt.Printf("%s todo api: not yet: lovelockd has no API\n", checkMarker)
+	return checkAPI(ctx, cfg)
+}
+
+// checkAPI asks lovelockd through its local API what it has attached and
+// counted: the daemon answers, reports every steered interface, and its
+// counters agree that packets went through.
+func checkAPI(ctx context.Context, cfg *appconfig.Config) error {
+	socket := api.DefaultSocket
+	for i, a := range cfg.Lovelockd.Args {
+		if a == "--socket" && i+1 < len(cfg.Lovelockd.Args) {
+			socket = cfg.Lovelockd.Args[i+1]
+		}
+	}
+	cl := api.NewClient(socket)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	st, err := cl.Status(ctx)
+	if err != nil {
+		return fmt.Errorf("api: status: %w", err)
+	}
+	for _, ifc := range cfg.Steered() {
+		found := false
+		for _, a := range st.Attachments {
+			found = found || (a.Iface == ifc.Name && a.Hook == attach.HookXDP)
+		}
+		if !found {
+			return fmt.Errorf("api: status lists no xdp attachment on %s: %+v", ifc.Name, st.Attachments)
+		}
+	}
+	stats, err := cl.Stats(ctx)
+	if err != nil {
+		return fmt.Errorf("api: stats: %w", err)
+	}
+	rx := stats.Verdicts[bpf.StatRX.String()].Packets
+	if rx == 0 {
+		return errors.New("api: stats report no received packets")
+	}
+	fmt.Printf("%s ok api: %s answers: version %s, %d attachments, %d rules, rx %d packets\n",
+		checkMarker, socket, st.Version, len(st.Attachments), st.Rules, rx)
 	return nil
 }
 
