@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/lovelock-dpu/lovelock/bpf"
+	"github.com/lovelock-dpu/lovelock/control/attach"
 	"github.com/lovelock-dpu/lovelock/control/rules"
 	"github.com/lovelock-dpu/lovelock/dataplane/xsk"
 )
@@ -92,6 +94,26 @@ rules:
 	}
 	if st.Verdicts["drop"].Packets != 2*n || st.Verdicts["redirect"].Packets != n {
 		t.Errorf("verdict counters %+v: want %d drops and %d redirects", st.Verdicts, 2*n, n)
+	}
+
+	// A rule set the node cannot take is refused whole, with a clear
+	// error, and the live set stays as it was.
+	bad := mustRules(t, `
+rules:
+  - {name: nowhere, priority: 10, match: {proto: udp, dport: 9}, action: "redirect:nope0"}
+`)
+	if _, err := d.client().ApplyRules(ctx, bad); err == nil || !strings.Contains(err.Error(), "nope0") {
+		t.Errorf("apply with an unknown interface: %v, want an error naming it", err)
+	}
+	live, err := d.client().Rules(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(live.Rules) != len(set.Rules) || live.Rules[0].Name != "pass-7001" {
+		t.Errorf("a refused set changed the live one: %+v", live.Rules)
+	}
+	if _, err := d.client().Attach(ctx, attach.Attachment{Iface: "nope0", Hook: attach.HookXDP}); err == nil || !strings.Contains(err.Error(), "nope0") {
+		t.Errorf("attach to an unknown interface: %v, want an error naming it", err)
 	}
 }
 
