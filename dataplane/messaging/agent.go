@@ -1,0 +1,794 @@
+package messaging
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/messaging/bundle"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
+)
+
+// AgentOptions are an agent's run-time inputs besides its Config.
+type AgentOptions struct {
+	// Transports are the workers' sockets, one per worker
+	// (Config.Workers), all receiving on the node's agent address. On a
+	// DPU they are AF_XDP sockets, one per queue, with XDP rules steering
+	// each worker's endpoints (Config.WorkerEndpoints) to its queue. Nil
+	// opens a kernel UDP SO_REUSEPORT group on the node's agent address
+	// whose reuseport program steers by the same field. The agent owns the
+	// transports: it closes them when Run returns, or on Close.
+	Transports []transport.Transport
+	// Logger receives the agent's few messages (start, transfer size
+	// lowered); nil discards them.
+	Logger *slog.Logger
+	// MaxLinks bounds the incoming links each worker tracks (0: 4096);
+	// bundles of further links are dropped and counted.
+	MaxLinks int
+}
+
+// Agent is a node's routing agent: it receives bundles from the node's
+// clients and from other nodes' agents, routes every message by its
+// destination rank, and sends it on in bundles aggregated per next hop.
+type Agent struct {
+	cfg     Config
+	node    int
+	tsize   int
+	table   *rankTable
+	hops    []hop
+	workers []*worker
+	log     *slog.Logger
+	epoch   time.Time
+
+	running   atomic.Bool
+	closeOnce sync.Once
+}
+
+// hop is one next hop of an agent: another node's agent or a local client.
+type hop struct {
+	name     string
+	addr     netip.AddrPort
+	node     int // the peer node (an agent hop), or -1
+	client   int // the local client (a client hop), or -1
+	isClient bool
+}
+
+// NewAgent validates cfg, builds the next-hop table of node and opens (or
+// takes) the workers' transports. Run starts it.
+func NewAgent(cfg Config, node string, opts AgentOptions) (*Agent, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if !cfg.Mode.HasAgent() {
+		return nil, fmt.Errorf("messaging: agent in mode %q, which has none: %w", cfg.Mode, ErrMode)
+	}
+	n, err := cfg.NodeIndex(node)
+	if err != nil {
+		return nil, err
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	trs := opts.Transports
+	if trs == nil {
+		group, err := udp.ListenGroup(cfg.Nodes[n].Agent, cfg.Workers, udp.Options{
+			ReadBuffer: cfg.SocketBuffer, WriteBuffer: cfg.SocketBuffer,
+			Steer: &udp.Steer{Offset: wire.OffsetDst, Mask: MaxWorkers - 1},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("messaging: agent %s: %w", node, err)
+		}
+		for _, c := range group {
+			trs = append(trs, c)
+		}
+	}
+	closeAll := func() {
+		for _, t := range trs {
+			_ = t.Close()
+		}
+	}
+	if len(trs) != cfg.Workers {
+		closeAll()
+		return nil, fmt.Errorf("messaging: agent %s: %d transports for %d workers", node, len(trs), cfg.Workers)
+	}
+	tsize := cfg.TransferSize
+	for _, t := range trs {
+		tsize = min(tsize, t.MaxPayload())
+	}
+	if tsize < MinTransferSize {
+		closeAll()
+		return nil, fmt.Errorf("messaging: agent %s: transport carries %d-byte datagrams, bundles need %d", node, tsize, MinTransferSize)
+	}
+	if tsize < cfg.TransferSize {
+		log.Info("messaging: transfer size lowered to the transport's max payload", "node", node, "configured", cfg.TransferSize, "used", tsize)
+	}
+	a := &Agent{cfg: cfg, node: n, tsize: tsize, log: log, epoch: time.Now()}
+	nodeHop := make([]int32, len(cfg.Nodes))
+	for m, nd := range cfg.Nodes {
+		nodeHop[m] = -1
+		if m != n {
+			nodeHop[m] = int32(len(a.hops))
+			a.hops = append(a.hops, hop{name: nd.Name, addr: nd.Agent, node: m, client: -1})
+		}
+	}
+	clientHop := make([]int32, len(cfg.Nodes[n].Clients))
+	for c, cl := range cfg.Nodes[n].Clients {
+		clientHop[c] = int32(len(a.hops))
+		a.hops = append(a.hops, hop{name: cfg.Nodes[n].Name + "/" + cl.Name, addr: cl.Addr, node: -1, client: c, isClient: true})
+	}
+	a.table = newRankTable(cfg, func(node, client int) int32 {
+		if node == n {
+			return clientHop[client]
+		}
+		return nodeHop[node]
+	})
+	maxLinks := opts.MaxLinks
+	if maxLinks <= 0 {
+		maxLinks = 4096
+	}
+	for i, t := range trs {
+		a.workers = append(a.workers, newWorker(a, i, t, maxLinks))
+	}
+	log.Info("messaging: agent ready", "node", node, "addr", trs[0].LocalAddr(), "workers", cfg.Workers,
+		"transfer_size", tsize, "next_hops", len(a.hops))
+	return a, nil
+}
+
+// Addr returns the address the agent receives on.
+func (a *Agent) Addr() netip.AddrPort { return a.workers[0].tr.LocalAddr() }
+
+// TransferSize returns the bundle size in use (Config.TransferSize lowered
+// to the transports' MaxPayload).
+func (a *Agent) TransferSize() int { return a.tsize }
+
+// Run runs the workers until ctx is done or the agent is closed. On the way
+// out each worker sends what its buffers hold (as far as the windows allow,
+// without waiting for acknowledgements), then Run closes the transports. It
+// returns nil after a cancellation or Close, and the first worker's error
+// otherwise. Run may be called once.
+func (a *Agent) Run(ctx context.Context) error {
+	if !a.running.CompareAndSwap(false, true) {
+		return errors.New("messaging: agent: Run called twice")
+	}
+	defer func() { _ = a.Close() }()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make([]error, len(a.workers))
+	var wg sync.WaitGroup
+	for i, w := range a.workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := w.run(ctx); err != nil {
+				errs[i] = err
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// Close closes the transports, which makes Run return. It is safe to call
+// more than once and concurrently with Run.
+func (a *Agent) Close() error {
+	var errs []error
+	a.closeOnce.Do(func() {
+		for _, w := range a.workers {
+			if err := w.tr.Close(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// Stats returns the agent's counters summed over its workers. It is safe to
+// call at any time.
+func (a *Agent) Stats() Stats {
+	s := Stats{Role: "agent", Node: a.cfg.Nodes[a.node].Name, Mode: a.cfg.Mode, Workers: len(a.workers), TransferSize: a.tsize}
+	s.Destinations = make([]DestStats, len(a.hops))
+	for h, hp := range a.hops {
+		d := DestStats{Name: hp.name, Addr: hp.addr.String()}
+		for _, w := range a.workers {
+			d.add(w.links[h].st.snapshot())
+		}
+		if d.Bundles > 0 {
+			d.AvgBundleBytes = float64(d.Bytes) / float64(d.Bundles)
+		}
+		s.Destinations[h] = d
+	}
+	for _, w := range a.workers {
+		w.ctr.addTo(&s.Received, &s.Drops)
+	}
+	return s
+}
+
+// batchSize is the datagrams a worker moves per receive.
+const batchSize = 64
+
+// mail is a credit passed between workers.
+type mail struct {
+	addr netip.AddrPort
+	data []byte
+}
+
+// worker is one routing thread of an agent. Everything but its counters,
+// mailbox and wake pointer belongs to its goroutine alone.
+type worker struct {
+	a        *Agent
+	idx      int
+	self     Endpoint
+	tr       transport.Transport
+	maxLinks int
+
+	links   []*outLink          // by hop
+	byPeer  map[uint32]*outLink // by the peer endpoint (a credit's Src)
+	in      map[linkKey]*inLink
+	blocked []*inLink // the blocklist: links whose bundles wait for a send buffer
+	spare   []*inLink
+	dirty   []*outLink // links with a buffer being filled
+	due     []*inLink  // links owing a credit
+
+	rx   []transport.Packet
+	out  []transport.Packet
+	slab []byte
+
+	now, lastRecv                int64
+	nextFlush, nextMaint, nextGC int64
+	anyBusy, unblock             bool
+	ft, idle, rto, peerTO        int64
+	msgs, delivered              uint64 // added to ctr once per batch
+
+	ctr      counters
+	mailbox  chan mail
+	mailFlag atomic.Bool
+	wake     atomic.Pointer[context.CancelFunc]
+}
+
+func newWorker(a *Agent, idx int, tr transport.Transport, maxLinks int) *worker {
+	cfg := a.cfg
+	w := &worker{
+		a: a, idx: idx, self: AgentEndpoint(a.node, idx), tr: tr, maxLinks: maxLinks,
+		byPeer:  map[uint32]*outLink{},
+		in:      map[linkKey]*inLink{},
+		mailbox: make(chan mail, 1024),
+		ft:      int64(cfg.FlushTimeout), idle: int64(cfg.IdleTimeout),
+		rto: int64(cfg.RetransmitTimeout), peerTO: int64(cfg.PeerTimeout),
+	}
+	for _, hp := range a.hops {
+		var dst Endpoint
+		if hp.isClient {
+			dst = ClientEndpoint(a.node, hp.client, 0)
+		} else {
+			dst = AgentEndpoint(hp.node, idx%cfg.Workers)
+		}
+		l := newOutLink(hp.name, hp.addr, cfg.Tenant, w.self, dst, a.tsize, cfg.BuffersPerDest, &w.ctr)
+		l.isClientHop = hp.isClient
+		w.links = append(w.links, l)
+		w.byPeer[uint32(dst)] = l
+	}
+	rxSize := max(cfg.TransferSize, 2048)
+	w.rx = make([]transport.Packet, batchSize)
+	for i := range w.rx {
+		w.rx[i].Data = make([]byte, rxSize)
+	}
+	return w
+}
+
+func (w *worker) clock() int64 { return int64(time.Since(w.a.epoch)) }
+
+// doneCtx is a context that is already done: Recv with it only polls.
+var doneCtx = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
+
+// run is the worker's loop: receive a batch, process it, run the timers,
+// send what it produced; block only when nothing is waiting.
+func (w *worker) run(ctx context.Context) error {
+	w.now = w.clock()
+	w.lastRecv = w.now
+	for {
+		if ctx.Err() != nil {
+			w.shutdown()
+			return nil
+		}
+		n, err := w.tr.Recv(doneCtx, w.rx)
+		if n == 0 && (err == nil || isCtxErr(err)) {
+			w.now = w.clock()
+			w.timers()
+			w.finish()
+			if !w.mailFlag.Load() {
+				n, err = w.wait(ctx)
+			}
+		}
+		if err != nil && !isCtxErr(err) {
+			if errors.Is(err, transport.ErrClosed) {
+				return nil
+			}
+			return fmt.Errorf("messaging: agent worker %d: %w", w.idx, err)
+		}
+		w.now = w.clock()
+		for i := range n {
+			w.handle(&w.rx[i])
+		}
+		w.drainMail()
+		if w.unblock {
+			w.drainBlocklist()
+		}
+		if w.timerDue() {
+			w.timers()
+		}
+		w.finish()
+	}
+}
+
+// timerDue reports whether a timer of the worker has expired.
+func (w *worker) timerDue() bool {
+	return len(w.dirty) > 0 && (w.now >= w.nextFlush || w.now-w.lastRecv >= w.idle) ||
+		w.anyBusy && w.now >= w.nextMaint ||
+		len(w.in) > 0 && w.now >= w.nextGC
+}
+
+func isCtxErr(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// wait blocks in Recv until a datagram, the next timer, mail, or the end.
+func (w *worker) wait(ctx context.Context) (int, error) {
+	var rctx context.Context
+	var cancel context.CancelFunc
+	if d, ok := w.deadline(); ok {
+		rctx, cancel = context.WithDeadline(ctx, w.a.epoch.Add(time.Duration(d)))
+	} else {
+		rctx, cancel = context.WithCancel(ctx)
+	}
+	defer cancel()
+	w.wake.Store(&cancel)
+	defer w.wake.Store(nil)
+	if w.mailFlag.Load() {
+		return 0, nil // mail arrived before the wake pointer was visible
+	}
+	return w.tr.Recv(rctx, w.rx)
+}
+
+// deadline is when the worker must wake up without input.
+func (w *worker) deadline() (int64, bool) {
+	d, ok := int64(0), false
+	at := func(t int64) {
+		if !ok || t < d {
+			d, ok = t, true
+		}
+	}
+	if len(w.dirty) > 0 {
+		at(w.nextFlush)
+		at(w.lastRecv + w.idle)
+	}
+	if w.anyBusy {
+		at(w.nextMaint)
+	}
+	if len(w.in) > 0 {
+		at(w.nextGC)
+	}
+	return d, ok
+}
+
+// handle processes one received datagram.
+func (w *worker) handle(p *transport.Packet) {
+	h, payload, err := wire.Decode(p.Data)
+	if err != nil {
+		w.ctr.drop(dropMalformed, 1)
+		return
+	}
+	if h.Tenant != w.a.cfg.Tenant {
+		w.ctr.drop(dropWrongTenant, 1)
+		return
+	}
+	dst := Endpoint(h.Dst)
+	if dst.IsClient() || dst.Node() != w.a.node {
+		w.ctr.drop(dropWrongDest, 1)
+		return
+	}
+	switch h.Type {
+	case wire.TypeBundle:
+		w.lastRecv = w.now
+		w.onBundle(h, payload, p.Addr, len(p.Data))
+	case wire.TypeCredit:
+		w.onCredit(h, payload, p.Addr, p.Data)
+	default:
+		w.ctr.drop(dropMalformed, 1)
+	}
+}
+
+func (w *worker) onBundle(h wire.Header, payload []byte, addr netip.AddrPort, size int) {
+	pre, records, err := bundle.ParsePreamble(payload)
+	if err != nil {
+		w.ctr.drop(dropBadBundle, 1)
+		return
+	}
+	key := linkKey{h.Src, pre.Session}
+	l := w.in[key]
+	if l == nil {
+		if len(w.in) >= w.maxLinks {
+			w.ctr.drop(dropTooManyLinks, 1)
+			return
+		}
+		l = newInLink(key, h.Dst, addr, w.a.cfg.BuffersPerDest, pre.Base, w.now)
+		w.in[key] = l
+		if len(w.in) == 1 {
+			w.nextGC = w.now + gcEvery
+		}
+	}
+	l.setAddr(addr)
+	l.lastSeen = w.now
+	switch l.classify(h.Seq) {
+	case vDuplicate:
+		w.ctr.duplicates.Add(1)
+	case vOutOfWindow:
+		w.ctr.drop(dropOutOfWindow, 1)
+	case vStash:
+		w.ctr.outOfOrder.Add(1)
+		l.stash(h.Seq, h.Flags, records, size)
+	case vInOrder:
+		w.accept(l, h.Flags, records, size, false)
+		for {
+			s, ok := l.unstash()
+			if !ok {
+				break
+			}
+			w.accept(l, s.flags, s.data, s.size, true)
+		}
+	}
+	w.creditDue(l)
+}
+
+// accept takes the next in-order bundle of l: validates it and routes it,
+// in place when nothing of l waits, or queues it behind what does. owned
+// says whether records may be kept (a stash copy) or must be copied.
+func (w *worker) accept(l *inLink, flags wire.Flags, records []byte, size int, owned bool) {
+	l.next.Add(1)
+	w.ctr.bundles.Add(1)
+	w.ctr.bytes.Add(uint64(size))
+	more := flags&wire.FlagMore != 0
+	before := l.valPending
+	info, err := bundle.Validate(records, more, before)
+	var item rxWork
+	if err != nil {
+		w.ctr.drop(dropBadBundle, 1)
+		l.valPending = bundle.Unknown // whatever the sender had pending is lost with it
+		item.reset = true
+	} else {
+		l.valPending = info.Pending
+		item.r = bundle.NewReader(records, more, before)
+		if owned {
+			item.data = records
+		}
+	}
+	if len(l.work) == 0 {
+		if w.runItem(l, &item) {
+			w.consume(l)
+			return
+		}
+		w.own(l, &item, true)
+		l.work = append(l.work, item)
+		w.block(l)
+		return
+	}
+	w.own(l, &item, false)
+	l.work = append(l.work, item)
+}
+
+// own makes a queued bundle independent of the receive buffer it came in:
+// it copies the records and rebases the reader, and the message being
+// routed (curHere: it came from this bundle) when it aliases them.
+func (w *worker) own(l *inLink, item *rxWork, curHere bool) {
+	if item.data != nil || item.reset {
+		return
+	}
+	records := append([]byte(nil), item.r.Bytes()...)
+	item.r.Rebase(records)
+	item.data = records
+	if cur := l.cur; curHere && cur.active && !cur.fromPartial {
+		start := cur.off + bundle.RecordHeaderLen
+		l.cur.data = records[start : start+len(cur.data)]
+	}
+}
+
+// consume marks the oldest unprocessed bundle of l processed.
+func (w *worker) consume(l *inLink) {
+	l.consumed.Add(1)
+	w.creditDue(l)
+}
+
+func (w *worker) creditDue(l *inLink) {
+	if !l.creditDue {
+		l.creditDue = true
+		w.due = append(w.due, l)
+	}
+}
+
+func (w *worker) block(l *inLink) {
+	if !l.blocked {
+		l.blocked = true
+		w.blocked = append(w.blocked, l)
+	}
+}
+
+// runItem routes the rest of one bundle. It returns false when a message
+// found no free send buffer; l.cur then holds it and its progress.
+func (w *worker) runItem(l *inLink, item *rxWork) bool {
+	for {
+		if l.cur.active {
+			if !w.route(l) {
+				return false
+			}
+			l.cur = rxMsg{}
+		}
+		m, ok := l.nextMessage(item, w.a.cfg.MaxMessageSize, &w.ctr)
+		if !ok {
+			return true
+		}
+		w.msgs++
+		l.cur = m
+	}
+}
+
+// route writes l.cur into the send buffer of its next hop.
+func (w *worker) route(l *inLink) bool {
+	m := &l.cur
+	h := w.a.table.lookup(m.rank)
+	if h < 0 {
+		w.ctr.drop(dropUnknownRank, 1)
+		return true
+	}
+	out := w.links[h]
+	if !out.write(m.rank, m.data, &m.p, w.now, &w.out, w.markDirty) {
+		if !m.waited {
+			m.waited = true
+			out.st.blocked.Add(1)
+		}
+		return false
+	}
+	if out.isClientHop {
+		w.delivered++
+	}
+	return true
+}
+
+func (w *worker) markDirty(l *outLink) {
+	if len(w.dirty) == 0 || w.now+w.ft < w.nextFlush {
+		w.nextFlush = w.now + w.ft
+	}
+	w.dirty = append(w.dirty, l)
+}
+
+// drainBlocklist retries the parked bundles, oldest first.
+func (w *worker) drainBlocklist() {
+	w.unblock = false
+	list := w.blocked
+	w.blocked = w.spare[:0]
+	for _, l := range list {
+		l.blocked = false
+		if !w.runLink(l) {
+			w.block(l)
+		}
+	}
+	clear(list)
+	w.spare = list[:0]
+}
+
+// runLink processes l's queued bundles until one blocks.
+func (w *worker) runLink(l *inLink) bool {
+	for len(l.work) > 0 {
+		if !w.runItem(l, &l.work[0]) {
+			return false
+		}
+		l.work[0] = rxWork{}
+		l.work = l.work[1:]
+		w.consume(l)
+	}
+	l.work = nil
+	return true
+}
+
+func (w *worker) onCredit(h wire.Header, payload []byte, addr netip.AddrPort, raw []byte) {
+	c, err := bundle.ParseCredit(payload)
+	if err != nil {
+		w.ctr.drop(dropBadCredit, 1)
+		return
+	}
+	if h.Flags&wire.FlagAckReq != 0 {
+		// A probe for one of our incoming links: answer with its credit,
+		// or, for a link we have not met, with the window a new link gets.
+		w.ctr.probes.Add(1)
+		if l := w.in[linkKey{h.Src, c.Session}]; l != nil {
+			l.setAddr(addr)
+			w.creditDue(l)
+			return
+		}
+		var d []byte
+		w.slab, d = appendCredit(w.slab, w.a.cfg.Tenant, h.Dst, h.Src, h.Seq,
+			bundle.Credit{Session: c.Session, Limit: h.Seq + uint32(w.a.cfg.BuffersPerDest)})
+		w.out = append(w.out, transport.Packet{Addr: addr, Data: d})
+		return
+	}
+	if owner := Endpoint(h.Dst).Worker() % len(w.a.workers); owner != w.idx {
+		w.ctr.misdirected.Add(1)
+		w.a.workers[owner].post(mail{addr: addr, data: append([]byte(nil), raw...)}, &w.ctr)
+		return
+	}
+	w.ctr.credits.Add(1)
+	l := w.byPeer[h.Src]
+	if l == nil || !l.onCredit(h.Seq, c, w.now, w.rto, &w.out) {
+		w.ctr.drop(dropStaleCredit, 1)
+		return
+	}
+	if l.freed > 0 {
+		w.unblock = true
+	}
+	if l.timed() {
+		w.busy()
+	}
+}
+
+// post hands a credit to this worker from another and wakes it.
+func (w *worker) post(m mail, from *counters) {
+	select {
+	case w.mailbox <- m:
+		w.mailFlag.Store(true)
+		if f := w.wake.Load(); f != nil {
+			(*f)()
+		}
+	default:
+		from.drop(dropMailbox, 1)
+	}
+}
+
+func (w *worker) drainMail() {
+	if !w.mailFlag.Swap(false) {
+		return
+	}
+	for {
+		select {
+		case m := <-w.mailbox:
+			w.handle(&transport.Packet{Addr: m.addr, Data: m.data})
+		default:
+			return
+		}
+	}
+}
+
+func (w *worker) busy() {
+	if !w.anyBusy {
+		w.anyBusy = true
+		w.nextMaint = w.now + w.rto/4
+	}
+}
+
+// gcEvery is how often a worker looks for incoming links to forget.
+const gcEvery = int64(time.Second)
+
+// timers closes buffers whose flush timeout passed, all buffers when the
+// worker has been idle, runs the links' retransmission timers, and forgets
+// incoming links long silent.
+func (w *worker) timers() {
+	now := w.now
+	if len(w.dirty) > 0 && (now >= w.nextFlush || now-w.lastRecv >= w.idle) {
+		idle := now-w.lastRecv >= w.idle
+		keep := w.dirty[:0]
+		next := int64(1<<63 - 1)
+		for _, l := range w.dirty {
+			switch {
+			case l.cur == nil || len(l.cur.b) == bundle.Overhead:
+				l.dirty = false
+			case idle:
+				l.dirty = false
+				l.close(flushIdle, now, &w.out)
+			case now-l.cur.first >= w.ft:
+				l.dirty = false
+				l.close(flushTimeout, now, &w.out)
+			default:
+				keep = append(keep, l)
+				next = min(next, l.cur.first+w.ft)
+			}
+		}
+		clear(w.dirty[len(keep):])
+		w.dirty = keep
+		w.nextFlush = next
+	}
+	if w.anyBusy && now >= w.nextMaint {
+		w.anyBusy = false
+		for _, l := range w.links {
+			timed, reset := l.maintain(now, w.rto, w.peerTO, &w.out)
+			w.anyBusy = w.anyBusy || timed
+			w.unblock = w.unblock || reset
+		}
+		w.nextMaint = now + w.rto/4
+		if w.unblock {
+			w.drainBlocklist()
+		}
+	}
+	if len(w.in) > 0 && now >= w.nextGC {
+		w.nextGC = now + gcEvery
+		for k, l := range w.in {
+			if now-l.lastSeen > 6*w.peerTO && len(l.work) == 0 && l.held == 0 && !l.blocked && !l.creditDue {
+				delete(w.in, k)
+			}
+		}
+	}
+}
+
+// finish sends the credits owed and everything queued for sending, then
+// frees the buffers that were waiting for that send and, if that or an
+// earlier credit freed any, retries the blocklist (which may queue more).
+func (w *worker) finish() {
+	for {
+		w.flushOut()
+		settled := 0
+		for _, l := range w.links {
+			if len(l.limbo) > 0 {
+				settled += l.settle()
+			}
+		}
+		if settled > 0 {
+			w.unblock = true
+		}
+		if !w.unblock || len(w.blocked) == 0 {
+			w.unblock = false
+			return
+		}
+		w.drainBlocklist()
+	}
+}
+
+func (w *worker) flushOut() {
+	if w.msgs > 0 {
+		w.ctr.messages.Add(w.msgs)
+		w.msgs = 0
+	}
+	if w.delivered > 0 {
+		w.ctr.delivered.Add(w.delivered)
+		w.delivered = 0
+	}
+	for _, l := range w.due {
+		l.creditDue = false
+		ack, c := l.credit()
+		var d []byte
+		w.slab, d = appendCredit(w.slab, w.a.cfg.Tenant, l.self, l.key.src, ack, c)
+		w.out = append(w.out, transport.Packet{Addr: l.peer(), Data: d})
+	}
+	clear(w.due)
+	w.due = w.due[:0]
+	if len(w.out) > 0 {
+		_, _ = transport.SendAll(w.tr, w.out, func(transport.Packet, error) { w.ctr.drop(dropSendErrors, 1) })
+		clear(w.out)
+		w.out = w.out[:0]
+		w.busy() // something went out: the next maintenance looks at every link
+	}
+	// Credits are built in the slab; start it over, or in a fresh array
+	// when it grew past its usual size, so that old packets stay intact.
+	if cap(w.slab) > 64<<10 {
+		w.slab = nil
+	} else {
+		w.slab = w.slab[:0]
+	}
+}
+
+// shutdown sends what the buffers hold as far as the windows allow.
+func (w *worker) shutdown() {
+	w.now = w.clock()
+	for _, l := range w.links {
+		l.close(flushExplicit, w.now, &w.out)
+	}
+	w.finish()
+}

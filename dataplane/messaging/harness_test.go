@@ -1,0 +1,346 @@
+package messaging
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"math/rand/v2"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
+)
+
+// spec describes a test cluster on loopback: real kernel UDP sockets.
+type spec struct {
+	mode           Mode
+	nodes          int
+	clientsPerNode int
+	ranksPerClient int
+	workers        int
+	// tune adjusts the config before validation.
+	tune func(*Config)
+	// wrap, when set, wraps every transport (loss injection).
+	wrap func(transport.Transport) transport.Transport
+	// handler, when set, makes clients deliver through ClientOptions.Handler
+	// into their sink; otherwise tests call Recv.
+	handler bool
+	// slow, when set, is called by the handler before each message.
+	slow func(node, client int)
+	// onMsg, when set, replaces the sink in the handler.
+	onMsg func(rank uint32, p []byte)
+	// steerSrc steers the agents' datagrams by the source endpoint instead
+	// of the destination: bundles of a link still meet one worker, but
+	// credits reach workers that do not own their link.
+	steerSrc bool
+	// maxPayload caps every transport's datagram size.
+	maxPayload int
+	// readBuffer overrides the sockets' receive buffer size.
+	readBuffer int
+	// listenAgent and listenClient open node n's sockets; nil opens them
+	// on loopback (127.0.0.1, or 127.0.1.n+1 for a DPU agent).
+	listenAgent  func(n int, opts udp.Options, workers int) ([]*udp.Conn, error)
+	listenClient func(n, c int, opts udp.Options) (*udp.Conn, error)
+}
+
+type testCluster struct {
+	t       testing.TB
+	cfg     Config
+	agents  []*Agent
+	clients [][]*Client
+	sinks   [][]*sink
+	cancel  context.CancelFunc
+	agentWG sync.WaitGroup
+}
+
+// sink collects the messages a client received.
+type sink struct {
+	mu    sync.Mutex
+	got   map[msgID]int
+	bad   []string
+	count atomic.Int64
+}
+
+type msgID struct {
+	src uint32 // sender id
+	seq uint32
+}
+
+// testBase is the loopback address of node n's agent in ModeDPU (a DPU of
+// its own), 127.0.0.1 otherwise.
+func nodeAddr(mode Mode, n int) netip.Addr {
+	if mode == ModeDPU {
+		return netip.AddrFrom4([4]byte{127, 0, 1, byte(n + 1)})
+	}
+	return netip.AddrFrom4([4]byte{127, 0, 0, 1})
+}
+
+func startCluster(t testing.TB, sp spec) *testCluster {
+	t.Helper()
+	if sp.workers == 0 {
+		sp.workers = 2
+	}
+	cfg := Defaults()
+	cfg.Mode = sp.mode
+	cfg.Workers = sp.workers
+	cfg.Tenant = 7
+	cfg.SenderShards = 2
+	cfg.SocketBuffer = 1 << 20
+	if sp.tune != nil {
+		sp.tune(&cfg)
+	}
+	wrap := func(tr transport.Transport) transport.Transport {
+		if sp.wrap != nil {
+			return sp.wrap(tr)
+		}
+		return tr
+	}
+	var agentTrs [][]transport.Transport
+	var clientTrs [][]transport.Transport
+	rank := uint32(0)
+	for n := range sp.nodes {
+		node := Node{Name: fmt.Sprintf("node%d", n)}
+		if sp.mode.HasAgent() {
+			opts := udp.Options{ReadBuffer: cfg.SocketBuffer, WriteBuffer: cfg.SocketBuffer, MaxPayload: sp.maxPayload}
+			if sp.readBuffer > 0 {
+				opts.ReadBuffer = sp.readBuffer
+			}
+			opts.Steer = &udp.Steer{Offset: wire.OffsetDst, Mask: MaxWorkers - 1}
+			if sp.steerSrc {
+				opts.Steer.Offset = wire.OffsetSrc
+			}
+			listen := sp.listenAgent
+			if listen == nil {
+				listen = func(n int, opts udp.Options, workers int) ([]*udp.Conn, error) {
+					return udp.ListenGroup(netip.AddrPortFrom(nodeAddr(sp.mode, n), 0), workers, opts)
+				}
+			}
+			group, err := listen(n, opts, sp.workers)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var trs []transport.Transport
+			for _, g := range group {
+				trs = append(trs, wrap(g))
+			}
+			agentTrs = append(agentTrs, trs)
+			node.Agent = group[0].LocalAddr()
+		}
+		var ctrs []transport.Transport
+		for c := range sp.clientsPerNode {
+			opts := udp.Options{ReadBuffer: cfg.SocketBuffer, WriteBuffer: cfg.SocketBuffer, MaxPayload: sp.maxPayload}
+			if sp.readBuffer > 0 {
+				opts.ReadBuffer = sp.readBuffer
+			}
+			listen := sp.listenClient
+			if listen == nil {
+				listen = func(_, _ int, opts udp.Options) (*udp.Conn, error) {
+					return udp.Listen(netip.MustParseAddrPort("127.0.0.1:0"), opts)
+				}
+			}
+			tr, err := listen(n, c, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctrs = append(ctrs, wrap(tr))
+			node.Clients = append(node.Clients, ClientSpec{
+				Name: fmt.Sprintf("c%d", c), Addr: tr.LocalAddr(), Ranks: Range(rank, rank+uint32(sp.ranksPerClient)-1),
+			})
+			rank += uint32(sp.ranksPerClient)
+		}
+		clientTrs = append(clientTrs, ctrs)
+		cfg.Nodes = append(cfg.Nodes, node)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	tc := &testCluster{t: t, cfg: cfg}
+	ctx, cancel := context.WithCancel(context.Background())
+	tc.cancel = cancel
+	t.Cleanup(tc.stop)
+	for n := range agentTrs {
+		a, err := NewAgent(cfg, cfg.Nodes[n].Name, AgentOptions{Transports: agentTrs[n]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc.agents = append(tc.agents, a)
+		tc.agentWG.Add(1)
+		go func() {
+			defer tc.agentWG.Done()
+			if err := a.Run(ctx); err != nil {
+				t.Errorf("agent %d: %v", n, err)
+			}
+		}()
+	}
+	for n := range sp.nodes {
+		var row []*Client
+		var srow []*sink
+		for c := range sp.clientsPerNode {
+			sk := &sink{got: map[msgID]int{}}
+			opts := ClientOptions{Transport: clientTrs[n][c]}
+			if sp.handler {
+				opts.Handler = func(rank uint32, payload []byte) {
+					if sp.onMsg != nil {
+						sp.onMsg(rank, payload)
+						return
+					}
+					if sp.slow != nil {
+						sp.slow(n, c)
+					}
+					sk.add(cfg.Nodes[n].Clients[c].Ranks, rank, payload)
+				}
+			}
+			cl, err := NewClient(cfg, cfg.Nodes[n].Name, fmt.Sprintf("c%d", c), opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			row, srow = append(row, cl), append(srow, sk)
+		}
+		tc.clients, tc.sinks = append(tc.clients, row), append(tc.sinks, srow)
+	}
+	return tc
+}
+
+func (tc *testCluster) stop() {
+	for _, row := range tc.clients {
+		for _, c := range row {
+			_ = c.Close()
+		}
+	}
+	tc.cancel()
+	tc.agentWG.Wait()
+}
+
+// all returns the clients in order with their sinks.
+func (tc *testCluster) all() (cs []*Client, ss []*sink) {
+	for n := range tc.clients {
+		cs = append(cs, tc.clients[n]...)
+		ss = append(ss, tc.sinks[n]...)
+	}
+	return cs, ss
+}
+
+// ranks returns every rank of the cluster.
+func (tc *testCluster) ranks() []uint32 {
+	var r []uint32
+	for _, n := range tc.cfg.Nodes {
+		for _, c := range n.Clients {
+			r = append(r, c.Ranks.All()...)
+		}
+	}
+	return r
+}
+
+// payload builds a verifiable message: sender, sequence, destination rank,
+// a CRC of the rest, and size-16 pattern bytes. Sizes below 16 carry a
+// prefix of the header only and are checked by length and what is there.
+func payload(src, seq, rank uint32, size int) []byte {
+	b := make([]byte, max(size, 16))
+	binary.BigEndian.PutUint32(b, src)
+	binary.BigEndian.PutUint32(b[4:], seq)
+	binary.BigEndian.PutUint32(b[8:], rank)
+	for i := 16; i < len(b); i++ {
+		b[i] = byte(uint32(i)*2654435761 + seq)
+	}
+	binary.BigEndian.PutUint32(b[12:], crc32.ChecksumIEEE(b[16:]))
+	return b[:size]
+}
+
+func (s *sink) add(mine Ranks, rank uint32, p []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.count.Add(1)
+	if !mine.Contains(rank) {
+		s.bad = append(s.bad, fmt.Sprintf("message for rank %d, not ours", rank))
+		return
+	}
+	if len(p) < 16 {
+		// Tiny messages: key on their length and the bytes there are.
+		id := msgID{src: 0xffffffff, seq: uint32(len(p))<<24 | uint32(rank)}
+		s.got[id]++
+		return
+	}
+	src, seq, dst := binary.BigEndian.Uint32(p), binary.BigEndian.Uint32(p[4:]), binary.BigEndian.Uint32(p[8:])
+	if dst != rank {
+		s.bad = append(s.bad, fmt.Sprintf("message %d/%d for rank %d arrived at rank %d", src, seq, dst, rank))
+	}
+	if crc32.ChecksumIEEE(p[16:]) != binary.BigEndian.Uint32(p[12:]) {
+		s.bad = append(s.bad, fmt.Sprintf("message %d/%d (%d bytes) is corrupt", src, seq, len(p)))
+	}
+	s.got[msgID{src, seq}]++
+}
+
+// recvInto drains a client by Recv into its sink until stopped.
+func recvInto(ctx context.Context, c *Client, s *sink, wg *sync.WaitGroup) {
+	defer wg.Done()
+	for {
+		m, err := c.Recv(ctx)
+		if err != nil {
+			return
+		}
+		s.add(c.Ranks(), m.Rank, m.Payload)
+	}
+}
+
+// waitCount waits until the sinks hold want messages in total.
+func waitCount(t testing.TB, sinks []*sink, want int64, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		var got int64
+		for _, s := range sinks {
+			got += s.count.Load()
+		}
+		if got >= want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d messages arrived within %v", got, want, timeout)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// lossy wraps a real transport and loses, duplicates and reorders what it
+// sends, as a congested veth would: the kernel sockets stay real.
+type lossy struct {
+	transport.Transport
+	mu        sync.Mutex
+	rng       *rand.Rand
+	drop, dup float64
+	reorder   float64
+	dropped   atomic.Int64
+}
+
+func newLossy(tr transport.Transport, seed uint64, drop, dup, reorder float64) *lossy {
+	return &lossy{Transport: tr, rng: rand.New(rand.NewPCG(seed, 99)), drop: drop, dup: dup, reorder: reorder}
+}
+
+func (l *lossy) Send(pkts []transport.Packet) (int, error) {
+	l.mu.Lock()
+	var out []transport.Packet
+	for _, p := range pkts {
+		switch r := l.rng.Float64(); {
+		case r < l.drop:
+			l.dropped.Add(1)
+			continue
+		case r < l.drop+l.dup:
+			out = append(out, p)
+		}
+		out = append(out, p)
+		if n := len(out); n >= 2 && l.rng.Float64() < l.reorder {
+			out[n-1], out[n-2] = out[n-2], out[n-1]
+		}
+	}
+	l.mu.Unlock()
+	if _, err := transport.SendAll(l.Transport, out, nil); err != nil {
+		return 0, err
+	}
+	return len(pkts), nil
+}

@@ -1,0 +1,621 @@
+package messaging
+
+import (
+	"encoding/binary"
+	"math/bits"
+	"math/rand/v2"
+	"net/netip"
+	"sync/atomic"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/messaging/bundle"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
+)
+
+// A link is one direction between two endpoints: an outLink at the sender,
+// an inLink at the receiver. Bundles carry the link's sequence numbers;
+// credits come back with the cumulative acknowledgement, a selective
+// acknowledgement of what arrived out of order, and the window limit. A
+// link's state has one owner at a time (an agent worker, or a client shard
+// under its lock), so none of it is locked here.
+
+// seqDiff is a - b in sequence space (modulo 2^32).
+func seqDiff(a, b uint32) int32 { return int32(a - b) }
+
+// newSession returns a random non-zero session number.
+func newSession() uint32 {
+	for {
+		if s := rand.Uint32(); s != 0 {
+			return s
+		}
+	}
+}
+
+// txBuf is one send buffer: a bundle datagram being filled, flushed and
+// waiting for credit, or in flight until acknowledged.
+type txBuf struct {
+	b      []byte // the datagram: Overhead bytes reserved, then records
+	msgs   int    // messages that begin here
+	first  int64  // when the first record went in
+	more   bool   // ends with an unfinished message: FlagMore
+	seq    uint32
+	sentAt int64
+	sends  int
+}
+
+// progress is how far a message has been written into a link.
+type progress struct {
+	done    int    // payload bytes written
+	started bool   // the head (or whole record) is written
+	epoch   uint32 // the link's epoch when the message started
+}
+
+// outLink is the sending end of a link: the send buffers for one next hop
+// and the sliding window over them.
+type outLink struct {
+	name string
+	addr netip.AddrPort
+	hdr  wire.Header // Type, Tenant, Src, Dst set; Seq and Flags per bundle
+
+	tsize  int    // datagram limit (transfer size)
+	room   int    // record bytes of an empty bundle
+	window uint32 // send buffers, and the receive window assumed at start
+
+	nbufs    int // buffers allocated so far (lazily, up to window)
+	free     []*txBuf
+	cur      *txBuf
+	ready    []*txBuf // flushed, waiting for the window: a FIFO from ready[rhead]
+	rhead    int
+	inflight []*txBuf // indexed by seq % window; nil when free or acknowledged
+
+	session       uint32
+	epoch         uint32 // bumped on reset: messages half-written into an old stream are dropped
+	nextSeq, base uint32 // next to assign; oldest unacknowledged
+	limit         uint32 // may send seq < limit
+	fragOwner     *progress
+	limbo         []*txBuf // freed, but maybe still in the owner's unsent batch
+	lastHeard     int64    // last credit, or when the link last became busy
+	lastProbe     int64
+	dirty         bool // on the owner's flush list
+	probeBuf      []byte
+	st            destCounters
+	isClientHop   bool
+	dead          bool      // the peer stopped answering: drop, and probe until it answers
+	ctr           *counters // the owner's, for the messages a dead peer costs
+	freed         int       // buffers freed by the last credit
+}
+
+func newOutLink(name string, addr netip.AddrPort, tenant uint32, src, dst Endpoint, tsize, window int, ctr *counters) *outLink {
+	l := &outLink{
+		name: name, addr: addr, ctr: ctr,
+		hdr:    wire.Header{Version: wire.Version, Type: wire.TypeBundle, Tenant: tenant, Src: uint32(src), Dst: uint32(dst)},
+		tsize:  tsize,
+		room:   tsize - bundle.Overhead,
+		window: uint32(window),
+	}
+	l.inflight = make([]*txBuf, window)
+	l.session = newSession()
+	l.limit = l.window
+	return l
+}
+
+// busy reports whether bundles wait for the peer: in flight or for credit.
+func (l *outLink) busy() bool { return l.base != l.nextSeq || l.waiting() > 0 }
+
+// waiting returns the number of flushed bundles waiting for the window.
+func (l *outLink) waiting() int { return len(l.ready) - l.rhead }
+
+// timed reports whether the link needs its timers: it is busy, or its
+// peer is dead and being probed.
+func (l *outLink) timed() bool { return l.dead || l.busy() }
+
+// takeBuf returns a free send buffer, allocating up to the window, or nil.
+func (l *outLink) takeBuf() *txBuf {
+	if n := len(l.free); n > 0 {
+		b := l.free[n-1]
+		l.free = l.free[:n-1]
+		return b
+	}
+	if l.nbufs < int(l.window) {
+		l.nbufs++
+		return &txBuf{b: make([]byte, bundle.Overhead, l.tsize)}
+	}
+	return nil
+}
+
+func (l *outLink) release(b *txBuf) {
+	b.b = b.b[:bundle.Overhead]
+	b.msgs, b.more, b.sends, b.first = 0, false, 0, 0
+	l.free = append(l.free, b)
+}
+
+// retire frees an acknowledged (or abandoned) buffer. One transmitted at
+// now may still sit in the owner's batch of datagrams not yet handed to the
+// transport: it waits in limbo until the owner calls settle after sending,
+// so that no new message overwrites it first.
+func (l *outLink) retire(b *txBuf, now int64) {
+	if b.sentAt == now {
+		l.limbo = append(l.limbo, b)
+		return
+	}
+	l.release(b)
+	l.freed++
+}
+
+// settle frees the buffers in limbo; the owner calls it once its batch is
+// sent. It returns how many it freed.
+func (l *outLink) settle() int {
+	n := len(l.limbo)
+	for _, b := range l.limbo {
+		l.release(b)
+	}
+	clear(l.limbo)
+	l.limbo = l.limbo[:0]
+	l.freed += n
+	return n
+}
+
+// write appends message (rank, payload) from p onwards. It returns true
+// when the whole message is written (or dropped because the link was reset
+// since it began), false when it must wait for a free buffer; p records how
+// far it got. Full buffers are closed and sent within the window (appended
+// to out); newDirty is called when a buffer receives its first record.
+func (l *outLink) write(rank uint32, payload []byte, p *progress, now int64, out *[]transport.Packet, newDirty func(*outLink)) bool {
+	if p.started && p.epoch != l.epoch {
+		return true // the stream it began in is gone (peer reset): dropped, counted there
+	}
+	if l.dead {
+		l.ctr.drop(dropDeadPeer, 1)
+		return true
+	}
+	if l.fragOwner != nil && l.fragOwner != p {
+		return false
+	}
+	for {
+		if l.cur == nil {
+			if l.cur = l.takeBuf(); l.cur == nil {
+				return false
+			}
+		}
+		c := l.cur
+		empty := len(c.b) == bundle.Overhead
+		b, n, more := bundle.AppendMessage(c.b, l.tsize, l.room, rank, payload, p.done)
+		if n < 0 {
+			if empty {
+				return true // cannot happen (an empty bundle takes any part); never spin
+			}
+			l.close(flushFull, now, out) // start over in an empty buffer
+			continue
+		}
+		c.b = b
+		if empty {
+			c.first = now
+			if !l.dirty {
+				l.dirty = true
+				newDirty(l)
+			}
+		}
+		if !p.started {
+			p.started, p.epoch = true, l.epoch
+			c.msgs++
+		}
+		p.done += n
+		if more {
+			c.more = true
+			l.fragOwner = p
+			l.close(flushFull, now, out)
+			continue
+		}
+		if l.fragOwner == p {
+			l.fragOwner = nil
+		}
+		return true
+	}
+}
+
+// close moves the buffer being filled, if it holds anything, to the ready
+// queue and sends what the window allows.
+func (l *outLink) close(why flushReason, now int64, out *[]transport.Packet) {
+	c := l.cur
+	if c == nil || len(c.b) == bundle.Overhead {
+		return
+	}
+	l.cur = nil
+	if !l.busy() {
+		l.lastHeard = now // the peer's silence counts from now
+	}
+	l.ready = append(l.ready, c)
+	l.st.flushes[why].Add(1)
+	l.pump(now, out)
+}
+
+// pump sends ready bundles while the window is open.
+func (l *outLink) pump(now int64, out *[]transport.Packet) {
+	for l.waiting() > 0 && seqDiff(l.nextSeq, l.limit) < 0 && l.nextSeq-l.base < l.window {
+		b := l.ready[l.rhead]
+		l.ready[l.rhead] = nil
+		l.rhead++
+		b.seq = l.nextSeq
+		l.nextSeq++
+		l.inflight[b.seq%l.window] = b
+		l.transmit(b, now, out)
+		l.st.bundles.Add(1)
+		l.st.bytes.Add(uint64(len(b.b)))
+		l.st.messages.Add(uint64(b.msgs))
+	}
+	if l.waiting() == 0 {
+		l.ready, l.rhead = l.ready[:0], 0 // keep the array: no allocation per bundle
+	}
+}
+
+// transmit (re)writes the bundle's header and preamble and queues it.
+func (l *outLink) transmit(b *txBuf, now int64, out *[]transport.Packet) {
+	h := l.hdr
+	h.Seq = b.seq
+	h.Length = uint32(len(b.b) - wire.HeaderLen)
+	if b.more {
+		h.Flags |= wire.FlagMore
+	}
+	if b.sends > 0 {
+		h.Flags |= wire.FlagRetransmit
+	}
+	// AppendTo on b.b[:0] writes the header in place (the capacity is
+	// there); it writes Length 0 for the nil payload, so set it after.
+	_ = h.AppendTo(b.b[:0], nil)
+	binary.BigEndian.PutUint32(b.b[wire.OffsetLength:], h.Length)
+	bundle.Preamble{Session: l.session, Base: l.base}.Put(b.b[wire.HeaderLen:])
+	b.sentAt = now
+	b.sends++
+	*out = append(*out, transport.Packet{Addr: l.addr, Data: b.b})
+}
+
+// onCredit applies a credit from the peer: frees what it acknowledges,
+// retransmits holes it reveals, opens the window and sends. It returns
+// false for a credit of another session (stale). l.freed says how many
+// buffers it freed.
+func (l *outLink) onCredit(ack uint32, c bundle.Credit, now, rto int64, out *[]transport.Packet) bool {
+	l.freed = 0
+	if c.Session != l.session {
+		return false
+	}
+	l.lastHeard = now
+	l.dead = false // a probe was answered: the peer is back
+	if seqDiff(ack, l.base) > 0 && seqDiff(ack, l.nextSeq) <= 0 {
+		for l.base != ack {
+			if b := l.inflight[l.base%l.window]; b != nil {
+				l.inflight[l.base%l.window] = nil
+				l.retire(b, now)
+			}
+			l.base++
+		}
+	}
+	if c.SACK != 0 && l.base == ack {
+		top := ack
+		for s := c.SACK; s != 0; s &= s - 1 {
+			q := ack + 1 + uint32(bits.TrailingZeros64(s))
+			if seqDiff(q, l.nextSeq) >= 0 {
+				break
+			}
+			if b := l.inflight[q%l.window]; b != nil && b.seq == q {
+				l.inflight[q%l.window] = nil
+				l.retire(b, now)
+			}
+			top = q
+		}
+		// Everything below the highest selectively acknowledged bundle
+		// that is still unacknowledged is a hole: send it again now, at
+		// most once per eighth of the retransmit timeout.
+		for q := ack; q != top; q++ {
+			if b := l.inflight[q%l.window]; b != nil && now-b.sentAt >= rto/8 {
+				l.retransmit(b, now, out)
+			}
+		}
+	}
+	if seqDiff(c.Limit, l.limit) > 0 {
+		l.limit = c.Limit
+	}
+	l.pump(now, out)
+	return true
+}
+
+func (l *outLink) retransmit(b *txBuf, now int64, out *[]transport.Packet) {
+	l.transmit(b, now, out)
+	l.st.retransmits.Add(1)
+	l.st.retransBytes.Add(uint64(len(b.b)))
+}
+
+// maintain runs the link's timers: retransmission of bundles whose
+// acknowledgement is overdue (backing off per try), probes while the window
+// is closed with nothing in flight, and the dead-peer reset; for a dead
+// peer, a probe every eighth of peerTimeout to notice its return. It
+// returns whether the link still needs its timers and whether it was reset
+// (freeing its buffers).
+func (l *outLink) maintain(now, rto, peerTimeout int64, out *[]transport.Packet) (timed, reset bool) {
+	if l.dead {
+		if now-l.lastProbe >= max(rto, peerTimeout/8) {
+			l.probe(now, out)
+		}
+		return true, false
+	}
+	if !l.busy() {
+		return false, false
+	}
+	if now-l.lastHeard >= peerTimeout {
+		l.reset(now)
+		l.dead = true
+		return true, true
+	}
+	for q := l.base; q != l.nextSeq; q++ {
+		b := l.inflight[q%l.window]
+		if b == nil {
+			continue
+		}
+		if now-b.sentAt >= rto<<min(b.sends-1, 6) {
+			l.retransmit(b, now, out)
+		}
+	}
+	if l.base == l.nextSeq && l.waiting() > 0 && now-l.lastHeard >= rto && now-l.lastProbe >= rto {
+		l.probe(now, out) // the window is closed and the credit that opens it is overdue
+	}
+	return true, false
+}
+
+// probe asks the receiver for a fresh credit: a credit datagram with
+// FlagAckReq whose Seq is our base.
+func (l *outLink) probe(now int64, out *[]transport.Packet) {
+	h := l.hdr
+	h.Type, h.Flags, h.Seq = wire.TypeCredit, wire.FlagAckReq, l.base
+	p := bundle.Credit{Session: l.session}.AppendTo(make([]byte, 0, bundle.CreditLen))
+	l.probeBuf = h.AppendTo(l.probeBuf[:0], p)
+	l.lastProbe = now
+	l.st.probes.Add(1)
+	*out = append(*out, transport.Packet{Addr: l.addr, Data: l.probeBuf})
+}
+
+// reset declares the peer dead: every buffered message is dropped (and
+// counted), and the link starts a new session.
+func (l *outLink) reset(now int64) {
+	drop := 0
+	for _, b := range l.ready[l.rhead:] {
+		drop += b.msgs
+		l.release(b)
+	}
+	// Buffers in flight may sit in the caller's unsent batch (sent at now).
+	clear(l.ready)
+	l.ready, l.rhead = l.ready[:0], 0
+	for i, b := range l.inflight {
+		if b != nil {
+			drop += b.msgs
+			l.retire(b, now)
+			l.inflight[i] = nil
+		}
+	}
+	if l.cur != nil {
+		drop += l.cur.msgs
+		l.release(l.cur)
+		l.cur = nil
+	}
+	l.ctr.drop(dropDeadPeer, uint64(drop))
+	l.st.resets.Add(1)
+	l.session = newSession()
+	l.epoch++
+	l.nextSeq, l.base, l.limit = 0, 0, l.window
+	l.fragOwner = nil
+}
+
+// linkKey identifies an incoming link: the sender's endpoint and session.
+type linkKey struct {
+	src, session uint32
+}
+
+// rxSlot holds a bundle that arrived ahead of a gap.
+type rxSlot struct {
+	seq   uint32
+	flags wire.Flags
+	data  []byte // the records region, copied
+	size  int    // datagram bytes, for the counters
+	used  bool
+}
+
+// verdict is what the receiver does with a bundle's sequence number.
+type verdict uint8
+
+const (
+	vInOrder verdict = iota
+	vStash
+	vDuplicate
+	vOutOfWindow
+)
+
+// inLink is the receiving end of a link: sequence tracking, the bundles
+// held out of order, and what the credits say. Next and consumed are atomic
+// because a client's delivery goroutine reads next and writes consumed
+// while its receive goroutine does the rest.
+type inLink struct {
+	key    linkKey
+	self   uint32                         // the endpoint the sender addressed (credits' Src)
+	addr   atomic.Pointer[netip.AddrPort] // where credits go: the sender's latest source address
+	window uint32
+
+	next     atomic.Uint32 // all seq below arrived
+	consumed atomic.Uint32 // all seq below processed; the window is [consumed, consumed+window)
+	ooo      []rxSlot      // by seq % window
+	held     int           // slots in use
+
+	valPending uint32 // fragmentation state after the last bundle validated
+	lastSeen   int64
+	creditDue  bool // on the owner's credit list
+
+	// Message processing: an agent routes, a client delivers. Only the
+	// processing side touches these.
+	work     []rxWork // in-order bundles not yet fully processed
+	cur      rxMsg    // the message being routed or delivered
+	partial  []byte   // a fragmented message being reassembled
+	partRank uint32
+	partWant uint32
+	skip     bool // discarding the rest of an oversized message
+	blocked  bool // on the agent's blocklist
+
+	// advertised is consumed as of the last credit sent: a client's
+	// consumer sends one when it has consumed half a window beyond it.
+	advertised atomic.Uint32
+}
+
+// rxWork is an in-order bundle awaiting processing.
+type rxWork struct {
+	r     bundle.Reader
+	data  []byte // owned copy, when not processed in place
+	reset bool   // a malformed bundle: drop any partial message, nothing else
+}
+
+// rxMsg is a message being routed or delivered.
+type rxMsg struct {
+	rank        uint32
+	data        []byte
+	off         int // offset of the record in its bundle (to rebase data on copy)
+	fromPartial bool
+	active      bool
+	waited      bool // counted as blocked once
+	p           progress
+}
+
+func newInLink(key linkKey, self uint32, addr netip.AddrPort, window int, base uint32, now int64) *inLink {
+	l := &inLink{key: key, self: self, window: uint32(window), ooo: make([]rxSlot, window), lastSeen: now}
+	l.setAddr(addr)
+	l.next.Store(base)
+	l.consumed.Store(base)
+	l.advertised.Store(base)
+	if base != 0 {
+		// The sender has been sending before we met it: its stream may
+		// be in the middle of a fragmented message.
+		l.valPending = bundle.Unknown
+	}
+	return l
+}
+
+// setAddr records the sender's source address, which a client's consumer
+// reads concurrently.
+func (l *inLink) setAddr(a netip.AddrPort) {
+	if p := l.addr.Load(); p == nil || *p != a {
+		l.addr.Store(&a)
+	}
+}
+
+// peer returns where credits go.
+func (l *inLink) peer() netip.AddrPort { return *l.addr.Load() }
+
+// classify decides what to do with seq.
+func (l *inLink) classify(seq uint32) verdict {
+	next := l.next.Load()
+	d := seqDiff(seq, next)
+	switch {
+	case d < 0:
+		return vDuplicate
+	case seq-l.consumed.Load() >= l.window:
+		return vOutOfWindow
+	case d == 0:
+		return vInOrder
+	case l.ooo[seq%l.window].used && l.ooo[seq%l.window].seq == seq:
+		return vDuplicate
+	}
+	return vStash
+}
+
+// stash keeps a copy of an early bundle.
+func (l *inLink) stash(seq uint32, flags wire.Flags, records []byte, size int) {
+	s := &l.ooo[seq%l.window]
+	*s = rxSlot{seq: seq, flags: flags, data: append(s.data[:0], records...), size: size, used: true}
+	l.held++
+}
+
+// unstash returns the bundle for the next expected seq, if held. The
+// returned data stays valid until the slot is reused, which needs the
+// window to move past it, so callers must be done with it (or copy it)
+// before they consume it.
+func (l *inLink) unstash() (rxSlot, bool) {
+	next := l.next.Load()
+	s := &l.ooo[next%l.window]
+	if !s.used || s.seq != next {
+		return rxSlot{}, false
+	}
+	slot := *s
+	s.used = false
+	s.data = nil // the caller owns the bytes now
+	l.held--
+	return slot, true
+}
+
+// nextMessage reads item on to the next complete message for l: a whole
+// record, or the last piece of a fragmented one, reassembled in l.partial.
+// It drops (and counts) oversized messages and orphan continuations, and a
+// reset item discards the partial message. Only l's processing side calls
+// it.
+func (l *inLink) nextMessage(item *rxWork, maxMsg int, ctr *counters) (rxMsg, bool) {
+	if item.reset {
+		l.partial, l.skip = l.partial[:0], false
+		item.reset = false
+		return rxMsg{}, false
+	}
+	for {
+		rec, ok := item.r.Next()
+		if !ok {
+			return rxMsg{}, false
+		}
+		switch rec.Kind {
+		case bundle.Whole:
+			return rxMsg{rank: rec.Rank, data: rec.Data, off: rec.Offset, active: true}, true
+		case bundle.Head:
+			if int64(rec.Size) > int64(maxMsg) {
+				ctr.drop(dropOversize, 1)
+				l.skip = true
+				continue
+			}
+			l.skip = false
+			l.partial = append(l.partial[:0], rec.Data...)
+			l.partRank, l.partWant = rec.Rank, rec.Size
+		case bundle.Continuation:
+			if rec.Orphan {
+				ctr.drop(dropOrphans, 1)
+				continue
+			}
+			if l.skip {
+				l.skip = item.r.Pending() != 0
+				continue
+			}
+			l.partial = append(l.partial, rec.Data...)
+			if uint32(len(l.partial)) == l.partWant {
+				return rxMsg{rank: l.partRank, data: l.partial, fromPartial: true, active: true}, true
+			}
+		}
+	}
+}
+
+// credit builds the credit for this link's current state.
+func (l *inLink) credit() (ack uint32, c bundle.Credit) {
+	ack = l.next.Load()
+	consumed := l.consumed.Load()
+	l.advertised.Store(consumed)
+	c = bundle.Credit{Session: l.key.session, Limit: consumed + l.window}
+	if l.held > 0 {
+		for i := uint32(0); i < 64 && i+1 < l.window; i++ {
+			q := ack + 1 + i
+			if s := &l.ooo[q%l.window]; s.used && s.seq == q {
+				c.SACK |= 1 << i
+			}
+		}
+	}
+	return ack, c
+}
+
+// appendCredit appends a credit datagram for l to slab and returns the
+// extended slab and the datagram.
+func appendCredit(slab []byte, tenant uint32, self, peer uint32, ack uint32, c bundle.Credit) ([]byte, []byte) {
+	start := len(slab)
+	var p [bundle.CreditLen]byte
+	h := wire.Header{Version: wire.Version, Type: wire.TypeCredit, Tenant: tenant, Src: self, Dst: peer, Seq: ack}
+	slab = h.AppendTo(slab, c.AppendTo(p[:0]))
+	return slab, slab[start:len(slab):len(slab)]
+}
+
+// creditLen is the size of a credit datagram.
+const creditLen = wire.HeaderLen + bundle.CreditLen

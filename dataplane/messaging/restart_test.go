@@ -1,0 +1,127 @@
+package messaging
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
+)
+
+// TestClientRestart: a client process that stops and starts again on the
+// same address gets a new session; the agent meets it as a new link, and
+// traffic both ways continues exactly once.
+func TestClientRestart(t *testing.T) {
+	tc := startCluster(t, spec{mode: ModeHost, nodes: 1, clientsPerNode: 2, ranksPerClient: 1, handler: true})
+	r0, r1 := tc.cfg.Nodes[0].Clients[0].Ranks[0].Lo, tc.cfg.Nodes[0].Clients[1].Ranks[0].Lo
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	round := func(c0, c1 *Client, s0, s1 *sink, base uint32) {
+		t.Helper()
+		for i := range uint32(100) {
+			if err := c0.Send(r1, payload(0, base+i, r1, 50)); err != nil {
+				t.Fatal(err)
+			}
+			if err := c1.Send(r0, payload(1, base+i, r0, 50)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := c0.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := c1.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		waitCount(t, []*sink{s0}, 100, 5*time.Second)
+		waitCount(t, []*sink{s1}, 100, 5*time.Second)
+		s0.mu.Lock()
+		s1.mu.Lock()
+		defer s0.mu.Unlock()
+		defer s1.mu.Unlock()
+		for i := range uint32(100) {
+			if s1.got[msgID{0, base + i}] != 1 || s0.got[msgID{1, base + i}] != 1 {
+				t.Fatalf("round %d: message %d not delivered exactly once", base, i)
+			}
+		}
+	}
+	round(tc.clients[0][0], tc.clients[0][1], tc.sinks[0][0], tc.sinks[0][1], 0)
+
+	addr := tc.clients[0][0].Addr()
+	if err := tc.clients[0][0].Close(); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := udp.Listen(addr, udp.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s0 := &sink{got: map[msgID]int{}}
+	ranks := tc.cfg.Nodes[0].Clients[0].Ranks
+	c0, err := NewClient(tc.cfg, "node0", "c0", ClientOptions{Transport: tr, Handler: func(r uint32, p []byte) { s0.add(ranks, r, p) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc.clients[0][0] = c0
+	tc.sinks[0][1].count.Store(0)
+	round(c0, tc.clients[0][1], s0, tc.sinks[0][1], 1000)
+	tc.noDrops(t)
+}
+
+// TestDeadPeer: when a client dies, the agent's link to it stops being
+// answered; after PeerTimeout the agent drops what it holds for it
+// (counted), and the traffic that waited behind it on the blocklist flows
+// again.
+func TestDeadPeer(t *testing.T) {
+	tc := startCluster(t, spec{mode: ModeHost, nodes: 1, clientsPerNode: 3, ranksPerClient: 1, handler: true,
+		tune: func(c *Config) {
+			c.TransferSize = 512
+			c.BuffersPerDest = 2
+			c.RetransmitTimeout = Duration(10 * time.Millisecond)
+			c.PeerTimeout = Duration(200 * time.Millisecond)
+		}})
+	if err := tc.clients[0][2].Close(); err != nil {
+		t.Fatal(err)
+	}
+	live, dead := tc.cfg.Nodes[0].Clients[1].Ranks[0].Lo, tc.cfg.Nodes[0].Clients[2].Ranks[0].Lo
+	src := tc.clients[0][0]
+	const n = 300
+	for i := range uint32(n) {
+		if err := src.Send(live, payload(0, i, live, 100)); err != nil {
+			t.Fatal(err)
+		}
+		if err := src.Send(dead, payload(0, n+i, dead, 100)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitCount(t, tc.sinks[0][1:2], n, 20*time.Second)
+	st := tc.agents[0].Stats()
+	d, _ := st.Dest("node0/c2")
+	if st.Drops.DeadPeer == 0 || d.PeerResets == 0 {
+		t.Errorf("dead-peer drops %d, resets %d: want both > 0", st.Drops.DeadPeer, d.PeerResets)
+	}
+	if d.PeerResets > uint64(tc.cfg.Workers) {
+		t.Errorf("%d resets by %d workers: once dead, a peer should cost no further timeouts", d.PeerResets, tc.cfg.Workers)
+	}
+	t.Logf("dropped %d messages for the dead client in %d resets", st.Drops.DeadPeer, d.PeerResets)
+
+	// The client comes back: the agent's probes find it, and messages flow
+	// to it again.
+	tr, err := udp.Listen(tc.cfg.Nodes[0].Clients[2].Addr, udp.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	back := &sink{got: map[msgID]int{}}
+	c2, err := NewClient(tc.cfg, "node0", "c2", ClientOptions{Transport: tr, Handler: func(r uint32, p []byte) {
+		back.add(tc.cfg.Nodes[0].Clients[2].Ranks, r, p)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc.clients[0][2] = c2
+	time.Sleep(100 * time.Millisecond) // a few probe intervals (peer_timeout/8)
+	for i := range uint32(50) {
+		if err := src.Send(dead, payload(1, i, dead, 100)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitCount(t, []*sink{back}, 50, 5*time.Second)
+}

@@ -1,0 +1,512 @@
+// Package udp is the kernel UDP implementation of transport.Transport: the
+// transport of host processes, of routing agents that run on a host, and the
+// fallback on a DPU where AF_XDP is unavailable. It batches with
+// recvmmsg(2)/sendmmsg(2) on golang.org/x/sys/unix through the Go runtime's
+// poller (no thread blocks in a system call), asks for large socket buffers,
+// and can open a group of SO_REUSEPORT sockets on one port whose datagrams a
+// classic BPF program spreads by a field of the payload: the stand-in, on
+// kernel sockets, for XDP steering to one AF_XDP socket per worker.
+package udp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+)
+
+// Protocol limits on a UDP payload: 65535 bytes of IP packet less the IPv4
+// (20) or, for IPv6, only the UDP (8) header, since the IPv6 payload length
+// excludes the fixed header. Datagrams this large are IP-fragmented on any
+// link but loopback; see MaxPayloadForMTU.
+const (
+	MaxPayloadIPv4 = 65535 - 20 - 8
+	MaxPayloadIPv6 = 65535 - 8
+)
+
+// DefaultBuffer is the socket buffer size asked for when Options leaves it
+// zero: 4 MiB, Debian's usual net.core.rmem_max on servers and room for
+// 256 bundles of 16 KiB in flight towards one socket.
+const DefaultBuffer = 4 << 20
+
+// batch is the number of datagrams moved per system call: the scratch
+// arrays are this long, and longer batches are split.
+const batch = 64
+
+// MaxPayloadForMTU returns the largest UDP payload that fits one IP packet on
+// a link with the given MTU, so that it is never fragmented: MTU less 28
+// bytes for IPv4, 48 for IPv6 (without extension headers).
+func MaxPayloadForMTU(mtu int, ipv6 bool) int {
+	if ipv6 {
+		return mtu - 40 - 8
+	}
+	return mtu - 20 - 8
+}
+
+// Options tune a socket. The zero value is usable.
+type Options struct {
+	// ReadBuffer and WriteBuffer are the socket buffer sizes in bytes
+	// (SO_RCVBUF, SO_SNDBUF); 0 means DefaultBuffer. With CAP_NET_ADMIN
+	// the sysctl limits net.core.rmem_max and wmem_max are bypassed
+	// (SO_RCVBUFFORCE); without it the kernel caps the size at them.
+	ReadBuffer, WriteBuffer int
+	// MaxPayload is what MaxPayload reports and the largest datagram Send
+	// accepts; 0 means the protocol limit (MaxPayloadIPv4 or
+	// MaxPayloadIPv6). Set it to MaxPayloadForMTU of the path to keep
+	// datagrams unfragmented.
+	MaxPayload int
+	// Steer, for ListenGroup, picks the socket of the group that receives
+	// each datagram. Nil leaves the choice to the kernel's hash of the
+	// addresses and ports.
+	Steer *Steer
+}
+
+// Steer picks, in a group of n sockets, the socket that receives a datagram
+// from a 32-bit big-endian field of its UDP payload: socket
+// ((field >> Shift) & Mask) mod n. A datagram too short for the field goes
+// to socket 0. It runs as a classic BPF program attached with
+// SO_ATTACH_REUSEPORT_CBPF, which sees the datagram from its UDP payload on.
+type Steer struct {
+	Offset uint32 // byte offset of the field in the UDP payload
+	Shift  uint8  // right shift applied to the field
+	Mask   uint32 // mask applied after the shift
+}
+
+// program returns the classic BPF program for s in a group of n sockets.
+func (s Steer) program(n int) []unix.SockFilter {
+	return []unix.SockFilter{
+		{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: s.Offset},
+		{Code: unix.BPF_ALU | unix.BPF_RSH | unix.BPF_K, K: uint32(s.Shift)},
+		{Code: unix.BPF_ALU | unix.BPF_AND | unix.BPF_K, K: s.Mask},
+		{Code: unix.BPF_ALU | unix.BPF_MOD | unix.BPF_K, K: uint32(n)},
+		{Code: unix.BPF_RET | unix.BPF_A},
+	}
+}
+
+// Conn is a kernel UDP socket that implements transport.Transport.
+type Conn struct {
+	pc         *net.UDPConn
+	rc         syscall.RawConn
+	v6         bool
+	local      netip.AddrPort
+	maxPayload int
+	rbuf, wbuf int
+
+	recvMu sync.Mutex // one Recv at a time: it owns rx
+	rx     *scratch
+
+	// dlMu and dlGen let a late context.AfterFunc from an earlier Recv
+	// tell that its Recv is over and leave the read deadline alone.
+	dlMu  sync.Mutex
+	dlGen uint64
+
+	txPool sync.Pool // of *scratch, one per concurrent Send
+	closed atomic.Bool
+}
+
+var _ transport.Transport = (*Conn)(nil)
+
+// Listen opens a UDP socket bound to addr (port 0 picks a free port). The
+// address family of addr decides the socket's: an IPv4 (or IPv4-mapped)
+// address opens an IPv4 socket, which reaches IPv4 peers only; an IPv6
+// address an IPv6-only socket.
+func Listen(addr netip.AddrPort, opts Options) (*Conn, error) {
+	return listen(addr, opts, false)
+}
+
+// ListenGroup opens n sockets bound to the same address with SO_REUSEPORT
+// (port 0 picks one free port for all of them). Socket i of the result is
+// index i of the kernel's reuseport group, which is what Options.Steer
+// selects. Every socket is closed again if any step fails.
+func ListenGroup(addr netip.AddrPort, n int, opts Options) ([]*Conn, error) {
+	if n < 1 {
+		return nil, fmt.Errorf("udp: group of %d sockets", n)
+	}
+	conns := make([]*Conn, 0, n)
+	fail := func(err error) ([]*Conn, error) {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		return nil, err
+	}
+	for i := range n {
+		a := addr
+		if i > 0 {
+			a = conns[0].local // the port the first bind picked
+		}
+		c, err := listen(a, opts, true)
+		if err != nil {
+			return fail(fmt.Errorf("udp: group socket %d: %w", i, err))
+		}
+		conns = append(conns, c)
+	}
+	if opts.Steer != nil && n > 1 {
+		prog := opts.Steer.program(n)
+		fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
+		var serr error
+		if err := conns[0].rc.Control(func(fd uintptr) {
+			serr = unix.SetsockoptSockFprog(int(fd), unix.SOL_SOCKET, unix.SO_ATTACH_REUSEPORT_CBPF, &fprog)
+		}); err != nil {
+			serr = err
+		}
+		if serr != nil {
+			return fail(fmt.Errorf("udp %s: attach reuseport steering program: %w", conns[0].local, serr))
+		}
+	}
+	return conns, nil
+}
+
+func listen(addr netip.AddrPort, opts Options, reuse bool) (*Conn, error) {
+	if !addr.IsValid() {
+		return nil, fmt.Errorf("udp: listen on %v: %w", addr, transport.ErrAddr)
+	}
+	ip := addr.Addr().Unmap()
+	v6 := ip.Is6()
+	network, limit := "udp4", MaxPayloadIPv4
+	if v6 {
+		network, limit = "udp6", MaxPayloadIPv6
+	}
+	maxPayload := opts.MaxPayload
+	if maxPayload == 0 {
+		maxPayload = limit
+	}
+	if maxPayload < 1 || maxPayload > limit {
+		return nil, fmt.Errorf("udp: max payload %d outside 1..%d", maxPayload, limit)
+	}
+	rbuf, wbuf := opts.ReadBuffer, opts.WriteBuffer
+	if rbuf == 0 {
+		rbuf = DefaultBuffer
+	}
+	if wbuf == 0 {
+		wbuf = DefaultBuffer
+	}
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		err := rc.Control(func(fd uintptr) {
+			if reuse {
+				if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1); serr != nil {
+					serr = fmt.Errorf("SO_REUSEPORT: %w", serr)
+					return
+				}
+			}
+			if serr = setBuffer(int(fd), unix.SO_RCVBUFFORCE, unix.SO_RCVBUF, rbuf); serr != nil {
+				return
+			}
+			serr = setBuffer(int(fd), unix.SO_SNDBUFFORCE, unix.SO_SNDBUF, wbuf)
+		})
+		if err != nil {
+			return err
+		}
+		return serr
+	}}
+	bind := netip.AddrPortFrom(ip, addr.Port())
+	pc, err := lc.ListenPacket(context.Background(), network, bind.String())
+	if err != nil {
+		return nil, fmt.Errorf("udp: %w", err)
+	}
+	uc := pc.(*net.UDPConn)
+	rc, err := uc.SyscallConn()
+	if err != nil {
+		_ = uc.Close()
+		return nil, fmt.Errorf("udp: %w", err)
+	}
+	local := uc.LocalAddr().(*net.UDPAddr).AddrPort()
+	local = netip.AddrPortFrom(local.Addr().Unmap(), local.Port())
+	c := &Conn{pc: uc, rc: rc, v6: v6, local: local, maxPayload: maxPayload, rx: newScratch()}
+	c.txPool.New = func() any { return newScratch() }
+	_ = rc.Control(func(fd uintptr) {
+		c.rbuf, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF)
+		c.wbuf, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF)
+	})
+	return c, nil
+}
+
+// setBuffer sets a socket buffer size, bypassing the sysctl limit where the
+// process may (force) and staying within it where it may not.
+func setBuffer(fd, force, plain, size int) error {
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, force, size); err == nil {
+		return nil
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, plain, size); err != nil {
+		return fmt.Errorf("socket buffer %d: %w", size, err)
+	}
+	return nil
+}
+
+// LocalAddr returns the bound address (the chosen port when bound to 0).
+func (c *Conn) LocalAddr() netip.AddrPort { return c.local }
+
+// MaxPayload returns Options.MaxPayload or the protocol limit.
+func (c *Conn) MaxPayload() int { return c.maxPayload }
+
+// Buffers returns the socket buffer sizes the kernel granted, as it reports
+// them (twice the requested size, for its bookkeeping overhead).
+func (c *Conn) Buffers() (read, write int) { return c.rbuf, c.wbuf }
+
+// Close closes the socket; a blocked Recv returns ErrClosed.
+func (c *Conn) Close() error {
+	if c.closed.Swap(true) {
+		return nil
+	}
+	return c.pc.Close()
+}
+
+// scratch holds the system call arguments of one batch: message headers,
+// one iovec and one socket address per datagram. The kernel reads and
+// writes them; they live on the heap, which the Go collector never moves.
+type scratch struct {
+	hdrs  [batch]unix.Mmsghdr
+	iovs  [batch]unix.Iovec
+	names [batch]unix.RawSockaddrInet6 // large enough for either family
+
+	n, got int
+	errno  unix.Errno
+	block  bool
+	recvF  func(fd uintptr) bool // bound once: passing a method value allocates
+	sendF  func(fd uintptr) bool
+}
+
+func newScratch() *scratch {
+	s := new(scratch)
+	s.recvF = s.recv
+	s.sendF = s.send
+	return s
+}
+
+// recv is the RawConn.Read callback: one recvmmsg(2). It returns false, to
+// wait for the socket to become readable, only for a blocking receive that
+// found nothing.
+func (s *scratch) recv(fd uintptr) bool {
+	for {
+		r, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(s.n), 0, 0, 0)
+		if e == unix.EINTR {
+			continue
+		}
+		s.got, s.errno = int(r), e
+		if e != 0 {
+			s.got = 0
+		}
+		return !(e == unix.EAGAIN && s.block)
+	}
+}
+
+// send is the RawConn.Write callback: one sendmmsg(2). It returns false, to
+// wait for room in the socket buffer, when the kernel has none.
+func (s *scratch) send(fd uintptr) bool {
+	for {
+		r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(s.n), 0, 0, 0)
+		if e == unix.EINTR {
+			continue
+		}
+		s.got, s.errno = int(r), e
+		if e != 0 {
+			s.got = 0
+		}
+		return e != unix.EAGAIN
+	}
+}
+
+// Send implements transport.Transport: sendmmsg(2) in batches of up to 64.
+func (c *Conn) Send(pkts []transport.Packet) (int, error) {
+	if c.closed.Load() {
+		return 0, fmt.Errorf("udp %s: %w", c.local, transport.ErrClosed)
+	}
+	s := c.txPool.Get().(*scratch)
+	defer c.txPool.Put(s)
+	sent := 0
+	for sent < len(pkts) {
+		chunk := pkts[sent:min(len(pkts), sent+batch)]
+		k := 0
+		var bad error
+		for ; k < len(chunk); k++ {
+			p := &chunk[k]
+			if len(p.Data) > c.maxPayload {
+				bad = fmt.Errorf("udp %s: %d bytes to %s: %w", c.local, len(p.Data), p.Addr, transport.ErrTooBig)
+				break
+			}
+			nl, ok := c.putName(&s.names[k], p.Addr)
+			if !ok {
+				bad = fmt.Errorf("udp %s: send to %s: %w", c.local, p.Addr, transport.ErrAddr)
+				break
+			}
+			s.iovs[k] = unix.Iovec{}
+			if len(p.Data) > 0 {
+				s.iovs[k].Base = &p.Data[0]
+			}
+			s.iovs[k].SetLen(len(p.Data))
+			h := &s.hdrs[k]
+			h.Hdr = unix.Msghdr{Name: (*byte)(unsafe.Pointer(&s.names[k])), Namelen: nl, Iov: &s.iovs[k]}
+			h.Hdr.SetIovlen(1)
+			h.Len = 0
+		}
+		if k > 0 {
+			s.n = k
+			err := c.rc.Write(s.sendF)
+			got, errno := s.got, s.errno
+			clear(s.iovs[:k]) // do not keep the caller's buffers alive in the pool
+			sent += got
+			if err != nil {
+				return sent, c.wrapErr("sendmmsg", err)
+			}
+			if errno != 0 {
+				return sent, fmt.Errorf("udp %s: sendmmsg to %s: %w", c.local, pkts[sent].Addr, errno)
+			}
+			if got == 0 {
+				return sent, fmt.Errorf("udp %s: sendmmsg sent nothing", c.local)
+			}
+			if got < k {
+				continue // the kernel took part of the batch; send the rest
+			}
+		}
+		if bad != nil {
+			return sent, bad
+		}
+	}
+	return sent, nil
+}
+
+// putName writes the socket address of a into sa and returns its length.
+func (c *Conn) putName(sa *unix.RawSockaddrInet6, a netip.AddrPort) (uint32, bool) {
+	ip := a.Addr()
+	if !ip.IsValid() || a.Port() == 0 {
+		return 0, false
+	}
+	port := a.Port()
+	if c.v6 {
+		if ip.Is4() {
+			return 0, false // an IPv6-only socket cannot reach IPv4
+		}
+		*sa = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: ip.As16()}
+		p := (*[2]byte)(unsafe.Pointer(&sa.Port))
+		p[0], p[1] = byte(port>>8), byte(port)
+		return unix.SizeofSockaddrInet6, true
+	}
+	ip = ip.Unmap()
+	if !ip.Is4() {
+		return 0, false
+	}
+	sa4 := (*unix.RawSockaddrInet4)(unsafe.Pointer(sa))
+	*sa4 = unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: ip.As4()}
+	p := (*[2]byte)(unsafe.Pointer(&sa4.Port))
+	p[0], p[1] = byte(port>>8), byte(port)
+	return unix.SizeofSockaddrInet4, true
+}
+
+// name reads the source address the kernel wrote into sa.
+func name(sa *unix.RawSockaddrInet6) netip.AddrPort {
+	switch sa.Family {
+	case unix.AF_INET:
+		sa4 := (*unix.RawSockaddrInet4)(unsafe.Pointer(sa))
+		p := (*[2]byte)(unsafe.Pointer(&sa4.Port))
+		return netip.AddrPortFrom(netip.AddrFrom4(sa4.Addr), uint16(p[0])<<8|uint16(p[1]))
+	case unix.AF_INET6:
+		p := (*[2]byte)(unsafe.Pointer(&sa.Port))
+		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), uint16(p[0])<<8|uint16(p[1]))
+	}
+	return netip.AddrPort{}
+}
+
+// Recv implements transport.Transport: recvmmsg(2) of up to 64 datagrams.
+func (c *Conn) Recv(ctx context.Context, pkts []transport.Packet) (int, error) {
+	if len(pkts) == 0 {
+		return 0, nil
+	}
+	c.recvMu.Lock()
+	defer c.recvMu.Unlock()
+	s := c.rx
+	k := min(len(pkts), batch)
+	for i := range k {
+		b := pkts[i].Data[:cap(pkts[i].Data)]
+		s.iovs[i] = unix.Iovec{}
+		if len(b) > 0 {
+			s.iovs[i].Base = &b[0]
+		}
+		s.iovs[i].SetLen(len(b))
+		h := &s.hdrs[i]
+		h.Hdr = unix.Msghdr{Name: (*byte)(unsafe.Pointer(&s.names[i])), Namelen: unix.SizeofSockaddrInet6, Iov: &s.iovs[i]}
+		h.Hdr.SetIovlen(1)
+		h.Len = 0
+	}
+	s.n = k
+	defer clear(s.iovs[:k])
+
+	// Take what is waiting without touching deadlines: the busy case.
+	s.block = false
+	err := c.rc.Read(s.recvF)
+	if err == nil && s.errno == unix.EAGAIN {
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		err = c.recvBlocking(ctx, s)
+	}
+	if err != nil {
+		return 0, err
+	}
+	if s.errno != 0 {
+		return 0, fmt.Errorf("udp %s: recvmmsg: %w", c.local, s.errno)
+	}
+	for i := range s.got {
+		pkts[i].Data = pkts[i].Data[:s.hdrs[i].Len]
+		pkts[i].Addr = name(&s.names[i])
+	}
+	return s.got, nil
+}
+
+// aLongTimeAgo is a read deadline in the past: it wakes a blocked read.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// recvBlocking waits for datagrams under ctx's deadline and cancellation.
+func (c *Conn) recvBlocking(ctx context.Context, s *scratch) error {
+	deadline, hasDeadline := ctx.Deadline()
+	c.dlMu.Lock()
+	gen := c.dlGen
+	if hasDeadline {
+		_ = c.pc.SetReadDeadline(deadline)
+	}
+	c.dlMu.Unlock()
+	stop := func() bool { return true }
+	if ctx.Done() != nil {
+		stop = context.AfterFunc(ctx, func() {
+			c.dlMu.Lock()
+			defer c.dlMu.Unlock()
+			if c.dlGen == gen {
+				_ = c.pc.SetReadDeadline(aLongTimeAgo)
+			}
+		})
+	}
+	s.block = true
+	err := c.rc.Read(s.recvF)
+	stop()
+	c.dlMu.Lock()
+	c.dlGen++
+	_ = c.pc.SetReadDeadline(time.Time{})
+	c.dlMu.Unlock()
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		if cerr := ctx.Err(); cerr != nil {
+			return cerr
+		}
+		return context.DeadlineExceeded
+	}
+	return c.wrapErr("recvmmsg", err)
+}
+
+func (c *Conn) wrapErr(op string, err error) error {
+	if errors.Is(err, net.ErrClosed) || c.closed.Load() {
+		return fmt.Errorf("udp %s: %w", c.local, transport.ErrClosed)
+	}
+	return fmt.Errorf("udp %s: %s: %w", c.local, op, err)
+}

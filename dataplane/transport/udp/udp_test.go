@@ -1,0 +1,353 @@
+package udp
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+)
+
+var loopback = netip.MustParseAddrPort("127.0.0.1:0")
+
+func listenT(t *testing.T, opts Options) *Conn {
+	t.Helper()
+	c, err := Listen(loopback, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func bufs(n, size int) []transport.Packet {
+	pkts := make([]transport.Packet, n)
+	for i := range pkts {
+		pkts[i].Data = make([]byte, size)
+	}
+	return pkts
+}
+
+// recvAll receives until want datagrams arrived or the deadline passes.
+func recvAll(t *testing.T, c transport.Transport, want int) []transport.Packet {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var got []transport.Packet
+	for len(got) < want {
+		pkts := bufs(16, 2048)
+		n, err := c.Recv(ctx, pkts)
+		if err != nil {
+			t.Fatalf("after %d of %d datagrams: %v", len(got), want, err)
+		}
+		got = append(got, pkts[:n]...)
+	}
+	return got
+}
+
+func TestSendRecvBatch(t *testing.T) {
+	a, b := listenT(t, Options{}), listenT(t, Options{})
+	if a.LocalAddr().Port() == 0 || !a.LocalAddr().Addr().Is4() {
+		t.Fatalf("local address %v", a.LocalAddr())
+	}
+	const n = 200 // more than one system call's batch
+	pkts := make([]transport.Packet, n)
+	for i := range pkts {
+		pkts[i] = transport.Packet{Addr: b.LocalAddr(), Data: []byte(fmt.Sprintf("datagram %d", i))}
+	}
+	sent, err := a.Send(pkts)
+	if err != nil || sent != n {
+		t.Fatalf("Send = %d, %v", sent, err)
+	}
+	got := recvAll(t, b, n)
+	for i, p := range got {
+		if want := fmt.Sprintf("datagram %d", i); string(p.Data) != want {
+			t.Fatalf("datagram %d: %q, want %q", i, p.Data, want)
+		}
+		if p.Addr != a.LocalAddr() {
+			t.Fatalf("source %v, want %v", p.Addr, a.LocalAddr())
+		}
+	}
+}
+
+func TestEmptyAndTruncated(t *testing.T) {
+	a, b := listenT(t, Options{}), listenT(t, Options{})
+	big := bytes.Repeat([]byte{7}, 3000)
+	if n, err := a.Send([]transport.Packet{{Addr: b.LocalAddr()}, {Addr: b.LocalAddr(), Data: big}}); n != 2 || err != nil {
+		t.Fatalf("Send = %d, %v", n, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	pkts := bufs(2, 100)
+	got := 0
+	for got < 2 {
+		n, err := b.Recv(ctx, pkts[got:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		got += n
+	}
+	if len(pkts[0].Data) != 0 {
+		t.Errorf("empty datagram arrived with %d bytes", len(pkts[0].Data))
+	}
+	if len(pkts[1].Data) != 100 || !bytes.Equal(pkts[1].Data, big[:100]) {
+		t.Errorf("long datagram: %d bytes, want it cut to the buffer's 100", len(pkts[1].Data))
+	}
+}
+
+func TestSendErrors(t *testing.T) {
+	a := listenT(t, Options{MaxPayload: 100})
+	b := listenT(t, Options{})
+	if a.MaxPayload() != 100 || b.MaxPayload() != MaxPayloadIPv4 {
+		t.Fatalf("MaxPayload %d, %d", a.MaxPayload(), b.MaxPayload())
+	}
+	ok := transport.Packet{Addr: b.LocalAddr(), Data: []byte("ok")}
+	for _, tc := range []struct {
+		name string
+		bad  transport.Packet
+		want error
+	}{
+		{"too big", transport.Packet{Addr: b.LocalAddr(), Data: make([]byte, 101)}, transport.ErrTooBig},
+		{"ipv6 from ipv4 socket", transport.Packet{Addr: netip.MustParseAddrPort("[::1]:5"), Data: []byte("x")}, transport.ErrAddr},
+		{"port 0", transport.Packet{Addr: netip.MustParseAddrPort("127.0.0.1:0"), Data: []byte("x")}, transport.ErrAddr},
+		{"no address", transport.Packet{Data: []byte("x")}, transport.ErrAddr},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n, err := a.Send([]transport.Packet{ok, tc.bad, ok})
+			if n != 1 || !errors.Is(err, tc.want) {
+				t.Fatalf("Send = %d, %v; want 1, %v", n, err, tc.want)
+			}
+			var refused []transport.Packet
+			sent, err := transport.SendAll(a, []transport.Packet{ok, tc.bad, ok}, func(p transport.Packet, err error) {
+				refused = append(refused, p)
+			})
+			if sent != 2 || err != nil || len(refused) != 1 {
+				t.Fatalf("SendAll = %d, %v, refused %d", sent, err, len(refused))
+			}
+			recvAll(t, b, 3)
+		})
+	}
+}
+
+func TestRecvContext(t *testing.T) {
+	c := listenT(t, Options{})
+	pkts := bufs(4, 64)
+
+	// A done context makes Recv a poll.
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	if n, err := c.Recv(done, pkts); n != 0 || !errors.Is(err, context.Canceled) {
+		t.Fatalf("poll of an empty socket = %d, %v", n, err)
+	}
+	if _, err := c.Send([]transport.Packet{{Addr: c.LocalAddr(), Data: []byte("hi")}}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n, err := c.Recv(done, pkts)
+		if n == 1 && string(pkts[0].Data) == "hi" {
+			break
+		}
+		if !errors.Is(err, context.Canceled) || time.Now().After(deadline) {
+			t.Fatalf("poll with a waiting datagram = %d, %v", n, err)
+		}
+	}
+
+	// A deadline ends the wait with DeadlineExceeded, on time.
+	start := time.Now()
+	dctx, dcancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer dcancel()
+	if n, err := c.Recv(dctx, pkts); n != 0 || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Recv past deadline = %d, %v", n, err)
+	}
+	if el := time.Since(start); el < 25*time.Millisecond || el > 2*time.Second {
+		t.Fatalf("deadline of 30ms returned after %v", el)
+	}
+
+	// Cancellation wakes a blocked Recv, and the next Recv is unaffected.
+	cctx, ccancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Recv(cctx, pkts)
+		errc <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	ccancel()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled Recv: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("cancel did not wake Recv")
+	}
+	if _, err := c.Send([]transport.Packet{{Addr: c.LocalAddr(), Data: []byte("again")}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := recvAll(t, c, 1); string(got[0].Data) != "again" {
+		t.Fatalf("after cancel: %q", got[0].Data)
+	}
+}
+
+func TestCloseWakesRecv(t *testing.T) {
+	c, err := Listen(loopback, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Recv(context.Background(), bufs(1, 64))
+		errc <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errc:
+		if !errors.Is(err, transport.ErrClosed) {
+			t.Fatalf("Recv after Close: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not wake Recv")
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if _, err := c.Send([]transport.Packet{{Addr: c.LocalAddr(), Data: []byte("x")}}); !errors.Is(err, transport.ErrClosed) {
+		t.Fatalf("Send after Close: %v", err)
+	}
+}
+
+func TestConcurrentSend(t *testing.T) {
+	a, b := listenT(t, Options{}), listenT(t, Options{})
+	const senders, each = 4, 250
+	var wg sync.WaitGroup
+	for s := range senders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				var d [8]byte
+				binary.BigEndian.PutUint32(d[:], uint32(s))
+				binary.BigEndian.PutUint32(d[4:], uint32(i))
+				if _, err := a.Send([]transport.Packet{{Addr: b.LocalAddr(), Data: d[:]}}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	got := recvAll(t, b, senders*each)
+	wg.Wait()
+	seen := map[[8]byte]bool{}
+	for _, p := range got {
+		seen[[8]byte(p.Data)] = true
+	}
+	if len(seen) != senders*each {
+		t.Fatalf("%d distinct datagrams, want %d", len(seen), senders*each)
+	}
+}
+
+func TestBuffers(t *testing.T) {
+	c := listenT(t, Options{ReadBuffer: 1 << 20, WriteBuffer: 1 << 20})
+	r, w := c.Buffers()
+	// The kernel doubles the request; as root, SO_RCVBUFFORCE grants it whatever rmem_max says.
+	if r < 1<<20 || w < 1<<20 {
+		t.Logf("buffers %d/%d (capped by net.core.rmem_max/wmem_max without CAP_NET_ADMIN)", r, w)
+	}
+}
+
+// TestGroupSteer checks that the reuseport program delivers each datagram to
+// the socket its payload field names, for every socket of the group.
+func TestGroupSteer(t *testing.T) {
+	const n = 4
+	group, err := ListenGroup(loopback, n, Options{Steer: &Steer{Offset: 4, Mask: 0xff}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, c := range group {
+			_ = c.Close()
+		}
+	})
+	for i, c := range group {
+		if c.LocalAddr() != group[0].LocalAddr() {
+			t.Fatalf("socket %d on %v, socket 0 on %v", i, c.LocalAddr(), group[0].LocalAddr())
+		}
+	}
+	src := listenT(t, Options{})
+	const per = 20
+	var pkts []transport.Packet
+	for i := range n * per {
+		d := make([]byte, 8)
+		binary.BigEndian.PutUint32(d[4:], uint32(i%n+n*(i%3))) // field mod n selects the socket
+		pkts = append(pkts, transport.Packet{Addr: group[0].LocalAddr(), Data: d})
+	}
+	pkts = append(pkts, transport.Packet{Addr: group[0].LocalAddr(), Data: []byte{1, 2}}) // too short: socket 0
+	if _, err := src.Send(pkts); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range group {
+		want := per
+		if i == 0 {
+			want++
+		}
+		got := recvAll(t, c, want)
+		for _, p := range got {
+			if len(p.Data) == 8 && int(binary.BigEndian.Uint32(p.Data[4:]))%n != i {
+				t.Fatalf("socket %d got a datagram for %d", i, binary.BigEndian.Uint32(p.Data[4:])%n)
+			}
+		}
+	}
+}
+
+func TestIPv6(t *testing.T) {
+	c, err := Listen(netip.MustParseAddrPort("[::1]:0"), Options{})
+	if err != nil {
+		var se *net.OpError
+		if errors.As(err, &se) {
+			t.Skipf("no IPv6 loopback: %v", err)
+		}
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.MaxPayload() != MaxPayloadIPv6 {
+		t.Fatalf("MaxPayload %d", c.MaxPayload())
+	}
+	if _, err := c.Send([]transport.Packet{{Addr: c.LocalAddr(), Data: []byte("six")}}); err != nil {
+		t.Fatal(err)
+	}
+	got := recvAll(t, c, 1)
+	if string(got[0].Data) != "six" || got[0].Addr != c.LocalAddr() {
+		t.Fatalf("got %q from %v", got[0].Data, got[0].Addr)
+	}
+	if _, err := c.Send([]transport.Packet{{Addr: netip.MustParseAddrPort("127.0.0.1:9"), Data: []byte("x")}}); !errors.Is(err, transport.ErrAddr) {
+		t.Fatalf("IPv4 destination from an IPv6 socket: %v", err)
+	}
+}
+
+func TestListenErrors(t *testing.T) {
+	if _, err := Listen(netip.AddrPort{}, Options{}); !errors.Is(err, transport.ErrAddr) {
+		t.Errorf("invalid address: %v", err)
+	}
+	if _, err := Listen(loopback, Options{MaxPayload: MaxPayloadIPv4 + 1}); err == nil {
+		t.Error("max payload above the IPv4 limit accepted")
+	}
+	if _, err := ListenGroup(loopback, 0, Options{}); err == nil {
+		t.Error("empty group accepted")
+	}
+	if got := MaxPayloadForMTU(1500, false); got != 1472 {
+		t.Errorf("MaxPayloadForMTU(1500, v4) = %d", got)
+	}
+	if got := MaxPayloadForMTU(1500, true); got != 1452 {
+		t.Errorf("MaxPayloadForMTU(1500, v6) = %d", got)
+	}
+}
