@@ -34,6 +34,18 @@ type Config struct {
 	Interfaces []attach.Attachment `json:"interfaces,omitempty"`
 	// Rules is a rule file applied when the state file holds no rules.
 	Rules string `json:"rules,omitempty"`
+	// Messaging runs the messaging service's routing agent (Buddy) when
+	// set: docs/messaging.md describes its cluster file.
+	Messaging *Messaging `json:"messaging,omitempty"`
+}
+
+// Messaging says which routing agent lovelockd runs.
+type Messaging struct {
+	// Cluster is the messaging cluster file (YAML or JSON): mode, nodes,
+	// ranks and knobs, the same on every node.
+	Cluster string `json:"cluster"`
+	// Node is this node's name in the cluster file.
+	Node string `json:"node"`
 }
 
 // Defaults returns the configuration used when no file exists.
@@ -71,6 +83,9 @@ func (c Config) Validate() error {
 	}
 	if c.Port == 0 {
 		return errors.New("config: port must be 1-65535")
+	}
+	if m := c.Messaging; m != nil && (m.Cluster == "" || m.Node == "") {
+		return errors.New("config: messaging needs both cluster (a file) and node (a name in it)")
 	}
 	for i, a := range c.Interfaces {
 		if a.Iface == "" {

@@ -15,6 +15,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,6 +28,7 @@ import (
 	"github.com/lovelock-dpu/lovelock/control/api"
 	"github.com/lovelock-dpu/lovelock/control/attach"
 	"github.com/lovelock-dpu/lovelock/control/rules"
+	"github.com/lovelock-dpu/lovelock/dataplane/messaging"
 )
 
 // Daemon is a running lovelockd. Its methods implement api.Service.
@@ -38,6 +40,8 @@ type Daemon struct {
 	mu    sync.Mutex // serialises changes to the data plane and the state
 	node  *attach.Node
 	state State
+
+	agent atomic.Pointer[messaging.Agent] // the running messaging agent, if any
 }
 
 // New opens the data plane and reconciles it with the state file. It fails
@@ -126,6 +130,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 			}
 		}()
 		d.log.Info("metrics", "addr", ln.Addr().String())
+	}
+	if d.cfg.Messaging != nil {
+		go d.superviseAgent(ctx)
 	}
 	d.log.Info("ready", "socket", d.cfg.Socket)
 	select {

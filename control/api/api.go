@@ -11,6 +11,7 @@
 //	POST   /v1/rules                    rules.Rule (add one)          -> Applied
 //	DELETE /v1/rules/{name}             delete one                    -> Applied
 //	GET    /v1/stats                    Stats
+//	GET    /v1/msg/stats                messaging.Stats of the routing agent
 //
 // Errors come back as {"error": "..."} with a 4xx status for bad requests and
 // 5xx for failures of the node.
@@ -22,6 +23,7 @@ import (
 	"github.com/lovelock-dpu/lovelock/bpf"
 	"github.com/lovelock-dpu/lovelock/control/attach"
 	"github.com/lovelock-dpu/lovelock/control/rules"
+	"github.com/lovelock-dpu/lovelock/dataplane/messaging"
 )
 
 // DefaultSocket is where lovelockd listens.
@@ -81,6 +83,9 @@ type Service interface {
 	AddRule(rules.Rule) (Applied, error)
 	DeleteRule(name string) (Applied, error)
 	Stats() (Stats, error)
+	// MsgStats reports the messaging agent's counters; a NotFoundError
+	// when the node runs no agent.
+	MsgStats() (messaging.Stats, error)
 }
 
 // BadRequestError marks errors caused by the request (reported as 400).

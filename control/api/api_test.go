@@ -13,6 +13,7 @@ import (
 	"github.com/lovelock-dpu/lovelock/control/attach"
 	"github.com/lovelock-dpu/lovelock/control/rules"
 	"github.com/lovelock-dpu/lovelock/control/testenv"
+	"github.com/lovelock-dpu/lovelock/dataplane/messaging"
 )
 
 // fakeService records calls; it stands in for the daemon so that routing,
@@ -50,6 +51,10 @@ func (f *fakeService) DeleteRule(name string) (api.Applied, error) {
 }
 func (f *fakeService) Stats() (api.Stats, error) {
 	return api.Stats{Verdicts: map[string]api.Counter{"rx": {Packets: 3, Bytes: 180}}}, nil
+}
+
+func (f *fakeService) MsgStats() (messaging.Stats, error) {
+	return messaging.Stats{}, &api.NotFoundError{Err: errors.New("this node runs no messaging agent")}
 }
 
 func serve(t *testing.T, svc api.Service) *api.Client {
@@ -142,6 +147,7 @@ func TestErrors(t *testing.T) {
 		}, "interface nope0"},
 		{"not found", func() error { return cl.Detach(ctx, "p0", attach.HookXDP) }, "not attached"},
 		{"unknown rule", func() error { _, err := cl.DeleteRule(ctx, "x"); return err }, "rule x: no such rule"},
+		{"no agent", func() error { _, err := cl.MsgStats(ctx); return err }, "no messaging agent"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := tc.call(); err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/lovelock-dpu/lovelock/control/attach"
 	"github.com/lovelock-dpu/lovelock/control/rules"
+	"github.com/lovelock-dpu/lovelock/dataplane/messaging"
 )
 
 // ErrNoDaemon reports that no lovelockd answers on the socket.
@@ -110,6 +111,11 @@ func (c *Client) AddRule(ctx context.Context, rule rules.Rule) (r Applied, err e
 // DeleteRule removes the rule called name.
 func (c *Client) DeleteRule(ctx context.Context, name string) (r Applied, err error) {
 	return r, c.do(ctx, http.MethodDelete, "/v1/rules/"+url.PathEscape(name), nil, &r)
+}
+
+// MsgStats reads the messaging agent's counters.
+func (c *Client) MsgStats(ctx context.Context) (s messaging.Stats, err error) {
+	return s, c.do(ctx, http.MethodGet, "/v1/msg/stats", nil, &s)
 }
 
 // Stats reads the data plane's counters.

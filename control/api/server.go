@@ -61,6 +61,9 @@ func Handler(svc Service) http.Handler {
 	mux.HandleFunc("GET /v1/stats", func(w http.ResponseWriter, r *http.Request) {
 		reply(w, svc.Stats)
 	})
+	mux.HandleFunc("GET /v1/msg/stats", func(w http.ResponseWriter, r *http.Request) {
+		reply(w, svc.MsgStats)
+	})
 	return mux
 }
 

@@ -30,6 +30,7 @@ func App(stdout, stderr io.Writer) *ucli.App {
 			rulesCommand(),
 			statsCommand(),
 			captureCommand(),
+			msgCommand(),
 			imageCommand(),
 			testbedCommand(),
 			planCommand(),

@@ -31,6 +31,7 @@ func TestHelp(t *testing.T) {
 		{"stats", "--help"},
 		{"capture", "--help"},
 		{"image", "--help"},
+		{"msg", "stats", "--help"},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			var out bytes.Buffer

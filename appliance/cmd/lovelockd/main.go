@@ -49,6 +49,8 @@ func app() *ucli.App {
 			&ucli.StringSliceFlag{Name: "xdp", Usage: "attach XDP (native mode) to this interface at start (repeatable)"},
 			&ucli.StringSliceFlag{Name: "xdp-generic", Usage: "attach XDP in generic mode, for drivers without XDP (repeatable)"},
 			&ucli.StringSliceFlag{Name: "tc-egress", Usage: "attach the TC egress classifier to this interface (repeatable)"},
+			&ucli.StringFlag{Name: "msg-cluster", Usage: "run the messaging routing agent with this cluster file (docs/messaging.md)"},
+			&ucli.StringFlag{Name: "msg-node", Usage: "this node's name in the messaging cluster file"},
 			&ucli.BoolFlag{Name: "json-log", Usage: "log as JSON instead of text"},
 		},
 		Action: run,
@@ -75,6 +77,9 @@ func run(c *ucli.Context) error {
 		cfg.Metrics = ""
 	}
 	cfg.Interfaces = append(cfg.Interfaces, interfaceFlags(c)...)
+	if c.IsSet("msg-cluster") || c.IsSet("msg-node") {
+		cfg.Messaging = &config.Messaging{Cluster: c.String("msg-cluster"), Node: c.String("msg-node")}
+	}
 	if err := cfg.Validate(); err != nil {
 		return err
 	}

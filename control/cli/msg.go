@@ -1,0 +1,53 @@
+package cli
+
+import (
+	"fmt"
+
+	ucli "github.com/urfave/cli/v2"
+)
+
+func msgCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:  "msg",
+		Usage: "the messaging service (Buddy): small messages aggregated and routed by the DPU's agent",
+		Description: "lovelockd runs the routing agent when its config names a messaging cluster file\n" +
+			"(--msg-cluster, --msg-node); docs/messaging.md describes the service, its file and knobs.",
+		Subcommands: []*ucli.Command{{
+			Name:  "stats",
+			Usage: "per destination: bytes, messages, bundles, average bundle size, flush reasons; drops",
+			Flags: []ucli.Flag{outputFlag()},
+			Action: func(c *ucli.Context) error {
+				asJSON, err := wantJSON(c)
+				if err != nil {
+					return err
+				}
+				st, err := client(c).MsgStats(c.Context)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return writeJSON(c.App.Writer, st)
+				}
+				w := c.App.Writer
+				fmt.Fprintf(w, "%s %s, mode %s, %d workers, transfer size %d bytes\n\n", st.Role, st.Node, st.Mode, st.Workers, st.TransferSize)
+				tw := newTable(w)
+				fmt.Fprintln(tw, "DESTINATION\tADDR\tBYTES\tMESSAGES\tBUNDLES\tAVG BUNDLE\tFULL\tTIMEOUT\tIDLE\tEXPLICIT\tRETRANSMITS\tBLOCKED\tPROBES\tPEER RESETS")
+				for _, d := range st.Destinations {
+					fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.0f\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", d.Name, d.Addr, d.Bytes, d.Messages, d.Bundles,
+						d.AvgBundleBytes, d.Flushes.Full, d.Flushes.Timeout, d.Flushes.Idle, d.Flushes.Explicit, d.Retransmits, d.Blocked, d.Probes, d.PeerResets)
+				}
+				if err := tw.Flush(); err != nil {
+					return err
+				}
+				r := st.Received
+				fmt.Fprintf(w, "\nreceived: %d bundles, %d messages, %d bytes, %d duplicates\n", r.Bundles, r.Messages, r.Bytes, r.Duplicates)
+				dr := st.Drops
+				fmt.Fprintf(w, "drops: %d in all: malformed %d, bad bundle %d, bad credit %d, unknown rank %d, wrong tenant %d, "+
+					"wrong dest %d, out of window %d, oversize %d, orphans %d, too many links %d, dead peer %d, send errors %d, mailbox %d\n",
+					dr.Total(), dr.Malformed, dr.BadBundle, dr.BadCredit, dr.UnknownRank, dr.WrongTenant, dr.WrongDest, dr.OutOfWindow,
+					dr.Oversize, dr.Orphans, dr.TooManyLinks, dr.DeadPeer, dr.SendErrors, dr.Mailbox)
+				return nil
+			},
+		}},
+	}
+}
