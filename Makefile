@@ -72,6 +72,8 @@ test: deps ## run every test (privileged ones need root) and short fuzz runs
 	$(GO) tool gotestsum --format testname -- -count=1 ./...
 	$(GO) test -run='^$$' -fuzz='^FuzzDecode$$' -fuzztime=$(FUZZTIME) ./dataplane/wire/
 	$(GO) test -run='^$$' -fuzz='^FuzzFrame$$' -fuzztime=$(FUZZTIME) ./dataplane/wire/
+	$(GO) test -run='^$$' -fuzz='^FuzzBundle$$' -fuzztime=$(FUZZTIME) ./dataplane/messaging/bundle/
+	$(GO) test -run='^$$' -fuzz='^FuzzAgent$$' -fuzztime=$(FUZZTIME) ./dataplane/messaging/
 
 .PHONY: bench
 bench: bench-steer ## run the benchmarks
