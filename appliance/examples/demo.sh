@@ -67,6 +67,10 @@ sleep 0.5
 say "per-rule and per-verdict counters on dpu0: each class went where its rule said"
 "$lovelock" --socket "$RUN/dpu0.sock" stats
 
+say "messaging (Buddy): Histogram on host0 and host1, small messages aggregated by agents on dpu0 and dpu1"
+# bench-msg builds its own testbed (prefix bm<pid>-) and removes it when done.
+"$BIN/bench-msg" -demo -inserts 200000
+
 say "the cost and energy model of SmartNIC-hosted clusters (the Lovelock paper)"
 "$lovelock" plan --scenario paper
 "$lovelock" plan --phi 3 --slowdown 1.2

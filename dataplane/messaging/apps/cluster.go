@@ -1,0 +1,230 @@
+// Package apps holds applications of the messaging service after the Buddy
+// paper's evaluation: Histogram (random increments into a table spread over
+// all ranks) and single-source shortest paths (Bellman-Ford relaxation
+// messages on an R-MAT graph). Each runs over a Cluster of agents and
+// clients, checks its own result exactly against a local recomputation, and
+// reports its throughput.
+package apps
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/messaging"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
+)
+
+// Layout describes a cluster: its mode, its nodes, their clients and the
+// ranks each client serves (consecutive, node by node).
+type Layout struct {
+	Mode           messaging.Mode
+	Nodes          int
+	ClientsPerNode int
+	RanksPerClient int
+	// Workers is the agents' worker count (0: 2).
+	Workers int
+	// Tune adjusts the config (defaults plus the layout) before validation.
+	Tune func(*messaging.Config)
+	// ListenAgent opens node n's agent sockets (a SO_REUSEPORT group of
+	// workers sockets steered by destination endpoint, as in opts); nil
+	// opens them on loopback: 127.0.1.(n+1) in ModeDPU (a DPU of its own),
+	// 127.0.0.1 otherwise.
+	ListenAgent func(n int, opts udp.Options, workers int) ([]*udp.Conn, error)
+	// ListenClient opens the socket of client c of node n; nil opens it on
+	// 127.0.0.1.
+	ListenClient func(n, c int, opts udp.Options) (*udp.Conn, error)
+	// MaxPayload caps every socket's datagram size (0: no cap).
+	MaxPayload int
+}
+
+// Ranks is the number of ranks of the layout.
+func (l Layout) Ranks() uint32 { return uint32(l.Nodes * l.ClientsPerNode * l.RanksPerClient) }
+
+// Cluster is a running set of agents (in the modes that have them) and
+// clients.
+type Cluster struct {
+	Config  messaging.Config
+	Agents  []*messaging.Agent
+	Clients []*messaging.Client // node by node, client by client
+	perRank int
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	errs    []error
+}
+
+// StartCluster opens every socket, starts the agents and the clients. Every
+// client delivers its messages to handler (on its own delivery goroutine,
+// one message at a time per client).
+func StartCluster(l Layout, handler func(rank uint32, payload []byte)) (*Cluster, error) {
+	if l.Nodes < 1 || l.ClientsPerNode < 1 || l.RanksPerClient < 1 {
+		return nil, errors.New("apps: layout needs at least one node, client and rank")
+	}
+	workers := l.Workers
+	if workers == 0 {
+		workers = 2
+	}
+	cfg := messaging.Defaults()
+	cfg.Mode = l.Mode
+	cfg.Workers = workers
+	cfg.SenderShards = 2
+	cfg.SocketBuffer = 4 << 20
+	if l.Tune != nil {
+		l.Tune(&cfg)
+	}
+	cl := &Cluster{perRank: l.RanksPerClient}
+	var agentTrs [][]transport.Transport
+	var clientTrs []transport.Transport
+	closeAll := func() {
+		for _, g := range agentTrs {
+			for _, t := range g {
+				_ = t.Close()
+			}
+		}
+		for _, t := range clientTrs {
+			_ = t.Close()
+		}
+	}
+	rank := uint32(0)
+	for n := range l.Nodes {
+		node := messaging.Node{Name: fmt.Sprintf("node%d", n)}
+		opts := udp.Options{ReadBuffer: cfg.SocketBuffer, WriteBuffer: cfg.SocketBuffer, MaxPayload: l.MaxPayload}
+		if l.Mode.HasAgent() {
+			aopts := opts
+			aopts.Steer = &udp.Steer{Offset: wire.OffsetDst, Mask: messaging.MaxWorkers - 1}
+			listen := l.ListenAgent
+			if listen == nil {
+				listen = func(n int, opts udp.Options, workers int) ([]*udp.Conn, error) {
+					ip := netip.AddrFrom4([4]byte{127, 0, 0, 1})
+					if l.Mode == messaging.ModeDPU {
+						ip = netip.AddrFrom4([4]byte{127, 0, 1, byte(n + 1)})
+					}
+					return udp.ListenGroup(netip.AddrPortFrom(ip, 0), workers, opts)
+				}
+			}
+			group, err := listen(n, aopts, workers)
+			if err != nil {
+				closeAll()
+				return nil, fmt.Errorf("apps: node %d agent: %w", n, err)
+			}
+			var trs []transport.Transport
+			for _, g := range group {
+				trs = append(trs, g)
+			}
+			agentTrs = append(agentTrs, trs)
+			node.Agent = group[0].LocalAddr()
+		}
+		for c := range l.ClientsPerNode {
+			listen := l.ListenClient
+			if listen == nil {
+				listen = func(_, _ int, opts udp.Options) (*udp.Conn, error) {
+					return udp.Listen(netip.MustParseAddrPort("127.0.0.1:0"), opts)
+				}
+			}
+			tr, err := listen(n, c, opts)
+			if err != nil {
+				closeAll()
+				return nil, fmt.Errorf("apps: node %d client %d: %w", n, c, err)
+			}
+			clientTrs = append(clientTrs, tr)
+			node.Clients = append(node.Clients, messaging.ClientSpec{
+				Name: fmt.Sprintf("c%d", c), Addr: tr.LocalAddr(), Ranks: messaging.Range(rank, rank+uint32(l.RanksPerClient)-1),
+			})
+			rank += uint32(l.RanksPerClient)
+		}
+		cfg.Nodes = append(cfg.Nodes, node)
+	}
+	if err := cfg.Validate(); err != nil {
+		closeAll()
+		return nil, err
+	}
+	cl.Config = cfg
+	ctx, cancel := context.WithCancel(context.Background())
+	cl.cancel = cancel
+	for n := range agentTrs {
+		a, err := messaging.NewAgent(cfg, cfg.Nodes[n].Name, messaging.AgentOptions{Transports: agentTrs[n]})
+		if err != nil {
+			for _, t := range agentTrs[n] {
+				_ = t.Close()
+			}
+			_ = cl.Close()
+			return nil, err
+		}
+		agentTrs[n] = nil // owned by the agent now
+		cl.Agents = append(cl.Agents, a)
+		cl.wg.Add(1)
+		go func() {
+			defer cl.wg.Done()
+			if err := a.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+				cl.mu.Lock()
+				cl.errs = append(cl.errs, fmt.Errorf("agent %d: %w", n, err))
+				cl.mu.Unlock()
+			}
+		}()
+	}
+	i := 0
+	for n := range l.Nodes {
+		for c := range l.ClientsPerNode {
+			c, err := messaging.NewClient(cfg, cfg.Nodes[n].Name, fmt.Sprintf("c%d", c),
+				messaging.ClientOptions{Transport: clientTrs[i], Handler: handler})
+			if err != nil {
+				for _, t := range clientTrs[i:] {
+					_ = t.Close()
+				}
+				_ = cl.Close()
+				return nil, err
+			}
+			cl.Clients = append(cl.Clients, c)
+			i++
+		}
+	}
+	return cl, nil
+}
+
+// Ranks is the number of ranks of the cluster.
+func (c *Cluster) Ranks() uint32 { return uint32(len(c.Clients) * c.perRank) }
+
+// ClientOf returns the client that serves rank.
+func (c *Cluster) ClientOf(rank uint32) *messaging.Client { return c.Clients[int(rank)/c.perRank] }
+
+// Flush flushes every client.
+func (c *Cluster) Flush(ctx context.Context) error {
+	var errs []error
+	for _, cl := range c.Clients {
+		errs = append(errs, cl.Flush(ctx))
+	}
+	return errors.Join(errs...)
+}
+
+// Stats returns the clients' and the agents' counters.
+func (c *Cluster) Stats() (clients, agents []messaging.Stats) {
+	for _, cl := range c.Clients {
+		clients = append(clients, cl.Stats())
+	}
+	for _, a := range c.Agents {
+		agents = append(agents, a.Stats())
+	}
+	return clients, agents
+}
+
+// Close stops the clients and the agents, and returns the agents' errors.
+func (c *Cluster) Close() error {
+	for _, cl := range c.Clients {
+		_ = cl.Close()
+	}
+	if c.cancel != nil {
+		c.cancel()
+	}
+	c.wg.Wait()
+	for _, a := range c.Agents {
+		_ = a.Close()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return errors.Join(c.errs...)
+}

@@ -1,0 +1,422 @@
+// Command bench-msg measures the messaging service on the netns testbed:
+// messages per second and bytes per second from host0 to ranks on host1,
+// with one UDP datagram per message as the baseline, with agents on the DPUs
+// (dpu0, dpu1) and with agents on the hosts, then a transfer-size sweep and
+// a workers sweep. It brings up a testbed of its own, under a unique prefix,
+// and tears it down on exit. With -demo it runs Histogram across host0 and
+// host1 through their DPUs instead. Needs root.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/lovelock-dpu/lovelock/control/testbed"
+	"github.com/lovelock-dpu/lovelock/dataplane/messaging"
+	"github.com/lovelock-dpu/lovelock/dataplane/messaging/apps"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
+)
+
+var (
+	prefix   = flag.String("prefix", fmt.Sprintf("bm%d-", os.Getpid()%100000), "namespace prefix of the testbed this run brings up (and removes)")
+	duration = flag.Duration("duration", time.Second, "measured time per configuration (after a 200ms warm-up)")
+	sizes    = flag.String("sizes", "8,16,64,256", "message sizes, bytes")
+	mtu      = flag.Int("mtu", 1500, "MTU of the testbed's veths (9000 lets bundles reach 8972 bytes)")
+	ranks    = flag.Int("ranks", 4, "ranks per host")
+	senders  = flag.Int("senders", 2, "sending goroutines on host0")
+	workers  = flag.Int("workers", 2, "agent workers")
+	sweep    = flag.Bool("sweep", true, "run the transfer-size and workers sweeps")
+	demo     = flag.Bool("demo", false, "run Histogram across host0 and host1 through their DPUs, print throughput and bundle sizes, and exit")
+	inserts  = flag.Int("inserts", 200000, "-demo: inserts per rank")
+)
+
+func main() {
+	flag.Parse()
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench-msg:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	spec := testbed.DefaultSpec()
+	spec.Prefix = *prefix
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	fmt.Printf("testbed %q: up\n", spec.Prefix)
+	defer func() {
+		dctx, dcancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer dcancel()
+		if err := testbed.Down(dctx, spec); err != nil {
+			fmt.Fprintln(os.Stderr, "bench-msg: testbed down:", err)
+		}
+	}()
+	if err := testbed.Up(ctx, spec); err != nil {
+		return err
+	}
+	if *mtu != 1500 {
+		if err := setMTU(spec, *mtu); err != nil {
+			return err
+		}
+	}
+	maxPayload := udp.MaxPayloadForMTU(*mtu, false)
+	fmt.Printf("veth MTU %d: bundles are capped at %d B by the transport", *mtu, maxPayload)
+	if *mtu == 1500 {
+		fmt.Printf(" (raise it with -mtu 9000 for up to %d B)", udp.MaxPayloadForMTU(9000, false))
+	}
+	fmt.Println()
+	b := &bench{spec: spec, maxPayload: maxPayload}
+	if *demo {
+		return b.demo(ctx)
+	}
+	var msgSizes []int
+	for _, f := range strings.Split(*sizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return fmt.Errorf("bad -sizes %q", *sizes)
+		}
+		msgSizes = append(msgSizes, n)
+	}
+
+	fmt.Printf("\nhost0 → %d ranks on host1, %d senders, %d agent workers, %v per point\n", *ranks, *senders, *workers, *duration)
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "size B\tbaseline msg/s\tMB/s\tdpu msg/s\tMB/s\t×base\thost msg/s\tMB/s\t×base\tbundle B (dpu)\tretx (dpu)\t")
+	type row struct {
+		size            int
+		base, dpu, host point
+	}
+	var rows []row
+	for _, sz := range msgSizes {
+		r := row{size: sz}
+		var err error
+		if r.base, err = b.baseline(ctx, sz); err != nil {
+			return err
+		}
+		if r.dpu, err = b.messaging(ctx, messaging.ModeDPU, sz, messaging.DefaultTransferSize, *workers); err != nil {
+			return err
+		}
+		if r.host, err = b.messaging(ctx, messaging.ModeHost, sz, messaging.DefaultTransferSize, *workers); err != nil {
+			return err
+		}
+		rows = append(rows, r)
+		fmt.Fprintf(tw, "%d\t%.0f\t%.1f\t%.0f\t%.1f\t%.1f\t%.0f\t%.1f\t%.1f\t%.0f\t%d\t\n", sz,
+			r.base.rate, r.base.mbps(sz), r.dpu.rate, r.dpu.mbps(sz), r.dpu.rate/r.base.rate,
+			r.host.rate, r.host.mbps(sz), r.host.rate/r.base.rate, r.dpu.bundle, r.dpu.retx)
+	}
+	tw.Flush()
+	holds := true
+	checked := false
+	for _, r := range rows {
+		if r.size >= 16 && r.size <= 64 {
+			checked = true
+			if r.dpu.rate < 10*r.base.rate {
+				holds = false
+			}
+		}
+	}
+	if checked {
+		fmt.Printf("≥10x over the baseline for 16-64 B messages (dpu mode): %v\n", holds)
+	}
+	if !*sweep {
+		return nil
+	}
+
+	fmt.Printf("\ntransfer-size sweep: dpu mode, 16 B messages, %d workers\n", *workers)
+	tw = tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "transfer_size\tmsg/s\tMB/s\tbundle B\tretx\t")
+	for ts := 1024; ; ts *= 2 {
+		t := min(ts, maxPayload)
+		p, err := b.messaging(ctx, messaging.ModeDPU, 16, t, *workers)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(tw, "%d\t%.0f\t%.1f\t%.0f\t%d\t\n", t, p.rate, p.mbps(16), p.bundle, p.retx)
+		if t == maxPayload {
+			break
+		}
+	}
+	tw.Flush()
+	if maxPayload < 2048 {
+		fmt.Printf("(the %d-byte MTU caps bundles at %d B: run with -mtu 9000 to sweep further)\n", *mtu, maxPayload)
+	}
+
+	fmt.Printf("\nworkers sweep: dpu mode, 16 B messages, transfer_size %d\n", min(messaging.DefaultTransferSize, maxPayload))
+	tw = tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "workers\tmsg/s\tMB/s\tbundle B\tretx\t")
+	for _, w := range []int{1, 2} {
+		p, err := b.messaging(ctx, messaging.ModeDPU, 16, messaging.DefaultTransferSize, w)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(tw, "%d\t%.0f\t%.1f\t%.0f\t%d\t\n", w, p.rate, p.mbps(16), p.bundle, p.retx)
+	}
+	tw.Flush()
+	return nil
+}
+
+// setMTU sets the MTU of every veth and bridge of the testbed.
+func setMTU(spec testbed.Spec, mtu int) error {
+	for pass := 0; pass < 2; pass++ { // bridges follow their ports
+		for _, node := range spec.NodeNames() {
+			err := spec.Run(node, func() error {
+				links, err := netlink.LinkList()
+				if err != nil {
+					return err
+				}
+				for _, l := range links {
+					if l.Attrs().Flags&net.FlagLoopback != 0 || l.Attrs().MTU == mtu {
+						continue
+					}
+					if err := netlink.LinkSetMTU(l, mtu); err != nil {
+						return fmt.Errorf("%s mtu %d: %w", l.Attrs().Name, mtu, err)
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+		}
+	}
+	fmt.Printf("raised the MTU of this testbed's veths and bridge to %d\n", mtu)
+	return nil
+}
+
+type bench struct {
+	spec       testbed.Spec
+	maxPayload int
+}
+
+type point struct {
+	rate   float64 // messages delivered per second
+	bundle float64 // average bundle bytes sent by host0's client
+	retx   uint64  // retransmitted bundles, clients and agents
+}
+
+func (p point) mbps(size int) float64 { return p.rate * float64(size) / 1e6 }
+
+func (b *bench) addr(node string) netip.Addr {
+	a, err := b.spec.NodeAddr(node)
+	if err != nil {
+		panic(err)
+	}
+	return a
+}
+
+// window runs load until stopped, and returns the rate of count over
+// -duration after a warm-up.
+func window(ctx context.Context, count *atomic.Uint64) float64 {
+	select {
+	case <-time.After(200 * time.Millisecond):
+	case <-ctx.Done():
+		return 0
+	}
+	c0, t0 := count.Load(), time.Now()
+	select {
+	case <-time.After(*duration):
+	case <-ctx.Done():
+	}
+	return float64(count.Load()-c0) / time.Since(t0).Seconds()
+}
+
+// baseline sends one UDP datagram per message (batched sendmmsg), from
+// host0 to one socket per rank on host1, and counts what arrives.
+func (b *bench) baseline(ctx context.Context, size int) (point, error) {
+	var rx []*udp.Conn
+	var tx *udp.Conn
+	closeAll := func() {
+		for _, c := range rx {
+			_ = c.Close()
+		}
+		if tx != nil {
+			_ = tx.Close()
+		}
+	}
+	defer closeAll()
+	opts := udp.Options{ReadBuffer: 4 << 20, WriteBuffer: 4 << 20}
+	err := b.spec.Run("host1", func() error {
+		for range *ranks {
+			c, err := udp.Listen(netip.AddrPortFrom(b.addr("host1"), 0), opts)
+			if err != nil {
+				return err
+			}
+			rx = append(rx, c)
+		}
+		return nil
+	})
+	if err != nil {
+		return point{}, err
+	}
+	var txs []*udp.Conn
+	err = b.spec.Run("host0", func() error {
+		for range *senders {
+			c, err := udp.Listen(netip.AddrPortFrom(b.addr("host0"), 0), opts)
+			if err != nil {
+				return err
+			}
+			txs = append(txs, c)
+		}
+		return nil
+	})
+	defer func() {
+		for _, c := range txs {
+			_ = c.Close()
+		}
+	}()
+	if err != nil {
+		return point{}, err
+	}
+	var got atomic.Uint64
+	lctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for _, c := range rx {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pkts := make([]transport.Packet, 64)
+			for i := range pkts {
+				pkts[i].Data = make([]byte, 2048)
+			}
+			for {
+				n, err := c.Recv(lctx, pkts)
+				if err != nil {
+					return
+				}
+				got.Add(uint64(n))
+			}
+		}()
+	}
+	for s, c := range txs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pkts := make([]transport.Packet, 64)
+			payload := make([]byte, size)
+			for i := range pkts {
+				pkts[i] = transport.Packet{Data: payload, Addr: rx[(s+i)%len(rx)].LocalAddr()}
+			}
+			for lctx.Err() == nil {
+				if _, err := c.Send(pkts); err != nil {
+					time.Sleep(10 * time.Microsecond)
+				}
+			}
+		}()
+	}
+	rate := window(ctx, &got)
+	stop()
+	for _, c := range rx {
+		_ = c.Close()
+	}
+	rx = nil
+	wg.Wait()
+	return point{rate: rate}, nil
+}
+
+// layout is the two-node cluster of host0 and host1: one client per host
+// serving -ranks ranks, the agents on the DPUs (ModeDPU, their sockets
+// opened inside dpu0 and dpu1) or on the hosts (ModeHost).
+func (b *bench) layout(mode messaging.Mode, tsize, w int) apps.Layout {
+	return apps.Layout{
+		Mode: mode, Nodes: 2, ClientsPerNode: 1, RanksPerClient: *ranks, Workers: w, MaxPayload: b.maxPayload,
+		Tune: func(c *messaging.Config) {
+			c.TransferSize = tsize
+			c.SenderShards = *senders
+		},
+		ListenAgent: func(n int, opts udp.Options, workers int) (g []*udp.Conn, err error) {
+			node := fmt.Sprintf("dpu%d", n)
+			if mode == messaging.ModeHost {
+				node = fmt.Sprintf("host%d", n)
+			}
+			err = b.spec.Run(node, func() (err error) {
+				g, err = udp.ListenGroup(netip.AddrPortFrom(b.addr(node), 0), workers, opts)
+				return err
+			})
+			return g, err
+		},
+		ListenClient: func(n, _ int, opts udp.Options) (c *udp.Conn, err error) {
+			node := fmt.Sprintf("host%d", n)
+			err = b.spec.Run(node, func() (err error) {
+				c, err = udp.Listen(netip.AddrPortFrom(b.addr(node), 0), opts)
+				return err
+			})
+			return c, err
+		},
+	}
+}
+
+// messaging sends size-byte messages from host0's client to host1's ranks
+// through the cluster and counts what host1's client delivers.
+func (b *bench) messaging(ctx context.Context, mode messaging.Mode, size, tsize, w int) (point, error) {
+	var got atomic.Uint64
+	cl, err := apps.StartCluster(b.layout(mode, tsize, w), func(uint32, []byte) { got.Add(1) })
+	if err != nil {
+		return point{}, err
+	}
+	defer cl.Close()
+	lctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	first := uint32(*ranks) // host1's ranks
+	for s := range *senders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			payload := make([]byte, size)
+			for i := s; lctx.Err() == nil; i++ {
+				if err := cl.Clients[0].SendContext(lctx, first+uint32(i%*ranks), payload); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	rate := window(ctx, &got)
+	stop()
+	wg.Wait()
+	p := point{rate: rate, bundle: cl.Clients[0].Stats().Sent().AvgBundleBytes}
+	clients, agents := cl.Stats()
+	for _, s := range append(clients, agents...) {
+		p.retx += s.Sent().Retransmits
+	}
+	return p, nil
+}
+
+// demo runs Histogram across host0 and host1 through their DPUs.
+func (b *bench) demo(ctx context.Context) error {
+	l := b.layout(messaging.ModeDPU, messaging.DefaultTransferSize, *workers)
+	h := apps.NewHistogram(l.Ranks(), apps.HistogramParams{InsertsPerRank: *inserts, KeysPerRank: 4096, Seed: 1})
+	cl, err := apps.StartCluster(l, h.Handle)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	res, err := h.Run(rctx, cl)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("histogram: %d ranks on host0 and host1, agents on dpu0 and dpu1: %d inserts in %v: %.0f msg/s, %.1f MB/s; table verified\n",
+		l.Ranks(), res.Messages, res.Elapsed.Round(time.Millisecond), res.Rate(), float64(res.Bytes)/res.Elapsed.Seconds()/1e6)
+	clients, agents := cl.Stats()
+	for i, s := range clients {
+		fmt.Printf("  host%d client: average bundle %.0f B (transfer_size %d)\n", i, s.Sent().AvgBundleBytes, s.TransferSize)
+	}
+	for i, s := range agents {
+		fmt.Printf("  dpu%d agent:   average bundle %.0f B\n", i, s.Sent().AvgBundleBytes)
+	}
+	return nil
+}
