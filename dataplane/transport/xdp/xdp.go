@@ -1,0 +1,682 @@
+// Package xdp is the AF_XDP implementation of transport.Transport: the
+// transport of a DPU agent worker. One Transport owns one AF_XDP socket
+// (dataplane/xsk) bound to an (interface, queue); the steering program
+// (bpf/) redirects the worker's UDP datagrams to it with an xsk:<queue>
+// rule, once the caller has registered the socket with Steer.SetXSK
+// (see [Transport.FD]).
+//
+// Receive keeps only IPv4 UDP datagrams to the transport's local address and
+// port (the Lovelock port), strips the Ethernet (with at most one 802.1Q
+// tag), IPv4 and UDP headers and hands out the UDP payload with the
+// sender's address. Every other frame (not IPv4/UDP, another destination,
+// an IP fragment, inconsistent lengths, a bad IPv4 header checksum) is
+// dropped and counted in [Stats]; nothing on the receive path panics. The
+// UDP checksum of received datagrams is not verified.
+//
+// Send builds Ethernet/IPv4/UDP frames itself: the local interface's MAC as
+// source, the next hop's MAC (the destination, or the gateway of the
+// kernel's route to it) from the kernel's neighbour table, read over
+// netlink and cached for Options.NeighbourTTL. The IPv4 header checksum is
+// always computed, with DF set and TTL 64; the UDP checksum is computed too
+// (RFC 768 allows 0 for IPv4; Options.NoUDPChecksum sends 0 and saves the
+// pass over the payload). When the neighbour table has no usable entry for
+// the next hop, the datagram goes out through a kernel UDP socket bound to
+// the same local address and port instead (which also makes the kernel
+// resolve the neighbour, so the next datagrams take the AF_XDP path), and
+// is counted in Stats.TXFallback; with Options.NoFallback it is refused
+// with an error wrapping ErrNoNeighbour and counted in Stats.TXNoNeighbour.
+//
+// Only IPv4 is carried. MaxPayload is the interface MTU less 28, capped by
+// what one UMEM frame holds (frame size less headroom, the kernel's 256
+// bytes of receive headroom and the Ethernet header).
+package xdp
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
+	"github.com/lovelock-dpu/lovelock/dataplane/xsk"
+)
+
+// ErrNoNeighbour is wrapped by Send, with Options.NoFallback, for a
+// datagram whose next hop has no usable entry in the kernel's neighbour
+// table (or no route through the transport's interface). It also wraps
+// transport.ErrAddr, so callers that skip unusable destinations skip it.
+var ErrNoNeighbour = fmt.Errorf("no neighbour entry for the next hop: %w", transport.ErrAddr)
+
+// DefaultNeighbourTTL is how long a resolved next-hop MAC is used before
+// the neighbour table is read again.
+const DefaultNeighbourTTL = 5 * time.Second
+
+// DefaultSendWait is how long Send waits for room in the TX ring or free
+// UMEM frames before giving up on a datagram.
+const DefaultSendWait = time.Second
+
+// Header sizes.
+const (
+	ethLen  = 14
+	vlanLen = 4
+	ipv4Len = 20
+	udpLen  = 8
+	// Overhead is the IPv4 and UDP header bytes of a datagram: MaxPayload
+	// is the MTU less this.
+	Overhead = ipv4Len + udpLen
+)
+
+// batch is the number of frames built and received per ring access.
+const batch = 64
+
+// Options configure a Transport.
+type Options struct {
+	// Interface names the network interface; Ifindex, when non-zero,
+	// takes precedence.
+	Interface string
+	Ifindex   int
+	// Queue is the interface queue the socket binds to: the <queue> of the
+	// steering rule's xsk:<queue> action.
+	Queue uint32
+	// Addr is the local IPv4 address and UDP port the transport receives
+	// on and sends from. An unspecified or invalid address takes the
+	// interface's first IPv4 address; port 0 takes wire.DefaultPort.
+	Addr netip.AddrPort
+	// UMEM and Socket configure the AF_XDP socket; nil takes xsk's
+	// defaults (copy or zero-copy chosen by the driver).
+	UMEM   *xsk.UMEMConfig
+	Socket *xsk.SocketConfig
+	// NeighbourTTL is how long a next-hop MAC is cached (0:
+	// DefaultNeighbourTTL).
+	NeighbourTTL time.Duration
+	// SendWait bounds how long Send waits for a full TX ring or exhausted
+	// UMEM frames (0: DefaultSendWait).
+	SendWait time.Duration
+	// NoFallback refuses datagrams whose next hop is not resolved
+	// (ErrNoNeighbour) instead of sending them through a kernel UDP socket.
+	// Without it Open binds that socket to Addr, which fails when another
+	// socket holds the port.
+	NoFallback bool
+	// NoUDPChecksum sends UDP checksum 0 (allowed for IPv4).
+	NoUDPChecksum bool
+}
+
+// Stats count a transport's datagrams. RX drops are frames the steering
+// program handed to the socket that Recv did not deliver.
+type Stats struct {
+	RXPackets uint64 // datagrams delivered by Recv
+	RXTrunc   uint64 // of those, cut to the caller's buffer capacity
+	// RXNotUDP counts frames that are not IPv4 UDP (another EtherType,
+	// another IP protocol, an IP fragment).
+	RXNotUDP uint64
+	// RXWrongDest counts IPv4 UDP datagrams to another address or port.
+	RXWrongDest uint64
+	// RXMalformed counts truncated frames, inconsistent IPv4 or UDP
+	// lengths, bad IPv4 versions or header checksums.
+	RXMalformed uint64
+
+	TXPackets     uint64 // datagrams queued on the AF_XDP TX ring
+	TXFallback    uint64 // datagrams sent through the kernel UDP socket
+	TXNoNeighbour uint64 // datagrams refused for want of a neighbour entry
+	TXErrors      uint64 // other datagrams Send returned an error for
+}
+
+// Transport is a transport.Transport over one AF_XDP socket.
+type Transport struct {
+	sock       *xsk.Socket
+	ifindex    int
+	ifname     string
+	local      netip.AddrPort
+	localMAC   net.HardwareAddr
+	mtu        int
+	maxPayload int
+	noUDPSum   bool
+	sendWait   time.Duration
+	ttl        time.Duration
+
+	fallback *net.UDPConn // nil with NoFallback
+
+	neighMu sync.Mutex // nl, neigh
+	nl      *netlink.Handle
+	neigh   map[netip.Addr]neighEntry
+
+	recvMu  sync.Mutex // one Recv at a time: rxDescs
+	rxDescs []xsk.Desc
+
+	txPool sync.Pool // of *txScratch
+	ipID   atomic.Uint32
+
+	closed    atomic.Bool
+	closeOnce sync.Once
+	closeErr  error
+
+	rxPackets, rxTrunc, rxNotUDP, rxWrongDest, rxMalformed atomic.Uint64
+	txPackets, txFallback, txNoNeigh, txErrors             atomic.Uint64
+}
+
+type neighEntry struct {
+	mac     [6]byte
+	expires time.Time
+}
+
+type txScratch struct {
+	bufs   [batch][]byte
+	frames [][]byte
+}
+
+var _ transport.Transport = (*Transport)(nil)
+
+// Open creates the AF_XDP socket on (interface, queue) and the transport
+// around it. It must run on a thread inside the interface's network
+// namespace (see control/netns): the socket, the netlink handle used for
+// neighbour look-ups and the fallback socket all belong to the namespace
+// they are created in, and keep it when used from other threads.
+//
+// The socket receives nothing until the caller registers it with the
+// steering program: Steer.SetXSK(t.Ifindex(), t.Queue(), t.FD()).
+func Open(opts Options) (_ *Transport, err error) {
+	var l netlink.Link
+	if opts.Ifindex != 0 {
+		l, err = netlink.LinkByIndex(opts.Ifindex)
+	} else {
+		l, err = netlink.LinkByName(opts.Interface)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("xdp: interface %q (index %d): %w", opts.Interface, opts.Ifindex, err)
+	}
+	a := l.Attrs()
+	if len(a.HardwareAddr) != 6 {
+		return nil, fmt.Errorf("xdp: interface %s has no Ethernet address", a.Name)
+	}
+	t := &Transport{
+		ifindex: a.Index, ifname: a.Name, localMAC: a.HardwareAddr, mtu: a.MTU,
+		noUDPSum: opts.NoUDPChecksum, sendWait: opts.SendWait, ttl: opts.NeighbourTTL,
+		neigh: make(map[netip.Addr]neighEntry),
+	}
+	if t.sendWait <= 0 {
+		t.sendWait = DefaultSendWait
+	}
+	if t.ttl <= 0 {
+		t.ttl = DefaultNeighbourTTL
+	}
+	name := fmt.Sprintf("xdp %s queue %d", a.Name, opts.Queue)
+
+	ip := opts.Addr.Addr().Unmap()
+	if !ip.IsValid() || ip.IsUnspecified() {
+		addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
+		if err != nil {
+			return nil, fmt.Errorf("%s: list addresses: %w", name, err)
+		}
+		for _, ad := range addrs {
+			if v, ok := netip.AddrFromSlice(ad.IP.To4()); ok {
+				ip = v
+				break
+			}
+		}
+		if !ip.IsValid() {
+			return nil, fmt.Errorf("%s: interface has no IPv4 address: %w", name, transport.ErrAddr)
+		}
+	}
+	if !ip.Is4() {
+		return nil, fmt.Errorf("%s: local address %s is not IPv4: %w", name, ip, transport.ErrAddr)
+	}
+	port := opts.Addr.Port()
+	if port == 0 {
+		port = wire.DefaultPort
+	}
+	t.local = netip.AddrPortFrom(ip, port)
+
+	defer func() {
+		if err != nil {
+			_ = t.Close()
+		}
+	}()
+	if t.nl, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil {
+		return nil, fmt.Errorf("%s: netlink: %w", name, err)
+	}
+	if !opts.NoFallback {
+		t.fallback, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(t.local))
+		if err != nil {
+			return nil, fmt.Errorf("%s: fallback socket: %w", name, err)
+		}
+		// The steering program takes the port's datagrams before the
+		// stack sees them; keep the few that slip past (xsk_miss) small.
+		_ = t.fallback.SetReadBuffer(4096)
+	}
+	if t.sock, err = xsk.Open(a.Index, opts.Queue, opts.UMEM, opts.Socket); err != nil {
+		return nil, fmt.Errorf("xdp: %w", err)
+	}
+	u := t.sock.UMEM()
+	// A received packet starts after the UMEM and kernel headroom; a sent
+	// frame after the UMEM headroom. The smaller room bounds the MTU.
+	room := u.FrameSize() - u.Headroom() - xsk.PacketHeadroom - ethLen
+	t.maxPayload = min(t.mtu, room) - Overhead
+	if t.maxPayload < 1 {
+		return nil, fmt.Errorf("%s: MTU %d and UMEM frames of %d bytes leave no payload", name, t.mtu, u.FrameSize())
+	}
+	bs := batch
+	if opts.Socket != nil && opts.Socket.BatchSize > 0 {
+		bs = min(bs, opts.Socket.BatchSize)
+	}
+	t.rxDescs = make([]xsk.Desc, bs)
+	frameLen := ethLen + Overhead + t.maxPayload
+	t.txPool.New = func() any {
+		s := &txScratch{frames: make([][]byte, 0, batch)}
+		for i := range s.bufs {
+			s.bufs[i] = make([]byte, frameLen)
+		}
+		return s
+	}
+	return t, nil
+}
+
+// LocalAddr returns the address and port the transport receives on.
+func (t *Transport) LocalAddr() netip.AddrPort { return t.local }
+
+// MaxPayload returns the interface MTU less 28, capped by the UMEM frame.
+func (t *Transport) MaxPayload() int { return t.maxPayload }
+
+// FD returns the AF_XDP socket's descriptor, for Steer.SetXSK.
+func (t *Transport) FD() int { return t.sock.FD() }
+
+// Ifindex returns the interface the socket is bound to.
+func (t *Transport) Ifindex() int { return t.ifindex }
+
+// Queue returns the queue the socket is bound to.
+func (t *Transport) Queue() uint32 { return t.sock.Queue() }
+
+// Mode returns the AF_XDP socket's mode (copy or zero-copy).
+func (t *Transport) Mode() xsk.Mode { return t.sock.Mode() }
+
+// Socket returns the underlying AF_XDP socket, for its statistics. The
+// transport owns it: do not receive, transmit on or close it.
+func (t *Transport) Socket() *xsk.Socket { return t.sock }
+
+// Stats returns the transport's counters.
+func (t *Transport) Stats() Stats {
+	return Stats{
+		RXPackets: t.rxPackets.Load(), RXTrunc: t.rxTrunc.Load(), RXNotUDP: t.rxNotUDP.Load(),
+		RXWrongDest: t.rxWrongDest.Load(), RXMalformed: t.rxMalformed.Load(),
+		TXPackets: t.txPackets.Load(), TXFallback: t.txFallback.Load(),
+		TXNoNeighbour: t.txNoNeigh.Load(), TXErrors: t.txErrors.Load(),
+	}
+}
+
+// Close closes the AF_XDP socket (the kernel drops it from the steering
+// program's socket map), the fallback socket and the netlink handle, and
+// frees the UMEM. A blocked Recv returns an error wrapping
+// transport.ErrClosed. It is safe to call more than once.
+func (t *Transport) Close() error {
+	t.closeOnce.Do(func() {
+		t.closed.Store(true)
+		var errs []error
+		if t.sock != nil {
+			errs = append(errs, t.sock.Close())
+		}
+		if t.fallback != nil {
+			errs = append(errs, t.fallback.Close())
+		}
+		t.neighMu.Lock()
+		if t.nl != nil {
+			t.nl.Close()
+			t.nl = nil
+		}
+		t.neighMu.Unlock()
+		if err := errors.Join(errs...); err != nil {
+			t.closeErr = fmt.Errorf("xdp %s: close: %w", t.local, err)
+		}
+	})
+	return t.closeErr
+}
+
+func (t *Transport) errClosed() error {
+	return fmt.Errorf("xdp %s: %w", t.local, transport.ErrClosed)
+}
+
+// Recv implements transport.Transport. It takes up to len(pkts) frames
+// (at most 64) off the RX ring, delivers the valid ones and recycles every
+// frame; when none was valid it looks again, and when the ring is empty it
+// waits in poll(2) under ctx.
+func (t *Transport) Recv(ctx context.Context, pkts []transport.Packet) (int, error) {
+	if len(pkts) == 0 {
+		return 0, nil
+	}
+	t.recvMu.Lock()
+	defer t.recvMu.Unlock()
+	for {
+		if t.closed.Load() {
+			return 0, t.errClosed()
+		}
+		descs := t.rxDescs[:min(len(pkts), len(t.rxDescs))]
+		got, err := t.sock.RecvBatch(descs)
+		if err != nil {
+			return 0, t.wrapErr("receive", err)
+		}
+		if got > 0 {
+			n := 0
+			for _, d := range descs[:got] {
+				if t.parse(t.sock.Frame(d), &pkts[n]) {
+					n++
+				}
+			}
+			if err := t.sock.Recycle(descs[:got]); err != nil {
+				return n, t.wrapErr("recycle", err)
+			}
+			if n > 0 {
+				return n, nil
+			}
+			continue // all dropped: look for more before waiting
+		}
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		if _, err := t.sock.Poll(ctx, 500*time.Millisecond); err != nil {
+			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+				return 0, err
+			}
+			return 0, t.wrapErr("poll", err)
+		}
+	}
+}
+
+func (t *Transport) wrapErr(op string, err error) error {
+	if errors.Is(err, xsk.ErrClosed) || t.closed.Load() {
+		return t.errClosed()
+	}
+	return fmt.Errorf("xdp %s: %s: %w", t.local, op, err)
+}
+
+// parse checks one received frame and, for an IPv4 UDP datagram to the
+// local address and port, copies its payload into p. It counts what it
+// drops.
+func (t *Transport) parse(f []byte, p *transport.Packet) bool {
+	if len(f) < ethLen {
+		t.rxMalformed.Add(1)
+		return false
+	}
+	off := ethLen
+	et := binary.BigEndian.Uint16(f[12:14])
+	if et == 0x8100 || et == 0x88a8 {
+		if len(f) < ethLen+vlanLen {
+			t.rxMalformed.Add(1)
+			return false
+		}
+		et = binary.BigEndian.Uint16(f[16:18])
+		off += vlanLen
+	}
+	if et != 0x0800 {
+		t.rxNotUDP.Add(1)
+		return false
+	}
+	ip := f[off:]
+	if len(ip) < ipv4Len || ip[0]>>4 != 4 {
+		t.rxMalformed.Add(1)
+		return false
+	}
+	ihl := int(ip[0]&0x0f) * 4
+	total := int(binary.BigEndian.Uint16(ip[2:4]))
+	if ihl < ipv4Len || total < ihl || total > len(ip) || checksum(ip[:ihl], 0) != 0xffff {
+		t.rxMalformed.Add(1)
+		return false
+	}
+	if ip[9] != unix.IPPROTO_UDP || binary.BigEndian.Uint16(ip[6:8])&0x3fff != 0 {
+		t.rxNotUDP.Add(1) // another protocol, or a fragment (MF or offset)
+		return false
+	}
+	u := ip[ihl:total]
+	if len(u) < udpLen {
+		t.rxMalformed.Add(1)
+		return false
+	}
+	ulen := int(binary.BigEndian.Uint16(u[4:6]))
+	if ulen < udpLen || ulen > len(u) {
+		t.rxMalformed.Add(1)
+		return false
+	}
+	dst := netip.AddrFrom4([4]byte(ip[16:20]))
+	if dst != t.local.Addr() || binary.BigEndian.Uint16(u[2:4]) != t.local.Port() {
+		t.rxWrongDest.Add(1)
+		return false
+	}
+	payload := u[udpLen:ulen]
+	b := p.Data[:cap(p.Data)]
+	k := copy(b, payload)
+	if k < len(payload) {
+		t.rxTrunc.Add(1)
+	}
+	p.Data = b[:k]
+	p.Addr = netip.AddrPortFrom(netip.AddrFrom4([4]byte(ip[12:16])), binary.BigEndian.Uint16(u[0:2]))
+	t.rxPackets.Add(1)
+	return true
+}
+
+// Send implements transport.Transport. It builds a frame per datagram,
+// queues them on the TX ring in batches of up to 64, waiting up to
+// Options.SendWait while the ring is full, and sends a datagram without a
+// resolved next hop through the kernel fallback socket (after flushing the
+// frames before it, to keep the order) or refuses it (NoFallback).
+func (t *Transport) Send(pkts []transport.Packet) (int, error) {
+	if t.closed.Load() {
+		return 0, t.errClosed()
+	}
+	s := t.txPool.Get().(*txScratch)
+	defer t.txPool.Put(s)
+	sent := 0
+	s.frames = s.frames[:0]
+	flush := func() error {
+		n, err := t.transmit(s.frames)
+		sent += n
+		t.txPackets.Add(uint64(n))
+		s.frames = s.frames[:0]
+		return err
+	}
+	for i := range pkts {
+		p := &pkts[i]
+		f, err := t.build(s.bufs[len(s.frames)], p)
+		if err == nil {
+			s.frames = append(s.frames, f)
+			if len(s.frames) == batch {
+				if err := flush(); err != nil {
+					t.txErrors.Add(1)
+					return sent, err
+				}
+			}
+			continue
+		}
+		// pkts[i] cannot take the AF_XDP path: send what precedes it.
+		if ferr := flush(); ferr != nil {
+			t.txErrors.Add(1)
+			return sent, ferr
+		}
+		if errors.Is(err, ErrNoNeighbour) && t.fallback != nil {
+			if _, ferr := t.fallback.WriteToUDPAddrPort(p.Data, p.Addr); ferr != nil {
+				t.txErrors.Add(1)
+				return sent, t.wrapErr("fallback send to "+p.Addr.String(), ferr)
+			}
+			t.txFallback.Add(1)
+			sent++
+			continue
+		}
+		if errors.Is(err, ErrNoNeighbour) {
+			t.txNoNeigh.Add(1)
+		} else {
+			t.txErrors.Add(1)
+		}
+		return sent, err
+	}
+	if err := flush(); err != nil {
+		t.txErrors.Add(1)
+		return sent, err
+	}
+	return sent, nil
+}
+
+// transmit queues frames on the TX ring, waiting while it or the UMEM is
+// full, and returns how many it queued.
+func (t *Transport) transmit(frames [][]byte) (int, error) {
+	done := 0
+	var deadline time.Time
+	for spins := 0; done < len(frames); spins++ {
+		n, err := t.sock.Transmit(frames[done:])
+		done += n
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, xsk.ErrRingFull) && !errors.Is(err, xsk.ErrNoFrames) {
+			return done, t.wrapErr("transmit", err)
+		}
+		if n > 0 {
+			spins = 0
+			deadline = time.Time{}
+			continue
+		}
+		if deadline.IsZero() {
+			deadline = time.Now().Add(t.sendWait)
+		} else if time.Now().After(deadline) {
+			return done, t.wrapErr("transmit", err)
+		}
+		if t.closed.Load() {
+			return done, t.errClosed()
+		}
+		_, _ = t.sock.Reclaim()
+		if spins > 16 {
+			time.Sleep(20 * time.Microsecond)
+		}
+	}
+	return done, nil
+}
+
+// build writes p's frame into buf and returns it.
+func (t *Transport) build(buf []byte, p *transport.Packet) ([]byte, error) {
+	if len(p.Data) > t.maxPayload {
+		return nil, fmt.Errorf("xdp %s: %d bytes to %s: %w", t.local, len(p.Data), p.Addr, transport.ErrTooBig)
+	}
+	dst := p.Addr.Addr().Unmap()
+	if !dst.Is4() || p.Addr.Port() == 0 || dst.IsUnspecified() || dst.IsMulticast() {
+		return nil, fmt.Errorf("xdp %s: send to %s: %w", t.local, p.Addr, transport.ErrAddr)
+	}
+	mac, err := t.nextHop(dst)
+	if err != nil {
+		return nil, err
+	}
+	ulen := udpLen + len(p.Data)
+	f := buf[:ethLen+ipv4Len+ulen]
+	copy(f[0:6], mac[:])
+	copy(f[6:12], t.localMAC)
+	binary.BigEndian.PutUint16(f[12:14], 0x0800)
+
+	ip := f[ethLen : ethLen+ipv4Len]
+	src := t.local.Addr().As4()
+	d4 := dst.As4()
+	ip[0], ip[1] = 0x45, 0
+	binary.BigEndian.PutUint16(ip[2:4], uint16(ipv4Len+ulen))
+	binary.BigEndian.PutUint16(ip[4:6], uint16(t.ipID.Add(1)))
+	binary.BigEndian.PutUint16(ip[6:8], 0x4000) // DF
+	ip[8], ip[9] = 64, unix.IPPROTO_UDP
+	ip[10], ip[11] = 0, 0
+	copy(ip[12:16], src[:])
+	copy(ip[16:20], d4[:])
+	binary.BigEndian.PutUint16(ip[10:12], ^checksum(ip, 0))
+
+	u := f[ethLen+ipv4Len:]
+	binary.BigEndian.PutUint16(u[0:2], t.local.Port())
+	binary.BigEndian.PutUint16(u[2:4], p.Addr.Port())
+	binary.BigEndian.PutUint16(u[4:6], uint16(ulen))
+	u[6], u[7] = 0, 0
+	copy(u[udpLen:], p.Data)
+	if !t.noUDPSum {
+		// Pseudo-header: source, destination, zero, protocol, UDP length.
+		var sum uint32
+		sum += uint32(binary.BigEndian.Uint16(src[0:2])) + uint32(binary.BigEndian.Uint16(src[2:4]))
+		sum += uint32(binary.BigEndian.Uint16(d4[0:2])) + uint32(binary.BigEndian.Uint16(d4[2:4]))
+		sum += unix.IPPROTO_UDP + uint32(ulen)
+		c := ^checksum(u, sum)
+		if c == 0 {
+			c = 0xffff // 0 means "no checksum"
+		}
+		binary.BigEndian.PutUint16(u[6:8], c)
+	}
+	return f, nil
+}
+
+// checksum returns the folded ones' complement sum of b, started at sum,
+// not complemented: the Internet checksum to store is its complement, and
+// over a header that holds a valid checksum it is 0xffff.
+func checksum(b []byte, sum uint32) uint16 {
+	for len(b) >= 2 {
+		sum += uint32(b[0])<<8 | uint32(b[1])
+		b = b[2:]
+	}
+	if len(b) == 1 {
+		sum += uint32(b[0]) << 8
+	}
+	for sum>>16 != 0 {
+		sum = sum&0xffff + sum>>16
+	}
+	return uint16(sum)
+}
+
+// nextHop returns the MAC of dst's next hop on the transport's interface:
+// from the cache, or from the kernel's route and neighbour tables.
+func (t *Transport) nextHop(dst netip.Addr) ([6]byte, error) {
+	now := time.Now()
+	t.neighMu.Lock()
+	defer t.neighMu.Unlock()
+	if e, ok := t.neigh[dst]; ok && now.Before(e.expires) {
+		return e.mac, nil
+	}
+	if t.nl == nil {
+		return [6]byte{}, t.errClosed()
+	}
+	mac, err := t.lookup(dst)
+	if err != nil {
+		delete(t.neigh, dst)
+		return mac, err
+	}
+	if len(t.neigh) >= 4096 {
+		clear(t.neigh) // bound the cache; entries are cheap to look up again
+	}
+	t.neigh[dst] = neighEntry{mac: mac, expires: now.Add(t.ttl)}
+	return mac, nil
+}
+
+// lookup resolves dst's next hop through netlink. Entries in state
+// INCOMPLETE or FAILED (or NOARP without an address) do not count.
+func (t *Transport) lookup(dst netip.Addr) ([6]byte, error) {
+	var mac [6]byte
+	hop := dst
+	routes, err := t.nl.RouteGet(dst.AsSlice())
+	if err != nil || len(routes) == 0 {
+		return mac, fmt.Errorf("xdp %s: no route to %s: %w", t.local, dst, ErrNoNeighbour)
+	}
+	r := routes[0]
+	if r.LinkIndex != t.ifindex {
+		return mac, fmt.Errorf("xdp %s: route to %s leaves through ifindex %d, not %s: %w", t.local, dst, r.LinkIndex, t.ifname, ErrNoNeighbour)
+	}
+	if gw, ok := netip.AddrFromSlice(r.Gw.To4()); ok && r.Gw != nil {
+		hop = gw
+	}
+	neighs, err := t.nl.NeighList(t.ifindex, netlink.FAMILY_V4)
+	if err != nil {
+		return mac, fmt.Errorf("xdp %s: read neighbour table: %w", t.local, err)
+	}
+	const usable = netlink.NUD_REACHABLE | netlink.NUD_STALE | netlink.NUD_DELAY | netlink.NUD_PROBE | netlink.NUD_PERMANENT | netlink.NUD_NOARP
+	for _, n := range neighs {
+		a, ok := netip.AddrFromSlice(n.IP.To4())
+		if !ok || a != hop || n.State&usable == 0 || len(n.HardwareAddr) != 6 {
+			continue
+		}
+		copy(mac[:], n.HardwareAddr)
+		return mac, nil
+	}
+	return mac, fmt.Errorf("xdp %s: next hop %s of %s on %s: %w", t.local, hop, dst, t.ifname, ErrNoNeighbour)
+}
