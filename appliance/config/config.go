@@ -91,11 +91,8 @@ func (c Config) Validate() error {
 		if a.Iface == "" {
 			return fmt.Errorf("config: interfaces[%d]: iface is empty", i)
 		}
-		if _, err := attach.ParseHook(string(a.Hook)); err != nil {
-			return fmt.Errorf("config: interfaces[%d] (%s): %w", i, a.Iface, err)
-		}
-		if _, err := attach.ParseMode(string(a.Mode)); err != nil {
-			return fmt.Errorf("config: interfaces[%d] (%s): %w", i, a.Iface, err)
+		if err := a.Validate(); err != nil {
+			return fmt.Errorf("config: interfaces[%d]: %w", i, err)
 		}
 	}
 	return nil

@@ -167,10 +167,7 @@ func (d *Daemon) Attachments() ([]attach.Attachment, error) {
 
 // Attach implements api.Service.
 func (d *Daemon) Attach(a attach.Attachment) (api.Attached, error) {
-	if _, err := attach.ParseHook(string(a.Hook)); err != nil {
-		return api.Attached{}, &api.BadRequestError{Err: err}
-	}
-	if _, err := attach.ParseMode(string(a.Mode)); err != nil {
+	if err := a.Validate(); err != nil {
 		return api.Attached{}, &api.BadRequestError{Err: err}
 	}
 	if _, err := netlink.LinkByName(a.Iface); err != nil {

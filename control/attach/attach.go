@@ -58,13 +58,17 @@ func ParseHook(s string) (Hook, error) {
 	return "", fmt.Errorf("hook %q: want %s, %s or %s", s, HookXDP, HookTCIngress, HookTCEgress)
 }
 
-// Mode selects how XDP is attached.
+// Mode selects how a hook is attached.
 type Mode string
 
-// XDP attach modes.
+// Attach modes. XDP hooks take native or generic; TC hooks take tcx or
+// clsact, and without a mode use tcx where the kernel has it (6.6 and
+// newer) and a clsact filter elsewhere.
 const (
-	ModeNative  Mode = "native"  // in the driver; what production uses
-	ModeGeneric Mode = "generic" // on the skb path; for drivers without XDP
+	ModeNative  Mode = "native"  // XDP in the driver; what production uses
+	ModeGeneric Mode = "generic" // XDP on the skb path; for drivers without XDP
+	ModeTCX     Mode = "tcx"     // TC through a tcx link (kernel 6.6+)
+	ModeClsact  Mode = "clsact"  // TC through a direct-action filter on a clsact qdisc
 )
 
 // ParseMode checks an XDP mode name; "" means native.
@@ -78,12 +82,41 @@ func ParseMode(s string) (Mode, error) {
 	return "", fmt.Errorf("xdp mode %q: want %q or %q", s, ModeNative, ModeGeneric)
 }
 
+// parseTCMode checks a TC mode name; "" means tcx where the kernel has it.
+func parseTCMode(s string) (Mode, error) {
+	switch m := Mode(s); m {
+	case "", ModeTCX, ModeClsact:
+		return m, nil
+	}
+	return "", fmt.Errorf("tc mode %q: want %q or %q", s, ModeTCX, ModeClsact)
+}
+
 // Attachment is one interface hook running the classifier.
 type Attachment struct {
 	Iface string `json:"iface"`
 	Hook  Hook   `json:"hook"`
 	// Mode is the XDP mode asked for (XDP only).
 	Mode Mode `json:"mode,omitempty"`
+}
+
+// Validate checks the hook and the mode that goes with it.
+func (a Attachment) Validate() error {
+	if a.Iface == "" {
+		return errors.New("attachment: no interface")
+	}
+	hook, err := ParseHook(string(a.Hook))
+	if err != nil {
+		return err
+	}
+	if hook == HookXDP {
+		_, err = ParseMode(string(a.Mode))
+	} else {
+		_, err = parseTCMode(string(a.Mode))
+	}
+	if err != nil {
+		return fmt.Errorf("interface %s %s: %w", a.Iface, a.Hook, err)
+	}
+	return nil
 }
 
 // Options configure Open.
@@ -215,13 +248,24 @@ func (n *Node) Attach(a Attachment) (adopted bool, err error) {
 			return false, fmt.Errorf("interface %s: attach xdp (%s): %w", a.Iface, mode, err)
 		}
 	case HookTCIngress, HookTCEgress:
+		mode, err := parseTCMode(string(a.Mode))
+		if err != nil {
+			return false, err
+		}
 		prog, at := n.Steer.TCIngress, ebpf.AttachTCXIngress
 		if a.Hook == HookTCEgress {
 			prog, at = n.Steer.TCEgress, ebpf.AttachTCXEgress
 		}
-		l, err = link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: at})
-		if err != nil {
-			return false, fmt.Errorf("interface %s: attach %s (tcx): %w", a.Iface, a.Hook, err)
+		if mode != ModeClsact {
+			l, err = link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: at})
+			if errors.Is(err, ebpf.ErrNotSupported) && mode == "" {
+				return n.attachClsact(a, ifindex, prog)
+			}
+			if err != nil {
+				return false, fmt.Errorf("interface %s: attach %s (tcx): %w", a.Iface, a.Hook, err)
+			}
+		} else {
+			return n.attachClsact(a, ifindex, prog)
 		}
 	default:
 		_, err := ParseHook(string(a.Hook))
@@ -234,8 +278,12 @@ func (n *Node) Attach(a Attachment) (adopted bool, err error) {
 	return false, nil
 }
 
-// Detach removes the pinned link of iface's hook, which detaches it.
+// Detach removes the pinned link of iface's hook, which detaches it (or,
+// for a clsact attachment, deletes its filter).
 func (n *Node) Detach(iface string, hook Hook) error {
+	if _, err := os.Stat(n.clsactMarker(iface, hook)); err == nil {
+		return n.detachClsact(iface, hook)
+	}
 	return detachPin(n.linkPin(iface, hook), iface, hook)
 }
 
@@ -277,6 +325,12 @@ func listLinks(dir string) ([]Attachment, error) {
 			continue
 		}
 		out = append(out, Attachment{Iface: pinUnescaper.Replace(esc), Hook: Hook(hook)})
+	}
+	clsact, _ := os.ReadDir(filepath.Join(dir, "links", clsactDir))
+	for _, e := range clsact {
+		if hook, esc, ok := strings.Cut(e.Name(), "@"); ok {
+			out = append(out, Attachment{Iface: pinUnescaper.Replace(esc), Hook: Hook(hook), Mode: ModeClsact})
+		}
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Iface != out[j].Iface {

@@ -2,6 +2,7 @@ package attach_test
 
 import (
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -173,5 +174,77 @@ func TestOpenBadInput(t *testing.T) {
 		if got, _ := n.Attachments(); len(got) != 0 {
 			t.Errorf("refused attachments left pins: %+v", got)
 		}
+	})
+}
+
+// TestClsact attaches the TC classifier the way kernels without tcx need:
+// a direct-action filter on a clsact qdisc, recorded beside the pins, adopted
+// on a second attach, classifying real packets, and gone after detach.
+func TestClsact(t *testing.T) {
+	nsA, nsB := testenv.NewNetNS(t), testenv.NewNetNS(t)
+	dir := filepath.Join(testenv.BPFFS(t), "lovelock")
+	var n *attach.Node
+	testenv.InNetNS(t, nsA, func() error {
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "a"}, PeerName: "b", PeerNamespace: netlink.NsFd(int(nsB))}
+		if err := netlink.LinkAdd(veth); err != nil {
+			return err
+		}
+		l, err := netlink.LinkByName("a")
+		if err != nil {
+			return err
+		}
+		addr, _ := netlink.ParseAddr("10.98.0.1/24")
+		if err := netlink.AddrAdd(l, addr); err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			return err
+		}
+		// A permanent neighbour: packets leave at once, no ARP.
+		if err := netlink.NeighAdd(&netlink.Neigh{LinkIndex: l.Attrs().Index, State: netlink.NUD_PERMANENT,
+			IP: net.IPv4(10, 98, 0, 2), HardwareAddr: net.HardwareAddr{2, 0, 0, 0, 0, 2}}); err != nil {
+			return err
+		}
+		if n, err = attach.Open(attach.Options{Dir: dir}); err != nil {
+			return err
+		}
+		a := attach.Attachment{Iface: "a", Hook: attach.HookTCEgress, Mode: attach.ModeClsact}
+		if adopted, err := n.Attach(a); err != nil || adopted {
+			t.Fatalf("attach: adopted=%v err=%v", adopted, err)
+		}
+		if adopted, err := n.Attach(a); err != nil || !adopted {
+			t.Errorf("second attach: adopted=%v err=%v, want adopted", adopted, err)
+		}
+		filters, err := netlink.FilterList(l, netlink.HANDLE_MIN_EGRESS)
+		if err != nil || len(filters) != 1 {
+			t.Fatalf("egress filters = %v, %v; want one", filters, err)
+		}
+		got, err := n.Attachments()
+		if err != nil || len(got) != 1 || got[0].Mode != attach.ModeClsact {
+			t.Errorf("attachments = %+v, %v", got, err)
+		}
+		// Packets leaving a are classified.
+		c, err := net.Dial("udp4", "10.98.0.2:9")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		for range 10 {
+			c.Write([]byte("x"))
+		}
+		st, err := n.Steer.Stats()
+		if err != nil || st[bpf.StatRX].Packets < 10 {
+			t.Errorf("rx after 10 packets out of a: %+v, %v", st, err)
+		}
+		if err := n.Detach("a", attach.HookTCEgress); err != nil {
+			t.Fatal(err)
+		}
+		if filters, _ := netlink.FilterList(l, netlink.HANDLE_MIN_EGRESS); len(filters) != 0 {
+			t.Errorf("filters after detach: %v", filters)
+		}
+		if got, _ := n.Attachments(); len(got) != 0 {
+			t.Errorf("attachments after detach: %+v", got)
+		}
+		return n.Close()
 	})
 }

@@ -29,7 +29,7 @@ func ifaceCommand() *ucli.Command {
 				Usage:     "attach the classifier to an interface (idempotent)",
 				ArgsUsage: "IFACE",
 				Flags: []ucli.Flag{hookFlag,
-					&ucli.StringFlag{Name: "mode", Value: string(attach.ModeNative), Usage: "XDP mode: native, or generic for drivers without XDP"}},
+					&ucli.StringFlag{Name: "mode", Usage: "XDP: native (default) or generic for drivers without XDP; TC: tcx (kernel 6.6+) or clsact (default: tcx where the kernel has it)"}},
 				Action: ifaceAttach,
 			},
 			{
@@ -56,9 +56,13 @@ func ifaceList(c *ucli.Context) error {
 		return writeJSON(c.App.Writer, list)
 	}
 	tw := newTable(c.App.Writer)
-	fmt.Fprintln(tw, "IFACE\tHOOK")
+	fmt.Fprintln(tw, "IFACE\tHOOK\tVIA")
 	for _, a := range list {
-		fmt.Fprintf(tw, "%s\t%s\n", a.Iface, a.Hook)
+		via := "link"
+		if a.Mode == attach.ModeClsact {
+			via = "clsact filter"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", a.Iface, a.Hook, via)
 	}
 	return tw.Flush()
 }
@@ -79,13 +83,9 @@ func ifaceAttach(c *ucli.Context) error {
 	if err != nil {
 		return err
 	}
-	mode, err := attach.ParseMode(c.String("mode"))
-	if err != nil {
+	a := attach.Attachment{Iface: name, Hook: hook, Mode: attach.Mode(c.String("mode"))}
+	if err := a.Validate(); err != nil {
 		return err
-	}
-	a := attach.Attachment{Iface: name, Hook: hook}
-	if hook == attach.HookXDP {
-		a.Mode = mode
 	}
 	res, err := client(c).Attach(c.Context, a)
 	if err != nil {
