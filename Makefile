@@ -31,7 +31,7 @@ APT_PACKAGES := clang llvm libbpf-dev linux-libc-dev iproute2 bpftool tcpdump \
 
 .PHONY: help
 help: ## list the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-22s %s\n", $$1, $$2}'
 
 .PHONY: deps
 deps: ## install every apt package and Go module the project needs (idempotent)
@@ -86,6 +86,10 @@ bench-msg: ## messaging throughput on its own netns testbed (root): one datagram
 .PHONY: bench-steer
 bench-steer: ## per-packet cost of the steering classifier against an XDP_PASS floor (root)
 	$(GO) run ./bpf/cmd/bench-steer
+
+.PHONY: bench-steer-throughput
+bench-steer-throughput: ## packets/s through a veth testbed: floor, classifier, redirect, xsk (root, ~1 min)
+	$(GO) run ./bpf/cmd/bench-steer -throughput
 
 .PHONY: lint
 lint: ## gofmt, go vet and staticcheck

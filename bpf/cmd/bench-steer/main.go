@@ -1,18 +1,32 @@
-// Command bench-steer measures the steering classifier's per-packet cost with
-// BPF_PROG_TEST_RUN and prints a table: a bare XDP_PASS program (the floor,
-// measured in the same run) against the classifier holding 1, 1k and 64k
-// rules spread over 1, 4 and 16 mask shapes, for a hit and a miss. Needs root.
+// Command bench-steer measures the steering classifier. Needs root.
+//
+// By default it measures the per-packet cost with BPF_PROG_TEST_RUN and
+// prints a table: a bare XDP_PASS program (the floor, measured in the same
+// run) against the classifier holding 1, 1k and 64k rules spread over 1, 4
+// and 16 mask shapes, for a hit and a miss.
 //
 // The hit packet matches a rule of the lowest-priority shape, so the lookup
 // visits every shape, as a miss does: both are the worst case for their rule
 // set. Numbers vary with the machine; compare ratios taken in one run.
+//
+// With -throughput it measures packets per second through a veth testbed
+// instead (throughput.go): three fresh network namespaces gen ⇄ dut ⇄ sink,
+// the classifier in native XDP on dut's ingress veth, a generator in gen, and
+// one row per path: a counting XDP_DROP program (the floor), the classifier
+// dropping, redirect to the sink and xsk to an AF_XDP worker.
 package main
 
 import (
+	"context"
 	"encoding/binary"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -21,12 +35,92 @@ import (
 
 func main() {
 	repeat := flag.Int("repeat", 1_000_000, "BPF_PROG_TEST_RUN repetitions per measurement")
-	rounds := flag.Int("rounds", 3, "measurements per row; the fastest is kept")
+	rounds := flag.Int("rounds", 3, "measurements per row; the best is kept")
+	throughput := flag.Bool("throughput", false, "measure packets/s through a veth testbed (gen ⇄ dut ⇄ sink) instead")
+	duration := flag.Duration("duration", 3*time.Second, "with -throughput: timed window per row and round (100ms..1m)")
+	warmup := flag.Duration("warmup", 500*time.Millisecond, "with -throughput: traffic before each window opens (0..10s)")
+	gen := flag.String("gen", genXSK, "with -throughput: generator, "+genXSK+" (AF_XDP copy mode) or "+genPacket+" (AF_PACKET sendmmsg, qdisc bypass)")
+	batch := flag.Int("batch", 64, "with -throughput: frames per generator call (1..2048)")
+	spin := flag.Duration("spin", 50*time.Microsecond, "with -throughput: how long the AF_XDP worker busy-polls an empty ring before it sleeps in poll(2) (0..1s)")
+	pin := flag.Bool("pin", true, "with -throughput: pin the generator to the first CPU and the AF_XDP worker to the last")
+	threaded := flag.Bool("threaded", false, "with -throughput: threaded NAPI on dut's ingress veth and the sink's, pinned to the worker's CPU, so dut no longer runs on the generator's core")
+	rowsFlag := flag.String("rows", strings.Join(rowKeys, ","), "with -throughput: rows to run, comma-separated")
+	flag.Usage = func() {
+		fmt.Fprintf(flag.CommandLine.Output(), `Usage: bench-steer [flags]
+
+Measures the steering classifier (bpf/steer.c). Needs root.
+
+Default: per-packet cost with BPF_PROG_TEST_RUN, against a bare XDP_PASS
+program measured in the same run (make bench-steer).
+
+-throughput: packets/s through three fresh network namespaces
+gen ⇄ dut ⇄ sink joined by veth pairs, with the classifier in native XDP on
+dut's ingress. Rows: a counting XDP_DROP program (the floor), the classifier
+dropping (default action, and a rule), redirect to the sink veth (counted by
+an XDP program there) and xsk:0 to an AF_XDP worker on dut. Each row runs
+-duration after -warmup, -rounds times; the best round is shown. Takes about
+5 rows x rounds x (duration + warmup + 0.3 s). Everything it creates is
+removed on exit, also on error or interrupt (the namespaces are anonymous:
+even a killed run leaves none behind). See docs/steering.md, "Cost".
+
+Flags:
+`)
+		flag.PrintDefaults()
+	}
 	flag.Parse()
-	if err := run(*repeat, *rounds); err != nil {
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "bench-steer: unexpected arguments %q\n", flag.Args())
+		flag.Usage()
+		os.Exit(2)
+	}
+	var err error
+	if *throughput {
+		o := tpOptions{duration: *duration, warmup: *warmup, rounds: *rounds, gen: *gen, batch: *batch, spin: *spin, pin: *pin, threaded: *threaded}
+		if *rowsFlag != "" {
+			o.rows = strings.Split(*rowsFlag, ",")
+		}
+		err = throughputMain(o)
+	} else {
+		err = run(*repeat, *rounds)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench-steer:", err)
+		if errors.Is(err, context.Canceled) {
+			os.Exit(130)
+		}
 		os.Exit(1)
 	}
+}
+
+// throughputMain checks the options and runs -throughput until it ends or
+// SIGINT/SIGTERM arrives; either way it cleans up before returning.
+func throughputMain(o tpOptions) error {
+	switch {
+	case o.duration < 100*time.Millisecond || o.duration > time.Minute:
+		return fmt.Errorf("-duration %v: want 100ms..1m", o.duration)
+	case o.warmup < 0 || o.warmup > 10*time.Second:
+		return fmt.Errorf("-warmup %v: want 0..10s", o.warmup)
+	case o.rounds < 1 || o.rounds > 20:
+		return fmt.Errorf("-rounds %d: want 1..20", o.rounds)
+	case o.batch < 1 || o.batch > 2048:
+		return fmt.Errorf("-batch %d: want 1..2048", o.batch)
+	case o.spin < 0 || o.spin > time.Second:
+		return fmt.Errorf("-spin %v: want 0..1s", o.spin)
+	case o.gen != genXSK && o.gen != genPacket:
+		return fmt.Errorf("-gen %q: want %s or %s", o.gen, genXSK, genPacket)
+	}
+	for _, k := range o.rows {
+		if !slices.Contains(rowKeys, k) {
+			return fmt.Errorf("-rows: unknown row %q (want some of %s)", k, strings.Join(rowKeys, ","))
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := runThroughput(ctx, os.Stdout, o)
+	if err != nil && ctx.Err() != nil {
+		return fmt.Errorf("interrupted, testbed removed: %w", err)
+	}
+	return err
 }
 
 func run(repeat, rounds int) error {
