@@ -4,6 +4,8 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"github.com/lovelock-dpu/lovelock/bpf"
 	"github.com/lovelock-dpu/lovelock/control/attach"
 	"github.com/lovelock-dpu/lovelock/control/rules"
+	"github.com/lovelock-dpu/lovelock/dataplane/messaging"
 	"github.com/lovelock-dpu/lovelock/dataplane/xsk"
 )
 
@@ -339,5 +342,75 @@ rules:
 	}
 	if st.Verdicts["xsk"].Packets != n || st.Verdicts["xsk_miss"].Packets != 10 {
 		t.Errorf("xsk = %d, xsk_miss = %d; want %d and 10", st.Verdicts["xsk"].Packets, st.Verdicts["xsk_miss"].Packets, n)
+	}
+}
+
+// TestMessagingAgent runs lovelockd's messaging agents on dpu0 and dpu1 and
+// sends messages between host processes on host0 and host1 through them.
+func TestMessagingAgent(t *testing.T) {
+	spec := bed(t)
+	cluster := filepath.Join(t.TempDir(), "cluster.yaml")
+	if err := os.WriteFile(cluster, []byte(`
+mode: dpu
+workers: 1
+nodes:
+  - name: dpu0
+    agent: 10.77.10.2:61440
+    clients: [{name: app, addr: "10.77.10.1:7100", ranks: "0-3"}]
+  - name: dpu1
+    agent: 10.77.11.2:61440
+    clients: [{name: app, addr: "10.77.11.1:7100", ranks: "4-7"}]
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d0 := startDaemon(t, spec, "dpu0", "--xdp", "pf0hpf", "--msg-cluster", cluster, "--msg-node", "dpu0")
+	startDaemon(t, spec, "dpu1", "--xdp", "pf0hpf", "--msg-cluster", cluster, "--msg-node", "dpu1")
+	cfg, err := messaging.LoadConfig(cluster)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clients := map[string]*messaging.Client{}
+	for host, node := range map[string]string{"host0": "dpu0", "host1": "dpu1"} {
+		err := spec.Run(host, func() error {
+			c, err := messaging.NewClient(cfg, node, "app", messaging.ClientOptions{})
+			clients[host] = c
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { clients[host].Close() })
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const n = 2000
+	for i := 0; i < n; i++ {
+		if err := clients["host0"].SendContext(ctx, uint32(4+i%4), []byte(fmt.Sprintf("msg %d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := clients["host0"].Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	seen := make(map[string]bool, n)
+	for len(seen) < n {
+		m, err := clients["host1"].Recv(ctx)
+		if err != nil {
+			t.Fatalf("after %d of %d messages: %v", len(seen), n, err)
+		}
+		if seen[string(m.Payload)] {
+			t.Fatalf("message %q delivered twice", m.Payload)
+		}
+		seen[string(m.Payload)] = true
+	}
+
+	st, err := d0.client().MsgStats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Role != "agent" || st.Node != "dpu0" || st.Received.Messages != n || st.Drops.Total() != 0 {
+		t.Errorf("dpu0 agent stats: role %s node %s received %d messages, %d drops; want agent dpu0, %d, 0",
+			st.Role, st.Node, st.Received.Messages, st.Drops.Total(), n)
 	}
 }
