@@ -4,6 +4,8 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -363,7 +365,8 @@ nodes:
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	d0 := startDaemon(t, spec, "dpu0", "--xdp", "pf0hpf", "--msg-cluster", cluster, "--msg-node", "dpu0")
+	d0 := startDaemon(t, spec, "dpu0", "--xdp", "pf0hpf", "--msg-cluster", cluster, "--msg-node", "dpu0",
+		"--metrics", "127.0.0.1:19477")
 	startDaemon(t, spec, "dpu1", "--xdp", "pf0hpf", "--msg-cluster", cluster, "--msg-node", "dpu1")
 	cfg, err := messaging.LoadConfig(cluster)
 	if err != nil {
@@ -412,5 +415,32 @@ nodes:
 	if st.Role != "agent" || st.Node != "dpu0" || st.Received.Messages != n || st.Drops.Total() != 0 {
 		t.Errorf("dpu0 agent stats: role %s node %s received %d messages, %d drops; want agent dpu0, %d, 0",
 			st.Role, st.Node, st.Received.Messages, st.Drops.Total(), n)
+	}
+
+	// The same counters, and the data plane's, in Prometheus' text format on
+	// dpu0's loopback.
+	var metrics []byte
+	err = spec.Run("dpu0", func() error {
+		c, err := net.Dial("tcp", "127.0.0.1:19477")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		fmt.Fprint(c, "GET /metrics HTTP/1.0\r\n\r\n")
+		metrics, err = io.ReadAll(c)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		fmt.Sprintf("lovelock_msg_received_messages_total %d", n),
+		`lovelock_msg_drops_total{reason="malformed"} 0`,
+		`lovelock_steer_packets_total{counter="rx"}`,
+		"lovelock_stats_up 1",
+	} {
+		if !strings.Contains(string(metrics), want) {
+			t.Errorf("metrics lack %q", want)
+		}
 	}
 }
