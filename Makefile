@@ -18,7 +18,10 @@ BIN       := bin
 ARCHES    := amd64 arm64
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X github.com/lovelock-dpu/lovelock/appliance.Version=$(VERSION)
-FUZZTIME  ?= 10s
+# Fuzz budgets are execution counts, not durations: a duration races Go's fuzz
+# coordinator at the deadline (go.dev/issue/75804, fixed in Go 1.27) and fails
+# spuriously with "context deadline exceeded" on a loaded machine.
+FUZZTIME  ?= 100000x
 PREFIX    ?= ll-
 # Go release installed when a machine has none (see deps).
 GO_BOOTSTRAP := go1.26.8
