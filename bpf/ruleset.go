@@ -91,9 +91,8 @@ func (sh Shape) Masked(k FlowKey) FlowKey {
 const (
 	MaxShapes      = 32     // distinct mask shapes in one rule set
 	MaxRules       = 65536  // rule IDs are 1..MaxRules-1; 0 counts default verdicts
-	MaxRuleEntries = 262144 // map entries in one rule set, META entries included
+	MaxRuleEntries = 262144 // map entries in one rule set
 	MaxXSKQueues   = 64     // slots of the AF_XDP socket map
-	metaShape      = ^uint32(0)
 )
 
 // Shape.Fields bits: fields matched exactly.
@@ -159,7 +158,7 @@ func (rs *Ruleset) Validate() error {
 	if len(rs.Shapes) > MaxShapes {
 		return fmt.Errorf("%d mask shapes, the data plane holds %d: %w", len(rs.Shapes), MaxShapes, ErrRuleset)
 	}
-	if n := len(rs.Entries) + 1; n > MaxRuleEntries {
+	if n := len(rs.Entries); n > MaxRuleEntries {
 		return fmt.Errorf("%d map entries, the data plane holds %d: %w", n, MaxRuleEntries, ErrRuleset)
 	}
 	for i := 1; i < len(rs.Shapes); i++ {
@@ -186,76 +185,74 @@ func (rs *Ruleset) Validate() error {
 	return nil
 }
 
-// Apply installs rs as the live rule set, atomically: it writes rs's shapes
-// into the shapeset slot the live set does not use, fills a new hash map
-// whose META entry names that slot, and swaps the map into the one-slot
-// rulesets array. When Apply returns, no packet is still being classified by
-// the previous set (the kernel waits for running programs when a map-in-map
-// slot changes), so the next Apply may rewrite the other slot.
+// Apply installs rs as the live rule set, atomically. The data plane has two
+// slots, each a hash map and the shapeset built for it, and active_set names
+// the live one. Apply fills the other slot, flips active_set, then replaces
+// the old slot's map with itself: that update returns only after the kernel
+// waited for every running program, so when Apply returns no packet is still
+// being classified by the previous set, and the next Apply may rewrite its
+// slot.
 func (s *Steer) Apply(rs *Ruleset) error {
 	if err := rs.Validate(); err != nil {
 		return err
 	}
-	live, err := s.liveShapeset()
-	if err != nil {
-		return err
+	var live uint32
+	if err := s.activeSet.Lookup(uint32(0), &live); err != nil {
+		return fmt.Errorf("steer: read live slot: %w", err)
 	}
+	live &= 1
 	slot := 1 - live
-
-	ss := shapeset{Nshapes: uint32(len(rs.Shapes)), DefaultAction: uint16(rs.DefaultAction), DefaultArg: rs.DefaultArg}
-	for i, sh := range rs.Shapes {
-		ss.Shapes[i].Mask, ss.Shapes[i].MaxPrio = sh.Mask(), sh.MaxPrio
-	}
-	if err := s.shapesets.Update(slot, &ss, ebpf.UpdateAny); err != nil {
-		return fmt.Errorf("steer: write shapes: %w", err)
-	}
 
 	m, err := ebpf.NewMap(s.inner.Copy())
 	if err != nil {
 		return fmt.Errorf("steer: create rule set map: %w", err)
 	}
 	defer m.Close()
-	keys := make([]RuleKey, 0, len(rs.Entries)+1)
-	vals := make([]RuleVal, 0, len(rs.Entries)+1)
-	var meta RuleKey
-	meta.Shape = metaShape
-	// struct ruleset_hdr: shapeset | pad[3], in rule_val's place.
-	keys, vals = append(keys, meta), append(vals, RuleVal{Prio: slot})
-	for _, e := range rs.Entries {
-		keys, vals = append(keys, e.Key), append(vals, e.Val)
+	keys := make([]RuleKey, len(rs.Entries))
+	vals := make([]RuleVal, len(rs.Entries))
+	for i, e := range rs.Entries {
+		keys[i], vals[i] = e.Key, e.Val
 	}
-	if _, err := m.BatchUpdate(keys, vals, nil); err != nil {
-		return fmt.Errorf("steer: fill rule set map (%d entries): %w", len(keys), err)
+	if len(keys) > 0 {
+		if _, err := m.BatchUpdate(keys, vals, nil); err != nil {
+			return fmt.Errorf("steer: fill rule set map (%d entries): %w", len(keys), err)
+		}
 	}
-	if err := s.rulesets.Update(uint32(0), m, ebpf.UpdateAny); err != nil {
+	ss := shapeset{Nshapes: uint32(len(rs.Shapes)), DefaultAction: uint16(rs.DefaultAction), DefaultArg: rs.DefaultArg}
+	for i, sh := range rs.Shapes {
+		ss.Shapes[i].Mask, ss.Shapes[i].MaxPrio = sh.Mask(), sh.MaxPrio
+	}
+	// The slot is idle: the previous Apply waited out its last readers.
+	if err := s.shapesets.Update(slot, &ss, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("steer: write shapes: %w", err)
+	}
+	if err := s.rulesets.Update(slot, m, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("steer: install rule set map: %w", err)
+	}
+	if err := s.activeSet.Update(uint32(0), slot, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("steer: swap in rule set: %w", err)
 	}
-	return nil
+	return s.waitReaders(live)
 }
 
-// liveShapeset returns the shapeset slot of the live rule set (0 when none
-// is installed), read from the kernel so that it is right after a restart.
-func (s *Steer) liveShapeset() (uint32, error) {
+// waitReaders returns once no program can still be using slot: it writes the
+// slot's map back into its place, and the kernel waits for running programs
+// before a map-in-map update returns.
+func (s *Steer) waitReaders(slot uint32) error {
 	var id ebpf.MapID
-	if err := s.rulesets.Lookup(uint32(0), &id); err != nil {
+	if err := s.rulesets.Lookup(slot, &id); err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return 0, nil
+			return nil // never installed: nothing can be using it
 		}
-		return 0, fmt.Errorf("steer: read live rule set: %w", err)
+		return fmt.Errorf("steer: read old rule set: %w", err)
 	}
-	if id == 0 {
-		return 0, nil
-	}
-	m, err := ebpf.NewMapFromID(id)
+	old, err := ebpf.NewMapFromID(id)
 	if err != nil {
-		return 0, fmt.Errorf("steer: open live rule set: %w", err)
+		return fmt.Errorf("steer: open old rule set: %w", err)
 	}
-	defer m.Close()
-	var meta RuleKey
-	meta.Shape = metaShape
-	var hdr RuleVal
-	if err := m.Lookup(&meta, &hdr); err != nil {
-		return 0, fmt.Errorf("steer: read live rule set header: %w", err)
+	defer old.Close()
+	if err := s.rulesets.Update(slot, old, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("steer: wait for readers of the old rule set: %w", err)
 	}
-	return hdr.Prio, nil
+	return nil
 }

@@ -57,6 +57,7 @@ const (
 	PinXSKs          = "xsks"
 	PinXSKSlots      = "xsk_slots"
 	PinShapesets     = "shapesets"
+	PinActiveSet     = "active_set"
 )
 
 // Options configure the steering program before it is loaded.
@@ -78,6 +79,7 @@ type Steer struct {
 	ruleStats *ebpf.Map
 	rulesets  *ebpf.Map
 	shapesets *ebpf.Map
+	activeSet *ebpf.Map
 	xsks      *ebpf.Map
 	xskSlots  *ebpf.Map
 
@@ -94,7 +96,7 @@ func (s *Steer) pins() []struct {
 	}{
 		{PinProgXDP, s.XDP}, {PinProgTCIngress, s.TCIngress}, {PinProgTCEgress, s.TCEgress},
 		{PinProgXDPPass, s.XDPPass}, {PinStats, s.stats}, {PinRuleStats, s.ruleStats},
-		{PinRulesets, s.rulesets}, {PinShapesets, s.shapesets}, {PinXSKs, s.xsks}, {PinXSKSlots, s.xskSlots},
+		{PinRulesets, s.rulesets}, {PinShapesets, s.shapesets}, {PinActiveSet, s.activeSet}, {PinXSKs, s.xsks}, {PinXSKSlots, s.xskSlots},
 	}
 }
 
@@ -116,7 +118,7 @@ func Load(opts Options) (*Steer, error) {
 	}
 	return &Steer{
 		XDP: objs.XdpSteer, TCIngress: objs.TcIngress, TCEgress: objs.TcEgress, XDPPass: objs.XdpPass,
-		stats: objs.SteerStats, ruleStats: objs.RuleStats, rulesets: objs.Rulesets, shapesets: objs.Shapesets, xsks: objs.Xsks, xskSlots: objs.XskSlots,
+		stats: objs.SteerStats, ruleStats: objs.RuleStats, rulesets: objs.Rulesets, shapesets: objs.Shapesets, activeSet: objs.ActiveSet, xsks: objs.Xsks, xskSlots: objs.XskSlots,
 		inner: spec.Maps[steerMapRulesets].InnerMap,
 	}, nil
 }
@@ -162,7 +164,7 @@ func OpenPinned(dir string) (*Steer, error) {
 	maps := []struct {
 		pin string
 		dst **ebpf.Map
-	}{{PinStats, &s.stats}, {PinRuleStats, &s.ruleStats}, {PinRulesets, &s.rulesets}, {PinShapesets, &s.shapesets}, {PinXSKs, &s.xsks}, {PinXSKSlots, &s.xskSlots}}
+	}{{PinStats, &s.stats}, {PinRuleStats, &s.ruleStats}, {PinRulesets, &s.rulesets}, {PinShapesets, &s.shapesets}, {PinActiveSet, &s.activeSet}, {PinXSKs, &s.xsks}, {PinXSKSlots, &s.xskSlots}}
 	for _, m := range maps {
 		mp, err := ebpf.LoadPinnedMap(filepath.Join(dir, m.pin), nil)
 		if err != nil {
@@ -319,7 +321,7 @@ func (s *Steer) ClearXSK(ifindex int, queue uint32) error {
 // Close releases this process's handles.
 func (s *Steer) Close() error {
 	var errs []error
-	for _, c := range []interface{ Close() error }{s.XDP, s.TCIngress, s.TCEgress, s.XDPPass, s.stats, s.ruleStats, s.rulesets, s.shapesets, s.xsks, s.xskSlots} {
+	for _, c := range []interface{ Close() error }{s.XDP, s.TCIngress, s.TCEgress, s.XDPPass, s.stats, s.ruleStats, s.rulesets, s.shapesets, s.activeSet, s.xsks, s.xskSlots} {
 		switch v := c.(type) {
 		case *ebpf.Program:
 			if v != nil {

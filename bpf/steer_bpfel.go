@@ -49,12 +49,6 @@ type steerRuleVal struct {
 	Arg    uint32
 }
 
-type steerRulesetHdr struct {
-	_        structs.HostLayout
-	Shapeset uint32
-	Pad      [3]uint32
-}
-
 type steerShape struct {
 	_       structs.HostLayout
 	Mask    steerFlowKey
@@ -81,20 +75,20 @@ type steerXskKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	steerMapRuleStats        = "rule_stats"
-	steerMapRulesets         = "rulesets"
-	steerMapShapesets        = "shapesets"
-	steerMapSteerStats       = "steer_stats"
-	steerMapXskSlots         = "xsk_slots"
-	steerMapXsks             = "xsks"
-	steerProgTcEgress        = "tc_egress"
-	steerProgTcIngress       = "tc_ingress"
-	steerProgXdpPass         = "xdp_pass"
-	steerProgXdpSteer        = "xdp_steer"
-	steerVarLlPort           = "ll_port"
-	steerVarUnusedRuleKey    = "unused_rule_key"
-	steerVarUnusedRuleVal    = "unused_rule_val"
-	steerVarUnusedRulesetHdr = "unused_ruleset_hdr"
+	steerMapActiveSet     = "active_set"
+	steerMapRuleStats     = "rule_stats"
+	steerMapRulesets      = "rulesets"
+	steerMapShapesets     = "shapesets"
+	steerMapSteerStats    = "steer_stats"
+	steerMapXskSlots      = "xsk_slots"
+	steerMapXsks          = "xsks"
+	steerProgTcEgress     = "tc_egress"
+	steerProgTcIngress    = "tc_ingress"
+	steerProgXdpPass      = "xdp_pass"
+	steerProgXdpSteer     = "xdp_steer"
+	steerVarLlPort        = "ll_port"
+	steerVarUnusedRuleKey = "unused_rule_key"
+	steerVarUnusedRuleVal = "unused_rule_val"
 )
 
 // loadSteer returns the embedded CollectionSpec for steer.
@@ -149,6 +143,7 @@ type steerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerMapSpecs struct {
+	ActiveSet  *ebpf.MapSpec `ebpf:"active_set"`
 	RuleStats  *ebpf.MapSpec `ebpf:"rule_stats"`
 	Rulesets   *ebpf.MapSpec `ebpf:"rulesets"`
 	Shapesets  *ebpf.MapSpec `ebpf:"shapesets"`
@@ -161,10 +156,9 @@ type steerMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerVariableSpecs struct {
-	LlPort           *ebpf.VariableSpec `ebpf:"ll_port"`
-	UnusedRuleKey    *ebpf.VariableSpec `ebpf:"unused_rule_key"`
-	UnusedRuleVal    *ebpf.VariableSpec `ebpf:"unused_rule_val"`
-	UnusedRulesetHdr *ebpf.VariableSpec `ebpf:"unused_ruleset_hdr"`
+	LlPort        *ebpf.VariableSpec `ebpf:"ll_port"`
+	UnusedRuleKey *ebpf.VariableSpec `ebpf:"unused_rule_key"`
+	UnusedRuleVal *ebpf.VariableSpec `ebpf:"unused_rule_val"`
 }
 
 // steerObjects contains all objects after they have been loaded into the kernel.
@@ -187,6 +181,7 @@ func (o *steerObjects) Close() error {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerMaps struct {
+	ActiveSet  *ebpf.Map `ebpf:"active_set"`
 	RuleStats  *ebpf.Map `ebpf:"rule_stats"`
 	Rulesets   *ebpf.Map `ebpf:"rulesets"`
 	Shapesets  *ebpf.Map `ebpf:"shapesets"`
@@ -197,6 +192,7 @@ type steerMaps struct {
 
 func (m *steerMaps) Close() error {
 	return _SteerClose(
+		m.ActiveSet,
 		m.RuleStats,
 		m.Rulesets,
 		m.Shapesets,
@@ -210,10 +206,9 @@ func (m *steerMaps) Close() error {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerVariables struct {
-	LlPort           *ebpf.Variable `ebpf:"ll_port"`
-	UnusedRuleKey    *ebpf.Variable `ebpf:"unused_rule_key"`
-	UnusedRuleVal    *ebpf.Variable `ebpf:"unused_rule_val"`
-	UnusedRulesetHdr *ebpf.Variable `ebpf:"unused_ruleset_hdr"`
+	LlPort        *ebpf.Variable `ebpf:"ll_port"`
+	UnusedRuleKey *ebpf.Variable `ebpf:"unused_rule_key"`
+	UnusedRuleVal *ebpf.Variable `ebpf:"unused_rule_val"`
 }
 
 // steerPrograms contains all programs after they have been loaded into the kernel.

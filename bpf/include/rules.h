@@ -7,13 +7,14 @@
  * looked up once per shape, so lookup cost grows with the number of shapes
  * (at most MAX_SHAPES), never with the number of rules.
  *
- * Atomic swaps: the data plane reaches the live hash map through a one-slot
- * array of maps; replacing the slot swaps rule sets, and the kernel waits for
- * running programs before that syscall returns. The hash map's META entry
- * names which of the two shapesets slots belongs to it. A swap writes the
- * slot the live set does not use, then replaces the hash map: a packet holds
- * one hash map for its whole lookup, and the shapeset it names is not
- * rewritten until every packet that could hold that map has finished. */
+ * Atomic swaps: there are two slots, each a hash map (in the rulesets array
+ * of maps) and the shapeset built for it (in shapesets), and active_set names
+ * the live slot. A packet reads active_set once and uses that slot's map and
+ * shapeset for its whole lookup. A swap fills the other slot, flips
+ * active_set, then waits until every program that could still hold the old
+ * slot has finished (an update of a map-in-map slot returns only after the
+ * kernel waited for running programs), so a slot is never rewritten while a
+ * packet uses it. */
 #ifndef LOVELOCK_RULES_H
 #define LOVELOCK_RULES_H
 
@@ -24,11 +25,9 @@
 /* Rule IDs are 1..MAX_RULES-1; ID 0 counts packets no rule matched. */
 #define MAX_RULES 65536
 /* Entries of one rule set: rules expand to several entries when a rank range
- * is split into prefixes, plus the META entries. */
+ * is split into prefixes. */
 #define MAX_RULE_ENTRIES 262144
 
-/* Key of the META entry (struct ruleset_hdr): shape META_SHAPE, rest zero. */
-#define META_SHAPE 0xffffffff
 
 enum action {
 	ACT_PASS = 0,     /* to the kernel stack */
@@ -38,7 +37,7 @@ enum action {
 };
 
 struct rule_key {
-	__u32 shape;    /* index of the shape, or META_SHAPE */
+	__u32 shape;    /* index of the shape */
 	struct flow_key flow;
 };
 
@@ -69,14 +68,6 @@ struct shapeset {
 	struct shape shapes[MAX_SHAPES];
 };
 
-/* Value of the META entry. */
-struct ruleset_hdr {
-	__u32 shapeset; /* index into shapesets: 0 or 1 */
-	__u32 pad[3];
-};
-
-_Static_assert(sizeof(struct rule_val) == sizeof(struct ruleset_hdr), "the META value shares rule_val's size");
-
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
@@ -84,9 +75,17 @@ struct {
 	__uint(max_entries, 2);
 } shapesets SEC(".maps");
 
+/* The live slot of rulesets and shapesets: 0 or 1. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1);
+} active_set SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
-	__uint(max_entries, 1);
+	__uint(max_entries, 2);
 	__type(key, __u32);
 	__array(values, struct {
 		__uint(type, BPF_MAP_TYPE_HASH);
@@ -162,18 +161,17 @@ static long lookup_shape(__u32 i, void *data)
  * rule set is installed (v is left as it was). */
 static __always_inline int classify(const struct flow_key *f, int malformed, struct verdict *v)
 {
-	__u32 zero = 0;
+	__u32 zero = 0, slot, *live;
 	struct lookup_ctx lc = {};
-	struct ruleset_hdr *hdr;
 
-	lc.rs = bpf_map_lookup_elem(&rulesets, &zero);
+	live = bpf_map_lookup_elem(&active_set, &zero);
+	if (!live)
+		return 0;
+	slot = *live & 1;
+	lc.rs = bpf_map_lookup_elem(&rulesets, &slot);
 	if (!lc.rs)
 		return 0;
-	lc.k.shape = META_SHAPE;
-	hdr = bpf_map_lookup_elem(lc.rs, &lc.k);
-	if (!hdr)
-		return 0;
-	lc.ss = bpf_map_lookup_elem(&shapesets, &hdr->shapeset);
+	lc.ss = bpf_map_lookup_elem(&shapesets, &slot);
 	if (!lc.ss)
 		return 0;
 	v->id = 0;
