@@ -451,48 +451,10 @@ func expand(rules []checkedRule) []entry {
 	return ents
 }
 
-// project masks k as C's mask_flow does under shape sh.
+// project masks k under shape sh, exactly as the data plane keys its
+// entries (bpf.Shape.Masked).
 func project(k bpf.FlowKey, sh shapeKey) bpf.FlowKey {
-	var out bpf.FlowKey
-	if sh.fields&bpf.FieldIfindex != 0 {
-		out.Ifindex = k.Ifindex
-	}
-	if sh.fields&bpf.FieldFamily != 0 {
-		out.Family = k.Family
-	}
-	if sh.fields&bpf.FieldProto != 0 {
-		out.Proto = k.Proto
-	}
-	if sh.fields&bpf.FieldLLType != 0 {
-		out.LlType = k.LlType
-	}
-	if sh.fields&bpf.FieldSport != 0 {
-		out.Sport = k.Sport
-	}
-	if sh.fields&bpf.FieldDport != 0 {
-		out.Dport = k.Dport
-	}
-	if sh.fields&bpf.FieldTenant != 0 {
-		out.Tenant = k.Tenant
-	}
-	maskAddr(&out.Src, &k.Src, int(sh.srcLen))
-	maskAddr(&out.Dst, &k.Dst, int(sh.dstLen))
-	if sh.rankLen > 0 {
-		out.Rank = k.Rank &^ uint32(uint64(1)<<(32-sh.rankLen)-1)
-	}
-	return out
-}
-
-// maskAddr keeps the first n bits of src in dst.
-func maskAddr(dst, src *[16]uint8, n int) {
-	for i := 0; i < 16 && n > 0; i++ {
-		if n >= 8 {
-			dst[i] = src[i]
-		} else {
-			dst[i] = src[i] & ^uint8(0xff>>n)
-		}
-		n -= 8
-	}
+	return bpf.Shape{Fields: sh.fields, SrcLen: sh.srcLen, DstLen: sh.dstLen, RankLen: sh.rankLen}.Masked(k)
 }
 
 // common is the shape two shapes share: fields both match, the shorter
