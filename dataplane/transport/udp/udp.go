@@ -250,6 +250,12 @@ func (c *Conn) LocalAddr() netip.AddrPort { return c.local }
 // MaxPayload returns Options.MaxPayload or the protocol limit.
 func (c *Conn) MaxPayload() int { return c.maxPayload }
 
+// SyscallConn returns the socket's raw connection, for a caller that waits
+// on its descriptor together with others in poll(2) (the AF_XDP worker
+// transport does). The caller must not read, write or close through it, and
+// must stop using the descriptor once the Conn is closed.
+func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.rc, nil }
+
 // Buffers returns the socket buffer sizes the kernel granted, as it reports
 // them (twice the requested size, for its bookkeeping overhead).
 func (c *Conn) Buffers() (read, write int) { return c.rbuf, c.wbuf }

@@ -29,6 +29,12 @@
 // Only IPv4 is carried. MaxPayload is the interface MTU less 28, capped by
 // what one UMEM frame holds (frame size less headroom, the kernel's 256
 // bytes of receive headroom and the Ethernet header).
+//
+// A Group is what a DPU's agent worker runs on: one Transport on the
+// worker's queue of each interface the agent receives on (pf0hpf from its
+// host, p0 from the fabric) and the worker's kernel UDP socket, which
+// receives what XDP passed to the stack instead of a socket and sends what
+// the AF_XDP sockets cannot. OpenGroups opens one per worker.
 package xdp
 
 import (

@@ -1,0 +1,484 @@
+package xdp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/lovelock-dpu/lovelock/bpf"
+	"github.com/lovelock-dpu/lovelock/control/testenv"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
+	"github.com/lovelock-dpu/lovelock/dataplane/xsk"
+)
+
+// trio is a DPU namespace with two interfaces, as a DPU's agent sees its
+// host (xa, 10.77.0.1, peer xb in host: 10.77.0.2 and 10.77.0.3) and the
+// fabric (ya, 10.78.0.1, peer yb in far: 10.78.0.2, which routes
+// 10.77.0.0/24 through the DPU). xa has two queues, so that a packet can
+// arrive on a queue without a socket. The steering program runs in native
+// mode on xa and ya with one rule: UDP to testPort -> xsk:0. The DPU has
+// permanent neighbour entries for 10.77.0.2 and 10.78.0.2, none for
+// 10.77.0.3.
+type trio struct {
+	dpu, host, far netns.NsHandle
+	xa, ya         int
+	xbMAC, ybMAC   net.HardwareAddr
+	steer          *bpf.Steer
+}
+
+const (
+	hostIP2 = "10.77.0.3"
+	dpuIP2  = "10.78.0.1"
+	farIP   = "10.78.0.2"
+)
+
+func newTrio(t *testing.T) *trio {
+	t.Helper()
+	testenv.RequirePriv(t)
+	tr := &trio{dpu: testenv.NewNetNS(t), host: testenv.NewNetNS(t), far: testenv.NewNetNS(t)}
+	testenv.InNetNS(t, tr.dpu, func() error {
+		for _, v := range []*netlink.Veth{
+			{LinkAttrs: netlink.LinkAttrs{Name: "xa", NumTxQueues: 2, NumRxQueues: 2},
+				PeerName: "xb", PeerNumTxQueues: 2, PeerNumRxQueues: 2, PeerNamespace: netlink.NsFd(int(tr.host))},
+			{LinkAttrs: netlink.LinkAttrs{Name: "ya", NumTxQueues: 1, NumRxQueues: 1},
+				PeerName: "yb", PeerNumTxQueues: 1, PeerNumRxQueues: 1, PeerNamespace: netlink.NsFd(int(tr.far))},
+		} {
+			if err := netlink.LinkAdd(v); err != nil {
+				return fmt.Errorf("add veth %s: %w", v.Name, err)
+			}
+		}
+		var err error
+		if tr.xa, err = setup("xa", dpuIP); err != nil {
+			return err
+		}
+		tr.ya, err = setup("ya", dpuIP2)
+		return err
+	})
+	var xaMAC, yaMAC net.HardwareAddr
+	testenv.InNetNS(t, tr.host, func() error {
+		if _, err := setup("xb", hostIP); err != nil {
+			return err
+		}
+		l, err := netlink.LinkByName("xb")
+		if err != nil {
+			return err
+		}
+		tr.xbMAC = l.Attrs().HardwareAddr
+		a, _ := netlink.ParseAddr(hostIP2 + "/24")
+		return netlink.AddrAdd(l, a)
+	})
+	testenv.InNetNS(t, tr.far, func() error {
+		if _, err := setup("yb", farIP); err != nil {
+			return err
+		}
+		l, err := netlink.LinkByName("yb")
+		if err != nil {
+			return err
+		}
+		tr.ybMAC = l.Attrs().HardwareAddr
+		_, dst, _ := net.ParseCIDR("10.77.0.0/24")
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: dst, Gw: net.ParseIP(dpuIP2)})
+	})
+	testenv.InNetNS(t, tr.dpu, func() error {
+		for _, n := range []struct {
+			idx int
+			ip  string
+			mac net.HardwareAddr
+		}{{tr.xa, hostIP, tr.xbMAC}, {tr.ya, farIP, tr.ybMAC}} {
+			if err := netlink.NeighSet(&netlink.Neigh{LinkIndex: n.idx, Family: unix.AF_INET, State: netlink.NUD_PERMANENT,
+				IP: net.ParseIP(n.ip), HardwareAddr: n.mac}); err != nil {
+				return err
+			}
+		}
+		xa, _ := netlink.LinkByIndex(tr.xa)
+		ya, _ := netlink.LinkByIndex(tr.ya)
+		xaMAC, yaMAC = xa.Attrs().HardwareAddr, ya.Attrs().HardwareAddr
+		return nil
+	})
+	// The peers know the DPU's MACs, so the first datagrams need no ARP.
+	for _, n := range []struct {
+		ns  netns.NsHandle
+		dev string
+		ip  string
+		mac *net.HardwareAddr
+	}{{tr.host, "xb", dpuIP, &xaMAC}, {tr.far, "yb", dpuIP2, &yaMAC}} {
+		testenv.InNetNS(t, n.ns, func() error {
+			l, err := netlink.LinkByName(n.dev)
+			if err != nil {
+				return err
+			}
+			return netlink.NeighSet(&netlink.Neigh{LinkIndex: l.Attrs().Index, Family: unix.AF_INET, State: netlink.NUD_PERMANENT,
+				IP: net.ParseIP(n.ip), HardwareAddr: *n.mac})
+		})
+	}
+	s, err := bpf.Load(bpf.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	tr.steer = s
+	var k bpf.RuleKey
+	k.Flow.Proto, k.Flow.Dport = 17, testPort
+	if err := s.Apply(&bpf.Ruleset{
+		Shapes:  []bpf.Shape{{Fields: bpf.FieldProto | bpf.FieldDport, MaxPrio: 10}},
+		Entries: []bpf.Entry{{Key: k, Val: bpf.RuleVal{Prio: 10, Id: 1, Action: uint16(bpf.ActionXSK), Arg: 0}}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.InNetNS(t, tr.dpu, func() error {
+		for _, idx := range []int{tr.xa, tr.ya} {
+			l, err := s.AttachXDP(idx, link.XDPDriverMode)
+			if err != nil {
+				return err
+			}
+			t.Cleanup(func() { l.Close() })
+		}
+		return nil
+	})
+	return tr
+}
+
+// open opens the Group of worker 0 on xa and ya and registers its sockets.
+func (tr *trio) open(t *testing.T, opts GroupOptions) *Group {
+	t.Helper()
+	opts.Interfaces = []string{"xa", "ya"}
+	opts.Addr = netip.AddrPortFrom(netip.MustParseAddr(dpuIP), testPort)
+	if opts.Socket == nil {
+		opts.Socket = &xsk.SocketConfig{Mode: xsk.ModeCopy}
+	}
+	var gs []*Group
+	testenv.InNetNS(t, tr.dpu, func() (err error) {
+		gs, err = OpenGroups(opts, 1, udp.Options{})
+		return err
+	})
+	g := gs[0]
+	t.Cleanup(func() { g.Close() })
+	for _, x := range g.Transports() {
+		if err := tr.steer.SetXSK(x.Ifindex(), x.Queue(), x.FD()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return g
+}
+
+// conn opens a kernel UDP socket on addr:0 in ns.
+func conn(t *testing.T, ns netns.NsHandle, addr string) *net.UDPConn {
+	t.Helper()
+	var c *net.UDPConn
+	testenv.InNetNS(t, ns, func() (err error) {
+		c, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(addr+":0")))
+		return err
+	})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func addrOf(c *net.UDPConn) netip.AddrPort { return c.LocalAddr().(*net.UDPAddr).AddrPort() }
+
+// recvN reads n datagrams from g and counts them by source.
+func recvN(t *testing.T, g *Group, n int) map[netip.AddrPort]int {
+	t.Helper()
+	pkts := make([]transport.Packet, 16)
+	for i := range pkts {
+		pkts[i].Data = make([]byte, 2048)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	from := map[netip.AddrPort]int{}
+	for got := 0; got < n; {
+		k, err := g.Recv(ctx, pkts)
+		if err != nil {
+			t.Fatalf("after %d of %d datagrams: %v (stats %+v)", got, n, err, g.Stats())
+		}
+		for _, p := range pkts[:k] {
+			from[p.Addr]++
+		}
+		got += k
+	}
+	return from
+}
+
+func cpuTime() time.Duration {
+	var ru unix.Rusage
+	_ = unix.Getrusage(unix.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// TestGroupRecv receives on both interfaces' AF_XDP sockets, fairly, and
+// on the kernel socket what XDP passed to the stack: packets that arrived
+// on a queue without a socket, and packets for an unregistered socket.
+func TestGroupRecv(t *testing.T) {
+	tr := newTrio(t)
+	g := tr.open(t, GroupOptions{})
+	if g.MaxPayload() != 1472 {
+		t.Errorf("MaxPayload %d, want 1472", g.MaxPayload())
+	}
+	// xa has two queues: the host's flows land on one by their hash.
+	h, h1 := tr.hostConnOnQueue(t, g, 0), tr.hostConnOnQueue(t, g, 1)
+	f := conn(t, tr.far, farIP)
+	base := g.Stats()
+	const n = 100
+	for i := range n {
+		for _, c := range []*net.UDPConn{h, f} {
+			if _, err := c.WriteToUDPAddrPort(payload(i, 64), g.LocalAddr()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	time.Sleep(20 * time.Millisecond) // let both rings fill
+	// The first two calls start with different sockets: both are served
+	// although each alone could fill every batch.
+	pkts := make([]transport.Packet, 16)
+	for i := range pkts {
+		pkts[i].Data = make([]byte, 2048)
+	}
+	first := map[netip.AddrPort]int{}
+	for range 2 {
+		k, err := g.Recv(context.Background(), pkts)
+		if err != nil || k != len(pkts) {
+			t.Fatalf("Recv: %d, %v", k, err)
+		}
+		for _, p := range pkts[:k] {
+			first[p.Addr]++
+		}
+	}
+	if first[addrOf(h)] != 16 || first[addrOf(f)] != 16 {
+		t.Errorf("first two batches by source %v: want 16 from each", first)
+	}
+	from := recvN(t, g, 2*n-32)
+	from[addrOf(h)] += first[addrOf(h)]
+	from[addrOf(f)] += first[addrOf(f)]
+	if from[addrOf(h)] != n || from[addrOf(f)] != n {
+		t.Errorf("by source %v, want %d each", from, n)
+	}
+	st := g.Stats()
+	if st.Sockets[0].Interface != "xa" || st.Sockets[0].Transport.RXPackets-base.Sockets[0].Transport.RXPackets != n ||
+		st.Sockets[1].Interface != "ya" || st.Sockets[1].Transport.RXPackets != n || st.KernelRX != base.KernelRX {
+		t.Errorf("stats %+v: want %d more on each AF_XDP socket, none more on the kernel socket", st, n)
+	}
+
+	// h1's flow arrives on xa's queue 1: its rule says xsk:0, the kernel
+	// cannot hand it to queue 0's socket, the steering program passes it
+	// (xsk_miss) and the kernel socket receives it.
+	miss0 := missCount(t, tr.steer)
+	for i := range 10 {
+		if _, err := h1.WriteToUDPAddrPort(payload(i, 10), g.LocalAddr()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := recvN(t, g, 10); got[addrOf(h1)] != 10 {
+		t.Fatalf("queue 1 datagrams: %v", got)
+	}
+	if d := g.Stats().KernelRX - st.KernelRX; d != 10 {
+		t.Errorf("queue 1 datagrams: kernel RX +%d, want 10", d)
+	}
+	if d := missCount(t, tr.steer) - miss0; d != 10 {
+		t.Errorf("xsk_miss +%d, want 10", d)
+	}
+	st = g.Stats()
+
+	// Without ya's socket registered, far's datagrams take the kernel
+	// socket too.
+	if err := tr.steer.ClearXSK(tr.ya, 0); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		f.WriteToUDPAddrPort(payload(i, 10), g.LocalAddr())
+	}
+	if got := recvN(t, g, 10); got[addrOf(f)] != 10 {
+		t.Errorf("unregistered socket: %v", got)
+	}
+	if st2 := g.Stats(); st2.KernelRX-st.KernelRX != 10 || st2.Sockets[1].Transport.RXPackets != n {
+		t.Errorf("unregistered socket: stats %+v", st)
+	}
+
+	// Idle: a Recv waits out its deadline in poll(2), not spinning.
+	cpu0 := cpuTime()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if k, err := g.Recv(ctx, pkts); k != 0 || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("idle Recv: %d, %v", k, err)
+	}
+	if el := time.Since(start); el < 280*time.Millisecond || el > time.Second {
+		t.Errorf("idle Recv returned after %v, want 300ms", el)
+	}
+	if c := cpuTime() - cpu0; c > 60*time.Millisecond {
+		t.Errorf("idle Recv used %v of CPU in 300ms: spinning?", c)
+	}
+	// A done context polls.
+	done, cancelDone := context.WithCancel(context.Background())
+	cancelDone()
+	if k, err := g.Recv(done, pkts); k != 0 || !errors.Is(err, context.Canceled) {
+		t.Errorf("poll: %d, %v", k, err)
+	}
+	// Close wakes a blocked Recv.
+	errc := make(chan error, 1)
+	go func() {
+		_, err := g.Recv(context.Background(), pkts)
+		errc <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errc:
+		if !errors.Is(err, transport.ErrClosed) {
+			t.Errorf("Recv after Close: %v", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("Close did not wake Recv")
+	}
+	if _, err := g.Send([]transport.Packet{{Addr: addrOf(h), Data: []byte("x")}}); !errors.Is(err, transport.ErrClosed) {
+		t.Errorf("Send after Close: %v", err)
+	}
+}
+
+// hostConnOnQueue opens host sockets until one whose flow the veth puts on
+// xa's queue q (the hash of its addresses and ports decides): a probe
+// datagram reaches the AF_XDP socket (queue 0) or the kernel socket.
+func (tr *trio) hostConnOnQueue(t *testing.T, g *Group, q int) *net.UDPConn {
+	t.Helper()
+	for range 64 {
+		c := conn(t, tr.host, hostIP)
+		before := g.Stats().KernelRX
+		if _, err := c.WriteToUDPAddrPort([]byte("probe"), g.LocalAddr()); err != nil {
+			t.Fatal(err)
+		}
+		recvN(t, g, 1)
+		if kernel := g.Stats().KernelRX > before; kernel == (q != 0) {
+			return c
+		}
+		c.Close()
+	}
+	t.Fatalf("no host flow landed on xa queue %d in 64 tries", q)
+	return nil
+}
+
+func missCount(t *testing.T, s *bpf.Steer) uint64 {
+	t.Helper()
+	st, err := s.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st[bpf.StatXSKMiss].Packets
+}
+
+// TestGroupSend sends one mixed batch: each datagram leaves through the
+// AF_XDP socket of the interface its route uses; a local destination and a
+// next hop without a neighbour entry go through the kernel socket, and the
+// AF_XDP path takes over once the kernel resolved the neighbour.
+func TestGroupSend(t *testing.T) {
+	tr := newTrio(t)
+	g := tr.open(t, GroupOptions{MissTTL: 50 * time.Millisecond})
+	h, h2, f := conn(t, tr.host, hostIP), conn(t, tr.host, hostIP2), conn(t, tr.far, farIP)
+	local := conn(t, tr.dpu, dpuIP2) // routed through lo
+
+	var batch []transport.Packet
+	want := map[*net.UDPConn]int{}
+	for i := range 60 {
+		c := []*net.UDPConn{h, f, h, f, local, h2}[i%6]
+		if c == h2 && want[h2] > 0 {
+			c = h // one datagram to the unresolved next hop
+		}
+		batch = append(batch, transport.Packet{Addr: addrOf(c), Data: payload(i, 100+i)})
+		want[c]++
+	}
+	if n, err := g.Send(batch); n != len(batch) || err != nil {
+		t.Fatalf("Send: %d, %v", n, err)
+	}
+	for c, n := range want {
+		got := recvAll(t, c, n)
+		for _, from := range got {
+			if from != g.LocalAddr() {
+				t.Errorf("datagram to %v from %v, want %v", addrOf(c), from, g.LocalAddr())
+			}
+		}
+	}
+	st := g.Stats()
+	if st.Sockets[0].Transport.TXPackets != uint64(want[h]) || st.Sockets[1].Transport.TXPackets != uint64(want[f]) ||
+		st.KernelTX != uint64(want[local]) || st.KernelFallback != 1 {
+		t.Errorf("stats %+v; want %d on xa, %d on ya, %d kernel (local), 1 fallback", st, want[h], want[f], want[local])
+	}
+
+	// The fallback made the kernel resolve 10.77.0.3; after MissTTL the
+	// AF_XDP path carries it.
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		time.Sleep(60 * time.Millisecond)
+		before := g.Stats().Sockets[0].Transport.TXPackets
+		if _, err := g.Send([]transport.Packet{{Addr: addrOf(h2), Data: []byte("resolved?")}}); err != nil {
+			t.Fatal(err)
+		}
+		recvAll(t, h2, 1)
+		if g.Stats().Sockets[0].Transport.TXPackets == before+1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10.77.0.3 never took the AF_XDP path: %+v", g.Stats())
+		}
+	}
+
+	// Refusals come before anything is sent.
+	n, err := g.Send([]transport.Packet{{Addr: addrOf(h), Data: []byte("a")}, {Addr: addrOf(h), Data: make([]byte, 1473)}, {Addr: addrOf(f), Data: []byte("c")}})
+	if n != 1 || !errors.Is(err, transport.ErrTooBig) {
+		t.Errorf("too big: %d, %v", n, err)
+	}
+	recvAll(t, h, 1)
+	n, err = g.Send([]transport.Packet{{Addr: netip.MustParseAddrPort("[fd00::1]:5"), Data: []byte("a")}})
+	if n != 0 || !errors.Is(err, transport.ErrAddr) {
+		t.Errorf("IPv6: %d, %v", n, err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	_ = f.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if k, _, err := f.ReadFromUDPAddrPort(make([]byte, 16)); err == nil {
+		t.Errorf("a datagram after the refused one was sent (%d bytes)", k)
+	}
+}
+
+// TestGroupErrors checks the configuration errors.
+func TestGroupErrors(t *testing.T) {
+	tr := newTrio(t)
+	testenv.InNetNS(t, tr.dpu, func() error {
+		addr := netip.AddrPortFrom(netip.MustParseAddr(dpuIP), testPort)
+		for _, c := range []struct {
+			name string
+			opts GroupOptions
+			n    int
+			want string
+		}{
+			{"unknown interface", GroupOptions{Interfaces: []string{"xa", "nope0"}, Addr: addr}, 1, `interface "nope0"`},
+			{"queues", GroupOptions{Interfaces: []string{"xa", "ya"}, Addr: addr}, 2, "interface ya has 1 RX queues, queue 1 needs 2"},
+			{"twice", GroupOptions{Interfaces: []string{"xa", "xa"}, Addr: addr}, 1, "listed twice"},
+			{"no interfaces", GroupOptions{Addr: addr}, 1, "at least one interface"},
+		} {
+			gs, err := OpenGroups(c.opts, c.n, udp.Options{})
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("%s: %v, want an error with %q", c.name, err, c.want)
+			}
+			for _, g := range gs {
+				g.Close()
+			}
+		}
+		// Everything was closed: the port is free again.
+		c, err := udp.Listen(addr, udp.Options{})
+		if err != nil {
+			t.Errorf("port still held after failed opens: %v", err)
+		} else {
+			c.Close()
+		}
+		return nil
+	})
+}
