@@ -7,17 +7,30 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-// Layouts of the rule set map, generated from include/rules.h.
-type (
-	// FlowKey is what rules match on (struct flow_key).
-	FlowKey = steerFlowKey
-	// RuleKey is a rule set map key: a shape index and a masked flow key.
-	RuleKey = steerRuleKey
-	// RuleVal is a rule set map value: priority, rule ID, action, argument.
-	RuleVal = steerRuleVal
-)
+// FlowKey is what rules match on (struct flow_key, generated from
+// include/parse.h).
+type FlowKey = steerFlowKey
 
-type shapeset = steerShapeset
+// RuleKey is the key of a compiled rule: a shape index and a flow key masked
+// by that shape.
+type RuleKey struct {
+	Shape uint32
+	Flow  FlowKey
+}
+
+// RuleVal is the verdict of a compiled rule.
+type RuleVal struct {
+	Prio   uint32 // higher wins
+	Id     uint32 // rule ID, 1..MaxRules-1: index of its counters
+	Action uint16 // an Action
+	Arg    uint32 // ifindex for ActionRedirect, queue for ActionXSK
+}
+
+// Layouts of the rule table and its shapes (include/rules.h).
+type (
+	ruleEntry = steerRuleEntry
+	shapeset  = steerShapeset
+)
 
 // Shape is a mask shape: which fields are matched exactly and how many
 // prefix bits of the addresses and the rank. The data plane stores it as a
@@ -91,7 +104,7 @@ func (sh Shape) Masked(k FlowKey) FlowKey {
 const (
 	MaxShapes      = 32     // distinct mask shapes in one rule set
 	MaxRules       = 65536  // rule IDs are 1..MaxRules-1; 0 counts default verdicts
-	MaxRuleEntries = 262144 // map entries in one rule set
+	MaxRuleEntries = 131072 // entries in one rule set (half the table's slots)
 	MaxXSKQueues   = 64     // slots of the AF_XDP socket map
 )
 
@@ -131,7 +144,7 @@ func (a Action) String() string {
 	return fmt.Sprintf("action(%d)", uint16(a))
 }
 
-// Entry is one rule set map entry.
+// Entry is one compiled rule: the key it is stored under and its verdict.
 type Entry struct {
 	Key RuleKey
 	Val RuleVal
@@ -159,7 +172,7 @@ func (rs *Ruleset) Validate() error {
 		return fmt.Errorf("%d mask shapes, the data plane holds %d: %w", len(rs.Shapes), MaxShapes, ErrRuleset)
 	}
 	if n := len(rs.Entries); n > MaxRuleEntries {
-		return fmt.Errorf("%d map entries, the data plane holds %d: %w", n, MaxRuleEntries, ErrRuleset)
+		return fmt.Errorf("%d entries, the data plane holds %d: %w", n, MaxRuleEntries, ErrRuleset)
 	}
 	for i := 1; i < len(rs.Shapes); i++ {
 		if rs.Shapes[i].MaxPrio > rs.Shapes[i-1].MaxPrio {
@@ -178,6 +191,9 @@ func (rs *Ruleset) Validate() error {
 		if int(e.Key.Shape) >= len(rs.Shapes) {
 			return fmt.Errorf("entry for rule %d names shape %d of %d: %w", e.Val.Id, e.Key.Shape, len(rs.Shapes), ErrRuleset)
 		}
+		if e.Val.Action > 0xff {
+			return fmt.Errorf("rule %d has action %d: %w", e.Val.Id, e.Val.Action, ErrRuleset)
+		}
 		if e.Val.Id == 0 || e.Val.Id >= MaxRules {
 			return fmt.Errorf("rule ID %d outside 1..%d: %w", e.Val.Id, MaxRules-1, ErrRuleset)
 		}
@@ -186,14 +202,18 @@ func (rs *Ruleset) Validate() error {
 }
 
 // Apply installs rs as the live rule set, atomically. The data plane has two
-// slots, each a hash map and the shapeset built for it, and active_set names
-// the live one. Apply fills the other slot, flips active_set, then replaces
-// the old slot's map with itself: that update returns only after the kernel
-// waited for every running program, so when Apply returns no packet is still
-// being classified by the previous set, and the next Apply may rewrite its
-// slot.
+// slots, each a rule table and the shapeset built for it, and active_set
+// names the live one. Apply fills a fresh table for the other slot, puts it
+// there, flips active_set, then replaces the old slot's table with itself:
+// that update returns only after the kernel waited for every running
+// program, so when Apply returns no packet is still being classified by the
+// previous set, and the next Apply may rewrite its slot.
 func (s *Steer) Apply(rs *Ruleset) error {
 	if err := rs.Validate(); err != nil {
+		return err
+	}
+	t, err := buildTable(rs)
+	if err != nil {
 		return err
 	}
 	var live uint32
@@ -205,20 +225,15 @@ func (s *Steer) Apply(rs *Ruleset) error {
 
 	m, err := ebpf.NewMap(s.inner.Copy())
 	if err != nil {
-		return fmt.Errorf("steer: create rule set map: %w", err)
+		return fmt.Errorf("steer: create rule table: %w", err)
 	}
 	defer m.Close()
-	keys := make([]RuleKey, len(rs.Entries))
-	vals := make([]RuleVal, len(rs.Entries))
-	for i, e := range rs.Entries {
-		keys[i], vals[i] = e.Key, e.Val
-	}
-	if len(keys) > 0 {
-		if _, err := m.BatchUpdate(keys, vals, nil); err != nil {
-			return fmt.Errorf("steer: fill rule set map (%d entries): %w", len(keys), err)
+	if len(t.slots) > 0 {
+		if _, err := m.BatchUpdate(t.slots, t.entries, nil); err != nil {
+			return fmt.Errorf("steer: fill rule table (%d entries): %w", len(t.slots), err)
 		}
 	}
-	ss := shapeset{Nshapes: uint32(len(rs.Shapes)), DefaultAction: uint16(rs.DefaultAction), DefaultArg: rs.DefaultArg}
+	ss := shapeset{Nshapes: uint32(len(rs.Shapes)), DefaultAction: uint16(rs.DefaultAction), DefaultArg: rs.DefaultArg, Seed: t.seed}
 	for i, sh := range rs.Shapes {
 		ss.Shapes[i].Mask, ss.Shapes[i].MaxPrio = sh.Mask(), sh.MaxPrio
 	}

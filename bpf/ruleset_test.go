@@ -2,6 +2,7 @@ package bpf_test
 
 import (
 	"encoding/binary"
+	"errors"
 	"testing"
 	"time"
 
@@ -101,4 +102,85 @@ func BenchmarkApply(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(time.Since(start).Microseconds())/float64(b.N), "µs/swap")
+}
+
+// TestApplyFullTable fills the rule table to its limit and checks that the
+// program finds sampled entries (through its probe, from the seed and the
+// placement Go chose) and no others.
+func TestApplyFullTable(t *testing.T) {
+	testenv.RequirePriv(t)
+	s, err := bpf.Load(bpf.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+
+	shape := bpf.Shape{Fields: bpf.FieldFamily | bpf.FieldProto | bpf.FieldDport, SrcLen: 32, MaxPrio: 10}
+	rs := &bpf.Ruleset{Shapes: []bpf.Shape{shape}}
+	// Entry i: UDP from 10.0.0.(i>>16) to port i&0xffff, rule 1 + i%65535.
+	frameOf := func(i int) []byte {
+		f := udpFrame(uint16(i))
+		f[14+15] = byte(i >> 16)
+		return f
+	}
+	for i := range bpf.MaxRuleEntries {
+		var k bpf.FlowKey
+		k.Family, k.Proto, k.Dport = 4, 17, uint16(i)
+		copy(k.Src[:], []byte{10, 0, 0, byte(i >> 16)})
+		rs.Entries = append(rs.Entries, bpf.Entry{
+			Key: bpf.RuleKey{Flow: k},
+			Val: bpf.RuleVal{Prio: 10, Id: uint32(1 + i%(bpf.MaxRules-1)), Action: uint16(bpf.ActionDrop)},
+		})
+	}
+	if err := s.Apply(rs); err != nil {
+		t.Fatal(err)
+	}
+	for n := range 2000 {
+		i := (n * 7919) % bpf.MaxRuleEntries
+		if n < 10 {
+			i = bpf.MaxRuleEntries - 1 - n
+		}
+		ret, err := s.XDP.Run(&ebpf.RunOptions{Data: frameOf(i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ret != xdpDrop {
+			t.Fatalf("entry %d: verdict %d, want drop", i, ret)
+		}
+		// Absent: a source no entry has.
+		f := frameOf(i)
+		f[14+15] = 7
+		if ret, err = s.XDP.Run(&ebpf.RunOptions{Data: f}); err != nil {
+			t.Fatal(err)
+		} else if ret != xdpPass {
+			t.Fatalf("absent key %d: verdict %d, want pass", i, ret)
+		}
+	}
+	// The entry found is the right one: its rule counts the packet.
+	for _, i := range []int{0, 65534, 65535, 99999, bpf.MaxRuleEntries - 1} {
+		id := uint32(1 + i%(bpf.MaxRules-1))
+		before, err := s.RuleCounter(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.XDP.Run(&ebpf.RunOptions{Data: frameOf(i)}); err != nil {
+			t.Fatal(err)
+		}
+		after, err := s.RuleCounter(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if after.Packets != before.Packets+1 {
+			t.Fatalf("entry %d: rule %d counted %d packets, want 1", i, id, after.Packets-before.Packets)
+		}
+	}
+
+	// One entry more is refused, and the installed set stays.
+	rs.Entries = append(rs.Entries, bpf.Entry{Key: bpf.RuleKey{}, Val: bpf.RuleVal{Id: 1}})
+	if err := s.Apply(rs); !errors.Is(err, bpf.ErrRuleset) {
+		t.Fatalf("Apply over the limit = %v, want ErrRuleset", err)
+	}
+	if ret, _ := s.XDP.Run(&ebpf.RunOptions{Data: frameOf(5)}); ret != xdpDrop {
+		t.Fatalf("after a refused Apply: verdict %d, want drop", ret)
+	}
 }

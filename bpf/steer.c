@@ -15,10 +15,9 @@
 /* Lovelock UDP port; set from Go before load. */
 volatile const __u16 ll_port = LL_DEFAULT_PORT;
 
-/* Force the rule set's types into BTF so bpf2go generates them for Go (the
- * cilium/ebpf idiom: they are used only behind the inner map's sizes). */
-const struct rule_key *unused_rule_key __attribute__((unused));
-const struct rule_val *unused_rule_val __attribute__((unused));
+/* Force the rule table's entry type into BTF so bpf2go generates it for Go
+ * (the cilium/ebpf idiom: it is used only behind the inner map's sizes). */
+const struct rule_entry *unused_rule_entry __attribute__((unused));
 
 /* AF_XDP sockets for the xsk:<queue> action. An AF_XDP socket is bound to
  * one queue of one interface and the kernel delivers to it only packets

@@ -83,7 +83,7 @@ type Steer struct {
 	xsks      *ebpf.Map
 	xskSlots  *ebpf.Map
 
-	inner *ebpf.MapSpec // template of a rule set map
+	inner *ebpf.MapSpec // template of a rule table
 }
 
 func (s *Steer) pins() []struct {
@@ -106,6 +106,9 @@ func Load(opts Options) (*Steer, error) {
 	spec, err := loadSteer()
 	if err != nil {
 		return nil, err
+	}
+	if n := spec.Maps[steerMapRulesets].InnerMap.MaxEntries; n != tableSize {
+		return nil, fmt.Errorf("steer: the object's rule table has %d slots, this build expects %d (regenerate with make generate)", n, tableSize)
 	}
 	if opts.Port != 0 {
 		if err := spec.Variables[steerVarLlPort].Set(opts.Port); err != nil {

@@ -34,18 +34,13 @@ type steerFlowKey struct {
 	Rank    uint32
 }
 
-type steerRuleKey struct {
-	_     structs.HostLayout
-	Shape uint32
-	Flow  steerFlowKey
-}
-
-type steerRuleVal struct {
+type steerRuleEntry struct {
 	_      structs.HostLayout
+	Key    steerFlowKey
+	Action uint8
+	Probe  uint8
+	Id     uint16
 	Prio   uint32
-	Id     uint32
-	Action uint16
-	Pad    uint16
 	Arg    uint32
 }
 
@@ -62,6 +57,7 @@ type steerShapeset struct {
 	Pad           uint16
 	DefaultArg    uint32
 	Pad2          uint32
+	Seed          uint64
 	Shapes        [32]steerShape
 }
 
@@ -75,20 +71,19 @@ type steerXskKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	steerMapActiveSet     = "active_set"
-	steerMapRuleStats     = "rule_stats"
-	steerMapRulesets      = "rulesets"
-	steerMapShapesets     = "shapesets"
-	steerMapSteerStats    = "steer_stats"
-	steerMapXskSlots      = "xsk_slots"
-	steerMapXsks          = "xsks"
-	steerProgTcEgress     = "tc_egress"
-	steerProgTcIngress    = "tc_ingress"
-	steerProgXdpPass      = "xdp_pass"
-	steerProgXdpSteer     = "xdp_steer"
-	steerVarLlPort        = "ll_port"
-	steerVarUnusedRuleKey = "unused_rule_key"
-	steerVarUnusedRuleVal = "unused_rule_val"
+	steerMapActiveSet       = "active_set"
+	steerMapRuleStats       = "rule_stats"
+	steerMapRulesets        = "rulesets"
+	steerMapShapesets       = "shapesets"
+	steerMapSteerStats      = "steer_stats"
+	steerMapXskSlots        = "xsk_slots"
+	steerMapXsks            = "xsks"
+	steerProgTcEgress       = "tc_egress"
+	steerProgTcIngress      = "tc_ingress"
+	steerProgXdpPass        = "xdp_pass"
+	steerProgXdpSteer       = "xdp_steer"
+	steerVarLlPort          = "ll_port"
+	steerVarUnusedRuleEntry = "unused_rule_entry"
 )
 
 // loadSteer returns the embedded CollectionSpec for steer.
@@ -156,9 +151,8 @@ type steerMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerVariableSpecs struct {
-	LlPort        *ebpf.VariableSpec `ebpf:"ll_port"`
-	UnusedRuleKey *ebpf.VariableSpec `ebpf:"unused_rule_key"`
-	UnusedRuleVal *ebpf.VariableSpec `ebpf:"unused_rule_val"`
+	LlPort          *ebpf.VariableSpec `ebpf:"ll_port"`
+	UnusedRuleEntry *ebpf.VariableSpec `ebpf:"unused_rule_entry"`
 }
 
 // steerObjects contains all objects after they have been loaded into the kernel.
@@ -206,9 +200,8 @@ func (m *steerMaps) Close() error {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerVariables struct {
-	LlPort        *ebpf.Variable `ebpf:"ll_port"`
-	UnusedRuleKey *ebpf.Variable `ebpf:"unused_rule_key"`
-	UnusedRuleVal *ebpf.Variable `ebpf:"unused_rule_val"`
+	LlPort          *ebpf.Variable `ebpf:"ll_port"`
+	UnusedRuleEntry *ebpf.Variable `ebpf:"unused_rule_entry"`
 }
 
 // steerPrograms contains all programs after they have been loaded into the kernel.

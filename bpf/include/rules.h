@@ -1,16 +1,27 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* The compiled rule set and its tuple-space lookup.
  *
- * A rule set is one hash map (struct rule_key -> struct rule_val) plus one
- * struct shapeset. Rules are grouped by mask shape: which fields they match
- * and how many prefix bits. A packet's flow key is masked once per shape and
- * looked up once per shape, so lookup cost grows with the number of shapes
- * (at most MAX_SHAPES), never with the number of rules.
+ * Rules are grouped by mask shape: which fields they match and how many
+ * prefix bits. A packet's flow key is masked once per shape and looked up
+ * once per shape, so lookup cost grows with the number of shapes (at most
+ * MAX_SHAPES), never with the number of rules.
  *
- * Atomic swaps: there are two slots, each a hash map (in the rulesets array
- * of maps) and the shapeset built for it (in shapesets), and active_set names
- * the live slot. A packet reads active_set once and uses that slot's map and
- * shapeset for its whole lookup. A swap fills the other slot, flips
+ * The entries of all shapes live in one open-addressed hash table: an array
+ * of RULE_TABLE_SIZE struct rule_entry, filled by userspace (bpf/ruleset.go)
+ * with Robin Hood linear probing: every entry sits at most MAX_PROBE - 1
+ * slots after the slot its hash names (its home), with no empty slot and no
+ * entry nearer its own home in between. A lookup hashes the masked key (a
+ * multiply per 8-byte word) and compares entries from the home slot on,
+ * stopping at an empty slot or an entry nearer its home than the key would
+ * be: about one compare per shape for a miss. Why
+ * not a kernel hash map: an array lookup is inlined into the program, where
+ * a hash map lookup costs three kernel function calls and a jhash of the
+ * whole key, about 4x the time per shape (docs/steering.md, "Cost").
+ *
+ * Atomic swaps: there are two slots, each a table (in the rulesets array of
+ * maps) and the shapeset built for it (in shapesets), and active_set names
+ * the live slot. A packet reads active_set once and uses that slot's table
+ * and shapeset for its whole lookup. A swap fills the other slot, flips
  * active_set, then waits until every program that could still hold the old
  * slot has finished (an update of a map-in-map slot returns only after the
  * kernel waited for running programs), so a slot is never rewritten while a
@@ -20,14 +31,24 @@
 
 #include "parse.h"
 
-/* Distinct mask shapes a rule set may use. Each costs one hash lookup. */
+/* Distinct mask shapes a rule set may use. Each costs one table lookup. */
 #define MAX_SHAPES 32
 /* Rule IDs are 1..MAX_RULES-1; ID 0 counts packets no rule matched. */
 #define MAX_RULES 65536
-/* Entries of one rule set: rules expand to several entries when a rank range
- * is split into prefixes. */
-#define MAX_RULE_ENTRIES 262144
-
+/* Slots of a rule table, and the entries it may hold: at most half full,
+ * so that probe sequences stay short. Rules expand to several entries when
+ * a rank range is split into prefixes. */
+#define RULE_TABLE_BITS 18
+#define RULE_TABLE_SIZE (1u << RULE_TABLE_BITS)
+#define MAX_RULE_ENTRIES (RULE_TABLE_SIZE / 2)
+/* Slots a lookup compares per shape; userspace places every entry within. */
+#define MAX_PROBE 16
+/* The hash: h = (h ^ word) * RULE_HASH_MUL over the key's words, starting
+ * from the shapeset's seed; the top RULE_TABLE_BITS bits name the slot. */
+#define RULE_HASH_MUL 0x9E3779B97F4A7C15ULL
+/* A flow key as 8-byte words: six whole words and the rank, alone in the
+ * low half of the seventh. */
+#define KEY_WORDS 7
 
 enum action {
 	ACT_PASS = 0,     /* to the kernel stack */
@@ -36,35 +57,39 @@ enum action {
 	ACT_XSK = 3,      /* to the AF_XDP socket in xsks[arg] (XDP only; TC passes) */
 };
 
-struct rule_key {
-	__u32 shape;    /* index of the shape */
-	struct flow_key flow;
-};
-
-struct rule_val {
+/* One slot of a rule table: a masked flow key whose pad byte holds its
+ * shape's index + 1 (0 marks an empty slot), and its rule's verdict. */
+struct rule_entry {
+	struct flow_key key;
+	__u8 action;    /* enum action */
+	__u8 probe;     /* slots after its home slot (< MAX_PROBE) */
+	__u16 id;       /* rule ID: index of its counters */
 	__u32 prio;     /* higher wins */
-	__u32 id;       /* rule ID: index of its counters */
-	__u16 action;   /* enum action */
-	__u16 pad;
 	__u32 arg;      /* ifindex for ACT_REDIRECT, queue for ACT_XSK */
 };
 
+_Static_assert(sizeof(struct flow_key) == 52, "a flow key is six and a half 8-byte words");
+_Static_assert(sizeof(struct rule_entry) == 64, "a rule entry is one cache line");
+
 /* A mask shape: a packet's flow key ANDed with mask is looked up under the
  * shape's index. Userspace computes the masks (all-ones for exact fields,
- * prefix bits for addresses and ranks), so masking here is branch-free. */
+ * prefix bits for addresses and ranks), so masking here is branch-free.
+ * max_prio follows mask so that the two read as KEY_WORDS words whose last
+ * one has the rank's mask in its low half. */
 struct shape {
 	struct flow_key mask;
 	__u32 max_prio; /* highest priority among the shape's rules */
 };
 
 /* The shapes of a rule set, by descending max_prio (so a lookup stops once
- * no later shape can win), and its default verdict. */
+ * no later shape can win), its default verdict and its table's hash seed. */
 struct shapeset {
 	__u32 nshapes;
 	__u16 default_action;
 	__u16 pad;
 	__u32 default_arg;
 	__u32 pad2;
+	__u64 seed;
 	struct shape shapes[MAX_SHAPES];
 };
 
@@ -88,29 +113,14 @@ struct {
 	__uint(max_entries, 2);
 	__type(key, __u32);
 	__array(values, struct {
-		__uint(type, BPF_MAP_TYPE_HASH);
+		__uint(type, BPF_MAP_TYPE_ARRAY);
 		/* Sizes, not __type: clang 14 emits only forward declarations for
 		 * types two pointers deep, which loaders cannot size. */
-		__uint(key_size, sizeof(struct rule_key));
-		__uint(value_size, sizeof(struct rule_val));
-		__uint(max_entries, MAX_RULE_ENTRIES);
-		__uint(map_flags, BPF_F_NO_PREALLOC);
+		__uint(key_size, sizeof(__u32));
+		__uint(value_size, sizeof(struct rule_entry));
+		__uint(max_entries, RULE_TABLE_SIZE);
 	});
 } rulesets SEC(".maps");
-
-/* Builds the key of flow f under shape sh (index idx) into k. */
-static __always_inline void mask_flow(struct rule_key *k, const struct flow_key *f,
-				      const struct shape *sh, __u32 idx)
-{
-	const __u32 *in = (const __u32 *)f, *m = (const __u32 *)&sh->mask;
-	__u32 *out = (__u32 *)&k->flow;
-	int w;
-
-	k->shape = idx;
-#pragma unroll
-	for (w = 0; w < sizeof(struct flow_key) / 4; w++)
-		out[w] = in[w] & m[w];
-}
 
 struct verdict {
 	__u32 id;     /* matching rule, 0 for none */
@@ -118,42 +128,53 @@ struct verdict {
 	__u32 arg;
 };
 
-struct lookup_ctx {
-	void *rs;                  /* the rule set, fixed for the whole lookup */
-	struct shapeset *ss;       /* its shapes */
-	const struct flow_key *f;
-	struct rule_key k;
-	__u32 found;
-	struct rule_val best;
-};
-
-/* One shape of the lookup, as a bpf_loop callback: the verifier checks it
- * once instead of once per unrolled iteration. Returns 1 to stop. */
-static long lookup_shape(__u32 i, void *data)
+/* lookup_shape looks the flow key f (as words) up under shape idx of ss in
+ * table and returns the matching entry, or NULL. */
+static __always_inline struct rule_entry *lookup_shape(void *table, const struct shapeset *ss,
+						       const __u64 *f, __u32 idx)
 {
-	struct lookup_ctx *lc = data;
-	struct shape *sh;
-	struct rule_val *r;
+	const __u64 *mask;
+	__u64 k[KEY_WORDS], h = ss->seed;
+	__u64 i = idx;
+	__u32 home, p;
+	int w;
 
-	__u64 idx = i;
-
-	if (i >= lc->ss->nshapes)
-		return 1;
 	/* Bound the index in the register that indexes: clang otherwise checks
-	 * one copy of i and indexes with another, which the verifier cannot
-	 * follow. MAX_SHAPES is a power of two. */
-	asm volatile("%0 &= %1" : "+r"(idx) : "i"(MAX_SHAPES - 1));
-	sh = &lc->ss->shapes[idx];
-	/* Shapes come by descending max_prio: none later can win. */
-	if (lc->found && sh->max_prio <= lc->best.prio)
-		return 1;
-	mask_flow(&lc->k, lc->f, sh, i);
-	r = bpf_map_lookup_elem(lc->rs, &lc->k);
-	if (r && (!lc->found || r->prio > lc->best.prio)) {
-		lc->best = *r;
-		lc->found = 1;
+	 * one copy and indexes with another, which the verifier cannot follow.
+	 * MAX_SHAPES is a power of two. */
+	asm volatile("%0 &= %1" : "+r"(i) : "i"(MAX_SHAPES - 1));
+	mask = (const __u64 *)&ss->shapes[i];
+#pragma unroll
+	for (w = 0; w < KEY_WORDS; w++)
+		k[w] = f[w] & mask[w];
+	/* The rank's word: drop max_prio, which shares it with the rank mask. */
+	k[KEY_WORDS - 1] &= 0xffffffff;
+	/* The shape tag, in the key's pad byte (the top byte of word 0). */
+	k[0] |= (__u64)(idx + 1) << 56;
+#pragma unroll
+	for (w = 0; w < KEY_WORDS; w++)
+		h = (h ^ k[w]) * RULE_HASH_MUL;
+	home = h >> (64 - RULE_TABLE_BITS);
+
+	for (p = 0; p < MAX_PROBE; p++) {
+		__u32 slot = (home + p) & (RULE_TABLE_SIZE - 1);
+		struct rule_entry *e = bpf_map_lookup_elem(table, &slot);
+		const __u64 *ew = (const __u64 *)e;
+		__u64 diff;
+
+		/* An empty slot ends every probe sequence through it, and Robin
+		 * Hood placement puts no entry behind one closer to its home. */
+		if (!e || !e->key.pad || e->probe < p)
+			return NULL;
+		/* Branch-free compare; the last word's high half is the verdict. */
+		diff = (ew[KEY_WORDS - 1] ^ k[KEY_WORDS - 1]) & 0xffffffff;
+#pragma unroll
+		for (w = 0; w < KEY_WORDS - 1; w++)
+			diff |= ew[w] ^ k[w];
+		if (!diff)
+			return e;
 	}
-	return 0;
+	return NULL;
 }
 
 /* classify finds the highest-priority rule matching f. Malformed packets and
@@ -161,39 +182,42 @@ static long lookup_shape(__u32 i, void *data)
  * rule set is installed (v is left as it was). */
 static __always_inline int classify(const struct flow_key *f, int malformed, struct verdict *v)
 {
-	__u32 zero = 0, slot, *live;
-	struct lookup_ctx lc = {};
+	__u32 zero = 0, slot, *live, i, found = 0, best_prio = 0;
+	__u64 words[KEY_WORDS] = {};
+	struct shapeset *ss;
+	void *table;
 
 	live = bpf_map_lookup_elem(&active_set, &zero);
 	if (!live)
 		return 0;
 	slot = *live & 1;
-	lc.rs = bpf_map_lookup_elem(&rulesets, &slot);
-	if (!lc.rs)
+	table = bpf_map_lookup_elem(&rulesets, &slot);
+	if (!table)
 		return 0;
-	lc.ss = bpf_map_lookup_elem(&shapesets, &slot);
-	if (!lc.ss)
+	ss = bpf_map_lookup_elem(&shapesets, &slot);
+	if (!ss)
 		return 0;
 	v->id = 0;
-	v->action = lc.ss->default_action;
-	v->arg = lc.ss->default_arg;
+	v->action = ss->default_action;
+	v->arg = ss->default_arg;
 	if (malformed)
 		return 1;
 
-	lc.f = f;
-	/* A no-op on the value (a byte-swapped 0 is 0), for older verifiers:
-	 * 6.1's (upstream fixed it in 6.7) checks a bpf_loop callback once,
-	 * from this state, as if it ran one time. Knowing found == 0 there, it
-	 * takes lookup_shape's code for found != 0 (the priority comparisons)
-	 * for dead and removes it, and the last matching shape, not the
-	 * highest-priority one, would win. It does not follow a byte swap
-	 * (BPF_END), so after this it cannot know found and keeps both ways. */
-	asm volatile("%0 = be32 %0" : "+r"(lc.found));
-	bpf_loop(MAX_SHAPES, lookup_shape, &lc, 0);
-	if (lc.found) {
-		v->id = lc.best.id;
-		v->action = lc.best.action;
-		v->arg = lc.best.arg;
+	__builtin_memcpy(words, f, sizeof(*f));
+	for (i = 0; i < MAX_SHAPES && i < ss->nshapes; i++) {
+		struct rule_entry *e;
+
+		/* Shapes come by descending max_prio: none later can win. */
+		if (found && ss->shapes[i & (MAX_SHAPES - 1)].max_prio <= best_prio)
+			break;
+		e = lookup_shape(table, ss, words, i);
+		if (e && (!found || e->prio > best_prio)) {
+			found = 1;
+			best_prio = e->prio;
+			v->id = e->id;
+			v->action = e->action;
+			v->arg = e->arg;
+		}
 	}
 	return 1;
 }

@@ -195,9 +195,9 @@ func check(s *Set, resolve Resolver, port uint16) (*checked, []entry, error) {
 		return nil, nil, tooManyShapes(c.rules, ents, shapes)
 	}
 	kept := dedupe(c.rules, ents)
-	if len(kept)+1 > bpf.MaxRuleEntries {
-		return nil, nil, fmt.Errorf("rules: %d rules compile to %d map entries (rank ranges split into aligned blocks), the data plane holds %d with its header: use fewer rules, or rank ranges aligned to powers of two",
-			len(c.rules), len(kept), bpf.MaxRuleEntries-1)
+	if len(kept) > bpf.MaxRuleEntries {
+		return nil, nil, fmt.Errorf("rules: %d rules compile to %d table entries (rank ranges split into aligned blocks), the data plane holds %d: use fewer rules, or rank ranges aligned to powers of two",
+			len(c.rules), len(kept), bpf.MaxRuleEntries)
 	}
 	if err := overlaps(c.rules, ents); err != nil {
 		return nil, nil, err

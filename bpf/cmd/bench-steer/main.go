@@ -30,6 +30,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/lovelock-dpu/lovelock/bpf"
 )
 
@@ -146,6 +148,25 @@ func run(repeat, rounds int) error {
 		return best, nil
 	}
 
+	// check runs frame once and fails unless rule's counter counted it.
+	check := func(frame []byte, rule uint32) error {
+		before, err := s.RuleCounter(rule)
+		if err != nil {
+			return err
+		}
+		if _, err := s.XDP.Run(&ebpf.RunOptions{Data: frame}); err != nil {
+			return err
+		}
+		after, err := s.RuleCounter(rule)
+		if err != nil {
+			return err
+		}
+		if after.Packets != before.Packets+1 {
+			return fmt.Errorf("the frame did not match rule %d", rule)
+		}
+		return nil
+	}
+
 	floor, err := measure(frame(1000, 10, 0, 0, 1), true)
 	if err != nil {
 		return fmt.Errorf("floor: %w", err)
@@ -159,17 +180,22 @@ func run(repeat, rounds int) error {
 			if err := s.Apply(rs); err != nil {
 				return fmt.Errorf("%d rules over %d shapes: %w", n, shapes, err)
 			}
-			// The hit matches the last rule of the lowest-priority shape.
-			last := n - 1 - (n-1)%shapes + (shapes - 1)
-			if last >= n {
-				last = n - 1
+			// The hit matches the last rule of the lowest-priority shape
+			// (of the last shape holding a rule, when rules are fewer).
+			last := n - 1
+			if n >= shapes {
+				last = n/shapes*shapes - 1
 			}
 			hit := frame(dportOf(last), 10, 0, 0, 1)
 			miss := frame(65535, 10, 0, 0, 1)
 			for _, p := range []struct {
 				name  string
 				frame []byte
-			}{{"hit", hit}, {"miss", miss}} {
+				rule  uint32 // the rule it must match, 0 for none
+			}{{"hit", hit, uint32(last + 1)}, {"miss", miss, 0}} {
+				if err := check(p.frame, p.rule); err != nil {
+					return fmt.Errorf("%d rules over %d shapes, %s: %w", n, shapes, p.name, err)
+				}
 				d, err := measure(p.frame, false)
 				if err != nil {
 					return err
