@@ -568,6 +568,26 @@ func (s *Socket) spin() bool {
 	return true
 }
 
+// lockTX enters the socket for a send and takes the TX lock, after taking
+// back completed frames; unlockTX undoes it.
+func (s *Socket) lockTX() error {
+	if err := s.enter(); err != nil {
+		return err
+	}
+	if s.tx == nil {
+		s.exit()
+		return s.errNoTX
+	}
+	s.txMu.Lock()
+	s.reclaim()
+	return nil
+}
+
+func (s *Socket) unlockTX() {
+	s.txMu.Unlock()
+	s.exit()
+}
+
 // Transmit copies frames into free UMEM frames and submits them to the TX
 // ring, first taking back completed frames. It returns how many frames it
 // queued; when that is fewer than len(frames) the error says why:
@@ -578,16 +598,10 @@ func (s *Socket) Transmit(frames [][]byte) (int, error) {
 	if len(frames) == 0 {
 		return 0, nil
 	}
-	if err := s.enter(); err != nil {
+	if err := s.lockTX(); err != nil {
 		return 0, err
 	}
-	defer s.exit()
-	if s.tx == nil {
-		return 0, s.errNoTX
-	}
-	s.txMu.Lock()
-	defer s.txMu.Unlock()
-	s.reclaim()
+	defer s.unlockTX()
 
 	u, q := s.umem, s.q
 	limit := u.cfg.FrameSize - u.cfg.Headroom
@@ -646,16 +660,10 @@ func (s *Socket) TransmitDescs(descs []Desc) (int, error) {
 	if len(descs) == 0 {
 		return 0, nil
 	}
-	if err := s.enter(); err != nil {
+	if err := s.lockTX(); err != nil {
 		return 0, err
 	}
-	defer s.exit()
-	if s.tx == nil {
-		return 0, s.errNoTX
-	}
-	s.txMu.Lock()
-	defer s.txMu.Unlock()
-	s.reclaim()
+	defer s.unlockTX()
 
 	u := s.umem
 	st := kernelState(frameTX, s.q.id)
