@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,6 +33,16 @@ type AgentOptions struct {
 	// MaxLinks bounds the incoming links each worker tracks (0: 4096);
 	// bundles of further links are dropped and counted.
 	MaxLinks int
+	// Drain is how long Run keeps going after ctx is done, to stop
+	// without losing a message (0: stop at once). While draining, the
+	// workers acknowledge no new bundles (their senders send them again,
+	// to whoever answers next on the agent's address) but take the ones
+	// that complete what they already acknowledged: a gap below an
+	// out-of-order bundle, the rest of a fragmented message. They flush
+	// every buffer at once, route what waits on the blocklist, and stop
+	// when every bundle they acknowledged has been forwarded and
+	// acknowledged by its next hop, or when Drain has passed.
+	Drain time.Duration
 }
 
 // Agent is a node's routing agent: it receives bundles from the node's
@@ -46,6 +57,7 @@ type Agent struct {
 	workers []*worker
 	log     *slog.Logger
 	epoch   time.Time
+	drain   time.Duration
 
 	running   atomic.Bool
 	closeOnce sync.Once
@@ -81,7 +93,7 @@ func NewAgent(cfg Config, node string, opts AgentOptions) (*Agent, error) {
 	if trs == nil {
 		group, err := udp.ListenGroup(cfg.Nodes[n].Agent, cfg.Workers, udp.Options{
 			ReadBuffer: cfg.SocketBuffer, WriteBuffer: cfg.SocketBuffer,
-			Steer: &udp.Steer{Offset: wire.OffsetDst, Mask: MaxWorkers - 1},
+			Steer: KernelSteer(),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("messaging: agent %s: %w", node, err)
@@ -110,7 +122,7 @@ func NewAgent(cfg Config, node string, opts AgentOptions) (*Agent, error) {
 	if tsize < cfg.TransferSize {
 		log.Info("messaging: transfer size lowered to the transport's max payload", "node", node, "configured", cfg.TransferSize, "used", tsize)
 	}
-	a := &Agent{cfg: cfg, node: n, tsize: tsize, log: log, epoch: time.Now()}
+	a := &Agent{cfg: cfg, node: n, tsize: tsize, log: log, epoch: time.Now(), drain: opts.Drain}
 	nodeHop := make([]int32, len(cfg.Nodes))
 	for m, nd := range cfg.Nodes {
 		nodeHop[m] = -1
@@ -150,8 +162,9 @@ func (a *Agent) Addr() netip.AddrPort { return a.workers[0].tr.LocalAddr() }
 func (a *Agent) TransferSize() int { return a.tsize }
 
 // Run runs the workers until ctx is done or the agent is closed. On the way
-// out each worker sends what its buffers hold (as far as the windows allow,
-// without waiting for acknowledgements), then Run closes the transports. It
+// out each worker drains for up to AgentOptions.Drain, then sends what its
+// buffers still hold (as far as the windows allow, without waiting for
+// acknowledgements), and Run closes the transports. It
 // returns nil after a cancellation or Close, and the first worker's error
 // otherwise. Run may be called once.
 func (a *Agent) Run(ctx context.Context) error {
@@ -245,6 +258,7 @@ type worker struct {
 	now, lastRecv                int64
 	nextFlush, nextMaint, nextGC int64
 	anyBusy, unblock             bool
+	draining                     bool
 	ft, idle, rto, peerTO        int64
 	msgs, delivered              uint64 // added to ctr once per batch
 
@@ -300,8 +314,27 @@ func (w *worker) run(ctx context.Context) error {
 	w.lastRecv = w.now
 	for {
 		if ctx.Err() != nil {
-			w.shutdown()
-			return nil
+			if w.draining {
+				w.a.log.Warn("messaging: agent worker stopped before it drained", "worker", w.idx, "waiting for", w.drainState())
+			}
+			if w.draining || w.a.drain <= 0 {
+				w.shutdown()
+				return nil
+			}
+			// Go on under a context of our own until the drain is over.
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(context.Background(), w.a.drain)
+			defer cancel()
+			w.draining = true
+		}
+		if w.draining {
+			w.now = w.clock()
+			w.flushAll()
+			w.finish()
+			if w.drained() {
+				w.shutdown()
+				return nil
+			}
 		}
 		n, err := w.tr.Recv(doneCtx, w.rx)
 		if n == 0 && (err == nil || isCtxErr(err)) {
@@ -331,6 +364,70 @@ func (w *worker) run(ctx context.Context) error {
 		}
 		w.finish()
 	}
+}
+
+// flushAll closes every buffer being filled: a draining worker does not
+// wait for flush timeouts.
+func (w *worker) flushAll() {
+	for _, l := range w.links {
+		l.close(flushExplicit, w.now, &w.out)
+	}
+}
+
+// drained reports whether a draining worker is done: nothing waits to be
+// routed or completed, and every bundle it sent was acknowledged (or its
+// peer is dead, which drops what it held).
+func (w *worker) drained() bool {
+	if len(w.blocked) > 0 || len(w.mailbox) > 0 {
+		return false
+	}
+	for _, l := range w.in {
+		if len(l.work) > 0 || l.held > 0 || l.cur.active || l.unfinished() {
+			return false
+		}
+	}
+	for _, l := range w.links {
+		if l.busy() && !l.dead {
+			return false
+		}
+	}
+	return true
+}
+
+// drainState says what a draining worker still waits for.
+func (w *worker) drainState() string {
+	var parts []string
+	if len(w.blocked) > 0 {
+		parts = append(parts, fmt.Sprintf("%d links on the blocklist", len(w.blocked)))
+	}
+	for k, l := range w.in {
+		if len(l.work) > 0 || l.held > 0 || l.cur.active || l.unfinished() {
+			parts = append(parts, fmt.Sprintf("from %v/%x: %d bundles to route, %d held out of order, message in progress %v, fragment pending %v",
+				Endpoint(k.src), k.session, len(l.work), l.held, l.cur.active, l.unfinished()))
+		}
+	}
+	for _, l := range w.links {
+		if l.busy() && !l.dead {
+			parts = append(parts, fmt.Sprintf("to %s: %d unacknowledged, %d waiting for credit (limit %d, next %d)",
+				l.name, l.nextSeq-l.base, l.waiting(), l.limit, l.nextSeq))
+		}
+	}
+	return strings.Join(parts, "; ")
+}
+
+// drainTakes reports whether a draining worker takes bundle seq of l: only
+// when it completes something already acknowledged, so that the agent's
+// next run never starts a link in the middle of a message.
+func (w *worker) drainTakes(l *inLink, seq uint32) bool {
+	if seq == l.next.Load() && l.unfinished() {
+		return true // the rest of a fragmented message
+	}
+	for i := range l.ooo {
+		if s := &l.ooo[i]; s.used && seqDiff(s.seq, seq) > 0 {
+			return true // a gap below a bundle held out of order
+		}
+	}
+	return false
 }
 
 // timerDue reports whether a timer of the worker has expired.
@@ -419,6 +516,10 @@ func (w *worker) onBundle(h wire.Header, payload []byte, addr netip.AddrPort, si
 	key := linkKey{h.Src, pre.Session}
 	l := w.in[key]
 	if l == nil {
+		if w.draining {
+			w.ctr.refused.Add(1)
+			return
+		}
 		if len(w.in) >= w.maxLinks {
 			w.ctr.drop(dropTooManyLinks, 1)
 			return
@@ -431,7 +532,12 @@ func (w *worker) onBundle(h wire.Header, payload []byte, addr netip.AddrPort, si
 	}
 	l.setAddr(addr)
 	l.lastSeen = w.now
-	switch l.classify(h.Seq) {
+	v := l.classify(h.Seq)
+	if w.draining && (v == vInOrder || v == vStash) && !w.drainTakes(l, h.Seq) {
+		w.ctr.refused.Add(1)
+		return
+	}
+	switch v {
 	case vDuplicate:
 		w.ctr.duplicates.Add(1)
 	case vOutOfWindow:

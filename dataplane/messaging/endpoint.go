@@ -1,6 +1,11 @@
 package messaging
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
+)
 
 // Endpoint is the value of a messaging datagram's Src and Dst header fields:
 // the sending and receiving end of a link, an agent worker or a client
@@ -22,6 +27,14 @@ const (
 	MaxShards         = 1 << 6
 	clientBit         = 1 << 15
 )
+
+// KernelSteer returns the reuseport steering program of an agent's kernel
+// UDP sockets (udp.ListenGroup): socket w of the group receives the
+// datagrams whose destination endpoint names worker w, as the XDP rules
+// send them to AF_XDP queue w.
+func KernelSteer() *udp.Steer {
+	return &udp.Steer{Offset: wire.OffsetDst, Mask: MaxWorkers - 1}
+}
 
 // AgentEndpoint returns the endpoint of worker w of the agent on node n.
 func AgentEndpoint(n, w int) Endpoint {

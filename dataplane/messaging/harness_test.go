@@ -5,8 +5,10 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+	"log/slog"
 	"math/rand/v2"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -47,12 +49,18 @@ type spec struct {
 	// on loopback (127.0.0.1, or 127.0.1.n+1 for a DPU agent).
 	listenAgent  func(n int, opts udp.Options, workers int) ([]*udp.Conn, error)
 	listenClient func(n, c int, opts udp.Options) (*udp.Conn, error)
+	// drain is the agents' AgentOptions.Drain.
+	drain time.Duration
 }
 
 type testCluster struct {
 	t       testing.TB
+	sp      spec
 	cfg     Config
+	ctx     context.Context
 	agents  []*Agent
+	stops   []context.CancelFunc // per agent
+	dones   []chan struct{}      // per agent: closed when its Run returned
 	clients [][]*Client
 	sinks   [][]*sink
 	cancel  context.CancelFunc
@@ -111,7 +119,7 @@ func startCluster(t testing.TB, sp spec) *testCluster {
 			if sp.readBuffer > 0 {
 				opts.ReadBuffer = sp.readBuffer
 			}
-			opts.Steer = &udp.Steer{Offset: wire.OffsetDst, Mask: MaxWorkers - 1}
+			opts.Steer = KernelSteer()
 			if sp.steerSrc {
 				opts.Steer.Offset = wire.OffsetSrc
 			}
@@ -160,23 +168,15 @@ func startCluster(t testing.TB, sp spec) *testCluster {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	tc := &testCluster{t: t, cfg: cfg}
+	tc := &testCluster{t: t, sp: sp, cfg: cfg}
 	ctx, cancel := context.WithCancel(context.Background())
-	tc.cancel = cancel
+	tc.ctx, tc.cancel = ctx, cancel
 	t.Cleanup(tc.stop)
+	tc.agents = make([]*Agent, len(agentTrs))
+	tc.stops = make([]context.CancelFunc, len(agentTrs))
+	tc.dones = make([]chan struct{}, len(agentTrs))
 	for n := range agentTrs {
-		a, err := NewAgent(cfg, cfg.Nodes[n].Name, AgentOptions{Transports: agentTrs[n]})
-		if err != nil {
-			t.Fatal(err)
-		}
-		tc.agents = append(tc.agents, a)
-		tc.agentWG.Add(1)
-		go func() {
-			defer tc.agentWG.Done()
-			if err := a.Run(ctx); err != nil {
-				t.Errorf("agent %d: %v", n, err)
-			}
-		}()
+		tc.startAgent(n, agentTrs[n])
 	}
 	for n := range sp.nodes {
 		var row []*Client
@@ -205,6 +205,45 @@ func startCluster(t testing.TB, sp spec) *testCluster {
 		tc.clients, tc.sinks = append(tc.clients, row), append(tc.sinks, srow)
 	}
 	return tc
+}
+
+// startAgent starts node n's agent on trs.
+func (tc *testCluster) startAgent(n int, trs []transport.Transport) {
+	tc.t.Helper()
+	a, err := NewAgent(tc.cfg, tc.cfg.Nodes[n].Name, AgentOptions{Transports: trs, Drain: tc.sp.drain, Logger: testLogger(tc.t)})
+	if err != nil {
+		tc.t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(tc.ctx)
+	done := make(chan struct{})
+	tc.agents[n], tc.stops[n], tc.dones[n] = a, stop, done
+	tc.agentWG.Add(1)
+	go func() {
+		defer tc.agentWG.Done()
+		defer close(done)
+		if err := a.Run(ctx); err != nil {
+			tc.t.Errorf("agent %d: %v", n, err)
+		}
+	}()
+}
+
+// restartAgent stops node n's agent (it drains for spec.drain), and starts
+// a new one on the same address, as a restarted daemon would.
+func (tc *testCluster) restartAgent(n int) {
+	tc.t.Helper()
+	addr := tc.agents[n].Addr()
+	tc.stops[n]()
+	<-tc.dones[n]
+	opts := udp.Options{ReadBuffer: tc.cfg.SocketBuffer, WriteBuffer: tc.cfg.SocketBuffer, MaxPayload: tc.sp.maxPayload, Steer: KernelSteer()}
+	group, err := udp.ListenGroup(addr, tc.cfg.Workers, opts)
+	if err != nil {
+		tc.t.Fatal(err)
+	}
+	var trs []transport.Transport
+	for _, g := range group {
+		trs = append(trs, g)
+	}
+	tc.startAgent(n, trs)
 }
 
 func (tc *testCluster) stop() {
@@ -343,4 +382,16 @@ func (l *lossy) Send(pkts []transport.Packet) (int, error) {
 		return 0, err
 	}
 	return len(pkts), nil
+}
+
+// testLogger logs warnings and errors through t.
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tlogWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+type tlogWriter struct{ t testing.TB }
+
+func (w tlogWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
 }

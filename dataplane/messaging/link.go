@@ -493,6 +493,12 @@ func newInLink(key linkKey, self uint32, addr netip.AddrPort, window int, base u
 	return l
 }
 
+// unfinished reports whether the last bundle validated ends inside a
+// fragmented message whose rest is still to come.
+func (l *inLink) unfinished() bool {
+	return l.valPending != 0 && l.valPending != bundle.Unknown
+}
+
 // setAddr records the sender's source address, which a client's consumer
 // reads concurrently.
 func (l *inLink) setAddr(a netip.AddrPort) {

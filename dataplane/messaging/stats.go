@@ -88,6 +88,10 @@ type RecvStats struct {
 	// Misdirected counts credits that reached the wrong agent worker and
 	// were passed to the right one.
 	Misdirected uint64 `json:"misdirected"`
+	// Refused counts bundles an agent left unacknowledged while it
+	// drained before stopping (AgentOptions.Drain): their senders send
+	// them again, to the agent's next run. Nothing is lost.
+	Refused uint64 `json:"refused"`
 }
 
 // DropStats counts drops by reason. Messages are counted where a message
@@ -243,6 +247,7 @@ type counters struct {
 	duplicates, outOfOrder   atomic.Uint64
 	credits, probes          atomic.Uint64
 	delivered, misdirected   atomic.Uint64
+	refused                  atomic.Uint64
 	drops                    [numDropReasons]atomic.Uint64
 }
 
@@ -259,6 +264,7 @@ func (c *counters) addTo(r *RecvStats, d *DropStats) {
 	r.Probes += c.probes.Load()
 	r.Delivered += c.delivered.Load()
 	r.Misdirected += c.misdirected.Load()
+	r.Refused += c.refused.Load()
 	for i, f := range []*uint64{
 		&d.Malformed, &d.BadBundle, &d.BadCredit, &d.UnknownRank, &d.WrongTenant, &d.WrongDest,
 		&d.OutOfWindow, &d.Oversize, &d.Orphans, &d.TooManyLinks, &d.DeadPeer, &d.StaleCredit,

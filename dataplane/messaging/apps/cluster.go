@@ -16,7 +16,6 @@ import (
 	"github.com/lovelock-dpu/lovelock/dataplane/messaging"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
-	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 )
 
 // Layout describes a cluster: its mode, its nodes, their clients and the
@@ -96,7 +95,7 @@ func StartCluster(l Layout, handler func(rank uint32, payload []byte)) (*Cluster
 		opts := udp.Options{ReadBuffer: cfg.SocketBuffer, WriteBuffer: cfg.SocketBuffer, MaxPayload: l.MaxPayload}
 		if l.Mode.HasAgent() {
 			aopts := opts
-			aopts.Steer = &udp.Steer{Offset: wire.OffsetDst, Mask: messaging.MaxWorkers - 1}
+			aopts.Steer = messaging.KernelSteer()
 			listen := l.ListenAgent
 			if listen == nil {
 				listen = func(n int, opts udp.Options, workers int) ([]*udp.Conn, error) {

@@ -122,13 +122,22 @@ var _ transport.Transport = (*Conn)(nil)
 // address opens an IPv4 socket, which reaches IPv4 peers only; an IPv6
 // address an IPv6-only socket.
 func Listen(addr netip.AddrPort, opts Options) (*Conn, error) {
-	return listen(addr, opts, false)
+	return listen(addr, opts, false, false)
 }
 
 // ListenGroup opens n sockets bound to the same address with SO_REUSEPORT
 // (port 0 picks one free port for all of them). Socket i of the result is
 // index i of the kernel's reuseport group, which is what Options.Steer
 // selects. Every socket is closed again if any step fails.
+//
+// With Options.Steer, no socket receives anything until the whole group is
+// bound and the steering program attached: until then the kernel would
+// spread datagrams by its hash (a program's index beyond the sockets bound
+// so far falls back to it), and a receiver that keys state by the steered
+// field, such as a messaging agent's worker, would see part of another
+// worker's stream. Each socket drops what reaches it meanwhile (a socket
+// filter attached before bind, detached at the end); senders that care
+// retransmit.
 func ListenGroup(addr netip.AddrPort, n int, opts Options) ([]*Conn, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("udp: group of %d sockets", n)
@@ -140,18 +149,19 @@ func ListenGroup(addr netip.AddrPort, n int, opts Options) ([]*Conn, error) {
 		}
 		return nil, err
 	}
+	hold := opts.Steer != nil && n > 1
 	for i := range n {
 		a := addr
 		if i > 0 {
 			a = conns[0].local // the port the first bind picked
 		}
-		c, err := listen(a, opts, true)
+		c, err := listen(a, opts, true, hold)
 		if err != nil {
 			return fail(fmt.Errorf("udp: group socket %d: %w", i, err))
 		}
 		conns = append(conns, c)
 	}
-	if opts.Steer != nil && n > 1 {
+	if hold {
 		prog := opts.Steer.program(n)
 		fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
 		var serr error
@@ -163,11 +173,24 @@ func ListenGroup(addr netip.AddrPort, n int, opts Options) ([]*Conn, error) {
 		if serr != nil {
 			return fail(fmt.Errorf("udp %s: attach reuseport steering program: %w", conns[0].local, serr))
 		}
+		for i, c := range conns {
+			if err := c.rc.Control(func(fd uintptr) {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_DETACH_FILTER, 0)
+			}); err != nil {
+				serr = err
+			}
+			if serr != nil {
+				return fail(fmt.Errorf("udp %s: group socket %d: detach the hold filter: %w", c.local, i, serr))
+			}
+		}
 	}
 	return conns, nil
 }
 
-func listen(addr netip.AddrPort, opts Options, reuse bool) (*Conn, error) {
+// dropAll is a socket filter that drops every datagram.
+var dropAll = []unix.SockFilter{{Code: unix.BPF_RET | unix.BPF_K, K: 0}}
+
+func listen(addr netip.AddrPort, opts Options, reuse, hold bool) (*Conn, error) {
 	if !addr.IsValid() {
 		return nil, fmt.Errorf("udp: listen on %v: %w", addr, transport.ErrAddr)
 	}
@@ -197,6 +220,13 @@ func listen(addr netip.AddrPort, opts Options, reuse bool) (*Conn, error) {
 			if reuse {
 				if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1); serr != nil {
 					serr = fmt.Errorf("SO_REUSEPORT: %w", serr)
+					return
+				}
+			}
+			if hold {
+				fprog := unix.SockFprog{Len: uint16(len(dropAll)), Filter: &dropAll[0]}
+				if serr = unix.SetsockoptSockFprog(int(fd), unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &fprog); serr != nil {
+					serr = fmt.Errorf("hold filter: %w", serr)
 					return
 				}
 			}

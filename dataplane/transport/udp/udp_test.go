@@ -309,6 +309,73 @@ func TestGroupSteer(t *testing.T) {
 	}
 }
 
+// TestGroupSteerWhileOpening opens and closes a steered group again and
+// again under a flood of datagrams to its port: no socket ever receives a
+// datagram the steering program would give another one, also while the
+// group is being built (when the kernel would fall back to its hash).
+func TestGroupSteerWhileOpening(t *testing.T) {
+	const n = 4
+	first, err := ListenGroup(loopback, n, Options{Steer: &Steer{Offset: 0, Mask: 0xff}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := first[0].LocalAddr()
+	for _, c := range first {
+		c.Close()
+	}
+	src := listenT(t, Options{})
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var pkts []transport.Packet
+		for i := range 64 {
+			d := make([]byte, 4)
+			binary.BigEndian.PutUint32(d, uint32(i))
+			pkts = append(pkts, transport.Packet{Addr: addr, Data: d})
+		}
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_, _ = src.Send(pkts)
+			time.Sleep(20 * time.Microsecond)
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	got := 0
+	for range 30 {
+		group, err := ListenGroup(addr, n, Options{Steer: &Steer{Offset: 0, Mask: 0xff}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Millisecond)
+		pkts := make([]transport.Packet, 64)
+		for i := range pkts {
+			pkts[i].Data = make([]byte, 16)
+		}
+		done, cancel := context.WithCancel(context.Background())
+		cancel()
+		for i, c := range group {
+			k, _ := c.Recv(done, pkts)
+			for _, p := range pkts[:k] {
+				if f := int(binary.BigEndian.Uint32(p.Data)) % n; f != i {
+					t.Fatalf("socket %d received a datagram for socket %d", i, f)
+				}
+			}
+			got += k
+		}
+		for _, c := range group {
+			c.Close()
+		}
+	}
+	if got == 0 {
+		t.Error("no datagram received: the flood did not reach the groups")
+	}
+}
+
 func TestIPv6(t *testing.T) {
 	c, err := Listen(netip.MustParseAddrPort("[::1]:0"), Options{})
 	if err != nil {
