@@ -32,6 +32,19 @@ func TestLoad(t *testing.T) {
 		{"bad mode", write("d.yaml", "interfaces: [{iface: p0, hook: xdp, mode: turbo}]\n"), true, `xdp mode "turbo"`, nil},
 		{"empty iface", write("e.yaml", "interfaces: [{hook: xdp}]\n"), true, "iface is empty", nil},
 		{"port zero", write("f.yaml", "port: 0\n"), true, "port must be", nil},
+		{"messaging udp by default", write("g.yaml", "messaging: {cluster: c.yaml, node: dpu0}\n"), true, "",
+			func(c Config) bool { return c.Messaging != nil && !c.Messaging.XDP() }},
+		{"messaging xdp", write("h.yaml", "messaging: {cluster: c.yaml, node: dpu0, transport: xdp, interfaces: [pf0hpf, p0]}\n"), true, "",
+			func(c Config) bool { return c.Messaging.XDP() && len(c.Messaging.Interfaces) == 2 }},
+		{"messaging xdp without interfaces", write("i.yaml", "messaging: {cluster: c.yaml, node: dpu0, transport: xdp}\n"), true,
+			"transport xdp needs interfaces", nil},
+		{"messaging interfaces with udp", write("j.yaml", "messaging: {cluster: c.yaml, node: dpu0, interfaces: [p0]}\n"), true,
+			"apply to transport xdp only", nil},
+		{"messaging unknown transport", write("k.yaml", "messaging: {cluster: c.yaml, node: dpu0, transport: rdma}\n"), true,
+			`transport "rdma": want udp or xdp`, nil},
+		{"messaging interface twice", write("l.yaml", "messaging: {cluster: c.yaml, node: dpu0, transport: xdp, interfaces: [p0, p0]}\n"), true,
+			"p0 listed twice", nil},
+		{"messaging without node", write("m.yaml", "messaging: {cluster: c.yaml}\n"), true, "needs both cluster", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := Load(tc.path, tc.explicit)

@@ -29,6 +29,7 @@ import (
 	"github.com/lovelock-dpu/lovelock/control/attach"
 	"github.com/lovelock-dpu/lovelock/control/rules"
 	"github.com/lovelock-dpu/lovelock/dataplane/messaging"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/xdp"
 )
 
 // Daemon is a running lovelockd. Its methods implement api.Service.
@@ -40,8 +41,15 @@ type Daemon struct {
 	mu    sync.Mutex // serialises changes to the data plane and the state
 	node  *attach.Node
 	state State
+	// live is the rule set the data plane holds, with IDs: the operator's
+	// (state.Rules) followed by owned, lovelockd's own rules.
+	live  rules.Set
+	owned []rules.Rule
 
-	agent atomic.Pointer[messaging.Agent] // the running messaging agent, if any
+	agent    atomic.Pointer[messaging.Agent] // the running messaging agent, if any
+	groups   atomic.Pointer[[]*xdp.Group]    // its AF_XDP transports, with transport xdp
+	agentErr atomic.Pointer[error]           // why the agent last stopped
+	services sync.WaitGroup                  // the supervised services: Run waits for them
 }
 
 // New opens the data plane and reconciles it with the state file. It fails
@@ -72,7 +80,17 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 		}
 		state.Rules, state.HasRules = *set, true
 	}
-	for _, a := range cfg.Interfaces {
+	want := slices.Clone(cfg.Interfaces)
+	if m := cfg.Messaging; m.XDP() {
+		// The agent's AF_XDP sockets get nothing without the steering
+		// program in XDP on their interfaces.
+		for _, i := range m.Interfaces {
+			if !slices.ContainsFunc(want, func(b attach.Attachment) bool { return b.Iface == i && b.Hook == attach.HookXDP }) {
+				want = append(want, attach.Attachment{Iface: i, Hook: attach.HookXDP, Mode: attach.ModeNative})
+			}
+		}
+	}
+	for _, a := range want {
 		if !slices.ContainsFunc(state.Attachments, func(b attach.Attachment) bool { return b.Iface == a.Iface && b.Hook == a.Hook }) {
 			state.Attachments = append(state.Attachments, a)
 		}
@@ -95,7 +113,11 @@ func (d *Daemon) reconcile() {
 		}
 		d.log.Info("attachment", "iface", a.Iface, "hook", a.Hook, "adopted", adopted)
 	}
-	if err := d.apply(d.state.Rules); err != nil {
+	// The data plane holds the state file's rules under their IDs, as far
+	// as this daemon knows; lovelockd's own rules from an earlier run, if
+	// any are left, go with this swap.
+	d.live = d.state.Rules
+	if _, err := d.install(d.state.Rules, nil); err != nil {
 		d.log.Error("restore rules; the data plane keeps its current rule set", "err", err)
 		return
 	}
@@ -109,9 +131,11 @@ func (d *Daemon) Close() error {
 	return d.node.Close()
 }
 
-// Run serves the API and metrics until ctx ends.
+// Run serves the API and metrics until ctx ends, and supervises the
+// services; it returns once they have stopped.
 func (d *Daemon) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
+	defer d.services.Wait()
 	defer cancel()
 	errc := make(chan error, 2)
 	go func() { errc <- api.Serve(ctx, d.cfg.Socket, api.Handler(d)) }()
@@ -132,7 +156,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.log.Info("metrics", "addr", ln.Addr().String())
 	}
 	if d.cfg.Messaging != nil {
-		go d.superviseAgent(ctx)
+		d.services.Add(1)
+		go func() {
+			defer d.services.Done()
+			d.superviseAgent(ctx)
+		}()
 	}
 	d.log.Info("ready", "socket", d.cfg.Socket)
 	select {
@@ -154,7 +182,7 @@ func (d *Daemon) Status() (api.Status, error) {
 	}
 	return api.Status{
 		Version: appliance.Version, PinDir: d.node.Dir(), Port: d.cfg.Port, Loaded: d.node.Loaded,
-		Started: d.started, Attachments: att, Rules: len(d.state.Rules.Rules),
+		Started: d.started, Attachments: att, Rules: len(d.live.Rules),
 	}, nil
 }
 
@@ -206,11 +234,12 @@ func (d *Daemon) Detach(iface string, hook attach.Hook) error {
 	return d.save(next)
 }
 
-// Rules implements api.Service.
+// Rules implements api.Service: the live set, the operator's rules
+// followed by lovelockd's own.
 func (d *Daemon) Rules() (rules.Set, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.state.Rules, nil
+	return cloneSet(d.live), nil
 }
 
 // ApplyRules implements api.Service: the whole set replaces the live one
@@ -233,6 +262,10 @@ func (d *Daemon) AddRule(r rules.Rule) (api.Applied, error) {
 
 // DeleteRule implements api.Service.
 func (d *Daemon) DeleteRule(name string) (api.Applied, error) {
+	if api.IsOwned(name) {
+		return api.Applied{}, &api.BadRequestError{Err: fmt.Errorf("rule %q belongs to lovelockd: it steers the messaging agent's traffic to its AF_XDP sockets, "+
+			"and goes when the agent stops or runs with transport udp (see docs/messaging.md)", name)}
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	set := cloneSet(d.state.Rules)
@@ -244,15 +277,50 @@ func (d *Daemon) DeleteRule(name string) (api.Applied, error) {
 	return d.replace(set)
 }
 
-// replace assigns IDs, applies set and records it. Callers hold d.mu.
+// replace makes set the operator's rule set: it checks it, installs it
+// with lovelockd's own rules and records it. Callers hold d.mu.
 func (d *Daemon) replace(set rules.Set) (api.Applied, error) {
-	assignIDs(&set, d.state.Rules)
-	if err := d.apply(set); err != nil {
+	set, err := operatorSet(set, d.owned)
+	if err != nil {
+		return api.Applied{}, err
+	}
+	op, err := d.install(set, d.owned)
+	if err != nil {
 		return api.Applied{}, err
 	}
 	next := d.state
-	next.Rules, next.HasRules = set, true
-	return api.Applied{Rules: len(set.Rules)}, d.save(next)
+	next.Rules, next.HasRules = op, true
+	res := api.Applied{Rules: len(d.live.Rules), Owned: len(d.owned), Warnings: shadowed(op, d.owned, d.cfg.Port)}
+	for _, w := range res.Warnings {
+		d.log.Warn("rules", "warning", w)
+	}
+	return res, d.save(next)
+}
+
+// install swaps in the operator's set op followed by owned, IDs assigned
+// against the live set (a rule keeps its ID by name), and returns op with
+// its IDs. Callers hold d.mu.
+func (d *Daemon) install(op rules.Set, owned []rules.Rule) (rules.Set, error) {
+	merged := cloneSet(op)
+	merged.Rules = append(merged.Rules, owned...)
+	assignIDs(&merged, d.live)
+	if err := d.apply(merged); err != nil {
+		return rules.Set{}, err
+	}
+	d.live, d.owned = merged, owned
+	op.Rules = merged.Rules[:len(op.Rules):len(op.Rules)]
+	return op, nil
+}
+
+// setOwned replaces lovelockd's own rules and swaps the set in; it returns
+// warnings about operator rules they shadow.
+func (d *Daemon) setOwned(owned []rules.Rule) ([]string, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, err := d.install(d.state.Rules, owned); err != nil {
+		return nil, err
+	}
+	return shadowed(d.state.Rules, owned, d.cfg.Port), nil
 }
 
 // apply compiles set and swaps it in. Rule IDs that are new to the data
@@ -263,7 +331,7 @@ func (d *Daemon) apply(set rules.Set) error {
 		return &api.BadRequestError{Err: err}
 	}
 	old := map[uint32]bool{}
-	for _, r := range d.state.Rules.Rules {
+	for _, r := range d.live.Rules {
 		old[r.ID] = true
 	}
 	for _, r := range set.Rules {
@@ -299,7 +367,7 @@ func (d *Daemon) Stats() (api.Stats, error) {
 	if st.Default, err = d.node.Steer.RuleCounter(0); err != nil {
 		return api.Stats{}, err
 	}
-	for _, r := range d.state.Rules.Rules {
+	for _, r := range d.live.Rules {
 		c, err := d.node.Steer.RuleCounter(r.ID)
 		if err != nil {
 			return api.Stats{}, err

@@ -76,6 +76,7 @@ type daemonProc struct {
 	spec   testbed.Spec
 	node   string
 	pinDir string
+	state  string
 	args   []string
 	socket string
 	cmd    *exec.Cmd
@@ -89,7 +90,7 @@ func startDaemon(t *testing.T, spec testbed.Spec, node string, extra ...string) 
 	dir := t.TempDir()
 	pinDir := filepath.Join(testenv.BPFFS(t), "lovelock")
 	d := &daemonProc{
-		t: t, spec: spec, node: node, socket: filepath.Join(dir, "api.sock"), pinDir: pinDir,
+		t: t, spec: spec, node: node, socket: filepath.Join(dir, "api.sock"), pinDir: pinDir, state: filepath.Join(dir, "state.json"),
 		args: append([]string{
 			"--config", filepath.Join(dir, "none.yaml"),
 			"--pin-dir", pinDir,

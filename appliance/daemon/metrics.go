@@ -24,11 +24,16 @@ var (
 	msgRetrans  = prometheus.NewDesc("lovelock_msg_retransmits_total", "Bundles sent again, by next hop.", []string{"dest"}, nil)
 	msgRecv     = prometheus.NewDesc("lovelock_msg_received_messages_total", "Messages the messaging agent received.", nil, nil)
 	msgDrops    = prometheus.NewDesc("lovelock_msg_drops_total", "Messages or datagrams the messaging agent dropped, by reason.", []string{"reason"}, nil)
+	msgPath     = prometheus.NewDesc("lovelock_msg_transport_datagrams_total",
+		"Datagrams of the messaging agent's transports (transport xdp), by worker, path (xsk: an AF_XDP socket, kernel: the kernel UDP socket beside them), interface and direction.",
+		[]string{"worker", "path", "iface", "dir"}, nil)
+	msgXSKDrops = prometheus.NewDesc("lovelock_msg_xsk_dropped_total", "Frames the kernel dropped for an agent worker's AF_XDP socket (RX ring full, no fill frame).",
+		[]string{"worker", "iface"}, nil)
 )
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{verdictPackets, verdictBytes, rulePackets, ruleBytes, upDesc,
-		msgBytes, msgMessages, msgBundles, msgFlushes, msgRetrans, msgRecv, msgDrops} {
+		msgBytes, msgMessages, msgBundles, msgFlushes, msgRetrans, msgRecv, msgDrops, msgPath, msgXSKDrops} {
 		ch <- d
 	}
 }
@@ -83,5 +88,13 @@ func (c *collector) collectMessaging(ch chan<- prometheus.Metric) {
 		"mailbox": dr.Mailbox,
 	} {
 		counter(msgDrops, v, reason)
+	}
+	for _, p := range c.d.transportStats() {
+		w := strconv.Itoa(p.Worker)
+		counter(msgPath, p.RX, w, p.Path, p.Interface, "rx")
+		counter(msgPath, p.TX, w, p.Path, p.Interface, "tx")
+		if p.Path == "xsk" {
+			counter(msgXSKDrops, p.Dropped, w, p.Interface)
+		}
 	}
 }

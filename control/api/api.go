@@ -18,6 +18,7 @@
 package api
 
 import (
+	"strings"
 	"time"
 
 	"github.com/lovelock-dpu/lovelock/bpf"
@@ -47,8 +48,30 @@ type Attached struct {
 
 // Applied answers a rule change.
 type Applied struct {
-	Rules int `json:"rules"` // rules now live
+	Rules int `json:"rules"` // rules now live, lovelockd's own included
+	// Owned is how many of them lovelockd installed for its own services
+	// (see OwnedRulePrefix).
+	Owned int `json:"owned,omitempty"`
+	// Warnings are things the operator should know about the set, such as
+	// rules that also match traffic lovelockd's own rules take first.
+	Warnings []string `json:"warnings,omitempty"`
 }
+
+// Rules that lovelockd installs for its own services (the messaging
+// agent's AF_XDP steering) carry a name starting with OwnedRulePrefix and
+// a priority of OwnedPriority or more. They are merged with the operator's
+// set whenever a set is applied, listed and counted like other rules, and
+// not part of the operator's set: a set sent to ApplyRules or AddRule may
+// not use the prefix or the priority band (a rule identical to a live
+// owned one, as 'lovelock rules -o json' lists it, is ignored), and
+// DeleteRule refuses them.
+const (
+	OwnedRulePrefix        = "lovelockd:"
+	OwnedPriority   uint32 = 4_000_000_000
+)
+
+// IsOwned reports whether a rule name is one of lovelockd's own.
+func IsOwned(name string) bool { return strings.HasPrefix(name, OwnedRulePrefix) }
 
 // Counter is packets and bytes.
 type Counter = bpf.Counter

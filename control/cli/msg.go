@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"strconv"
 
 	ucli "github.com/urfave/cli/v2"
 )
@@ -11,7 +12,8 @@ func msgCommand() *ucli.Command {
 		Name:  "msg",
 		Usage: "the messaging service (Buddy): small messages aggregated and routed by the DPU's agent",
 		Description: "lovelockd runs the routing agent when its config names a messaging cluster file\n" +
-			"(--msg-cluster, --msg-node); docs/messaging.md describes the service, its file and knobs.",
+			"(--msg-cluster, --msg-node; --msg-transport xdp --msg-iface IFACE for AF_XDP); docs/messaging.md\n" +
+			"describes the service, its file and knobs.",
 		Subcommands: []*ucli.Command{{
 			Name:  "stats",
 			Usage: "per destination: bytes, messages, bundles, average bundle size, flush reasons; drops",
@@ -40,12 +42,29 @@ func msgCommand() *ucli.Command {
 					return err
 				}
 				r := st.Received
-				fmt.Fprintf(w, "\nreceived: %d bundles, %d messages, %d bytes, %d duplicates\n", r.Bundles, r.Messages, r.Bytes, r.Duplicates)
+				fmt.Fprintf(w, "\nreceived: %d bundles, %d messages, %d bytes, %d duplicates", r.Bundles, r.Messages, r.Bytes, r.Duplicates)
+				if r.Refused > 0 {
+					fmt.Fprintf(w, ", %d refused while draining (sent again to the next run)", r.Refused)
+				}
+				fmt.Fprintln(w)
 				dr := st.Drops
 				fmt.Fprintf(w, "drops: %d in all: malformed %d, bad bundle %d, bad credit %d, unknown rank %d, wrong tenant %d, "+
 					"wrong dest %d, out of window %d, oversize %d, orphans %d, too many links %d, dead peer %d, send errors %d, mailbox %d\n",
 					dr.Total(), dr.Malformed, dr.BadBundle, dr.BadCredit, dr.UnknownRank, dr.WrongTenant, dr.WrongDest, dr.OutOfWindow,
 					dr.Oversize, dr.Orphans, dr.TooManyLinks, dr.DeadPeer, dr.SendErrors, dr.Mailbox)
+				if len(st.Transport) > 0 {
+					fmt.Fprintln(w, "\ntransport (xsk: AF_XDP sockets; kernel: what XDP passed to the stack, and what no AF_XDP socket could send):")
+					tw := newTable(w)
+					fmt.Fprintln(tw, "WORKER\tPATH\tIFACE\tQUEUE\tMODE\tRX\tTX\tTX FALLBACK\tDROPPED")
+					for _, p := range st.Transport {
+						iface, queue, mode := p.Interface, strconv.Itoa(p.Queue), p.Mode
+						if p.Path != "xsk" {
+							iface, queue, mode = "-", "-", "-"
+						}
+						fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\n", p.Worker, p.Path, iface, queue, mode, p.RX, p.TX, p.TXFallback, p.Dropped)
+					}
+					return tw.Flush()
+				}
 				return nil
 			},
 		}},

@@ -10,6 +10,7 @@ import (
 
 	ucli "github.com/urfave/cli/v2"
 
+	"github.com/lovelock-dpu/lovelock/control/api"
 	"github.com/lovelock-dpu/lovelock/control/rules"
 )
 
@@ -86,12 +87,28 @@ func ruleList(c *ucli.Context) error {
 		return writeJSON(c.App.Writer, set)
 	}
 	tw := newTable(c.App.Writer)
-	fmt.Fprintln(tw, "NAME\tID\tPRIO\tMATCH\tACTION")
+	fmt.Fprintln(tw, "NAME\tID\tPRIO\tOWNER\tMATCH\tACTION")
 	for _, r := range set.Rules {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\n", r.Name, r.ID, r.Priority, matchString(r.Match), r.Action)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\n", r.Name, r.ID, r.Priority, owner(r.Name), matchString(r.Match), r.Action)
 	}
-	fmt.Fprintf(tw, "(default)\t0\t-\t-\t%s\n", set.Default)
+	fmt.Fprintf(tw, "(default)\t0\t-\t-\t-\t%s\n", set.Default)
 	return tw.Flush()
+}
+
+// owner says who a rule belongs to: lovelockd (its own services' steering,
+// which the operator's rule sets do not contain) or the operator.
+func owner(name string) string {
+	if api.IsOwned(name) {
+		return "lovelockd"
+	}
+	return "operator"
+}
+
+// printWarnings prints what lovelockd warned about a rule change.
+func printWarnings(c *ucli.Context, res api.Applied) {
+	for _, w := range res.Warnings {
+		fmt.Fprintf(c.App.ErrWriter, "warning: %s\n", w)
+	}
 }
 
 func ruleAdd(c *ucli.Context) error {
@@ -118,6 +135,7 @@ func ruleAdd(c *ucli.Context) error {
 		return err
 	}
 	fmt.Fprintf(c.App.Writer, "rule %s added; %d rules live\n", c.String("name"), res.Rules)
+	printWarnings(c, res)
 	return nil
 }
 
@@ -151,7 +169,12 @@ func rulesApply(c *ucli.Context) error {
 	if err != nil {
 		return fmt.Errorf("rules apply %s: %w", path, err)
 	}
-	fmt.Fprintf(c.App.Writer, "applied %s: %d rules live\n", path, res.Rules)
+	fmt.Fprintf(c.App.Writer, "applied %s: %d rules live", path, res.Rules)
+	if res.Owned > 0 {
+		fmt.Fprintf(c.App.Writer, " (%d of them lovelockd's own)", res.Owned)
+	}
+	fmt.Fprintln(c.App.Writer)
+	printWarnings(c, res)
 	return nil
 }
 

@@ -90,7 +90,7 @@ func printStats(c *ucli.Context, st api.Stats, prev *api.Stats) error {
 	}
 	fmt.Fprintln(w)
 	tw = newTable(w)
-	fmt.Fprintln(tw, "RULE\tID\tPRIO\tACTION\tPACKETS\tBYTES\tRATE")
+	fmt.Fprintln(tw, "RULE\tID\tPRIO\tOWNER\tACTION\tPACKETS\tBYTES\tRATE")
 	prevRule := map[uint32]api.Counter{}
 	var prevDefault api.Counter
 	if prev != nil {
@@ -100,9 +100,9 @@ func printStats(c *ucli.Context, st api.Stats, prev *api.Stats) error {
 		prevDefault = prev.Default
 	}
 	for _, r := range st.Rules {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\t%d\t%s\n", r.Name, r.ID, r.Priority, r.Action, r.Counter.Packets, r.Counter.Bytes, rate(r.Counter, prevRule[r.ID]))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%d\t%d\t%s\n", r.Name, r.ID, r.Priority, owner(r.Name), r.Action, r.Counter.Packets, r.Counter.Bytes, rate(r.Counter, prevRule[r.ID]))
 	}
-	fmt.Fprintf(tw, "(default)\t0\t-\t-\t%d\t%d\t%s\n", st.Default.Packets, st.Default.Bytes, rate(st.Default, prevDefault))
+	fmt.Fprintf(tw, "(default)\t0\t-\t-\t-\t%d\t%d\t%s\n", st.Default.Packets, st.Default.Bytes, rate(st.Default, prevDefault))
 	if err := tw.Flush(); err != nil {
 		return err
 	}

@@ -25,6 +25,33 @@ type Stats struct {
 	Received RecvStats `json:"received"`
 	// Drops counts every message or datagram dropped, by reason.
 	Drops DropStats `json:"drops"`
+	// Transport counts the datagrams of an agent's transports by worker
+	// and path, where the transports keep counters of their own (AF_XDP on
+	// a DPU). The agent leaves it empty; lovelockd fills it in.
+	Transport []PathStats `json:"transport,omitempty"`
+}
+
+// PathStats count one agent worker's datagrams on one path: an AF_XDP
+// socket, or the worker's kernel UDP socket beside them.
+type PathStats struct {
+	Worker int `json:"worker"`
+	// Path is "xsk" (an AF_XDP socket on Interface, queue Queue, in Mode
+	// copy or zero-copy) or "kernel".
+	Path      string `json:"path"`
+	Interface string `json:"interface,omitempty"`
+	Queue     int    `json:"queue"`
+	Mode      string `json:"mode,omitempty"`
+	// RX and TX count datagrams received and sent. On the kernel path RX
+	// counts what XDP passed to the stack instead of an AF_XDP socket, TX
+	// what no AF_XDP socket could send.
+	RX uint64 `json:"rx"`
+	TX uint64 `json:"tx"`
+	// TXFallback counts, of TX, datagrams whose next hop had no
+	// neighbour entry yet (kernel path).
+	TXFallback uint64 `json:"tx_fallback,omitempty"`
+	// Dropped counts frames the kernel dropped for an AF_XDP socket: RX
+	// ring full or no fill frame (the worker fell behind).
+	Dropped uint64 `json:"dropped,omitempty"`
 }
 
 // DestStats counts what was sent to one next hop.

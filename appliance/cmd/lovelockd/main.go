@@ -51,6 +51,8 @@ func app() *ucli.App {
 			&ucli.StringSliceFlag{Name: "tc-egress", Usage: "attach the TC egress classifier to this interface (repeatable)"},
 			&ucli.StringFlag{Name: "msg-cluster", Usage: "run the messaging routing agent with this cluster file (docs/messaging.md)"},
 			&ucli.StringFlag{Name: "msg-node", Usage: "this node's name in the messaging cluster file"},
+			&ucli.StringFlag{Name: "msg-transport", Usage: "the agent's transport: udp (kernel sockets, the default) or xdp (AF_XDP on --msg-iface)"},
+			&ucli.StringSliceFlag{Name: "msg-iface", Usage: "with --msg-transport xdp: an interface the agent receives on (repeatable)"},
 			&ucli.BoolFlag{Name: "json-log", Usage: "log as JSON instead of text"},
 		},
 		Action: run,
@@ -77,8 +79,20 @@ func run(c *ucli.Context) error {
 		cfg.Metrics = ""
 	}
 	cfg.Interfaces = append(cfg.Interfaces, interfaceFlags(c)...)
-	if c.IsSet("msg-cluster") || c.IsSet("msg-node") {
-		cfg.Messaging = &config.Messaging{Cluster: c.String("msg-cluster"), Node: c.String("msg-node")}
+	if c.IsSet("msg-cluster") || c.IsSet("msg-node") || c.IsSet("msg-transport") || c.IsSet("msg-iface") {
+		m := config.Messaging{}
+		if cfg.Messaging != nil {
+			m = *cfg.Messaging
+		}
+		for flag, dst := range map[string]*string{"msg-cluster": &m.Cluster, "msg-node": &m.Node, "msg-transport": &m.Transport} {
+			if c.IsSet(flag) {
+				*dst = c.String(flag)
+			}
+		}
+		if c.IsSet("msg-iface") {
+			m.Interfaces = c.StringSlice("msg-iface")
+		}
+		cfg.Messaging = &m
 	}
 	if err := cfg.Validate(); err != nil {
 		return err

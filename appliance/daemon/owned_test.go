@@ -1,0 +1,115 @@
+package daemon
+
+import (
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/lovelock-dpu/lovelock/control/api"
+	"github.com/lovelock-dpu/lovelock/control/rules"
+	"github.com/lovelock-dpu/lovelock/dataplane/messaging"
+)
+
+func ownedForTest() []rules.Rule {
+	eps := []messaging.Endpoint{messaging.AgentEndpoint(1, 0), messaging.AgentEndpoint(1, 1)}
+	return msgRules(netip.MustParseAddrPort("10.77.11.2:61440"), 0, eps, []string{"pf0hpf", "p0"})
+}
+
+func fakeResolver(name string) (int, error) {
+	switch name {
+	case "pf0hpf":
+		return 2, nil
+	case "p0":
+		return 3, nil
+	}
+	return 0, errors.New("no such interface")
+}
+
+// TestMsgRules: one rule per interface, worker and type, in the reserved
+// band and names, to the worker's queue; they compile beside an operator's
+// set and together form one mask shape.
+func TestMsgRules(t *testing.T) {
+	owned := ownedForTest()
+	if len(owned) != 2*2*2 {
+		t.Fatalf("%d rules, want 8", len(owned))
+	}
+	r := owned[3] // pf0hpf, worker 1, credit
+	if r.Name != "lovelockd:msg/pf0hpf/w1/credit" || r.Priority != api.OwnedPriority || r.Action.String() != "xsk:1" ||
+		r.Match.Rank.Lo != 65537 || r.Match.Dst.String() != "10.77.11.2/32" || !api.IsOwned(r.Name) {
+		t.Errorf("rule %+v", r)
+	}
+	set := rules.Set{Default: rules.Pass(), Rules: append([]rules.Rule{{Name: "op", Priority: 10, Match: rules.Match{Iface: "p0"}, Action: rules.Drop()}}, owned...)}
+	rs, err := rules.Compile(&set, fakeResolver, 61440)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs.Shapes) != 2 {
+		t.Errorf("%d shapes, want 2 (the operator's and lovelockd's)", len(rs.Shapes))
+	}
+}
+
+// TestOperatorSet: operators' sets may not use the reserved names or
+// priorities; a listed owned rule applied back is ignored.
+func TestOperatorSet(t *testing.T) {
+	owned := ownedForTest()
+	op := rules.Rule{Name: "mine", Priority: 100, Action: rules.Pass()}
+	listed := owned[0]
+	listed.ID = 42
+	got, err := operatorSet(rules.Set{Rules: []rules.Rule{op, listed}}, owned)
+	if err != nil || len(got.Rules) != 1 || got.Rules[0].Name != "mine" {
+		t.Errorf("listed set applied back: %v, %+v", err, got.Rules)
+	}
+	edited := owned[0]
+	edited.Action = rules.Drop()
+	for _, c := range []struct {
+		r    rules.Rule
+		want string
+	}{
+		{edited, `names starting with "lovelockd:" belong to lovelockd`},
+		{rules.Rule{Name: "lovelockd:mine", Priority: 1, Action: rules.Pass()}, "rename it"},
+		{rules.Rule{Name: "top", Priority: api.OwnedPriority, Action: rules.Pass()}, "priority 4000000000 is in the band"},
+	} {
+		_, err := operatorSet(rules.Set{Rules: []rules.Rule{op, c.r}}, owned)
+		var bad *api.BadRequestError
+		if !errors.As(err, &bad) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want a bad request with %q", c.r.Name, err, c.want)
+		}
+	}
+}
+
+// TestShadowed: operator rules that can match the agent's traffic are
+// reported, the others not.
+func TestShadowed(t *testing.T) {
+	owned := ownedForTest()
+	set, err := rules.Parse([]byte(`
+rules:
+  - {name: all-udp-to-port, priority: 100, match: {iface: pf0hpf, proto: udp, dport: 61440}, action: pass}
+  - {name: tenant0, priority: 100, match: {tenant: 0}, action: drop}
+  - {name: agent-host, priority: 100, match: {dst: 10.77.0.0/16}, action: pass}
+  - {name: rank-range, priority: 100, match: {rank: 65530-65540}, action: pass}
+  - {name: other-tenant, priority: 100, match: {tenant: 7}, action: drop}
+  - {name: other-iface, priority: 100, match: {iface: eth9}, action: drop}
+  - {name: other-dst, priority: 100, match: {dst: 10.77.12.0/24}, action: drop}
+  - {name: tcp, priority: 100, match: {proto: tcp}, action: drop}
+  - {name: mem, priority: 100, match: {type: mem-read}, action: drop}
+  - {name: other-rank, priority: 100, match: {rank: 5}, action: drop}
+  - {name: v6, priority: 100, match: {src: "fd00::/8"}, action: drop}
+  - {name: other-port, priority: 100, match: {proto: udp, dport: 7000}, action: drop}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := shadowed(*set, owned, 61440)
+	var got []string
+	for _, s := range w {
+		got = append(got, strings.Split(s, `"`)[1])
+	}
+	want := []string{"all-udp-to-port", "tenant0", "agent-host", "rank-range"}
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("shadowed %v, want %v\n%s", got, want, strings.Join(w, "\n"))
+	}
+	if len(w) > 0 && !strings.Contains(w[0], "lovelockd:msg/pf0hpf/w0/bundle and 3 more") {
+		t.Errorf("warning %q", w[0])
+	}
+}
