@@ -148,7 +148,7 @@ func (d *Daemon) openXDP(cfg messaging.Config) (groups []*xdp.Group, stop func()
 	}
 	d.groups.Store(&groups)
 	d.checkXDPAttached(m.Interfaces)
-	warnings, err := d.setOwned(msgRules(agent, cfg.Tenant, cfg.WorkerEndpoints(n), m.Interfaces))
+	warnings, err := d.setOwned(api.MessagingRules(agent, cfg.Tenant, cfg.WorkerEndpoints(n), m.Interfaces))
 	if err != nil {
 		// The kernel sockets still carry everything, only slower.
 		d.log.Error("messaging: lovelockd's steering rules do not compile with the operator's; the agent runs on its kernel sockets alone", "err", err)

@@ -4,14 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"net/netip"
 	"slices"
 	"strings"
 
 	"github.com/lovelock-dpu/lovelock/control/api"
 	"github.com/lovelock-dpu/lovelock/control/rules"
-	"github.com/lovelock-dpu/lovelock/dataplane/messaging"
-	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 )
 
 // lovelockd's own rules (api.OwnedRulePrefix, api.OwnedPriority) live only
@@ -20,35 +17,6 @@ import (
 // the daemon, so a daemon that dies without removing them leaves them
 // live; the next daemon's first swap (reconcile) replaces the live set with
 // the operator's, and its agent installs them again.
-
-// msgRules returns the steering rules of the messaging agent at agent on
-// AF_XDP: for each interface, each worker w and each of the types bundle
-// and credit, the datagrams to the worker's endpoint go to xsk:w. They
-// match the agent's address too, so that traffic routed through the DPU to
-// another node's agent is left alone, and the tenant, so that other
-// tenants' datagrams are not taken.
-func msgRules(agent netip.AddrPort, tenant uint32, eps []messaging.Endpoint, ifaces []string) []rules.Rule {
-	var out []rules.Rule
-	dst := netip.PrefixFrom(agent.Addr().Unmap(), 32)
-	for _, iface := range ifaces {
-		for w, ep := range eps {
-			for _, typ := range []wire.Type{wire.TypeBundle, wire.TypeCredit} {
-				out = append(out, rules.Rule{
-					Name:     fmt.Sprintf("%smsg/%s/w%d/%s", api.OwnedRulePrefix, iface, w, typ),
-					Priority: api.OwnedPriority,
-					Match: rules.Match{
-						Iface: iface, Dst: dst, Type: ptr(typ), Tenant: ptr(tenant),
-						Rank: &rules.RankRange{Lo: uint32(ep), Hi: uint32(ep)},
-					},
-					Action: rules.XSK(uint32(w)),
-				})
-			}
-		}
-	}
-	return out
-}
-
-func ptr[T any](v T) *T { return &v }
 
 // operatorSet checks a rule set an operator sent: it may not use the name
 // prefix or the priority band of lovelockd's own rules. A rule that is

@@ -13,7 +13,7 @@ import (
 
 func ownedForTest() []rules.Rule {
 	eps := []messaging.Endpoint{messaging.AgentEndpoint(1, 0), messaging.AgentEndpoint(1, 1)}
-	return msgRules(netip.MustParseAddrPort("10.77.11.2:61440"), 0, eps, []string{"pf0hpf", "p0"})
+	return api.MessagingRules(netip.MustParseAddrPort("10.77.11.2:61440"), 0, eps, []string{"pf0hpf", "p0"})
 }
 
 func fakeResolver(name string) (int, error) {
@@ -26,10 +26,10 @@ func fakeResolver(name string) (int, error) {
 	return 0, errors.New("no such interface")
 }
 
-// TestMsgRules: one rule per interface, worker and type, in the reserved
+// TestMessagingRules: one rule per interface, worker and type, in the reserved
 // band and names, to the worker's queue; they compile beside an operator's
 // set and together form one mask shape.
-func TestMsgRules(t *testing.T) {
+func TestMessagingRules(t *testing.T) {
 	owned := ownedForTest()
 	if len(owned) != 2*2*2 {
 		t.Fatalf("%d rules, want 8", len(owned))

@@ -18,6 +18,8 @@
 package api
 
 import (
+	"fmt"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -25,6 +27,7 @@ import (
 	"github.com/lovelock-dpu/lovelock/control/attach"
 	"github.com/lovelock-dpu/lovelock/control/rules"
 	"github.com/lovelock-dpu/lovelock/dataplane/messaging"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 )
 
 // DefaultSocket is where lovelockd listens.
@@ -72,6 +75,36 @@ const (
 
 // IsOwned reports whether a rule name is one of lovelockd's own.
 func IsOwned(name string) bool { return strings.HasPrefix(name, OwnedRulePrefix) }
+
+// MessagingRules returns the steering rules lovelockd installs for a
+// messaging agent at agent on AF_XDP: for each interface, each worker w
+// (eps[w] is its endpoint, messaging.Config.WorkerEndpoints) and each of
+// the types bundle and credit, the datagrams to the worker's endpoint go
+// to xsk:w. They match the agent's address too, so that traffic the DPU
+// routes to another node's agent is left alone, and the tenant, so that
+// other tenants' datagrams are not taken. The Lovelock fields imply UDP to
+// the data plane's Lovelock port, which the agent's port must be.
+func MessagingRules(agent netip.AddrPort, tenant uint32, eps []messaging.Endpoint, ifaces []string) []rules.Rule {
+	var out []rules.Rule
+	dst := netip.PrefixFrom(agent.Addr().Unmap(), agent.Addr().Unmap().BitLen())
+	for _, iface := range ifaces {
+		for w, ep := range eps {
+			for _, typ := range []wire.Type{wire.TypeBundle, wire.TypeCredit} {
+				tenant, typ := tenant, typ
+				out = append(out, rules.Rule{
+					Name:     fmt.Sprintf("%smsg/%s/w%d/%s", OwnedRulePrefix, iface, w, typ),
+					Priority: OwnedPriority,
+					Match: rules.Match{
+						Iface: iface, Dst: dst, Type: &typ, Tenant: &tenant,
+						Rank: &rules.RankRange{Lo: uint32(ep), Hi: uint32(ep)},
+					},
+					Action: rules.XSK(uint32(w)),
+				})
+			}
+		}
+	}
+	return out
+}
 
 // Counter is packets and bytes.
 type Counter = bpf.Counter

@@ -34,6 +34,10 @@ type Layout struct {
 	// opens them on loopback: 127.0.1.(n+1) in ModeDPU (a DPU of its own),
 	// 127.0.0.1 otherwise.
 	ListenAgent func(n int, opts udp.Options, workers int) ([]*udp.Conn, error)
+	// OpenAgent, when set, opens node n's agent transports instead of
+	// ListenAgent (for example AF_XDP groups on a DPU, see
+	// dataplane/transport/xdp): one per worker, all on one address.
+	OpenAgent func(n int, opts udp.Options, workers int) ([]transport.Transport, error)
 	// ListenClient opens the socket of client c of node n; nil opens it on
 	// 127.0.0.1.
 	ListenClient func(n, c int, opts udp.Options) (*udp.Conn, error)
@@ -106,17 +110,23 @@ func StartCluster(l Layout, handler func(rank uint32, payload []byte)) (*Cluster
 					return udp.ListenGroup(netip.AddrPortFrom(ip, 0), workers, opts)
 				}
 			}
-			group, err := listen(n, aopts, workers)
+			var trs []transport.Transport
+			var err error
+			if l.OpenAgent != nil {
+				trs, err = l.OpenAgent(n, aopts, workers)
+			} else {
+				var group []*udp.Conn
+				group, err = listen(n, aopts, workers)
+				for _, g := range group {
+					trs = append(trs, g)
+				}
+			}
 			if err != nil {
 				closeAll()
 				return nil, fmt.Errorf("apps: node %d agent: %w", n, err)
 			}
-			var trs []transport.Transport
-			for _, g := range group {
-				trs = append(trs, g)
-			}
 			agentTrs = append(agentTrs, trs)
-			node.Agent = group[0].LocalAddr()
+			node.Agent = trs[0].LocalAddr()
 		}
 		for c := range l.ClientsPerNode {
 			listen := l.ListenClient

@@ -2,10 +2,10 @@ package xdp
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -98,12 +98,22 @@ type Group struct {
 	nl      *netlink.Handle
 	routes  map[netip.Addr]groupRoute
 
-	recvMu sync.Mutex // one Recv at a time: next, pfds
-	next   int        // the source the next Recv starts with
-	pfds   []unix.PollFd
+	recvMu    sync.Mutex // one Recv at a time: next, kernelHot, rounds, events
+	next      int        // the source the next Recv starts with
+	kernelHot bool       // the kernel socket may have datagrams waiting
+	rounds    uint32     // receive rounds, for the kernel socket's turn
+	fds       []int      // the AF_XDP sockets' descriptors, for SO_ERROR
+	events    [8]unix.EpollEvent
 
-	wakeMu sync.Mutex
-	efd    int // eventfd that wakes a blocked Recv; -1 once closed
+	// ep is an epoll instance holding every socket of the Group, itself
+	// registered with the Go runtime's poller: a waiting Recv parks its
+	// goroutine instead of blocking a thread in poll(2), which would hold
+	// on to its P until the runtime noticed. dlMu and dlGen let a late
+	// context.AfterFunc of an earlier Recv leave the deadline alone.
+	ep    *os.File
+	eprc  syscall.RawConn
+	dlMu  sync.Mutex
+	dlGen uint64
 
 	txPool sync.Pool // of *groupScratch
 
@@ -111,8 +121,15 @@ type Group struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	rxKernel, txKernel, txFallback atomic.Uint64
+	rxKernel, txKernel, txFallback  atomic.Uint64
+	polls, kernelReads, kernelSends atomic.Uint64
 }
+
+// kernelEvery is how often, in receive rounds, Recv looks at the kernel
+// socket when nothing says it has datagrams: each look is a recvmmsg(2),
+// while an empty AF_XDP ring costs no system call. poll(2) reporting it
+// readable, or its last read returning datagrams, makes Recv look at once.
+const kernelEvery = 8
 
 // groupRoute is a cached path: an index into xs, or pathKernel or
 // pathFallback.
@@ -142,6 +159,11 @@ type GroupStats struct {
 	// neighbour entry.
 	KernelTX       uint64
 	KernelFallback uint64
+	// Polls counts poll(2) calls (Recv waiting), KernelReads recvmmsg(2)
+	// and KernelSends sendmmsg(2) calls on the kernel socket: with the
+	// AF_XDP sockets' wakeups (SocketStats.Socket) they are the Group's
+	// system calls.
+	Polls, KernelReads, KernelSends uint64
 }
 
 // SocketStats are the counters of one AF_XDP socket of a Group.
@@ -197,7 +219,7 @@ func OpenGroups(opts GroupOptions, n int, kernel udp.Options) ([]*Group, error) 
 // Steer.SetXSK(t.Ifindex(), t.Queue(), t.FD()) for t in Transports(). On
 // error the Group's sockets, opts.Kernel included, are closed.
 func OpenGroup(opts GroupOptions) (_ *Group, err error) {
-	g := &Group{kernel: opts.Kernel, efd: -1, ttl: opts.NeighbourTTL, missTTL: opts.MissTTL,
+	g := &Group{kernel: opts.Kernel, ttl: opts.NeighbourTTL, missTTL: opts.MissTTL,
 		routes: make(map[netip.Addr]groupRoute)}
 	defer func() {
 		if err != nil {
@@ -257,9 +279,6 @@ func OpenGroup(opts GroupOptions) (_ *Group, err error) {
 	if g.nl, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil {
 		return nil, fmt.Errorf("xdp: group %s: netlink: %w", g.local, err)
 	}
-	if g.efd, err = unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC); err != nil {
-		return nil, fmt.Errorf("xdp: group %s: eventfd: %w", g.local, err)
-	}
 	rc, err := opts.Kernel.SyscallConn()
 	if err != nil {
 		return nil, fmt.Errorf("xdp: group %s: kernel socket: %w", g.local, err)
@@ -268,10 +287,29 @@ func OpenGroup(opts GroupOptions) (_ *Group, err error) {
 	if err := rc.Control(func(fd uintptr) { kfd = int(fd) }); err != nil {
 		return nil, fmt.Errorf("xdp: group %s: kernel socket: %w", g.local, err)
 	}
-	for _, t := range g.xs {
-		g.pfds = append(g.pfds, unix.PollFd{Fd: int32(t.FD()), Events: unix.POLLIN})
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("xdp: group %s: epoll: %w", g.local, err)
 	}
-	g.pfds = append(g.pfds, unix.PollFd{Fd: int32(kfd), Events: unix.POLLIN}, unix.PollFd{Fd: int32(g.efd), Events: unix.POLLIN})
+	// os.NewFile registers a non-blocking descriptor with the runtime's
+	// poller; an epoll instance is readable while any of its sockets is.
+	if err := unix.SetNonblock(epfd, true); err != nil {
+		unix.Close(epfd)
+		return nil, fmt.Errorf("xdp: group %s: epoll: %w", g.local, err)
+	}
+	g.ep = os.NewFile(uintptr(epfd), "xdp-group")
+	if g.eprc, err = g.ep.SyscallConn(); err != nil {
+		return nil, fmt.Errorf("xdp: group %s: epoll: %w", g.local, err)
+	}
+	for i, t := range g.xs {
+		g.fds = append(g.fds, t.FD())
+		if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, t.FD(), &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(i)}); err != nil {
+			return nil, fmt.Errorf("xdp: group %s: epoll: %w", g.local, err)
+		}
+	}
+	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, kfd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(len(g.xs))}); err != nil {
+		return nil, fmt.Errorf("xdp: group %s: epoll: %w", g.local, err)
+	}
 	nb := len(g.xs) + 2
 	g.txPool.New = func() any { return &groupScratch{buckets: make([][]int32, nb)} }
 	return g, nil
@@ -298,7 +336,8 @@ func (g *Group) Transports() []*Transport { return g.xs }
 
 // Stats returns the Group's counters.
 func (g *Group) Stats() GroupStats {
-	st := GroupStats{KernelRX: g.rxKernel.Load(), KernelTX: g.txKernel.Load(), KernelFallback: g.txFallback.Load()}
+	st := GroupStats{KernelRX: g.rxKernel.Load(), KernelTX: g.txKernel.Load(), KernelFallback: g.txFallback.Load(),
+		Polls: g.polls.Load(), KernelReads: g.kernelReads.Load(), KernelSends: g.kernelSends.Load()}
 	for _, t := range g.xs {
 		ss := SocketStats{Interface: t.ifname, Ifindex: t.ifindex, Queue: t.sock.Queue(), Mode: t.Mode(), Transport: t.Stats()}
 		ss.Socket, _ = t.sock.Stats()
@@ -315,13 +354,14 @@ func (g *Group) Stats() GroupStats {
 func (g *Group) Close() error {
 	g.closeOnce.Do(func() {
 		g.closed.Store(true)
-		g.wake()
-		// A Recv polls only its own non-blocking calls and the eventfd
-		// just written: it returns promptly, and its descriptors stay
-		// open until it has.
+		var errs []error
+		if g.ep != nil {
+			// Wakes a waiting Recv; the sockets stay open until it has
+			// returned.
+			errs = append(errs, g.ep.Close())
+		}
 		g.recvMu.Lock()
 		defer g.recvMu.Unlock()
-		var errs []error
 		for _, t := range g.xs {
 			errs = append(errs, t.Close())
 		}
@@ -334,12 +374,6 @@ func (g *Group) Close() error {
 			g.nl = nil
 		}
 		g.routeMu.Unlock()
-		g.wakeMu.Lock()
-		if g.efd >= 0 {
-			errs = append(errs, unix.Close(g.efd))
-			g.efd = -1
-		}
-		g.wakeMu.Unlock()
 		if err := errors.Join(errs...); err != nil {
 			g.closeErr = fmt.Errorf("xdp group %s: close: %w", g.local, err)
 		}
@@ -349,19 +383,6 @@ func (g *Group) Close() error {
 
 func (g *Group) errClosed() error {
 	return fmt.Errorf("xdp group %s: %w", g.local, transport.ErrClosed)
-}
-
-// wake interrupts a blocked Recv. It may run after that Recv returned
-// (from a context.AfterFunc); the next Recv then wakes once for nothing.
-func (g *Group) wake() {
-	g.wakeMu.Lock()
-	defer g.wakeMu.Unlock()
-	if g.efd < 0 {
-		return
-	}
-	var buf [8]byte
-	binary.NativeEndian.PutUint64(buf[:], 1)
-	_, _ = unix.Write(g.efd, buf[:])
 }
 
 // doneCtx is a context that is already done: a Recv with it only polls.
@@ -394,6 +415,8 @@ func (g *Group) Recv(ctx context.Context, pkts []transport.Packet) (int, error) 
 		// previous call: empty sources give up their turn.
 		start := g.next
 		n := 0
+		g.rounds++
+		looked := false // at the kernel socket, this round
 		for k := 0; k < sources && n < len(pkts); k++ {
 			i := (start + k) % sources
 			var got int
@@ -401,8 +424,14 @@ func (g *Group) Recv(ctx context.Context, pkts []transport.Packet) (int, error) 
 			if i < len(g.xs) {
 				got, err = g.xs[i].Recv(doneCtx, pkts[n:])
 			} else {
+				if !g.kernelHot && g.rounds%kernelEvery != 0 {
+					continue
+				}
 				got, err = g.kernel.Recv(doneCtx, pkts[n:])
+				looked = true
+				g.kernelReads.Add(1)
 				g.rxKernel.Add(uint64(got))
+				g.kernelHot = got > 0
 			}
 			n += got
 			if got > 0 {
@@ -421,6 +450,12 @@ func (g *Group) Recv(ctx context.Context, pkts []transport.Packet) (int, error) 
 		if n > 0 {
 			return n, nil
 		}
+		if !looked {
+			// Look at the kernel socket before sleeping: poll(2) would
+			// report it readable at once anyway.
+			g.kernelHot = true
+			continue
+		}
 		if err := ctx.Err(); err != nil {
 			return 0, err
 		}
@@ -430,52 +465,69 @@ func (g *Group) Recv(ctx context.Context, pkts []transport.Packet) (int, error) 
 	}
 }
 
-// wait sleeps in poll(2) until a socket is readable, ctx ends, the Group is
-// closed or healthInterval passes (then it checks the AF_XDP sockets for an
-// error). It returns nil to make Recv look again.
+// aLongTimeAgo is a read deadline in the past: it wakes a waiting Recv.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// wait parks the goroutine until a socket of the Group is readable, ctx
+// ends, the Group is closed, or healthInterval passes (then it checks the
+// AF_XDP sockets for an error). It returns nil to make Recv look again.
 func (g *Group) wait(ctx context.Context) error {
-	timeout := healthInterval
-	if dl, ok := ctx.Deadline(); ok {
-		left := time.Until(dl)
-		if left <= 0 {
-			return context.DeadlineExceeded
-		}
-		timeout = min(timeout, left)
+	deadline := time.Now().Add(healthInterval)
+	ctxDeadline, hasDeadline := ctx.Deadline()
+	if hasDeadline && ctxDeadline.Before(deadline) {
+		deadline = ctxDeadline
 	}
+	g.dlMu.Lock()
+	gen := g.dlGen
+	_ = g.ep.SetReadDeadline(deadline)
+	g.dlMu.Unlock()
+	stop := func() bool { return true }
 	if ctx.Done() != nil {
-		stop := context.AfterFunc(ctx, g.wake)
-		defer stop()
+		stop = context.AfterFunc(ctx, func() {
+			g.dlMu.Lock()
+			defer g.dlMu.Unlock()
+			if g.dlGen == gen {
+				_ = g.ep.SetReadDeadline(aLongTimeAgo)
+			}
+		})
 	}
-	for i := range g.pfds {
-		g.pfds[i].Revents = 0
-	}
-	ms := int((timeout + time.Millisecond - 1) / time.Millisecond)
-	n, err := unix.Poll(g.pfds, ms)
-	if errors.Is(err, unix.EINTR) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("xdp group %s: poll: %w", g.local, err)
-	}
-	if g.pfds[len(g.pfds)-1].Revents != 0 {
-		var buf [8]byte
-		_, _ = unix.Read(int(g.pfds[len(g.pfds)-1].Fd), buf[:])
-	}
-	bad := false
-	for i := range g.xs {
-		if g.pfds[i].Revents&(unix.POLLERR|unix.POLLHUP|unix.POLLNVAL) != 0 {
-			bad = true
+	g.polls.Add(1)
+	err := g.eprc.Read(func(fd uintptr) bool {
+		n, err := unix.EpollWait(int(fd), g.events[:], 0)
+		for _, ev := range g.events[:max(n, 0)] {
+			if int(ev.Fd) == len(g.xs) {
+				g.kernelHot = true
+			}
 		}
+		return n > 0 || (err != nil && err != unix.EINTR)
+	})
+	stop()
+	g.dlMu.Lock()
+	g.dlGen++
+	g.dlMu.Unlock()
+	switch {
+	case err == nil:
+		return nil
+	case g.closed.Load():
+		return g.errClosed()
+	case !errors.Is(err, os.ErrDeadlineExceeded):
+		return fmt.Errorf("xdp group %s: wait: %w", g.local, err)
 	}
-	if n == 0 || bad {
-		for i, t := range g.xs {
-			v, err := unix.GetsockoptInt(int(g.pfds[i].Fd), unix.SOL_SOCKET, unix.SO_ERROR)
-			if err == nil && v != 0 {
-				err = syscall.Errno(v)
-			}
-			if err != nil {
-				return fmt.Errorf("xdp group %s: %s queue %d: %w", g.local, t.ifname, t.Queue(), err)
-			}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if hasDeadline && !time.Now().Before(ctxDeadline) {
+		return context.DeadlineExceeded
+	}
+	// Idle for healthInterval: an AF_XDP socket whose interface went away
+	// reports it only here (its poll never wakes for it).
+	for i, t := range g.xs {
+		v, err := unix.GetsockoptInt(g.fds[i], unix.SOL_SOCKET, unix.SO_ERROR)
+		if err == nil && v != 0 {
+			err = syscall.Errno(v)
+		}
+		if err != nil {
+			return fmt.Errorf("xdp group %s: %s queue %d: %w", g.local, t.ifname, t.Queue(), err)
 		}
 	}
 	return nil
@@ -587,6 +639,7 @@ func (g *Group) Send(pkts []transport.Packet) (int, error) {
 			switch b {
 			case g.pathKernel(), g.pathFallback():
 				n, err = g.kernel.Send(s.batch)
+				g.kernelSends.Add(1)
 				if b == g.pathKernel() {
 					g.txKernel.Add(uint64(n))
 				} else {

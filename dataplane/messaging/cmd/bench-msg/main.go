@@ -1,10 +1,13 @@
 // Command bench-msg measures the messaging service on the netns testbed:
 // messages per second and bytes per second from host0 to ranks on host1,
 // with one UDP datagram per message as the baseline, with agents on the DPUs
-// (dpu0, dpu1) and with agents on the hosts, then a transfer-size sweep and
-// a workers sweep. It brings up a testbed of its own, under a unique prefix,
-// and tears it down on exit. With -demo it runs Histogram across host0 and
-// host1 through their DPUs instead. Needs root.
+// (dpu0, dpu1) and with agents on the hosts, then the DPU agents on kernel
+// UDP against the same agents on AF_XDP (the steering program in XDP on
+// pf0hpf and p0, lovelockd's rules, xdp.Group transports), then a
+// transfer-size sweep and a workers sweep. It brings up a testbed of its
+// own, under a unique prefix, and tears it down on exit. With -demo it runs
+// Histogram across host0 and host1 through their DPUs instead (over AF_XDP
+// with -demo-xdp). Needs root.
 package main
 
 import (
@@ -15,6 +18,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,13 +27,19 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 
+	"github.com/lovelock-dpu/lovelock/bpf"
+	"github.com/lovelock-dpu/lovelock/control/api"
+	"github.com/lovelock-dpu/lovelock/control/rules"
 	"github.com/lovelock-dpu/lovelock/control/testbed"
 	"github.com/lovelock-dpu/lovelock/dataplane/messaging"
 	"github.com/lovelock-dpu/lovelock/dataplane/messaging/apps"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/xdp"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 )
 
 var (
@@ -43,6 +53,10 @@ var (
 	sweep    = flag.Bool("sweep", true, "run the transfer-size and workers sweeps")
 	demo     = flag.Bool("demo", false, "run Histogram across host0 and host1 through their DPUs, print throughput and bundle sizes, and exit")
 	inserts  = flag.Int("inserts", 200000, "-demo: inserts per rank")
+	xdpRows  = flag.Bool("xdp", true, "compare the DPU agents on kernel UDP with the same agents on AF_XDP")
+	xdpW     = flag.Int("xdp-workers", 1, "agent workers in the AF_XDP comparison (each needs a queue on pf0hpf and p0; the testbed's veths have one)")
+	demoXDP  = flag.Bool("demo-xdp", false, "-demo: run the DPU agents on AF_XDP")
+	cpuProf  = flag.String("cpuprofile", "", "write a CPU profile of the AF_XDP comparison to this file")
 )
 
 func main() {
@@ -81,6 +95,16 @@ func run() error {
 	}
 	fmt.Println()
 	b := &bench{spec: spec, maxPayload: maxPayload}
+	if *demo && *demoXDP {
+		if *mtu > xdpMaxMTU {
+			return fmt.Errorf("-demo-xdp: XDP on veth takes an MTU of at most %d (no multi-buffer), not %d", xdpMaxMTU, *mtu)
+		}
+		stop, err := b.steering()
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	if *demo {
 		return b.demo(ctx)
 	}
@@ -107,10 +131,10 @@ func run() error {
 		if r.base, err = b.baseline(ctx, sz); err != nil {
 			return err
 		}
-		if r.dpu, err = b.messaging(ctx, messaging.ModeDPU, sz, messaging.DefaultTransferSize, *workers); err != nil {
+		if r.dpu, err = b.messaging(ctx, messaging.ModeDPU, sz, messaging.DefaultTransferSize, *workers, false); err != nil {
 			return err
 		}
-		if r.host, err = b.messaging(ctx, messaging.ModeHost, sz, messaging.DefaultTransferSize, *workers); err != nil {
+		if r.host, err = b.messaging(ctx, messaging.ModeHost, sz, messaging.DefaultTransferSize, *workers, false); err != nil {
 			return err
 		}
 		rows = append(rows, r)
@@ -132,6 +156,11 @@ func run() error {
 	if checked {
 		fmt.Printf("≥10x over the baseline for 16-64 B messages (dpu mode): %v\n", holds)
 	}
+	if *xdpRows {
+		if err := b.transports(ctx, msgSizes); err != nil {
+			return err
+		}
+	}
 	if !*sweep {
 		return nil
 	}
@@ -141,7 +170,7 @@ func run() error {
 	fmt.Fprintln(tw, "transfer_size\tmsg/s\tMB/s\tbundle B\tretx\t")
 	for ts := 1024; ; ts *= 2 {
 		t := min(ts, maxPayload)
-		p, err := b.messaging(ctx, messaging.ModeDPU, 16, t, *workers)
+		p, err := b.messaging(ctx, messaging.ModeDPU, 16, t, *workers, false)
 		if err != nil {
 			return err
 		}
@@ -159,7 +188,7 @@ func run() error {
 	tw = tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "workers\tmsg/s\tMB/s\tbundle B\tretx\t")
 	for _, w := range []int{1, 2} {
-		p, err := b.messaging(ctx, messaging.ModeDPU, 16, messaging.DefaultTransferSize, w)
+		p, err := b.messaging(ctx, messaging.ModeDPU, 16, messaging.DefaultTransferSize, w, false)
 		if err != nil {
 			return err
 		}
@@ -200,12 +229,25 @@ func setMTU(spec testbed.Spec, mtu int) error {
 type bench struct {
 	spec       testbed.Spec
 	maxPayload int
+	steer      map[string]*bpf.Steer   // per DPU, with -xdp
+	groups     map[string][]*xdp.Group // the DPU agents' AF_XDP transports of the running configuration
 }
 
 type point struct {
 	rate   float64 // messages delivered per second
 	bundle float64 // average bundle bytes sent by host0's client
 	retx   uint64  // retransmitted bundles, clients and agents
+	xdp    *xdpPoint
+}
+
+// xdpPoint is what the DPU agents' AF_XDP transports did in a run, summed
+// over both DPUs.
+type xdpPoint struct {
+	datagrams uint64 // received and sent, all paths
+	kernel    uint64 // of those, through the kernel sockets
+	syscalls  uint64 // poll, sendto/recvfrom wakeups, recvmmsg/sendmmsg on the kernel sockets
+	dropped   uint64 // frames the kernel dropped for the sockets
+	mode      string
 }
 
 func (p point) mbps(size int) float64 { return p.rate * float64(size) / 1e6 }
@@ -360,10 +402,16 @@ func (b *bench) layout(mode messaging.Mode, tsize, w int) apps.Layout {
 }
 
 // messaging sends size-byte messages from host0's client to host1's ranks
-// through the cluster and counts what host1's client delivers.
-func (b *bench) messaging(ctx context.Context, mode messaging.Mode, size, tsize, w int) (point, error) {
+// through the cluster and counts what host1's client delivers. With
+// useXDP the DPU agents run on AF_XDP.
+func (b *bench) messaging(ctx context.Context, mode messaging.Mode, size, tsize, w int, useXDP bool) (point, error) {
 	var got atomic.Uint64
-	cl, err := apps.StartCluster(b.layout(mode, tsize, w), func(uint32, []byte) { got.Add(1) })
+	l := b.layout(mode, tsize, w)
+	if useXDP {
+		l.OpenAgent = b.openXDP
+		defer b.closeXDP()
+	}
+	cl, err := apps.StartCluster(l, func(uint32, []byte) { got.Add(1) })
 	if err != nil {
 		return point{}, err
 	}
@@ -383,10 +431,22 @@ func (b *bench) messaging(ctx context.Context, mode messaging.Mode, size, tsize,
 			}
 		}()
 	}
+	var before xdpPoint
+	if useXDP {
+		before = b.xdpCounts()
+	}
 	rate := window(ctx, &got)
+	var after xdpPoint
+	if useXDP {
+		after = b.xdpCounts()
+	}
 	stop()
 	wg.Wait()
 	p := point{rate: rate, bundle: cl.Clients[0].Stats().Sent().AvgBundleBytes}
+	if useXDP {
+		p.xdp = &xdpPoint{datagrams: after.datagrams - before.datagrams, kernel: after.kernel - before.kernel,
+			syscalls: after.syscalls - before.syscalls, dropped: after.dropped - before.dropped, mode: after.mode}
+	}
 	clients, agents := cl.Stats()
 	for _, s := range append(clients, agents...) {
 		p.retx += s.Sent().Retransmits
@@ -396,7 +456,14 @@ func (b *bench) messaging(ctx context.Context, mode messaging.Mode, size, tsize,
 
 // demo runs Histogram across host0 and host1 through their DPUs.
 func (b *bench) demo(ctx context.Context) error {
-	l := b.layout(messaging.ModeDPU, messaging.DefaultTransferSize, *workers)
+	w := *workers
+	l := b.layout(messaging.ModeDPU, messaging.DefaultTransferSize, w)
+	if *demoXDP {
+		w = *xdpW
+		l = b.layout(messaging.ModeDPU, messaging.DefaultTransferSize, w)
+		l.OpenAgent = b.openXDP
+		defer b.closeXDP()
+	}
 	h := apps.NewHistogram(l.Ranks(), apps.HistogramParams{InsertsPerRank: *inserts, KeysPerRank: 4096, Seed: 1})
 	cl, err := apps.StartCluster(l, h.Handle)
 	if err != nil {
@@ -409,8 +476,13 @@ func (b *bench) demo(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("histogram: %d ranks on host0 and host1, agents on dpu0 and dpu1: %d inserts in %v: %.0f msg/s, %.1f MB/s; table verified\n",
-		l.Ranks(), res.Messages, res.Elapsed.Round(time.Millisecond), res.Rate(), float64(res.Bytes)/res.Elapsed.Seconds()/1e6)
+	on := "kernel UDP"
+	if *demoXDP {
+		c := b.xdpCounts()
+		on = fmt.Sprintf("AF_XDP (%s mode; %d of %d agent datagrams through the kernel sockets)", c.mode, c.kernel, c.datagrams)
+	}
+	fmt.Printf("histogram: %d ranks on host0 and host1, agents on dpu0 and dpu1 over %s: %d inserts in %v: %.0f msg/s, %.1f MB/s; table verified\n",
+		l.Ranks(), on, res.Messages, res.Elapsed.Round(time.Millisecond), res.Rate(), float64(res.Bytes)/res.Elapsed.Seconds()/1e6)
 	clients, agents := cl.Stats()
 	for i, s := range clients {
 		fmt.Printf("  host%d client: average bundle %.0f B (transfer_size %d)\n", i, s.Sent().AvgBundleBytes, s.TransferSize)
@@ -419,4 +491,192 @@ func (b *bench) demo(ctx context.Context) error {
 		fmt.Printf("  dpu%d agent:   average bundle %.0f B\n", i, s.Sent().AvgBundleBytes)
 	}
 	return nil
+}
+
+// The DPU agents on AF_XDP: the steering program in native XDP on each
+// DPU's pf0hpf and p0, per worker an xdp.Group on both interfaces with its
+// sockets registered, and lovelockd's rules (api.MessagingRules) steering
+// each worker's endpoint to its queue: what lovelockd does with
+// messaging.transport xdp, in process.
+
+var xdpIfaces = []string{"pf0hpf", "p0"}
+
+// steering loads the steering program in dpu0 and dpu1 and attaches it.
+func (b *bench) steering() (stop func(), err error) {
+	b.steer = map[string]*bpf.Steer{}
+	var links []link.Link
+	stop = func() {
+		for _, l := range links {
+			_ = l.Close()
+		}
+		for _, s := range b.steer {
+			_ = s.Close()
+		}
+	}
+	for _, dpu := range []string{"dpu0", "dpu1"} {
+		err := b.spec.Run(dpu, func() error {
+			s, err := bpf.Load(bpf.Options{})
+			if err != nil {
+				return err
+			}
+			b.steer[dpu] = s
+			for _, name := range xdpIfaces {
+				l, err := netlink.LinkByName(name)
+				if err != nil {
+					return err
+				}
+				xl, err := s.AttachXDP(l.Attrs().Index, link.XDPDriverMode)
+				if err != nil {
+					return fmt.Errorf("attach XDP to %s: %w", name, err)
+				}
+				links = append(links, xl)
+			}
+			return nil
+		})
+		if err != nil {
+			stop()
+			return nil, err
+		}
+	}
+	return stop, nil
+}
+
+// openXDP is apps.Layout.OpenAgent for the DPU agents on AF_XDP.
+func (b *bench) openXDP(n int, opts udp.Options, workers int) ([]transport.Transport, error) {
+	dpu := fmt.Sprintf("dpu%d", n)
+	addr := netip.AddrPortFrom(b.addr(dpu), wire.DefaultPort) // XDP parses Lovelock headers on this port only
+	var groups []*xdp.Group
+	err := b.spec.Run(dpu, func() error {
+		var err error
+		groups, err = xdp.OpenGroups(xdp.GroupOptions{Interfaces: xdpIfaces, Addr: addr}, workers, opts)
+		if err != nil {
+			return err
+		}
+		eps := make([]messaging.Endpoint, workers)
+		for w := range eps {
+			eps[w] = messaging.AgentEndpoint(n, w)
+			for _, t := range groups[w].Transports() {
+				if err := b.steer[dpu].SetXSK(t.Ifindex(), t.Queue(), t.FD()); err != nil {
+					return err
+				}
+			}
+		}
+		set := rules.Set{Default: rules.Pass(), Rules: api.MessagingRules(addr, 0, eps, xdpIfaces)}
+		rs, err := rules.Compile(&set, rules.LinkResolver, wire.DefaultPort)
+		if err != nil {
+			return err
+		}
+		return b.steer[dpu].Apply(rs)
+	})
+	if err != nil {
+		for _, g := range groups {
+			_ = g.Close()
+		}
+		return nil, err
+	}
+	if b.groups == nil {
+		b.groups = map[string][]*xdp.Group{}
+	}
+	b.groups[dpu] = groups
+	var trs []transport.Transport
+	for _, g := range groups {
+		trs = append(trs, g)
+	}
+	return trs, nil
+}
+
+// closeXDP unregisters the DPU agents' sockets (the agents closed them).
+func (b *bench) closeXDP() {
+	for dpu, groups := range b.groups {
+		for _, g := range groups {
+			_ = g.Close()
+			for _, t := range g.Transports() {
+				_ = b.steer[dpu].ClearXSK(t.Ifindex(), t.Queue())
+			}
+		}
+	}
+	b.groups = nil
+}
+
+// xdpCounts sums the AF_XDP transports' counters over both DPUs.
+func (b *bench) xdpCounts() xdpPoint {
+	var p xdpPoint
+	for _, groups := range b.groups {
+		for _, g := range groups {
+			st := g.Stats()
+			k := st.KernelRX + st.KernelTX + st.KernelFallback
+			p.datagrams += k
+			p.kernel += k
+			p.syscalls += st.Polls + st.KernelReads + st.KernelSends
+			for _, s := range st.Sockets {
+				p.datagrams += s.Transport.RXPackets + s.Transport.TXPackets
+				p.syscalls += s.Socket.TXWakeups + s.Socket.RXWakeups + s.Socket.Polls
+				p.dropped += s.Socket.RXDropped + s.Socket.RXRingFull
+				p.mode = s.Mode.String()
+			}
+		}
+	}
+	return p
+}
+
+// xdpMaxMTU is the largest MTU veth takes an XDP program at without
+// multi-buffer support (xdp.frags): a page less XDP headroom and
+// skb_shared_info.
+const xdpMaxMTU = 3520
+
+// transports compares the DPU agents on kernel UDP and on AF_XDP, with the
+// same workers and MTU, message by message size.
+func (b *bench) transports(ctx context.Context, msgSizes []int) error {
+	if *mtu > xdpMaxMTU {
+		// The steering program has no multi-buffer support, and veth
+		// refuses XDP above this MTU: both rows run at 1500.
+		if err := setMTU(b.spec, 1500); err != nil {
+			return err
+		}
+		saved := b.maxPayload
+		b.maxPayload = udp.MaxPayloadForMTU(1500, false)
+		defer func() {
+			b.maxPayload = saved
+			if err := setMTU(b.spec, *mtu); err != nil {
+				fmt.Fprintln(os.Stderr, "bench-msg:", err)
+			}
+		}()
+	}
+	stop, err := b.steering()
+	if err != nil {
+		return err
+	}
+	defer stop()
+	fmt.Printf("\nDPU agents: kernel UDP vs AF_XDP, %d worker(s), %d senders, %v per point, bundles ≤ %d B\n", *xdpW, *senders, *duration, b.maxPayload)
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	if *cpuProf != "" {
+		f, err := os.Create(*cpuProf)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	fmt.Fprintln(tw, "size B\tudp msg/s\tMB/s\txdp msg/s\tMB/s\t×udp\tmode\tvia kernel\tsyscalls/dgram\tdropped\tretx udp/xdp\t")
+	for _, sz := range msgSizes {
+		u, err := b.messaging(ctx, messaging.ModeDPU, sz, messaging.DefaultTransferSize, *xdpW, false)
+		if err != nil {
+			return err
+		}
+		x, err := b.messaging(ctx, messaging.ModeDPU, sz, messaging.DefaultTransferSize, *xdpW, true)
+		if err != nil {
+			return err
+		}
+		share, per := 0.0, 0.0
+		if x.xdp.datagrams > 0 {
+			share = float64(x.xdp.kernel) / float64(x.xdp.datagrams)
+			per = float64(x.xdp.syscalls) / float64(x.xdp.datagrams)
+		}
+		fmt.Fprintf(tw, "%d\t%.0f\t%.1f\t%.0f\t%.1f\t%.2f\t%s\t%.1f%%\t%.2f\t%d\t%d/%d\t\n", sz, u.rate, u.mbps(sz), x.rate, x.mbps(sz), x.rate/u.rate,
+			x.xdp.mode, 100*share, per, x.xdp.dropped, u.retx, x.retx)
+	}
+	return tw.Flush()
 }
