@@ -5,6 +5,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/lovelock-dpu/lovelock/control/rules"
+	"github.com/lovelock-dpu/lovelock/dataplane/messaging"
 )
 
 func TestLoad(t *testing.T) {
@@ -61,5 +64,30 @@ func TestLoad(t *testing.T) {
 				t.Errorf("config %+v", c)
 			}
 		})
+	}
+}
+
+// TestExamples: the example files in appliance/examples load.
+func TestExamples(t *testing.T) {
+	c, err := Load("../examples/lovelockd.yaml", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Messaging.XDP() || len(c.Interfaces) != 2 {
+		t.Errorf("lovelockd.yaml: %+v", c)
+	}
+	cl, err := messaging.LoadConfig("../examples/cluster.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cl.Workers != 1 || cl.TransferSize != 1472 || cl.Nodes[0].Agent.Port() != c.Port {
+		t.Errorf("cluster.yaml: workers %d, transfer size %d, agent %v", cl.Workers, cl.TransferSize, cl.Nodes[0].Agent)
+	}
+	data, err := os.ReadFile("../examples/rules.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rules.Parse(data); err != nil {
+		t.Error(err)
 	}
 }

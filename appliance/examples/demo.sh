@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The testbed demo (make demo): a small Lovelock cluster in network
-# namespaces. It brings the testbed up, starts lovelockd on dpu0 and dpu1,
-# applies the example rule set, sends mixed traffic from host0 into dpu0 and
-# prints per-rule counters, runs the planner on the paper's scenarios, and
-# tears everything down again (also when a step fails).
+# namespaces. It brings the testbed up, starts lovelockd on dpu0 and dpu1
+# (with the messaging agents on AF_XDP), applies the example rule set, sends
+# mixed traffic from host0 into dpu0 and prints per-rule counters, runs
+# Histogram between host0 and host1 through the DPUs' agents, runs the
+# planner on the paper's scenarios, and tears everything down again (also
+# when a step fails).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -36,11 +38,13 @@ echo '{}' >"$RUN/none.yaml"
 for dpu in dpu0 dpu1; do
 	# Each daemon locks its pin directory's parent: one parent per node.
 	mkdir -p "/sys/fs/bpf/lovelock-demo-$dpu"
-	say "lovelockd on $dpu: XDP on pf0hpf (from the host) and p0 (from the fabric)"
+	say "lovelockd on $dpu: XDP on pf0hpf (from the host) and p0 (from the fabric); the messaging agent on AF_XDP"
 	"$lovelock" testbed exec --prefix "$PREFIX" "$dpu" -- "$BIN/lovelockd" \
 		--config "$RUN/none.yaml" --pin-dir "/sys/fs/bpf/lovelock-demo-$dpu/lovelock" \
 		--state "$RUN/$dpu.state.json" --socket "$RUN/$dpu.sock" --metrics off \
-		--xdp pf0hpf --xdp p0 >"$RUN/$dpu.log" 2>&1 &
+		--xdp pf0hpf --xdp p0 \
+		--msg-cluster appliance/examples/cluster.yaml --msg-node "$dpu" \
+		--msg-transport xdp --msg-iface pf0hpf --msg-iface p0 >"$RUN/$dpu.log" 2>&1 &
 	pids+=($!)
 done
 for dpu in dpu0 dpu1; do
@@ -56,7 +60,15 @@ for dpu in dpu0 dpu1; do
 	"$lovelock" --socket "$RUN/$dpu.sock" iface list
 done
 
-say "apply the example rule set to dpu0 (appliance/examples/rules.yaml)"
+for dpu in dpu0 dpu1; do
+	# The agent starts beside the API; wait until it runs on its AF_XDP sockets.
+	for _ in $(seq 100); do
+		"$lovelock" --socket "$RUN/$dpu.sock" msg stats >/dev/null 2>&1 && break
+		sleep 0.1
+	done
+done
+
+say "apply the example rule set to dpu0 (appliance/examples/rules.yaml), beside lovelockd's own messaging rules"
 "$lovelock" --socket "$RUN/dpu0.sock" rules apply -f appliance/examples/rules.yaml
 "$lovelock" --socket "$RUN/dpu0.sock" rules
 
@@ -67,9 +79,14 @@ sleep 0.5
 say "per-rule and per-verdict counters on dpu0: each class went where its rule said"
 "$lovelock" --socket "$RUN/dpu0.sock" stats
 
-say "messaging (Buddy): Histogram on host0 and host1, small messages aggregated by agents on dpu0 and dpu1"
-# bench-msg builds its own testbed (prefix bm<pid>-) and removes it when done.
-"$BIN/bench-msg" -demo -inserts 200000
+say "messaging (Buddy): Histogram on host0 and host1, small messages aggregated by lovelockd's agents on dpu0 and dpu1"
+# The clients of appliance/examples/cluster.yaml run on host0 and host1; the
+# agents are lovelockd's, receiving on AF_XDP sockets on pf0hpf and p0.
+"$BIN/bench-msg" -demo -cluster appliance/examples/cluster.yaml -prefix "$PREFIX" -inserts 200000
+
+say "dpu0's agent: per next hop, and per transport path (xsk: AF_XDP sockets; kernel: what XDP passed to the stack)"
+"$lovelock" --socket "$RUN/dpu0.sock" msg stats
+echo "(The drops are the mixed traffic sent earlier to the agent's port: other tenants' and malformed packets.)"
 
 say "the cost and energy model of SmartNIC-hosted clusters (the Lovelock paper)"
 "$lovelock" plan --scenario paper

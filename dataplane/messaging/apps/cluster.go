@@ -195,6 +195,43 @@ func StartCluster(l Layout, handler func(rank uint32, payload []byte)) (*Cluster
 	return cl, nil
 }
 
+// StartClients starts the clients of cfg, every one of them, for a cluster
+// whose agents run elsewhere (lovelockd's, on the DPUs). listen opens the
+// socket of client c of node n on its address in cfg; every client must
+// serve the same number of ranks, consecutive from 0 in node and client
+// order, as StartCluster lays them out. Each client delivers to handler.
+func StartClients(cfg messaging.Config, listen func(n, c int) (*udp.Conn, error), handler func(rank uint32, payload []byte)) (*Cluster, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cl := &Cluster{Config: cfg, cancel: func() {}}
+	next := uint32(0)
+	for n, node := range cfg.Nodes {
+		for c, spec := range node.Clients {
+			all := spec.Ranks.All()
+			if len(all) == 0 || all[0] != next || (cl.perRank != 0 && len(all) != cl.perRank) || all[len(all)-1] != next+uint32(len(all))-1 {
+				_ = cl.Close()
+				return nil, fmt.Errorf("apps: node %s client %s: ranks %v: want %d consecutive ranks from %d", node.Name, spec.Name, spec.Ranks, max(cl.perRank, 1), next)
+			}
+			cl.perRank = len(all)
+			next += uint32(len(all))
+			tr, err := listen(n, c)
+			if err != nil {
+				_ = cl.Close()
+				return nil, fmt.Errorf("apps: node %s client %s: %w", node.Name, spec.Name, err)
+			}
+			c, err := messaging.NewClient(cfg, node.Name, spec.Name, messaging.ClientOptions{Transport: tr, Handler: handler})
+			if err != nil {
+				_ = tr.Close()
+				_ = cl.Close()
+				return nil, err
+			}
+			cl.Clients = append(cl.Clients, c)
+		}
+	}
+	return cl, nil
+}
+
 // Ranks is the number of ranks of the cluster.
 func (c *Cluster) Ranks() uint32 { return uint32(len(c.Clients) * c.perRank) }
 

@@ -57,6 +57,8 @@ var (
 	xdpW     = flag.Int("xdp-workers", 1, "agent workers in the AF_XDP comparison (each needs a queue on pf0hpf and p0; the testbed's veths have one)")
 	demoXDP  = flag.Bool("demo-xdp", false, "-demo: run the DPU agents on AF_XDP")
 	cpuProf  = flag.String("cpuprofile", "", "write a CPU profile of the AF_XDP comparison to this file")
+	clusterF = flag.String("cluster", "", "-demo: run the clients of this messaging cluster file on the hosts of the existing testbed -prefix, "+
+		"against agents that run elsewhere (lovelockd on the DPUs); no testbed of its own")
 )
 
 func main() {
@@ -72,6 +74,12 @@ func run() error {
 	spec.Prefix = *prefix
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
+	if *clusterF != "" {
+		if !*demo {
+			return fmt.Errorf("-cluster goes with -demo")
+		}
+		return demoExternal(ctx, spec, *clusterF)
+	}
 	fmt.Printf("testbed %q: up\n", spec.Prefix)
 	defer func() {
 		dctx, dcancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -679,4 +687,61 @@ func (b *bench) transports(ctx context.Context, msgSizes []int) error {
 			x.xdp.mode, 100*share, per, x.xdp.dropped, u.retx, x.retx)
 	}
 	return tw.Flush()
+}
+
+// demoExternal runs Histogram between the clients of a cluster file, on the
+// hosts of an existing testbed, through agents that run elsewhere.
+func demoExternal(ctx context.Context, spec testbed.Spec, file string) error {
+	cfg, err := messaging.LoadConfig(file)
+	if err != nil {
+		return err
+	}
+	opts := udp.Options{ReadBuffer: cfg.SocketBuffer, WriteBuffer: cfg.SocketBuffer, MaxPayload: udp.MaxPayloadForMTU(*mtu, false)}
+	// Each client runs on the testbed node that has its address.
+	owner := map[netip.Addr]string{}
+	for _, name := range spec.NodeNames() {
+		if a, err := spec.NodeAddr(name); err == nil {
+			owner[a] = name
+		}
+	}
+	ranks := 0
+	for _, n := range cfg.Nodes {
+		for _, c := range n.Clients {
+			ranks += len(c.Ranks.All())
+		}
+	}
+	h := apps.NewHistogram(uint32(ranks), apps.HistogramParams{InsertsPerRank: *inserts, KeysPerRank: 4096, Seed: 1})
+	cl, err := apps.StartClients(cfg, func(n, c int) (conn *udp.Conn, err error) {
+		addr := cfg.Nodes[n].Clients[c].Addr
+		node, ok := owner[addr.Addr()]
+		if !ok {
+			return nil, fmt.Errorf("no node of testbed %q has address %v", spec.Prefix, addr.Addr())
+		}
+		err = spec.Run(node, func() (err error) {
+			conn, err = udp.Listen(addr, opts)
+			return err
+		})
+		return conn, err
+	}, h.Handle)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	res, err := h.Run(rctx, cl)
+	if err != nil {
+		return err
+	}
+	var nodes []string
+	for _, n := range cfg.Nodes {
+		nodes = append(nodes, n.Name)
+	}
+	fmt.Printf("histogram: %d ranks, clients on the hosts, agents of %s (%s mode): %d inserts in %v: %.0f msg/s, %.1f MB/s; table verified\n",
+		cl.Ranks(), strings.Join(nodes, ", "), cfg.Mode, res.Messages, res.Elapsed.Round(time.Millisecond), res.Rate(), float64(res.Bytes)/res.Elapsed.Seconds()/1e6)
+	for _, c := range cl.Clients {
+		st := c.Stats()
+		fmt.Printf("  %s/%s client: average bundle %.0f B (transfer_size %d)\n", st.Node, st.Client, st.Sent().AvgBundleBytes, st.TransferSize)
+	}
+	return nil
 }
