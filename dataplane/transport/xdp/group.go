@@ -98,10 +98,10 @@ type Group struct {
 	nl      *netlink.Handle
 	routes  map[netip.Addr]groupRoute
 
-	recvMu    sync.Mutex // one Recv at a time: next, kernelHot, rounds, events
+	recvMu    sync.Mutex // one Recv at a time: next, kernelHot, kernelAt, events
 	next      int        // the source the next Recv starts with
 	kernelHot bool       // the kernel socket may have datagrams waiting
-	rounds    uint32     // receive rounds, for the kernel socket's turn
+	kernelAt  time.Time  // when Recv last looked at the kernel socket
 	fds       []int      // the AF_XDP sockets' descriptors, for SO_ERROR
 	events    [8]unix.EpollEvent
 
@@ -125,11 +125,13 @@ type Group struct {
 	polls, kernelReads, kernelSends atomic.Uint64
 }
 
-// kernelEvery is how often, in receive rounds, Recv looks at the kernel
-// socket when nothing says it has datagrams: each look is a recvmmsg(2),
-// while an empty AF_XDP ring costs no system call. poll(2) reporting it
-// readable, or its last read returning datagrams, makes Recv look at once.
-const kernelEvery = 8
+// kernelEvery is how often a busy Recv looks at the kernel socket when
+// nothing says it has datagrams: each look is a recvmmsg(2), while an
+// empty AF_XDP ring costs no system call. The socket being reported
+// readable (a waiting Recv's epoll covers it), or its last read returning
+// datagrams, makes Recv look at once. It bounds the extra delay of a
+// datagram XDP passed to the stack while the worker is busy.
+const kernelEvery = 250 * time.Microsecond
 
 // groupRoute is a cached path: an index into xs, or pathKernel or
 // pathFallback.
@@ -415,8 +417,6 @@ func (g *Group) Recv(ctx context.Context, pkts []transport.Packet) (int, error) 
 		// previous call: empty sources give up their turn.
 		start := g.next
 		n := 0
-		g.rounds++
-		looked := false // at the kernel socket, this round
 		for k := 0; k < sources && n < len(pkts); k++ {
 			i := (start + k) % sources
 			var got int
@@ -424,11 +424,12 @@ func (g *Group) Recv(ctx context.Context, pkts []transport.Packet) (int, error) 
 			if i < len(g.xs) {
 				got, err = g.xs[i].Recv(doneCtx, pkts[n:])
 			} else {
-				if !g.kernelHot && g.rounds%kernelEvery != 0 {
+				if now := time.Now(); g.kernelHot || now.Sub(g.kernelAt) >= kernelEvery {
+					g.kernelAt = now
+				} else {
 					continue
 				}
 				got, err = g.kernel.Recv(doneCtx, pkts[n:])
-				looked = true
 				g.kernelReads.Add(1)
 				g.rxKernel.Add(uint64(got))
 				g.kernelHot = got > 0
@@ -449,12 +450,6 @@ func (g *Group) Recv(ctx context.Context, pkts []transport.Packet) (int, error) 
 		}
 		if n > 0 {
 			return n, nil
-		}
-		if !looked {
-			// Look at the kernel socket before sleeping: poll(2) would
-			// report it readable at once anyway.
-			g.kernelHot = true
-			continue
 		}
 		if err := ctx.Err(); err != nil {
 			return 0, err
