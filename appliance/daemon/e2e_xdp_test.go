@@ -3,6 +3,8 @@ package daemon_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -48,8 +50,11 @@ nodes:
 	daemons := map[string]*daemonProc{}
 	for _, node := range []string{"dpu0", "dpu1"} {
 		daemons[node] = startDaemon(t, spec, node, "--msg-cluster", cluster, "--msg-node", node,
-			"--msg-transport", "xdp", "--msg-iface", "pf0hpf", "--msg-iface", "p0")
+			"--msg-transport", "xdp", "--msg-iface", "pf0hpf", "--msg-iface", "p0", "--metrics", "127.0.0.1:19478")
 	}
+	// A daemon told to use an interface its node lacks says so.
+	bad := startDaemon(t, spec, "dpu2", "--msg-cluster", cluster, "--msg-node", "dpu1",
+		"--msg-transport", "xdp", "--msg-iface", "pf0hpf", "--msg-iface", "nope0")
 	d0, d1 := daemons["dpu0"], daemons["dpu1"]
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -62,6 +67,11 @@ nodes:
 	for _, d := range daemons {
 		eventually(t, d.node+"'s agent on AF_XDP", agentUp(d))
 	}
+	eventually(t, "dpu2's agent to report the unknown interface", func() bool {
+		_, err := bad.client().MsgStats(ctx)
+		return err != nil && strings.Contains(err.Error(), `interface "nope0"`)
+	})
+	bad.stop(syscall.SIGTERM)
 
 	// lovelockd's rules are live and listed as its own; the XDP programs
 	// were attached to the agent's interfaces.
@@ -271,5 +281,29 @@ rules:
 			t.Logf("%s: rule %s id %d prio %d %s: %d", d.node, r.Name, r.ID, r.Priority, r.Action, r.Counter.Packets)
 		}
 		t.Logf("%s: verdicts %v default %d", d.node, stats.Verdicts, stats.Default.Packets)
+		// The same counters in Prometheus' text format.
+		var metrics []byte
+		err = spec.Run(d.node, func() error {
+			c, err := net.Dial("tcp", "127.0.0.1:19478")
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			fmt.Fprint(c, "GET /metrics HTTP/1.0\r\n\r\n")
+			metrics, err = io.ReadAll(c)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{
+			`lovelock_msg_transport_datagrams_total{dir="rx",iface="pf0hpf",path="xsk",worker="0"}`,
+			`lovelock_msg_xsk_dropped_total{iface="p0",worker="0"} 0`,
+			`lovelock_rule_packets_total{action="xsk:0",id=`,
+		} {
+			if !strings.Contains(string(metrics), want) {
+				t.Errorf("%s: metrics lack %q", d.node, want)
+			}
+		}
 	}
 }

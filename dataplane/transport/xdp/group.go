@@ -191,6 +191,10 @@ func OpenGroups(opts GroupOptions, n int, kernel udp.Options) ([]*Group, error) 
 	if n < 1 {
 		return nil, fmt.Errorf("xdp: %d workers", n)
 	}
+	// Refuse a bad interface list before binding anything.
+	if err := checkInterfaces(opts.Interfaces, n); err != nil {
+		return nil, err
+	}
 	conns, err := udp.ListenGroup(opts.Addr, n, kernel)
 	if err != nil {
 		return nil, fmt.Errorf("xdp: kernel sockets: %w", err)
@@ -231,9 +235,6 @@ func OpenGroup(opts GroupOptions) (_ *Group, err error) {
 	if opts.Kernel == nil {
 		return nil, errors.New("xdp: group needs the worker's kernel UDP socket (GroupOptions.Kernel)")
 	}
-	if len(opts.Interfaces) == 0 {
-		return nil, errors.New("xdp: group needs at least one interface")
-	}
 	ip := opts.Addr.Addr().Unmap()
 	if !ip.Is4() || ip.IsUnspecified() || opts.Addr.Port() == 0 {
 		return nil, fmt.Errorf("xdp: group address %v: want an IPv4 address and a port: %w", opts.Addr, transport.ErrAddr)
@@ -245,21 +246,13 @@ func OpenGroup(opts GroupOptions) (_ *Group, err error) {
 	if g.missTTL <= 0 {
 		g.missTTL = DefaultMissTTL
 	}
-	seen := map[string]bool{}
+	if err := checkInterfaces(opts.Interfaces, int(opts.Queue)+1); err != nil {
+		return nil, err
+	}
 	for _, name := range opts.Interfaces {
-		if seen[name] {
-			return nil, fmt.Errorf("xdp: interface %s listed twice", name)
-		}
-		seen[name] = true
 		l, err := netlink.LinkByName(name)
 		if err != nil {
 			return nil, fmt.Errorf("xdp: interface %q: %w", name, err)
-		}
-		// The kernel refuses a bind to a queue the device lacks
-		// (EINVAL); say why before it does.
-		if q := l.Attrs().NumRxQueues; q > 0 && uint32(q) <= opts.Queue {
-			return nil, fmt.Errorf("xdp: interface %s has %d RX queues, queue %d needs %d (one AF_XDP socket per worker on queue <worker>): %w",
-				name, q, opts.Queue, opts.Queue+1, ErrQueues)
 		}
 		t, err := Open(Options{
 			Ifindex: l.Attrs().Index, Interface: name, Queue: opts.Queue, Addr: g.local,
@@ -317,9 +310,35 @@ func OpenGroup(opts GroupOptions) (_ *Group, err error) {
 	return g, nil
 }
 
-// ErrQueues is wrapped by OpenGroup when an interface has fewer RX queues
-// than the worker's queue needs.
+// ErrQueues is wrapped by OpenGroup and OpenGroups when an interface has
+// fewer RX queues than the workers need.
 var ErrQueues = errors.New("not enough queues")
+
+// checkInterfaces checks that names are distinct interfaces of the calling
+// thread's network namespace with at least queues RX queues each. The
+// kernel would refuse a bind to a queue the device lacks (EINVAL); this
+// says why first.
+func checkInterfaces(names []string, queues int) error {
+	if len(names) == 0 {
+		return errors.New("xdp: group needs at least one interface")
+	}
+	seen := map[string]bool{}
+	for _, name := range names {
+		if seen[name] {
+			return fmt.Errorf("xdp: interface %s listed twice", name)
+		}
+		seen[name] = true
+		l, err := netlink.LinkByName(name)
+		if err != nil {
+			return fmt.Errorf("xdp: interface %q: %w", name, err)
+		}
+		if q := l.Attrs().NumRxQueues; q > 0 && q < queues {
+			return fmt.Errorf("xdp: interface %s has %d RX queues, %d workers need %d (one AF_XDP socket per worker, on queue <worker>): %w",
+				name, q, queues, queues, ErrQueues)
+		}
+	}
+	return nil
+}
 
 // Paths beyond the AF_XDP sockets' indices.
 func (g *Group) pathKernel() int   { return len(g.xs) }

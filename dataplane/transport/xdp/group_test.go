@@ -460,7 +460,7 @@ func TestGroupErrors(t *testing.T) {
 			want string
 		}{
 			{"unknown interface", GroupOptions{Interfaces: []string{"xa", "nope0"}, Addr: addr}, 1, `interface "nope0"`},
-			{"queues", GroupOptions{Interfaces: []string{"xa", "ya"}, Addr: addr}, 2, "interface ya has 1 RX queues, queue 1 needs 2"},
+			{"queues", GroupOptions{Interfaces: []string{"xa", "ya"}, Addr: addr}, 2, "interface ya has 1 RX queues, 2 workers need 2"},
 			{"twice", GroupOptions{Interfaces: []string{"xa", "xa"}, Addr: addr}, 1, "listed twice"},
 			{"no interfaces", GroupOptions{Addr: addr}, 1, "at least one interface"},
 		} {
