@@ -1,6 +1,7 @@
 package daemon_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -110,8 +111,12 @@ func startDaemon(t *testing.T, spec testbed.Spec, node string, extra ...string) 
 	d.log = log
 	t.Cleanup(func() {
 		d.stop(syscall.SIGTERM)
+		out, _ := os.ReadFile(log.Name())
+		// GOFLAGS=-race builds lovelockd with the race detector too.
+		if bytes.Contains(out, []byte("WARNING: DATA RACE")) {
+			t.Errorf("lovelockd in %s: data race", node)
+		}
 		if t.Failed() {
-			out, _ := os.ReadFile(log.Name())
 			t.Logf("lovelockd log:\n%s", out)
 		}
 	})

@@ -148,7 +148,8 @@ func (d *Daemon) openXDP(cfg messaging.Config) (groups []*xdp.Group, stop func()
 	}
 	d.groups.Store(&groups)
 	d.checkXDPAttached(m.Interfaces)
-	warnings, err := d.setOwned(api.MessagingRules(agent, cfg.Tenant, cfg.WorkerEndpoints(n), m.Interfaces))
+	owned := api.MessagingRules(agent, cfg.Tenant, cfg.WorkerEndpoints(n), m.Interfaces)
+	warnings, err := d.setOwned(owned)
 	if err != nil {
 		// The kernel sockets still carry everything, only slower.
 		d.log.Error("messaging: lovelockd's steering rules do not compile with the operator's; the agent runs on its kernel sockets alone", "err", err)
@@ -162,7 +163,7 @@ func (d *Daemon) openXDP(cfg messaging.Config) (groups []*xdp.Group, stop func()
 	}
 	t := groups[0].Transports()[0]
 	d.log.Info("messaging: AF_XDP", "interfaces", m.Interfaces, "workers", cfg.Workers, "mode", t.Mode(),
-		"max_payload", groups[0].MaxPayload(), "rules", len(d.owned))
+		"max_payload", groups[0].MaxPayload(), "rules", len(owned))
 	return groups, stop, nil
 }
 
