@@ -55,7 +55,7 @@ enum steer_stat {
 	STAT_REDIRECT = 6,
 	STAT_XSK = 7,
 	STAT_XSK_TC = 8,    /* xsk verdicts on a TC hook, passed instead */
-	STAT_XSK_MISS = 9,  /* xsk verdicts with no socket on the arrival queue, passed instead */
+	STAT_XSK_MISS = 9,  /* xsk verdicts with no socket on the arrival queue, or multi-buffer, passed instead */
 	STAT_MAX,
 };
 
@@ -89,12 +89,13 @@ static __always_inline void count(void *map, __u32 idx, __u64 bytes)
 	}
 }
 
-/* steer parses and classifies one packet and counts it; v holds the verdict. */
-static __always_inline void steer(void *data, void *data_end, __u32 ifindex, struct verdict *v)
+/* steer parses and classifies one packet of len bytes, whose headers lie in
+ * data..data_end, and counts it; v holds the verdict. */
+static __always_inline void steer(void *data, void *data_end, __u32 len, __u32 ifindex,
+				  struct verdict *v)
 {
-	struct cursor c = { .pos = data, .end = data_end };
+	struct cursor c = { .pos = data, .end = data_end, .len = len };
 	struct pkt_meta m = {};
-	__u64 len = data_end - data;
 	enum ll_status st;
 	int malformed;
 
@@ -119,14 +120,17 @@ static __always_inline void steer(void *data, void *data_end, __u32 ifindex, str
 	count(&rule_stats, v->id, len);
 }
 
-SEC("xdp")
+/* xdp.frags: the program takes multi-buffer frames, which lets an interface
+ * with XDP attached run an MTU above a page (jumbo frames; drivers refuse
+ * that to programs without it). Headers are parsed from the first buffer. */
+SEC("xdp.frags")
 int xdp_steer(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data, *data_end = (void *)(long)ctx->data_end;
-	__u64 len = data_end - data;
+	__u64 len = bpf_xdp_get_buff_len(ctx);
 	struct verdict v;
 
-	steer(data, data_end, ctx->ingress_ifindex, &v);
+	steer(data, data_end, len, ctx->ingress_ifindex, &v);
 	switch (v.action) {
 	case ACT_DROP:
 		count(&steer_stats, STAT_DROP, len);
@@ -135,7 +139,9 @@ int xdp_steer(struct xdp_md *ctx)
 		count(&steer_stats, STAT_REDIRECT, len);
 		return bpf_redirect(v.arg, 0);
 	case ACT_XSK:
-		if (ctx->rx_queue_index == v.arg) {
+		/* A multi-buffer frame would need a socket bound with XDP_USE_SG;
+		 * the kernel drops it at any other, so it goes to the stack. */
+		if (ctx->rx_queue_index == v.arg && len == (__u64)(data_end - data)) {
 			struct xsk_key k = { .ifindex = ctx->ingress_ifindex, .queue = ctx->rx_queue_index };
 			__u32 *slot = bpf_map_lookup_elem(&xsk_slots, &k);
 
@@ -145,8 +151,8 @@ int xdp_steer(struct xdp_md *ctx)
 			}
 		}
 		/* No socket for the queue the packet arrived on (the kernel could
-		 * not deliver it to another queue's socket): the stack gets it,
-		 * nothing is lost. */
+		 * not deliver it to another queue's socket), or a multi-buffer
+		 * frame: the stack gets it, nothing is lost. */
 		count(&steer_stats, STAT_XSK_MISS, len);
 		break;
 	}
@@ -165,7 +171,7 @@ static __always_inline int tc_steer(struct __sk_buff *skb)
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
 
-	steer(data, data_end, skb->ifindex, &v);
+	steer(data, data_end, skb->len, skb->ifindex, &v);
 	switch (v.action) {
 	case ACT_DROP:
 		count(&steer_stats, STAT_DROP, skb->len);
@@ -197,7 +203,7 @@ int tc_egress(struct __sk_buff *skb)
 /* xdp_pass lets veth deliver XDP_REDIRECTed frames: a veth only takes them
  * when the program on its peer exists. Attach it to the peers of redirect
  * targets that run no steering program. */
-SEC("xdp")
+SEC("xdp.frags")
 int xdp_pass(struct xdp_md *ctx)
 {
 	return XDP_PASS;

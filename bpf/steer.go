@@ -24,7 +24,7 @@ const (
 	StatRedirect              // redirected to another interface
 	StatXSK                   // sent to an AF_XDP socket
 	StatXSKOnTC               // xsk verdicts on a TC hook, passed instead
-	StatXSKMiss               // xsk verdicts with no socket on the arrival queue, passed instead
+	StatXSKMiss               // xsk verdicts with no socket on the arrival queue, or multi-buffer, passed instead
 	NumStats
 )
 

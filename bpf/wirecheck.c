@@ -32,6 +32,7 @@ int wire_check(struct xdp_md *ctx)
 	struct cursor c = {
 		.pos = (void *)(long)ctx->data,
 		.end = (void *)(long)ctx->data_end,
+		.len = ctx->data_end - ctx->data,
 	};
 	struct pkt_meta m = {};
 	__u32 key = 0;

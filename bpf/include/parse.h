@@ -25,9 +25,14 @@
 /* IPv6 extension headers skipped before giving up (malformed). */
 #define MAX_IPV6_EXT_HDRS 4
 
+/* A packet being parsed: pos..end is its linear part, where the headers
+ * must lie; len is its whole length, more than end - pos for an XDP
+ * multi-buffer frame (a jumbo frame in several pages), whose payload
+ * continues in fragments the parser never reads. */
 struct cursor {
 	void *pos;
 	void *end;
+	__u32 len;
 };
 
 struct vlan_hdr {
@@ -270,8 +275,9 @@ static __always_inline enum ll_status parse_packet(struct cursor *c, __u16 port,
 	asm volatile("%0 &= 0xffff" : "+r"(ulen));
 	if (ulen < sizeof(*udp))
 		return LL_BAD_HEADER;
-	/* The datagram must lie within the packet (bytes after it are padding). */
-	if ((void *)udp + ulen > c->end)
+	/* The datagram must lie within the packet (bytes after it are padding),
+	 * fragments of a multi-buffer frame included. */
+	if ((__u64)((void *)udp - start) + ulen > c->len)
 		return LL_TRUNCATED;
 	if (m->key.dport != port)
 		return LL_NOT_LOVELOCK;
