@@ -482,3 +482,135 @@ func TestGroupErrors(t *testing.T) {
 		return nil
 	})
 }
+
+// TestGroupJumboMTU runs the trio at MTU 9000 (the steering program is
+// xdp.frags, so veth takes it): MaxPayload is capped at 3478 bytes, the
+// most that reaches XDP in one buffer on veth (SingleBufferFrame), and a
+// datagram of exactly that size sent through a Group arrives on the peer
+// Group's AF_XDP socket, both ways, while one byte more arrives as a
+// multi-buffer frame, which the steering program passes to the stack
+// (xsk_miss), and reaches the Group through its kernel socket.
+func TestGroupJumboMTU(t *testing.T) {
+	if got := MaxPayloadForMTU(1500); got != 1472 {
+		t.Errorf("MaxPayloadForMTU(1500) = %d, want 1472", got)
+	}
+	if got := MaxPayloadForMTU(9000); got != 3478 {
+		t.Errorf("MaxPayloadForMTU(9000) = %d, want 3478", got)
+	}
+	tr := newTrio(t)
+	for _, n := range []struct {
+		ns   netns.NsHandle
+		devs []string
+	}{{tr.dpu, []string{"xa", "ya"}}, {tr.host, []string{"xb"}}, {tr.far, []string{"yb"}}} {
+		testenv.InNetNS(t, n.ns, func() error {
+			for _, d := range n.devs {
+				l, err := netlink.LinkByName(d)
+				if err != nil {
+					return err
+				}
+				if err := netlink.LinkSetMTU(l, 9000); err != nil {
+					return fmt.Errorf("%s: MTU 9000 with XDP attached: %w", d, err)
+				}
+			}
+			return nil
+		})
+	}
+	g := tr.open(t, GroupOptions{})
+	const want = SingleBufferFrame - 14 - Overhead // 3478
+	if g.MaxPayload() != want {
+		t.Fatalf("Group MaxPayload %d at MTU 9000, want %d", g.MaxPayload(), want)
+	}
+	for _, x := range g.Transports() {
+		if x.MaxPayload() != want || x.mtu != 9000 {
+			t.Errorf("%s: MaxPayload %d at MTU %d, want %d at 9000", x.ifname, x.MaxPayload(), x.mtu, want)
+		}
+	}
+
+	// A second Group in far, on yb, with a steering program of its own.
+	fs, err := bpf.Load(bpf.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fs.Close() })
+	var k bpf.RuleKey
+	k.Flow.Proto, k.Flow.Dport = 17, testPort
+	if err := fs.Apply(&bpf.Ruleset{
+		Shapes:  []bpf.Shape{{Fields: bpf.FieldProto | bpf.FieldDport, MaxPrio: 10}},
+		Entries: []bpf.Entry{{Key: k, Val: bpf.RuleVal{Prio: 10, Id: 1, Action: uint16(bpf.ActionXSK), Arg: 0}}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var fg *Group
+	testenv.InNetNS(t, tr.far, func() error {
+		l, err := netlink.LinkByName("yb")
+		if err != nil {
+			return err
+		}
+		xl, err := fs.AttachXDP(l.Attrs().Index, link.XDPDriverMode)
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { xl.Close() })
+		gs, err := OpenGroups(GroupOptions{Interfaces: []string{"yb"}, Addr: netip.AddrPortFrom(netip.MustParseAddr(farIP), testPort),
+			Socket: &xsk.SocketConfig{Mode: xsk.ModeCopy}}, 1, udp.Options{})
+		if err != nil {
+			return err
+		}
+		fg = gs[0]
+		return nil
+	})
+	t.Cleanup(func() { fg.Close() })
+	fx := fg.Transports()[0]
+	if err := fs.SetXSK(fx.Ifindex(), fx.Queue(), fx.FD()); err != nil {
+		t.Fatal(err)
+	}
+	if fg.MaxPayload() != want {
+		t.Fatalf("far Group MaxPayload %d, want %d", fg.MaxPayload(), want)
+	}
+
+	// exactly sends a MaxPayload datagram from one Group to the other and
+	// checks that it arrived whole on the receiver's AF_XDP socket on iface.
+	exactly := func(from, to *Group, toSteer *bpf.Steer, iface int) {
+		t.Helper()
+		before, miss := to.Stats(), missCount(t, toSteer)
+		data := payload(7, want)
+		if n, err := from.Send([]transport.Packet{{Addr: to.LocalAddr(), Data: data}}); n != 1 || err != nil {
+			t.Fatalf("Send %d bytes: %d, %v", want, n, err)
+		}
+		pkts := []transport.Packet{{Data: make([]byte, 9000)}}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		n, err := to.Recv(ctx, pkts)
+		if n != 1 || err != nil || pkts[0].Addr != from.LocalAddr() || string(pkts[0].Data) != string(data) {
+			t.Fatalf("Recv: %d, %v (%d bytes from %v)", n, err, len(pkts[0].Data), pkts[0].Addr)
+		}
+		after := to.Stats()
+		if d := after.Sockets[iface].Transport.RXPackets - before.Sockets[iface].Transport.RXPackets; d != 1 ||
+			after.KernelRX != before.KernelRX || missCount(t, toSteer) != miss {
+			t.Errorf("%d bytes to %v: AF_XDP %s +%d, kernel socket +%d, xsk_miss +%d; want 1, 0, 0", want, to.LocalAddr(),
+				after.Sockets[iface].Interface, d, after.KernelRX-before.KernelRX, missCount(t, toSteer)-miss)
+		}
+	}
+	exactly(g, fg, fs, 0)       // dpu → far: out of ya's AF_XDP socket, into yb's
+	exactly(fg, g, tr.steer, 1) // far → dpu: out of yb's, into ya's
+	if st := g.Stats(); st.Sockets[1].Transport.TXPackets != 1 || st.KernelTX+st.KernelFallback != 0 {
+		t.Errorf("the dpu Group sent through %+v, want ya's AF_XDP socket", st)
+	}
+	if n, err := g.Send([]transport.Packet{{Addr: fg.LocalAddr(), Data: make([]byte, want+1)}}); n != 0 || !errors.Is(err, transport.ErrTooBig) {
+		t.Errorf("%d bytes: %d, %v; want ErrTooBig", want+1, n, err)
+	}
+
+	// One byte more, from a kernel socket in far: a 3521-byte frame, two
+	// buffers at XDP, passed to the stack, received on the kernel socket.
+	c := conn(t, tr.far, farIP)
+	before, miss := g.Stats(), missCount(t, tr.steer)
+	if _, err := c.WriteToUDPAddrPort(payload(8, want+1), g.LocalAddr()); err != nil {
+		t.Fatal(err)
+	}
+	if got := recvN(t, g, 1); got[addrOf(c)] != 1 {
+		t.Fatalf("%d bytes: got %v", want+1, got)
+	}
+	if st := g.Stats(); st.KernelRX != before.KernelRX+1 || missCount(t, tr.steer) != miss+1 {
+		t.Errorf("%d bytes: kernel socket +%d, xsk_miss +%d; want 1 and 1", want+1, st.KernelRX-before.KernelRX, missCount(t, tr.steer)-miss)
+	}
+}

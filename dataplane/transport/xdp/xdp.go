@@ -28,7 +28,9 @@
 //
 // Only IPv4 is carried. MaxPayload is the interface MTU less 28, capped by
 // what one UMEM frame holds (frame size less headroom, the kernel's 256
-// bytes of receive headroom and the Ethernet header).
+// bytes of receive headroom and the Ethernet header) and by what reaches a
+// copy-mode receiver's XDP program in one buffer (SingleBufferFrame): 3478
+// bytes at any MTU from 3506 up, 1472 at MTU 1500.
 //
 // A Group is what a DPU's agent worker runs on: one Transport on the
 // worker's queue of each interface the agent receives on (pf0hpf from its
@@ -83,6 +85,59 @@ const (
 
 // batch is the number of frames built and received per ring access.
 const batch = 64
+
+// SingleBufferFrame is the largest frame, Ethernet header included, that
+// reaches XDP in one buffer on veth and on the generic (skb) XDP path
+// (measured on veth, kernel 6.18): both copy a frame into a page-pool page
+// before running the program (skb_pp_cow_data), and that page holds 4096
+// bytes less XDP_PACKET_HEADROOM (256) and the skb_shared_info kept at its
+// end (320). A longer frame reaches XDP as a multi-buffer frame (the
+// steering program is xdp.frags, so the interface may run a jumbo MTU). The
+// AF_XDP sockets of dataplane/xsk are not bound with XDP_USE_SG and the
+// kernel would drop such a frame at the socket, so the steering program
+// passes an xsk verdict on it to the stack (xsk_miss): with a Group it still
+// reaches the worker, through its kernel socket, but off the AF_XDP path.
+// MaxPayload keeps every datagram a Transport sends (and so the bundles of
+// an agent on it) within this frame: 3478 bytes of UDP payload. It assumes
+// pages of 4 KiB.
+//
+// This is the limit of a copy-mode receiver. A zero-copy driver writes the
+// frame into one UMEM frame instead (a larger one only with XDP_USE_SG),
+// which the UMEM cap of MaxPayload already covers (3798 bytes of payload
+// with 4096-byte frames); since a sender cannot know the receiver's mode,
+// both caps always apply. Multi-buffer AF_XDP (XDP_USE_SG, one datagram in
+// several UMEM frames) would carry datagrams up to the MTU; it is not
+// implemented.
+//
+// An 802.1Q tag inside the frame adds 4 bytes (measured on veth with a
+// tagged frame written through AF_PACKET: 3474 bytes of payload, a 3520-byte
+// frame, reach the socket; 3475 pass to the stack as xsk_miss). Transport
+// never tags its frames, and a tag carried beside the frame (TX VLAN offload
+// on the sender, as veth and NICs have by default; RX VLAN stripping on a
+// NIC) is not part of what XDP sees (not measured: this kernel has no 802.1Q
+// devices). Only a tag that stays in the frame data up to the receiving XDP
+// program costs room: there a full-size datagram takes the kernel path, to
+// the receiver's VLAN device and the Group's kernel socket. Use a
+// transfer_size of 3474 on such links.
+const SingleBufferFrame = 4096 - xsk.PacketHeadroom - 320
+
+// MaxPayloadForMTU returns the MaxPayload of a Transport on an interface of
+// the given MTU with the default UMEM (xsk.DefaultFrameSize frames, no
+// headroom): min(MTU, SingleBufferFrame less the Ethernet header, the UMEM
+// frame's room) less 28. That is 1472 at MTU 1500 and 3478 at MTU 3506 and
+// above. A messaging cluster whose agents run on AF_XDP should keep
+// transfer_size within it, so that the clients' bundles take the AF_XDP
+// path too.
+func MaxPayloadForMTU(mtu int) int {
+	return maxPayload(mtu, xsk.DefaultFrameSize-xsk.PacketHeadroom-ethLen)
+}
+
+// maxPayload is MaxPayload for an interface MTU and the room one UMEM frame
+// has for a received frame (its size less headroom, the kernel's receive
+// headroom and the Ethernet header).
+func maxPayload(mtu, umemRoom int) int {
+	return min(mtu, umemRoom, SingleBufferFrame-ethLen) - Overhead
+}
 
 // Options configure a Transport.
 type Options struct {
@@ -263,9 +318,10 @@ func Open(opts Options) (_ *Transport, err error) {
 	}
 	u := t.sock.UMEM()
 	// A received packet starts after the UMEM and kernel headroom; a sent
-	// frame after the UMEM headroom. The smaller room bounds the MTU.
+	// frame after the UMEM headroom. The smaller room bounds the MTU, and so
+	// does the receiver's first XDP buffer (SingleBufferFrame).
 	room := u.FrameSize() - u.Headroom() - xsk.PacketHeadroom - ethLen
-	t.maxPayload = min(t.mtu, room) - Overhead
+	t.maxPayload = maxPayload(t.mtu, room)
 	if t.maxPayload < 1 {
 		return nil, fmt.Errorf("%s: MTU %d and UMEM frames of %d bytes leave no payload", name, t.mtu, u.FrameSize())
 	}
@@ -288,7 +344,8 @@ func Open(opts Options) (_ *Transport, err error) {
 // LocalAddr returns the address and port the transport receives on.
 func (t *Transport) LocalAddr() netip.AddrPort { return t.local }
 
-// MaxPayload returns the interface MTU less 28, capped by the UMEM frame.
+// MaxPayload returns the interface MTU less 28, capped by the UMEM frame
+// and by SingleBufferFrame: at most 3478.
 func (t *Transport) MaxPayload() int { return t.maxPayload }
 
 // FD returns the AF_XDP socket's descriptor, for Steer.SetXSK.
