@@ -524,7 +524,7 @@ func (w *worker) onBundle(h wire.Header, payload []byte, addr netip.AddrPort, si
 			w.ctr.drop(dropTooManyLinks, 1)
 			return
 		}
-		l = newInLink(key, h.Dst, addr, w.a.cfg.BuffersPerDest, pre.Base, w.now)
+		l = newInLink(key, h.Dst, addr, w.a.cfg.BuffersPerDest, pre.Base, sureStart(h.Seq, pre.Base, h.Flags), w.now)
 		w.in[key] = l
 		if len(w.in) == 1 {
 			w.nextGC = w.now + gcEvery
@@ -532,6 +532,13 @@ func (w *worker) onBundle(h wire.Header, payload []byte, addr netip.AddrPort, si
 	}
 	l.setAddr(addr)
 	l.lastSeen = w.now
+	if l.unsure {
+		// Not before the sender confirms where the link starts: its
+		// credit asks for the probe that does.
+		w.ctr.refused.Add(1)
+		w.creditDue(l)
+		return
+	}
 	v := l.classify(h.Seq)
 	if w.draining && (v == vInOrder || v == vStash) && !w.drainTakes(l, h.Seq) {
 		w.ctr.refused.Add(1)
@@ -719,6 +726,9 @@ func (w *worker) onCredit(h wire.Header, payload []byte, addr netip.AddrPort, ra
 		w.ctr.probes.Add(1)
 		if l := w.in[linkKey{h.Src, c.Session}]; l != nil {
 			l.setAddr(addr)
+			if len(l.work) == 0 && !l.cur.active && !l.blocked {
+				l.onProbe(h.Seq)
+			}
 			w.creditDue(l)
 			return
 		}

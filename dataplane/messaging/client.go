@@ -685,12 +685,17 @@ func (c *Client) onBundle(i int, h wire.Header, payload []byte, addr netip.AddrP
 				return
 			}
 		}
-		l = newInLink(key, h.Dst, addr, c.cfg.BuffersPerDest, pre.Base, now)
+		l = newInLink(key, h.Dst, addr, c.cfg.BuffersPerDest, pre.Base, sureStart(h.Seq, pre.Base, h.Flags), now)
 		c.in[key] = l
 	}
 	l.setAddr(addr)
 	l.lastSeen = now
 	size := wire.HeaderLen + len(payload)
+	if l.unsure {
+		c.ctr.refused.Add(1) // until a probe confirms where the link starts
+		c.creditDue(l)
+		return
+	}
 	switch l.classify(h.Seq) {
 	case vDuplicate:
 		c.ctr.duplicates.Add(1)
@@ -756,6 +761,7 @@ func (c *Client) onCredit(h wire.Header, payload []byte, addr netip.AddrPort, no
 		c.ctr.probes.Add(1)
 		if l := c.in[linkKey{h.Src, cr.Session}]; l != nil {
 			l.setAddr(addr)
+			l.onProbe(h.Seq)
 			c.creditDue(l)
 			return
 		}

@@ -280,6 +280,14 @@ func (l *outLink) onCredit(ack uint32, c bundle.Credit, now, rto int64, out *[]t
 	}
 	l.lastHeard = now
 	l.dead = false // a probe was answered: the peer is back
+	if seqDiff(ack, l.base) < 0 && now-l.lastProbe >= rto/8 {
+		// The receiver is behind what we know was acknowledged: a new
+		// life of it met this link through a bundle whose base was stale
+		// (an acknowledgement of its previous life was still on its way
+		// to us), or it asks to confirm where the link starts. Tell it
+		// our base; a probe sent here follows every credit we took.
+		l.probe(now, out)
+	}
 	if seqDiff(ack, l.base) > 0 && seqDiff(ack, l.nextSeq) <= 0 {
 		for l.base != ack {
 			if b := l.inflight[l.base%l.window]; b != nil {
@@ -443,8 +451,14 @@ type inLink struct {
 	held     int           // slots in use
 
 	valPending uint32 // fragmentation state after the last bundle validated
-	lastSeen   int64
-	creditDue  bool // on the owner's credit list
+	// unsure: the link was met in the middle of the sender's stream, and
+	// the base its bundle carried may be stale (a previous life of this
+	// receiver may have acknowledged more, its credit still on the way).
+	// No bundle is taken until a probe, which the sender sends in answer
+	// to a credit behind its base, confirms where the link starts.
+	unsure    bool
+	lastSeen  int64
+	creditDue bool // on the owner's credit list
 
 	// Message processing: an agent routes, a client delivers. Only the
 	// processing side touches these.
@@ -479,8 +493,12 @@ type rxMsg struct {
 	p           progress
 }
 
-func newInLink(key linkKey, self uint32, addr netip.AddrPort, window int, base uint32, now int64) *inLink {
-	l := &inLink{key: key, self: self, window: uint32(window), ooo: make([]rxSlot, window), lastSeen: now}
+// newInLink starts tracking a link at base, the sender's base in the bundle
+// that introduced it. sure says that base is certainly current: the bundle
+// was seq base sent for the first time, so nothing beyond base can have
+// been acknowledged to anyone; otherwise the link starts unsure.
+func newInLink(key linkKey, self uint32, addr netip.AddrPort, window int, base uint32, sure bool, now int64) *inLink {
+	l := &inLink{key: key, self: self, window: uint32(window), ooo: make([]rxSlot, window), lastSeen: now, unsure: !sure}
 	l.setAddr(addr)
 	l.next.Store(base)
 	l.consumed.Store(base)
@@ -491,6 +509,39 @@ func newInLink(key linkKey, self uint32, addr netip.AddrPort, window int, base u
 		l.valPending = bundle.Unknown
 	}
 	return l
+}
+
+// sureStart reports whether a bundle that introduces a link shows the
+// sender's current base: it is the base itself, sent for the first time.
+func sureStart(seq, base uint32, flags wire.Flags) bool {
+	return seq == base && flags&wire.FlagRetransmit == 0
+}
+
+// onProbe applies a probe's Seq, the sender's base when it sent the probe:
+// an unsure link starts there, and a link behind it (everything below was
+// acknowledged by a previous life of this receiver) moves on to it, once
+// nothing of it waits for processing. It reports whether it moved the link.
+// Only the receiving side calls it, with the link's processing idle.
+func (l *inLink) onProbe(seq uint32) bool {
+	next := l.next.Load()
+	if seqDiff(seq, next) < 0 || next != l.consumed.Load() {
+		return false
+	}
+	l.unsure = false
+	if seq == next {
+		return false
+	}
+	for i := range l.ooo {
+		if s := &l.ooo[i]; s.used && seqDiff(s.seq, seq) < 0 {
+			s.used, s.data = false, nil
+			l.held--
+		}
+	}
+	l.next.Store(seq)
+	l.consumed.Store(seq)
+	l.advertised.Store(seq)
+	l.valPending = bundle.Unknown
+	return true
 }
 
 // unfinished reports whether the last bundle validated ends inside a
@@ -602,6 +653,11 @@ func (l *inLink) credit() (ack uint32, c bundle.Credit) {
 	consumed := l.consumed.Load()
 	l.advertised.Store(consumed)
 	c = bundle.Credit{Session: l.key.session, Limit: consumed + l.window}
+	if l.unsure {
+		// One behind the base we were told: the sender answers a credit
+		// behind its base with a probe, which confirms where we start.
+		return ack - 1, c
+	}
 	if l.held > 0 {
 		for i := uint32(0); i < 64 && i+1 < l.window; i++ {
 			q := ack + 1 + i

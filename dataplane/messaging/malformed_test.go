@@ -81,6 +81,7 @@ func TestMalformedAndUnknown(t *testing.T) {
 		fakeBundle(ten, src, aDst, 0, 0, 5, 0, overrun),                                                                 // bad records
 		fakeBundle(ten, src, aDst, 0, 0, 6, 0, bundle.AppendContinuation(nil, []byte("orphan"))),                        // continuation without head
 		fakeBundle(ten, src, aDst, 0, wire.FlagMore, 7, 0, bundle.AppendRecord(nil, good, nil)),                         // more flag, nothing pending
+		fakeBundle(ten, src, aDst, 0, 0, 8, 0, nil),                                                                     // starts link 8 (empty)
 		fakeBundle(ten, src, aDst, 100, 0, 8, 0, bundle.AppendRecord(nil, good, nil)),                                   // beyond the window
 		// Unknown ranks beside a good message: only they are dropped.
 		fakeBundle(ten, src, aDst, 0, 0, 9, 0, cat(

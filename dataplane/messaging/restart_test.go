@@ -2,11 +2,15 @@ package messaging
 
 import (
 	"context"
+	"net/netip"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/lovelock-dpu/lovelock/dataplane/messaging/bundle"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 )
 
 // TestClientRestart: a client process that stops and starts again on the
@@ -207,4 +211,82 @@ func TestAgentRestart(t *testing.T) {
 		s.mu.Unlock()
 	}
 	tc.noDrops(t)
+}
+
+// TestStaleBaseHandshake: a receiver restarted with a sender's link in
+// flight may meet the link through a bundle whose base is stale (its
+// previous life acknowledged more, the credit still on its way). It takes
+// nothing until the sender confirms its base: its credit is one behind
+// the base it was told, the sender answers a credit behind its base with a
+// probe carrying its base, and the probe starts the link there. Without
+// this, the new receiver took bundles its previous life had routed
+// (duplicates), or waited forever for bundles the sender had freed (a
+// sender stuck with a full window, or messages lost at the end of a drain).
+func TestStaleBaseHandshake(t *testing.T) {
+	const window = 8
+	ctr := &counters{}
+	out := newOutLink("peer", netip.MustParseAddrPort("127.0.0.1:9"), 7, AgentEndpoint(0, 0), AgentEndpoint(1, 0), 256, window, ctr)
+	var pkts []transport.Packet
+	var p progress
+	for i := range 6 {
+		p = progress{}
+		if !out.write(1, make([]byte, 200), &p, int64(i), &pkts, func(*outLink) {}) {
+			t.Fatalf("write %d blocked", i)
+		}
+		out.close(flushExplicit, int64(i), &pkts)
+	}
+	if out.nextSeq != 6 {
+		t.Fatalf("nextSeq %d, want 6", out.nextSeq)
+	}
+	// The old receiver acknowledged 0..3; a retransmission of 2 with base 2
+	// (sent before that credit arrived) introduces the link to its
+	// successor.
+	now := int64(time.Second)
+	if !out.onCredit(4, bundle.Credit{Session: out.session, Limit: 4 + window}, now, int64(time.Millisecond), &pkts) {
+		t.Fatal("credit refused")
+	}
+	if !sureStart(0, 0, 0) || sureStart(2, 2, wire.FlagRetransmit) || sureStart(3, 2, 0) {
+		t.Fatal("sureStart")
+	}
+	in := newInLink(linkKey{uint32(out.hdr.Src), out.session}, out.hdr.Dst, netip.AddrPort{}, window, 2, false, 0)
+	if !in.unsure {
+		t.Fatal("a link met through a retransmission starts unsure")
+	}
+	ack, c := in.credit()
+	if ack != 1 {
+		t.Fatalf("unsure credit acks %d, want one behind the base (1)", ack)
+	}
+	pkts = pkts[:0]
+	probes := out.st.probes.Load()
+	if !out.onCredit(ack, c, now+int64(time.Millisecond), int64(time.Millisecond), &pkts) {
+		t.Fatal("credit of the link's session refused")
+	}
+	if out.st.probes.Load() != probes+1 || len(pkts) != 1 {
+		t.Fatalf("a credit behind the base: %d probes, %d datagrams; want a probe", out.st.probes.Load()-probes, len(pkts))
+	}
+	h, _, err := wire.Decode(pkts[0].Data)
+	if err != nil || h.Type != wire.TypeCredit || h.Flags&wire.FlagAckReq == 0 || h.Seq != 4 {
+		t.Fatalf("probe %+v %v: want an ack request with Seq 4", h, err)
+	}
+	if !in.onProbe(h.Seq) || in.unsure || in.next.Load() != 4 || in.consumed.Load() != 4 {
+		t.Fatalf("after the probe: unsure %v next %d consumed %d, want a sure link at 4", in.unsure, in.next.Load(), in.consumed.Load())
+	}
+	if v := in.classify(3); v != vDuplicate {
+		t.Fatalf("seq 3 (taken by the previous life): %v, want a duplicate", v)
+	}
+	if v := in.classify(4); v != vInOrder {
+		t.Fatalf("seq 4: %v, want in order", v)
+	}
+
+	// A sure link left behind the sender's base, holding bundles out of
+	// order, moves on to the probe's base and forgets what lies below.
+	in2 := newInLink(linkKey{1, 2}, 3, netip.AddrPort{}, window, 2, true, 0)
+	in2.stash(3, 0, []byte{1}, 1)
+	in2.stash(5, 0, []byte{1}, 1)
+	if !in2.onProbe(4) || in2.next.Load() != 4 || in2.held != 1 || in2.valPending != bundle.Unknown {
+		t.Fatalf("behind link after a probe: next %d held %d pending %d", in2.next.Load(), in2.held, in2.valPending)
+	}
+	if in2.onProbe(2) || in2.next.Load() != 4 {
+		t.Fatal("a stale probe moved the link back")
+	}
 }
