@@ -23,6 +23,7 @@ import (
 	"github.com/lovelock-dpu/lovelock/control/api"
 	"github.com/lovelock-dpu/lovelock/control/testbed"
 	"github.com/lovelock-dpu/lovelock/control/testenv"
+	"github.com/lovelock-dpu/lovelock/dataplane/messaging"
 )
 
 var (
@@ -316,4 +317,27 @@ func eventually(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// hostClients starts a messaging client "app" of cluster on host0 (agent
+// dpu0) and on host1 (agent dpu1), closed when the test ends.
+func hostClients(t *testing.T, spec testbed.Spec, cluster string) map[string]*messaging.Client {
+	t.Helper()
+	cfg, err := messaging.LoadConfig(cluster)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clients := map[string]*messaging.Client{}
+	for host, node := range map[string]string{"host0": "dpu0", "host1": "dpu1"} {
+		err := spec.Run(host, func() error {
+			c, err := messaging.NewClient(cfg, node, "app", messaging.ClientOptions{})
+			clients[host] = c
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { clients[host].Close() })
+	}
+	return clients
 }

@@ -18,7 +18,6 @@ import (
 	"github.com/lovelock-dpu/lovelock/bpf"
 	"github.com/lovelock-dpu/lovelock/control/attach"
 	"github.com/lovelock-dpu/lovelock/control/rules"
-	"github.com/lovelock-dpu/lovelock/dataplane/messaging"
 	"github.com/lovelock-dpu/lovelock/dataplane/xsk"
 )
 
@@ -368,22 +367,7 @@ nodes:
 	d0 := startDaemon(t, spec, "dpu0", "--xdp", "pf0hpf", "--msg-cluster", cluster, "--msg-node", "dpu0",
 		"--metrics", "127.0.0.1:19477")
 	startDaemon(t, spec, "dpu1", "--xdp", "pf0hpf", "--msg-cluster", cluster, "--msg-node", "dpu1")
-	cfg, err := messaging.LoadConfig(cluster)
-	if err != nil {
-		t.Fatal(err)
-	}
-	clients := map[string]*messaging.Client{}
-	for host, node := range map[string]string{"host0": "dpu0", "host1": "dpu1"} {
-		err := spec.Run(host, func() error {
-			c, err := messaging.NewClient(cfg, node, "app", messaging.ClientOptions{})
-			clients[host] = c
-			return err
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { clients[host].Close() })
-	}
+	clients := hostClients(t, spec, cluster)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

@@ -119,22 +119,7 @@ rules:
 		t.Errorf("a rule in lovelockd's priority band: %v", err)
 	}
 
-	cfg, err := messaging.LoadConfig(cluster)
-	if err != nil {
-		t.Fatal(err)
-	}
-	clients := map[string]*messaging.Client{}
-	for host, node := range map[string]string{"host0": "dpu0", "host1": "dpu1"} {
-		err := spec.Run(host, func() error {
-			c, err := messaging.NewClient(cfg, node, "app", messaging.ClientOptions{})
-			clients[host] = c
-			return err
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { clients[host].Close() })
-	}
+	clients := hostClients(t, spec, cluster)
 	// host1 consumes all along, as applications do: a stopping agent
 	// drains only as fast as its next hops take what it holds.
 	var mu sync.Mutex
