@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -340,4 +341,24 @@ func hostClients(t *testing.T, spec testbed.Spec, cluster string) map[string]*me
 		t.Cleanup(func() { clients[host].Close() })
 	}
 	return clients
+}
+
+// scrapeMetrics returns lovelockd's Prometheus text from addr on node.
+func scrapeMetrics(t *testing.T, spec testbed.Spec, node, addr string) []byte {
+	t.Helper()
+	var metrics []byte
+	err := spec.Run(node, func() error {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		fmt.Fprint(c, "GET /metrics HTTP/1.0\r\n\r\n")
+		metrics, err = io.ReadAll(c)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return metrics
 }

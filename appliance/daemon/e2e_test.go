@@ -4,8 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -403,20 +401,7 @@ nodes:
 
 	// The same counters, and the data plane's, in Prometheus' text format on
 	// dpu0's loopback.
-	var metrics []byte
-	err = spec.Run("dpu0", func() error {
-		c, err := net.Dial("tcp", "127.0.0.1:19477")
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		fmt.Fprint(c, "GET /metrics HTTP/1.0\r\n\r\n")
-		metrics, err = io.ReadAll(c)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	metrics := scrapeMetrics(t, spec, "dpu0", "127.0.0.1:19477")
 	for _, want := range []string{
 		fmt.Sprintf("lovelock_msg_received_messages_total %d", n),
 		`lovelock_msg_drops_total{reason="malformed"} 0`,

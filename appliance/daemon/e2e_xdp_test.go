@@ -3,8 +3,6 @@ package daemon_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -267,20 +265,7 @@ rules:
 		}
 		t.Logf("%s: verdicts %v default %d", d.node, stats.Verdicts, stats.Default.Packets)
 		// The same counters in Prometheus' text format.
-		var metrics []byte
-		err = spec.Run(d.node, func() error {
-			c, err := net.Dial("tcp", "127.0.0.1:19478")
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			fmt.Fprint(c, "GET /metrics HTTP/1.0\r\n\r\n")
-			metrics, err = io.ReadAll(c)
-			return err
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
+		metrics := scrapeMetrics(t, spec, d.node, "127.0.0.1:19478")
 		for _, want := range []string{
 			`lovelock_msg_transport_datagrams_total{dir="rx",iface="pf0hpf",path="xsk",worker="0"}`,
 			`lovelock_msg_xsk_dropped_total{iface="p0",worker="0"} 0`,
