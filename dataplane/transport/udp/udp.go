@@ -18,12 +18,12 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/internal/deadline"
 )
 
 // Protocol limits on a UDP payload: 65535 bytes of IP packet less the IPv4
@@ -106,10 +106,7 @@ type Conn struct {
 	recvMu sync.Mutex // one Recv at a time: it owns rx
 	rx     *scratch
 
-	// dlMu and dlGen let a late context.AfterFunc from an earlier Recv
-	// tell that its Recv is over and leave the read deadline alone.
-	dlMu  sync.Mutex
-	dlGen uint64
+	wake deadline.Waker // ends a blocked Recv with its context
 
 	txPool sync.Pool // of *scratch, one per concurrent Send
 	closed atomic.Bool
@@ -499,35 +496,13 @@ func (c *Conn) Recv(ctx context.Context, pkts []transport.Packet) (int, error) {
 	return s.got, nil
 }
 
-// aLongTimeAgo is a read deadline in the past: it wakes a blocked read.
-var aLongTimeAgo = time.Unix(1, 0)
-
 // recvBlocking waits for datagrams under ctx's deadline and cancellation.
 func (c *Conn) recvBlocking(ctx context.Context, s *scratch) error {
-	deadline, hasDeadline := ctx.Deadline()
-	c.dlMu.Lock()
-	gen := c.dlGen
-	if hasDeadline {
-		_ = c.pc.SetReadDeadline(deadline)
-	}
-	c.dlMu.Unlock()
-	stop := func() bool { return true }
-	if ctx.Done() != nil {
-		stop = context.AfterFunc(ctx, func() {
-			c.dlMu.Lock()
-			defer c.dlMu.Unlock()
-			if c.dlGen == gen {
-				_ = c.pc.SetReadDeadline(aLongTimeAgo)
-			}
-		})
-	}
+	at, _ := ctx.Deadline()
+	disarm := c.wake.Arm(ctx, c.pc, at)
 	s.block = true
 	err := c.rc.Read(s.recvF)
-	stop()
-	c.dlMu.Lock()
-	c.dlGen++
-	_ = c.pc.SetReadDeadline(time.Time{})
-	c.dlMu.Unlock()
+	disarm()
 	if err == nil {
 		return nil
 	}

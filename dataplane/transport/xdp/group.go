@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/internal/deadline"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
 	"github.com/lovelock-dpu/lovelock/dataplane/xsk"
 )
@@ -108,12 +109,10 @@ type Group struct {
 	// ep is an epoll instance holding every socket of the Group, itself
 	// registered with the Go runtime's poller: a waiting Recv parks its
 	// goroutine instead of blocking a thread in poll(2), which would hold
-	// on to its P until the runtime noticed. dlMu and dlGen let a late
-	// context.AfterFunc of an earlier Recv leave the deadline alone.
-	ep    *os.File
-	eprc  syscall.RawConn
-	dlMu  sync.Mutex
-	dlGen uint64
+	// on to its P until the runtime noticed.
+	ep   *os.File
+	eprc syscall.RawConn
+	wake deadline.Waker // ends a waiting Recv with its context
 
 	txPool sync.Pool // of *groupScratch
 
@@ -479,32 +478,16 @@ func (g *Group) Recv(ctx context.Context, pkts []transport.Packet) (int, error) 
 	}
 }
 
-// aLongTimeAgo is a read deadline in the past: it wakes a waiting Recv.
-var aLongTimeAgo = time.Unix(1, 0)
-
 // wait parks the goroutine until a socket of the Group is readable, ctx
 // ends, the Group is closed, or healthInterval passes (then it checks the
 // AF_XDP sockets for an error). It returns nil to make Recv look again.
 func (g *Group) wait(ctx context.Context) error {
-	deadline := time.Now().Add(healthInterval)
+	until := time.Now().Add(healthInterval)
 	ctxDeadline, hasDeadline := ctx.Deadline()
-	if hasDeadline && ctxDeadline.Before(deadline) {
-		deadline = ctxDeadline
+	if hasDeadline && ctxDeadline.Before(until) {
+		until = ctxDeadline
 	}
-	g.dlMu.Lock()
-	gen := g.dlGen
-	_ = g.ep.SetReadDeadline(deadline)
-	g.dlMu.Unlock()
-	stop := func() bool { return true }
-	if ctx.Done() != nil {
-		stop = context.AfterFunc(ctx, func() {
-			g.dlMu.Lock()
-			defer g.dlMu.Unlock()
-			if g.dlGen == gen {
-				_ = g.ep.SetReadDeadline(aLongTimeAgo)
-			}
-		})
-	}
+	disarm := g.wake.Arm(ctx, g.ep, until)
 	g.polls.Add(1)
 	err := g.eprc.Read(func(fd uintptr) bool {
 		n, err := unix.EpollWait(int(fd), g.events[:], 0)
@@ -515,10 +498,7 @@ func (g *Group) wait(ctx context.Context) error {
 		}
 		return n > 0 || (err != nil && err != unix.EINTR)
 	})
-	stop()
-	g.dlMu.Lock()
-	g.dlGen++
-	g.dlMu.Unlock()
+	disarm()
 	switch {
 	case err == nil:
 		return nil

@@ -324,23 +324,7 @@ func TestGroupRecv(t *testing.T) {
 		t.Errorf("poll: %d, %v", k, err)
 	}
 	// Close wakes a blocked Recv.
-	errc := make(chan error, 1)
-	go func() {
-		_, err := g.Recv(context.Background(), pkts)
-		errc <- err
-	}()
-	time.Sleep(50 * time.Millisecond)
-	if err := g.Close(); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-errc:
-		if !errors.Is(err, transport.ErrClosed) {
-			t.Errorf("Recv after Close: %v", err)
-		}
-	case <-time.After(2 * time.Second):
-		t.Fatal("Close did not wake Recv")
-	}
+	closeWakesRecv(t, g, pkts)
 	if _, err := g.Send([]transport.Packet{{Addr: addrOf(h), Data: []byte("x")}}); !errors.Is(err, transport.ErrClosed) {
 		t.Errorf("Send after Close: %v", err)
 	}

@@ -340,23 +340,7 @@ func TestVethReceive(t *testing.T) {
 	if _, err := tr.Recv(short, pkts); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("deadline: %v", err)
 	}
-	errc := make(chan error, 1)
-	go func() {
-		_, err := tr.Recv(context.Background(), pkts)
-		errc <- err
-	}()
-	time.Sleep(50 * time.Millisecond)
-	if err := tr.Close(); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-errc:
-		if !errors.Is(err, transport.ErrClosed) {
-			t.Errorf("Recv after Close: %v", err)
-		}
-	case <-time.After(2 * time.Second):
-		t.Fatal("Close did not wake Recv")
-	}
+	closeWakesRecv(t, tr, pkts)
 	if err := tr.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
 	}
@@ -558,5 +542,28 @@ func TestMessaging(t *testing.T) {
 	t.Logf("xdp transport: %+v", st)
 	if st.RXPackets == 0 || st.TXPackets == 0 {
 		t.Errorf("the agent did not use the AF_XDP path: %+v", st)
+	}
+}
+
+// closeWakesRecv checks that Close makes a Recv blocked on tr return
+// transport.ErrClosed.
+func closeWakesRecv(t *testing.T, tr transport.Transport, pkts []transport.Packet) {
+	t.Helper()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := tr.Recv(context.Background(), pkts)
+		errc <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errc:
+		if !errors.Is(err, transport.ErrClosed) {
+			t.Errorf("Recv after Close: %v", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("Close did not wake Recv")
 	}
 }
