@@ -84,7 +84,7 @@ bench: bench-steer ## run the benchmarks
 
 .PHONY: bench-msg
 bench-msg: ## messaging throughput on its own netns testbed (root): one datagram per message vs agents on DPUs/hosts, sweeps
-	$(GO) run ./dataplane/messaging/cmd/bench-msg -mtu 9000 $(BENCH_MSG_FLAGS)
+	$(GO) run ./appliance/cmd/bench-msg -mtu 9000 $(BENCH_MSG_FLAGS)
 
 .PHONY: bench-steer
 bench-steer: ## per-packet cost of the steering classifier against an XDP_PASS floor (root)
@@ -105,7 +105,7 @@ lint: ## gofmt, go vet and staticcheck
 demo: deps ## the testbed demo: lovelockd on DPUs, rules, mixed traffic, counters, the planner
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/lovelock ./control/cmd/lovelock
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/lovelockd ./appliance/cmd/lovelockd
-	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/bench-msg ./dataplane/messaging/cmd/bench-msg
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/bench-msg ./appliance/cmd/bench-msg
 	BIN=$(BIN) PREFIX=$(PREFIX) appliance/examples/demo.sh
 
 .PHONY: testbed-up

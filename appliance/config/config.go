@@ -10,6 +10,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/lovelock-dpu/lovelock/appliance/service/msgservice"
 	"github.com/lovelock-dpu/lovelock/control/api"
 	"github.com/lovelock-dpu/lovelock/control/attach"
 )
@@ -39,75 +40,14 @@ type Config struct {
 	Messaging *Messaging `json:"messaging,omitempty"`
 }
 
-// Messaging says which routing agent lovelockd runs.
-type Messaging struct {
-	// Cluster is the messaging cluster file (YAML or JSON): mode, nodes,
-	// ranks and knobs, the same on every node.
-	Cluster string `json:"cluster"`
-	// Node is this node's name in the cluster file.
-	Node string `json:"node"`
-	// Transport is what the agent's workers receive and send on:
-	// TransportUDP (the default) or TransportXDP.
-	Transport string `json:"transport,omitempty"`
-	// Interfaces are the interfaces the agent receives on with transport
-	// xdp (on a DPU: pf0hpf from its host, p0 from the fabric). Each
-	// worker w gets an AF_XDP socket on queue w of each, so each needs at
-	// least workers queues. lovelockd attaches XDP to them if nothing
-	// else did.
-	Interfaces []string `json:"interfaces,omitempty"`
-}
+// Messaging is the messaging service's section (msgservice.Config).
+type Messaging = msgservice.Config
 
 // Messaging transports.
 const (
-	// TransportUDP: kernel UDP sockets, a SO_REUSEPORT group steered by
-	// the destination endpoint.
-	TransportUDP = "udp"
-	// TransportXDP: per worker, an AF_XDP socket on its queue of each
-	// interface, fed by steering rules lovelockd installs, and the kernel
-	// UDP socket beside them for what XDP passes to the stack
-	// (docs/messaging.md).
-	TransportXDP = "xdp"
+	TransportUDP = msgservice.TransportUDP
+	TransportXDP = msgservice.TransportXDP
 )
-
-// XDP reports whether m runs the agent over AF_XDP.
-func (m *Messaging) XDP() bool { return m != nil && m.Transport == TransportXDP }
-
-// validate checks the messaging section.
-func (m *Messaging) validate() error {
-	if m.Cluster == "" || m.Node == "" {
-		return errors.New("config: messaging needs both cluster (a file) and node (a name in it)")
-	}
-	switch m.Transport {
-	case "", TransportUDP:
-		if len(m.Interfaces) > 0 {
-			return fmt.Errorf("config: messaging: interfaces %v apply to transport xdp only (transport is %q)", m.Interfaces, m.transport())
-		}
-	case TransportXDP:
-		if len(m.Interfaces) == 0 {
-			return errors.New("config: messaging: transport xdp needs interfaces: the ones the agent receives on (e.g. [pf0hpf, p0])")
-		}
-		seen := map[string]bool{}
-		for _, i := range m.Interfaces {
-			if i == "" {
-				return errors.New("config: messaging: interfaces: empty name")
-			}
-			if seen[i] {
-				return fmt.Errorf("config: messaging: interfaces: %s listed twice", i)
-			}
-			seen[i] = true
-		}
-	default:
-		return fmt.Errorf("config: messaging: transport %q: want udp or xdp", m.Transport)
-	}
-	return nil
-}
-
-func (m *Messaging) transport() string {
-	if m.Transport == "" {
-		return TransportUDP
-	}
-	return m.Transport
-}
 
 // Defaults returns the configuration used when no file exists.
 func Defaults() Config {
@@ -146,7 +86,7 @@ func (c Config) Validate() error {
 		return errors.New("config: port must be 1-65535")
 	}
 	if m := c.Messaging; m != nil {
-		if err := m.validate(); err != nil {
+		if err := m.Validate(); err != nil {
 			return err
 		}
 	}

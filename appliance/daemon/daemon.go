@@ -15,7 +15,6 @@ import (
 	"os"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,12 +23,11 @@ import (
 
 	"github.com/lovelock-dpu/lovelock/appliance"
 	"github.com/lovelock-dpu/lovelock/appliance/config"
+	"github.com/lovelock-dpu/lovelock/appliance/service"
 	"github.com/lovelock-dpu/lovelock/bpf"
 	"github.com/lovelock-dpu/lovelock/control/api"
 	"github.com/lovelock-dpu/lovelock/control/attach"
 	"github.com/lovelock-dpu/lovelock/control/rules"
-	"github.com/lovelock-dpu/lovelock/dataplane/messaging"
-	"github.com/lovelock-dpu/lovelock/dataplane/transport/xdp"
 )
 
 // Daemon is a running lovelockd. Its methods implement api.Service.
@@ -45,11 +43,12 @@ type Daemon struct {
 	// (state.Rules) followed by owned, lovelockd's own rules.
 	live  rules.Set
 	owned []rules.Rule
+	// reserved are the services' own rules by service; owned is their
+	// merge (service.Merge) as last installed.
+	reserved map[string][]rules.Rule
 
-	agent    atomic.Pointer[messaging.Agent] // the running messaging agent, if any
-	groups   atomic.Pointer[[]*xdp.Group]    // its AF_XDP transports, with transport xdp
-	agentErr atomic.Pointer[error]           // why the agent last stopped
-	services sync.WaitGroup                  // the supervised services: Run waits for them
+	supervisors []*service.Supervisor // one per configured service
+	running     sync.WaitGroup        // the supervisors: Run waits for them
 }
 
 // New opens the data plane and reconciles it with the state file. It fails
@@ -80,11 +79,14 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 		}
 		state.Rules, state.HasRules = *set, true
 	}
+	for _, svc := range services(d) {
+		d.supervisors = append(d.supervisors, service.NewSupervisor(svc, steering{d}, log, 0))
+	}
 	want := slices.Clone(cfg.Interfaces)
-	if m := cfg.Messaging; m.XDP() {
-		// The agent's AF_XDP sockets get nothing without the steering
+	for _, s := range d.supervisors {
+		// A service's AF_XDP sockets get nothing without the steering
 		// program in XDP on their interfaces.
-		for _, i := range m.Interfaces {
+		for _, i := range s.Service().Interfaces() {
 			if !slices.ContainsFunc(want, func(b attach.Attachment) bool { return b.Iface == i && b.Hook == attach.HookXDP }) {
 				want = append(want, attach.Attachment{Iface: i, Hook: attach.HookXDP, Mode: attach.ModeNative})
 			}
@@ -135,13 +137,16 @@ func (d *Daemon) Close() error {
 // services; it returns once they have stopped.
 func (d *Daemon) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
-	defer d.services.Wait()
+	defer d.running.Wait()
 	defer cancel()
 	errc := make(chan error, 2)
 	go func() { errc <- api.Serve(ctx, d.cfg.Socket, api.Handler(d)) }()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(&collector{d: d})
+	for _, s := range d.supervisors {
+		reg.MustRegister(s.Service())
+	}
 	if d.cfg.Metrics != "" {
-		reg := prometheus.NewRegistry()
-		reg.MustRegister(&collector{d: d})
 		ln, err := net.Listen("tcp", d.cfg.Metrics)
 		if err != nil {
 			return fmt.Errorf("metrics: %w", err)
@@ -155,11 +160,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}()
 		d.log.Info("metrics", "addr", ln.Addr().String())
 	}
-	if d.cfg.Messaging != nil {
-		d.services.Add(1)
+	for _, s := range d.supervisors {
+		d.running.Add(1)
 		go func() {
-			defer d.services.Done()
-			d.superviseAgent(ctx)
+			defer d.running.Done()
+			s.Run(ctx)
 		}()
 	}
 	d.log.Info("ready", "socket", d.cfg.Socket)
@@ -263,8 +268,8 @@ func (d *Daemon) AddRule(r rules.Rule) (api.Applied, error) {
 // DeleteRule implements api.Service.
 func (d *Daemon) DeleteRule(name string) (api.Applied, error) {
 	if api.IsOwned(name) {
-		return api.Applied{}, &api.BadRequestError{Err: fmt.Errorf("rule %q belongs to lovelockd: it steers the messaging agent's traffic to its AF_XDP sockets, "+
-			"and goes when the agent stops or runs with transport udp (see docs/messaging.md)", name)}
+		return api.Applied{}, &api.BadRequestError{Err: fmt.Errorf("rule %q belongs to lovelockd: it steers one of its services' traffic to the service's AF_XDP sockets, "+
+			"and goes when the service stops or runs on kernel sockets (see 'lovelock services' and docs/services.md)", name)}
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -310,17 +315,6 @@ func (d *Daemon) install(op rules.Set, owned []rules.Rule) (rules.Set, error) {
 	d.live, d.owned = merged, owned
 	op.Rules = merged.Rules[:len(op.Rules):len(op.Rules)]
 	return op, nil
-}
-
-// setOwned replaces lovelockd's own rules and swaps the set in; it returns
-// warnings about operator rules they shadow.
-func (d *Daemon) setOwned(owned []rules.Rule) ([]string, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if _, err := d.install(d.state.Rules, owned); err != nil {
-		return nil, err
-	}
-	return shadowed(d.state.Rules, owned, d.cfg.Port), nil
 }
 
 // apply compiles set and swaps it in. Rule IDs that are new to the data

@@ -69,7 +69,16 @@ nodes:
 		_, err := bad.client().MsgStats(ctx)
 		return err != nil && strings.Contains(err.Error(), `interface "nope0"`)
 	})
+	// lovelock services says the same.
+	if svcs, err := bad.client().Services(ctx); err != nil || len(svcs) != 1 || svcs[0].State != api.ServiceFailed ||
+		!strings.Contains(svcs[0].Error, `interface "nope0"`) || svcs[0].Restarts == 0 {
+		t.Errorf("dpu2's services: %+v, %v; want messaging failed on nope0", svcs, err)
+	}
 	bad.stop(syscall.SIGTERM)
+	if svcs, err := d0.client().Services(ctx); err != nil || len(svcs) != 1 || svcs[0].Name != "messaging" || svcs[0].State != api.ServiceRunning ||
+		!strings.HasPrefix(svcs[0].Binding, "AF_XDP on pf0hpf,p0, 1 workers") || len(svcs[0].Degraded) != 0 {
+		t.Errorf("dpu0's services: %+v, %v; want messaging running on AF_XDP", svcs, err)
+	}
 
 	// lovelockd's rules are live and listed as its own; the XDP programs
 	// were attached to the agent's interfaces.

@@ -32,7 +32,7 @@ func operatorSet(set rules.Set, owned []rules.Rule) (rules.Set, error) {
 			if slices.ContainsFunc(owned, func(o rules.Rule) bool { return sameRule(o, r) }) {
 				continue
 			}
-			errs = append(errs, fmt.Sprintf("rule %q: names starting with %q belong to lovelockd's own rules (the messaging agent's AF_XDP steering, see 'lovelock rule list'); rename it",
+			errs = append(errs, fmt.Sprintf("rule %q: names starting with %q belong to lovelockd's own rules (the steering of its services' traffic, see 'lovelock rule list'); rename it",
 				r.Name, api.OwnedRulePrefix))
 		case r.Priority >= api.OwnedPriority:
 			errs = append(errs, fmt.Sprintf("rule %q: priority %d is in the band lovelockd reserves for its own rules (%d and up); use a lower one",
@@ -75,29 +75,71 @@ func shadowed(op rules.Set, owned []rules.Rule, port uint16) []string {
 		if len(hit) > 1 {
 			more = fmt.Sprintf(" and %d more", len(hit)-1)
 		}
-		out = append(out, fmt.Sprintf("rule %q (priority %d) also matches the messaging agent's traffic, which lovelockd's rule %s%s (priority %d) takes first",
+		out = append(out, fmt.Sprintf("rule %q (priority %d) also matches a service's traffic, which lovelockd's rule %s%s (priority %d) takes first",
 			r.Name, r.Priority, hit[0], more, api.OwnedPriority))
 	}
 	return out
 }
 
-// overlaps reports whether a packet exists that both m and own match. own
-// is one of msgRules' matches: an interface, a /32 destination, a
-// Lovelock type, tenant and single rank, which imply UDP to port.
+// overlaps reports whether a packet can exist that both m and own match,
+// field by field: two set fields that exclude each other make the matches
+// disjoint. Lovelock header fields imply UDP to port.
 func overlaps(m, own rules.Match, port uint16) bool {
-	rank := own.Rank.Lo
+	proto, dport := lovelockImplied(own, port)
+	mproto, mdport := lovelockImplied(m, port)
+	dstFamily := own.Dst
+	if !dstFamily.IsValid() {
+		dstFamily = own.Src
+	}
 	switch {
-	case m.Iface != "" && m.Iface != own.Iface:
-	case m.Dst.IsValid() && !m.Dst.Contains(own.Dst.Addr()):
-	case m.Src.IsValid() && m.Src.Addr().Is4() != own.Dst.Addr().Is4():
-	case m.Proto != nil && *m.Proto != 17:
-	case m.Dport != nil && *m.Dport != port:
-	case m.Type != nil && *m.Type != *own.Type:
-	case m.Tenant != nil && *m.Tenant != *own.Tenant:
-	case m.Rank != nil && (rank < m.Rank.Lo || rank > m.Rank.Hi):
-	case m.Region != nil && *m.Region != rank:
+	case m.Iface != "" && own.Iface != "" && m.Iface != own.Iface:
+	case m.Dst.IsValid() && own.Dst.IsValid() && !m.Dst.Overlaps(own.Dst):
+	case m.Src.IsValid() && own.Src.IsValid() && !m.Src.Overlaps(own.Src):
+	case (m.Src.IsValid() || m.Dst.IsValid()) && dstFamily.IsValid() && familyOf(m) != dstFamily.Addr().Is4():
+	case mproto != nil && proto != nil && *mproto != *proto:
+	case mdport != nil && dport != nil && *mdport != *dport:
+	case m.Sport != nil && own.Sport != nil && *m.Sport != *own.Sport:
+	case m.Type != nil && own.Type != nil && *m.Type != *own.Type:
+	case m.Tenant != nil && own.Tenant != nil && *m.Tenant != *own.Tenant:
+	case !destOverlaps(m, own):
 	default:
 		return true
 	}
 	return false
+}
+
+// lovelockImplied returns m's protocol and destination port, with the UDP
+// and port that its Lovelock header fields imply.
+func lovelockImplied(m rules.Match, port uint16) (*uint8, *uint16) {
+	if m.Type != nil || m.Tenant != nil || m.Rank != nil || m.Region != nil {
+		udp := uint8(17)
+		return &udp, &port
+	}
+	return m.Proto, m.Dport
+}
+
+// familyOf says whether m's prefixes are IPv4 (they agree on the family).
+func familyOf(m rules.Match) bool {
+	if m.Dst.IsValid() {
+		return m.Dst.Addr().Is4()
+	}
+	return m.Src.Addr().Is4()
+}
+
+// destOverlaps compares the Lovelock destination field, which Rank (a
+// range) and Region (one value) both match.
+func destOverlaps(m, own rules.Match) bool {
+	lo1, hi1, ok1 := destRange(m)
+	lo2, hi2, ok2 := destRange(own)
+	return !ok1 || !ok2 || (lo1 <= hi2 && lo2 <= hi1)
+}
+
+func destRange(m rules.Match) (lo, hi uint32, ok bool) {
+	switch {
+	case m.Rank != nil:
+		return m.Rank.Lo, m.Rank.Hi, true
+	case m.Region != nil:
+		return *m.Region, *m.Region, true
+	}
+	return 0, 0, false
 }

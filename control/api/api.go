@@ -12,14 +12,14 @@
 //	DELETE /v1/rules/{name}             delete one                    -> Applied
 //	GET    /v1/stats                    Stats
 //	GET    /v1/msg/stats                messaging.Stats of the routing agent
+//	GET    /v1/services                 []ServiceStatus
+//	GET    /v1/services/{name}/stats    the service's own stats
 //
 // Errors come back as {"error": "..."} with a 4xx status for bad requests and
 // 5xx for failures of the node.
 package api
 
 import (
-	"fmt"
-	"net/netip"
 	"strings"
 	"time"
 
@@ -27,7 +27,6 @@ import (
 	"github.com/lovelock-dpu/lovelock/control/attach"
 	"github.com/lovelock-dpu/lovelock/control/rules"
 	"github.com/lovelock-dpu/lovelock/dataplane/messaging"
-	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 )
 
 // DefaultSocket is where lovelockd listens.
@@ -60,8 +59,8 @@ type Applied struct {
 	Warnings []string `json:"warnings,omitempty"`
 }
 
-// Rules that lovelockd installs for its own services (the messaging
-// agent's AF_XDP steering) carry a name starting with OwnedRulePrefix and
+// Rules that lovelockd installs for its own services (appliance/service:
+// steering their traffic to their AF_XDP sockets) carry a name starting with OwnedRulePrefix and
 // a priority of OwnedPriority or more. They are merged with the operator's
 // set whenever a set is applied, listed and counted like other rules, and
 // not part of the operator's set: a set sent to ApplyRules or AddRule may
@@ -76,34 +75,33 @@ const (
 // IsOwned reports whether a rule name is one of lovelockd's own.
 func IsOwned(name string) bool { return strings.HasPrefix(name, OwnedRulePrefix) }
 
-// MessagingRules returns the steering rules lovelockd installs for a
-// messaging agent at agent on AF_XDP: for each interface, each worker w
-// (eps[w] is its endpoint, messaging.Config.WorkerEndpoints) and each of
-// the types bundle and credit, the datagrams to the worker's endpoint go
-// to xsk:w. They match the agent's address too, so that traffic the DPU
-// routes to another node's agent is left alone, and the tenant, so that
-// other tenants' datagrams are not taken. The Lovelock fields imply UDP to
-// the data plane's Lovelock port, which the agent's port must be.
-func MessagingRules(agent netip.AddrPort, tenant uint32, eps []messaging.Endpoint, ifaces []string) []rules.Rule {
-	var out []rules.Rule
-	dst := netip.PrefixFrom(agent.Addr().Unmap(), agent.Addr().Unmap().BitLen())
-	for _, iface := range ifaces {
-		for w, ep := range eps {
-			for _, typ := range []wire.Type{wire.TypeBundle, wire.TypeCredit} {
-				tenant, typ := tenant, typ
-				out = append(out, rules.Rule{
-					Name:     fmt.Sprintf("%smsg/%s/w%d/%s", OwnedRulePrefix, iface, w, typ),
-					Priority: OwnedPriority,
-					Match: rules.Match{
-						Iface: iface, Dst: dst, Type: &typ, Tenant: &tenant,
-						Rank: &rules.RankRange{Lo: uint32(ep), Hi: uint32(ep)},
-					},
-					Action: rules.XSK(uint32(w)),
-				})
-			}
-		}
-	}
-	return out
+// ServiceState is where one of lovelockd's services stands.
+type ServiceState string
+
+// Service states.
+const (
+	ServiceStarting ServiceState = "starting" // planning and binding its first run
+	ServiceRunning  ServiceState = "running"  // bound as it asked, running
+	ServiceDegraded ServiceState = "degraded" // running, but bound short of what it asked (Degraded says how)
+	ServiceFailed   ServiceState = "failed"   // stopped by an error (Error), restarting
+	ServiceStopped  ServiceState = "stopped"  // stopped with lovelockd
+)
+
+// ServiceStatus describes one of lovelockd's services.
+type ServiceStatus struct {
+	Name  string       `json:"name"`
+	State ServiceState `json:"state"`
+	// Since is when it entered State.
+	Since time.Time `json:"since"`
+	// Binding says what it runs on ("kernel sockets", or its AF_XDP
+	// sockets), while it runs.
+	Binding string `json:"binding,omitempty"`
+	// Degraded says what is bound short of what the service asked for.
+	Degraded []string `json:"degraded,omitempty"`
+	// Error is why it last failed; Restarts how often it was started
+	// again after a failure.
+	Error    string `json:"error,omitempty"`
+	Restarts int    `json:"restarts"`
 }
 
 // Counter is packets and bytes.
@@ -142,6 +140,11 @@ type Service interface {
 	// MsgStats reports the messaging agent's counters; a NotFoundError
 	// when the node runs no agent.
 	MsgStats() (messaging.Stats, error)
+	// Services reports each service lovelockd runs.
+	Services() ([]ServiceStatus, error)
+	// ServiceStats reports the named service's counters (its own JSON
+	// shape); a NotFoundError when the node does not run it.
+	ServiceStats(name string) (any, error)
 }
 
 // BadRequestError marks errors caused by the request (reported as 400).

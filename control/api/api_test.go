@@ -57,6 +57,17 @@ func (f *fakeService) MsgStats() (messaging.Stats, error) {
 	return messaging.Stats{}, &api.NotFoundError{Err: errors.New("this node runs no messaging agent")}
 }
 
+func (f *fakeService) Services() ([]api.ServiceStatus, error) {
+	return []api.ServiceStatus{{Name: "messaging", State: api.ServiceDegraded, Degraded: []string{"no XDP on p0"}}}, nil
+}
+
+func (f *fakeService) ServiceStats(name string) (any, error) {
+	if name != "messaging" {
+		return nil, &api.NotFoundError{Err: errors.New("this node runs no " + name + " service")}
+	}
+	return messaging.Stats{Role: "agent", Node: "node0"}, nil
+}
+
 func serve(t *testing.T, svc api.Service) *api.Client {
 	t.Helper()
 	// SO_PEERCRED must say root for the server to answer.
@@ -122,6 +133,14 @@ rules:
 	if err != nil || stats.Verdicts["rx"].Packets != 3 {
 		t.Errorf("stats: %+v, %v", stats, err)
 	}
+	svcs, err := cl.Services(ctx)
+	if err != nil || len(svcs) != 1 || svcs[0].State != api.ServiceDegraded || svcs[0].Degraded[0] != "no XDP on p0" {
+		t.Errorf("services: %+v, %v", svcs, err)
+	}
+	var ms messaging.Stats
+	if err := cl.ServiceStats(ctx, "messaging", &ms); err != nil || ms.Role != "agent" || ms.Node != "node0" {
+		t.Errorf("service stats: %+v, %v", ms, err)
+	}
 }
 
 func mustFormat(t *testing.T, s *rules.Set) string {
@@ -148,6 +167,7 @@ func TestErrors(t *testing.T) {
 		{"not found", func() error { return cl.Detach(ctx, "p0", attach.HookXDP) }, "not attached"},
 		{"unknown rule", func() error { _, err := cl.DeleteRule(ctx, "x"); return err }, "rule x: no such rule"},
 		{"no agent", func() error { _, err := cl.MsgStats(ctx); return err }, "no messaging agent"},
+		{"no service", func() error { var v any; return cl.ServiceStats(ctx, "farmem", &v) }, "runs no farmem service"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := tc.call(); err == nil || !strings.Contains(err.Error(), tc.want) {

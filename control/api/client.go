@@ -118,6 +118,17 @@ func (c *Client) MsgStats(ctx context.Context) (s messaging.Stats, err error) {
 	return s, c.do(ctx, http.MethodGet, "/v1/msg/stats", nil, &s)
 }
 
+// Services reads the status of each service lovelockd runs.
+func (c *Client) Services(ctx context.Context) (s []ServiceStatus, err error) {
+	return s, c.do(ctx, http.MethodGet, "/v1/services", nil, &s)
+}
+
+// ServiceStats reads the named service's counters into v (the service's
+// own stats type, e.g. messaging.Stats).
+func (c *Client) ServiceStats(ctx context.Context, name string, v any) error {
+	return c.do(ctx, http.MethodGet, "/v1/services/"+url.PathEscape(name)+"/stats", nil, v)
+}
+
 // Stats reads the data plane's counters.
 func (c *Client) Stats(ctx context.Context) (s Stats, err error) {
 	return s, c.do(ctx, http.MethodGet, "/v1/stats", nil, &s)

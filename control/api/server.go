@@ -64,6 +64,12 @@ func Handler(svc Service) http.Handler {
 	mux.HandleFunc("GET /v1/msg/stats", func(w http.ResponseWriter, r *http.Request) {
 		reply(w, svc.MsgStats)
 	})
+	mux.HandleFunc("GET /v1/services", func(w http.ResponseWriter, r *http.Request) {
+		reply(w, svc.Services)
+	})
+	mux.HandleFunc("GET /v1/services/{name}/stats", func(w http.ResponseWriter, r *http.Request) {
+		reply(w, func() (any, error) { return svc.ServiceStats(r.PathValue("name")) })
+	})
 	return mux
 }
 

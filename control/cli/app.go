@@ -31,6 +31,7 @@ func App(stdout, stderr io.Writer) *ucli.App {
 			statsCommand(),
 			captureCommand(),
 			msgCommand(),
+			servicesCommand(),
 			imageCommand(),
 			testbedCommand(),
 			planCommand(),

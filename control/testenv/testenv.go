@@ -6,6 +6,7 @@ package testenv
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"testing"
 
@@ -92,4 +93,70 @@ func setLoopbackUp() error {
 		return err
 	}
 	return netlink.LinkSetUp(lo)
+}
+
+// VethEnd is one end of a veth pair: its namespace, name, address (a
+// prefix such as "10.77.0.1/24", or "" for none), MTU (0: the default)
+// and queue count (0: one).
+type VethEnd struct {
+	NS     netns.NsHandle
+	Name   string
+	Addr   string
+	MTU    int
+	Queues int
+}
+
+// VethPair creates a veth pair from a to b, each end in its namespace
+// with IPv6 off (no router solicitations in the way), its address and
+// up, and returns their ifindexes. The pair goes with its namespaces.
+func VethPair(tb testing.TB, a, b VethEnd) (aIndex, bIndex int) {
+	tb.Helper()
+	RequirePriv(tb)
+	queues := func(e VethEnd) int { return max(e.Queues, 1) }
+	InNetNS(tb, a.NS, func() error {
+		v := &netlink.Veth{
+			LinkAttrs: netlink.LinkAttrs{Name: a.Name, MTU: a.MTU, NumTxQueues: queues(a), NumRxQueues: queues(a)},
+			PeerName:  b.Name, PeerNumTxQueues: uint32(queues(b)), PeerNumRxQueues: uint32(queues(b)),
+			PeerNamespace: netlink.NsFd(int(b.NS)),
+		}
+		if b.MTU != 0 {
+			v.PeerMTU = uint32(b.MTU)
+		}
+		if err := netlink.LinkAdd(v); err != nil {
+			return fmt.Errorf("add veth %s/%s: %w", a.Name, b.Name, err)
+		}
+		var err error
+		aIndex, err = setUp(a)
+		return err
+	})
+	InNetNS(tb, b.NS, func() error {
+		var err error
+		bIndex, err = setUp(b)
+		return err
+	})
+	return aIndex, bIndex
+}
+
+// setUp turns IPv6 off on e, gives it its address and brings it up.
+func setUp(e VethEnd) (int, error) {
+	if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+e.Name+"/disable_ipv6", []byte("1"), 0); err != nil {
+		return 0, fmt.Errorf("%s: disable IPv6: %w", e.Name, err)
+	}
+	l, err := netlink.LinkByName(e.Name)
+	if err != nil {
+		return 0, fmt.Errorf("veth end %s: %w", e.Name, err)
+	}
+	if e.Addr != "" {
+		a, err := netlink.ParseAddr(e.Addr)
+		if err != nil {
+			return 0, fmt.Errorf("%s: address %q: %w", e.Name, e.Addr, err)
+		}
+		if err := netlink.AddrAdd(l, a); err != nil {
+			return 0, fmt.Errorf("%s: add %s: %w", e.Name, e.Addr, err)
+		}
+	}
+	if err := netlink.LinkSetUp(l); err != nil {
+		return 0, fmt.Errorf("%s: up: %w", e.Name, err)
+	}
+	return l.Attrs().Index, nil
 }

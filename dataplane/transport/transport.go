@@ -68,6 +68,30 @@ type Transport interface {
 	Close() error
 }
 
+// PathStats count one worker's datagrams on one path of a transport that
+// has several (xdp.Group: an AF_XDP socket per interface, and the kernel UDP
+// socket beside them).
+type PathStats struct {
+	Worker int `json:"worker"`
+	// Path is "xsk" (an AF_XDP socket on Interface, queue Queue, in Mode
+	// copy or zero-copy) or "kernel".
+	Path      string `json:"path"`
+	Interface string `json:"interface,omitempty"`
+	Queue     int    `json:"queue"`
+	Mode      string `json:"mode,omitempty"`
+	// RX and TX count datagrams received and sent. On the kernel path RX
+	// counts what XDP passed to the stack instead of an AF_XDP socket, TX
+	// what no AF_XDP socket could send.
+	RX uint64 `json:"rx"`
+	TX uint64 `json:"tx"`
+	// TXFallback counts, of TX, datagrams whose next hop had no
+	// neighbour entry yet (kernel path).
+	TXFallback uint64 `json:"tx_fallback,omitempty"`
+	// Dropped counts frames the kernel dropped for an AF_XDP socket: RX
+	// ring full or no fill frame (the worker fell behind).
+	Dropped uint64 `json:"dropped,omitempty"`
+}
+
 // Sentinel errors that implementations wrap.
 var (
 	// ErrClosed: the transport was closed.

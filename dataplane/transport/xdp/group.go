@@ -366,6 +366,21 @@ func (g *Group) Stats() GroupStats {
 	return st
 }
 
+// Paths returns the Group's counters as worker's paths: one per AF_XDP
+// socket, then its kernel socket.
+func (g *Group) Paths(worker int) []transport.PathStats {
+	st := g.Stats()
+	var out []transport.PathStats
+	for _, s := range st.Sockets {
+		out = append(out, transport.PathStats{
+			Worker: worker, Path: "xsk", Interface: s.Interface, Queue: int(s.Queue), Mode: s.Mode.String(),
+			RX: s.Transport.RXPackets, TX: s.Transport.TXPackets,
+			Dropped: s.Socket.RXDropped + s.Socket.RXRingFull,
+		})
+	}
+	return append(out, transport.PathStats{Worker: worker, Path: "kernel", RX: st.KernelRX, TX: st.KernelTX + st.KernelFallback, TXFallback: st.KernelFallback})
+}
+
 // Close closes every socket of the Group (the kernel drops the AF_XDP
 // sockets from the steering program's socket map; the caller should still
 // unregister them with Steer.ClearXSK), after waking a blocked Recv, which

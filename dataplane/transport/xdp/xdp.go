@@ -354,6 +354,9 @@ func (t *Transport) FD() int { return t.sock.FD() }
 // Ifindex returns the interface the socket is bound to.
 func (t *Transport) Ifindex() int { return t.ifindex }
 
+// Interface returns the name of the interface the socket is bound to.
+func (t *Transport) Interface() string { return t.ifname }
+
 // Queue returns the queue the socket is bound to.
 func (t *Transport) Queue() uint32 { return t.sock.Queue() }
 

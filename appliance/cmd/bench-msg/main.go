@@ -14,6 +14,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -30,9 +31,9 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 
+	"github.com/lovelock-dpu/lovelock/appliance/service"
+	"github.com/lovelock-dpu/lovelock/appliance/service/msgservice"
 	"github.com/lovelock-dpu/lovelock/bpf"
-	"github.com/lovelock-dpu/lovelock/control/api"
-	"github.com/lovelock-dpu/lovelock/control/rules"
 	"github.com/lovelock-dpu/lovelock/control/testbed"
 	"github.com/lovelock-dpu/lovelock/dataplane/messaging"
 	"github.com/lovelock-dpu/lovelock/dataplane/messaging/apps"
@@ -238,8 +239,8 @@ func setMTU(spec testbed.Spec, mtu int) error {
 type bench struct {
 	spec       testbed.Spec
 	maxPayload int
-	steer      map[string]*bpf.Steer   // per DPU, with -xdp
-	groups     map[string][]*xdp.Group // the DPU agents' AF_XDP transports of the running configuration
+	steer      map[string]*service.Program // per DPU, with -xdp
+	bound      map[string]*service.Binding // the DPU agents' AF_XDP bindings of the running configuration
 }
 
 type point struct {
@@ -522,23 +523,23 @@ func (b *bench) demo(ctx context.Context) error {
 }
 
 // The DPU agents on AF_XDP: the steering program in native XDP on each
-// DPU's pf0hpf and p0, per worker an xdp.Group on both interfaces with its
-// sockets registered, and lovelockd's rules (api.MessagingRules) steering
-// each worker's endpoint to its queue: what lovelockd does with
-// messaging.transport xdp, in process.
+// DPU's pf0hpf and p0, and each agent bound to AF_XDP sockets on both with
+// its reserved rules by the service frame (service.Bind with the messaging
+// service's rules): what lovelockd does with messaging.transport xdp, in
+// process.
 
 var xdpIfaces = []string{"pf0hpf", "p0"}
 
 // steering loads the steering program in dpu0 and dpu1 and attaches it.
 func (b *bench) steering() (stop func(), err error) {
-	b.steer = map[string]*bpf.Steer{}
+	b.steer = map[string]*service.Program{}
 	var links []link.Link
 	stop = func() {
 		for _, l := range links {
 			_ = l.Close()
 		}
-		for _, s := range b.steer {
-			_ = s.Close()
+		for _, p := range b.steer {
+			_ = p.Steer.Close()
 		}
 	}
 	for _, dpu := range []string{"dpu0", "dpu1"} {
@@ -547,7 +548,7 @@ func (b *bench) steering() (stop func(), err error) {
 			if err != nil {
 				return err
 			}
-			b.steer[dpu] = s
+			b.steer[dpu] = &service.Program{Steer: s, Attached: xdpIfaces}
 			for _, name := range xdpIfaces {
 				l, err := netlink.LinkByName(name)
 				if err != nil {
@@ -573,57 +574,40 @@ func (b *bench) steering() (stop func(), err error) {
 func (b *bench) openXDP(n int, opts udp.Options, workers int) ([]transport.Transport, error) {
 	dpu := fmt.Sprintf("dpu%d", n)
 	addr := netip.AddrPortFrom(b.addr(dpu), wire.DefaultPort) // XDP parses Lovelock headers on this port only
-	var groups []*xdp.Group
+	eps := make([]messaging.Endpoint, workers)
+	for w := range eps {
+		eps[w] = messaging.AgentEndpoint(n, w)
+	}
+	needs := service.Needs{
+		XDP:   &service.XDPNeeds{Interfaces: xdpIfaces, Addr: addr, Workers: workers, Kernel: opts},
+		Rules: msgservice.Rules(addr, 0, eps, xdpIfaces),
+	}
+	var bound *service.Binding
 	err := b.spec.Run(dpu, func() error {
 		var err error
-		groups, err = xdp.OpenGroups(xdp.GroupOptions{Interfaces: xdpIfaces, Addr: addr}, workers, opts)
-		if err != nil {
-			return err
-		}
-		eps := make([]messaging.Endpoint, workers)
-		for w := range eps {
-			eps[w] = messaging.AgentEndpoint(n, w)
-			for _, t := range groups[w].Transports() {
-				if err := b.steer[dpu].SetXSK(t.Ifindex(), t.Queue(), t.FD()); err != nil {
-					return err
-				}
-			}
-		}
-		set := rules.Set{Default: rules.Pass(), Rules: api.MessagingRules(addr, 0, eps, xdpIfaces)}
-		rs, err := rules.Compile(&set, rules.LinkResolver, wire.DefaultPort)
-		if err != nil {
-			return err
-		}
-		return b.steer[dpu].Apply(rs)
+		bound, err = service.Bind(b.steer[dpu], slog.Default(), msgservice.Name, needs)
+		return err
 	})
 	if err != nil {
-		for _, g := range groups {
-			_ = g.Close()
-		}
 		return nil, err
 	}
-	if b.groups == nil {
-		b.groups = map[string][]*xdp.Group{}
+	if len(bound.Degraded) > 0 {
+		bound.Close()
+		return nil, fmt.Errorf("%s: agent bound short of its needs: %s", dpu, strings.Join(bound.Degraded, "; "))
 	}
-	b.groups[dpu] = groups
-	var trs []transport.Transport
-	for _, g := range groups {
-		trs = append(trs, g)
+	if b.bound == nil {
+		b.bound = map[string]*service.Binding{}
 	}
-	return trs, nil
+	b.bound[dpu] = bound
+	return bound.Transports(), nil
 }
 
-// closeXDP unregisters the DPU agents' sockets (the agents closed them).
+// closeXDP unbinds the DPU agents (the agents closed their sockets).
 func (b *bench) closeXDP() {
-	for dpu, groups := range b.groups {
-		for _, g := range groups {
-			_ = g.Close()
-			for _, t := range g.Transports() {
-				_ = b.steer[dpu].ClearXSK(t.Ifindex(), t.Queue())
-			}
-		}
+	for dpu, bound := range b.bound {
+		_ = b.spec.Run(dpu, func() error { bound.Close(); return nil })
 	}
-	b.groups = nil
+	b.bound = nil
 }
 
 // xdpCounts sums the AF_XDP transports' counters, and the steering
@@ -631,12 +615,12 @@ func (b *bench) closeXDP() {
 func (b *bench) xdpCounts() xdpPoint {
 	var p xdpPoint
 	for _, s := range b.steer {
-		if st, err := s.Stats(); err == nil {
+		if st, err := s.Steer.Stats(); err == nil {
 			p.miss += st[bpf.StatXSKMiss].Packets
 		}
 	}
-	for _, groups := range b.groups {
-		for _, g := range groups {
+	for _, bound := range b.bound {
+		for _, g := range bound.Groups {
 			st := g.Stats()
 			k := st.KernelRX + st.KernelTX + st.KernelFallback
 			p.datagrams += k

@@ -1,0 +1,198 @@
+package service
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"github.com/lovelock-dpu/lovelock/bpf"
+	"github.com/lovelock-dpu/lovelock/control/api"
+	"github.com/lovelock-dpu/lovelock/control/rules"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/xdp"
+)
+
+// Steering is the node's steering program as a service binding sees it:
+// lovelockd's data plane, with the operator's rules beside the services'
+// (appliance/daemon), or a bare program in a bench (Program).
+type Steering interface {
+	// Port is the UDP port on which the program parses Lovelock headers.
+	Port() uint16
+	// XDPAttached reports whether the program runs in XDP on iface.
+	XDPAttached(iface string) (bool, error)
+	// SetXSK and ClearXSK register and unregister the AF_XDP socket fd
+	// for queue of ifindex (the program's xsk action).
+	SetXSK(ifindex int, queue uint32, fd int) error
+	ClearXSK(ifindex int, queue uint32) error
+	// Reserve makes rs the reserved rules of the named service and swaps
+	// the rule set in; nil removes them. It returns warnings about
+	// operator rules that the reserved ones shadow.
+	Reserve(service string, rs []rules.Rule) (warnings []string, err error)
+}
+
+// Binding is what Bind gave a service: its AF_XDP transports, if it asked
+// for them, and what did not go as asked.
+type Binding struct {
+	// Groups has one xdp.Group per worker (nil without XDPNeeds). The
+	// service owns them while it runs: it may close them, and Close
+	// closes them again.
+	Groups []*xdp.Group
+	// Degraded says, one line each, what is bound short of the needs
+	// while the service still runs: e.g. reserved rules that did not
+	// compile, so its traffic reaches it through the kernel sockets
+	// only. Empty when everything is as asked.
+	Degraded []string
+
+	name       string
+	steer      Steering
+	registered []xskSlot
+	reserved   bool
+	log        *slog.Logger
+}
+
+type xskSlot struct {
+	ifindex int
+	queue   uint32
+}
+
+// Transports returns the groups as transports, one per worker.
+func (b *Binding) Transports() []transport.Transport {
+	var out []transport.Transport
+	for _, g := range b.Groups {
+		out = append(out, g)
+	}
+	return out
+}
+
+// Bind opens what n asks for and registers it with the steering program:
+// the groups' AF_XDP sockets in the program's socket map, then the
+// reserved rules. It must run on a thread inside the interfaces' network
+// namespace (the sockets are opened there). On error nothing stays bound.
+// A reserved rule set that does not compile with the operator's leaves the
+// service bound on its kernel sockets, reported in Binding.Degraded.
+func Bind(st Steering, log *slog.Logger, name string, n Needs) (_ *Binding, err error) {
+	b := &Binding{name: name, steer: st, log: log}
+	defer func() {
+		if err != nil {
+			b.Close()
+		}
+	}()
+	if x := n.XDP; x != nil {
+		if err := checkXDP(st, x); err != nil {
+			return nil, fmt.Errorf("%s: transport xdp: %w", name, err)
+		}
+		b.Groups, err = xdp.OpenGroups(xdp.GroupOptions{Interfaces: x.Interfaces, Addr: x.Addr}, x.Workers, x.Kernel)
+		if err != nil {
+			return nil, fmt.Errorf("%s: transport xdp on %v: %w", name, x.Interfaces, err)
+		}
+		for _, g := range b.Groups {
+			for _, t := range g.Transports() {
+				if err := st.SetXSK(t.Ifindex(), t.Queue(), t.FD()); err != nil {
+					return nil, fmt.Errorf("%s: register AF_XDP socket on %s queue %d: %w", name, t.Interface(), t.Queue(), err)
+				}
+				b.registered = append(b.registered, xskSlot{t.Ifindex(), t.Queue()})
+			}
+		}
+		for _, iface := range x.Interfaces {
+			ok, err := st.XDPAttached(iface)
+			if err == nil && !ok {
+				b.degrade(fmt.Sprintf("no steering program in XDP on %s: its traffic reaches the service through the kernel socket only (fix: lovelock iface attach %s)", iface, iface))
+			}
+		}
+	}
+	if len(n.Rules) > 0 {
+		if err := checkReserved(name, n.Rules); err != nil {
+			return nil, err
+		}
+		warnings, err := st.Reserve(name, n.Rules)
+		if err != nil {
+			if n.XDP == nil {
+				return nil, fmt.Errorf("%s: reserved steering rules: %w", name, err)
+			}
+			// The kernel sockets still carry everything, only slower.
+			b.degrade(fmt.Sprintf("reserved steering rules do not compile with the operator's set, so traffic reaches the service through its kernel sockets only: %v", err))
+		} else {
+			b.reserved = true
+		}
+		for _, w := range warnings {
+			log.Warn("rules", "service", name, "warning", w)
+		}
+	}
+	return b, nil
+}
+
+// checkXDP refuses needs the steering program cannot serve.
+func checkXDP(st Steering, x *XDPNeeds) error {
+	switch {
+	case len(x.Interfaces) == 0:
+		return errors.New("no interfaces to receive on")
+	case !x.Addr.Addr().Unmap().Is4():
+		return fmt.Errorf("address %v: AF_XDP carries IPv4 only", x.Addr)
+	case x.Addr.Port() != st.Port():
+		return fmt.Errorf("port %d: the steering program reads Lovelock headers on port %d only (lovelockd's port)", x.Addr.Port(), st.Port())
+	case x.Workers < 1:
+		return fmt.Errorf("%d workers", x.Workers)
+	case x.Workers > bpf.MaxXSKQueues:
+		return fmt.Errorf("%d workers, the steering program's xsk action reaches queues 0..%d", x.Workers, bpf.MaxXSKQueues-1)
+	}
+	return nil
+}
+
+// checkReserved makes sure a service's rules are in lovelockd's reserved
+// names and band, where the operator's cannot collide with them.
+func checkReserved(name string, rs []rules.Rule) error {
+	for _, r := range rs {
+		if !api.IsOwned(r.Name) || r.Priority < api.OwnedPriority {
+			return fmt.Errorf("%s: reserved rule %q: want a name starting with %q and priority %d or more", name, r.Name, api.OwnedRulePrefix, api.OwnedPriority)
+		}
+	}
+	return nil
+}
+
+func (b *Binding) degrade(why string) {
+	b.Degraded = append(b.Degraded, why)
+	b.log.Error("service degraded", "service", b.name, "why", why)
+}
+
+// Close undoes Bind: the reserved rules are removed, the sockets
+// unregistered and closed. It is safe to call more than once.
+func (b *Binding) Close() {
+	if b.reserved {
+		if _, err := b.steer.Reserve(b.name, nil); err != nil {
+			b.log.Error("remove reserved steering rules", "service", b.name, "err", err)
+		}
+		b.reserved = false
+	}
+	for _, s := range b.registered {
+		if err := b.steer.ClearXSK(s.ifindex, s.queue); err != nil {
+			b.log.Error("unregister AF_XDP socket", "service", b.name, "ifindex", s.ifindex, "queue", s.queue, "err", err)
+		}
+	}
+	b.registered = nil
+	for _, g := range b.Groups {
+		_ = g.Close()
+	}
+}
+
+// Paths returns what the groups carried, per worker and path.
+func (b *Binding) Paths() []transport.PathStats {
+	var out []transport.PathStats
+	for w, g := range b.Groups {
+		out = append(out, g.Paths(w)...)
+	}
+	return out
+}
+
+// String describes the binding for logs.
+func (b *Binding) String() string {
+	if len(b.Groups) == 0 {
+		return "kernel sockets"
+	}
+	t := b.Groups[0].Transports()[0]
+	var ifaces []string
+	for _, t := range b.Groups[0].Transports() {
+		ifaces = append(ifaces, t.Interface())
+	}
+	return fmt.Sprintf("AF_XDP on %s, %d workers, %s mode, max payload %d", strings.Join(ifaces, ","), len(b.Groups), t.Mode(), b.Groups[0].MaxPayload())
+}

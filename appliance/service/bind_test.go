@@ -1,0 +1,236 @@
+package service
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netns"
+
+	"github.com/lovelock-dpu/lovelock/bpf"
+	"github.com/lovelock-dpu/lovelock/control/api"
+	"github.com/lovelock-dpu/lovelock/control/rules"
+	"github.com/lovelock-dpu/lovelock/control/testenv"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
+)
+
+// fakeSteering records what Bind asked of it.
+type fakeSteering struct {
+	port     uint16
+	reserved map[string][]rules.Rule
+	failRule bool
+}
+
+func (f *fakeSteering) Port() uint16                     { return f.port }
+func (f *fakeSteering) XDPAttached(string) (bool, error) { return true, nil }
+func (f *fakeSteering) SetXSK(int, uint32, int) error    { return nil }
+func (f *fakeSteering) ClearXSK(int, uint32) error       { return nil }
+func (f *fakeSteering) Reserve(name string, rs []rules.Rule) ([]string, error) {
+	if f.failRule && rs != nil {
+		return nil, errorString("rules do not compile")
+	}
+	if f.reserved == nil {
+		f.reserved = map[string][]rules.Rule{}
+	}
+	if rs == nil {
+		delete(f.reserved, name)
+	} else {
+		f.reserved[name] = rs
+	}
+	return nil, nil
+}
+
+type errorString string
+
+func (e errorString) Error() string { return string(e) }
+
+func reservedRule(name string) rules.Rule {
+	typ := wire.TypeBundle
+	return rules.Rule{Name: api.OwnedRulePrefix + name, Priority: api.OwnedPriority,
+		Match: rules.Match{Type: &typ}, Action: rules.XSK(0)}
+}
+
+// TestBindRefuses: needs the steering program cannot serve are refused
+// before anything is opened, each with its reason.
+func TestBindRefuses(t *testing.T) {
+	addr := netip.MustParseAddrPort("10.77.0.1:61440")
+	for _, c := range []struct {
+		name  string
+		needs Needs
+		want  string
+	}{
+		{"no interfaces", Needs{XDP: &XDPNeeds{Addr: addr, Workers: 1}}, "no interfaces"},
+		{"ipv6", Needs{XDP: &XDPNeeds{Interfaces: []string{"p0"}, Addr: netip.MustParseAddrPort("[fd00::1]:61440"), Workers: 1}}, "IPv4 only"},
+		{"port", Needs{XDP: &XDPNeeds{Interfaces: []string{"p0"}, Addr: netip.MustParseAddrPort("10.77.0.1:7000"), Workers: 1}}, "port 61440 only"},
+		{"workers", Needs{XDP: &XDPNeeds{Interfaces: []string{"p0"}, Addr: addr, Workers: bpf.MaxXSKQueues + 1}}, "reaches queues 0..63"},
+		{"no workers", Needs{XDP: &XDPNeeds{Interfaces: []string{"p0"}, Addr: addr}}, "0 workers"},
+		{"unreserved name", Needs{Rules: []rules.Rule{{Name: "mine", Priority: api.OwnedPriority, Action: rules.Pass()}}}, `reserved rule "mine"`},
+		{"unreserved priority", Needs{Rules: []rules.Rule{{Name: api.OwnedRulePrefix + "x", Priority: 5, Action: rules.Pass()}}}, "priority 4000000000 or more"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			st := &fakeSteering{port: 61440}
+			_, err := Bind(st, slog.Default(), "svc", c.needs)
+			if err == nil || !strings.Contains(err.Error(), c.want) || !strings.HasPrefix(err.Error(), "svc: ") {
+				t.Errorf("err = %v, want one naming the service and %q", err, c.want)
+			}
+			if len(st.reserved) != 0 {
+				t.Errorf("rules left reserved: %v", st.reserved)
+			}
+		})
+	}
+}
+
+// TestBindRulesOnly: a service on kernel sockets may still reserve rules;
+// when they do not compile it does not start, and Close removes them.
+func TestBindRulesOnly(t *testing.T) {
+	st := &fakeSteering{port: 61440}
+	b, err := Bind(st, slog.Default(), "svc", Needs{Rules: []rules.Rule{reservedRule("svc/a")}})
+	if err != nil || len(b.Degraded) != 0 || len(st.reserved["svc"]) != 1 || b.String() != "kernel sockets" {
+		t.Fatalf("bind: %v, %+v, %v", err, b, st.reserved)
+	}
+	b.Close()
+	b.Close()
+	if len(st.reserved) != 0 {
+		t.Errorf("rules left reserved after Close: %v", st.reserved)
+	}
+	st.failRule = true
+	if _, err := Bind(st, slog.Default(), "svc", Needs{Rules: []rules.Rule{reservedRule("svc/a")}}); err == nil || !strings.Contains(err.Error(), "do not compile") {
+		t.Errorf("bind with failing rules: %v", err)
+	}
+}
+
+// dpuPair is a DPU namespace whose interface "pf0hpf" (10.77.0.1) runs the
+// steering program in XDP, and a host namespace at its other end.
+type dpuPair struct {
+	dpu, host netns.NsHandle
+	prog      *Program
+}
+
+func newDPUPair(t *testing.T, attach bool) *dpuPair {
+	t.Helper()
+	p := &dpuPair{dpu: testenv.NewNetNS(t), host: testenv.NewNetNS(t)}
+	idx, _ := testenv.VethPair(t,
+		testenv.VethEnd{NS: p.dpu, Name: "pf0hpf", Addr: "10.77.0.1/24"},
+		testenv.VethEnd{NS: p.host, Name: "eth0", Addr: "10.77.0.2/24"})
+	s, err := bpf.Load(bpf.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	p.prog = &Program{Steer: s}
+	if attach {
+		testenv.InNetNS(t, p.dpu, func() error {
+			l, err := s.AttachXDP(idx, link.XDPDriverMode)
+			if err != nil {
+				return err
+			}
+			t.Cleanup(func() { l.Close() })
+			return nil
+		})
+		p.prog.Attached = []string{"pf0hpf"}
+	}
+	return p
+}
+
+func (p *dpuPair) bind(t *testing.T, needs Needs) (b *Binding, err error) {
+	t.Helper()
+	testenv.InNetNS(t, p.dpu, func() error {
+		b, err = Bind(p.prog, slog.Default(), "svc", needs)
+		return nil
+	})
+	return b, err
+}
+
+// send sends one Lovelock datagram of typ from the host to the DPU.
+func (p *dpuPair) send(t *testing.T, typ wire.Type, payload string) {
+	t.Helper()
+	testenv.InNetNS(t, p.host, func() error {
+		c, err := net.Dial("udp4", "10.77.0.1:61440")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write(wire.Header{Version: wire.Version, Type: typ}.AppendTo(nil, []byte(payload)))
+		return err
+	})
+}
+
+func xdpNeeds() Needs {
+	return Needs{
+		XDP:   &XDPNeeds{Interfaces: []string{"pf0hpf"}, Addr: netip.MustParseAddrPort("10.77.0.1:61440"), Workers: 1},
+		Rules: []rules.Rule{reservedRule("svc/pf0hpf/w0")},
+	}
+}
+
+// TestBindXDP: Bind opens the worker's AF_XDP socket, registers it and
+// installs the reserved rule, so the service's datagrams arrive on the
+// socket (not the kernel's); Close takes it all back, and the same queue
+// binds again.
+func TestBindXDP(t *testing.T) {
+	p := newDPUPair(t, true)
+	b, err := p.bind(t, xdpNeeds())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b.Degraded) != 0 || len(b.Groups) != 1 || !strings.HasPrefix(b.String(), "AF_XDP on pf0hpf, 1 workers") {
+		t.Fatalf("binding %s, degraded %v", b, b.Degraded)
+	}
+	p.send(t, wire.TypeBundle, "to the socket")
+	pkts := []transport.Packet{{Data: make([]byte, 2048)}}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n, err := b.Transports()[0].Recv(ctx, pkts)
+	if err != nil || n != 1 || !strings.HasSuffix(string(pkts[0].Data), "to the socket") {
+		t.Fatalf("recv: %d, %v, %q", n, err, pkts[0].Data)
+	}
+	paths := b.Paths()
+	if len(paths) != 2 || paths[0].Path != "xsk" || paths[0].RX != 1 || paths[1].Path != "kernel" || paths[1].RX != 0 {
+		t.Errorf("paths %+v, want the datagram on the AF_XDP path", paths)
+	}
+	if c, err := p.prog.Steer.RuleCounter(1); err != nil || c.Packets != 1 {
+		t.Errorf("reserved rule counter %+v, %v", c, err)
+	}
+	b.Close()
+	if len(p.prog.reserved) != 0 {
+		t.Errorf("reserved rules left after Close: %v", p.prog.reserved)
+	}
+	b2, err := p.bind(t, xdpNeeds())
+	if err != nil {
+		t.Fatalf("bind again after Close: %v", err)
+	}
+	b2.Close()
+}
+
+// TestBindDegraded: what is bound short of the needs is said, and the
+// service runs on its kernel sockets: no XDP on an interface, reserved
+// rules that do not compile (an interface the node does not have).
+func TestBindDegraded(t *testing.T) {
+	p := newDPUPair(t, false)
+	needs := xdpNeeds()
+	r := reservedRule("svc/nope")
+	r.Match.Iface = "nope0"
+	needs.Rules = append(needs.Rules, r)
+	b, err := p.bind(t, needs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	want := []string{"no steering program in XDP on pf0hpf", "reserved steering rules do not compile"}
+	if len(b.Degraded) != len(want) {
+		t.Fatalf("degraded %q, want %d lines", b.Degraded, len(want))
+	}
+	for i, w := range want {
+		if !strings.Contains(b.Degraded[i], w) {
+			t.Errorf("degraded[%d] = %q, want %q", i, b.Degraded[i], w)
+		}
+	}
+	if len(p.prog.reserved) != 0 {
+		t.Errorf("rules reserved though they did not compile: %v", p.prog.reserved)
+	}
+}

@@ -1,0 +1,94 @@
+package service
+
+import (
+	"slices"
+	"sync"
+
+	"github.com/lovelock-dpu/lovelock/bpf"
+	"github.com/lovelock-dpu/lovelock/control/rules"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
+)
+
+// Program is Steering over a bare steering program with no operator rules:
+// the reserved rules of every service bound to it, and a default of pass.
+// Benches and tests that run services without lovelockd use it; lovelockd
+// has its own Steering, which keeps the operator's rules beside them.
+type Program struct {
+	Steer *bpf.Steer
+	// LovelockPort is the port the program parses Lovelock headers on
+	// (bpf.Options.Port; 0 for wire.DefaultPort).
+	LovelockPort uint16
+	// Attached lists the interfaces the caller attached the program to in
+	// XDP.
+	Attached []string
+
+	mu       sync.Mutex
+	reserved map[string][]rules.Rule
+}
+
+// Port implements Steering.
+func (p *Program) Port() uint16 {
+	if p.LovelockPort == 0 {
+		return wire.DefaultPort
+	}
+	return p.LovelockPort
+}
+
+// XDPAttached implements Steering.
+func (p *Program) XDPAttached(iface string) (bool, error) {
+	return slices.Contains(p.Attached, iface), nil
+}
+
+// SetXSK implements Steering.
+func (p *Program) SetXSK(ifindex int, queue uint32, fd int) error {
+	return p.Steer.SetXSK(ifindex, queue, fd)
+}
+
+// ClearXSK implements Steering.
+func (p *Program) ClearXSK(ifindex int, queue uint32) error {
+	return p.Steer.ClearXSK(ifindex, queue)
+}
+
+// Reserve implements Steering: the rule set becomes every service's
+// reserved rules, in service name order, over a default of pass.
+func (p *Program) Reserve(service string, rs []rules.Rule) ([]string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	next := map[string][]rules.Rule{}
+	for k, v := range p.reserved {
+		next[k] = v
+	}
+	if rs == nil {
+		delete(next, service)
+	} else {
+		next[service] = rs
+	}
+	set := rules.Set{Default: rules.Pass(), Rules: Merge(next)}
+	for i := range set.Rules {
+		set.Rules[i].ID = uint32(i + 1)
+	}
+	compiled, err := rules.Compile(&set, rules.LinkResolver, p.Port())
+	if err != nil {
+		return nil, err
+	}
+	if err := p.Steer.Apply(compiled); err != nil {
+		return nil, err
+	}
+	p.reserved = next
+	return nil, nil
+}
+
+// Merge returns the reserved rules of every service, in service name
+// order, so that a rule set is the same whichever service bound first.
+func Merge(reserved map[string][]rules.Rule) []rules.Rule {
+	names := make([]string, 0, len(reserved))
+	for n := range reserved {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	var out []rules.Rule
+	for _, n := range names {
+		out = append(out, reserved[n]...)
+	}
+	return out
+}

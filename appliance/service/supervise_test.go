@@ -1,0 +1,96 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lovelock-dpu/lovelock/control/api"
+	"github.com/lovelock-dpu/lovelock/control/rules"
+)
+
+// fakeService fails its first plans, then runs until it is stopped and
+// says so on running.
+type fakeService struct {
+	failPlans int32
+	plans     atomic.Int32
+	running   chan struct{}
+	runErr    error
+	bound     *Binding
+}
+
+func (f *fakeService) Name() string         { return "fake" }
+func (f *fakeService) Interfaces() []string { return nil }
+func (f *fakeService) Plan() (Needs, error) {
+	if f.plans.Add(1) <= f.failPlans {
+		return Needs{}, errors.New("cluster file: no such file")
+	}
+	return Needs{Rules: []rules.Rule{reservedRule("fake/x")}}, nil
+}
+func (f *fakeService) Run(ctx context.Context, b *Binding) error {
+	f.bound = b
+	f.running <- struct{}{}
+	if f.runErr != nil {
+		return f.runErr
+	}
+	<-ctx.Done()
+	return nil
+}
+func (f *fakeService) Stats() any                       { return nil }
+func (f *fakeService) Describe(chan<- *prometheus.Desc) {}
+func (f *fakeService) Collect(chan<- prometheus.Metric) {}
+
+// TestSupervisor: a plan that fails is retried and reported, a running
+// service is reported running with its binding, and a stopped one as
+// stopped with its rules removed.
+func TestSupervisor(t *testing.T) {
+	svc := &fakeService{failPlans: 2, running: make(chan struct{}, 1)}
+	st := &fakeSteering{port: 61440}
+	sup := NewSupervisor(svc, st, slog.Default(), time.Millisecond)
+	if s := sup.Status(); s.Name != "fake" || s.State != api.ServiceStarting {
+		t.Errorf("before Run: %+v", s)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { sup.Run(ctx); close(done) }()
+	<-svc.running
+	s := sup.Status()
+	if s.State != api.ServiceRunning || s.Restarts != 2 || s.Error != "" || s.Binding != "kernel sockets" {
+		t.Errorf("running: %+v", s)
+	}
+	if len(st.reserved["fake"]) != 1 {
+		t.Errorf("reserved %v while running", st.reserved)
+	}
+	cancel()
+	<-done
+	if s := sup.Status(); s.State != api.ServiceStopped || s.Binding != "" {
+		t.Errorf("stopped: %+v", s)
+	}
+	if len(st.reserved) != 0 {
+		t.Errorf("reserved %v after stop", st.reserved)
+	}
+}
+
+// TestSupervisorRunFails: a run that returns is a failure, reported with
+// its cause, and the service is started again.
+func TestSupervisorRunFails(t *testing.T) {
+	svc := &fakeService{running: make(chan struct{}), runErr: errors.New("agent: bind: address in use")}
+	sup := NewSupervisor(svc, &fakeSteering{port: 61440}, slog.Default(), time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { sup.Run(ctx); close(done) }()
+	<-svc.running
+	<-svc.running // started again
+	<-svc.running
+	s := sup.Status()
+	cancel()
+	<-done
+	if s.Restarts < 2 || s.Error != "run: agent: bind: address in use" {
+		t.Errorf("status after failed runs: %+v", s)
+	}
+}

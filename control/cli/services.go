@@ -1,0 +1,76 @@
+package cli
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	ucli "github.com/urfave/cli/v2"
+
+	"github.com/lovelock-dpu/lovelock/control/api"
+)
+
+func servicesCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:  "services",
+		Usage: "the services lovelockd runs (messaging, far memory, ingest): state, what they run on, why they failed",
+		Description: "Each service lovelockd's config names is planned, bound to its AF_XDP sockets and steering\n" +
+			"rules, and run; a failure is reported and the service started again. State is running,\n" +
+			"degraded (running, bound short of what it asked: the lines below it say how), failed\n" +
+			"(restarting; ERROR says why), starting or stopped. docs/services.md describes the frame.",
+		Flags: []ucli.Flag{outputFlag()},
+		Action: func(c *ucli.Context) error {
+			asJSON, err := wantJSON(c)
+			if err != nil {
+				return err
+			}
+			svcs, err := client(c).Services(c.Context)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(c.App.Writer, svcs)
+			}
+			w := c.App.Writer
+			if len(svcs) == 0 {
+				fmt.Fprintln(w, "lovelockd runs no service (see its config: messaging)")
+				return nil
+			}
+			tw := newTable(w)
+			fmt.Fprintln(tw, "SERVICE\tSTATE\tSINCE\tRESTARTS\tON\tERROR")
+			for _, s := range svcs {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", s.Name, s.State, s.Since.Format(time.RFC3339), s.Restarts, dash(s.Binding), dash(s.Error))
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			for _, s := range svcs {
+				for _, d := range s.Degraded {
+					fmt.Fprintf(w, "%s degraded: %s\n", s.Name, d)
+				}
+			}
+			if bad := unhealthy(svcs); len(bad) > 0 {
+				return ucli.Exit(fmt.Sprintf("not every service runs as asked: %s", strings.Join(bad, ", ")), 1)
+			}
+			return nil
+		},
+	}
+}
+
+// unhealthy names the services that do not run as asked.
+func unhealthy(svcs []api.ServiceStatus) []string {
+	var out []string
+	for _, s := range svcs {
+		if s.State != api.ServiceRunning {
+			out = append(out, s.Name+" "+string(s.State))
+		}
+	}
+	return out
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
