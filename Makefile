@@ -17,7 +17,7 @@ GO        ?= go
 BIN       := bin
 ARCHES    := amd64 arm64
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS   := -s -w -X github.com/lovelock-dpu/lovelock/appliance.Version=$(VERSION)
+LDFLAGS   := -s -w -X github.com/lovelock-dpu/lovelock/control/buildinfo.Version=$(VERSION)
 # Fuzz budgets are execution counts, not durations: a duration races Go's fuzz
 # coordinator at the deadline (go.dev/issue/75804, fixed in Go 1.27) and fails
 # spuriously with "context deadline exceeded" on a loaded machine.
@@ -70,13 +70,31 @@ build: ## build static lovelock and lovelockd for amd64 and arm64 into bin/
 	done
 	@ls -l $(BIN)/linux_*/
 
+# Packages with goroutines and atomics of their own: `make test` runs their
+# tests again under the race detector.
+RACE_PKGS := ./appliance/service/... ./control/api/ ./control/testbed/ ./dataplane/messaging/... \
+	./dataplane/transport/... ./dataplane/xsk/
+# Fuzz targets whose executions are costly get a smaller budget:
+# FuzzClassify runs every input through the BPF program in the kernel.
+FUZZ_BUDGETS := FuzzClassify=20000x
+
 .PHONY: test
-test: deps ## run every test (privileged ones need root) and short fuzz runs
+test: deps ## run every test (privileged ones need root), the race detector over the concurrent packages, and every fuzz target
 	$(GO) tool gotestsum --format testname -- -count=1 ./...
-	$(GO) test -run='^$$' -fuzz='^FuzzDecode$$' -fuzztime=$(FUZZTIME) ./dataplane/wire/
-	$(GO) test -run='^$$' -fuzz='^FuzzFrame$$' -fuzztime=$(FUZZTIME) ./dataplane/wire/
-	$(GO) test -run='^$$' -fuzz='^FuzzBundle$$' -fuzztime=$(FUZZTIME) ./dataplane/messaging/bundle/
-	$(GO) test -run='^$$' -fuzz='^FuzzAgent$$' -fuzztime=$(FUZZTIME) ./dataplane/messaging/
+	GOTESTSUM_JSONFILE=$${GOTESTSUM_JSONFILE:+$$GOTESTSUM_JSONFILE.race} \
+		$(GO) tool gotestsum --format testname -- -race -count=1 $(RACE_PKGS)
+	@$(MAKE) --no-print-directory fuzz
+
+.PHONY: fuzz
+fuzz: ## mutate every fuzz target in the tree (FUZZTIME executions each; FUZZ_BUDGETS for costly ones)
+	@targets=$$(grep -rHo --include='*_test.go' --exclude-dir=.git --exclude-dir=bin '^func Fuzz[A-Za-z0-9_]*' . | sed 's/:func /:/' | sort); \
+	[ -n "$$targets" ] || { echo "fuzz: no fuzz targets found"; exit 1; }; \
+	for t in $$targets; do \
+		file=$${t%%:*}; name=$${t##*:}; budget=$(FUZZTIME); \
+		for b in $(FUZZ_BUDGETS); do [ "$${b%%=*}" = "$$name" ] && budget=$${b#*=}; done; \
+		echo "fuzz: $$name in $$(dirname $$file) ($$budget)"; \
+		$(GO) test -run='^$$' -fuzz="^$$name\$$" -fuzztime=$$budget ./$$(dirname $$file)/ || exit 1; \
+	done
 
 .PHONY: bench
 bench: bench-steer ## run the benchmarks
@@ -88,11 +106,11 @@ bench-msg: ## messaging throughput on its own netns testbed (root): one datagram
 
 .PHONY: bench-steer
 bench-steer: ## per-packet cost of the steering classifier against an XDP_PASS floor (root)
-	$(GO) run ./bpf/cmd/bench-steer
+	$(GO) run ./control/cmd/bench-steer
 
 .PHONY: bench-steer-throughput
 bench-steer-throughput: ## packets/s through a veth testbed: floor, classifier, redirect, xsk (root, ~1 min)
-	$(GO) run ./bpf/cmd/bench-steer -throughput
+	$(GO) run ./control/cmd/bench-steer -throughput
 
 .PHONY: lint
 lint: ## gofmt, go vet and staticcheck

@@ -1,7 +1,6 @@
 // Package appliance is the Lovelock appliance: the lovelockd daemon that owns
-// a DPU's data plane, its configuration, and how it is supervised on the card.
-// This package holds what the daemon and the image share.
+// a DPU's data plane (daemon), its configuration (config), the frame its
+// services plug into (service), and how it is supervised on the card. The
+// build's version lives in control/buildinfo, below every binary that
+// prints it.
 package appliance
-
-// Version is the build's version, set by the linker (-X) from `git describe`.
-var Version = "dev"

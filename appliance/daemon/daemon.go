@@ -21,12 +21,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/vishvananda/netlink"
 
-	"github.com/lovelock-dpu/lovelock/appliance"
 	"github.com/lovelock-dpu/lovelock/appliance/config"
 	"github.com/lovelock-dpu/lovelock/appliance/service"
 	"github.com/lovelock-dpu/lovelock/bpf"
 	"github.com/lovelock-dpu/lovelock/control/api"
 	"github.com/lovelock-dpu/lovelock/control/attach"
+	"github.com/lovelock-dpu/lovelock/control/buildinfo"
 	"github.com/lovelock-dpu/lovelock/control/rules"
 )
 
@@ -98,7 +98,7 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 		}
 	}
 	d.state = state
-	log.Info("data plane opened", "pins", cfg.PinDir, "loaded", node.Loaded, "version", appliance.Version)
+	log.Info("data plane opened", "pins", cfg.PinDir, "loaded", node.Loaded, "version", buildinfo.Version)
 	d.reconcile()
 	return d, nil
 }
@@ -186,7 +186,7 @@ func (d *Daemon) Status() (api.Status, error) {
 		return api.Status{}, err
 	}
 	return api.Status{
-		Version: appliance.Version, PinDir: d.node.Dir(), Port: d.cfg.Port, Loaded: d.node.Loaded,
+		Version: buildinfo.Version, PinDir: d.node.Dir(), Port: d.cfg.Port, Loaded: d.node.Loaded,
 		Started: d.started, Attachments: att, Rules: len(d.live.Rules),
 	}, nil
 }

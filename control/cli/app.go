@@ -10,7 +10,7 @@ import (
 
 	ucli "github.com/urfave/cli/v2"
 
-	"github.com/lovelock-dpu/lovelock/appliance"
+	"github.com/lovelock-dpu/lovelock/control/buildinfo"
 )
 
 // App returns the lovelock command line, writing to stdout and stderr.
@@ -18,7 +18,7 @@ func App(stdout, stderr io.Writer) *ucli.App {
 	return &ucli.App{
 		Name:    "lovelock",
 		Usage:   "configure and inspect Lovelock DPU nodes, run the testbed, plan clusters",
-		Version: appliance.Version,
+		Version: buildinfo.Version,
 		Description: "Lovelock turns a BlueField-class DPU into a headless cluster node. This tool talks to\n" +
 			"the node's daemon (lovelockd), builds the network-namespace testbed used to develop and\n" +
 			"demonstrate it, and evaluates the cost and energy model of DPU-hosted clusters.\n\n" +

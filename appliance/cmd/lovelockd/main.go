@@ -14,9 +14,9 @@ import (
 
 	ucli "github.com/urfave/cli/v2"
 
-	"github.com/lovelock-dpu/lovelock/appliance"
 	"github.com/lovelock-dpu/lovelock/appliance/config"
 	"github.com/lovelock-dpu/lovelock/appliance/daemon"
+	"github.com/lovelock-dpu/lovelock/control/buildinfo"
 )
 
 func main() {
@@ -33,7 +33,7 @@ func app() *ucli.App {
 	return &ucli.App{
 		Name:    "lovelockd",
 		Usage:   "own a DPU's data plane: steering programs, rules, local API, metrics",
-		Version: appliance.Version,
+		Version: buildinfo.Version,
 		Description: "lovelockd loads Lovelock's steering programs, pins them under the bpffs and attaches\n" +
 			"them to interfaces with pinned BPF links. A restart adopts what is pinned instead of\n" +
 			"reattaching, then restores attachments and rules from the state file. SIGTERM stops the\n" +

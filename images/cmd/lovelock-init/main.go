@@ -28,8 +28,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/lovelock-dpu/lovelock/appliance"
 	"github.com/lovelock-dpu/lovelock/control/attach"
+	"github.com/lovelock-dpu/lovelock/control/buildinfo"
 	"github.com/lovelock-dpu/lovelock/images/appconfig"
 	"github.com/lovelock-dpu/lovelock/images/kmod"
 )
@@ -74,7 +74,7 @@ func main() {
 }
 
 func run(log *slog.Logger) error {
-	log.Info("lovelock appliance starting", "version", appliance.Version)
+	log.Info("lovelock appliance starting", "version", buildinfo.Version)
 	if err := mountAll(); err != nil {
 		log.Error("mount", "err", err)
 	}
