@@ -113,10 +113,11 @@ bench-steer-throughput: ## packets/s through a veth testbed: floor, classifier, 
 	$(GO) run ./control/cmd/bench-steer -throughput
 
 .PHONY: lint
-lint: ## gofmt, go vet and staticcheck
+lint: ## gofmt, go vet, the layer test and staticcheck
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$bad" ]; then echo "gofmt would change:"; echo "$$bad"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) test -count=1 -run '^TestLayers' ./appliance/
 	$(GO) tool staticcheck ./...
 
 .PHONY: demo
