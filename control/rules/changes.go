@@ -59,10 +59,10 @@ func Diff(old, new *Set, keep func(name string) bool) Changes {
 
 // String writes the changes one per line, as `rules apply` prints them:
 //
-//	+ ingest: priority 100, match dst=10.1.0.0/16 type=ingest-input, action xsk:3
-//	- old-rule
-//	~ dns: action pass -> drop
-//	~ default: pass -> drop
+//   - ingest: priority 100, match dst=10.1.0.0/16 type=ingest-input, action xsk:3
+//   - old-rule
+//     ~ dns: action pass -> drop
+//     ~ default: pass -> drop
 func (c Changes) String() string {
 	var b strings.Builder
 	if c.Default != nil {
