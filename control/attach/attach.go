@@ -11,7 +11,7 @@
 //
 // The directory is built under a temporary name and renamed into place, so
 // it is either complete or absent. Writers hold an exclusive flock on the
-// directory's parent while they change it.
+// directory's lock file (LockDir) while they change it.
 package attach
 
 import (
@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -148,7 +149,7 @@ func Open(opts Options) (*Node, error) {
 	if err := checkBPFFS(parent); err != nil {
 		return nil, fmt.Errorf("pin dir %s: %w", dir, err)
 	}
-	lock, err := lockDir(parent)
+	lock, err := lockPins(LockDir, dir)
 	if err != nil {
 		return nil, err
 	}
@@ -351,19 +352,60 @@ var (
 	pinUnescaper = strings.NewReplacer("%2E", ".", "%25", "%")
 )
 
-func lockDir(dir string) (*os.File, error) {
-	f, err := os.Open(dir)
+// LockDir holds the writer locks of pin directories, one file per pin
+// directory (bpffs holds no regular files, and a pin directory may not exist
+// yet when it is locked: it is created by a rename).
+const LockDir = "/run/lovelock/locks"
+
+// lockPath is the lock file of pin directory dir in lockDir.
+func lockPath(lockDir, dir string) string {
+	esc := strings.NewReplacer("%", "%25", "/", "%2F").Replace(filepath.Clean(dir))
+	return filepath.Join(lockDir, "pins"+esc+".lock")
+}
+
+// lockPins takes the writer lock of pin directory dir: an exclusive flock
+// on its lock file, which then holds the holder's pid. Only writers of the
+// same pin directory exclude each other; nodes with other pin directories
+// under the same bpffs do not. When another process holds the lock, the
+// error names it.
+func lockPins(lockDir, dir string) (*os.File, error) {
+	if err := os.MkdirAll(lockDir, 0o700); err != nil {
+		return nil, fmt.Errorf("lock pin dir %s: %w", dir, err)
+	}
+	path := lockPath(lockDir, dir)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("lock %s: %w", dir, err)
+		return nil, fmt.Errorf("lock pin dir %s: %w", dir, err)
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("lock %s: another lovelockd (or lovelock command) is changing the data plane", dir)
+			return nil, fmt.Errorf("lock pin dir %s: another lovelockd (or lovelock command) is changing the data plane: %s holds %s",
+				dir, holder(path), path)
 		}
-		return nil, fmt.Errorf("lock %s: %w", dir, err)
+		return nil, fmt.Errorf("lock pin dir %s: %w", dir, err)
+	}
+	if err := f.Truncate(0); err == nil {
+		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	return f, nil
+}
+
+// holder names the process whose pid a lock file holds: "pid 123
+// (lovelockd)", or "a process" when the file says nothing usable.
+func holder(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "a process"
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return "a process"
+	}
+	if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err == nil {
+		return fmt.Sprintf("pid %d (%s)", pid, strings.TrimSpace(string(comm)))
+	}
+	return fmt.Sprintf("pid %d", pid)
 }
 
 func checkBPFFS(dir string) error {

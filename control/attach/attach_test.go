@@ -2,6 +2,7 @@ package attach_test
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -247,4 +248,27 @@ func TestClsact(t *testing.T) {
 		}
 		return n.Close()
 	})
+}
+
+// TestLockPerPinDir: two nodes with different pin directories under one
+// bpffs open side by side (the lock was the parent's, so the second was
+// refused); a second writer of the same directory is refused with an error
+// that names the holder.
+func TestLockPerPinDir(t *testing.T) {
+	fs := testenv.BPFFS(t)
+	a, err := attach.Open(attach.Options{Dir: filepath.Join(fs, "node-a")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := attach.Open(attach.Options{Dir: filepath.Join(fs, "node-b")})
+	if err != nil {
+		t.Fatalf("second node with another pin dir: %v", err)
+	}
+	defer b.Close()
+	_, err = attach.Open(attach.Options{Dir: filepath.Join(fs, "node-a")})
+	if err == nil || !strings.Contains(err.Error(), "another lovelockd") ||
+		!strings.Contains(err.Error(), fmt.Sprintf("pid %d (", os.Getpid())) {
+		t.Errorf("second writer of node-a: %v, want a lock error naming pid %d", err, os.Getpid())
+	}
 }
