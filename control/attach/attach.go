@@ -26,6 +26,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/lovelock-dpu/lovelock/bpf"
@@ -223,6 +224,14 @@ func (n *Node) Attach(a Attachment) (adopted bool, err error) {
 	pin := n.linkPin(a.Iface, a.Hook)
 	if l, err := link.LoadPinnedLink(pin, nil); err == nil {
 		l.Close()
+		// Adopting is right only when the link is what was asked for: a
+		// mode asked for explicitly must be the one the link has.
+		if a.Hook == HookXDP && a.Mode != "" {
+			if have := xdpMode(a.Iface); have != "" && have != a.Mode {
+				return false, fmt.Errorf("interface %s: xdp is already attached in %s mode, not %s: detach it first "+
+					"('lovelock iface detach %s --hook xdp') to attach it in %s mode", a.Iface, have, a.Mode, a.Iface, a.Mode)
+			}
+		}
 		return true, nil
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return false, fmt.Errorf("interface %s %s: open pinned link: %w", a.Iface, a.Hook, err)
@@ -340,6 +349,24 @@ func listLinks(dir string) ([]Attachment, error) {
 		return out[i].Hook < out[j].Hook
 	})
 	return out, nil
+}
+
+// xdpMode is the mode of the XDP program attached to iface, as the kernel
+// reports it, or "" when it cannot tell.
+func xdpMode(iface string) Mode {
+	l, err := netlink.LinkByName(iface)
+	if err != nil || l.Attrs().Xdp == nil {
+		return ""
+	}
+	switch l.Attrs().Xdp.AttachMode {
+	case nl.XDP_ATTACHED_DRV:
+		return ModeNative
+	case nl.XDP_ATTACHED_SKB:
+		return ModeGeneric
+	case nl.XDP_ATTACHED_HW:
+		return "offload"
+	}
+	return ""
 }
 
 func (n *Node) linkPin(iface string, hook Hook) string {
