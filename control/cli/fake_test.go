@@ -18,14 +18,16 @@ import (
 // fakeService is an api.Service that keeps a rule set and answers the rest
 // with zero values, for CLI tests that need a daemon to talk to.
 type fakeService struct {
-	set     rules.Set
-	applied int // ApplyRules calls
-	stats   api.Stats
+	attached []attach.Attachment
+	set      rules.Set
+	applied  int // ApplyRules calls
+	stats    api.Stats
 }
 
 func (f *fakeService) Status() (api.Status, error)               { return api.Status{}, nil }
 func (f *fakeService) Attachments() ([]attach.Attachment, error) { return nil, nil }
-func (f *fakeService) Attach(attach.Attachment) (api.Attached, error) {
+func (f *fakeService) Attach(a attach.Attachment) (api.Attached, error) {
+	f.attached = append(f.attached, a)
 	return api.Attached{}, nil
 }
 func (f *fakeService) Detach(string, attach.Hook) error { return nil }
