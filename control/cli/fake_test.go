@@ -18,10 +18,10 @@ import (
 // fakeService is an api.Service that keeps a rule set and answers the rest
 // with zero values, for CLI tests that need a daemon to talk to.
 type fakeService struct {
-	attached []attach.Attachment
-	set      rules.Set
-	applied  int // ApplyRules calls
-	stats    api.Stats
+	attached   []attach.Attachment
+	set        rules.Set
+	applied    int // ApplyRules calls
+	statsCalls int
 }
 
 func (f *fakeService) Status() (api.Status, error)               { return api.Status{}, nil }
@@ -42,7 +42,19 @@ func (f *fakeService) AddRule(r rules.Rule) (api.Applied, error) {
 	return api.Applied{Rules: len(f.set.Rules)}, nil
 }
 func (f *fakeService) DeleteRule(string) (api.Applied, error) { return api.Applied{}, nil }
-func (f *fakeService) Stats() (api.Stats, error)              { return f.stats, nil }
+
+// Stats counts 100 packets of 10 bytes a second on rx and rule "web",
+// one simulated second per call.
+func (f *fakeService) Stats() (api.Stats, error) {
+	f.statsCalls++
+	n := uint64(f.statsCalls)
+	c := api.Counter{Packets: 100 * n, Bytes: 1000 * n}
+	return api.Stats{
+		Time:     time.Unix(1e9+int64(n), 0),
+		Verdicts: map[string]api.Counter{"rx": c},
+		Rules:    []api.RuleStat{{Name: "web", ID: 1, Counter: c}},
+	}, nil
+}
 func (f *fakeService) MsgStats() (messaging.Stats, error) {
 	return messaging.Stats{}, &api.NotFoundError{Err: errors.New("no agent")}
 }

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -111,5 +112,46 @@ func TestRuleAddForce(t *testing.T) {
 	}
 	if _, _, err := runCLI(sock, "rule", "add", "--name", "all", "--priority", "1", "--action", "drop", "--force"); err != nil || len(svc.set.Rules) != 1 {
 		t.Errorf("rule add --force: %v", err)
+	}
+}
+
+// TestStatsJSON: counter keys are lower case, and --watch --output json
+// prints JSON lines, with rates from the second sample on.
+func TestStatsJSON(t *testing.T) {
+	sock := serveFake(t, &fakeService{})
+	out, _, err := runCLI(sock, "stats", "--output", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, `"packets": 100`) || !strings.Contains(out, `"bytes": 1000`) || strings.Contains(out, "Packets") {
+		t.Errorf("stats JSON keys:\n%s", out)
+	}
+	out, _, err = runCLI(sock, "stats", "--watch", "--count", "2", "--interval", "1ms", "--output", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("want 2 JSON lines, got %d:\n%s", len(lines), out)
+	}
+	var samples [2]struct {
+		Verdicts map[string]struct{ Packets uint64 } `json:"verdicts"`
+		Rates    *struct {
+			IntervalS float64                               `json:"interval_s"`
+			Verdicts  map[string]struct{ PPS, BPS float64 } `json:"verdicts"`
+			Rules     map[string]struct{ PPS, BPS float64 } `json:"rules"`
+		} `json:"rates"`
+	}
+	for i, l := range lines {
+		if err := json.Unmarshal([]byte(l), &samples[i]); err != nil {
+			t.Fatalf("line %d is not one JSON document: %v\n%s", i+1, err, l)
+		}
+	}
+	if samples[0].Rates != nil {
+		t.Errorf("first sample has rates: %+v", samples[0].Rates)
+	}
+	r := samples[1].Rates
+	if r == nil || r.IntervalS != 1 || r.Verdicts["rx"].PPS != 100 || r.Verdicts["rx"].BPS != 8000 || r.Rules["web"].PPS != 100 {
+		t.Errorf("second sample's rates: %+v", r)
 	}
 }
