@@ -1,8 +1,11 @@
 package rules
 
 import (
+	"errors"
 	"strings"
 	"testing"
+
+	"sigs.k8s.io/yaml"
 )
 
 // TestParseFile holds ParseFile to issue 10's item 7: .json is strict JSON,
@@ -64,5 +67,26 @@ func TestSweeping(t *testing.T) {
 	}
 	if got := strings.Join(names, ","); got != "everything,away" {
 		t.Errorf("Sweeping = %s, want everything,away", got)
+	}
+}
+
+// TestYAMLError: the error sigs.k8s.io/yaml's UnmarshalStrict gives for an
+// unknown field (as appliance/config's Load meets it) gets its line.
+func TestYAMLError(t *testing.T) {
+	var cfg struct {
+		Socket string `json:"socket"`
+		Pins   string `json:"pins"`
+	}
+	data := []byte("socket: /run/x.sock\n# comment\npins: /sys/fs/bpf/x\nmetrcs: 127.0.0.1:9\n")
+	err := yaml.UnmarshalStrict(data, &cfg)
+	if err == nil || !strings.Contains(err.Error(), "error unmarshaling JSON") {
+		t.Fatalf("UnmarshalStrict: %v (the case this helper exists for)", err)
+	}
+	if got := YAMLError(data, err); got == nil || got.Error() != `line 4: unknown field "metrcs"` {
+		t.Errorf("YAMLError = %v", got)
+	}
+	other := errors.New("yaml: line 2: mapping values are not allowed in this context")
+	if YAMLError(data, other) != other {
+		t.Error("a syntax error was changed")
 	}
 }
