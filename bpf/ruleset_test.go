@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 
 	"github.com/lovelock-dpu/lovelock/bpf"
 	"github.com/lovelock-dpu/lovelock/control/testenv"
@@ -182,5 +183,66 @@ func TestApplyFullTable(t *testing.T) {
 	}
 	if ret, _ := s.XDP.Run(&ebpf.RunOptions{Data: frameOf(5)}); ret != xdpDrop {
 		t.Fatalf("after a refused Apply: verdict %d, want drop", ret)
+	}
+}
+
+// TestTCGSODefaultDrop runs the TC egress classifier on a host's own GSO
+// super-packets under `default: drop` and rules that pass TCP and UDP: a BIG
+// TCP packet (IPv4 total length 0) and a UDP tunnel packet over it (UDP
+// length 0 too). As GSO packets (gso_size set, as the stack hands them to the
+// hook) they are well-formed and pass; the same frames outside GSO are
+// malformed and get the default.
+func TestTCGSODefaultDrop(t *testing.T) {
+	testenv.RequirePriv(t)
+	s, err := bpf.Load(bpf.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	rs := &bpf.Ruleset{DefaultAction: bpf.ActionDrop, Shapes: []bpf.Shape{{Fields: bpf.FieldProto, MaxPrio: 10}}}
+	for i, proto := range []uint8{6, 17} {
+		var k bpf.RuleKey
+		k.Flow.Proto = proto
+		rs.Entries = append(rs.Entries, bpf.Entry{Key: k, Val: bpf.RuleVal{Prio: 10, Id: uint32(i + 1), Action: uint16(bpf.ActionPass)}})
+	}
+	if err := s.Apply(rs); err != nil {
+		t.Fatal(err)
+	}
+	kern, err := btf.LoadKernelSpec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var skb *btf.Struct
+	if err := kern.TypeByName("__sk_buff", &skb); err != nil {
+		t.Fatal(err)
+	}
+	gso := make([]byte, skb.Size)
+	for _, m := range skb.Members {
+		if m.Name == "gso_size" {
+			binary.NativeEndian.PutUint32(gso[m.Offset.Bytes():], 1448)
+		}
+	}
+	bigTCP := append(udpFrame(80), make([]byte, 40)...)
+	bigTCP[14+9] = 6
+	binary.BigEndian.PutUint16(bigTCP[14+2:], 0) // the length does not fit 16 bits
+	tunnel := append(udpFrame(4789), make([]byte, 40)...)
+	binary.BigEndian.PutUint16(tunnel[14+2:], 0)
+	binary.BigEndian.PutUint16(tunnel[14+20+4:], 0)
+	const tcOK, tcShot = 0, 2
+	for name, f := range map[string][]byte{"big-tcp": bigTCP, "udp-tunnel": tunnel} {
+		ret, err := s.TCEgress.Run(&ebpf.RunOptions{Data: f, Context: gso})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ret != tcOK {
+			t.Errorf("%s GSO packet: verdict %d, want %d (pass: it is well-formed)", name, ret, tcOK)
+		}
+		ret, err = s.TCEgress.Run(&ebpf.RunOptions{Data: f, Context: make([]byte, skb.Size)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ret != tcShot {
+			t.Errorf("%s frame outside GSO: verdict %d, want %d (malformed: default drop)", name, ret, tcShot)
+		}
 	}
 }

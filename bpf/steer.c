@@ -90,9 +90,10 @@ static __always_inline void count(void *map, __u32 idx, __u64 bytes)
 }
 
 /* steer parses and classifies one packet of len bytes, whose headers lie in
- * data..data_end, and counts it; v holds the verdict. */
+ * data..data_end, and counts it; v holds the verdict. gso: the packet is a
+ * GSO super-packet (parse_packet). */
 static __always_inline void steer(void *data, void *data_end, __u32 len, __u32 ifindex,
-				  struct verdict *v)
+				  int gso, struct verdict *v)
 {
 	struct cursor c = { .pos = data, .end = data_end, .len = len };
 	struct pkt_meta m = {};
@@ -100,7 +101,7 @@ static __always_inline void steer(void *data, void *data_end, __u32 len, __u32 i
 	int malformed;
 
 	m.key.ifindex = ifindex;
-	st = parse_packet(&c, ll_port, &m);
+	st = parse_packet(&c, ll_port, &m, gso);
 	malformed = ll_malformed(st);
 	if (malformed) {
 		/* Fields of a malformed packet are not trusted. */
@@ -130,7 +131,7 @@ int xdp_steer(struct xdp_md *ctx)
 	__u64 len = bpf_xdp_get_buff_len(ctx);
 	struct verdict v;
 
-	steer(data, data_end, len, ctx->ingress_ifindex, &v);
+	steer(data, data_end, len, ctx->ingress_ifindex, 0, &v);
 	switch (v.action) {
 	case ACT_DROP:
 		count(&steer_stats, STAT_DROP, len);
@@ -171,7 +172,10 @@ static __always_inline int tc_steer(struct __sk_buff *skb)
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
 
-	steer(data, data_end, skb->len, skb->ifindex, &v);
+	/* A host's own TSO/GSO traffic on egress, and GRO'd traffic on
+	 * ingress, arrives as one super-packet whose lengths may be 0 (BIG
+	 * TCP, UDP tunnels). */
+	steer(data, data_end, skb->len, skb->ifindex, skb->gso_size != 0, &v);
 	switch (v.action) {
 	case ACT_DROP:
 		count(&steer_stats, STAT_DROP, skb->len);

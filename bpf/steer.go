@@ -38,10 +38,11 @@ func (s Stat) String() string {
 	return fmt.Sprintf("stat(%d)", uint32(s))
 }
 
-// Counter is a packet and byte count, summed over CPUs.
+// Counter is a packet and byte count, summed over CPUs. In JSON (the API's
+// /v1/stats) its keys are lower case like every other key.
 type Counter struct {
-	Packets uint64
-	Bytes   uint64
+	Packets uint64 `json:"packets"`
+	Bytes   uint64 `json:"bytes"`
 }
 
 // Pin names under a steering pin directory. Their layout is documented in

@@ -5,6 +5,7 @@
  * found, so tests can hold the C parser against dataplane/wire through
  * BPF_PROG_TEST_RUN. It never forwards traffic. */
 #include <linux/bpf.h>
+#include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
 
 #include "include/parse.h"
@@ -26,22 +27,23 @@ struct {
 	__uint(max_entries, 1);
 } wire_out SEC(".maps");
 
-SEC("xdp")
-int wire_check(struct xdp_md *ctx)
+/* check parses the packet in data..data_end (the whole packet) and stores
+ * the result; gso as parse_packet takes it. */
+static __always_inline int check(void *data, void *data_end, int gso)
 {
 	struct cursor c = {
-		.pos = (void *)(long)ctx->data,
-		.end = (void *)(long)ctx->data_end,
-		.len = ctx->data_end - ctx->data,
+		.pos = data,
+		.end = data_end,
+		.len = data_end - data,
 	};
 	struct pkt_meta m = {};
 	__u32 key = 0;
 	struct wire_result *res = bpf_map_lookup_elem(&wire_out, &key);
 
 	if (!res)
-		return XDP_ABORTED;
+		return -1;
 	__builtin_memset(res, 0, sizeof(*res));
-	res->status = parse_packet(&c, ll_port, &m);
+	res->status = parse_packet(&c, ll_port, &m, gso);
 	res->key = m.key;
 	if (res->status == LL_OK) {
 		__u32 off = m.ll_off;
@@ -49,13 +51,32 @@ int wire_check(struct xdp_md *ctx)
 
 		/* Bound the offset so the verifier can check the access. */
 		if (off > 4096)
-			return XDP_ABORTED;
-		ll = (void *)(long)ctx->data + off;
+			return -1;
+		ll = data + off;
 		res->offset = off;
-		if (ll + sizeof(res->hdr) <= (void *)(long)ctx->data_end)
+		if (ll + sizeof(res->hdr) <= data_end)
 			__builtin_memcpy(&res->hdr, ll, sizeof(res->hdr));
 	}
+	return 0;
+}
+
+SEC("xdp")
+int wire_check(struct xdp_md *ctx)
+{
+	if (check((void *)(long)ctx->data, (void *)(long)ctx->data_end, 0))
+		return XDP_ABORTED;
 	return XDP_PASS;
+}
+
+/* wire_check_skb is wire_check as a TC hook sees a packet: the test sets
+ * gso_size in the context to make the packet a GSO super-packet. The test
+ * run's skb is linear. */
+SEC("tc")
+int wire_check_skb(struct __sk_buff *skb)
+{
+	if (check((void *)(long)skb->data, (void *)(long)skb->data_end, skb->gso_size != 0))
+		return TC_ACT_SHOT;
+	return TC_ACT_OK;
 }
 
 char __license[] SEC("license") = "Dual BSD/GPL";

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 )
 
 // WireHeader is struct ll_hdr exactly as the C side lays it out (from the
@@ -42,6 +43,10 @@ type WireResult struct {
 // BPF_PROG_TEST_RUN. It is for tests; it never touches live traffic.
 type WireChecker struct {
 	objs wirecheckObjects
+	// skbCtx is a zero struct __sk_buff, as the test run takes it, and
+	// gsoSize the offset of its gso_size field (from the object's BTF).
+	skbCtx  int
+	gsoSize int
 }
 
 // NewWireChecker loads the wirecheck program with the Lovelock UDP port set to
@@ -55,17 +60,50 @@ func NewWireChecker(port uint16) (*WireChecker, error) {
 		return nil, fmt.Errorf("wirecheck: set ll_port: %w", err)
 	}
 	w := &WireChecker{}
+	var skb *btf.Struct
+	if err := spec.Types.TypeByName("__sk_buff", &skb); err != nil {
+		return nil, fmt.Errorf("wirecheck: struct __sk_buff: %w", err)
+	}
+	w.skbCtx = int(skb.Size)
+	for _, m := range skb.Members {
+		if m.Name == "gso_size" {
+			w.gsoSize = int(m.Offset.Bytes())
+		}
+	}
+	if w.gsoSize == 0 {
+		return nil, fmt.Errorf("wirecheck: struct __sk_buff has no gso_size")
+	}
 	if err := spec.LoadAndAssign(&w.objs, nil); err != nil {
 		return nil, fmt.Errorf("wirecheck: load: %+v", err)
 	}
 	return w, nil
 }
 
-// Check parses frame (starting at the Ethernet header) in the kernel.
+// Check parses frame (starting at the Ethernet header) in the kernel, as
+// the XDP hook does.
 func (w *WireChecker) Check(frame []byte) (WireResult, error) {
 	if _, err := w.objs.WireCheck.Run(&ebpf.RunOptions{Data: frame}); err != nil {
 		return WireResult{}, fmt.Errorf("wirecheck: run: %w", err)
 	}
+	return w.result()
+}
+
+// CheckGSO parses frame as the TC hook sees a GSO super-packet of that many
+// bytes (skb_is_gso: the test run's gso_size is set to gsoSize, which must
+// not be 0).
+func (w *WireChecker) CheckGSO(frame []byte, gsoSize uint16) (WireResult, error) {
+	if gsoSize == 0 {
+		return WireResult{}, fmt.Errorf("wirecheck: gso size 0 is no GSO packet")
+	}
+	ctx := make([]byte, w.skbCtx)
+	binary.NativeEndian.PutUint32(ctx[w.gsoSize:], uint32(gsoSize))
+	if _, err := w.objs.WireCheckSkb.Run(&ebpf.RunOptions{Data: frame, Context: ctx}); err != nil {
+		return WireResult{}, fmt.Errorf("wirecheck: run skb: %w", err)
+	}
+	return w.result()
+}
+
+func (w *WireChecker) result() (WireResult, error) {
 	raw := make([]byte, binary.Size(wirecheckWireResult{}))
 	if err := w.objs.WireOut.Lookup(uint32(0), &raw); err != nil {
 		return WireResult{}, fmt.Errorf("wirecheck: read result: %w", err)

@@ -52,9 +52,10 @@ type wirecheckWireResult struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	wirecheckMapWireOut    = "wire_out"
-	wirecheckProgWireCheck = "wire_check"
-	wirecheckVarLlPort     = "ll_port"
+	wirecheckMapWireOut       = "wire_out"
+	wirecheckProgWireCheck    = "wire_check"
+	wirecheckProgWireCheckSkb = "wire_check_skb"
+	wirecheckVarLlPort        = "ll_port"
 )
 
 // loadWirecheck returns the embedded CollectionSpec for wirecheck.
@@ -99,7 +100,8 @@ type wirecheckSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type wirecheckProgramSpecs struct {
-	WireCheck *ebpf.ProgramSpec `ebpf:"wire_check"`
+	WireCheck    *ebpf.ProgramSpec `ebpf:"wire_check"`
+	WireCheckSkb *ebpf.ProgramSpec `ebpf:"wire_check_skb"`
 }
 
 // wirecheckMapSpecs contains maps before they are loaded into the kernel.
@@ -156,12 +158,14 @@ type wirecheckVariables struct {
 //
 // It can be passed to loadWirecheckObjects or ebpf.CollectionSpec.LoadAndAssign.
 type wirecheckPrograms struct {
-	WireCheck *ebpf.Program `ebpf:"wire_check"`
+	WireCheck    *ebpf.Program `ebpf:"wire_check"`
+	WireCheckSkb *ebpf.Program `ebpf:"wire_check_skb"`
 }
 
 func (p *wirecheckPrograms) Close() error {
 	return _WirecheckClose(
 		p.WireCheck,
+		p.WireCheckSkb,
 	)
 }
 

@@ -15,7 +15,7 @@ RUN=$(mktemp -d /tmp/lovelock-demo.XXXXXX)
 lovelock="$BIN/lovelock"
 pids=()
 
-say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+say() { if [ -t 1 ]; then printf '\n\033[1m== %s\033[0m\n' "$*"; else printf '\n== %s\n' "$*"; fi; }
 
 cleanup() {
 	for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done

@@ -33,6 +33,12 @@ struct cursor {
 	void *pos;
 	void *end;
 	__u32 len;
+	/* Set by parse_packet: where the packet starts, and how far from
+	 * there the innermost datagram found so far reaches (the packet, then
+	 * the IP datagram). Headers after the IP header must end within it:
+	 * bytes after the IP datagram are Ethernet padding, not headers. */
+	void *start;
+	__u32 lim;
 };
 
 struct vlan_hdr {
@@ -45,11 +51,11 @@ struct vlan_hdr {
 enum ll_status {
 	LL_OK = 0,           /* a valid Lovelock packet */
 	LL_NOT_LOVELOCK = 1, /* well-formed, but not a Lovelock packet */
-	LL_TRUNCATED = 2,    /* a header ends past the packet, or past its UDP datagram */
+	LL_TRUNCATED = 2,    /* a header or datagram ends past the packet, its IP datagram or its UDP datagram */
 	LL_BAD_VERSION = 3,  /* Lovelock header with an unknown version */
 	LL_BAD_LENGTH = 4,   /* Lovelock length disagrees with the UDP payload */
 	LL_UNKNOWN_TYPE = 5, /* Lovelock header with an unknown type */
-	LL_BAD_HEADER = 6,   /* an invalid L3/L4 header (IP version, IHL, UDP length, too many IPv6 extension headers) */
+	LL_BAD_HEADER = 6,   /* an invalid L3/L4 header (IP version, IHL, IPv4 total length, UDP length, too many IPv6 extension headers) */
 };
 
 /* What rules match on. Numbers are in host byte order, addresses in network
@@ -76,12 +82,21 @@ struct pkt_meta {
 	__u32 ll_off;   /* offset of the Lovelock header, when status is LL_OK */
 };
 
-/* Returns a pointer to len bytes at the cursor and advances it, or NULL. */
+/* Returns a pointer to len bytes at the cursor and advances it, or NULL
+ * when they end past the linear data or past c->lim. */
 static __always_inline void *cursor_pull(struct cursor *c, __u32 len)
 {
 	void *p = c->pos;
+	__u64 end;
 
 	if (p + len > c->end)
+		return NULL;
+	/* A scalar offset: the barrier keeps clang from turning the compare
+	 * into packet-pointer arithmetic with an unbounded register, which
+	 * older verifiers reject. */
+	end = (__u64)(p + len - c->start);
+	asm volatile("" : "+r"(end));
+	if (end > c->lim)
 		return NULL;
 	c->pos = p + len;
 	return p;
@@ -181,16 +196,26 @@ static __always_inline enum ll_status skip_ipv6_ext(struct cursor *c, __u8 *next
 
 /* parse_packet walks Ethernet (one optional 802.1Q tag), IPv4 (with options)
  * or IPv6 (with up to MAX_IPV6_EXT_HDRS extension headers), UDP or TCP, and
- * the Lovelock header on UDP destination port port. */
+ * the Lovelock header on UDP destination port port.
+ *
+ * The IP length bounds the datagram, as in the kernel's ip_rcv and
+ * ip6_rcv: bytes after it are Ethernet padding, and the headers after the IP
+ * header and the UDP datagram must end within it. gso says the packet is a
+ * GSO super-packet (skb_is_gso; TC only, XDP never sees one): there an IPv4
+ * total length, IPv6 payload length or UDP length of 0 means "up to the end
+ * of the packet" (BIG TCP, UDP tunnels over GSO) instead of a broken header. */
 static __always_inline enum ll_status parse_packet(struct cursor *c, __u16 port,
-						   struct pkt_meta *m)
+						   struct pkt_meta *m, int gso)
 {
 	void *start = c->pos;
-	struct ethhdr *eth = cursor_pull(c, sizeof(*eth));
+	struct ethhdr *eth;
 	__u16 proto;
 	__u8 l4;
 	int frag = 0;
 
+	c->start = start;
+	c->lim = c->len;
+	eth = cursor_pull(c, sizeof(*eth));
 	if (!eth)
 		return LL_TRUNCATED;
 	proto = eth->h_proto;
@@ -204,7 +229,7 @@ static __always_inline enum ll_status parse_packet(struct cursor *c, __u16 port,
 
 	if (proto == bpf_htons(ETH_P_IP)) {
 		struct iphdr *ip = cursor_pull(c, sizeof(*ip));
-		__u32 ihl;
+		__u32 ihl, tot;
 
 		if (!ip)
 			return LL_TRUNCATED;
@@ -218,12 +243,24 @@ static __always_inline enum ll_status parse_packet(struct cursor *c, __u16 port,
 		m->key.proto = ip->protocol;
 		__builtin_memcpy(m->key.src, &ip->saddr, 4);
 		__builtin_memcpy(m->key.dst, &ip->daddr, 4);
+		tot = bpf_ntohs(ip->tot_len);
+		if (tot != 0 || !gso) {
+			__u32 ip_off = (__u32)((void *)ip - start);
+
+			asm volatile("" : "+r"(ip_off)); /* see cursor_pull */
+			if (tot < ihl)
+				return LL_BAD_HEADER;
+			if (ip_off + tot > c->len)
+				return LL_TRUNCATED;
+			c->lim = ip_off + tot;
+		}
 		/* More-fragments flag or an offset: a fragment. */
 		frag = (ip->frag_off & bpf_htons(0x3fff)) != 0;
 		l4 = ip->protocol;
 	} else if (proto == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6 = cursor_pull(c, sizeof(*ip6));
 		enum ll_status st;
+		__u32 plen;
 
 		if (!ip6)
 			return LL_TRUNCATED;
@@ -232,6 +269,19 @@ static __always_inline enum ll_status parse_packet(struct cursor *c, __u16 port,
 		m->key.family = 6;
 		__builtin_memcpy(m->key.src, &ip6->saddr, 16);
 		__builtin_memcpy(m->key.dst, &ip6->daddr, 16);
+		plen = bpf_ntohs(ip6->payload_len);
+		if (plen != 0 || !gso) {
+			/* A payload length of 0 outside GSO (a jumbogram, which
+			 * no Ethernet frame here carries) leaves no room for
+			 * headers: TRUNCATED at the first one. */
+			__u32 end = (__u32)((void *)ip6 - start);
+
+			asm volatile("" : "+r"(end)); /* see cursor_pull */
+			end += sizeof(*ip6) + plen;
+			if (end > c->len)
+				return LL_TRUNCATED;
+			c->lim = end;
+		}
 		l4 = ip6->nexthdr;
 		st = skip_ipv6_ext(c, &l4, &frag);
 		if (st != LL_OK)
@@ -260,11 +310,14 @@ static __always_inline enum ll_status parse_packet(struct cursor *c, __u16 port,
 
 	struct udphdr *udp = cursor_pull(c, sizeof(*udp));
 	__u64 ulen; /* 64-bit, so the asm mask below costs no zero-extension */
+	__u32 udp_off;
 
 	if (!udp)
 		return LL_TRUNCATED;
 	m->key.sport = bpf_ntohs(udp->source);
 	m->key.dport = bpf_ntohs(udp->dest);
+	udp_off = (__u32)((void *)udp - start);
+	asm volatile("" : "+r"(udp_off)); /* see cursor_pull */
 	ulen = bpf_ntohs(udp->len);
 	/* A no-op on the value (a byte-swapped u16), for older verifiers:
 	 * 6.12's and 6.1's forget every bound across a byte swap (BPF_END;
@@ -273,12 +326,20 @@ static __always_inline enum ll_status parse_packet(struct cursor *c, __u16 port,
 	 * not allowed"). Clang knows the value fits 16 bits and would drop a C
 	 * check; the asm puts the mask in the register that is added. */
 	asm volatile("%0 &= 0xffff" : "+r"(ulen));
-	if (ulen < sizeof(*udp))
-		return LL_BAD_HEADER;
-	/* The datagram must lie within the packet (bytes after it are padding),
-	 * fragments of a multi-buffer frame included. */
-	if ((__u64)((void *)udp - start) + ulen > c->len)
-		return LL_TRUNCATED;
+	if (ulen == 0 && gso) {
+		/* The datagram runs to the end of the IP datagram, which holds
+		 * the 8-byte header (cursor_pull checked). */
+		ulen = c->lim - udp_off;
+	} else {
+		if (ulen < sizeof(*udp))
+			return LL_BAD_HEADER;
+		/* The datagram must lie within the IP datagram, and so within
+		 * the packet, fragments of a multi-buffer frame included: the
+		 * kernel drops one that does not (UdpInErrors). Bytes after it
+		 * are padding. */
+		if (udp_off + ulen > c->lim)
+			return LL_TRUNCATED;
+	}
 	if (m->key.dport != port)
 		return LL_NOT_LOVELOCK;
 	return parse_ll(c, ulen - sizeof(*udp), m, start);

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -111,32 +112,128 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	json.NewEncoder(w).Encode(v)
 }
 
-// Serve answers API requests on a unix socket at path until ctx ends. The
-// socket is created mode 0600 in a 0700 directory, and connections from
-// processes not running as root are refused as well (SO_PEERCRED).
-func Serve(ctx context.Context, path string, h http.Handler) error {
+// ErrSocketInUse reports that another process, another lovelockd, answers
+// on the API socket.
+var ErrSocketInUse = errors.New("another lovelockd serves it")
+
+// Listener is the API's unix socket, created by Listen. It removes its socket
+// file when it closes, but only if the file is still the socket it created:
+// a socket another daemon put there since is left alone.
+type Listener struct {
+	ln   *net.UnixListener
+	path string
+	dev  uint64
+	ino  uint64
+}
+
+// Listen creates the API socket at path, mode 0600 in a 0700 directory. It
+// refuses (ErrSocketInUse, naming the socket and the holder's pid) when a
+// process answers on a socket already there; a socket nobody answers on,
+// left by a daemon that died, is removed and replaced. Anything at path that
+// is not a socket is an error and stays untouched. Call it before saying the
+// daemon is ready, so that a second daemon fails at start.
+func Listen(path string) (*Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return fmt.Errorf("api socket dir: %w", err)
+		return nil, fmt.Errorf("api socket dir: %w", err)
 	}
-	// A socket left by a daemon that died is in the way; remove it.
+	if err := clearStale(path); err != nil {
+		return nil, err
+	}
+	old := unix.Umask(0o177)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	unix.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("api socket %s: %w", path, err)
+	}
+	// Close must not unlink a path that may be another daemon's by then.
+	ln.SetUnlinkOnClose(false)
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("api socket %s: %w", path, err)
+	}
+	return &Listener{ln: ln, path: path, dev: uint64(st.Dev), ino: uint64(st.Ino)}, nil
+}
+
+// clearStale removes a socket at path that nobody answers on, and refuses
+// one somebody does.
+func clearStale(path string) error {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return fmt.Errorf("api socket %s: %w", path, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return fmt.Errorf("api socket %s: the path exists and is not a socket; remove it or choose another --socket", path)
+	}
+	c, err := net.DialTimeout("unix", path, 2*time.Second)
+	if err == nil {
+		holder := ""
+		if uc, ok := c.(*net.UnixConn); ok {
+			if raw, err := uc.SyscallConn(); err == nil {
+				raw.Control(func(fd uintptr) {
+					if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
+						holder = fmt.Sprintf(" (pid %d)", cred.Pid)
+					}
+				})
+			}
+		}
+		c.Close()
+		return fmt.Errorf("api socket %s: %w%s; stop it, or give this one another --socket", path, ErrSocketInUse, holder)
+	}
+	if !errors.Is(err, unix.ECONNREFUSED) {
+		return fmt.Errorf("api socket %s: cannot tell whether a daemon serves it: %w", path, err)
+	}
+	// Nobody listens: a socket left by a daemon that died.
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("api socket: remove stale %s: %w", path, err)
 	}
-	old := unix.Umask(0o177)
-	ln, err := net.Listen("unix", path)
-	unix.Umask(old)
-	if err != nil {
-		return fmt.Errorf("api socket: %w", err)
+	return nil
+}
+
+// Path is the socket's path.
+func (l *Listener) Path() string { return l.path }
+
+// Close stops listening and removes the socket file if it is still the one
+// Listen created.
+func (l *Listener) Close() error {
+	err := l.ln.Close()
+	var st unix.Stat_t
+	if unix.Lstat(l.path, &st) == nil && uint64(st.Dev) == l.dev && uint64(st.Ino) == l.ino {
+		os.Remove(l.path)
 	}
+	if errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
+}
+
+// Serve answers API requests until ctx ends, then closes l. Connections from
+// processes not running as root are refused (SO_PEERCRED), besides the
+// socket's mode.
+func (l *Listener) Serve(ctx context.Context, h http.Handler) error {
+	defer l.Close()
 	srv := &http.Server{Handler: rootOnly(h), ConnContext: withPeerCred}
 	go func() {
 		<-ctx.Done()
 		srv.Close()
 	}()
-	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	if err := srv.Serve(l.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("api: %w", err)
 	}
 	return nil
+}
+
+// Serve is Listen and Listener.Serve: it answers API requests on a unix
+// socket at path until ctx ends.
+func Serve(ctx context.Context, path string, h http.Handler) error {
+	l, err := Listen(path)
+	if err != nil {
+		return err
+	}
+	return l.Serve(ctx, h)
 }
 
 type peerKey struct{}

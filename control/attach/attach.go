@@ -11,7 +11,7 @@
 //
 // The directory is built under a temporary name and renamed into place, so
 // it is either complete or absent. Writers hold an exclusive flock on the
-// directory's parent while they change it.
+// directory's lock file (LockDir) while they change it.
 package attach
 
 import (
@@ -20,11 +20,13 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/lovelock-dpu/lovelock/bpf"
@@ -148,7 +150,7 @@ func Open(opts Options) (*Node, error) {
 	if err := checkBPFFS(parent); err != nil {
 		return nil, fmt.Errorf("pin dir %s: %w", dir, err)
 	}
-	lock, err := lockDir(parent)
+	lock, err := lockPins(LockDir, dir)
 	if err != nil {
 		return nil, err
 	}
@@ -222,6 +224,14 @@ func (n *Node) Attach(a Attachment) (adopted bool, err error) {
 	pin := n.linkPin(a.Iface, a.Hook)
 	if l, err := link.LoadPinnedLink(pin, nil); err == nil {
 		l.Close()
+		// Adopting is right only when the link is what was asked for: a
+		// mode asked for explicitly must be the one the link has.
+		if a.Hook == HookXDP && a.Mode != "" {
+			if have := xdpMode(a.Iface); have != "" && have != a.Mode {
+				return false, fmt.Errorf("interface %s: xdp is already attached in %s mode, not %s: detach it first "+
+					"('lovelock iface detach %s --hook xdp') to attach it in %s mode", a.Iface, have, a.Mode, a.Iface, a.Mode)
+			}
+		}
 		return true, nil
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return false, fmt.Errorf("interface %s %s: open pinned link: %w", a.Iface, a.Hook, err)
@@ -341,6 +351,24 @@ func listLinks(dir string) ([]Attachment, error) {
 	return out, nil
 }
 
+// xdpMode is the mode of the XDP program attached to iface, as the kernel
+// reports it, or "" when it cannot tell.
+func xdpMode(iface string) Mode {
+	l, err := netlink.LinkByName(iface)
+	if err != nil || l.Attrs().Xdp == nil {
+		return ""
+	}
+	switch l.Attrs().Xdp.AttachMode {
+	case nl.XDP_ATTACHED_DRV:
+		return ModeNative
+	case nl.XDP_ATTACHED_SKB:
+		return ModeGeneric
+	case nl.XDP_ATTACHED_HW:
+		return "offload"
+	}
+	return ""
+}
+
 func (n *Node) linkPin(iface string, hook Hook) string {
 	return filepath.Join(n.dir, "links", string(hook)+"@"+pinEscaper.Replace(iface))
 }
@@ -351,19 +379,60 @@ var (
 	pinUnescaper = strings.NewReplacer("%2E", ".", "%25", "%")
 )
 
-func lockDir(dir string) (*os.File, error) {
-	f, err := os.Open(dir)
+// LockDir holds the writer locks of pin directories, one file per pin
+// directory (bpffs holds no regular files, and a pin directory may not exist
+// yet when it is locked: it is created by a rename).
+const LockDir = "/run/lovelock/locks"
+
+// lockPath is the lock file of pin directory dir in lockDir.
+func lockPath(lockDir, dir string) string {
+	esc := strings.NewReplacer("%", "%25", "/", "%2F").Replace(filepath.Clean(dir))
+	return filepath.Join(lockDir, "pins"+esc+".lock")
+}
+
+// lockPins takes the writer lock of pin directory dir: an exclusive flock
+// on its lock file, which then holds the holder's pid. Only writers of the
+// same pin directory exclude each other; nodes with other pin directories
+// under the same bpffs do not. When another process holds the lock, the
+// error names it.
+func lockPins(lockDir, dir string) (*os.File, error) {
+	if err := os.MkdirAll(lockDir, 0o700); err != nil {
+		return nil, fmt.Errorf("lock pin dir %s: %w", dir, err)
+	}
+	path := lockPath(lockDir, dir)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("lock %s: %w", dir, err)
+		return nil, fmt.Errorf("lock pin dir %s: %w", dir, err)
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("lock %s: another lovelockd (or lovelock command) is changing the data plane", dir)
+			return nil, fmt.Errorf("lock pin dir %s: another lovelockd (or lovelock command) is changing the data plane: %s holds %s",
+				dir, holder(path), path)
 		}
-		return nil, fmt.Errorf("lock %s: %w", dir, err)
+		return nil, fmt.Errorf("lock pin dir %s: %w", dir, err)
+	}
+	if err := f.Truncate(0); err == nil {
+		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	return f, nil
+}
+
+// holder names the process whose pid a lock file holds: "pid 123
+// (lovelockd)", or "a process" when the file says nothing usable.
+func holder(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "a process"
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return "a process"
+	}
+	if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err == nil {
+		return fmt.Sprintf("pid %d (%s)", pid, strings.TrimSpace(string(comm)))
+	}
+	return fmt.Sprintf("pid %d", pid)
 }
 
 func checkBPFFS(dir string) error {

@@ -2,6 +2,7 @@ package attach_test
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -246,5 +247,58 @@ func TestClsact(t *testing.T) {
 			t.Errorf("attachments after detach: %+v", got)
 		}
 		return n.Close()
+	})
+}
+
+// TestLockPerPinDir: two nodes with different pin directories under one
+// bpffs open side by side (the lock was the parent's, so the second was
+// refused); a second writer of the same directory is refused with an error
+// that names the holder.
+func TestLockPerPinDir(t *testing.T) {
+	fs := testenv.BPFFS(t)
+	a, err := attach.Open(attach.Options{Dir: filepath.Join(fs, "node-a")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := attach.Open(attach.Options{Dir: filepath.Join(fs, "node-b")})
+	if err != nil {
+		t.Fatalf("second node with another pin dir: %v", err)
+	}
+	defer b.Close()
+	_, err = attach.Open(attach.Options{Dir: filepath.Join(fs, "node-a")})
+	if err == nil || !strings.Contains(err.Error(), "another lovelockd") ||
+		!strings.Contains(err.Error(), fmt.Sprintf("pid %d (", os.Getpid())) {
+		t.Errorf("second writer of node-a: %v, want a lock error naming pid %d", err, os.Getpid())
+	}
+}
+
+// TestAttachModeMismatch: asking for generic XDP where native XDP is
+// attached is an error that says so, not "already attached".
+func TestAttachModeMismatch(t *testing.T) {
+	ns := testenv.NewNetNS(t)
+	dir := filepath.Join(testenv.BPFFS(t), "lovelock")
+	testenv.InNetNS(t, ns, func() error {
+		if err := vethAB(); err != nil {
+			return err
+		}
+		n, err := attach.Open(attach.Options{Dir: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer n.Close()
+		if _, err := n.Attach(attach.Attachment{Iface: "a", Hook: attach.HookXDP, Mode: attach.ModeNative}); err != nil {
+			t.Fatal(err)
+		}
+		_, err = n.Attach(attach.Attachment{Iface: "a", Hook: attach.HookXDP, Mode: attach.ModeGeneric})
+		if err == nil || !strings.Contains(err.Error(), "already attached in native mode, not generic") {
+			t.Errorf("generic over native: err = %v, want a mode mismatch", err)
+		}
+		for _, m := range []attach.Mode{attach.ModeNative, ""} {
+			if adopted, err := n.Attach(attach.Attachment{Iface: "a", Hook: attach.HookXDP, Mode: m}); err != nil || !adopted {
+				t.Errorf("mode %q over native: adopted=%v err=%v, want adopted", m, adopted, err)
+			}
+		}
+		return nil
 	})
 }

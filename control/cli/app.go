@@ -15,7 +15,7 @@ import (
 
 // App returns the lovelock command line, writing to stdout and stderr.
 func App(stdout, stderr io.Writer) *ucli.App {
-	return &ucli.App{
+	app := &ucli.App{
 		Name:    "lovelock",
 		Usage:   "configure and inspect Lovelock DPU nodes, run the testbed, plan clusters",
 		Version: buildinfo.Version,
@@ -47,4 +47,6 @@ func App(stdout, stderr io.Writer) *ucli.App {
 		// Errors are printed once, by main, with the exit code it chooses.
 		ExitErrHandler: func(*ucli.Context, error) {},
 	}
+	quietUsageErrors(app)
+	return app
 }

@@ -16,6 +16,7 @@ import (
 	ucli "github.com/urfave/cli/v2"
 
 	"github.com/lovelock-dpu/lovelock/control/rules"
+	"github.com/lovelock-dpu/lovelock/control/testbed"
 	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 )
 
@@ -73,6 +74,9 @@ func capture(c *ucli.Context) error {
 		}
 	}
 
+	if _, err := net.InterfaceByName(iface); err != nil {
+		return notHere(iface, err)
+	}
 	h, err := pcapgo.NewEthernetHandle(iface)
 	if err != nil {
 		return fmt.Errorf("capture on %s: %w", iface, err)
@@ -134,7 +138,7 @@ func ruleFilter(c *ucli.Context, name string, port uint16, iface string) (func([
 	}
 	ifc, err := net.InterfaceByName(iface)
 	if err != nil {
-		return nil, fmt.Errorf("capture --iface %s: %w", iface, err)
+		return nil, notHere(iface, err)
 	}
 	cl, err := rules.NewClassifier(&set, resolveLocal, port)
 	if err != nil {
@@ -173,17 +177,38 @@ func printPcap(w io.Writer, path string) error {
 			return fmt.Errorf("capture: read %s: frame %d: %w", path, i, err)
 		}
 		pkt := gopacket.NewPacket(data, r.LinkType(), gopacket.Default)
-		fmt.Fprintf(w, "%d %s %s\n", i, ci.Timestamp.Format("15:04:05.000000"), summarize(pkt))
+		line := summarize(pkt)
+		if ci.CaptureLength < ci.Length {
+			line += fmt.Sprintf("  (captured %d of %d bytes)", ci.CaptureLength, ci.Length)
+		}
+		fmt.Fprintf(w, "%d %s %s\n", i, ci.Timestamp.Format("15:04:05.000000"), line)
 	}
 }
 
 func summarize(pkt gopacket.Packet) string {
 	var parts []string
+	// A layer gopacket could not decode (a truncated frame) has an empty
+	// flow, which prints as "<nil>-><nil>": name the layer instead, and
+	// the error layer below says what is wrong with it.
+	flow := func(f gopacket.Flow) string {
+		if len(f.Src().Raw()) == 0 && len(f.Dst().Raw()) == 0 {
+			return ""
+		}
+		return f.String()
+	}
 	if nl := pkt.NetworkLayer(); nl != nil {
-		parts = append(parts, nl.NetworkFlow().String())
+		if f := flow(nl.NetworkFlow()); f != "" {
+			parts = append(parts, f)
+		} else {
+			parts = append(parts, nl.LayerType().String())
+		}
 	}
 	if tl := pkt.TransportLayer(); tl != nil {
-		parts = append(parts, tl.LayerType().String()+" "+tl.TransportFlow().String())
+		if f := flow(tl.TransportFlow()); f != "" {
+			parts = append(parts, tl.LayerType().String()+" "+f)
+		} else {
+			parts = append(parts, tl.LayerType().String())
+		}
 	}
 	if l, ok := pkt.Layer(wire.LayerTypeLovelock).(*wire.Lovelock); ok {
 		parts = append(parts, fmt.Sprintf("Lovelock v%d %s flags=%s tenant=%d src=%d dst=%d seq=%d len=%d",
@@ -196,4 +221,28 @@ func summarize(pkt gopacket.Packet) string {
 		parts = append(parts, pkt.LinkLayer().LayerType().String())
 	}
 	return strings.Join(parts, "  ")
+}
+
+// netnsDir is where `ip netns` (and the testbed) name network namespaces.
+var netnsDir = "/run/netns"
+
+// notHere explains an interface missing from this network namespace: a
+// node's interfaces live in its namespace on the testbed, so capture there.
+func notHere(iface string, err error) error {
+	hint := "capture in the namespace that has it"
+	if ents, rerr := os.ReadDir(netnsDir); rerr == nil {
+		var nodes []string
+		for _, e := range ents {
+			if n, ok := strings.CutPrefix(e.Name(), testbed.DefaultPrefix); ok {
+				nodes = append(nodes, n)
+			}
+		}
+		if len(nodes) > 0 {
+			hint = fmt.Sprintf("the testbed's nodes (%s) have their own namespaces: run it in the node's, "+
+				"e.g. 'lovelock testbed exec %s -- lovelock capture --iface %s …'", strings.Join(nodes, ", "), nodes[0], iface)
+		} else {
+			hint += ", e.g. on the testbed 'lovelock testbed exec NODE -- lovelock capture --iface " + iface + " …'"
+		}
+	}
+	return fmt.Errorf("capture: interface %s is not in this network namespace (%v); %s", iface, err, hint)
 }

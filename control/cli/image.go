@@ -62,6 +62,11 @@ func imageInspectCommand() *ucli.Command {
 			}
 			defer f.Close()
 			images, readErr := bfb.Read(f)
+			// Not a boot stream at all (nothing read): the error alone,
+			// not an empty table before it.
+			if readErr != nil && len(images) == 0 {
+				return fmt.Errorf("image inspect %s: not a .bfb boot stream: %w", file, readErr)
+			}
 			var valErr error
 			if readErr == nil {
 				valErr = bfb.Validate(images)

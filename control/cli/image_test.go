@@ -118,6 +118,15 @@ func TestImageInspectRejects(t *testing.T) {
 	if _, err := imageRun(t, "inspect"); err == nil {
 		t.Fatal("inspect without a file succeeded")
 	}
+	// Not an image at all: the error, and no table before it.
+	os.WriteFile(file, []byte("#!/bin/sh\necho not a boot stream\n"), 0o644)
+	out, err = imageRun(t, "inspect", file)
+	if err == nil || !strings.Contains(err.Error(), "not a .bfb boot stream") {
+		t.Fatalf("non-image: err = %v", err)
+	}
+	if out != "" {
+		t.Errorf("non-image printed before its error:\n%s", out)
+	}
 }
 
 // TestImageFlash flashes through the CLI into a fake rshim: a FIFO boot

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 
 	ucli "github.com/urfave/cli/v2"
@@ -37,6 +36,7 @@ func ruleCommand() *ucli.Command {
 	for _, m := range matchFlags {
 		addFlags = append(addFlags, &ucli.StringFlag{Name: m.name, Usage: m.usage})
 	}
+	addFlags = append(addFlags, forceFlag())
 	return &ucli.Command{
 		Name:  "rule",
 		Usage: "list, add and delete single steering rules (see 'rules apply' for whole rule sets)",
@@ -60,14 +60,17 @@ func rulesCommand() *ucli.Command {
 		Usage: "show the live rule set, or replace it whole from a file",
 		Flags: []ucli.Flag{outputFlag()},
 		Description: "Without a subcommand, lists the live rules. 'rules apply -f FILE' replaces the whole set\n" +
-			"(YAML or JSON, docs/rules.md) atomically; a set with any error changes nothing.",
+			"(YAML, or strict JSON for a .json file; docs/rules.md) atomically; a set with any error changes\n" +
+			"nothing. It prints what it changes: + added, - removed, ~ changed. A rule without a match that\n" +
+			"drops or redirects every packet needs --force.",
 		Action: ruleList,
 		Subcommands: []*ucli.Command{{
 			Name:  "apply",
 			Usage: "replace the live rule set with a file's, atomically",
 			Flags: []ucli.Flag{
 				&ucli.StringFlag{Name: "file", Aliases: []string{"f"}, Required: true, Usage: "rule file (YAML or JSON)"},
-				&ucli.BoolFlag{Name: "dry-run", Usage: "only parse and validate the file"},
+				&ucli.BoolFlag{Name: "dry-run", Usage: "only parse and validate the file, interfaces included, and print what would change"},
+				forceFlag(),
 			},
 			Action: rulesApply,
 		}},
@@ -130,6 +133,9 @@ func ruleAdd(c *ucli.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := refuseSweeping(c, set, "rule add"); err != nil {
+		return err
+	}
 	res, err := client(c).AddRule(c.Context, set.Rules[0])
 	if err != nil {
 		return err
@@ -151,24 +157,72 @@ func ruleDel(c *ucli.Context) error {
 	return nil
 }
 
+func forceFlag() ucli.Flag {
+	return &ucli.BoolFlag{Name: "force", Usage: "accept a rule without a match that drops or redirects every packet"}
+}
+
+// refuseSweeping refuses, without --force, rules that match every packet
+// and drop or redirect it: a match forgotten in a file drops everything
+// without a word otherwise. With --force it warns.
+func refuseSweeping(c *ucli.Context, set *rules.Set, what string) error {
+	sw := set.Sweeping()
+	if len(sw) == 0 {
+		return nil
+	}
+	names := make([]string, len(sw))
+	for i, r := range sw {
+		names[i] = fmt.Sprintf("%q (%s)", r.Name, r.Action)
+	}
+	msg := fmt.Sprintf("rule %s has no match: it takes every packet on every hooked interface", strings.Join(names, ", "))
+	if len(sw) > 1 {
+		msg = fmt.Sprintf("rules %s have no match: they take every packet on every hooked interface", strings.Join(names, ", "))
+	}
+	if !c.Bool("force") {
+		return fmt.Errorf("%s: %s; add a match, or pass --force if that is what you want", what, msg)
+	}
+	fmt.Fprintf(c.App.ErrWriter, "warning: %s\n", msg)
+	return nil
+}
+
 func rulesApply(c *ucli.Context) error {
 	path := c.String("file")
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("rules apply: %w", err)
 	}
-	set, err := rules.Parse(data)
+	set, err := rules.ParseFile(path, data)
 	if err != nil {
-		return fmt.Errorf("rules apply %s: %w", path, err)
+		return fmt.Errorf("rules apply: %w", err)
+	}
+	if err := refuseSweeping(c, set, "rules apply "+path); err != nil {
+		return err
 	}
 	if c.Bool("dry-run") {
-		fmt.Fprintf(c.App.Writer, "%s: %d rules parse and validate (interfaces are checked on apply)\n", path, len(set.Rules))
+		// The interfaces are resolved here, in the CLI's network
+		// namespace, which is the daemon's on a node (run it through
+		// 'lovelock testbed exec NODE' on the testbed).
+		if err := rules.Validate(set, rules.LinkResolver, 0); err != nil {
+			return fmt.Errorf("rules apply %s: %w", path, err)
+		}
+		fmt.Fprintf(c.App.Writer, "%s: %d rules parse and validate, interfaces included\n", path, len(set.Rules))
+		if live, err := client(c).Rules(c.Context); err == nil {
+			printChanges(c, rules.Diff(&live, set, api.IsOwned), "would change")
+		} else {
+			fmt.Fprintf(c.App.Writer, "(no diff: %v)\n", err)
+		}
 		return nil
 	}
-	res, err := client(c).ApplyRules(c.Context, *set)
+	cl := client(c)
+	live, err := cl.Rules(c.Context)
 	if err != nil {
 		return fmt.Errorf("rules apply %s: %w", path, err)
 	}
+	changes := rules.Diff(&live, set, api.IsOwned)
+	res, err := cl.ApplyRules(c.Context, *set)
+	if err != nil {
+		return fmt.Errorf("rules apply %s: %w", path, err)
+	}
+	printChanges(c, changes, "changed")
 	fmt.Fprintf(c.App.Writer, "applied %s: %d rules live", path, res.Rules)
 	if res.Owned > 0 {
 		fmt.Fprintf(c.App.Writer, " (%d of them lovelockd's own)", res.Owned)
@@ -178,42 +232,14 @@ func rulesApply(c *ucli.Context) error {
 	return nil
 }
 
-// matchString formats a match as field=value pairs, in file-format terms.
-func matchString(m rules.Match) string {
-	var parts []string
-	add := func(k, v string) { parts = append(parts, k+"="+v) }
-	if m.Iface != "" {
-		add("iface", m.Iface)
+// printChanges prints a rule set change, or that there is none.
+func printChanges(c *ucli.Context, ch rules.Changes, verb string) {
+	if ch.Empty() {
+		fmt.Fprintf(c.App.Writer, "%s: nothing\n", verb)
+		return
 	}
-	if m.Src.IsValid() {
-		add("src", m.Src.String())
-	}
-	if m.Dst.IsValid() {
-		add("dst", m.Dst.String())
-	}
-	if m.Proto != nil {
-		add("proto", rules.ProtoName(*m.Proto))
-	}
-	if m.Sport != nil {
-		add("sport", strconv.Itoa(int(*m.Sport)))
-	}
-	if m.Dport != nil {
-		add("dport", strconv.Itoa(int(*m.Dport)))
-	}
-	if m.Type != nil {
-		add("type", m.Type.String())
-	}
-	if m.Tenant != nil {
-		add("tenant", strconv.FormatUint(uint64(*m.Tenant), 10))
-	}
-	if m.Rank != nil {
-		add("rank", m.Rank.String())
-	}
-	if m.Region != nil {
-		add("region", strconv.FormatUint(uint64(*m.Region), 10))
-	}
-	if len(parts) == 0 {
-		return "any"
-	}
-	return strings.Join(parts, " ")
+	fmt.Fprintf(c.App.Writer, "%s: %d added, %d removed, %d changed\n%s", verb, len(ch.Added), len(ch.Removed), len(ch.Changed), ch)
 }
+
+// matchString formats a match as field=value pairs, in file-format terms.
+func matchString(m rules.Match) string { return rules.MatchString(m) }

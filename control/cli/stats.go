@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -15,7 +16,8 @@ func statsCommand() *ucli.Command {
 		Name:  "stats",
 		Usage: "show the data plane's counters: per verdict and per rule, packets, bytes and rates",
 		Description: "Counters come straight from the BPF maps. Rates need two samples: with --watch, every\n" +
-			"--interval prints the counters and the rates since the previous sample.",
+			"--interval prints the counters and the rates since the previous sample. --watch --output json\n" +
+			"prints JSON lines: one document per sample, with \"rates\" from the second on.",
 		Flags: []ucli.Flag{
 			outputFlag(),
 			&ucli.BoolFlag{Name: "watch", Aliases: []string{"w"}, Usage: "print again every --interval, with rates, until interrupted"},
@@ -42,7 +44,13 @@ func stats(c *ucli.Context) error {
 		if err != nil {
 			return err
 		}
-		if asJSON {
+		if asJSON && c.Bool("watch") {
+			// JSON lines: one compact document per sample, with the
+			// rates since the previous one, so `jq` reads the stream.
+			if err := json.NewEncoder(c.App.Writer).Encode(sampleOf(st, prev)); err != nil {
+				return err
+			}
+		} else if asJSON {
 			if err := writeJSON(c.App.Writer, st); err != nil {
 				return err
 			}
@@ -108,4 +116,53 @@ func printStats(c *ucli.Context, st api.Stats, prev *api.Stats) error {
 	}
 	fmt.Fprintln(w)
 	return nil
+}
+
+// statsSample is one line of `stats --watch --output json`: the counters,
+// and from the second sample on the rates since the previous one.
+type statsSample struct {
+	api.Stats
+	Rates *statsRates `json:"rates,omitempty"`
+}
+
+// statsRates are per-second rates over IntervalS seconds, keyed like the
+// counters (rules by name).
+type statsRates struct {
+	IntervalS float64         `json:"interval_s"`
+	Verdicts  map[string]Rate `json:"verdicts"`
+	Rules     map[string]Rate `json:"rules"`
+	Default   Rate            `json:"default"`
+}
+
+// Rate is packets and bits per second.
+type Rate struct {
+	PPS float64 `json:"pps"`
+	BPS float64 `json:"bps"`
+}
+
+func sampleOf(st api.Stats, prev *api.Stats) statsSample {
+	s := statsSample{Stats: st}
+	if prev == nil {
+		return s
+	}
+	dt := st.Time.Sub(prev.Time).Seconds()
+	if dt <= 0 {
+		return s
+	}
+	rate := func(now, before api.Counter) Rate {
+		return Rate{PPS: float64(now.Packets-before.Packets) / dt, BPS: float64(now.Bytes-before.Bytes) * 8 / dt}
+	}
+	r := &statsRates{IntervalS: dt, Verdicts: map[string]Rate{}, Rules: map[string]Rate{}, Default: rate(st.Default, prev.Default)}
+	for name, v := range st.Verdicts {
+		r.Verdicts[name] = rate(v, prev.Verdicts[name])
+	}
+	before := map[uint32]api.Counter{}
+	for _, p := range prev.Rules {
+		before[p.ID] = p.Counter
+	}
+	for _, rs := range st.Rules {
+		r.Rules[rs.Name] = rate(rs.Counter, before[rs.ID])
+	}
+	s.Rates = r
+	return s
 }

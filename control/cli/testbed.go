@@ -186,9 +186,35 @@ func testbedStatus(c *ucli.Context) error {
 	if format == "json" {
 		enc := json.NewEncoder(c.App.Writer)
 		enc.SetIndent("", "  ")
-		return enc.Encode(st)
+		if err := enc.Encode(st); err != nil {
+			return err
+		}
+	} else if err := writeTestbedTable(c.App.Writer, st); err != nil {
+		return err
 	}
-	return writeTestbedTable(c.App.Writer, st)
+	return statusErr(st)
+}
+
+// ErrTestbedNotUp is what `testbed status` returns, after printing its
+// report, when the testbed is absent or incomplete: the exit status says
+// whether the testbed is usable.
+var ErrTestbedNotUp = errors.New("testbed not up")
+
+func statusErr(st testbed.Report) error {
+	if st.Complete {
+		return nil
+	}
+	present := 0
+	for _, n := range st.Nodes {
+		if n.Present {
+			present++
+		}
+	}
+	if present == 0 {
+		return fmt.Errorf("testbed %s is absent: %w (run 'lovelock testbed%s up')", st.Prefix, ErrTestbedNotUp, testbedPrefixArg(st.Prefix))
+	}
+	return fmt.Errorf("testbed %s is incomplete, %d problems: %w (run 'lovelock testbed%s up' to repair it)",
+		st.Prefix, len(st.Problems), ErrTestbedNotUp, testbedPrefixArg(st.Prefix))
 }
 
 // writeTestbedTable prints one row per interface (loopback left out), grouped

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -158,8 +159,9 @@ func TestTestbedCommands(t *testing.T) {
 		t.Fatalf("down: %v\n%s", err, out)
 	}
 	out, err = runTestbedCLI(t, "testbed", "status", "--prefix", prefix, "-o", "json")
-	if err != nil {
-		t.Fatalf("status after down: %v", err)
+	// An absent testbed is reported, and the exit status says it is not up.
+	if !errors.Is(err, ErrTestbedNotUp) || !strings.Contains(err.Error(), "testbed "+prefix+" is absent") {
+		t.Fatalf("status after down: err = %v, want ErrTestbedNotUp saying it is absent", err)
 	}
 	st = testbed.Report{}
 	if err := json.Unmarshal([]byte(out), &st); err != nil {

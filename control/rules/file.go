@@ -5,12 +5,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
+	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/lovelock-dpu/lovelock/bpf"
 	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 )
 
@@ -77,6 +81,185 @@ func Parse(data []byte) (*Set, error) {
 	return s, nil
 }
 
+// ParseFile reads the rule file name holds data for, as Parse does, with two
+// differences. A name ending in .json is read as strict JSON (RFC 8259: no
+// trailing commas, comments or YAML), not as YAML, which accepts
+// `{"name":"a","action":"drop",}`. And an error in a rule names the file, the
+// line the rule starts on and the rule's name:
+//
+//	rules.yaml:12: rule "ingest": match: dport: want a whole number 0..65535, have "x"
+//
+// (a rule without a name is named by its position instead). In YAML the line
+// is that of the rule's name; a YAML syntax error carries its own line.
+func ParseFile(name string, data []byte) (*Set, error) {
+	j := data
+	isJSON := strings.EqualFold(filepath.Ext(name), ".json")
+	if isJSON {
+		if err := jsonSyntax(data); err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+	} else {
+		var err error
+		if j, err = yaml.YAMLToJSONStrict(data); err != nil {
+			return nil, fmt.Errorf("%s: %w", name, YAMLError(data, err))
+		}
+	}
+	if bytes.Equal(bytes.TrimSpace(j), []byte("null")) || len(bytes.TrimSpace(j)) == 0 {
+		return nil, fmt.Errorf("%s: empty rule file", name)
+	}
+	s := &Set{}
+	err := s.decode(j)
+	var re *RuleError
+	switch {
+	case err == nil:
+		return s, nil
+	case errors.As(err, &re):
+		line := 0
+		if isJSON {
+			line = jsonRuleLine(data, re.Index)
+		} else {
+			line = yamlRuleLine(data, re.Name, re.Index)
+		}
+		who := fmt.Sprintf("rule %q", re.Name)
+		if re.Name == "" {
+			who = fmt.Sprintf("rule %d (no name)", re.Index+1)
+		}
+		if line > 0 {
+			return nil, fmt.Errorf("%s:%d: %s: %w", name, line, who, re.Err)
+		}
+		return nil, fmt.Errorf("%s: %s: %w", name, who, re.Err)
+	}
+	return nil, fmt.Errorf("%s: %w", name, YAMLError(data, err))
+}
+
+// jsonSyntax checks data is one JSON value and names the line of a syntax
+// error.
+func jsonSyntax(data []byte) error {
+	d := json.NewDecoder(bytes.NewReader(data))
+	var v json.RawMessage
+	err := d.Decode(&v)
+	if err == nil {
+		if _, err2 := d.Token(); err2 != io.EOF {
+			return fmt.Errorf("line %d: invalid JSON: more after the rule set", lineAt(data, int(d.InputOffset())))
+		}
+		return nil
+	}
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return fmt.Errorf("line %d: invalid JSON: %v", lineAt(data, int(se.Offset)), se)
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("invalid JSON: unexpected end of file")
+	}
+	return fmt.Errorf("invalid JSON: %w", err)
+}
+
+// lineAt is the 1-based line of byte offset off in data.
+func lineAt(data []byte, off int) int {
+	off = min(max(off, 0), len(data))
+	return 1 + bytes.Count(data[:off], []byte("\n"))
+}
+
+// jsonRuleLine is the line on which element i of the top-level "rules" array
+// starts, or 0.
+func jsonRuleLine(data []byte, i int) int {
+	d := json.NewDecoder(bytes.NewReader(data))
+	if t, err := d.Token(); err != nil || t != json.Delim('{') {
+		return 0
+	}
+	for d.More() {
+		key, err := d.Token()
+		if err != nil {
+			return 0
+		}
+		if key != "rules" {
+			var skip json.RawMessage
+			if d.Decode(&skip) != nil {
+				return 0
+			}
+			continue
+		}
+		if t, err := d.Token(); err != nil || t != json.Delim('[') {
+			return 0
+		}
+		for n := 0; d.More(); n++ {
+			off := int(d.InputOffset())
+			// The element starts after the separator and white space.
+			for off < len(data) && strings.IndexByte(" \t\r\n,", data[off]) >= 0 {
+				off++
+			}
+			if n == i {
+				return lineAt(data, off)
+			}
+			var skip json.RawMessage
+			if d.Decode(&skip) != nil {
+				return 0
+			}
+		}
+		return 0
+	}
+	return 0
+}
+
+// yamlRuleLine is the line of the name of the rule at index i named name, or
+// 0. It looks for `name: NAME` (quoted or not, block or flow style); a name
+// used by several rules is found in order.
+func yamlRuleLine(data []byte, name string, i int) int {
+	if name == "" {
+		return 0
+	}
+	re := regexp.MustCompile(`(^|[\s{,-])["']?name["']?\s*:\s*["']?` + regexp.QuoteMeta(name) + `["']?\s*($|[,}#])`)
+	// How many rules before i carry the same name: duplicates are errors
+	// too, and the k-th one is the k-th occurrence.
+	k := 0
+	var prior struct {
+		Rules []struct{ Name string } `json:"rules"`
+	}
+	if j, err := yaml.YAMLToJSON(data); err == nil && json.Unmarshal(j, &prior) == nil {
+		for n := 0; n < i && n < len(prior.Rules); n++ {
+			if prior.Rules[n].Name == name {
+				k++
+			}
+		}
+	}
+	for ln, text := range strings.Split(string(data), "\n") {
+		if re.MatchString(text) {
+			if k == 0 {
+				return ln + 1
+			}
+			k--
+		}
+	}
+	return 0
+}
+
+var yamlUnknownField = regexp.MustCompile(`unknown field "([^"]+)"`)
+
+// YAMLError rewrites an error of sigs.k8s.io/yaml's strict decoding of data
+// so that it says where: "line N: unknown field "x"" instead of "error
+// unmarshaling JSON: while decoding JSON: json: unknown field "x"", which
+// the YAML-to-JSON conversion leaves without a line. The line is the first
+// one on which the field appears as a key. Other errors come back as they
+// are (YAML syntax errors carry their own line). Callers prefix the file
+// name: fmt.Errorf("%s: %w", path, rules.YAMLError(data, err)).
+func YAMLError(data []byte, err error) error {
+	if err == nil {
+		return nil
+	}
+	m := yamlUnknownField.FindStringSubmatch(err.Error())
+	if m == nil {
+		return err
+	}
+	field := m[1]
+	key := regexp.MustCompile(`(^|[\s{,-])["']?` + regexp.QuoteMeta(field) + `["']?\s*:`)
+	for ln, text := range strings.Split(string(data), "\n") {
+		if key.MatchString(text) {
+			return fmt.Errorf("line %d: unknown field %q", ln+1, field)
+		}
+	}
+	return fmt.Errorf("unknown field %q", field)
+}
+
 // UnmarshalJSON reads a set in the rule file's JSON form, as strictly as
 // Parse.
 func (s *Set) UnmarshalJSON(b []byte) error {
@@ -137,12 +320,39 @@ func (m *Match) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// RuleError is an error in one rule of a set: Parse reports it by position
+// and name, ParseFile by file, line and name.
+type RuleError struct {
+	Index int    // the rule's position in the file, from 0
+	Name  string // the rule's name, "" when it has none
+	Err   error
+}
+
+func (e *RuleError) Error() string {
+	if e.Name == "" {
+		return fmt.Sprintf("rule %d: %v", e.Index+1, e.Err)
+	}
+	return fmt.Sprintf("rule %d %q: %v", e.Index+1, e.Name, e.Err)
+}
+
+func (e *RuleError) Unwrap() error { return e.Err }
+
 // ruleError prefixes err with the rule's position (from 1) and name.
 func ruleError(i int, name string, err error) error {
-	if name == "" {
-		return fmt.Errorf("rule %d: %w", i+1, err)
+	return &RuleError{Index: i, Name: name, Err: err}
+}
+
+// Sweeping returns the rules of s that match every packet (no match at
+// all) and drop or redirect it: a rule file that forgot its match. The CLI
+// refuses them without --force.
+func (s *Set) Sweeping() []Rule {
+	var out []Rule
+	for _, r := range s.Rules {
+		if r.Match == (Match{}) && (r.Action.Verb == bpf.ActionDrop || r.Action.Verb == bpf.ActionRedirect) {
+			out = append(out, r)
+		}
 	}
-	return fmt.Errorf("rule %d %q: %w", i+1, name, err)
+	return out
 }
 
 // strictJSON decodes j into v, rejecting unknown fields; known lists the

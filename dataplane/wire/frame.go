@@ -86,7 +86,24 @@ type Frame struct {
 // to frames BPF_PROG_TEST_RUN keeps linear. ParseFrame does not allocate for
 // a valid Lovelock packet.
 func ParseFrame(frame []byte, port uint16) (Frame, error) {
+	return parseFrame(frame, port, false)
+}
+
+// ParseGSOFrame is ParseFrame on a GSO super-packet, as a TC hook sees the
+// host's own TSO/GSO traffic on egress or GRO'd traffic on ingress (the C
+// parser's gso argument, skb_is_gso). An IPv4 total length, IPv6 payload
+// length or UDP length of 0 then means "to the end of the frame" (BIG TCP,
+// UDP tunnels under GSO) instead of a broken header. XDP never sees such a
+// packet.
+func ParseGSOFrame(frame []byte, port uint16) (Frame, error) {
+	return parseFrame(frame, port, true)
+}
+
+func parseFrame(frame []byte, port uint16, gso bool) (Frame, error) {
 	var f Frame
+	// The IP length bounds the datagram: the headers after the IP header
+	// and the UDP datagram must end within b, and bytes after it are
+	// Ethernet padding. Until the IP header is read, b is the frame.
 	b := frame
 	if len(b) < ethHeaderLen {
 		return f, truncated("ethernet", ethHeaderLen, len(b))
@@ -125,6 +142,15 @@ func ParseFrame(frame []byte, port uint16) (Frame, error) {
 		f.Flow.Proto = ip[9]
 		f.Flow.Src = netip.AddrFrom4([4]byte(ip[12:16]))
 		f.Flow.Dst = netip.AddrFrom4([4]byte(ip[16:20]))
+		if tot := int(binary.BigEndian.Uint16(ip[2:])); tot != 0 || !gso {
+			if tot < ihl {
+				return f, fmt.Errorf("wire: frame: ipv4 total length %d below its header length %d: %w", tot, ihl, ErrBadHeader)
+			}
+			if tot > len(ip) {
+				return f, fmt.Errorf("wire: frame: ipv4 total length %d, frame has %d: %w", tot, len(ip), ErrShortBuffer)
+			}
+			b = b[:off+tot]
+		}
 		// More-fragments flag or an offset: any fragment.
 		frag = binary.BigEndian.Uint16(ip[6:])&0x3fff != 0
 		l4 = ip[9]
@@ -140,6 +166,14 @@ func ParseFrame(frame []byte, port uint16) (Frame, error) {
 		f.Flow.Family = 6
 		f.Flow.Src = netip.AddrFrom16([16]byte(ip[8:24]))
 		f.Flow.Dst = netip.AddrFrom16([16]byte(ip[24:40]))
+		// A payload length of 0 outside GSO (a jumbogram, which no
+		// Ethernet frame here carries) leaves no room for headers.
+		if plen := int(binary.BigEndian.Uint16(ip[4:])); plen != 0 || !gso {
+			if ipv6HeaderLen+plen > len(ip) {
+				return f, fmt.Errorf("wire: frame: ipv6 payload length %d, frame has %d: %w", plen, len(ip)-ipv6HeaderLen, ErrShortBuffer)
+			}
+			b = b[:off+ipv6HeaderLen+plen]
+		}
 		off += ipv6HeaderLen
 		var err error
 		if off, l4, frag, err = skipIPv6Ext(b, off, ip[6]); err != nil {
@@ -175,12 +209,15 @@ func ParseFrame(frame []byte, port uint16) (Frame, error) {
 	f.Flow.Sport = binary.BigEndian.Uint16(udp[0:])
 	f.Flow.Dport = binary.BigEndian.Uint16(udp[2:])
 	ulen := int(binary.BigEndian.Uint16(udp[4:]))
-	if ulen < udpHeaderLen {
+	switch {
+	case ulen == 0 && gso:
+		ulen = len(udp) // to the end of the IP datagram
+	case ulen < udpHeaderLen:
 		return f, fmt.Errorf("wire: frame: udp length %d below %d: %w", ulen, udpHeaderLen, ErrBadHeader)
-	}
-	// The datagram must lie within the frame; bytes after it are padding.
-	if ulen > len(udp) {
-		return f, fmt.Errorf("wire: frame: udp datagram of %d bytes, frame has %d: %w", ulen, len(udp), ErrShortBuffer)
+	case ulen > len(udp):
+		// The datagram must lie within the IP datagram (the kernel
+		// drops it otherwise, UdpInErrors); bytes after it are padding.
+		return f, fmt.Errorf("wire: frame: udp datagram of %d bytes, ip datagram has %d: %w", ulen, len(udp), ErrShortBuffer)
 	}
 	if f.Flow.Dport != port {
 		return f, fmt.Errorf("wire: frame: udp port %d, want %d: %w", f.Flow.Dport, port, ErrNotLovelock)

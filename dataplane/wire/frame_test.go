@@ -25,7 +25,7 @@ func isSentinel(err error) bool {
 func TestParseFrame(t *testing.T) {
 	for _, c := range frameCases() {
 		t.Run(c.name, func(t *testing.T) {
-			fr, err := ParseFrame(c.frame, c.port)
+			fr, err := parseFrame(c.frame, c.port, c.gso != 0)
 			if got := StatusOf(err); got != c.want {
 				t.Fatalf("status %v (%v), want %v", got, err, c.want)
 			}
@@ -96,7 +96,9 @@ func TestParseFrameErrors(t *testing.T) {
 		want  string
 	}{
 		{frame, "wire: frame: lovelock header claims 3 payload bytes, have 16: bad length"},
-		{cut[:len(cut)-1], "wire: frame: udp datagram of 48 bytes, frame has 47: short buffer"},
+		{cut[:len(cut)-1], "wire: frame: ipv4 total length 68, frame has 67: short buffer"},
+		{withU16(cut, ethHeaderLen+20+4, 49), "wire: frame: udp datagram of 49 bytes, ip datagram has 48: short buffer"},
+		{withU16(cut, ethHeaderLen+2, 19), "wire: frame: ipv4 total length 19 below its header length 20: bad l3/l4 header"},
 		{cut[:20], "wire: frame: ipv4 header needs 20 bytes, have 6: short buffer"},
 		{ext5, "wire: frame: more than 4 ipv6 extension headers: bad l3/l4 header"},
 	} {

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"net/netip"
 )
@@ -179,6 +180,27 @@ type frameCase struct {
 	want  Status
 	off   int   // header offset when want is StatusOK
 	flow  *Flow // the flow ParseFrame must return, when the case names one
+	// gso, when not 0, makes the frame a GSO super-packet with that
+	// segment size, as a TC hook sees one: ParseGSOFrame, and the C
+	// parser's TC program with gso_size set.
+	gso uint16
+}
+
+// withU16 returns a copy of b with the big-endian uint16 at i set to v.
+func withU16(b []byte, i int, v uint16) []byte {
+	b = append([]byte(nil), b...)
+	binary.BigEndian.PutUint16(b[i:], v)
+	return b
+}
+
+// hexFrame decodes a frame written as hex, as tcpdump -xx or a capture
+// tool prints it.
+func hexFrame(s string) []byte {
+	b, err := hex.DecodeString(s)
+	if err != nil {
+		panic(err)
+	}
+	return b
 }
 
 // Flows of the frames buildFrame makes from udpOpts() and llBytes.
@@ -356,6 +378,8 @@ func frameCases() []frameCase {
 	o.udpLen = udpHeaderLen + HeaderLen - 1
 	add("udp-len-no-room-padding", o, append(valid, make([]byte, 30)...), StatusTruncated)
 
+	cs = append(cs, ipLengthCases(valid)...)
+
 	// IPv4 corners.
 	for _, ihl := range []int{0, 1, 4} {
 		o := udpOpts()
@@ -501,5 +525,109 @@ func frameCases() []frameCase {
 	o = udpOpts()
 	o.etherType = 0x05dc // 802.3 length field
 	add("8023-length", o, valid, StatusNotLovelock)
+	return cs
+}
+
+// ipLengthCases are the fixtures of the IP length: it bounds the datagram
+// (RFC 791 total length, RFC 8200 payload length; the kernel's ip_rcv and
+// ip6_rcv trim the packet to it), so bytes after it are Ethernet padding and
+// a UDP length past it is a short datagram the kernel drops (UdpInErrors,
+// RFC 768). Under GSO (a TC hook's super-packets) a length of 0 means "to the
+// end": BIG TCP writes IPv4 total length 0 and IPv6 payload length 0, UDP
+// tunnels UDP length 0.
+func ipLengthCases(valid []byte) []frameCase {
+	var cs []frameCase
+	add := func(name string, frame []byte, want Status, flow *Flow, gso uint16) {
+		c := frameCase{name: name, frame: frame, port: DefaultPort, want: want, flow: flow, gso: gso}
+		if want == StatusOK {
+			c.off = len(frame) - len(valid)
+		}
+		cs = append(cs, c)
+	}
+	l3 := func(fam uint8, proto uint8) *Flow {
+		if fam == 6 {
+			return &Flow{Family: 6, Proto: proto, Src: src6, Dst: dst6}
+		}
+		return &Flow{Family: 4, Proto: proto, Src: src4, Dst: dst4}
+	}
+	ports := func(f *Flow, sport, dport uint16) *Flow {
+		f.Sport, f.Dport = sport, dport
+		return f
+	}
+	const (
+		tot4  = ethHeaderLen + 2           // IPv4 total length
+		plen6 = ethHeaderLen + 4           // IPv6 payload length
+		ulen4 = ethHeaderLen + 20 + 4      // UDP length over IPv4 without options
+		ulen6 = ethHeaderLen + 40 + 4      // UDP length over IPv6 without extension headers
+		n4    = ethHeaderLen + 20 + 8 + 40 // the size of v4 below (valid is 40 bytes)
+	)
+	v4, _ := buildFrame(udpOpts(), valid)
+	o := udpOpts()
+	o.ipv6 = true
+	v6, _ := buildFrame(o, valid)
+	pad := make([]byte, 20)
+	padded4 := append(append([]byte(nil), v4...), pad...)
+	padded6 := append(append([]byte(nil), v6...), pad...)
+
+	// Issue 10 (a), a real capture: IPv4 total length 28 (IP and UDP
+	// header only), UDP length 32 with a Lovelock header after the IP
+	// datagram. It was accepted and steered.
+	add("issue10a-udp-past-ipv4-datagram",
+		hexFrame("02000000000202000000000108004500001c00000000401100000a0000010a00000203e8f00000200000013000000000000100000000000000070000000000000000"),
+		StatusTruncated, ports(l3(4, protoUDP), 1000, DefaultPort), 0)
+	// The same over IPv6: payload length 8 (the UDP header), UDP length 48.
+	add("udp-past-ipv6-datagram", withU16(v6, plen6, udpHeaderLen), StatusTruncated, &flow6, 0)
+	// Issue 10 (b), a real capture: total length 19, below the 20-byte
+	// header. Its ports were matched.
+	add("issue10b-ipv4-total-below-header",
+		hexFrame("02000000000202000000000108004500001300000000401100000a0000010a00000203e8003500080000"),
+		StatusBadHeader, l3(4, protoUDP), 0)
+	add("ipv4-total-0", withU16(v4, tot4, 0), StatusBadHeader, l3(4, protoUDP), 0)
+	add("ipv4-total-past-frame", withU16(v4, tot4, n4-ethHeaderLen+1), StatusTruncated, l3(4, protoUDP), 0)
+	add("ipv4-total-header-only", withU16(v4, tot4, 20), StatusTruncated, l3(4, protoUDP), 0)
+	add("ipv4-total-udp-header-cut", withU16(v4, tot4, 27), StatusTruncated, l3(4, protoUDP), 0)
+	f := *l3(4, protoTCP)
+	o = udpOpts()
+	o.proto = protoTCP
+	tcp4, _ := buildFrame(o, make([]byte, 40))
+	add("ipv4-tcp-header-past-datagram", withU16(tcp4, tot4, 20+tcpMinLen-1), StatusTruncated, &f, 0)
+	add("ipv6-payload-past-frame", withU16(v6, plen6, udpHeaderLen+40+1), StatusTruncated, l3(6, 0), 0)
+	add("ipv6-payload-0", withU16(v6, plen6, 0), StatusTruncated, l3(6, protoUDP), 0)
+	o = udpOpts()
+	o.ipv6, o.ext = true, []ext6{{kind: protoDstOpts, hdrLen: 1}}
+	ext6, _ := buildFrame(o, valid)
+	add("ipv6-ext-past-datagram", withU16(ext6, plen6, 15), StatusTruncated, l3(6, 0), 0)
+
+	// Ethernet padding after the IP datagram is not the UDP datagram's.
+	add("ipv4-padding-after-datagram", padded4, StatusOK, nil, 0)
+	cs[len(cs)-1].off = len(v4) - len(valid)
+	add("ipv6-padding-after-datagram", padded6, StatusOK, nil, 0)
+	cs[len(cs)-1].off = len(v6) - len(valid)
+	add("ipv4-udp-len-into-padding", withU16(padded4, ulen4, udpHeaderLen+40+1), StatusTruncated, &flow4, 0)
+	add("ipv6-udp-len-into-padding", withU16(padded6, ulen6, udpHeaderLen+40+1), StatusTruncated, &flow6, 0)
+
+	// GSO super-packets (issue 10 (c)): lengths of 0 run to the end of the
+	// frame. The same frames outside GSO are malformed.
+	big4 := withU16(v4, tot4, 0)
+	add("gso-ipv4-total-0", big4, StatusOK, nil, 1448)
+	cs[len(cs)-1].off = len(v4) - len(valid)
+	tunnel := withU16(withU16(big4, ulen4, 0), ethHeaderLen+20+2, 4789) // VXLAN
+	add("gso-ipv4-tunnel", tunnel, StatusNotLovelock, ports(l3(4, protoUDP), 40000, 4789), 1448)
+	add("no-gso-ipv4-tunnel", tunnel, StatusBadHeader, l3(4, protoUDP), 0)
+	bigTCP := withU16(tcp4, tot4, 0)
+	add("gso-ipv4-big-tcp", bigTCP, StatusNotLovelock, ports(l3(4, protoTCP), 40000, DefaultPort), 1448)
+	add("gso-ipv6-payload-0", withU16(v6, plen6, 0), StatusOK, nil, 1448)
+	cs[len(cs)-1].off = len(v6) - len(valid)
+	add("gso-ipv6-tunnel", withU16(withU16(withU16(v6, plen6, 0), ulen6, 0), ethHeaderLen+40+2, 4789), StatusNotLovelock,
+		ports(l3(6, protoUDP), 40000, 4789), 1448)
+	add("gso-udp-len-0", withU16(v4, ulen4, 0), StatusOK, nil, 1448)
+	cs[len(cs)-1].off = len(v4) - len(valid)
+	add("gso-udp-len-0-runs-to-ip-end", withU16(padded4, ulen4, 0), StatusOK, nil, 1448)
+	cs[len(cs)-1].off = len(v4) - len(valid)
+	// Lengths that are not 0 are checked as ever.
+	add("gso-ipv4-total-below-header", withU16(v4, tot4, 19), StatusBadHeader, l3(4, protoUDP), 1448)
+	add("gso-ipv4-total-past-frame", withU16(v4, tot4, n4-ethHeaderLen+1), StatusTruncated, l3(4, protoUDP), 1448)
+	add("gso-udp-len-7", withU16(v4, ulen4, 7), StatusBadHeader, &flow4, 1448)
+	add("gso-udp-past-datagram", withU16(v4, ulen4, udpHeaderLen+40+1), StatusTruncated, &flow4, 1448)
 	return cs
 }

@@ -14,8 +14,8 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := cli.App(os.Stdout, os.Stderr).RunContext(ctx, os.Args); err != nil {
-		fmt.Fprintln(os.Stderr, "lovelock:", err)
+	if err := cli.Run(ctx, cli.App(os.Stdout, os.Stderr), os.Args); err != nil {
+		fmt.Fprintln(os.Stderr, "lovelock:", cli.Explain(err))
 		os.Exit(1)
 	}
 }

@@ -3,11 +3,13 @@ package xdp
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -21,6 +23,7 @@ import (
 	"github.com/lovelock-dpu/lovelock/dataplane/messaging"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 	"github.com/lovelock-dpu/lovelock/dataplane/xsk"
 )
 
@@ -129,6 +132,53 @@ func TestBuildParse(t *testing.T) {
 }
 
 // fixIP recomputes the IPv4 header checksum of an Ethernet frame.
+// TestParseAgreesWithSteering holds the receiver's own parser to the
+// steering parser's verdicts (wire.ParseFrame, which the C parser agrees
+// with) on frames carrying a valid Lovelock packet to the receiver's port:
+// the receiver delivers exactly those the data plane calls valid. The cases
+// are issue 10's: an outer 802.1ad tag (which the receiver walked and the
+// steering parser does not), a UDP length past the IP datagram, an IPv4
+// total length below the header length, and Ethernet padding.
+func TestParseAgreesWithSteering(t *testing.T) {
+	a := netip.MustParseAddrPort("10.1.0.1:40000")
+	b := netip.AddrPortFrom(netip.MustParseAddr("10.1.0.2"), wire.DefaultPort)
+	tx := fakeTransport(a, b.Addr(), [6]byte{2, 0, 0, 0, 0, 2})
+	rx := fakeTransport(b, a.Addr(), [6]byte{2, 0, 0, 0, 0, 1})
+	h := wire.Header{Version: wire.Version, Type: wire.TypePing}
+	f, err := tx.build(make([]byte, 1514), &transport.Packet{Addr: b, Data: h.AppendTo(nil, make([]byte, 16))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f = bytes.Clone(f)
+	tag := func(tpid uint16, g []byte) []byte {
+		return slices.Concat(g[:12], []byte{byte(tpid >> 8), byte(tpid), 0, 100}, g[12:])
+	}
+	mod := func(fn func(g []byte)) []byte { g := bytes.Clone(f); fn(g); fixIP(g); return g }
+	pad := append(bytes.Clone(f), make([]byte, 20)...)
+	for name, g := range map[string][]byte{
+		"plain":                   f,
+		"802.1q":                  tag(0x8100, f),
+		"802.1ad":                 tag(0x88a8, f),
+		"802.1ad-802.1q":          tag(0x88a8, tag(0x8100, f)),
+		"udp-past-ip-datagram":    mod(func(g []byte) { binary.BigEndian.PutUint16(g[16:], 28) }),
+		"ipv4-total-below-header": mod(func(g []byte) { binary.BigEndian.PutUint16(g[16:], 19) }),
+		"ipv4-total-past-frame":   mod(func(g []byte) { binary.BigEndian.PutUint16(g[16:], uint16(len(g)-13)) }),
+		"padding-after-datagram":  pad,
+		"udp-len-into-the-padding": func() []byte {
+			g := bytes.Clone(pad)
+			binary.BigEndian.PutUint16(g[38:], uint16(len(f)-34+1))
+			return g
+		}(),
+	} {
+		_, perr := wire.ParseFrame(g, wire.DefaultPort)
+		steered := perr == nil
+		p := transport.Packet{Data: make([]byte, 2000)}
+		if got := rx.parse(g, &p); got != steered {
+			t.Errorf("%s: receiver delivers: %v; steering parser: %v", name, got, wire.StatusOf(perr))
+		}
+	}
+}
+
 func fixIP(f []byte) {
 	ip := f[14:34]
 	ip[10], ip[11] = 0, 0

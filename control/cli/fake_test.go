@@ -1,0 +1,94 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/lovelock-dpu/lovelock/control/api"
+	"github.com/lovelock-dpu/lovelock/control/attach"
+	"github.com/lovelock-dpu/lovelock/control/rules"
+	"github.com/lovelock-dpu/lovelock/control/testenv"
+	"github.com/lovelock-dpu/lovelock/dataplane/messaging"
+)
+
+// fakeService is an api.Service that keeps a rule set and answers the rest
+// with zero values, for CLI tests that need a daemon to talk to.
+type fakeService struct {
+	attached   []attach.Attachment
+	set        rules.Set
+	applied    int // ApplyRules calls
+	statsCalls int
+}
+
+func (f *fakeService) Status() (api.Status, error)               { return api.Status{}, nil }
+func (f *fakeService) Attachments() ([]attach.Attachment, error) { return nil, nil }
+func (f *fakeService) Attach(a attach.Attachment) (api.Attached, error) {
+	f.attached = append(f.attached, a)
+	return api.Attached{}, nil
+}
+func (f *fakeService) Detach(string, attach.Hook) error { return nil }
+func (f *fakeService) Rules() (rules.Set, error)        { return f.set, nil }
+func (f *fakeService) ApplyRules(s rules.Set) (api.Applied, error) {
+	f.set = s
+	f.applied++
+	return api.Applied{Rules: len(s.Rules)}, nil
+}
+func (f *fakeService) AddRule(r rules.Rule) (api.Applied, error) {
+	f.set.Rules = append(f.set.Rules, r)
+	return api.Applied{Rules: len(f.set.Rules)}, nil
+}
+func (f *fakeService) DeleteRule(string) (api.Applied, error) { return api.Applied{}, nil }
+
+// Stats counts 100 packets of 10 bytes a second on rx and rule "web",
+// one simulated second per call.
+func (f *fakeService) Stats() (api.Stats, error) {
+	f.statsCalls++
+	n := uint64(f.statsCalls)
+	c := api.Counter{Packets: 100 * n, Bytes: 1000 * n}
+	return api.Stats{
+		Time:     time.Unix(1e9+int64(n), 0),
+		Verdicts: map[string]api.Counter{"rx": c},
+		Rules:    []api.RuleStat{{Name: "web", ID: 1, Counter: c}},
+	}, nil
+}
+func (f *fakeService) MsgStats() (messaging.Stats, error) {
+	return messaging.Stats{}, &api.NotFoundError{Err: errors.New("no agent")}
+}
+
+// serveFake serves svc on a socket in a temporary directory until the test
+// ends and returns the socket's path. The API answers root only.
+func serveFake(t *testing.T, svc api.Service) string {
+	t.Helper()
+	testenv.RequirePriv(t)
+	sock := filepath.Join(t.TempDir(), "api.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- api.Serve(ctx, sock, api.Handler(svc)) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	c := api.NewClient(sock)
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		if _, err := c.Status(context.Background()); err == nil {
+			return sock
+		} else if time.Now().After(deadline) {
+			t.Fatalf("fake daemon does not answer: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// runCLI runs the CLI in-process against sock and returns stdout, stderr
+// and the error.
+func runCLI(sock string, args ...string) (string, string, error) {
+	var out, errOut bytes.Buffer
+	err := App(&out, &errOut).Run(append([]string{"lovelock", "--socket", sock}, args...))
+	return out.String(), errOut.String(), err
+}

@@ -1,0 +1,157 @@
+package cli
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/lovelock-dpu/lovelock/control/rules"
+)
+
+func writeFile(t *testing.T, name, data string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestRulesApply: .json is strict JSON, a rule without a match that drops
+// needs --force, apply prints what it changes, and --dry-run checks the
+// interfaces and prints what would change without applying.
+func TestRulesApply(t *testing.T) {
+	svc := &fakeService{set: rules.Set{Default: rules.Pass(), Rules: []rules.Rule{
+		{Name: "old", Priority: 1, Action: rules.Pass()},
+		{Name: "dns", Priority: 5, Match: rules.Match{Dport: new(uint16(53)), Proto: new(uint8(17))}, Action: rules.Pass()},
+		{Name: "lovelockd:msg-0", Priority: 9, Action: rules.XSK(0)},
+	}}}
+	sock := serveFake(t, svc)
+
+	// The issue's file: invalid JSON, and a drop without a match.
+	bad := writeFile(t, "r.json", `{"rules": [{"name":"a","action":"drop",}]}`)
+	if _, _, err := runCLI(sock, "rules", "apply", "-f", bad); err == nil || !strings.Contains(err.Error(), "r.json: line 1: invalid JSON") {
+		t.Errorf("trailing comma: err = %v, want invalid JSON with its line", err)
+	}
+	sweep := writeFile(t, "r.json", `{"rules": [{"name":"a","action":"drop"}]}`)
+	if _, _, err := runCLI(sock, "rules", "apply", "-f", sweep); err == nil || !strings.Contains(err.Error(), `rule "a" (drop) has no match`) || !strings.Contains(err.Error(), "--force") {
+		t.Errorf("rule without a match: err = %v, want a refusal naming the rule and --force", err)
+	}
+	if svc.applied != 0 {
+		t.Fatalf("refused files were applied %d times", svc.applied)
+	}
+	_, stderr, err := runCLI(sock, "rules", "apply", "-f", sweep, "--force")
+	if err != nil || !strings.Contains(stderr, `warning: rule "a" (drop) has no match`) || svc.applied != 1 {
+		t.Errorf("--force: err = %v, stderr %q, applied %d", err, stderr, svc.applied)
+	}
+
+	// Errors name the rule and its line.
+	badPort := writeFile(t, "r.yaml", "rules:\n  - name: a\n    action: drop\n    match: {dport: 53}\n  - name: b\n    match: {dport: x}\n    action: drop\n")
+	if _, _, err := runCLI(sock, "rules", "apply", "-f", badPort); err == nil || !strings.Contains(err.Error(), `r.yaml:5: rule "b": match: dport`) {
+		t.Errorf("bad rule: err = %v, want file:line and name", err)
+	}
+
+	// The diff, against the set lovelockd has (its own rules are kept).
+	svc.set = rules.Set{Default: rules.Pass(), Rules: []rules.Rule{
+		{Name: "old", ID: 1, Priority: 1, Match: rules.Match{Dport: new(uint16(1))}, Action: rules.Pass()},
+		{Name: "dns", ID: 2, Priority: 5, Match: rules.Match{Dport: new(uint16(53)), Proto: new(uint8(17))}, Action: rules.Pass()},
+		{Name: "same", ID: 3, Priority: 6, Match: rules.Match{Dport: new(uint16(99)), Proto: new(uint8(17))}, Action: rules.Pass()},
+		{Name: "lovelockd:msg-0", ID: 4, Priority: 9, Match: rules.Match{Dport: new(uint16(61440)), Proto: new(uint8(17))}, Action: rules.XSK(0)},
+	}}
+	file := writeFile(t, "r.yaml", `default: drop
+rules:
+  - {name: dns, priority: 5, match: {proto: udp, dport: 53}, action: drop}
+  - {name: same, priority: 6, match: {proto: udp, dport: 99}, action: pass}
+  - {name: web, priority: 7, match: {proto: tcp, dport: 443}, action: pass}
+`)
+	want := []string{
+		"~ default: pass -> drop",
+		"+ web: priority 7, match proto=tcp dport=443, action pass",
+		"- old",
+		"~ dns: action pass -> drop",
+	}
+	out, _, err := runCLI(sock, "rules", "apply", "-f", file, "--dry-run")
+	if err != nil {
+		t.Fatalf("dry run: %v", err)
+	}
+	for _, w := range append(want, "would change: 1 added, 1 removed, 1 changed", "interfaces included") {
+		if !strings.Contains(out, w) {
+			t.Errorf("dry run output lacks %q:\n%s", w, out)
+		}
+	}
+	if strings.Contains(out, "same") || strings.Contains(out, "lovelockd:msg") || svc.applied != 1 {
+		t.Errorf("dry run: unchanged or owned rules listed, or applied (%d):\n%s", svc.applied, out)
+	}
+	out, _, err = runCLI(sock, "rules", "apply", "-f", file)
+	if err != nil || svc.applied != 2 {
+		t.Fatalf("apply: %v (applied %d)", err, svc.applied)
+	}
+	for _, w := range append(want, "changed: 1 added, 1 removed, 1 changed") {
+		if !strings.Contains(out, w) {
+			t.Errorf("apply output lacks %q:\n%s", w, out)
+		}
+	}
+
+	// --dry-run resolves interfaces.
+	noIface := writeFile(t, "r.yaml", "rules:\n  - {name: out, match: {dport: 1}, action: 'redirect:no-such-if0'}\n")
+	if _, _, err := runCLI(sock, "rules", "apply", "-f", noIface, "--dry-run"); err == nil || !strings.Contains(err.Error(), "no-such-if0") {
+		t.Errorf("dry run with a missing interface: err = %v", err)
+	}
+}
+
+func TestRuleAddForce(t *testing.T) {
+	svc := &fakeService{set: rules.Set{Default: rules.Pass()}}
+	sock := serveFake(t, svc)
+	if _, _, err := runCLI(sock, "rule", "add", "--name", "all", "--priority", "1", "--action", "drop"); err == nil || !strings.Contains(err.Error(), "--force") {
+		t.Errorf("rule add without a match: err = %v", err)
+	}
+	if len(svc.set.Rules) != 0 {
+		t.Fatalf("refused rule added")
+	}
+	if _, _, err := runCLI(sock, "rule", "add", "--name", "all", "--priority", "1", "--action", "drop", "--force"); err != nil || len(svc.set.Rules) != 1 {
+		t.Errorf("rule add --force: %v", err)
+	}
+}
+
+// TestStatsJSON: counter keys are lower case, and --watch --output json
+// prints JSON lines, with rates from the second sample on.
+func TestStatsJSON(t *testing.T) {
+	sock := serveFake(t, &fakeService{})
+	out, _, err := runCLI(sock, "stats", "--output", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, `"packets": 100`) || !strings.Contains(out, `"bytes": 1000`) || strings.Contains(out, "Packets") {
+		t.Errorf("stats JSON keys:\n%s", out)
+	}
+	out, _, err = runCLI(sock, "stats", "--watch", "--count", "2", "--interval", "1ms", "--output", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("want 2 JSON lines, got %d:\n%s", len(lines), out)
+	}
+	var samples [2]struct {
+		Verdicts map[string]struct{ Packets uint64 } `json:"verdicts"`
+		Rates    *struct {
+			IntervalS float64                               `json:"interval_s"`
+			Verdicts  map[string]struct{ PPS, BPS float64 } `json:"verdicts"`
+			Rules     map[string]struct{ PPS, BPS float64 } `json:"rules"`
+		} `json:"rates"`
+	}
+	for i, l := range lines {
+		if err := json.Unmarshal([]byte(l), &samples[i]); err != nil {
+			t.Fatalf("line %d is not one JSON document: %v\n%s", i+1, err, l)
+		}
+	}
+	if samples[0].Rates != nil {
+		t.Errorf("first sample has rates: %+v", samples[0].Rates)
+	}
+	r := samples[1].Rates
+	if r == nil || r.IntervalS != 1 || r.Verdicts["rx"].PPS != 100 || r.Verdicts["rx"].BPS != 8000 || r.Rules["web"].PPS != 100 {
+		t.Errorf("second sample's rates: %+v", r)
+	}
+}
