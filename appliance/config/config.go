@@ -13,6 +13,7 @@ import (
 	"github.com/lovelock-dpu/lovelock/appliance/service/msgservice"
 	"github.com/lovelock-dpu/lovelock/control/api"
 	"github.com/lovelock-dpu/lovelock/control/attach"
+	"github.com/lovelock-dpu/lovelock/control/rules"
 )
 
 // DefaultPath is where lovelockd looks for its configuration.
@@ -72,7 +73,7 @@ func Load(path string, explicit bool) (Config, error) {
 		return cfg, fmt.Errorf("config: %w", err)
 	}
 	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
-		return cfg, fmt.Errorf("config %s: %w", path, err)
+		return cfg, fmt.Errorf("config %s: %w", path, rules.YAMLError(data, err))
 	}
 	return cfg, cfg.Validate()
 }

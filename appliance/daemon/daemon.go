@@ -48,7 +48,6 @@ type Daemon struct {
 	reserved map[string][]rules.Rule
 
 	supervisors []*service.Supervisor // one per configured service
-	running     sync.WaitGroup        // the supervisors: Run waits for them
 }
 
 // New opens the data plane and reconciles it with the state file. It fails
@@ -72,7 +71,7 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 			node.Close()
 			return nil, fmt.Errorf("rules file: %w", err)
 		}
-		set, err := rules.Parse(data)
+		set, err := rules.ParseFile(cfg.Rules, data)
 		if err != nil {
 			node.Close()
 			return nil, fmt.Errorf("rules file %s: %w", cfg.Rules, err)
@@ -134,38 +133,45 @@ func (d *Daemon) Close() error {
 }
 
 // Run serves the API and metrics until ctx ends, and supervises the
-// services; it returns once they have stopped.
+// services; it returns once every goroutine it started has stopped. It
+// fails before saying ready when the API socket or the metrics address is
+// taken (a live lovelockd answers on the socket: api.ErrSocketInUse).
 func (d *Daemon) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
-	defer d.running.Wait()
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	defer cancel()
 	errc := make(chan error, 2)
-	go func() { errc <- api.Serve(ctx, d.cfg.Socket, api.Handler(d)) }()
+	ln, err := api.Listen(d.cfg.Socket)
+	if err != nil {
+		return err
+	}
+	wg.Go(func() {
+		if err := ln.Serve(ctx, api.Handler(d)); err != nil {
+			errc <- err
+		}
+	})
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(&collector{d: d})
 	for _, s := range d.supervisors {
 		reg.MustRegister(s.Service())
 	}
 	if d.cfg.Metrics != "" {
-		ln, err := net.Listen("tcp", d.cfg.Metrics)
+		mln, err := net.Listen("tcp", d.cfg.Metrics)
 		if err != nil {
-			return fmt.Errorf("metrics: %w", err)
+			return fmt.Errorf("metrics: %w (another lovelockd? set metrics: in the config, or --metrics off)", err)
 		}
 		srv := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})}
-		go func() { <-ctx.Done(); srv.Close() }()
-		go func() {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		wg.Go(func() { <-ctx.Done(); srv.Close() })
+		wg.Go(func() {
+			if err := srv.Serve(mln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				errc <- fmt.Errorf("metrics: %w", err)
 			}
-		}()
-		d.log.Info("metrics", "addr", ln.Addr().String())
+		})
+		d.log.Info("metrics", "addr", mln.Addr().String())
 	}
 	for _, s := range d.supervisors {
-		d.running.Add(1)
-		go func() {
-			defer d.running.Done()
-			s.Run(ctx)
-		}()
+		wg.Go(func() { s.Run(ctx) })
 	}
 	d.log.Info("ready", "socket", d.cfg.Socket)
 	select {

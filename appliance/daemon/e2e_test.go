@@ -1,10 +1,12 @@
 package daemon_test
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -16,6 +18,7 @@ import (
 	"github.com/lovelock-dpu/lovelock/bpf"
 	"github.com/lovelock-dpu/lovelock/control/attach"
 	"github.com/lovelock-dpu/lovelock/control/rules"
+	"github.com/lovelock-dpu/lovelock/control/testenv"
 	"github.com/lovelock-dpu/lovelock/dataplane/xsk"
 )
 
@@ -411,5 +414,39 @@ nodes:
 		if !strings.Contains(string(metrics), want) {
 			t.Errorf("metrics lack %q", want)
 		}
+	}
+}
+
+// TestSecondDaemonSameSocket: a second lovelockd with its own pins but the
+// first one's socket refuses to start before it says ready, and leaves the
+// first one's socket in place.
+func TestSecondDaemonSameSocket(t *testing.T) {
+	spec := bed(t)
+	d := startDaemon(t, spec, "dpu0")
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "none.yaml"), []byte("{}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(lovelockdBinary(t), "--config", filepath.Join(dir, "none.yaml"),
+		"--pin-dir", filepath.Join(testenv.BPFFS(t), "lovelock"), "--state", filepath.Join(dir, "state.json"),
+		"--socket", d.socket, "--metrics", "off")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := spec.Run("dpu1", cmd.Start); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(out.String(), "another lovelockd") || strings.Contains(out.String(), "msg=ready") {
+			t.Errorf("second lovelockd: %v, want it to refuse the socket before ready:\n%s", err, out.String())
+		}
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("second lovelockd still runs on the first one's socket:\n%s", out.String())
+	}
+	if _, err := d.client().Status(context.Background()); err != nil {
+		t.Errorf("the first lovelockd no longer answers: %v", err)
 	}
 }

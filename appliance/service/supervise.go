@@ -84,7 +84,7 @@ func (s *Supervisor) runOnce(ctx context.Context) error {
 	}
 	defer b.Close()
 	s.update(func(st *api.ServiceStatus) {
-		st.State, st.Binding, st.Degraded, st.Error = api.ServiceRunning, b.String(), b.Degraded, ""
+		st.State, st.Binding, st.Degraded = api.ServiceRunning, b.String(), b.Degraded
 		if len(b.Degraded) > 0 {
 			st.State = api.ServiceDegraded
 		}

@@ -60,7 +60,7 @@ func TestSupervisor(t *testing.T) {
 	go func() { sup.Run(ctx); close(done) }()
 	<-svc.running
 	s := sup.Status()
-	if s.State != api.ServiceRunning || s.Restarts != 2 || s.Error != "" || s.Binding != "kernel sockets" {
+	if s.State != api.ServiceRunning || s.Restarts != 2 || s.Error != "cluster file: no such file" || s.Binding != "kernel sockets" {
 		t.Errorf("running: %+v", s)
 	}
 	if len(st.reserved["fake"]) != 1 {

@@ -98,8 +98,8 @@ type ServiceStatus struct {
 	Binding string `json:"binding,omitempty"`
 	// Degraded says what is bound short of what the service asked for.
 	Degraded []string `json:"degraded,omitempty"`
-	// Error is why it last failed; Restarts how often it was started
-	// again after a failure.
+	// Error is why it last failed (kept while it runs again after it);
+	// Restarts how often it was started again after a failure.
 	Error    string `json:"error,omitempty"`
 	Restarts int    `json:"restarts"`
 }

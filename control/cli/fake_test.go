@@ -22,6 +22,7 @@ type fakeService struct {
 	set        rules.Set
 	applied    int // ApplyRules calls
 	statsCalls int
+	services   []api.ServiceStatus
 }
 
 func (f *fakeService) Status() (api.Status, error)               { return api.Status{}, nil }
@@ -57,6 +58,11 @@ func (f *fakeService) Stats() (api.Stats, error) {
 }
 func (f *fakeService) MsgStats() (messaging.Stats, error) {
 	return messaging.Stats{}, &api.NotFoundError{Err: errors.New("no agent")}
+}
+
+func (f *fakeService) Services() ([]api.ServiceStatus, error) { return f.services, nil }
+func (f *fakeService) ServiceStats(name string) (any, error) {
+	return nil, &api.NotFoundError{Err: errors.New("this node runs no " + name + " service")}
 }
 
 // serveFake serves svc on a socket in a temporary directory until the test

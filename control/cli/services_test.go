@@ -1,0 +1,48 @@
+package cli
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/lovelock-dpu/lovelock/control/api"
+)
+
+// TestServices: lovelock services lists each service and exits non-zero,
+// naming them, unless every service runs as asked; degraded ones say why.
+func TestServices(t *testing.T) {
+	svc := &fakeService{}
+	sock := serveFake(t, svc)
+	for _, c := range []struct {
+		name     string
+		services []api.ServiceStatus
+		wantOut  []string
+		wantErr  string
+	}{
+		{"none", nil, []string{"runs no service"}, ""},
+		{"running", []api.ServiceStatus{{Name: "messaging", State: api.ServiceRunning, Binding: "kernel sockets"}},
+			[]string{"messaging", "running", "kernel sockets"}, ""},
+		{"degraded", []api.ServiceStatus{
+			{Name: "messaging", State: api.ServiceDegraded, Binding: "AF_XDP on p0", Degraded: []string{"no steering program in XDP on p0"}},
+			{Name: "farmem", State: api.ServiceFailed, Error: "cluster file: no such file", Restarts: 3},
+		}, []string{"messaging degraded: no steering program in XDP on p0", "cluster file: no such file"}, "messaging degraded, farmem failed"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			svc.services = c.services
+			out, _, err := runCLI(sock, "services")
+			for _, w := range c.wantOut {
+				if !strings.Contains(out, w) {
+					t.Errorf("output lacks %q:\n%s", w, out)
+				}
+			}
+			if c.wantErr == "" && err != nil || c.wantErr != "" && (err == nil || !strings.Contains(err.Error(), c.wantErr)) {
+				t.Errorf("err = %v, want %q", err, c.wantErr)
+			}
+			out, _, _ = runCLI(sock, "services", "-o", "json")
+			var got []api.ServiceStatus
+			if err := json.Unmarshal([]byte(out), &got); err != nil || len(got) != len(c.services) {
+				t.Errorf("-o json: %v, %d services:\n%s", err, len(got), out)
+			}
+		})
+	}
+}
