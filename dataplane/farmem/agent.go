@@ -119,8 +119,11 @@ type AgentStats struct {
 	Servers int `json:"servers"`
 	Regions int `json:"regions"`
 	// HostRequests counts requests taken from hosts (duplicates not
-	// included); Forwarded those sent to a memory node; Batches the
-	// request datagrams that carried them on first transmission.
+	// included); Forwarded those sent to a memory node; Batches the task
+	// batches that carried them (the requests of one receive batch bound
+	// for one memory node and tenant, packed several per datagram where
+	// they fit; Fabric.TXDatagrams counts the datagrams); AvgBatch is
+	// Forwarded / Batches.
 	HostRequests uint64  `json:"host_requests"`
 	Forwarded    uint64  `json:"forwarded"`
 	Batches      uint64  `json:"batches"`

@@ -57,7 +57,7 @@ type requester struct {
 	pending map[uint64]*call
 	pk      *packer
 	closed  bool
-	batches uint64 // request datagrams of first transmissions
+	batches uint64 // task batches: per issue, the distinct (peer, tenant) groups
 }
 
 func newRequester(cfg Config, tr transport.Transport, ctr *linkCounters, lat *histogram, complete func([]*call)) *requester {
@@ -132,7 +132,7 @@ func (r *requester) issue(ctx context.Context, calls []*call) error {
 		}
 	}
 	n, b, ferr := r.pk.flush(r.tr)
-	r.batches += uint64(n)
+	r.batches += uint64(groups(calls))
 	r.mu.Unlock()
 	r.ctr.requests.Add(uint64(len(calls)))
 	r.ctr.txDgrams.Add(uint64(n))
@@ -317,11 +317,30 @@ func (r *requester) accept(from netip.AddrPort, rec *Record) *call {
 		}
 	}
 	c.reply = *rec
-	c.reply.Data = nil
+	c.reply.Data, c.reply.Frag = nil, 0
 	if rec.Op != OpRead {
 		c.rdata = append([]byte(nil), rec.Data...)
 	}
 	delete(r.pending, rec.ID)
 	<-r.slots
 	return c
+}
+
+// groups counts the distinct (peer, tenant) pairs of calls: the task
+// batches one issue sends.
+func groups(calls []*call) int {
+	n := 0
+	for i, c := range calls {
+		first := true
+		for _, d := range calls[:i] {
+			if d.dst == c.dst && d.tenant == c.tenant {
+				first = false
+				break
+			}
+		}
+		if first {
+			n++
+		}
+	}
+	return n
 }
