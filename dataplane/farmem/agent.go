@@ -421,6 +421,11 @@ func (a *Agent) complete(calls []*call) {
 			continue
 		}
 		hr := k.user.(*hostReq)
+		if errors.Is(k.err, ErrClosed) || errors.Is(k.err, context.Canceled) {
+			// The agent is stopping: no answer, so that the host sends
+			// the request again, to the agent's next run.
+			continue
+		}
 		reply := k.reply
 		var data []byte
 		if k.err != nil {

@@ -221,6 +221,7 @@ type Region struct {
 	writer bool
 	size   uint64
 
+	reacq  sync.Mutex // one reacquire at a time
 	mu     sync.Mutex
 	lease  uint32
 	closed bool
@@ -280,7 +281,7 @@ func (r *Region) renew() {
 		}
 		err = r.c.do(r.c.ctx, &call{rec: Record{Op: OpRenew, Region: r.id, Aux: lease}})
 		if errors.Is(err, ErrNotWriter) {
-			_ = r.open(r.c.ctx)
+			_ = r.reacquire(lease)
 		}
 	}
 }
@@ -369,7 +370,11 @@ func (r *Region) WriteAt(p []byte, off int64) (int, error) {
 	return len(p), nil
 }
 
+// reacquire takes the writer lease again after the memory node reported
+// lease old invalid, once for all the chunks that saw it fail.
 func (r *Region) reacquire(old uint32) error {
+	r.reacq.Lock()
+	defer r.reacq.Unlock()
 	r.mu.Lock()
 	changed := r.lease != old
 	r.mu.Unlock()
