@@ -77,6 +77,7 @@ test: deps ## run every test (privileged ones need root) and short fuzz runs
 	$(GO) test -run='^$$' -fuzz='^FuzzFrame$$' -fuzztime=$(FUZZTIME) ./dataplane/wire/
 	$(GO) test -run='^$$' -fuzz='^FuzzBundle$$' -fuzztime=$(FUZZTIME) ./dataplane/messaging/bundle/
 	$(GO) test -run='^$$' -fuzz='^FuzzAgent$$' -fuzztime=$(FUZZTIME) ./dataplane/messaging/
+	$(GO) test -run='^$$' -fuzz='^FuzzDecode$$' -fuzztime=$(FUZZTIME) ./dataplane/farmem/
 
 .PHONY: bench
 bench: bench-steer ## run the benchmarks
