@@ -89,8 +89,8 @@ type Agent struct {
 	mu      sync.RWMutex
 	regions map[uint32]int // region → index in cfg.Servers
 
-	lastRefresh atomic.Int64
-	runCtx      context.Context
+	refreshMu   sync.Mutex // one refresh at a time
+	lastRefresh time.Time  // when the last refresh started; under refreshMu
 	running     atomic.Bool
 	closeOnce   sync.Once
 }
@@ -224,7 +224,6 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer a.Close()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	a.runCtx = ctx
 	var wg sync.WaitGroup
 	errs := make([]error, len(a.hosts)+len(a.fabric))
 	for i, f := range a.fabric {
@@ -247,14 +246,22 @@ func (a *Agent) Run(ctx context.Context) error {
 			cancel()
 		}()
 	}
-	go a.refresh(ctx)
+	go a.refresh(ctx, time.Now())
 	wg.Wait()
 	return errors.Join(errs...)
 }
 
-// refresh learns the regions of every memory node from its list answers.
-func (a *Agent) refresh(ctx context.Context) {
-	a.lastRefresh.Store(time.Now().UnixNano())
+// refresh learns the regions of every memory node from their list
+// answers, unless a refresh started after since (it answers for since as
+// well). Refreshes run one at a time, so a stream of requests for unknown
+// regions costs at most one list round per node at a time.
+func (a *Agent) refresh(ctx context.Context, since time.Time) {
+	a.refreshMu.Lock()
+	defer a.refreshMu.Unlock()
+	if a.lastRefresh.After(since) {
+		return
+	}
+	a.lastRefresh = time.Now()
 	for i, s := range a.cfg.Servers {
 		first := uint32(0)
 		for {
@@ -297,12 +304,35 @@ func (a *Agent) route(rec *Record) (int, bool) {
 	i, ok := a.regions[rec.Region]
 	a.mu.RUnlock()
 	if !ok && len(a.cfg.Servers) == 1 {
-		return 0, true
-	}
-	if !ok && time.Since(time.Unix(0, a.lastRefresh.Load())) > 100*time.Millisecond {
-		go a.refresh(a.runCtx)
+		return 0, true // the only node answers for itself
 	}
 	return i, ok
+}
+
+// resolve handles the requests of one batch whose region the agent does not
+// know: it asks the memory nodes for their regions (a refresh that started
+// after the batch arrived), then forwards those it found and answers the rest
+// StatusUnknownRegion. It runs on a goroutine of its own, so that the
+// worker's loop keeps receiving meanwhile.
+func (w *hostWorker) resolve(ctx context.Context, misses []*call, arrived time.Time) {
+	a := w.a
+	a.refresh(ctx, arrived)
+	var found []*call
+	w.mu.Lock()
+	for _, k := range misses {
+		hr := k.user.(*hostReq)
+		if srv, ok := a.route(&k.rec); ok {
+			hr.server, k.dst = srv, a.cfg.Servers[srv].Addr
+			found = append(found, k)
+			continue
+		}
+		w.replyLocked(hr, Record{Op: k.rec.Op, Region: k.rec.Region, Status: StatusUnknownRegion, Size: k.rec.Size}, nil)
+	}
+	w.flushLocked()
+	w.mu.Unlock()
+	if len(found) > 0 {
+		_ = w.fab.issue(ctx, found)
+	}
 }
 
 // Stats returns a snapshot of the counters.
@@ -336,7 +366,7 @@ func (w *hostWorker) run(ctx context.Context) error {
 	var recs []Record
 	var reqs []request
 	var dups []resend
-	var calls []*call
+	var calls, misses []*call
 	for {
 		for i := range pkts {
 			pkts[i].Data = pkts[i].Data[:cap(pkts[i].Data)]
@@ -349,6 +379,7 @@ func (w *hostWorker) run(ctx context.Context) error {
 			return fmt.Errorf("farmem: agent: %w", err)
 		}
 		calls = calls[:0]
+		arrived := time.Now()
 		w.mu.Lock()
 		for _, p := range pkts[:n] {
 			a.hctr.rxDgrams.Add(1)
@@ -367,13 +398,7 @@ func (w *hostWorker) run(ctx context.Context) error {
 				a.hostReqs.Add(1)
 				a.hctr.requests.Add(1)
 				hr := &hostReq{w: w, src: q.src, tenant: q.tenant, id: q.rec.ID}
-				srv, ok := a.route(&q.rec)
-				if !ok {
-					w.replyLocked(hr, Record{Op: q.rec.Op, Region: q.rec.Region, Status: StatusUnknownRegion, Size: q.rec.Size}, nil)
-					continue
-				}
-				hr.server = srv
-				k := &call{rec: q.rec, dst: a.cfg.Servers[srv].Addr, tenant: q.tenant, user: hr}
+				k := &call{rec: q.rec, tenant: q.tenant, user: hr}
 				k.rec.Data, k.data = nil, q.rec.Data
 				if q.rec.Op == OpRead {
 					k.buf = make([]byte, q.rec.Size)
@@ -381,11 +406,21 @@ func (w *hostWorker) run(ctx context.Context) error {
 				if q.rec.Op == OpWrite {
 					a.writeBytes.Add(uint64(len(k.data)))
 				}
+				srv, ok := a.route(&q.rec)
+				if !ok {
+					misses = append(misses, k)
+					continue
+				}
+				hr.server, k.dst = srv, a.cfg.Servers[srv].Addr
 				calls = append(calls, k)
 			}
 		}
 		w.flushLocked()
 		w.mu.Unlock()
+		if len(misses) > 0 {
+			go w.resolve(ctx, misses, arrived)
+			misses = nil
+		}
 		if len(calls) > 0 {
 			_ = w.fab.issue(ctx, calls)
 		}
