@@ -398,6 +398,10 @@ func (w *hostWorker) run(ctx context.Context) error {
 				a.hostReqs.Add(1)
 				a.hctr.requests.Add(1)
 				hr := &hostReq{w: w, src: q.src, tenant: q.tenant, id: q.rec.ID}
+				if q.rec.Status != StatusOK {
+					w.replyLocked(hr, Record{Op: q.rec.Op, Region: q.rec.Region, Size: q.rec.Size, Status: q.rec.Status}, nil)
+					continue
+				}
 				k := &call{rec: q.rec, tenant: q.tenant, user: hr}
 				k.rec.Data, k.data = nil, q.rec.Data
 				if q.rec.Op == OpRead {

@@ -111,6 +111,7 @@ func TestBadInput(t *testing.T) {
 			{"read past the end", wire.TypeMemRead, Record{Op: OpRead, Region: r.ID(), ID: 1, Offset: uint64(r.Size()), Size: 10}, StatusOutOfRange},
 			{"offset overflow", wire.TypeMemRead, Record{Op: OpRead, Region: r.ID(), ID: 2, Offset: 1<<64 - 4, Size: 10}, StatusOutOfRange},
 			{"read above the chunk size", wire.TypeMemRead, Record{Op: OpRead, Region: r.ID(), ID: 3, Size: 128 << 10}, StatusBadRequest},
+			{"write above the chunk size", wire.TypeMemWrite, Record{Op: OpWrite, Region: r.ID(), ID: 7, Size: 128 << 10, Data: make([]byte, FragUnit)}, StatusBadRequest},
 			{"unknown region", wire.TypeMemRead, Record{Op: OpRead, Region: 7777, ID: 4, Size: 10}, StatusUnknownRegion},
 			{"write without a lease", wire.TypeMemWrite, Record{Op: OpWrite, Region: r.ID(), ID: 5, Size: 3, Data: []byte("abc")}, StatusNotWriter},
 			{"forged lease", wire.TypeMemWrite, Record{Op: OpWrite, Region: r.ID(), ID: 6, Size: 3, Aux: 12345, Data: []byte("abc")}, StatusNotWriter},
@@ -145,7 +146,7 @@ func TestBadInput(t *testing.T) {
 		if d := st.Link.Malformed - before.Link.Malformed; d != uint64(len(malformed)) {
 			t.Errorf("malformed counted %d, want %d", d, len(malformed))
 		}
-		if st.Errors.OutOfRange < 2 || st.Errors.BadRequest < 1 || st.Errors.NotWriter < 2 || st.Errors.UnknownRegion < 1 {
+		if st.Errors.OutOfRange < 2 || st.Errors.BadRequest < 2 || st.Errors.NotWriter < 2 || st.Errors.UnknownRegion < 1 {
 			t.Errorf("error counters %+v", st.Errors)
 		}
 	})

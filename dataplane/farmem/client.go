@@ -243,8 +243,11 @@ func (r *Region) open(ctx context.Context) error {
 		return err
 	}
 	r.mu.Lock()
-	r.size, r.lease = k.reply.Offset, k.reply.Aux
+	r.lease = k.reply.Aux
 	r.mu.Unlock()
+	if r.size == 0 {
+		r.size = k.reply.Offset // before the handle is shared; a size never changes
+	}
 	return nil
 }
 
@@ -272,6 +275,8 @@ func (r *Region) renew() {
 	for {
 		select {
 		case <-r.stop:
+			return
+		case <-r.c.ctx.Done():
 			return
 		case <-t.C:
 		}

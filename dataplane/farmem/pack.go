@@ -17,6 +17,7 @@ import (
 type packer struct {
 	max   int
 	floor uint64
+	flags wire.Flags // header flags of datagrams opened from now on
 	seq   uint32
 	out   []transport.Packet
 	open  []openDgram
@@ -61,7 +62,7 @@ func (p *packer) dgram(addr netip.AddrPort, tenant uint32, typ wire.Type, region
 		b = make([]byte, 0, p.max)
 	}
 	p.seq++
-	h := wire.Header{Version: wire.Version, Type: typ, Tenant: tenant, Dst: region, Seq: p.seq}
+	h := wire.Header{Version: wire.Version, Type: typ, Flags: p.flags, Tenant: tenant, Dst: region, Seq: p.seq}
 	b = h.AppendTo(b, nil)
 	b = binary.BigEndian.AppendUint64(b, p.floor)
 	p.out = append(p.out, transport.Packet{Addr: addr, Data: b})

@@ -173,6 +173,7 @@ func (r *requester) retransmit(now time.Time) {
 	var failed []*call
 	r.mu.Lock()
 	r.pk.floor = r.floor()
+	r.pk.flags = wire.FlagRetransmit
 	resent := 0
 	for id, c := range r.pending {
 		if now.Before(c.due) {
@@ -191,6 +192,7 @@ func (r *requester) retransmit(now time.Time) {
 		resent++
 	}
 	n, b, _ := r.pk.flush(r.tr)
+	r.pk.flags = 0
 	r.mu.Unlock()
 	r.ctr.retransmits.Add(uint64(resent))
 	r.ctr.timeouts.Add(uint64(len(failed)))

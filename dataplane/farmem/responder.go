@@ -11,7 +11,9 @@ import (
 // one without requests in progress is forgotten.
 const maxSources = 4096
 
-// request is one complete request a responder hands its owner.
+// request is one complete request a responder hands its owner. A request
+// with a non-zero rec.Status was refused by the responder (oversize): the
+// owner answers that status without executing it.
 type request struct {
 	src    netip.AddrPort
 	tenant uint32
@@ -115,6 +117,15 @@ func (r *responder) accept(src netip.AddrPort, h wire.Header, floor uint64, recs
 		}
 		if rec.ID < s.floor {
 			r.ctr.stale.Add(1)
+			continue
+		}
+		if (rec.Op == OpRead || rec.Op == OpWrite) && int(rec.Size) > r.cfg.ChunkSize {
+			// Refused before any reassembly memory is spent on it; the
+			// owner answers StatusBadRequest.
+			req := request{src, h.Tenant, *rec}
+			req.rec.Data, req.rec.Frag, req.rec.Status = nil, 0, StatusBadRequest
+			s.inflight[rec.ID] = struct{}{}
+			reqs = append(reqs, req)
 			continue
 		}
 		if rec.Op != OpWrite {

@@ -195,8 +195,8 @@ func (s *Server) execute(pk *packer, q *request, buf []byte) {
 	now := s.opts.Now()
 	ttl := s.opts.LeaseTTL.D()
 	err := func() error {
-		if (rec.Op == OpRead || rec.Op == OpWrite) && int(rec.Size) > s.opts.ChunkSize {
-			return fmt.Errorf("%w: %d bytes, chunk size %d", ErrBadRequest, rec.Size, s.opts.ChunkSize)
+		if rec.Status != StatusOK {
+			return fmt.Errorf("%w: %v of %d bytes, chunk size %d", rec.Status.Err(), rec.Op, rec.Size, s.opts.ChunkSize)
 		}
 		switch rec.Op {
 		case OpCreate:
