@@ -23,44 +23,12 @@ import (
 // counted. Needs root.
 func TestVethFabric(t *testing.T) {
 	testenv.RequirePriv(t)
-	ns := []netns.NsHandle{testenv.NewNetNS(t), testenv.NewNetNS(t)}
-	addrs := []netip.Addr{netip.MustParseAddr("10.98.0.1"), netip.MustParseAddr("10.98.0.2")}
-	testenv.InNetNS(t, ns[0], func() error {
-		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "fm0", MTU: 9000}, PeerName: "fm1", PeerMTU: 9000}); err != nil {
-			return err
-		}
-		peer, err := netlink.LinkByName("fm1")
-		if err != nil {
-			return err
-		}
-		return netlink.LinkSetNsFd(peer, int(ns[1]))
-	})
-	for i, name := range []string{"fm0", "fm1"} {
-		testenv.InNetNS(t, ns[i], func() error {
-			l, err := netlink.LinkByName(name)
-			if err != nil {
-				return err
-			}
-			if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: addrs[i].AsSlice(), Mask: net.CIDRMask(24, 32)}}); err != nil {
-				return err
-			}
-			return netlink.LinkSetUp(l)
-		})
-	}
-	open := func(n int, addr netip.AddrPort, rbuf int) transport.Transport {
-		var c *udp.Conn
-		var err error
-		testenv.InNetNS(t, ns[n], func() error {
-			c, err = udp.Listen(addr, udp.Options{MaxPayload: udp.MaxPayloadForMTU(9000, false), ReadBuffer: rbuf})
-			return err
-		})
-		return c
-	}
+	open := vethPair(t)
 	lw := &lossyWrap{seed: 5, drop: 0.02, dup: 0.02, reorder: 0.05}
-	srvTr := open(1, netip.AddrPortFrom(addrs[1], 0), 96<<10)
+	srvTr := open(1, netip.AddrPort{}, 96<<10)
 	srv, _ := startServer(t, t.TempDir(), lw.wrap(srvTr))
 	host := open(0, netip.MustParseAddrPort("127.0.0.1:0"), 0)
-	fabric := lw.wrap(open(0, netip.AddrPortFrom(addrs[0], 0), 0))
+	fabric := lw.wrap(open(0, netip.AddrPort{}, 0))
 	cfg := AgentConfig{Config: testConfig(), Servers: []ServerSpec{{Addr: srv.Addr()}}}
 	agent, err := NewAgent(cfg, AgentOptions{HostTransports: []transport.Transport{host}, FabricTransports: []transport.Transport{fabric}})
 	if err != nil {
@@ -85,5 +53,48 @@ func TestVethFabric(t *testing.T) {
 	}
 	if as.Fabric.TXDatagrams <= as.Forwarded {
 		t.Errorf("%d datagrams for %d requests: chunks did not span several jumbo datagrams", as.Fabric.TXDatagrams, as.Forwarded)
+	}
+}
+
+// vethPair joins two fresh network namespaces by a veth pair with the
+// testbed's 9000-byte MTU (10.98.0.1 and .2) and returns a function that
+// opens a kernel UDP transport in namespace n: on addr, or on the pair's
+// address of n when addr is zero.
+func vethPair(t testing.TB) func(n int, addr netip.AddrPort, rbuf int) transport.Transport {
+	ns := []netns.NsHandle{testenv.NewNetNS(t), testenv.NewNetNS(t)}
+	addrs := []netip.Addr{netip.MustParseAddr("10.98.0.1"), netip.MustParseAddr("10.98.0.2")}
+	testenv.InNetNS(t, ns[0], func() error {
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "fm0", MTU: 9000}, PeerName: "fm1", PeerMTU: 9000}); err != nil {
+			return err
+		}
+		peer, err := netlink.LinkByName("fm1")
+		if err != nil {
+			return err
+		}
+		return netlink.LinkSetNsFd(peer, int(ns[1]))
+	})
+	for i, name := range []string{"fm0", "fm1"} {
+		testenv.InNetNS(t, ns[i], func() error {
+			l, err := netlink.LinkByName(name)
+			if err != nil {
+				return err
+			}
+			if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: addrs[i].AsSlice(), Mask: net.CIDRMask(24, 32)}}); err != nil {
+				return err
+			}
+			return netlink.LinkSetUp(l)
+		})
+	}
+	return func(n int, addr netip.AddrPort, rbuf int) transport.Transport {
+		if !addr.IsValid() {
+			addr = netip.AddrPortFrom(addrs[n], 0)
+		}
+		var c *udp.Conn
+		var err error
+		testenv.InNetNS(t, ns[n], func() error {
+			c, err = udp.Listen(addr, udp.Options{MaxPayload: udp.MaxPayloadForMTU(9000, false), ReadBuffer: rbuf})
+			return err
+		})
+		return c
 	}
 }
