@@ -5,6 +5,9 @@ import (
 	"errors"
 	"net/netip"
 	"testing"
+	"time"
+
+	"sigs.k8s.io/yaml"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 )
@@ -168,4 +171,35 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("re-encoded:\n got % x\nwant % x", re, in)
 		}
 	})
+}
+
+// TestAgentConfigYAML: the agent section as docs/farmem.md shows it parses
+// (durations as text, Config's knobs inline) and validates.
+func TestAgentConfigYAML(t *testing.T) {
+	doc := `
+chunk_size: 65536
+max_datagram: 8972
+retransmit_timeout: 20ms
+max_retransmit_timeout: 500ms
+tries: 14
+window: 256
+reassembly: 256
+lease_ttl: 15s
+reply_cache: 4096
+listen: 10.0.0.10:61440
+servers:
+  - addr: 10.0.9.1:61440
+    regions: [1, 2]
+`
+	var c AgentConfig
+	if err := yaml.UnmarshalStrict([]byte(doc), &c); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if c.RetransmitTimeout.D() != 20*time.Millisecond || c.LeaseTTL.D() != 15*time.Second || c.ChunkSize != 64<<10 ||
+		len(c.Servers) != 1 || c.Servers[0].Addr != netip.MustParseAddrPort("10.0.9.1:61440") || len(c.Servers[0].Regions) != 2 {
+		t.Fatalf("parsed %+v", c)
+	}
 }

@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"sync"
 	"testing"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/transport"
 )
 
 // TestTwoClientsOneAgent: two host processes share one DPU agent. Each
@@ -77,5 +79,43 @@ func TestTwoClientsOneAgent(t *testing.T) {
 	}
 	if st.Host.Requests == 0 || st.ReadBytes == 0 || st.WriteBytes == 0 || st.Latency.Count == 0 {
 		t.Errorf("counters missing: %+v", st)
+	}
+}
+
+// TestAgentWorkers: an agent with two host-facing transports (two workers,
+// as with two AF_XDP queues) and two fabric transports serves a client on
+// each; every worker forwards and completes its own requests.
+func TestAgentWorkers(t *testing.T) {
+	srv, _ := startServer(t, t.TempDir(), listen(t, loopback))
+	hosts := []transport.Transport{listen(t, loopback), listen(t, loopback)}
+	fabric := []transport.Transport{listen(t, loopback), listen(t, loopback)}
+	agent, err := NewAgent(AgentConfig{Config: testConfig(), Servers: []ServerSpec{{Addr: srv.Addr()}}},
+		AgentOptions{HostTransports: hosts, FabricTransports: fabric})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, agent.Run)
+	var wg sync.WaitGroup
+	for i, h := range hosts {
+		c := newClient(t, h.LocalAddr(), 2)
+		r, err := c.Alloc(context.Background(), 512<<10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); workload(t, r, uint64(30+i), 2, 5) }()
+	}
+	wg.Wait()
+	st := agent.Stats()
+	if st.Host.RXDatagrams == 0 || st.Errors != (ErrorCounts{}) {
+		t.Fatalf("agent %+v", st)
+	}
+	for i, f := range agent.fabric {
+		f.mu.Lock()
+		pending, batches := len(f.pending), f.batches
+		f.mu.Unlock()
+		if pending != 0 || batches == 0 {
+			t.Errorf("fabric transport %d: %d task batches, %d requests left pending", i, batches, pending)
+		}
 	}
 }
