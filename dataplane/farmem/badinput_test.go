@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -73,6 +74,10 @@ func TestBadInput(t *testing.T) {
 			{"write past the end", ErrOutOfRange, func() error { _, err := r.WriteAt(want, r.Size()-10); return err }},
 			{"read past the end", io.EOF, func() error { _, err := r.ReadAt(want, r.Size()); return err }},
 			{"over capacity", ErrNoSpace, func() error { _, err := good.Create(ctx, 1<<40, CreateOptions{}); return err }},
+			{"preload path longer than a datagram", ErrBadRequest, func() error {
+				_, err := good.Create(ctx, 0, CreateOptions{Preload: strings.Repeat("x", 10000)})
+				return err
+			}},
 			{"empty region", ErrBadRequest, func() error { _, err := good.Create(ctx, 0, CreateOptions{}); return err }},
 			{"missing preload", ErrBadRequest, func() error {
 				_, err := good.Create(ctx, 0, CreateOptions{Preload: "/nonexistent/file"})
@@ -84,6 +89,15 @@ func TestBadInput(t *testing.T) {
 					return err
 				}
 				_, err = good.Open(ctx, ri.ID, true)
+				return err
+			}},
+			// Last: it fills the server.
+			{"full to the byte", ErrNoSpace, func() error {
+				st := srv.Stats()
+				if _, err := good.Create(ctx, st.Capacity-st.Used, CreateOptions{}); err != nil {
+					return err // the rest of the capacity must still fit
+				}
+				_, err := good.Create(ctx, 1, CreateOptions{})
 				return err
 			}},
 		} {

@@ -110,9 +110,10 @@ func (c *Client) Stats() ClientStats {
 func (c *Client) do(ctx context.Context, k *call) error {
 	k.dst, k.tenant, k.done = c.opts.Server, c.opts.Tenant, make(chan struct{})
 	if err := c.req.issue(ctx, []*call{k}); err != nil && k.err == nil && !errors.Is(err, ErrClosed) {
-		// Packing failed (an oversize record): nothing was sent for k.
+		// Packing failed (an oversize record, ErrBadRequest): nothing
+		// was sent for k.
 		if c.req.cancel(k) {
-			return fmt.Errorf("%w: %v", ErrBadRequest, err)
+			return err
 		}
 	}
 	select {

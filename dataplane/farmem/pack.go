@@ -75,7 +75,7 @@ func (p *packer) dgram(addr netip.AddrPort, tenant uint32, typ wire.Type, region
 func (p *packer) add(addr netip.AddrPort, tenant uint32, typ wire.Type, r Record, data []byte, frag bool) error {
 	if !frag || len(data) == 0 {
 		if len(data) > p.room() {
-			return fmt.Errorf("farmem: %v record of %d bytes exceeds a %d-byte datagram", r.Op, len(data), p.max)
+			return fmt.Errorf("%w: %v record of %d data bytes exceeds a %d-byte datagram", ErrBadRequest, r.Op, len(data), p.max)
 		}
 		i := p.dgram(addr, tenant, typ, r.Region, RecordHdrLen+len(data))
 		p.put(i, &r, data)

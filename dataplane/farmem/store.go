@@ -69,10 +69,11 @@ type store struct {
 	dir      string
 	capacity uint64
 
-	mu      sync.RWMutex
-	regions map[uint32]*region
-	used    uint64
-	nextID  uint32
+	mu       sync.RWMutex
+	regions  map[uint32]*region
+	reserved map[uint32]bool // IDs of regions being created
+	used     uint64          // bytes of regions and reservations
+	nextID   uint32
 }
 
 type region struct {
@@ -100,7 +101,7 @@ func openStore(dir string, capacity uint64, idBase uint32) (*store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("farmem: state dir: %w", err)
 	}
-	s := &store{dir: dir, capacity: capacity, regions: make(map[uint32]*region), nextID: max(idBase, 1)}
+	s := &store{dir: dir, capacity: capacity, regions: make(map[uint32]*region), reserved: make(map[uint32]bool), nextID: max(idBase, 1)}
 	data, err := os.ReadFile(filepath.Join(dir, metaName))
 	if errors.Is(err, os.ErrNotExist) {
 		return s, nil
@@ -205,23 +206,39 @@ func (s *store) create(tenant uint32, size uint64, writable bool, preload string
 	if size == 0 {
 		return RegionInfo{}, fmt.Errorf("%w: region of 0 bytes", ErrBadRequest)
 	}
+	// Reserve the ID and the capacity, then build the backing file without
+	// the lock (a preload may copy gigabytes), then publish the region.
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.used+size > s.capacity || s.used+size < s.used {
-		return RegionInfo{}, fmt.Errorf("%w: %d bytes asked, %d of %d free", ErrNoSpace, size, s.capacity-s.used, s.capacity)
+		free := s.capacity - s.used
+		s.mu.Unlock()
+		return RegionInfo{}, fmt.Errorf("%w: %d bytes asked, %d of %d free", ErrNoSpace, size, free, s.capacity)
 	}
 	id := s.nextID
-	for s.regions[id] != nil || id == 0 {
+	for s.regions[id] != nil || s.reserved[id] || id == 0 {
 		id++
 	}
+	s.reserved[id] = true
+	s.used += size
+	s.nextID = id + 1
+	s.mu.Unlock()
+	unreserve := func() {
+		s.mu.Lock()
+		delete(s.reserved, id)
+		s.used -= size
+		s.mu.Unlock()
+	}
+
 	path := regionFile(s.dir, id)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
+		unreserve()
 		return RegionInfo{}, fmt.Errorf("%w: %v", ErrIO, err)
 	}
 	fail := func(err error) (RegionInfo, error) {
 		f.Close()
 		os.Remove(path)
+		unreserve()
 		return RegionInfo{}, err
 	}
 	if err := unix.Fallocate(int(f.Fd()), 0, 0, int64(size)); err != nil {
@@ -244,13 +261,16 @@ func (s *store) create(tenant uint32, size uint64, writable bool, preload string
 		return fail(fmt.Errorf("%w: %v", ErrIO, err))
 	}
 	ri := RegionInfo{ID: id, Tenant: tenant, Size: size, Writable: writable, Source: preload}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.reserved, id)
 	s.regions[id] = &region{info: ri, f: f}
-	s.used += size
-	s.nextID = id + 1
 	if err := s.saveMeta(); err != nil {
 		delete(s.regions, id)
 		s.used -= size
-		return fail(fmt.Errorf("%w: metadata: %v", ErrIO, err))
+		f.Close()
+		os.Remove(path)
+		return RegionInfo{}, fmt.Errorf("%w: metadata: %v", ErrIO, err)
 	}
 	return ri, nil
 }
