@@ -119,7 +119,8 @@ type AgentStats struct {
 	Servers int `json:"servers"`
 	Regions int `json:"regions"`
 	// HostRequests counts requests taken from hosts (duplicates not
-	// included); Forwarded those sent to a memory node; Batches the task
+	// included); Forwarded the requests sent to memory nodes (with the
+	// agent's own list requests for region metadata); Batches the task
 	// batches that carried them (the requests of one receive batch bound
 	// for one memory node and tenant, packed several per datagram where
 	// they fit; Fabric.TXDatagrams counts the datagrams); AvgBatch is

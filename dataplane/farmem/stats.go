@@ -59,7 +59,7 @@ func (h *histogram) summary() Latency {
 		return l
 	}
 	q := func(p float64) float64 {
-		rank := uint64(p*float64(total)+0.5) - 0
+		rank := uint64(p*float64(total) + 0.5)
 		if rank < 1 {
 			rank = 1
 		}
