@@ -1,0 +1,510 @@
+package farmem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
+)
+
+// ServerSpec is one memory node an agent forwards to.
+type ServerSpec struct {
+	Addr netip.AddrPort `json:"addr"`
+	// Regions the node serves, known in advance; the agent also learns
+	// them from the node's list answers and from creates it forwards.
+	Regions []uint32 `json:"regions,omitempty"`
+}
+
+// AgentConfig is a DPU agent's configuration, the far-memory section
+// lovelockd embeds.
+type AgentConfig struct {
+	Config
+	// Listen is the host-facing address when the agent opens its own
+	// kernel UDP socket.
+	Listen netip.AddrPort `json:"listen,omitzero"`
+	// Servers are the memory nodes; creates go to the first.
+	Servers []ServerSpec `json:"servers"`
+}
+
+// Validate checks the knobs and the servers.
+func (c AgentConfig) Validate() error {
+	errs := []error{c.Config.Validate()}
+	if len(c.Servers) == 0 {
+		errs = append(errs, errors.New("farmem: agent config: no servers"))
+	}
+	seen := map[uint32]int{}
+	for i, s := range c.Servers {
+		if !s.Addr.IsValid() || s.Addr.Port() == 0 {
+			errs = append(errs, fmt.Errorf("farmem: agent config: server %d: address %v", i, s.Addr))
+		}
+		for _, r := range s.Regions {
+			if j, ok := seen[r]; ok && j != i {
+				errs = append(errs, fmt.Errorf("farmem: agent config: region %d on servers %d and %d", r, j, i))
+			}
+			seen[r] = i
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// AgentOptions are an agent's run-time inputs besides its config.
+type AgentOptions struct {
+	// HostTransports face the host processes, one worker each (AF_XDP
+	// sockets on pf0hpf under lovelockd); nil opens one kernel UDP socket
+	// on Listen. FabricTransports face the memory nodes (AF_XDP on p0);
+	// worker i forwards through FabricTransports[i % len]; nil opens one
+	// kernel UDP socket per worker on an ephemeral port. The agent owns
+	// all of them.
+	HostTransports, FabricTransports []transport.Transport
+	Logger                           *slog.Logger
+}
+
+// Agent is the DPU agent: it receives host requests, looks up which memory
+// node serves each region, packs the requests of one receive batch bound for
+// the same node and tenant into task batches (several per datagram where
+// they fit), forwards them asynchronously, and answers each host from the
+// completion loop when the node replied. Per worker one loop receives and
+// issues, another (the fabric receive loop) completes.
+type Agent struct {
+	cfg    AgentConfig
+	hosts  []*hostWorker
+	fabric []*requester
+	log    *slog.Logger
+
+	hctr, fctr linkCounters
+	lat        histogram
+	errs       statusCounters
+	hostReqs   atomic.Uint64
+	readBytes  atomic.Uint64
+	writeBytes atomic.Uint64
+
+	mu      sync.RWMutex
+	regions map[uint32]int // region → index in cfg.Servers
+
+	refreshMu   sync.Mutex // one refresh at a time
+	lastRefresh time.Time  // when the last refresh started; under refreshMu
+	running     atomic.Bool
+	closeOnce   sync.Once
+}
+
+type hostWorker struct {
+	a    *Agent
+	tr   transport.Transport
+	resp *responder
+	fab  *requester
+
+	mu sync.Mutex // pk: replies from the completion loops
+	pk *packer
+}
+
+// hostReq is what a forwarded call remembers of its host request.
+type hostReq struct {
+	w      *hostWorker
+	src    netip.AddrPort
+	tenant uint32
+	id     uint64
+	server int
+}
+
+// AgentStats are an agent's counters.
+type AgentStats struct {
+	Servers int `json:"servers"`
+	Regions int `json:"regions"`
+	// HostRequests counts requests taken from hosts (duplicates not
+	// included); Forwarded the requests sent to memory nodes (with the
+	// agent's own list requests for region metadata); Batches the task
+	// batches that carried them (the requests of one receive batch bound
+	// for one memory node and tenant, packed several per datagram where
+	// they fit; Fabric.TXDatagrams counts the datagrams); AvgBatch is
+	// Forwarded / Batches.
+	HostRequests uint64  `json:"host_requests"`
+	Forwarded    uint64  `json:"forwarded"`
+	Batches      uint64  `json:"batches"`
+	AvgBatch     float64 `json:"avg_batch"`
+	// ReadBytes is page data returned to hosts (server → host),
+	// WriteBytes page data forwarded to memory nodes (host → server).
+	ReadBytes  uint64 `json:"read_bytes"`
+	WriteBytes uint64 `json:"write_bytes"`
+	// Host counts the host side (RX: host → agent), Fabric the memory
+	// node side (TX: agent → nodes, with retransmissions).
+	Host   LinkStats `json:"host"`
+	Fabric LinkStats `json:"fabric"`
+	// Errors counts replies to hosts by failure kind.
+	Errors ErrorCounts `json:"errors"`
+	// Latency is the round trip from forwarding to the node's reply.
+	Latency Latency `json:"latency"`
+}
+
+// NewAgent validates cfg and opens (or takes) the transports.
+func NewAgent(cfg AgentConfig, opts AgentOptions) (*Agent, error) {
+	cfg.Config = cfg.Config.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	hosts, fabric := opts.HostTransports, opts.FabricTransports
+	var opened []transport.Transport
+	fail := func(err error) (*Agent, error) {
+		for _, t := range append(append(opened, hosts...), fabric...) {
+			_ = t.Close()
+		}
+		return nil, fmt.Errorf("farmem: agent: %w", err)
+	}
+	if hosts == nil {
+		c, err := udp.Listen(cfg.Listen, udp.Options{})
+		if err != nil {
+			return fail(err)
+		}
+		hosts = []transport.Transport{c}
+	}
+	if fabric == nil {
+		for range hosts {
+			c, err := udp.Listen(netip.AddrPortFrom(netip.IPv4Unspecified(), 0), udp.Options{})
+			if err != nil {
+				return fail(err)
+			}
+			fabric = append(fabric, c)
+		}
+	}
+	for _, t := range append(append([]transport.Transport{}, hosts...), fabric...) {
+		if t.MaxPayload() < MinDatagram {
+			return fail(fmt.Errorf("transport carries %d-byte datagrams, need %d", t.MaxPayload(), MinDatagram))
+		}
+	}
+	a := &Agent{cfg: cfg, log: log, regions: make(map[uint32]int)}
+	for i, s := range cfg.Servers {
+		for _, r := range s.Regions {
+			a.regions[r] = i
+		}
+	}
+	for _, t := range fabric {
+		a.fabric = append(a.fabric, newRequester(cfg.Config, t, &a.fctr, &a.lat, a.complete))
+	}
+	for i, t := range hosts {
+		a.hosts = append(a.hosts, &hostWorker{a: a, tr: t, resp: newResponder(cfg.Config, &a.hctr),
+			fab: a.fabric[i%len(a.fabric)], pk: newPacker(min(cfg.MaxDatagram, t.MaxPayload()))})
+	}
+	log.Info("farmem: agent ready", "addr", hosts[0].LocalAddr(), "workers", len(hosts), "servers", len(cfg.Servers))
+	return a, nil
+}
+
+// Addr returns the host-facing address.
+func (a *Agent) Addr() netip.AddrPort { return a.hosts[0].tr.LocalAddr() }
+
+// Close closes every transport; Run returns.
+func (a *Agent) Close() error {
+	a.closeOnce.Do(func() {
+		for _, w := range a.hosts {
+			_ = w.tr.Close()
+		}
+		for _, f := range a.fabric {
+			_ = f.tr.Close()
+		}
+	})
+	return nil
+}
+
+// Run runs the workers and the completion loops until ctx is done or the
+// agent is closed. Requests in flight then fail towards their hosts, which
+// retransmit them to the agent's next run. Run may be called once.
+func (a *Agent) Run(ctx context.Context) error {
+	if !a.running.CompareAndSwap(false, true) {
+		return errors.New("farmem: agent: Run called twice")
+	}
+	defer a.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make([]error, len(a.hosts)+len(a.fabric))
+	for i, f := range a.fabric {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f.run(ctx); err != nil {
+				errs[i] = err
+			}
+			cancel()
+		}()
+	}
+	for i, w := range a.hosts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := w.run(ctx); err != nil {
+				errs[len(a.fabric)+i] = err
+			}
+			cancel()
+		}()
+	}
+	go a.refresh(ctx, time.Now())
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// refresh learns the regions of every memory node from their list
+// answers, unless a refresh started after since (it answers for since as
+// well). Refreshes run one at a time, so a stream of requests for unknown
+// regions costs at most one list round per node at a time.
+func (a *Agent) refresh(ctx context.Context, since time.Time) {
+	a.refreshMu.Lock()
+	defer a.refreshMu.Unlock()
+	if a.lastRefresh.After(since) {
+		return
+	}
+	a.lastRefresh = time.Now()
+	for i, s := range a.cfg.Servers {
+		first := uint32(0)
+		for {
+			k := &call{rec: Record{Op: OpList, Region: first}, dst: s.Addr, done: make(chan struct{})}
+			if err := a.fabric[0].issue(ctx, []*call{k}); err != nil {
+				return
+			}
+			select {
+			case <-k.done:
+			case <-ctx.Done():
+				return
+			}
+			if k.err != nil || k.reply.Status != StatusOK {
+				a.log.Warn("farmem: agent: listing memory node failed", "server", s.Addr, "err", k.err, "status", k.reply.Status)
+				break
+			}
+			infos, err := parseInfos(k.rdata)
+			if err != nil {
+				break
+			}
+			a.mu.Lock()
+			for _, ri := range infos {
+				a.regions[ri.ID] = i
+			}
+			a.mu.Unlock()
+			if k.reply.Aux == 0 || len(infos) == 0 {
+				break
+			}
+			first = infos[len(infos)-1].ID + 1
+		}
+	}
+}
+
+// route returns the memory node of a request.
+func (a *Agent) route(rec *Record) (int, bool) {
+	if rec.Op == OpCreate || rec.Op == OpList {
+		return 0, true
+	}
+	a.mu.RLock()
+	i, ok := a.regions[rec.Region]
+	a.mu.RUnlock()
+	if !ok && len(a.cfg.Servers) == 1 {
+		return 0, true // the only node answers for itself
+	}
+	return i, ok
+}
+
+// resolve handles the requests of one batch whose region the agent does not
+// know: it asks the memory nodes for their regions (a refresh that started
+// after the batch arrived), then forwards those it found and answers the rest
+// StatusUnknownRegion. It runs on a goroutine of its own, so that the
+// worker's loop keeps receiving meanwhile.
+func (w *hostWorker) resolve(ctx context.Context, misses []*call, arrived time.Time) {
+	a := w.a
+	a.refresh(ctx, arrived)
+	var found []*call
+	w.mu.Lock()
+	for _, k := range misses {
+		hr := k.user.(*hostReq)
+		if srv, ok := a.route(&k.rec); ok {
+			hr.server, k.dst = srv, a.cfg.Servers[srv].Addr
+			found = append(found, k)
+			continue
+		}
+		w.replyLocked(hr, Record{Op: k.rec.Op, Region: k.rec.Region, Status: StatusUnknownRegion, Size: k.rec.Size}, nil)
+	}
+	w.flushLocked()
+	w.mu.Unlock()
+	if len(found) > 0 {
+		_ = w.fab.issue(ctx, found)
+	}
+}
+
+// Stats returns a snapshot of the counters.
+func (a *Agent) Stats() AgentStats {
+	a.mu.RLock()
+	nreg := len(a.regions)
+	a.mu.RUnlock()
+	var batches uint64
+	for _, f := range a.fabric {
+		f.mu.Lock()
+		batches += f.batches
+		f.mu.Unlock()
+	}
+	st := AgentStats{Servers: len(a.cfg.Servers), Regions: nreg, HostRequests: a.hostReqs.Load(),
+		Batches: batches, ReadBytes: a.readBytes.Load(), WriteBytes: a.writeBytes.Load(),
+		Host: a.hctr.snapshot(), Fabric: a.fctr.snapshot(), Errors: a.errs.snapshot(), Latency: a.lat.summary()}
+	st.Forwarded = st.Fabric.Requests
+	if batches > 0 {
+		st.AvgBatch = float64(st.Forwarded) / float64(batches)
+	}
+	return st
+}
+
+// run is a worker's receive-and-issue loop.
+func (w *hostWorker) run(ctx context.Context) error {
+	a := w.a
+	pkts := make([]transport.Packet, 64)
+	for i := range pkts {
+		pkts[i].Data = make([]byte, w.tr.MaxPayload())
+	}
+	var recs []Record
+	var reqs []request
+	var dups []resend
+	var calls, misses []*call
+	for {
+		for i := range pkts {
+			pkts[i].Data = pkts[i].Data[:cap(pkts[i].Data)]
+		}
+		n, err := w.tr.Recv(ctx, pkts)
+		if err != nil {
+			if errors.Is(err, context.Canceled) || errors.Is(err, transport.ErrClosed) {
+				return nil
+			}
+			return fmt.Errorf("farmem: agent: %w", err)
+		}
+		calls = calls[:0]
+		arrived := time.Now()
+		w.mu.Lock()
+		for _, p := range pkts[:n] {
+			a.hctr.rxDgrams.Add(1)
+			a.hctr.rxBytes.Add(uint64(len(p.Data)))
+			h, floor, rs, err := Decode(p.Data, recs[:0])
+			recs = rs
+			if err != nil || h.Type == wire.TypeMemReply {
+				a.hctr.malformed.Add(1)
+				continue
+			}
+			reqs, dups = w.resp.accept(p.Addr, h, floor, recs, reqs[:0], dups[:0])
+			for _, d := range dups {
+				_ = w.pk.add(d.src, d.tenant, wire.TypeMemReply, d.rec, d.rec.Data, false)
+			}
+			for _, q := range reqs {
+				a.hostReqs.Add(1)
+				a.hctr.requests.Add(1)
+				hr := &hostReq{w: w, src: q.src, tenant: q.tenant, id: q.rec.ID}
+				if q.rec.Status != StatusOK {
+					w.replyLocked(hr, Record{Op: q.rec.Op, Region: q.rec.Region, Size: q.rec.Size, Status: q.rec.Status}, nil)
+					continue
+				}
+				k := &call{rec: q.rec, tenant: q.tenant, user: hr}
+				k.rec.Data, k.data = nil, q.rec.Data
+				if q.rec.Op == OpRead {
+					k.buf = make([]byte, q.rec.Size)
+				}
+				if q.rec.Op == OpWrite {
+					a.writeBytes.Add(uint64(len(k.data)))
+				}
+				srv, ok := a.route(&q.rec)
+				if !ok {
+					misses = append(misses, k)
+					continue
+				}
+				hr.server, k.dst = srv, a.cfg.Servers[srv].Addr
+				calls = append(calls, k)
+			}
+		}
+		w.flushLocked()
+		w.mu.Unlock()
+		if len(misses) > 0 {
+			go w.resolve(ctx, misses, arrived)
+			misses = nil
+		}
+		if len(calls) > 0 {
+			_ = w.fab.issue(ctx, calls)
+		}
+	}
+}
+
+// replyLocked packs a reply to a host request and records it with the
+// responder. Call with w.mu held.
+func (w *hostWorker) replyLocked(hr *hostReq, reply Record, data []byte) {
+	reply.ID = hr.id
+	if reply.Status != StatusOK {
+		w.a.errs.count(reply.Status)
+		data = nil
+	}
+	_ = w.pk.add(hr.src, hr.tenant, wire.TypeMemReply, reply, data, reply.Op == OpRead)
+	reply.Data = data
+	w.resp.finish(hr.src, reply)
+}
+
+func (w *hostWorker) flushLocked() {
+	n, b, _ := w.pk.flush(w.tr)
+	w.a.hctr.txDgrams.Add(uint64(n))
+	w.a.hctr.txBytes.Add(uint64(b))
+}
+
+// complete is the completion loop's handler: it answers the hosts of a
+// batch of finished forwarded calls.
+func (a *Agent) complete(calls []*call) {
+	var touched []*hostWorker
+	for _, k := range calls {
+		if k.done != nil { // the agent's own request (refresh)
+			close(k.done)
+			continue
+		}
+		hr := k.user.(*hostReq)
+		if errors.Is(k.err, ErrClosed) || errors.Is(k.err, context.Canceled) {
+			// The agent is stopping: no answer, so that the host sends
+			// the request again, to the agent's next run.
+			continue
+		}
+		reply := k.reply
+		var data []byte
+		if k.err != nil {
+			reply = Record{Op: k.rec.Op, Region: k.rec.Region, Size: k.rec.Size, Status: StatusUnavailable}
+		}
+		switch {
+		case reply.Status != StatusOK:
+		case k.rec.Op == OpRead:
+			data = k.buf
+			a.readBytes.Add(uint64(len(data)))
+		default:
+			data = k.rdata
+		}
+		if reply.Status == StatusOK {
+			switch k.rec.Op {
+			case OpCreate:
+				a.mu.Lock()
+				a.regions[reply.Region] = hr.server
+				a.mu.Unlock()
+			case OpFree:
+				a.mu.Lock()
+				delete(a.regions, k.rec.Region)
+				a.mu.Unlock()
+			}
+		}
+		hr.w.mu.Lock()
+		hr.w.replyLocked(hr, reply, data)
+		hr.w.mu.Unlock()
+		seen := false
+		for _, w := range touched {
+			seen = seen || w == hr.w
+		}
+		if !seen {
+			touched = append(touched, hr.w)
+		}
+	}
+	for _, w := range touched {
+		w.mu.Lock()
+		w.flushLocked()
+		w.mu.Unlock()
+	}
+}

@@ -1,0 +1,248 @@
+package farmem
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
+)
+
+// Payload layout after the 24-byte Lovelock header (docs/farmem.md):
+//
+//	preamble  floor u64: the sender's lowest request ID still outstanding
+//	record*   one or more, each a 40-byte record header and its data:
+//	  0 op u8, 1 status u8, 2 flags u16 (zero), 4 region u32, 8 id u64,
+//	  16 offset u64, 24 size u32, 28 frag u32, 32 aux u32, 36 dlen u32,
+//	  40 data[dlen]
+const (
+	PreambleLen  = 8
+	RecordHdrLen = 40
+	// FragUnit is the alignment of fragments: a record's data starts at a
+	// multiple of it within its request and, unless it is the last, is a
+	// multiple of it long, so that receivers track what arrived with one
+	// bit per unit whatever datagram size each hop uses.
+	FragUnit = 512
+	// MaxChunk is the protocol's largest read or write (Config.ChunkSize
+	// is at most this): it bounds a reassembly bitmap to 2048 bits.
+	MaxChunk = 1 << 20
+	// MinDatagram is the smallest transport MaxPayload the protocol
+	// works over: header, preamble, record header and one FragUnit.
+	MinDatagram = wire.HeaderLen + PreambleLen + RecordHdrLen + FragUnit
+)
+
+// Op is a record's operation.
+type Op uint8
+
+// The operations. Reads and control operations travel in mem-read
+// datagrams, writes in mem-write datagrams, every reply in mem-reply ones.
+const (
+	OpRead    Op = 1 // region, offset, size → data
+	OpWrite   Op = 2 // region, offset, size, aux=lease, data fragments → status
+	OpCreate  Op = 3 // offset=size, aux=CreateFlags, data=preload path → region, offset=size
+	OpOpen    Op = 4 // region, aux=1 for a writer → offset=size, aux=lease, size=flags
+	OpRenew   Op = 5 // region, aux=lease → status
+	OpRelease Op = 6 // region, aux=lease → status
+	OpFree    Op = 7 // region → status
+	OpList    Op = 8 // region=first ID → data=RegionInfo entries, aux=1 when more follow
+	OpSync    Op = 9 // region → status, after the backing file is on disk
+)
+
+func (o Op) known() bool { return o >= OpRead && o <= OpSync }
+
+// String names the op.
+func (o Op) String() string {
+	names := [...]string{"", "read", "write", "create", "open", "renew", "release", "free", "list", "sync"}
+	if o.known() {
+		return names[o]
+	}
+	return fmt.Sprintf("op(%d)", uint8(o))
+}
+
+// requestType is the header type of a request datagram that carries op.
+func (o Op) requestType() wire.Type {
+	if o == OpWrite {
+		return wire.TypeMemWrite
+	}
+	return wire.TypeMemRead
+}
+
+// Status is a reply record's outcome.
+type Status uint8
+
+// The statuses; each but StatusOK maps to a sentinel error (Status.Err).
+const (
+	StatusOK            Status = 0
+	StatusUnknownRegion Status = 1
+	StatusOutOfRange    Status = 2
+	StatusWrongTenant   Status = 3
+	StatusWriterBusy    Status = 4
+	StatusNotWriter     Status = 5
+	StatusReadOnly      Status = 6
+	StatusNoSpace       Status = 7
+	StatusBadRequest    Status = 8
+	StatusIO            Status = 9
+	StatusUnavailable   Status = 10
+	StatusNoServer      Status = 11
+	numStatus                  = 12
+)
+
+var statusErr = [numStatus]error{nil, ErrUnknownRegion, ErrOutOfRange, ErrWrongTenant, ErrWriterBusy,
+	ErrNotWriter, ErrReadOnly, ErrNoSpace, ErrBadRequest, ErrIO, ErrUnavailable, ErrNoServer}
+
+// Err returns the sentinel error of s, nil for StatusOK.
+func (s Status) Err() error {
+	if int(s) < len(statusErr) {
+		return statusErr[s]
+	}
+	return fmt.Errorf("%w: status %d", ErrBadRequest, s)
+}
+
+// statusOf maps an error to the status that carries it back.
+func statusOf(err error) Status {
+	for i, e := range statusErr {
+		if e != nil && errors.Is(err, e) {
+			return Status(i)
+		}
+	}
+	if err == nil {
+		return StatusOK
+	}
+	return StatusIO
+}
+
+// CreateFlags are OpCreate's aux bits.
+const (
+	CreateWritable = 1 << 0 // the region accepts a writer
+)
+
+// Record is one request or reply record, or one fragment of one. Data
+// aliases the datagram it was decoded from.
+type Record struct {
+	Op     Op
+	Status Status
+	Region uint32
+	ID     uint64
+	Offset uint64
+	Size   uint32 // bytes the read or write covers
+	Frag   uint32 // offset of Data within those bytes
+	Aux    uint32
+	Data   []byte
+}
+
+// ErrMalformed wraps every decode failure of a payload.
+var ErrMalformed = errors.New("farmem: malformed payload")
+
+// Decode checks a whole UDP payload and returns its header and floor and
+// appends its records to recs. It rejects (with an error wrapping
+// wire's sentinel or ErrMalformed) a bad Lovelock header, a type other than
+// the three far-memory ones, a short preamble, a truncated record, an unknown
+// op, an op that does not belong in the header's type, a read or write larger
+// than MaxChunk, a fragment past its size or not FragUnit-aligned, and a
+// payload without records. Records alias b.
+func Decode(b []byte, recs []Record) (wire.Header, uint64, []Record, error) {
+	h, p, err := wire.Decode(b)
+	if err != nil {
+		return h, 0, recs, err
+	}
+	switch h.Type {
+	case wire.TypeMemRead, wire.TypeMemWrite, wire.TypeMemReply:
+	default:
+		return h, 0, recs, fmt.Errorf("%w: type %v is not far memory", ErrMalformed, h.Type)
+	}
+	if len(p) < PreambleLen+RecordHdrLen {
+		return h, 0, recs, fmt.Errorf("%w: %d payload bytes, need %d", ErrMalformed, len(p), PreambleLen+RecordHdrLen)
+	}
+	floor := binary.BigEndian.Uint64(p)
+	p = p[PreambleLen:]
+	n0 := len(recs)
+	for len(p) > 0 {
+		if len(p) < RecordHdrLen {
+			return h, 0, recs[:n0], fmt.Errorf("%w: %d trailing bytes", ErrMalformed, len(p))
+		}
+		r := Record{
+			Op:     Op(p[0]),
+			Status: Status(p[1]),
+			Region: binary.BigEndian.Uint32(p[4:]),
+			ID:     binary.BigEndian.Uint64(p[8:]),
+			Offset: binary.BigEndian.Uint64(p[16:]),
+			Size:   binary.BigEndian.Uint32(p[24:]),
+			Frag:   binary.BigEndian.Uint32(p[28:]),
+			Aux:    binary.BigEndian.Uint32(p[32:]),
+		}
+		dlen := binary.BigEndian.Uint32(p[36:])
+		if uint64(dlen) > uint64(len(p)-RecordHdrLen) {
+			return h, 0, recs[:n0], fmt.Errorf("%w: record claims %d data bytes, %d left", ErrMalformed, dlen, len(p)-RecordHdrLen)
+		}
+		r.Data = p[RecordHdrLen : RecordHdrLen+int(dlen)]
+		p = p[RecordHdrLen+int(dlen):]
+		if err := r.check(h.Type); err != nil {
+			return h, 0, recs[:n0], err
+		}
+		recs = append(recs, r)
+	}
+	return h, floor, recs, nil
+}
+
+// check validates one record against the datagram's type.
+func (r *Record) check(t wire.Type) error {
+	if !r.Op.known() {
+		return fmt.Errorf("%w: %v", ErrMalformed, r.Op)
+	}
+	if t != wire.TypeMemReply && r.Op.requestType() != t {
+		return fmt.Errorf("%w: %v request in a %v datagram", ErrMalformed, r.Op, t)
+	}
+	fragmented := r.Op == OpWrite && t != wire.TypeMemReply || r.Op == OpRead && t == wire.TypeMemReply && r.Status == StatusOK
+	if r.Op == OpRead || r.Op == OpWrite {
+		if r.Size > MaxChunk {
+			return fmt.Errorf("%w: %v of %d bytes, at most %d", ErrMalformed, r.Op, r.Size, MaxChunk)
+		}
+	}
+	if !fragmented {
+		if r.Frag != 0 {
+			return fmt.Errorf("%w: %v record with fragment offset %d", ErrMalformed, r.Op, r.Frag)
+		}
+		return nil
+	}
+	end := uint64(r.Frag) + uint64(len(r.Data))
+	switch {
+	case end > uint64(r.Size):
+		return fmt.Errorf("%w: fragment %d+%d past size %d", ErrMalformed, r.Frag, len(r.Data), r.Size)
+	case r.Frag%FragUnit != 0:
+		return fmt.Errorf("%w: fragment offset %d not a multiple of %d", ErrMalformed, r.Frag, FragUnit)
+	case end != uint64(r.Size) && len(r.Data)%FragUnit != 0:
+		return fmt.Errorf("%w: inner fragment of %d bytes not a multiple of %d", ErrMalformed, len(r.Data), FragUnit)
+	case len(r.Data) == 0 && r.Size != 0:
+		return fmt.Errorf("%w: empty fragment", ErrMalformed)
+	}
+	return nil
+}
+
+// putRecordHdr writes r's 40-byte header with dlen data bytes into b.
+func putRecordHdr(b []byte, r *Record, dlen int) {
+	_ = b[RecordHdrLen-1]
+	b[0] = byte(r.Op)
+	b[1] = byte(r.Status)
+	b[2], b[3] = 0, 0
+	binary.BigEndian.PutUint32(b[4:], r.Region)
+	binary.BigEndian.PutUint64(b[8:], r.ID)
+	binary.BigEndian.PutUint64(b[16:], r.Offset)
+	binary.BigEndian.PutUint32(b[24:], r.Size)
+	binary.BigEndian.PutUint32(b[28:], r.Frag)
+	binary.BigEndian.PutUint32(b[32:], r.Aux)
+	binary.BigEndian.PutUint32(b[36:], uint32(dlen))
+}
+
+// AppendDatagram encodes one datagram with the given header fields, floor
+// and records onto b; the header's Length is computed. Tests and tools use
+// it; the services pack through packer, which also fragments.
+func AppendDatagram(b []byte, h wire.Header, floor uint64, recs ...Record) []byte {
+	p := binary.BigEndian.AppendUint64(nil, floor)
+	for i := range recs {
+		var hdr [RecordHdrLen]byte
+		putRecordHdr(hdr[:], &recs[i], len(recs[i].Data))
+		p = append(append(p, hdr[:]...), recs[i].Data...)
+	}
+	h.Version = wire.Version
+	return h.AppendTo(b, p)
+}

@@ -1,0 +1,208 @@
+package farmem
+
+import (
+	"net/netip"
+	"sync"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
+)
+
+// maxSources bounds the requesters a responder keeps state for; beyond it
+// one without requests in progress is forgotten.
+const maxSources = 4096
+
+// request is one complete request a responder hands its owner. A request
+// with a non-zero rec.Status was refused by the responder (oversize): the
+// owner answers that status without executing it.
+type request struct {
+	src    netip.AddrPort
+	tenant uint32
+	rec    Record // Data: the whole write (owned), or a copy of other data
+}
+
+// resend is a cached reply to send again to a duplicate.
+type resend struct {
+	src    netip.AddrPort
+	tenant uint32
+	rec    Record
+}
+
+// responder is the responding half of the protocol: it reassembles
+// fragmented writes with bounded memory, drops requests below their
+// requester's floor, ignores duplicates of requests in progress and answers
+// duplicates of finished non-idempotent ones (writes, control operations)
+// from a bounded reply cache, so that each is executed once. Reads are
+// idempotent and not cached: a duplicate read that arrives after its reply
+// is read again. Servers use it towards their requesters, agents towards
+// their hosts. It is safe for concurrent use.
+type responder struct {
+	cfg Config
+	ctr *linkCounters
+
+	mu      sync.Mutex
+	sources map[netip.AddrPort]*source
+	asm     map[asmKey]*assembly
+	asmFIFO []asmKey
+}
+
+type source struct {
+	floor    uint64
+	inflight map[uint64]struct{}
+	replies  map[uint64]Record // Data owned
+	order    []uint64          // replies in insertion order, for eviction
+}
+
+type asmKey struct {
+	src netip.AddrPort
+	id  uint64
+}
+
+type assembly struct {
+	rec  Record
+	buf  []byte
+	have [MaxChunk / FragUnit / 64]uint64
+	got  int
+}
+
+func newResponder(cfg Config, ctr *linkCounters) *responder {
+	return &responder{cfg: cfg, ctr: ctr, sources: make(map[netip.AddrPort]*source), asm: make(map[asmKey]*assembly)}
+}
+
+func (r *responder) source(src netip.AddrPort) *source {
+	s := r.sources[src]
+	if s == nil {
+		if len(r.sources) >= maxSources {
+			for k, o := range r.sources {
+				if len(o.inflight) == 0 {
+					delete(r.sources, k)
+					break
+				}
+			}
+		}
+		s = &source{inflight: make(map[uint64]struct{}), replies: make(map[uint64]Record)}
+		r.sources[src] = s
+	}
+	return s
+}
+
+// accept takes one request datagram's records and appends the requests it
+// completes to reqs and the cached replies owed to duplicates to dups.
+func (r *responder) accept(src netip.AddrPort, h wire.Header, floor uint64, recs []Record, reqs []request, dups []resend) ([]request, []resend) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.source(src)
+	if floor > s.floor {
+		s.floor = floor
+		// Replies below the floor will never be asked for again.
+		kept := s.order[:0]
+		for _, id := range s.order {
+			if id < floor {
+				delete(s.replies, id)
+			} else {
+				kept = append(kept, id)
+			}
+		}
+		s.order = kept
+	}
+	for i := range recs {
+		rec := &recs[i]
+		if rep, ok := s.replies[rec.ID]; ok {
+			r.ctr.duplicates.Add(1)
+			dups = append(dups, resend{src, h.Tenant, rep})
+			continue
+		}
+		if _, ok := s.inflight[rec.ID]; ok {
+			r.ctr.duplicates.Add(1)
+			continue
+		}
+		if rec.ID < s.floor {
+			r.ctr.stale.Add(1)
+			continue
+		}
+		if (rec.Op == OpRead || rec.Op == OpWrite) && int(rec.Size) > r.cfg.ChunkSize {
+			// Refused before any reassembly memory is spent on it; the
+			// owner answers StatusBadRequest.
+			req := request{src, h.Tenant, *rec}
+			req.rec.Data, req.rec.Frag, req.rec.Status = nil, 0, StatusBadRequest
+			s.inflight[rec.ID] = struct{}{}
+			reqs = append(reqs, req)
+			continue
+		}
+		if rec.Op != OpWrite {
+			req := request{src, h.Tenant, *rec}
+			req.rec.Data = append([]byte(nil), rec.Data...)
+			s.inflight[rec.ID] = struct{}{}
+			reqs = append(reqs, req)
+			continue
+		}
+		k := asmKey{src, rec.ID}
+		a := r.asm[k]
+		if a == nil {
+			a = r.newAssembly(k, rec)
+		} else if a.rec.Size != rec.Size || a.rec.Offset != rec.Offset || a.rec.Region != rec.Region {
+			r.ctr.malformed.Add(1) // fragments of one request disagree
+			continue
+		}
+		copy(a.buf[rec.Frag:], rec.Data)
+		end := (int(rec.Frag) + len(rec.Data) + FragUnit - 1) / FragUnit
+		for u := int(rec.Frag) / FragUnit; u < end; u++ {
+			if a.have[u/64]&(1<<(u%64)) == 0 {
+				a.have[u/64] |= 1 << (u % 64)
+				a.got++
+			}
+		}
+		if a.got < (int(a.rec.Size)+FragUnit-1)/FragUnit {
+			continue
+		}
+		delete(r.asm, k)
+		req := request{src, h.Tenant, a.rec}
+		req.rec.Data = a.buf
+		s.inflight[rec.ID] = struct{}{}
+		reqs = append(reqs, req)
+	}
+	return reqs, dups
+}
+
+func (r *responder) newAssembly(k asmKey, rec *Record) *assembly {
+	for len(r.asm) >= r.cfg.Reassembly && len(r.asmFIFO) > 0 {
+		old := r.asmFIFO[0]
+		r.asmFIFO = r.asmFIFO[1:]
+		if _, ok := r.asm[old]; ok {
+			delete(r.asm, old)
+			r.ctr.evicted.Add(1)
+		}
+	}
+	if len(r.asmFIFO) > 4*r.cfg.Reassembly { // compact keys of finished assemblies
+		kept := r.asmFIFO[:0]
+		for _, o := range r.asmFIFO {
+			if _, ok := r.asm[o]; ok {
+				kept = append(kept, o)
+			}
+		}
+		r.asmFIFO = kept
+	}
+	a := &assembly{rec: *rec, buf: make([]byte, rec.Size)}
+	a.rec.Data, a.rec.Frag = nil, 0
+	r.asm[k] = a
+	r.asmFIFO = append(r.asmFIFO, k)
+	return a
+}
+
+// finish marks the request from src done; a reply of a non-idempotent
+// request (anything but a read or a list) is kept to answer duplicates.
+func (r *responder) finish(src netip.AddrPort, reply Record) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.source(src)
+	delete(s.inflight, reply.ID)
+	if reply.Op == OpRead || reply.Op == OpList {
+		return
+	}
+	reply.Data = append([]byte(nil), reply.Data...)
+	s.replies[reply.ID] = reply
+	s.order = append(s.order, reply.ID)
+	for len(s.order) > r.cfg.ReplyCache {
+		delete(s.replies, s.order[0])
+		s.order = s.order[1:]
+	}
+}

@@ -1,0 +1,286 @@
+package farmem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
+)
+
+// ServerOptions configure a memory-node server.
+type ServerOptions struct {
+	Config
+	// StateDir holds the regions' backing files and metadata; required.
+	StateDir string `json:"state_dir"`
+	// Capacity is the most bytes of regions the server holds; creates
+	// beyond it fail with ErrNoSpace. Required.
+	Capacity uint64 `json:"capacity"`
+	// IDBase is the first region ID this server hands out, so that
+	// several memory nodes hand out distinct IDs (0: 1).
+	IDBase uint32 `json:"id_base,omitempty"`
+	// Addr is where the server listens when Transport is nil.
+	Addr netip.AddrPort `json:"addr,omitzero"`
+	// Transport carries the server's traffic; nil opens a kernel UDP
+	// socket on Addr. The server owns it and closes it when Run returns.
+	Transport transport.Transport `json:"-"`
+	// Logger receives the server's few messages; nil discards them.
+	Logger *slog.Logger `json:"-"`
+	// Now replaces the clock for leases in tests; nil is time.Now.
+	Now func() time.Time `json:"-"`
+}
+
+// Server is a memory node: it owns regions and answers page reads and
+// writes and control operations from agents and clients.
+type Server struct {
+	opts  ServerOptions
+	st    *store
+	tr    transport.Transport
+	resp  *responder
+	ctr   linkCounters
+	errs  statusCounters
+	read  atomic.Uint64
+	wrote atomic.Uint64
+	log   *slog.Logger
+
+	wg        sync.WaitGroup // creates with a preload, running off the loop
+	closeOnce sync.Once
+}
+
+// ServerStats are a server's counters.
+type ServerStats struct {
+	Regions    int         `json:"regions"`
+	Used       uint64      `json:"used_bytes"`
+	Capacity   uint64      `json:"capacity_bytes"`
+	ReadBytes  uint64      `json:"read_bytes"`
+	WriteBytes uint64      `json:"write_bytes"`
+	Link       LinkStats   `json:"link"`
+	Errors     ErrorCounts `json:"errors"`
+}
+
+// NewServer validates opts, opens (or creates) the state directory,
+// reopening every region it holds, and opens the transport.
+func NewServer(opts ServerOptions) (*Server, error) {
+	opts.Config = opts.Config.WithDefaults()
+	if err := opts.Config.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.StateDir == "" {
+		return nil, errors.New("farmem: server: state_dir is required")
+	}
+	if opts.Capacity == 0 {
+		return nil, errors.New("farmem: server: capacity is required")
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	st, err := openStore(opts.StateDir, opts.Capacity, opts.IDBase)
+	if err != nil {
+		return nil, err
+	}
+	tr := opts.Transport
+	if tr == nil {
+		c, err := udp.Listen(opts.Addr, udp.Options{})
+		if err != nil {
+			st.close()
+			return nil, fmt.Errorf("farmem: server: %w", err)
+		}
+		tr = c
+	}
+	if tr.MaxPayload() < MinDatagram {
+		st.close()
+		_ = tr.Close()
+		return nil, fmt.Errorf("farmem: server: transport carries %d-byte datagrams, need %d", tr.MaxPayload(), MinDatagram)
+	}
+	s := &Server{opts: opts, st: st, tr: tr, log: log}
+	s.resp = newResponder(opts.Config, &s.ctr)
+	log.Info("farmem: server ready", "addr", tr.LocalAddr(), "regions", len(st.regions), "used", st.used, "capacity", opts.Capacity)
+	return s, nil
+}
+
+// Addr returns the address the server receives on.
+func (s *Server) Addr() netip.AddrPort { return s.tr.LocalAddr() }
+
+// Create makes a region for tenant (lovelockd's API calls it directly).
+func (s *Server) Create(tenant uint32, size uint64, writable bool, preload string) (RegionInfo, error) {
+	return s.st.create(tenant, size, writable, preload)
+}
+
+// Free deletes region id of tenant (0: any tenant) and its backing file.
+func (s *Server) Free(tenant, id uint32) error { return s.st.free(tenant, id) }
+
+// List returns tenant's regions (0: every region) in ID order.
+func (s *Server) List(tenant uint32) []RegionInfo { return s.st.list(tenant, 0) }
+
+// Stats returns a snapshot of the counters.
+func (s *Server) Stats() ServerStats {
+	s.st.mu.RLock()
+	n, used := len(s.st.regions), s.st.used
+	s.st.mu.RUnlock()
+	return ServerStats{Regions: n, Used: used, Capacity: s.opts.Capacity, ReadBytes: s.read.Load(),
+		WriteBytes: s.wrote.Load(), Link: s.ctr.snapshot(), Errors: s.errs.snapshot()}
+}
+
+// Close closes the transport and the backing files; Run returns.
+func (s *Server) Close() error {
+	var err error
+	s.closeOnce.Do(func() { err = s.tr.Close() })
+	return err
+}
+
+// Run answers requests until ctx is done or the server is closed, then
+// closes it. It returns nil after a cancellation or Close.
+func (s *Server) Run(ctx context.Context) error {
+	defer s.st.close()
+	defer s.wg.Wait() // preloads in progress, before the files close
+	defer s.Close()
+	pkts := make([]transport.Packet, 64)
+	for i := range pkts {
+		pkts[i].Data = make([]byte, s.tr.MaxPayload())
+	}
+	pk := newPacker(min(s.opts.MaxDatagram, s.tr.MaxPayload()))
+	var recs []Record
+	var reqs []request
+	var dups []resend
+	buf := make([]byte, MaxChunk)
+	for {
+		for i := range pkts {
+			pkts[i].Data = pkts[i].Data[:cap(pkts[i].Data)]
+		}
+		n, err := s.tr.Recv(ctx, pkts)
+		if err != nil {
+			if errors.Is(err, context.Canceled) || errors.Is(err, transport.ErrClosed) {
+				return nil
+			}
+			return fmt.Errorf("farmem: server: %w", err)
+		}
+		for _, p := range pkts[:n] {
+			s.ctr.rxDgrams.Add(1)
+			s.ctr.rxBytes.Add(uint64(len(p.Data)))
+			h, floor, rs, err := Decode(p.Data, recs[:0])
+			recs = rs
+			if err != nil || h.Type == wire.TypeMemReply {
+				s.ctr.malformed.Add(1)
+				continue
+			}
+			reqs, dups = s.resp.accept(p.Addr, h, floor, recs, reqs[:0], dups[:0])
+			for _, d := range dups {
+				_ = pk.add(d.src, d.tenant, wire.TypeMemReply, d.rec, d.rec.Data, false)
+			}
+			for i := range reqs {
+				if q := reqs[i]; q.rec.Op == OpCreate && len(q.rec.Data) > 0 {
+					// A preload copies a whole file: off the loop, so that
+					// reads and writes go on meanwhile.
+					s.wg.Add(1)
+					go func() {
+						defer s.wg.Done()
+						apk := newPacker(pk.max)
+						s.execute(apk, &q, nil)
+						s.flush(apk)
+					}()
+					continue
+				}
+				s.execute(pk, &reqs[i], buf)
+			}
+		}
+		s.flush(pk)
+	}
+}
+
+func (s *Server) flush(pk *packer) {
+	np, nb, _ := pk.flush(s.tr)
+	s.ctr.txDgrams.Add(uint64(np))
+	s.ctr.txBytes.Add(uint64(nb))
+}
+
+// execute runs one request and packs its reply.
+func (s *Server) execute(pk *packer, q *request, buf []byte) {
+	s.ctr.requests.Add(1)
+	rec := &q.rec
+	reply := Record{Op: rec.Op, Region: rec.Region, ID: rec.ID, Offset: rec.Offset, Size: rec.Size}
+	var data []byte
+	now := s.opts.Now()
+	ttl := s.opts.LeaseTTL.D()
+	err := func() error {
+		if rec.Status != StatusOK {
+			return fmt.Errorf("%w: %v of %d bytes, chunk size %d", rec.Status.Err(), rec.Op, rec.Size, s.opts.ChunkSize)
+		}
+		switch rec.Op {
+		case OpCreate:
+			ri, err := s.st.create(q.tenant, rec.Offset, rec.Aux&CreateWritable != 0, string(rec.Data))
+			reply.Region, reply.Offset = ri.ID, ri.Size
+			return err
+		case OpList:
+			infos := s.st.list(q.tenant, rec.Region)
+			room := pk.room() / listEntryLen
+			if len(infos) > room {
+				infos, reply.Aux = infos[:room], 1
+			}
+			for _, ri := range infos {
+				data = appendInfo(data, ri)
+			}
+			return nil
+		}
+		r, err := s.st.get(q.tenant, rec.Region)
+		if err != nil {
+			return err
+		}
+		switch rec.Op {
+		case OpRead:
+			data = buf[:rec.Size]
+			if err := r.readAt(data, rec.Offset); err != nil {
+				data = nil
+				return err
+			}
+			s.read.Add(uint64(len(data)))
+		case OpWrite:
+			if err := r.holds(rec.Aux, now, false, false, ttl); err != nil {
+				return err
+			}
+			if err := r.writeAt(rec.Data, rec.Offset); err != nil {
+				return err
+			}
+			s.wrote.Add(uint64(len(rec.Data)))
+		case OpOpen:
+			reply.Offset = r.info.Size
+			if r.info.Writable {
+				reply.Size = CreateWritable
+			}
+			if rec.Aux == 1 {
+				lease, err := r.acquire(now, ttl)
+				reply.Aux = lease
+				return err
+			}
+		case OpRenew:
+			return r.holds(rec.Aux, now, true, false, ttl)
+		case OpRelease:
+			return r.holds(rec.Aux, now, false, true, ttl)
+		case OpFree:
+			return s.st.free(q.tenant, rec.Region)
+		case OpSync:
+			if err := r.f.Sync(); err != nil {
+				return fmt.Errorf("%w: %v", ErrIO, err)
+			}
+		}
+		return nil
+	}()
+	if err != nil {
+		reply.Status = statusOf(err)
+		s.errs.count(reply.Status)
+		data = nil
+	}
+	_ = pk.add(q.src, q.tenant, wire.TypeMemReply, reply, data, rec.Op == OpRead)
+	reply.Data = data
+	s.resp.finish(q.src, reply)
+}

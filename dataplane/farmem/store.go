@@ -1,0 +1,396 @@
+package farmem
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// RegionInfo describes one region.
+type RegionInfo struct {
+	ID       uint32 `json:"id"`
+	Tenant   uint32 `json:"tenant"`
+	Size     uint64 `json:"size"`
+	Writable bool   `json:"writable"`
+	// Source is the file the region was preloaded from, empty for an
+	// anonymous (zero-filled) region.
+	Source string `json:"source,omitempty"`
+	// Writer reports whether a writer lease is held (not persisted).
+	Writer bool `json:"writer,omitempty"`
+}
+
+// listEntryLen is the wire size of one RegionInfo in a list reply:
+// id u32, tenant u32, size u64, flags u32 (bit 0 writable, bit 1 writer).
+const listEntryLen = 20
+
+func appendInfo(b []byte, ri RegionInfo) []byte {
+	b = binary.BigEndian.AppendUint32(b, ri.ID)
+	b = binary.BigEndian.AppendUint32(b, ri.Tenant)
+	b = binary.BigEndian.AppendUint64(b, ri.Size)
+	var f uint32
+	if ri.Writable {
+		f |= 1
+	}
+	if ri.Writer {
+		f |= 2
+	}
+	return binary.BigEndian.AppendUint32(b, f)
+}
+
+func parseInfos(b []byte) ([]RegionInfo, error) {
+	if len(b)%listEntryLen != 0 {
+		return nil, fmt.Errorf("%w: list reply of %d bytes", ErrMalformed, len(b))
+	}
+	var out []RegionInfo
+	for ; len(b) > 0; b = b[listEntryLen:] {
+		f := binary.BigEndian.Uint32(b[16:])
+		out = append(out, RegionInfo{ID: binary.BigEndian.Uint32(b), Tenant: binary.BigEndian.Uint32(b[4:]),
+			Size: binary.BigEndian.Uint64(b[8:]), Writable: f&1 != 0, Writer: f&2 != 0})
+	}
+	return out, nil
+}
+
+// store is a memory node's regions: one backing file per region in the
+// state directory and a metadata file written atomically (temp, fsync,
+// rename, fsync of the directory). A write is acknowledged once pwrite(2)
+// returned, so it survives a restart of the server process (it is in the
+// page cache); OpSync fsyncs the backing file for power loss.
+type store struct {
+	dir      string
+	capacity uint64
+
+	mu       sync.RWMutex
+	regions  map[uint32]*region
+	reserved map[uint32]bool // IDs of regions being created
+	used     uint64          // bytes of regions and reservations
+	nextID   uint32
+}
+
+type region struct {
+	info  RegionInfo
+	f     *os.File
+	mu    sync.Mutex // lease
+	lease uint32
+	exp   time.Time
+}
+
+type metaFile struct {
+	NextID  uint32       `json:"next_id"`
+	Regions []RegionInfo `json:"regions"`
+}
+
+const metaName = "regions.json"
+
+func regionFile(dir string, id uint32) string {
+	return filepath.Join(dir, fmt.Sprintf("region-%08x.mem", id))
+}
+
+// openStore loads the state directory (creating it), reopening every region
+// the metadata lists.
+func openStore(dir string, capacity uint64, idBase uint32) (*store, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("farmem: state dir: %w", err)
+	}
+	s := &store{dir: dir, capacity: capacity, regions: make(map[uint32]*region), reserved: make(map[uint32]bool), nextID: max(idBase, 1)}
+	data, err := os.ReadFile(filepath.Join(dir, metaName))
+	if errors.Is(err, os.ErrNotExist) {
+		return s, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("farmem: state: %w", err)
+	}
+	var m metaFile
+	if err := json.Unmarshal(data, &m); err != nil {
+		return nil, fmt.Errorf("farmem: state %s: %w", metaName, err)
+	}
+	s.nextID = max(s.nextID, m.NextID)
+	for _, ri := range m.Regions {
+		f, err := os.OpenFile(regionFile(dir, ri.ID), os.O_RDWR, 0)
+		if err != nil {
+			s.close()
+			return nil, fmt.Errorf("farmem: state: region %d: %w", ri.ID, err)
+		}
+		ri.Writer = false
+		s.regions[ri.ID] = &region{info: ri, f: f}
+		s.used += ri.Size
+	}
+	return s, nil
+}
+
+func (s *store) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range s.regions {
+		_ = r.f.Close()
+	}
+}
+
+// saveMeta writes the metadata atomically. Call with mu held.
+func (s *store) saveMeta() error {
+	m := metaFile{NextID: s.nextID}
+	for _, r := range s.regions {
+		ri := r.info
+		ri.Writer = false
+		m.Regions = append(m.Regions, ri)
+	}
+	sort.Slice(m.Regions, func(i, j int) bool { return m.Regions[i].ID < m.Regions[j].ID })
+	data, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeAtomic(s.dir, metaName, data)
+}
+
+func writeAtomic(dir, name string, data []byte) error {
+	tmp, err := os.CreateTemp(dir, name+".tmp*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), filepath.Join(dir, name)); err != nil {
+		return err
+	}
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// create makes a region of size bytes, zero-filled, or preloaded from the
+// file at preload (size 0 takes the file's size; a larger size pads with
+// zeros). Capacity counts region sizes, and the backing file's blocks are
+// reserved (fallocate) where the file system can, so a full server refuses
+// instead of failing writes later.
+func (s *store) create(tenant uint32, size uint64, writable bool, preload string) (RegionInfo, error) {
+	var src *os.File
+	if preload != "" {
+		f, err := os.Open(preload)
+		if err != nil {
+			return RegionInfo{}, fmt.Errorf("%w: preload: %v", ErrBadRequest, err)
+		}
+		defer f.Close()
+		st, err := f.Stat()
+		if err != nil || !st.Mode().IsRegular() {
+			return RegionInfo{}, fmt.Errorf("%w: preload %s is not a regular file", ErrBadRequest, preload)
+		}
+		size = max(size, uint64(st.Size()))
+		src = f
+	}
+	if size == 0 {
+		return RegionInfo{}, fmt.Errorf("%w: region of 0 bytes", ErrBadRequest)
+	}
+	// Reserve the ID and the capacity, then build the backing file without
+	// the lock (a preload may copy gigabytes), then publish the region.
+	s.mu.Lock()
+	if s.used+size > s.capacity || s.used+size < s.used {
+		free := s.capacity - s.used
+		s.mu.Unlock()
+		return RegionInfo{}, fmt.Errorf("%w: %d bytes asked, %d of %d free", ErrNoSpace, size, free, s.capacity)
+	}
+	id := s.nextID
+	for s.regions[id] != nil || s.reserved[id] || id == 0 {
+		id++
+	}
+	s.reserved[id] = true
+	s.used += size
+	s.nextID = id + 1
+	s.mu.Unlock()
+	unreserve := func() {
+		s.mu.Lock()
+		delete(s.reserved, id)
+		s.used -= size
+		s.mu.Unlock()
+	}
+
+	path := regionFile(s.dir, id)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		unreserve()
+		return RegionInfo{}, fmt.Errorf("%w: %v", ErrIO, err)
+	}
+	fail := func(err error) (RegionInfo, error) {
+		f.Close()
+		os.Remove(path)
+		unreserve()
+		return RegionInfo{}, err
+	}
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, int64(size)); err != nil {
+		if errors.Is(err, unix.ENOSPC) {
+			return fail(fmt.Errorf("%w: backing file of %d bytes: %v", ErrNoSpace, size, err))
+		}
+		if !errors.Is(err, unix.EOPNOTSUPP) {
+			return fail(fmt.Errorf("%w: %v", ErrIO, err))
+		}
+	}
+	if src != nil {
+		if _, err := io.Copy(f, src); err != nil {
+			return fail(fmt.Errorf("%w: preload: %v", ErrIO, err))
+		}
+	}
+	if err := f.Truncate(int64(size)); err != nil {
+		return fail(fmt.Errorf("%w: %v", ErrIO, err))
+	}
+	if err := f.Sync(); err != nil {
+		return fail(fmt.Errorf("%w: %v", ErrIO, err))
+	}
+	ri := RegionInfo{ID: id, Tenant: tenant, Size: size, Writable: writable, Source: preload}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.reserved, id)
+	s.regions[id] = &region{info: ri, f: f}
+	if err := s.saveMeta(); err != nil {
+		delete(s.regions, id)
+		s.used -= size
+		f.Close()
+		os.Remove(path)
+		return RegionInfo{}, fmt.Errorf("%w: metadata: %v", ErrIO, err)
+	}
+	return ri, nil
+}
+
+// get returns the region id of tenant (tenant 0, the infrastructure, may
+// use any region).
+func (s *store) get(tenant, id uint32) (*region, error) {
+	s.mu.RLock()
+	r := s.regions[id]
+	s.mu.RUnlock()
+	if r == nil {
+		return nil, fmt.Errorf("%w: %d", ErrUnknownRegion, id)
+	}
+	if tenant != 0 && r.info.Tenant != tenant {
+		return nil, fmt.Errorf("%w: region %d", ErrWrongTenant, id)
+	}
+	return r, nil
+}
+
+func (s *store) free(tenant, id uint32) error {
+	r, err := s.get(tenant, id)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.regions[id] != r {
+		return fmt.Errorf("%w: %d", ErrUnknownRegion, id)
+	}
+	delete(s.regions, id)
+	if err := s.saveMeta(); err != nil {
+		s.regions[id] = r
+		return fmt.Errorf("%w: metadata: %v", ErrIO, err)
+	}
+	s.used -= r.info.Size
+	_ = r.f.Close()
+	_ = os.Remove(regionFile(s.dir, id))
+	return nil
+}
+
+// list returns tenant's regions (all for tenant 0) with IDs from first on,
+// in ID order.
+func (s *store) list(tenant, first uint32) []RegionInfo {
+	s.mu.RLock()
+	var out []RegionInfo
+	for _, r := range s.regions {
+		if r.info.ID >= first && (tenant == 0 || r.info.Tenant == tenant) {
+			ri := r.info
+			r.mu.Lock()
+			ri.Writer = r.lease != 0 && time.Now().Before(r.exp)
+			r.mu.Unlock()
+			out = append(out, ri)
+		}
+	}
+	s.mu.RUnlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// acquire grants the writer lease of r, or fails with ErrWriterBusy while
+// another unexpired lease is held.
+func (r *region) acquire(now time.Time, ttl time.Duration) (uint32, error) {
+	if !r.info.Writable {
+		return 0, fmt.Errorf("%w: region %d", ErrReadOnly, r.info.ID)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.lease != 0 && now.Before(r.exp) {
+		return 0, fmt.Errorf("%w: region %d", ErrWriterBusy, r.info.ID)
+	}
+	var lease uint32
+	for lease == 0 || lease == r.lease {
+		var b [4]byte
+		_, _ = rand.Read(b[:])
+		lease = binary.BigEndian.Uint32(b[:])
+	}
+	r.lease = lease
+	r.exp = now.Add(ttl)
+	return r.lease, nil
+}
+
+// holds checks lease and, when renew is set, extends it; release drops it.
+func (r *region) holds(lease uint32, now time.Time, renew, release bool, ttl time.Duration) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if lease == 0 || r.lease != lease || !now.Before(r.exp) {
+		return fmt.Errorf("%w: region %d", ErrNotWriter, r.info.ID)
+	}
+	switch {
+	case release:
+		r.lease = 0
+	case renew:
+		r.exp = now.Add(ttl)
+	}
+	return nil
+}
+
+func (r *region) check(off uint64, n int) error {
+	if off > r.info.Size || uint64(n) > r.info.Size-off {
+		return fmt.Errorf("%w: %d bytes at %d of a %d-byte region", ErrOutOfRange, n, off, r.info.Size)
+	}
+	return nil
+}
+
+func (r *region) readAt(p []byte, off uint64) error {
+	if err := r.check(off, len(p)); err != nil {
+		return err
+	}
+	if _, err := r.f.ReadAt(p, int64(off)); err != nil {
+		return fmt.Errorf("%w: %v", ErrIO, err)
+	}
+	return nil
+}
+
+func (r *region) writeAt(p []byte, off uint64) error {
+	if err := r.check(off, len(p)); err != nil {
+		return err
+	}
+	if _, err := r.f.WriteAt(p, int64(off)); err != nil {
+		return fmt.Errorf("%w: %v", ErrIO, err)
+	}
+	return nil
+}
