@@ -3,6 +3,7 @@ package daemon
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 
 	"github.com/lovelock-dpu/lovelock/appliance/service"
@@ -105,6 +106,17 @@ func (d *Daemon) ServiceStats(name string) (any, error) {
 		return st, nil
 	}
 	return nil, notRunning(s)
+}
+
+// ServiceHandler implements api.Service: a service that has calls of its
+// own implements http.Handler.
+func (d *Daemon) ServiceHandler(name string) http.Handler {
+	s := d.supervisor(name)
+	if s == nil {
+		return nil
+	}
+	h, _ := s.Service().(http.Handler)
+	return h
 }
 
 // notRunning says why a configured service has no stats.

@@ -14,12 +14,14 @@
 //	GET    /v1/msg/stats                messaging.Stats of the routing agent
 //	GET    /v1/services                 []ServiceStatus
 //	GET    /v1/services/{name}/stats    the service's own stats
+//	*      /v1/services/{name}/...      the service's own calls (ServiceHandler)
 //
 // Errors come back as {"error": "..."} with a 4xx status for bad requests and
 // 5xx for failures of the node.
 package api
 
 import (
+	"net/http"
 	"strings"
 	"time"
 
@@ -104,6 +106,16 @@ type ServiceStatus struct {
 	Restarts int    `json:"restarts"`
 }
 
+// MemCreate asks a memory server for a region
+// (POST /v1/services/memserver/regions): Size bytes, zero-filled, or a
+// copy of the file Preload on the memory node (Size 0: the file's size).
+type MemCreate struct {
+	Tenant   uint32 `json:"tenant"`
+	Size     uint64 `json:"size"`
+	Writable bool   `json:"writable"`
+	Preload  string `json:"preload,omitempty"`
+}
+
 // Counter is packets and bytes.
 type Counter = bpf.Counter
 
@@ -145,6 +157,9 @@ type Service interface {
 	// ServiceStats reports the named service's counters (its own JSON
 	// shape); a NotFoundError when the node does not run it.
 	ServiceStats(name string) (any, error)
+	// ServiceHandler returns the named service's own API, served under
+	// /v1/services/NAME/ (nil: none).
+	ServiceHandler(name string) http.Handler
 }
 
 // BadRequestError marks errors caused by the request (reported as 400).

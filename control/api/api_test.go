@@ -1,6 +1,7 @@
 package api_test
 
 import (
+	"net/http"
 	"context"
 	"errors"
 	"os"
@@ -59,6 +60,18 @@ func (f *fakeService) MsgStats() (messaging.Stats, error) {
 
 func (f *fakeService) Services() ([]api.ServiceStatus, error) {
 	return []api.ServiceStatus{{Name: "messaging", State: api.ServiceDegraded, Degraded: []string{"no XDP on p0"}}}, nil
+}
+
+func (f *fakeService) ServiceHandler(name string) http.Handler {
+	if name != "echo" {
+		return nil
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var in map[string]string
+		if api.ReadRequest(w, r, &in) {
+			api.Reply(w, map[string]string{"path": r.URL.Path, "got": in["say"]}, nil)
+		}
+	})
 }
 
 func (f *fakeService) ServiceStats(name string) (any, error) {
@@ -141,6 +154,11 @@ rules:
 	if err := cl.ServiceStats(ctx, "messaging", &ms); err != nil || ms.Role != "agent" || ms.Node != "node0" {
 		t.Errorf("service stats: %+v, %v", ms, err)
 	}
+	var echo map[string]string
+	if err := cl.ServiceCall(ctx, "POST", "echo", "/things/1", map[string]string{"say": "hi"}, &echo); err != nil ||
+		echo["path"] != "/things/1" || echo["got"] != "hi" {
+		t.Errorf("service call: %v, %v", echo, err)
+	}
 }
 
 func mustFormat(t *testing.T, s *rules.Set) string {
@@ -168,12 +186,22 @@ func TestErrors(t *testing.T) {
 		{"unknown rule", func() error { _, err := cl.DeleteRule(ctx, "x"); return err }, "rule x: no such rule"},
 		{"no agent", func() error { _, err := cl.MsgStats(ctx); return err }, "no messaging agent"},
 		{"no service", func() error { var v any; return cl.ServiceStats(ctx, "farmem", &v) }, "runs no farmem service"},
+		{"no service call", func() error { return cl.ServiceCall(ctx, "GET", "farmem", "regions", nil, nil) }, "runs no farmem service with such a call"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := tc.call(); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("err = %v, want it to mention %q", err, tc.want)
 			}
 		})
+	}
+	// The client keeps the kind of error the server answered with.
+	var bad *api.BadRequestError
+	if _, err := cl.Attach(ctx, attach.Attachment{Iface: "nope0", Hook: attach.HookXDP}); !errors.As(err, &bad) {
+		t.Errorf("bad request: %T %v, want *api.BadRequestError", err, err)
+	}
+	var nf *api.NotFoundError
+	if _, err := cl.DeleteRule(ctx, "x"); !errors.As(err, &nf) {
+		t.Errorf("not found: %T %v, want *api.NotFoundError", err, err)
 	}
 }
 

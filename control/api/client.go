@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"syscall"
 
 	"github.com/lovelock-dpu/lovelock/control/attach"
@@ -59,10 +60,19 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		var e errorReply
+		err := fmt.Errorf("lovelockd: %s %s: %s", method, path, resp.Status)
 		if json.NewDecoder(resp.Body).Decode(&e) == nil && e.Error != "" {
-			return errors.New(e.Error)
+			err = errors.New(e.Error)
 		}
-		return fmt.Errorf("lovelockd: %s %s: %s", method, path, resp.Status)
+		// Keep the kind, so callers can tell a bad request or a missing
+		// thing from a failure of the node (errors.As).
+		switch resp.StatusCode {
+		case http.StatusBadRequest:
+			return &BadRequestError{Err: err}
+		case http.StatusNotFound:
+			return &NotFoundError{Err: err}
+		}
+		return err
 	}
 	if out == nil {
 		return nil
@@ -127,6 +137,13 @@ func (c *Client) Services(ctx context.Context) (s []ServiceStatus, err error) {
 // own stats type, e.g. messaging.Stats).
 func (c *Client) ServiceStats(ctx context.Context, name string, v any) error {
 	return c.do(ctx, http.MethodGet, "/v1/services/"+url.PathEscape(name)+"/stats", nil, v)
+}
+
+// ServiceCall calls a service's own API under /v1/services/NAME/PATH, for
+// what is particular to one service (a memory server's regions): in is
+// sent as JSON (nil: no body), the reply decoded into out (nil: ignored).
+func (c *Client) ServiceCall(ctx context.Context, method, name, path string, in, out any) error {
+	return c.do(ctx, method, "/v1/services/"+url.PathEscape(name)+"/"+strings.TrimPrefix(path, "/"), in, out)
 }
 
 // Stats reads the data plane's counters.

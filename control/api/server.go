@@ -71,11 +71,31 @@ func Handler(svc Service) http.Handler {
 	mux.HandleFunc("GET /v1/services/{name}/stats", func(w http.ResponseWriter, r *http.Request) {
 		reply(w, func() (any, error) { return svc.ServiceStats(r.PathValue("name")) })
 	})
+	mux.HandleFunc("/v1/services/{name}/", func(w http.ResponseWriter, r *http.Request) {
+		name := r.PathValue("name")
+		h := svc.ServiceHandler(name)
+		if h == nil {
+			Reply(w, nil, &NotFoundError{Err: fmt.Errorf("%s %s: this node runs no %s service with such a call (see 'lovelock services')", r.Method, r.URL.Path, name)})
+			return
+		}
+		http.StripPrefix("/v1/services/"+name, h).ServeHTTP(w, r)
+	})
 	return mux
 }
 
 type errorReply struct {
 	Error string `json:"error"`
+}
+
+// ReadRequest decodes a JSON request body into v (unknown fields are an
+// error), answering 400 itself when it cannot; for services' handlers.
+func ReadRequest(w http.ResponseWriter, r *http.Request, v any) bool { return decode(w, r, v) }
+
+// Reply answers with v as JSON, or with err as the API's errors are
+// answered (BadRequestError 400, NotFoundError 404, else 500); for
+// services' handlers.
+func Reply(w http.ResponseWriter, v any, err error) {
+	reply(w, func() (any, error) { return v, err })
 }
 
 func decode(w http.ResponseWriter, r *http.Request, v any) bool {

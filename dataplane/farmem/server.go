@@ -56,7 +56,11 @@ type Server struct {
 
 // ServerStats are a server's counters.
 type ServerStats struct {
-	Regions    int         `json:"regions"`
+	Regions int `json:"regions"`
+	// Tenants counts the tenants that own regions, Writers the regions
+	// whose writer lease is held.
+	Tenants    int         `json:"tenants"`
+	Writers    int         `json:"writers"`
 	Used       uint64      `json:"used_bytes"`
 	Capacity   uint64      `json:"capacity_bytes"`
 	ReadBytes  uint64      `json:"read_bytes"`
@@ -126,10 +130,19 @@ func (s *Server) List(tenant uint32) []RegionInfo { return s.st.list(tenant, 0) 
 // Stats returns a snapshot of the counters.
 func (s *Server) Stats() ServerStats {
 	s.st.mu.RLock()
-	n, used := len(s.st.regions), s.st.used
+	used := s.st.used
 	s.st.mu.RUnlock()
-	return ServerStats{Regions: n, Used: used, Capacity: s.opts.Capacity, ReadBytes: s.read.Load(),
-		WriteBytes: s.wrote.Load(), Link: s.ctr.snapshot(), Errors: s.errs.snapshot()}
+	regions := s.List(0)
+	tenants := map[uint32]bool{}
+	writers := 0
+	for _, r := range regions {
+		tenants[r.Tenant] = true
+		if r.Writer {
+			writers++
+		}
+	}
+	return ServerStats{Regions: len(regions), Tenants: len(tenants), Writers: writers, Used: used, Capacity: s.opts.Capacity,
+		ReadBytes: s.read.Load(), WriteBytes: s.wrote.Load(), Link: s.ctr.snapshot(), Errors: s.errs.snapshot()}
 }
 
 // Close closes the transport and the backing files; Run returns.

@@ -1,0 +1,99 @@
+package memservice
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/farmem"
+)
+
+var (
+	srvRegions  = prometheus.NewDesc("lovelock_mem_server_regions", "Regions the memory server holds.", nil, nil)
+	srvTenants  = prometheus.NewDesc("lovelock_mem_server_tenants", "Tenants that own regions on the memory server.", nil, nil)
+	srvWriters  = prometheus.NewDesc("lovelock_mem_server_writers", "Regions whose writer lease is held.", nil, nil)
+	srvUsed     = prometheus.NewDesc("lovelock_mem_server_used_bytes", "Bytes of regions the memory server holds.", nil, nil)
+	srvCapacity = prometheus.NewDesc("lovelock_mem_server_capacity_bytes", "Bytes of regions the memory server may hold.", nil, nil)
+	srvData     = prometheus.NewDesc("lovelock_mem_server_data_bytes_total", "Page data the memory server read or wrote, by direction (read: to requesters).", []string{"dir"}, nil)
+	srvReqs     = prometheus.NewDesc("lovelock_mem_server_requests_total", "Requests the memory server executed.", nil, nil)
+	srvDups     = prometheus.NewDesc("lovelock_mem_server_duplicates_total", "Requests that arrived again and were answered from the reply cache or ignored.", nil, nil)
+	srvErrors   = prometheus.NewDesc("lovelock_mem_server_errors_total", "Requests the memory server refused or failed, by kind.", []string{"kind"}, nil)
+
+	agentReqs    = prometheus.NewDesc("lovelock_mem_agent_host_requests_total", "Requests the far-memory agent took from host processes.", nil, nil)
+	agentFwd     = prometheus.NewDesc("lovelock_mem_agent_forwarded_total", "Requests the far-memory agent forwarded to memory nodes.", nil, nil)
+	agentBatches = prometheus.NewDesc("lovelock_mem_agent_batches_total", "Task batches that carried the forwarded requests.", nil, nil)
+	agentData    = prometheus.NewDesc("lovelock_mem_agent_data_bytes_total", "Page data through the far-memory agent, by direction (read: server to host).", []string{"dir"}, nil)
+	agentRetx    = prometheus.NewDesc("lovelock_mem_agent_retransmits_total", "Requests the agent sent to memory nodes again after a timeout.", nil, nil)
+	agentTimeout = prometheus.NewDesc("lovelock_mem_agent_timeouts_total", "Requests that failed after every try (no answer from the memory node).", nil, nil)
+	agentErrors  = prometheus.NewDesc("lovelock_mem_agent_errors_total", "Replies to hosts by failure kind.", []string{"kind"}, nil)
+	agentLatency = prometheus.NewDesc("lovelock_mem_agent_latency_seconds", "Round trip from forwarding to the memory node's reply, by quantile.", []string{"quantile"}, nil)
+)
+
+// Describe implements prometheus.Collector.
+func (s *ServerService) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{srvRegions, srvTenants, srvWriters, srvUsed, srvCapacity, srvData, srvReqs, srvDups, srvErrors} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (s *ServerService) Collect(ch chan<- prometheus.Metric) {
+	srv := s.server.Load()
+	if srv == nil {
+		return
+	}
+	st := srv.Stats()
+	gauge := func(d *prometheus.Desc, v float64) { ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v) }
+	counter := func(d *prometheus.Desc, v uint64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), l...)
+	}
+	gauge(srvRegions, float64(st.Regions))
+	gauge(srvTenants, float64(st.Tenants))
+	gauge(srvWriters, float64(st.Writers))
+	gauge(srvUsed, float64(st.Used))
+	gauge(srvCapacity, float64(st.Capacity))
+	counter(srvData, st.ReadBytes, "read")
+	counter(srvData, st.WriteBytes, "write")
+	counter(srvReqs, st.Link.Requests)
+	counter(srvDups, st.Link.Duplicates)
+	for kind, v := range errorKinds(st.Errors) {
+		counter(srvErrors, v, kind)
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (s *AgentService) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{agentReqs, agentFwd, agentBatches, agentData, agentRetx, agentTimeout, agentErrors, agentLatency} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (s *AgentService) Collect(ch chan<- prometheus.Metric) {
+	a := s.agent.Load()
+	if a == nil {
+		return
+	}
+	st := a.Stats()
+	counter := func(d *prometheus.Desc, v uint64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), l...)
+	}
+	counter(agentReqs, st.HostRequests)
+	counter(agentFwd, st.Forwarded)
+	counter(agentBatches, st.Batches)
+	counter(agentData, st.ReadBytes, "read")
+	counter(agentData, st.WriteBytes, "write")
+	counter(agentRetx, st.Fabric.Retransmits)
+	counter(agentTimeout, st.Fabric.Timeouts)
+	for kind, v := range errorKinds(st.Errors) {
+		counter(agentErrors, v, kind)
+	}
+	ch <- prometheus.MustNewConstMetric(agentLatency, prometheus.GaugeValue, st.Latency.P50us/1e6, "0.5")
+	ch <- prometheus.MustNewConstMetric(agentLatency, prometheus.GaugeValue, st.Latency.P99us/1e6, "0.99")
+}
+
+func errorKinds(e farmem.ErrorCounts) map[string]uint64 {
+	return map[string]uint64{
+		"unknown_region": e.UnknownRegion, "out_of_range": e.OutOfRange, "wrong_tenant": e.WrongTenant,
+		"writer_busy": e.WriterBusy, "not_writer": e.NotWriter, "read_only": e.ReadOnly, "no_space": e.NoSpace,
+		"bad_request": e.BadRequest, "io": e.IO, "unavailable": e.Unavailable, "no_server": e.NoServer,
+	}
+}
