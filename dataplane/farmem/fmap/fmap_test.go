@@ -1,0 +1,76 @@
+package fmap
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestExactData writes at random through a mapping whose buffer is 1/8 of
+// the region, reads everything back after eviction, closes, and reads it
+// again from a second process: every byte must match, in the backend too.
+func TestExactData(t *testing.T) {
+	cases := []struct {
+		name    string
+		d       dataCase
+		noClose bool
+	}{
+		{name: "64KiB chunks", d: dataCase{size: 8<<20 + 12345, chunk: 64 << 10, writes: 3000, seed: 1}},
+		{name: "4KiB chunks", d: dataCase{size: 2<<20 + 100, chunk: 4 << 10, writes: 3000, seed: 2}},
+		{name: "1MiB chunks", d: dataCase{size: 16 << 20, chunk: 1 << 20, writes: 500, seed: 3}},
+		{name: "program exits without Close", d: dataCase{size: 4 << 20, chunk: 64 << 10, writes: 2000, seed: 4}, noClose: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			a := startAgent(t)
+			d := tc.d
+			d.buffer = d.size / 8
+			be := a.add(1, NewMemBackend(d.size))
+			be.WriteAt(d.initial(), 0)
+			ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+			defer cancel()
+			env := append(d.env(), "FMAP_SOCK="+a.sock)
+
+			role := "write"
+			if tc.noClose {
+				role = "write-noclose"
+			}
+			runHelper(t, ctx, role, env...)
+			nchunks := (d.size + int64(d.chunk) - 1) / int64(d.chunk)
+			capacity := (d.buffer + int64(d.chunk) - 1) / int64(d.chunk)
+			t.Logf("%d chunks, buffer %d chunks: %d chunk reads, %d chunk writes", nchunks, capacity, be.reads.Load(), be.writes.Load())
+			if be.reads.Load() <= nchunks {
+				t.Errorf("%d chunk reads for %d chunks: nothing was evicted and fetched again", be.reads.Load(), nchunks)
+			}
+			if be.writes.Load() <= capacity {
+				t.Errorf("%d chunk writes with a buffer of %d chunks: no dirty chunk was written back on eviction", be.writes.Load(), capacity)
+			}
+			// The program has exited: the backend holds all its writes.
+			if tc.noClose {
+				waitWritten(t, be, d)
+			}
+			got := make([]byte, d.size)
+			be.ReadAt(got, 0)
+			if err := firstDiff(got, d.expected()); err != nil {
+				t.Fatalf("backend after the writer ended: %v", err)
+			}
+			runHelper(t, ctx, "verify", env...)
+		})
+	}
+}
+
+// waitWritten waits for the agent to finish writing back a program that
+// exited without Close: the agent notices at the connection's end, which
+// races with the program's exit status reaching the test.
+func waitWritten(t *testing.T, be *countingBackend, d dataCase) {
+	want := d.expected()
+	got := make([]byte, d.size)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		be.ReadAt(got, 0)
+		if firstDiff(got, want) == nil || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
