@@ -111,6 +111,8 @@ func TestHelperProcess(t *testing.T) {
 		err = helperData(role)
 	case "storm":
 		err = helperStorm()
+	case "race":
+		err = helperRace()
 	case "touch":
 		err = helperTouch()
 	default:
