@@ -135,6 +135,11 @@ func serveConn(ctx context.Context, c *net.UnixConn, open func(context.Context, 
 			if err := reply(c, h.flush()); err != nil {
 				return err
 			}
+		case opStats:
+			st := h.snapshot()
+			if err := writeFrame(c, frame{Stats: &st}); err != nil {
+				return err
+			}
 		case opClose:
 			return reply(c, h.flush())
 		default:

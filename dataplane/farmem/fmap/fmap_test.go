@@ -2,6 +2,7 @@ package fmap
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 )
@@ -35,7 +36,8 @@ func TestExactData(t *testing.T) {
 			if tc.noClose {
 				role = "write-noclose"
 			}
-			runHelper(t, ctx, role, env...)
+			out := runHelper(t, ctx, role, env...)
+			logStats(t, out)
 			nchunks := (d.size + int64(d.chunk) - 1) / int64(d.chunk)
 			capacity := (d.buffer + int64(d.chunk) - 1) / int64(d.chunk)
 			t.Logf("%d chunks, buffer %d chunks: %d chunk reads, %d chunk writes", nchunks, capacity, be.reads.Load(), be.writes.Load())
@@ -72,5 +74,13 @@ func waitWritten(t *testing.T, be *countingBackend, d dataCase) {
 			return
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func logStats(t *testing.T, out string) {
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "STATS") {
+			t.Log(l)
+		}
 	}
 }

@@ -56,15 +56,17 @@ type handler struct {
 	kick chan struct{}
 }
 
-// Stats counts what a mapping's handler did.
+// Stats counts what the host agent did for one mapping.
 type Stats struct {
-	Faults      uint64 // missing-page faults that fetched a chunk
-	WPFaults    uint64 // write-protect faults that marked a chunk dirty
-	Spurious    uint64 // faults on a chunk already served (another thread's fault won)
-	Evictions   uint64 // chunks dropped
-	Writebacks  uint64 // dirty chunks written to the backend
-	Background  uint64 // evictions done by the cleaner, off the fault path
-	InlineEvict uint64 // evictions a fault had to wait for
+	Faults     uint64 `json:"faults"`     // missing-page faults that fetched a chunk
+	WPFaults   uint64 `json:"wp_faults"`  // write-protect faults that marked a chunk dirty
+	Spurious   uint64 `json:"spurious"`   // faults on a chunk already served or already gone
+	Evictions  uint64 `json:"evictions"`  // chunks dropped
+	Writebacks uint64 `json:"writebacks"` // dirty chunks written to the backend
+	Background uint64 `json:"background"` // evictions by the cleaner, off the fault path
+	Inline     uint64 `json:"inline"`     // evictions a fault had to wait for
+	Resident   int    `json:"resident"`   // chunks in the buffer now
+	Capacity   int    `json:"capacity"`   // the buffer's size in chunks
 }
 
 func newHandler(region RegionRef, be Backend, r resolved, uffd, memfd int, base uint64) *handler {
@@ -167,7 +169,7 @@ func (h *handler) fault(m uffdMsg, buf []byte) error {
 			}
 			if h.occupied >= h.r.capacity {
 				if v := h.victimLocked(); v >= 0 {
-					h.stats.InlineEvict++
+					h.stats.Inline++
 					if err := h.evictLocked(v, buf); err != nil {
 						// Serve the fault over capacity rather than leave the
 						// program blocked; the error surfaces at Sync.
@@ -420,5 +422,7 @@ func (h *handler) flush() error {
 func (h *handler) snapshot() Stats {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.stats
+	st := h.stats
+	st.Resident, st.Capacity = h.occupied, h.r.capacity
+	return st
 }

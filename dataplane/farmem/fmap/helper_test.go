@@ -223,6 +223,17 @@ func helperData(role string) error {
 	if err := firstDiff(b, want); err != nil {
 		return fmt.Errorf("%s: read back through the mapping: %w", role, err)
 	}
+	st, err := m.Stats(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("STATS %+v\n", st)
+	if st.Resident > st.Capacity {
+		return fmt.Errorf("%d chunks resident in a buffer of %d", st.Resident, st.Capacity)
+	}
+	if role != "verify" && (st.Evictions == 0 || st.Writebacks == 0 || st.Background == 0) {
+		return fmt.Errorf("stats %+v: want evictions, write-backs and background evictions", st)
+	}
 	if role == "write-noclose" {
 		return nil // exit with the mapping open: the agent must write back on its own
 	}

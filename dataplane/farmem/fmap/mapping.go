@@ -155,6 +155,31 @@ func (m *Mapping) Sync(ctx context.Context) error {
 	return nil
 }
 
+// Stats returns the host agent's counters for this mapping.
+func (m *Mapping) Stats(ctx context.Context) (Stats, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return Stats{}, ErrClosed
+	}
+	if m.broken != nil {
+		return Stats{}, fmt.Errorf("fmap: %s: stats: %w; Close the mapping", m.region, m.broken)
+	}
+	stop := context.AfterFunc(ctx, func() { m.conn.SetDeadline(time.Unix(1, 0)) })
+	resp, err := call(m.conn, frame{Op: opStats})
+	if !stop() {
+		m.broken = fmt.Errorf("an earlier request was cancelled (%w)", ctx.Err())
+		return Stats{}, fmt.Errorf("fmap: %s: stats: %w", m.region, ctx.Err())
+	}
+	if err != nil {
+		return Stats{}, fmt.Errorf("fmap: %s: stats: %w", m.region, err)
+	}
+	if resp.Stats == nil {
+		return Stats{}, fmt.Errorf("fmap: %s: stats: the agent sent none", m.region)
+	}
+	return *resp.Stats, nil
+}
+
 // Close writes every dirty chunk back, makes it durable, and unmaps the
 // region. Nothing may use Bytes during or after Close. The mapping is
 // released even when the write-back fails; the error says so.

@@ -18,7 +18,8 @@ import (
 //	agent → program  {size} or {err}
 //	program → agent  {op: attach, addr, len}   + SCM_RIGHTS [userfaultfd, memfd]
 //	agent → program  {} or {err}
-//	then any number of {op: sync} → {} or {err}, and one {op: close} → {} or {err}.
+//	then any number of {op: sync} → {} or {err} and {op: stats} → {stats},
+//	and one {op: close} → {} or {err}.
 //
 // JSON because the exchange happens a few times per mapping, never per fault.
 const (
@@ -26,6 +27,7 @@ const (
 	opAttach = "attach"
 	opSync   = "sync"
 	opClose  = "close"
+	opStats  = "stats"
 
 	maxFrame = 64 << 10
 )
@@ -37,6 +39,7 @@ type frame struct {
 	Size    int64      `json:"size,omitempty"`
 	Addr    uint64     `json:"addr,omitempty"`
 	Len     uint64     `json:"len,omitempty"`
+	Stats   *Stats     `json:"stats,omitempty"`
 	Err     string     `json:"err,omitempty"`
 }
 

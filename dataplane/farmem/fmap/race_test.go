@@ -134,7 +134,16 @@ func helperRace() error {
 	if err := m.Sync(ctx); err != nil {
 		return err
 	}
-	fmt.Printf("race: %d Syncs ran during the writes\nSYNCED\n", syncs)
+	st, err := m.Stats(ctx)
+	if err != nil {
+		return err
+	}
+	// Writes to chunks that Sync had cleaned must have come back as
+	// write-protect faults; without them nothing would be written twice.
+	if st.WPFaults == 0 || st.Evictions == 0 {
+		return fmt.Errorf("stats %+v: want write-protect faults and evictions", st)
+	}
+	fmt.Printf("race: %d Syncs ran during the writes\nSTATS %+v\nSYNCED\n", syncs, st)
 	// Wait for the test to check the backend; stdin closes then.
 	bufio.NewReader(os.Stdin).ReadString('\n')
 	return m.Close()
