@@ -48,9 +48,9 @@ func TestFaultStorm(t *testing.T) {
 // TestFaultStormInProcessControl is the negative control: the same storm
 // with the agent as a goroutine of the faulting program must not finish,
 // or TestFaultStorm could not tell the designs apart. It does not: the
-// goroutines asleep in faults hold both Ps and the handler goroutine stays
-// runnable forever (even without the GC loop, FMAP_NOGC=1; see
-// docs/farmem-mapping.md).
+// goroutines asleep in faults keep both Ps (until the sysmon preempts them,
+// and then they fault again) and the handler goroutine waits in the run
+// queue, even without the GC loop (FMAP_NOGC=1; see docs/farmem-mapping.md).
 func TestFaultStormInProcessControl(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits 15 s for a deadlock")
