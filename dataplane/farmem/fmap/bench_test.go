@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 const benchSize = 64 << 20
@@ -19,18 +21,28 @@ const benchSize = 64 << 20
 // report MB/s of region data; the ratio is what to read.
 func BenchmarkFaultIn(b *testing.B) {
 	for _, chunk := range []int{4 << 10, 64 << 10, 1 << 20} {
-		b.Run(fmt.Sprintf("chunk=%dKiB/mapping", chunk>>10), func(b *testing.B) {
-			a := startAgent(b)
-			a.add(1, benchBackend())
-			var total time.Duration
-			for b.Loop() {
-				out := runHelper(b, context.Background(), "touch", "FMAP_SOCK="+a.sock,
-					"FMAP_CHUNK="+strconv.Itoa(chunk))
-				total += parseTouch(b, out)
-			}
-			b.ReportMetric(float64(benchSize)*float64(b.N)/total.Seconds()/1e6, "MB/s")
-			b.ReportMetric(0, "ns/op") // process start-up dominates ns/op; MB/s is the number
-		})
+		// read: first touch is a read (one MISSING fault per chunk).
+		// rw: read, then write the same page (a MISSING and a WP fault per
+		// chunk): the cost of synchronous dirty tracking.
+		for _, mode := range []string{"read", "rw"} {
+			b.Run(fmt.Sprintf("chunk=%dKiB/mapping-%s", chunk>>10, mode), func(b *testing.B) {
+				a := startAgent(b)
+				a.add(1, benchBackend())
+				var total time.Duration
+				for b.Loop() {
+					out := runHelper(b, context.Background(), "touch", "FMAP_SOCK="+a.sock,
+						"FMAP_CHUNK="+strconv.Itoa(chunk), "FMAP_TOUCH="+mode)
+					total += parseTouch(b, out)
+					for _, l := range strings.Split(out, "\n") {
+						if strings.HasPrefix(l, "FAULTS") {
+							b.Log(l)
+						}
+					}
+				}
+				b.ReportMetric(float64(benchSize)*float64(b.N)/total.Seconds()/1e6, "MB/s")
+				b.ReportMetric(0, "ns/op") // process start-up dominates ns/op; MB/s is the number
+			})
+		}
 		b.Run(fmt.Sprintf("chunk=%dKiB/readat", chunk>>10), func(b *testing.B) {
 			be := benchBackend()
 			buf := make([]byte, chunk)
@@ -82,13 +94,25 @@ func helperTouch() error {
 	}
 	buf := m.Bytes()
 	page := os.Getpagesize()
+	write := os.Getenv("FMAP_TOUCH") == "rw"
+	var ru0, ru1 unix.Rusage
+	unix.Getrusage(unix.RUSAGE_SELF, &ru0)
 	start := time.Now()
 	for off := 0; off < len(buf); off += page {
 		if buf[off] != byte(off/page) {
 			return fmt.Errorf("page %d holds %d, want %d", off/page, buf[off], byte(off/page))
 		}
+		if write {
+			buf[off+1] = 1
+		}
 	}
 	elapsed := time.Since(start)
+	unix.Getrusage(unix.RUSAGE_SELF, &ru1)
 	fmt.Printf("TOUCH ns=%d\n", elapsed.Nanoseconds())
+	st, err := m.Stats(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("FAULTS minor=%d major=%d pages=%d agent=%+v\n", ru1.Minflt-ru0.Minflt, ru1.Majflt-ru0.Majflt, len(buf)/page, st)
 	return m.Close()
 }

@@ -77,5 +77,10 @@ func (o Options) resolve(size int64) (resolved, error) {
 		return r, fmt.Errorf("fmap: load factor %g: want a value in (0, 1]", r.loadRatio)
 	}
 	r.lowWater = max(int(float64(r.capacity)*r.loadRatio), 1)
+	if r.capacity == r.nchunks {
+		// Everything fits: no fault will ever need a slot freed, so
+		// evicting ahead would only cost refetches.
+		r.lowWater = r.capacity
+	}
 	return r, nil
 }
