@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"sync"
@@ -13,15 +14,34 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Serve runs the host agent on ln until ctx ends: it accepts programs'
-// mappings, opens each one's region with open, and serves its faults. ln
-// must be a stream ("unix") listener; Serve closes it when it returns. At
-// the end every mapping's dirty chunks are written back; programs still
+// Serve runs a host agent with default settings (no logging); see
+// Agent.Serve.
+func Serve(ctx context.Context, ln *net.UnixListener, open func(context.Context, RegionRef) (Backend, error)) error {
+	return (&Agent{}).Serve(ctx, ln, open)
+}
+
+// Agent is the host agent: one per host node, serving the mappings of every
+// program that connects to it.
+type Agent struct {
+	// Logger receives one line per mapping that ends, with its counters, and
+	// the errors that end mappings. Nil discards them.
+	Logger *slog.Logger
+}
+
+// Serve runs the agent on ln until ctx ends: it accepts programs' mappings,
+// opens each one's region with open, and serves its faults. ln must be a
+// stream ("unix") listener; whoever can connect to it can have regions
+// mapped, so restrict the socket's mode. Serve closes ln when it returns.
+// At the end every mapping's dirty chunks are written back; programs still
 // using their mappings then block on their next fault.
 //
 // If a Backend returned by open is an io.Closer, Serve closes it when its
 // mapping ends.
-func Serve(ctx context.Context, ln *net.UnixListener, open func(context.Context, RegionRef) (Backend, error)) error {
+func (a *Agent) Serve(ctx context.Context, ln *net.UnixListener, open func(context.Context, RegionRef) (Backend, error)) error {
+	log := a.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	defer ln.Close()
 	stop := context.AfterFunc(ctx, func() { ln.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
@@ -42,13 +62,48 @@ func Serve(ctx context.Context, ln *net.UnixListener, open func(context.Context,
 		wg.Go(func() {
 			// A mapping that fails ends only that program's connection; the
 			// program sees the error in its Map, Sync or Close.
-			_ = serveConn(ctx, c, open)
+			pid := peerPID(c)
+			region, st, err := serveConn(ctx, c, open)
+			if err != nil {
+				log.Warn("fmap mapping ended with an error", "pid", pid, "region", region.String(), "err", err)
+			}
+			if st != nil {
+				log.Info("fmap mapping ended", "pid", pid, "region", region.String(), "stats", *st)
+			}
 		})
 	}
 }
 
+// peerPID names the program on the other end of c, for logs.
+func peerPID(c *net.UnixConn) int32 {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	var pid int32
+	rc.Control(func(fd uintptr) {
+		if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
+			pid = cred.Pid
+		}
+	})
+	return pid
+}
+
 // serveConn runs one program's mapping from handshake to close.
-func serveConn(ctx context.Context, c *net.UnixConn, open func(context.Context, RegionRef) (Backend, error)) error {
+// It returns the region and, once the mapping was attached, its final
+// counters.
+func serveConn(ctx context.Context, c *net.UnixConn, open func(context.Context, RegionRef) (Backend, error)) (RegionRef, *Stats, error) {
+	var region RegionRef
+	var h *handler
+	err := serveMapping(ctx, c, open, &region, &h)
+	if h == nil {
+		return region, nil, err
+	}
+	st := h.snapshot()
+	return region, &st, err
+}
+
+func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Context, RegionRef) (Backend, error), regionOut *RegionRef, hOut **handler) error {
 	defer c.Close()
 	stopConn := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
 	defer stopConn()
@@ -62,6 +117,7 @@ func serveConn(ctx context.Context, c *net.UnixConn, open func(context.Context, 
 		return reply(c, fmt.Errorf("fmap agent: want an open request first, got %q", req.Op))
 	}
 	region := *req.Region
+	*regionOut = region
 	be, err := open(ctx, region)
 	if err != nil {
 		return reply(c, fmt.Errorf("fmap agent: open %s: %w", region, err))
@@ -106,6 +162,7 @@ func serveConn(ctx context.Context, c *net.UnixConn, open func(context.Context, 
 		return reply(c, fmt.Errorf("fmap agent: program mapped %d bytes, region needs %d", req.Len, r.mapLen))
 	}
 	h := newHandler(region, be, r, uffd, memfd, req.Addr)
+	*hOut = h
 
 	hctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -128,6 +185,9 @@ func serveConn(ctx context.Context, c *net.UnixConn, open func(context.Context, 
 			// The program exited without Close, or the agent stops: its
 			// memfd is still readable here, so write its dirty chunks back.
 			ferr := h.flush()
+			if errors.Is(err, io.EOF) || ctx.Err() != nil {
+				return ferr
+			}
 			return errors.Join(err, ferr)
 		}
 		switch req.Op {

@@ -3,12 +3,14 @@ package fmap
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -57,7 +59,8 @@ func startAgent(t testing.TB) *testAgent {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- Serve(ctx, ln, a.open) }()
+	agent := &Agent{Logger: slog.New(slog.NewTextHandler(tbWriter{t}, nil))}
+	go func() { done <- agent.Serve(ctx, ln, a.open) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -65,6 +68,14 @@ func startAgent(t testing.TB) *testAgent {
 		}
 	})
 	return a
+}
+
+// tbWriter sends the agent's log lines to the test's log.
+type tbWriter struct{ tb testing.TB }
+
+func (w tbWriter) Write(p []byte) (int, error) {
+	w.tb.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
 }
 
 func (a *testAgent) add(id uint64, be *MemBackend) *countingBackend {

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"os/signal"
@@ -54,7 +55,8 @@ func run(ctx context.Context, socket, dir string) error {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "fmap-agent: serving regions from %s on %s\n", dir, socket)
-	return fmap.Serve(ctx, ln, func(_ context.Context, r fmap.RegionRef) (fmap.Backend, error) {
+	agent := &fmap.Agent{Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))}
+	return agent.Serve(ctx, ln, func(_ context.Context, r fmap.RegionRef) (fmap.Backend, error) {
 		return openFile(filepath.Join(dir, strconv.FormatUint(r.ID, 10)))
 	})
 }
