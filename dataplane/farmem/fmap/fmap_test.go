@@ -2,7 +2,11 @@ package fmap
 
 import (
 	"context"
+	"os"
+	"os/exec"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -58,6 +62,47 @@ func TestExactData(t *testing.T) {
 			}
 			runHelper(t, ctx, "verify", env...)
 		})
+	}
+}
+
+// TestManyPrograms runs several programs against one agent at once, each
+// with its own region, as on a host node: every region ends up exact.
+func TestManyPrograms(t *testing.T) {
+	a := startAgent(t)
+	const programs = 3
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	cases := make([]dataCase, programs)
+	bes := make([]*countingBackend, programs)
+	for i := range programs {
+		d := dataCase{size: 3<<20 + int64(i)*4096, chunk: 64 << 10, writes: 1500, seed: uint64(10 + i)}
+		d.buffer = d.size / 8
+		cases[i] = d
+		bes[i] = a.add(uint64(10+i), NewMemBackend(d.size))
+		bes[i].WriteAt(d.initial(), 0)
+	}
+	outs := make([]string, programs)
+	errs := make([]error, programs)
+	for i := range programs {
+		wg.Go(func() {
+			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+			cmd.Env = append(append(os.Environ(), helperEnv+"=write", "FMAP_SOCK="+a.sock,
+				"FMAP_REGION="+strconv.Itoa(10+i)), cases[i].env()...)
+			out, err := cmd.CombinedOutput()
+			outs[i], errs[i] = string(out), err
+		})
+	}
+	wg.Wait()
+	for i := range programs {
+		if errs[i] != nil {
+			t.Fatalf("program %d: %v\n%s", i, errs[i], outs[i])
+		}
+		got := make([]byte, cases[i].size)
+		bes[i].ReadAt(got, 0)
+		if err := firstDiff(got, cases[i].expected()); err != nil {
+			t.Errorf("region %d after its program closed: %v", 10+i, err)
+		}
 	}
 }
 

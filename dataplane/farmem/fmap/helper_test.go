@@ -216,7 +216,11 @@ func helperData(role string) error {
 	d := dataCaseFromEnv()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	m, err := Map(ctx, os.Getenv("FMAP_SOCK"), RegionRef{ID: 1, Name: "data"},
+	id := uint64(1)
+	if v := os.Getenv("FMAP_REGION"); v != "" {
+		id = uint64(envInt("FMAP_REGION"))
+	}
+	m, err := Map(ctx, os.Getenv("FMAP_SOCK"), RegionRef{ID: id, Name: "data"},
 		Options{ChunkSize: d.chunk, BufferBytes: d.buffer})
 	if err != nil {
 		return err

@@ -48,9 +48,19 @@ func Map(ctx context.Context, agentSocket string, region RegionRef, opts Options
 	if dl, ok := ctx.Deadline(); ok {
 		conn.SetDeadline(dl)
 	}
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
 	m, err := attach(conn, region, opts)
+	if !stop() && err == nil {
+		// Cancelled just as the setup finished: the mapping works, but
+		// the caller asked to give up.
+		m.Close()
+		err = ctx.Err()
+	}
 	if err != nil {
 		conn.Close()
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (%w)", ctx.Err(), err)
+		}
 		return nil, fmt.Errorf("fmap: %s: %w", region, err)
 	}
 	conn.SetDeadline(time.Time{})
