@@ -192,7 +192,9 @@ func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Contex
 		}
 		switch req.Op {
 		case opSync:
-			if err := reply(c, h.flush()); err != nil {
+			// A failed write-back leaves its chunks dirty for the next try;
+			// the mapping goes on.
+			if err := respond(c, h.flush()); err != nil {
 				return err
 			}
 		case opStats:
@@ -203,7 +205,7 @@ func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Contex
 		case opClose:
 			return reply(c, h.flush())
 		default:
-			if err := reply(c, fmt.Errorf("fmap agent: unknown request %q", req.Op)); err != nil {
+			if err := respond(c, fmt.Errorf("fmap agent: unknown request %q", req.Op)); err != nil {
 				return err
 			}
 		}
@@ -217,14 +219,18 @@ func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Contex
 	}
 }
 
-// reply sends err (or success) to the program and returns err.
+// reply sends err (or success) to the program and returns err: for the
+// handshake, where an error ends the connection.
 func reply(c *net.UnixConn, err error) error {
+	return errors.Join(err, respond(c, err))
+}
+
+// respond sends err (or success) to the program; it returns only the error
+// of sending.
+func respond(c *net.UnixConn, err error) error {
 	f := frame{}
 	if err != nil {
 		f.Err = err.Error()
 	}
-	if werr := writeFrame(c, f); werr != nil && err == nil {
-		return werr
-	}
-	return err
+	return writeFrame(c, f)
 }

@@ -31,9 +31,10 @@ const (
 // chunk table; backend I/O runs outside it, with the chunk marked fetching,
 // flushing or evicting so the others keep away.
 //
-// Invariants: a resident chunk that is clean is write-protected in the
-// program, so its first write raises a WP fault that marks it dirty; a dirty
-// chunk is writable. Before a chunk's data is read for write-back it is
+// Invariant: a resident chunk that is clean is write-protected in the
+// program, so its first write raises a WP fault that marks it dirty. (A
+// dirty chunk is usually writable; after a failed write-back it may stay
+// protected, which costs one more WP fault and nothing else.) Before a chunk's data is read for write-back it is
 // write-protected and marked clean under mu, so a write that lands during the
 // write-back faults and marks it dirty again instead of being lost.
 type handler struct {
@@ -172,8 +173,10 @@ func (h *handler) fault(m uffdMsg, buf []byte) error {
 					h.stats.Inline++
 					if err := h.evictLocked(v, buf); err != nil {
 						// Serve the fault over capacity rather than leave the
-						// program blocked; the error surfaces at Sync.
+						// program blocked (or try every other victim against
+						// a failing backend); the error surfaces at Sync.
 						h.setErrLocked(err)
+						return h.fetchLocked(ci, m.Flags&pagefaultFlagWrite != 0, buf)
 					}
 					continue
 				}
@@ -415,7 +418,14 @@ func (h *handler) flush() error {
 	if err := h.be.Sync(); err != nil {
 		errs = append(errs, fmt.Errorf("sync backend: %w", err))
 	}
-	return errors.Join(errs...)
+	switch len(errs) {
+	case 0:
+		return nil
+	case 1:
+		return errs[0]
+	}
+	// One line, not one per chunk: a failing backend fails them all.
+	return fmt.Errorf("%w (and %d more errors; the chunks stay dirty for the next Sync)", errs[0], len(errs)-1)
 }
 
 // snapshot returns the handler's counters.

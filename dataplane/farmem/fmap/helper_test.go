@@ -30,6 +30,7 @@ const helperEnv = "FMAP_HELPER"
 type countingBackend struct {
 	*MemBackend
 	reads, writes atomic.Int64
+	failWrites    atomic.Bool // inject write errors
 }
 
 func (c *countingBackend) ReadAt(p []byte, off int64) (int, error) {
@@ -38,6 +39,9 @@ func (c *countingBackend) ReadAt(p []byte, off int64) (int, error) {
 }
 
 func (c *countingBackend) WriteAt(p []byte, off int64) (int, error) {
+	if c.failWrites.Load() {
+		return 0, fmt.Errorf("injected write error at %d", off)
+	}
 	c.writes.Add(1)
 	return c.MemBackend.WriteAt(p, off)
 }
@@ -124,6 +128,8 @@ func TestHelperProcess(t *testing.T) {
 		err = helperStorm()
 	case "race":
 		err = helperRace()
+	case "syncerr":
+		err = helperSyncErr()
 	case "touch":
 		err = helperTouch()
 	default:
