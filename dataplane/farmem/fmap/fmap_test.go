@@ -9,12 +9,15 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/lovelock-dpu/lovelock/control/testenv"
 )
 
 // TestExactData writes at random through a mapping whose buffer is 1/8 of
 // the region, reads everything back after eviction, closes, and reads it
 // again from a second process: every byte must match, in the backend too.
 func TestExactData(t *testing.T) {
+	testenv.RequirePriv(t)
 	cases := []struct {
 		name    string
 		d       dataCase
