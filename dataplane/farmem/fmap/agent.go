@@ -1,0 +1,236 @@
+package fmap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Serve runs a host agent with default settings (no logging); see
+// Agent.Serve.
+func Serve(ctx context.Context, ln *net.UnixListener, open func(context.Context, RegionRef) (Backend, error)) error {
+	return (&Agent{}).Serve(ctx, ln, open)
+}
+
+// Agent is the host agent: one per host node, serving the mappings of every
+// program that connects to it.
+type Agent struct {
+	// Logger receives one line per mapping that ends, with its counters, and
+	// the errors that end mappings. Nil discards them.
+	Logger *slog.Logger
+}
+
+// Serve runs the agent on ln until ctx ends: it accepts programs' mappings,
+// opens each one's region with open, and serves its faults. ln must be a
+// stream ("unix") listener; whoever can connect to it can have regions
+// mapped, so restrict the socket's mode. Serve closes ln when it returns.
+// At the end every mapping's dirty chunks are written back; programs still
+// using their mappings then block on their next fault.
+//
+// If a Backend returned by open is an io.Closer, Serve closes it when its
+// mapping ends.
+func (a *Agent) Serve(ctx context.Context, ln *net.UnixListener, open func(context.Context, RegionRef) (Backend, error)) error {
+	log := a.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	defer ln.Close()
+	stop := context.AfterFunc(ctx, func() { ln.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return fmt.Errorf("fmap agent: accept: %w", err)
+		}
+		wg.Go(func() {
+			// A mapping that fails ends only that program's connection; the
+			// program sees the error in its Map, Sync or Close.
+			pid := peerPID(c)
+			region, st, err := serveConn(ctx, c, open)
+			if err != nil {
+				log.Warn("fmap mapping ended with an error", "pid", pid, "region", region.String(), "err", err)
+			}
+			if st != nil {
+				log.Info("fmap mapping ended", "pid", pid, "region", region.String(), "stats", *st)
+			}
+		})
+	}
+}
+
+// peerPID names the program on the other end of c, for logs.
+func peerPID(c *net.UnixConn) int32 {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	var pid int32
+	rc.Control(func(fd uintptr) {
+		if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
+			pid = cred.Pid
+		}
+	})
+	return pid
+}
+
+// serveConn runs one program's mapping from handshake to close.
+// It returns the region and, once the mapping was attached, its final
+// counters.
+func serveConn(ctx context.Context, c *net.UnixConn, open func(context.Context, RegionRef) (Backend, error)) (RegionRef, *Stats, error) {
+	var region RegionRef
+	var h *handler
+	err := serveMapping(ctx, c, open, &region, &h)
+	if h == nil {
+		return region, nil, err
+	}
+	st := h.snapshot()
+	return region, &st, err
+}
+
+func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Context, RegionRef) (Backend, error), regionOut *RegionRef, hOut **handler) error {
+	defer c.Close()
+	stopConn := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
+	defer stopConn()
+
+	req, fds, err := readFrame(c)
+	closeAll(fds)
+	if err != nil {
+		return err
+	}
+	if req.Op != opOpen || req.Region == nil {
+		return reply(c, fmt.Errorf("fmap agent: want an open request first, got %q", req.Op))
+	}
+	region := *req.Region
+	*regionOut = region
+	be, err := open(ctx, region)
+	if err != nil {
+		return reply(c, fmt.Errorf("fmap agent: open %s: %w", region, err))
+	}
+	if cl, ok := be.(io.Closer); ok {
+		defer cl.Close()
+	}
+	var opts Options
+	if req.Options != nil {
+		opts = *req.Options
+	}
+	r, err := opts.resolve(be.Size())
+	if err != nil {
+		return reply(c, err)
+	}
+	if err := writeFrame(c, frame{Size: be.Size()}); err != nil {
+		return err
+	}
+
+	req, fds, err = readFrame(c)
+	if err != nil {
+		return err
+	}
+	if req.Op != opAttach || len(fds) != 2 {
+		closeAll(fds)
+		return reply(c, fmt.Errorf("fmap agent: want attach with a userfaultfd and a memfd, got %q with %d descriptors", req.Op, len(fds)))
+	}
+	uffd, memfd := fds[0], fds[1]
+	defer unix.Close(memfd)
+	unix.CloseOnExec(uffd)
+	unix.CloseOnExec(memfd)
+	if err := unix.SetNonblock(uffd, true); err != nil {
+		unix.Close(uffd)
+		return reply(c, fmt.Errorf("fmap agent: userfaultfd: set non-blocking: %w", err))
+	}
+	// os.NewFile puts a non-blocking descriptor in the runtime's poller, so
+	// the fault loop waits in epoll, not in a thread stuck in read(2), and a
+	// read deadline stops it.
+	uf := os.NewFile(uintptr(uffd), "userfaultfd")
+	defer uf.Close()
+	if req.Len != uint64(r.mapLen) {
+		return reply(c, fmt.Errorf("fmap agent: program mapped %d bytes, region needs %d", req.Len, r.mapLen))
+	}
+	h := newHandler(region, be, r, uffd, memfd, req.Addr)
+	*hOut = h
+
+	hctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	faultErr := make(chan error, 1)
+	wg.Go(func() { faultErr <- h.faultLoop(hctx, uf) })
+	wg.Go(func() { h.cleaner(hctx) })
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	if err := writeFrame(c, frame{}); err != nil {
+		// The program is gone before it could touch anything it wrote.
+		return err
+	}
+
+	for {
+		req, fds, err := readFrame(c)
+		closeAll(fds)
+		if err != nil {
+			// The program exited without Close, or the agent stops: its
+			// memfd is still readable here, so write its dirty chunks back.
+			ferr := h.flush()
+			if errors.Is(err, io.EOF) || ctx.Err() != nil {
+				return ferr
+			}
+			return errors.Join(err, ferr)
+		}
+		switch req.Op {
+		case opSync:
+			// A failed write-back leaves its chunks dirty for the next try;
+			// the mapping goes on.
+			if err := respond(c, h.flush()); err != nil {
+				return err
+			}
+		case opStats:
+			st := h.snapshot()
+			if err := writeFrame(c, frame{Stats: &st}); err != nil {
+				return err
+			}
+		case opClose:
+			return reply(c, h.flush())
+		default:
+			if err := respond(c, fmt.Errorf("fmap agent: unknown request %q", req.Op)); err != nil {
+				return err
+			}
+		}
+		select {
+		case err := <-faultErr:
+			if err != nil {
+				return err
+			}
+		default:
+		}
+	}
+}
+
+// reply sends err (or success) to the program and returns err: for the
+// handshake, where an error ends the connection.
+func reply(c *net.UnixConn, err error) error {
+	return errors.Join(err, respond(c, err))
+}
+
+// respond sends err (or success) to the program; it returns only the error
+// of sending.
+func respond(c *net.UnixConn, err error) error {
+	f := frame{}
+	if err != nil {
+		f.Err = err.Error()
+	}
+	return writeFrame(c, f)
+}

@@ -1,0 +1,438 @@
+package fmap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// chunkState is where one chunk of a mapping is. Every chunk that is not
+// absent occupies a slot of the buffer.
+type chunkState uint8
+
+const (
+	absent   chunkState = iota // not in the program's memory; a touch faults MISSING
+	fetching                   // the fault loop is reading it from the backend
+	resident                   // installed; on the LRU list
+	flushing                   // resident, being written back by Sync; not evictable
+	evicting                   // being written back and dropped; faults on it wait
+)
+
+// handler serves one mapping inside the host agent. Three goroutines share
+// it: the fault loop (reads the userfaultfd, fetches, installs, evicts when
+// the buffer is full), the cleaner (evicts down to the low-water mark in the
+// background), and the connection's request loop (Sync, Close). mu guards the
+// chunk table; backend I/O runs outside it, with the chunk marked fetching,
+// flushing or evicting so the others keep away.
+//
+// Invariant: a resident chunk that is clean is write-protected in the
+// program, so its first write raises a WP fault that marks it dirty. (A
+// dirty chunk is usually writable; after a failed write-back it may stay
+// protected, which costs one more WP fault and nothing else.) Before a chunk's data is read for write-back it is
+// write-protected and marked clean under mu, so a write that lands during the
+// write-back faults and marks it dirty again instead of being lost.
+type handler struct {
+	region RegionRef
+	be     Backend
+	r      resolved
+	uffd   int // owned by uffdFile
+	memfd  int
+	base   uint64
+
+	mu       sync.Mutex
+	cond     *sync.Cond
+	state    []chunkState
+	dirty    []bool
+	lru      *lru
+	occupied int // chunks not absent
+	stats    Stats
+	err      error // first write-back error since the last Sync reported it
+
+	kick chan struct{}
+}
+
+// Stats counts what the host agent did for one mapping.
+type Stats struct {
+	Faults     uint64 `json:"faults"`     // missing-page faults that fetched a chunk
+	WPFaults   uint64 `json:"wp_faults"`  // write-protect faults that marked a chunk dirty
+	Spurious   uint64 `json:"spurious"`   // faults on a chunk already served or already gone
+	Evictions  uint64 `json:"evictions"`  // chunks dropped
+	Writebacks uint64 `json:"writebacks"` // dirty chunks written to the backend
+	Background uint64 `json:"background"` // evictions by the cleaner, off the fault path
+	Inline     uint64 `json:"inline"`     // evictions a fault had to wait for
+	Resident   int    `json:"resident"`   // chunks in the buffer now
+	Capacity   int    `json:"capacity"`   // the buffer's size in chunks
+}
+
+func newHandler(region RegionRef, be Backend, r resolved, uffd, memfd int, base uint64) *handler {
+	h := &handler{
+		region: region, be: be, r: r, uffd: uffd, memfd: memfd, base: base,
+		state: make([]chunkState, r.nchunks),
+		dirty: make([]bool, r.nchunks),
+		lru:   newLRU(r.nchunks),
+		kick:  make(chan struct{}, 1),
+	}
+	h.cond = sync.NewCond(&h.mu)
+	return h
+}
+
+// span returns chunk ci's offset and its length in the mapping.
+func (h *handler) span(ci int) (uint64, uint64) {
+	off := uint64(ci) * uint64(h.r.chunk)
+	return off, min(uint64(h.r.chunk), uint64(h.r.mapLen)-off)
+}
+
+// faultLoop reads fault messages until ctx ends.
+func (h *handler) faultLoop(ctx context.Context, f *os.File) error {
+	stop := context.AfterFunc(ctx, func() { f.SetReadDeadline(time.Unix(1, 0)) })
+	defer stop()
+	msgs := make([]byte, 64*uffdMsgSize)
+	buf := make([]byte, h.r.chunk)
+	for {
+		n, err := f.Read(msgs)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("read userfaultfd: %w", err)
+		}
+		for i := 0; i+uffdMsgSize <= n; i += uffdMsgSize {
+			m := parseMsg(msgs[i:])
+			if m.Event != eventPagefault {
+				continue // no other events were asked for
+			}
+			for backoff := time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+				err := h.fault(m, buf)
+				if err == nil {
+					break
+				}
+				// The program's thread stays blocked until this fault is
+				// served; keep trying (a backend may come back) until the
+				// agent stops.
+				h.setErr(err)
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-time.After(backoff):
+				}
+			}
+		}
+	}
+}
+
+func (h *handler) setErr(err error) {
+	h.mu.Lock()
+	if h.err == nil {
+		h.err = err
+	}
+	h.mu.Unlock()
+}
+
+// fault serves one page-fault message.
+func (h *handler) fault(m uffdMsg, buf []byte) error {
+	if m.Address < h.base || m.Address >= h.base+uint64(h.r.mapLen) {
+		return nil
+	}
+	ci := int((m.Address - h.base) / uint64(h.r.chunk))
+	off, n := h.span(ci)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for {
+		switch h.state[ci] {
+		case evicting, fetching:
+			h.cond.Wait()
+		case resident, flushing:
+			h.lru.pushFront(ci)
+			if m.Flags&pagefaultFlagWP != 0 {
+				// First write to a clean chunk: it is dirty from now on.
+				// Lifting the protection wakes the writer.
+				h.dirty[ci] = true
+				h.stats.WPFaults++
+				if err := uffdWriteProtect(h.uffd, h.base+off, n, false); err != nil {
+					return fmt.Errorf("unprotect chunk %d: %w", ci, err)
+				}
+				return nil
+			}
+			h.stats.Spurious++
+			return wake(h.uffd, h.base+off, n)
+		case absent:
+			if m.Flags&pagefaultFlagWP != 0 {
+				// A write that hit the protection set before an eviction
+				// that has finished since: let it retry, it faults missing.
+				h.stats.Spurious++
+				return wake(h.uffd, h.base+off, n)
+			}
+			if h.occupied >= h.r.capacity {
+				if v := h.victimLocked(); v >= 0 {
+					h.stats.Inline++
+					if err := h.evictLocked(v, buf); err != nil {
+						// Serve the fault over capacity rather than leave the
+						// program blocked (or try every other victim against
+						// a failing backend); the error surfaces at Sync.
+						h.setErrLocked(err)
+						return h.fetchLocked(ci, m.Flags&pagefaultFlagWrite != 0, buf)
+					}
+					continue
+				}
+				if h.occupied-h.lru.len() > 0 {
+					h.cond.Wait() // slots are busy in write-back; one frees soon
+					continue
+				}
+			}
+			return h.fetchLocked(ci, m.Flags&pagefaultFlagWrite != 0, buf)
+		}
+	}
+}
+
+func (h *handler) setErrLocked(err error) {
+	if h.err == nil {
+		h.err = err
+	}
+}
+
+func wake(uffd int, addr, n uint64) error {
+	if err := uffdWake(uffd, addr, n); err != nil {
+		return fmt.Errorf("wake %#x+%d: %w", addr, n, err)
+	}
+	return nil
+}
+
+// fetchLocked reads chunk ci from the backend and installs it, writable and
+// dirty for a write fault, write-protected and clean for a read fault.
+func (h *handler) fetchLocked(ci int, write bool, buf []byte) error {
+	off, n := h.span(ci)
+	h.state[ci] = fetching
+	h.occupied++
+	h.mu.Unlock()
+	err := h.install(ci, off, buf[:n], write)
+	h.mu.Lock()
+	h.cond.Broadcast()
+	if err != nil {
+		h.state[ci] = absent
+		h.occupied--
+		return err
+	}
+	h.state[ci] = resident
+	h.dirty[ci] = write
+	h.lru.pushFront(ci)
+	h.stats.Faults++
+	if h.occupied > h.r.lowWater {
+		select {
+		case h.kick <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
+func (h *handler) install(ci int, off uint64, buf []byte, write bool) error {
+	// The mapping may be longer than the backend (rounded up to a page); the
+	// tail reads as zeros.
+	valid := max(min(int64(len(buf)), h.r.size-int64(off)), 0)
+	got, err := h.be.ReadAt(buf[:valid], int64(off))
+	if err != nil && !(errors.Is(err, io.EOF) && got == int(valid)) {
+		return fmt.Errorf("fetch chunk %d (%d bytes at %d): %w", ci, valid, off, err)
+	}
+	clear(buf[valid:])
+	var mode uint64
+	if !write {
+		mode = copyModeWP
+	}
+	done, err := uffdCopy(h.uffd, h.base+off, buf, mode)
+	if errors.Is(err, unix.EEXIST) {
+		// Some page of the chunk is present although the chunk was absent;
+		// install the rest page by page and keep what is there.
+		err = nil
+		page := h.r.pageSize
+		for p := done - done%page + page; p < len(buf) && err == nil; p += page {
+			_, err = uffdCopy(h.uffd, h.base+off+uint64(p), buf[p:p+page], mode)
+			if errors.Is(err, unix.EEXIST) {
+				err = nil
+			}
+		}
+		if err == nil {
+			err = uffdWake(h.uffd, h.base+off, uint64(len(buf)))
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("install chunk %d (UFFDIO_COPY %d bytes at %#x): %w", ci, len(buf), h.base+off, err)
+	}
+	return nil
+}
+
+// victimLocked picks the least recently used resident chunk other than the
+// most recently used one, or -1. The newest chunk is spared because the
+// program is about to touch it: evicting it would let two accesses evict
+// each other's chunk forever in a small buffer.
+func (h *handler) victimLocked() int {
+	front := h.lru.front()
+	for v := h.lru.back(); v >= 0 && v != front; v = h.lru.newer(v) {
+		if h.state[v] == resident {
+			return v
+		}
+	}
+	return -1
+}
+
+// evictLocked writes chunk ci back if dirty and drops it. It unlocks mu
+// during the I/O and returns with mu held.
+func (h *handler) evictLocked(ci int, buf []byte) error {
+	off, n := h.span(ci)
+	h.state[ci] = evicting
+	h.lru.remove(ci)
+	// Protect before reading: a write from here on faults and waits for the
+	// eviction instead of landing after the data was read and being lost
+	// when the hole is punched.
+	if err := uffdWriteProtect(h.uffd, h.base+off, n, true); err != nil {
+		h.state[ci] = resident
+		h.lru.pushFront(ci)
+		h.cond.Broadcast()
+		return fmt.Errorf("protect chunk %d for eviction: %w", ci, err)
+	}
+	dirty := h.dirty[ci]
+	h.dirty[ci] = false
+	h.mu.Unlock()
+	var err error
+	if dirty {
+		err = h.writeBack(ci, off, buf[:n])
+	}
+	if err == nil {
+		// Dropping the pages from the memfd unmaps them from the program
+		// too; its next touch faults missing. The agent cannot
+		// madvise(MADV_DONTNEED) another process's memory; this is the
+		// shared-memory equivalent.
+		if perr := unix.Fallocate(h.memfd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(off), int64(n)); perr != nil {
+			err = fmt.Errorf("punch chunk %d out of the memfd: %w", ci, perr)
+		}
+	}
+	h.mu.Lock()
+	h.cond.Broadcast()
+	if err != nil {
+		h.state[ci] = resident
+		h.dirty[ci] = h.dirty[ci] || dirty
+		h.lru.pushFront(ci)
+		return err
+	}
+	h.state[ci] = absent
+	h.occupied--
+	h.stats.Evictions++
+	if dirty {
+		h.stats.Writebacks++
+	}
+	return nil
+}
+
+// writeBack copies chunk ci from the memfd to the backend. pread on a shmem
+// file neither faults through the program's userfaultfd nor fills holes, so
+// it is safe whatever the chunk's state.
+func (h *handler) writeBack(ci int, off uint64, buf []byte) error {
+	valid := int(max(min(int64(len(buf)), h.r.size-int64(off)), 0))
+	for got := 0; got < valid; {
+		n, err := unix.Pread(h.memfd, buf[got:valid], int64(off)+int64(got))
+		if err != nil {
+			return fmt.Errorf("read chunk %d from the memfd: %w", ci, err)
+		}
+		if n == 0 {
+			return fmt.Errorf("read chunk %d from the memfd: short read at %d", ci, got)
+		}
+		got += n
+	}
+	if _, err := h.be.WriteAt(buf[:valid], int64(off)); err != nil {
+		return fmt.Errorf("write back chunk %d (%d bytes at %d): %w", ci, valid, off, err)
+	}
+	return nil
+}
+
+// cleaner evicts least recently used chunks down to the low-water mark
+// whenever the fault loop says the buffer is above it, so that faults find
+// free slots (SODA's proactive eviction at a load factor).
+func (h *handler) cleaner(ctx context.Context) {
+	buf := make([]byte, h.r.chunk)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-h.kick:
+		}
+		h.mu.Lock()
+		for h.occupied > h.r.lowWater && ctx.Err() == nil {
+			v := h.victimLocked()
+			if v < 0 {
+				break
+			}
+			if err := h.evictLocked(v, buf); err != nil {
+				h.setErrLocked(err)
+				break
+			}
+			h.stats.Background++
+		}
+		h.mu.Unlock()
+	}
+}
+
+// flush writes every dirty chunk back without evicting it, waits for
+// evictions in flight, then syncs the backend. It reports and clears the
+// first error the background work met since the last flush.
+func (h *handler) flush() error {
+	buf := make([]byte, h.r.chunk)
+	var errs []error
+	h.mu.Lock()
+	for ci := range h.state {
+		for h.state[ci] == evicting || h.state[ci] == fetching {
+			h.cond.Wait()
+		}
+		if h.state[ci] != resident || !h.dirty[ci] {
+			continue
+		}
+		off, n := h.span(ci)
+		h.state[ci] = flushing
+		if err := uffdWriteProtect(h.uffd, h.base+off, n, true); err != nil {
+			h.state[ci] = resident
+			errs = append(errs, fmt.Errorf("protect chunk %d for write-back: %w", ci, err))
+			continue
+		}
+		h.dirty[ci] = false
+		h.mu.Unlock()
+		err := h.writeBack(ci, off, buf[:n])
+		h.mu.Lock()
+		h.state[ci] = resident
+		h.cond.Broadcast()
+		if err != nil {
+			h.dirty[ci] = true
+			errs = append(errs, err)
+			continue
+		}
+		h.stats.Writebacks++
+	}
+	if h.err != nil {
+		errs = append([]error{h.err}, errs...)
+		h.err = nil
+	}
+	h.mu.Unlock()
+	if err := h.be.Sync(); err != nil {
+		errs = append(errs, fmt.Errorf("sync backend: %w", err))
+	}
+	switch len(errs) {
+	case 0:
+		return nil
+	case 1:
+		return errs[0]
+	}
+	// One line, not one per chunk: a failing backend fails them all.
+	return fmt.Errorf("%w (and %d more errors; the chunks stay dirty for the next Sync)", errs[0], len(errs)-1)
+}
+
+// snapshot returns the handler's counters.
+func (h *handler) snapshot() Stats {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	st := h.stats
+	st.Resident, st.Capacity = h.occupied, h.r.capacity
+	return st
+}

@@ -1,0 +1,262 @@
+package fmap
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lovelock-dpu/lovelock/control/testenv"
+)
+
+// The tests run the host agent in the test process and each program in a
+// child process: the test binary re-executed with -test.run=TestHelperProcess
+// and FMAP_HELPER naming what the child does. That way the faults are served
+// by another process, as in production.
+const helperEnv = "FMAP_HELPER"
+
+// countingBackend counts the backend traffic so tests can tell that chunks
+// were really evicted and fetched again.
+type countingBackend struct {
+	*MemBackend
+	reads, writes atomic.Int64
+	failWrites    atomic.Bool // inject write errors
+}
+
+func (c *countingBackend) ReadAt(p []byte, off int64) (int, error) {
+	c.reads.Add(1)
+	return c.MemBackend.ReadAt(p, off)
+}
+
+func (c *countingBackend) WriteAt(p []byte, off int64) (int, error) {
+	if c.failWrites.Load() {
+		return 0, fmt.Errorf("injected write error at %d", off)
+	}
+	c.writes.Add(1)
+	return c.MemBackend.WriteAt(p, off)
+}
+
+// testAgent is an agent serving regions from a table of backends.
+type testAgent struct {
+	sock string
+	mu   sync.Mutex
+	regs map[uint64]*countingBackend
+}
+
+func startAgent(t testing.TB) *testAgent {
+	t.Helper()
+	testenv.RequirePriv(t)
+	a := &testAgent{sock: filepath.Join(t.TempDir(), "agent.sock"), regs: map[uint64]*countingBackend{}}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: a.sock, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	agent := &Agent{Logger: slog.New(slog.NewTextHandler(tbWriter{t}, nil))}
+	go func() { done <- agent.Serve(ctx, ln, a.open) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return a
+}
+
+// tbWriter sends the agent's log lines to the test's log.
+type tbWriter struct{ tb testing.TB }
+
+func (w tbWriter) Write(p []byte) (int, error) {
+	w.tb.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
+}
+
+func (a *testAgent) add(id uint64, be *MemBackend) *countingBackend {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c := &countingBackend{MemBackend: be}
+	a.regs[id] = c
+	return c
+}
+
+func (a *testAgent) open(_ context.Context, r RegionRef) (Backend, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	be, ok := a.regs[r.ID]
+	if !ok {
+		return nil, fmt.Errorf("no region %d", r.ID)
+	}
+	return be, nil
+}
+
+// runHelper runs the test binary as a program of role with env, and fails
+// t with its output if it fails.
+func runHelper(t testing.TB, ctx context.Context, role string, env ...string) string {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1", "-test.v")
+	cmd.Env = append(append(os.Environ(), helperEnv+"="+role), env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("program %s: %v (context: %v)\n%s", role, err, ctx.Err(), out)
+	}
+	return string(out)
+}
+
+// TestHelperProcess is the program side of the tests; it does nothing unless
+// started by runHelper.
+func TestHelperProcess(t *testing.T) {
+	role := os.Getenv(helperEnv)
+	if role == "" {
+		t.Skip("helper for the other tests")
+	}
+	var err error
+	switch role {
+	case "write", "write-noclose", "verify":
+		err = helperData(role)
+	case "storm":
+		err = helperStorm()
+	case "race":
+		err = helperRace()
+	case "syncerr":
+		err = helperSyncErr()
+	case "touch":
+		err = helperTouch()
+	default:
+		err = fmt.Errorf("unknown role %q", role)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func envInt(name string) int64 {
+	v, err := strconv.ParseInt(os.Getenv(name), 0, 64)
+	if err != nil {
+		panic(fmt.Sprintf("%s=%q: %v", name, os.Getenv(name), err))
+	}
+	return v
+}
+
+// dataCase describes an exact-data run; the agent and the programs derive
+// the same initial contents and writes from it.
+type dataCase struct {
+	size   int64
+	chunk  int
+	buffer int64
+	writes int
+	seed   uint64
+}
+
+func (d dataCase) env() []string {
+	return []string{
+		"FMAP_SOCK_SIZE=" + strconv.FormatInt(d.size, 10),
+		"FMAP_CHUNK=" + strconv.Itoa(d.chunk),
+		"FMAP_BUFFER=" + strconv.FormatInt(d.buffer, 10),
+		"FMAP_WRITES=" + strconv.Itoa(d.writes),
+		"FMAP_SEED=" + strconv.FormatUint(d.seed, 10),
+	}
+}
+
+func dataCaseFromEnv() dataCase {
+	return dataCase{
+		size:   envInt("FMAP_SOCK_SIZE"),
+		chunk:  int(envInt("FMAP_CHUNK")),
+		buffer: envInt("FMAP_BUFFER"),
+		writes: int(envInt("FMAP_WRITES")),
+		seed:   uint64(envInt("FMAP_SEED")),
+	}
+}
+
+// initial is the region's contents before any program writes.
+func (d dataCase) initial() []byte {
+	b := make([]byte, d.size)
+	var seed [32]byte
+	seed[0] = byte(d.seed)
+	rand.NewChaCha8(seed).Read(b)
+	return b
+}
+
+// apply performs the case's random writes on b, in order.
+func (d dataCase) apply(b []byte) {
+	rng := rand.New(rand.NewPCG(d.seed, 0xfa11))
+	for range d.writes {
+		n := 1 + rng.IntN(3*d.chunk/2) // some writes straddle chunks
+		off := rng.Int64N(d.size - int64(n) + 1)
+		v := byte(rng.Uint32())
+		for i := range n {
+			b[off+int64(i)] = v + byte(i)
+		}
+	}
+}
+
+func (d dataCase) expected() []byte {
+	b := d.initial()
+	d.apply(b)
+	return b
+}
+
+func firstDiff(a, b []byte) error {
+	if len(a) != len(b) {
+		return fmt.Errorf("length %d, want %d", len(a), len(b))
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return fmt.Errorf("byte %d (chunk offset %d) is %#x, want %#x", i, i%DefaultChunkSize, a[i], b[i])
+		}
+	}
+	return nil
+}
+
+func helperData(role string) error {
+	d := dataCaseFromEnv()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	id := uint64(1)
+	if v := os.Getenv("FMAP_REGION"); v != "" {
+		id = uint64(envInt("FMAP_REGION"))
+	}
+	m, err := Map(ctx, os.Getenv("FMAP_SOCK"), RegionRef{ID: id, Name: "data"},
+		Options{ChunkSize: d.chunk, BufferBytes: d.buffer})
+	if err != nil {
+		return err
+	}
+	b := m.Bytes()
+	if int64(len(b)) != d.size {
+		return fmt.Errorf("mapping has %d bytes, want %d", len(b), d.size)
+	}
+	want := d.expected()
+	if role != "verify" {
+		d.apply(b)
+	}
+	// Reading everything back through a buffer of 1/8 of the region means
+	// most chunks were evicted and are fetched again here.
+	if err := firstDiff(b, want); err != nil {
+		return fmt.Errorf("%s: read back through the mapping: %w", role, err)
+	}
+	st, err := m.Stats(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("STATS %+v\n", st)
+	if st.Resident > st.Capacity {
+		return fmt.Errorf("%d chunks resident in a buffer of %d", st.Resident, st.Capacity)
+	}
+	if role != "verify" && (st.Evictions == 0 || st.Writebacks == 0 || st.Background == 0) {
+		return fmt.Errorf("stats %+v: want evictions, write-backs and background evictions", st)
+	}
+	if role == "write-noclose" {
+		return nil // exit with the mapping open: the agent must write back on its own
+	}
+	return m.Close()
+}

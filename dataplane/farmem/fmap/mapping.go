@@ -1,0 +1,233 @@
+package fmap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// ErrClosed is returned by Sync and Close on a closed Mapping.
+var ErrClosed = errors.New("fmap: mapping closed")
+
+// Mapping is a region mapped into this process. Its bytes fault in from the
+// host agent on first touch; this process runs no code to serve the faults.
+type Mapping struct {
+	region RegionRef
+	mem    []byte // the whole mmap'd range
+	size   int64
+
+	mu     sync.Mutex // serialises requests on conn
+	conn   *net.UnixConn
+	uffd   int
+	memfd  int
+	closed bool
+	broken error // why conn can no longer carry requests
+}
+
+// Map maps region through the host agent listening on agentSocket. The
+// returned Mapping's Bytes are usable at once; the agent fetches each chunk
+// when it is first touched. ctx bounds the setup only.
+//
+// The agent must be a separate process (one per host node), never a
+// goroutine of this one: a goroutine that faults sleeps in the kernel while
+// holding its P, and a handler in the same process can deadlock against a
+// stop-the-world GC that waits for that P.
+func Map(ctx context.Context, agentSocket string, region RegionRef, opts Options) (*Mapping, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", agentSocket)
+	if err != nil {
+		return nil, fmt.Errorf("fmap: %s: dial host agent %s: %w (is the agent running?)", region, agentSocket, err)
+	}
+	conn := c.(*net.UnixConn)
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	m, err := attach(conn, region, opts)
+	if !stop() && err == nil {
+		// Cancelled just as the setup finished: the mapping works, but
+		// the caller asked to give up.
+		m.Close()
+		err = ctx.Err()
+	}
+	if err != nil {
+		conn.Close()
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (%w)", ctx.Err(), err)
+		}
+		return nil, fmt.Errorf("fmap: %s: %w", region, err)
+	}
+	conn.SetDeadline(time.Time{})
+	return m, nil
+}
+
+func attach(conn *net.UnixConn, region RegionRef, opts Options) (*Mapping, error) {
+	resp, err := call(conn, frame{Op: opOpen, Region: &region, Options: &opts})
+	if err != nil {
+		return nil, err
+	}
+	r, err := opts.resolve(resp.Size)
+	if err != nil {
+		return nil, err
+	}
+	features, err := uffdFeatures()
+	if err != nil {
+		return nil, err
+	}
+	const need = featureMissingShmem | featureWPHugetlbfsShmem
+	if features&need != need {
+		return nil, fmt.Errorf("userfaultfd: kernel lacks missing or write-protect faults on shmem "+
+			"(features %#x, need %#x): use Linux 5.19 or later", features, uint64(need))
+	}
+
+	m := &Mapping{region: region, size: resp.Size, conn: conn, uffd: -1, memfd: -1}
+	ok := false
+	defer func() {
+		if !ok {
+			m.release()
+		}
+	}()
+	name := "fmap"
+	if region.Name != "" {
+		name += ":" + region.Name
+	}
+	if m.memfd, err = unix.MemfdCreate(name, unix.MFD_CLOEXEC); err != nil {
+		return nil, fmt.Errorf("memfd_create: %w", err)
+	}
+	if err := unix.Ftruncate(m.memfd, int64(r.mapLen)); err != nil {
+		return nil, fmt.Errorf("size memfd to %d bytes: %w", r.mapLen, err)
+	}
+	if m.mem, err = unix.Mmap(m.memfd, 0, r.mapLen, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
+		return nil, fmt.Errorf("mmap %d bytes: %w", r.mapLen, err)
+	}
+	// A child forked by this process (os/exec) must not inherit a range whose
+	// faults nobody serves for it.
+	if err := unix.Madvise(m.mem, unix.MADV_DONTFORK); err != nil {
+		return nil, fmt.Errorf("madvise(MADV_DONTFORK): %w", err)
+	}
+	if m.uffd, _, err = openUffd(); err != nil {
+		return nil, err
+	}
+	if err := uffdEnable(m.uffd, featureWPHugetlbfsShmem); err != nil {
+		return nil, err
+	}
+	addr := uintptr(unsafe.Pointer(&m.mem[0]))
+	ioctls, err := uffdRegister(m.uffd, addr, uintptr(r.mapLen), registerModeMissing|registerModeWP)
+	if err != nil {
+		return nil, err
+	}
+	const wantIoctls = 1<<nrCopy | 1<<nrWake | 1<<nrWriteProtect
+	if ioctls&wantIoctls != wantIoctls {
+		return nil, fmt.Errorf("userfaultfd: range allows ioctls %#x, need UFFDIO_COPY, UFFDIO_WAKE and UFFDIO_WRITEPROTECT", ioctls)
+	}
+	// From here on, touching m.mem blocks until the agent serves it.
+	if _, err := call(conn, frame{Op: opAttach, Addr: uint64(addr), Len: uint64(r.mapLen)}, m.uffd, m.memfd); err != nil {
+		return nil, err
+	}
+	ok = true
+	return m, nil
+}
+
+// Bytes returns the mapped region, Size bytes long. It stays valid until
+// Close; touching it after Close faults (SIGSEGV).
+func (m *Mapping) Bytes() []byte { return m.mem[:m.size:m.size] }
+
+// Size reports the region's size in bytes.
+func (m *Mapping) Size() int64 { return m.size }
+
+// Sync writes every dirty chunk back to the region and makes it durable.
+// Writes that race with Sync may or may not be included.
+func (m *Mapping) Sync(ctx context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return ErrClosed
+	}
+	if m.broken != nil {
+		return fmt.Errorf("fmap: %s: sync: %w; Close the mapping", m.region, m.broken)
+	}
+	stop := context.AfterFunc(ctx, func() { m.conn.SetDeadline(time.Unix(1, 0)) })
+	_, err := call(m.conn, frame{Op: opSync})
+	if !stop() {
+		// The deadline fired: half a reply may be left on the connection.
+		m.broken = fmt.Errorf("an earlier sync was cancelled (%w)", ctx.Err())
+		return fmt.Errorf("fmap: %s: sync: %w", m.region, ctx.Err())
+	}
+	if err != nil {
+		return fmt.Errorf("fmap: %s: sync: %w", m.region, err)
+	}
+	return nil
+}
+
+// Stats returns the host agent's counters for this mapping.
+func (m *Mapping) Stats(ctx context.Context) (Stats, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return Stats{}, ErrClosed
+	}
+	if m.broken != nil {
+		return Stats{}, fmt.Errorf("fmap: %s: stats: %w; Close the mapping", m.region, m.broken)
+	}
+	stop := context.AfterFunc(ctx, func() { m.conn.SetDeadline(time.Unix(1, 0)) })
+	resp, err := call(m.conn, frame{Op: opStats})
+	if !stop() {
+		m.broken = fmt.Errorf("an earlier request was cancelled (%w)", ctx.Err())
+		return Stats{}, fmt.Errorf("fmap: %s: stats: %w", m.region, ctx.Err())
+	}
+	if err != nil {
+		return Stats{}, fmt.Errorf("fmap: %s: stats: %w", m.region, err)
+	}
+	if resp.Stats == nil {
+		return Stats{}, fmt.Errorf("fmap: %s: stats: the agent sent none", m.region)
+	}
+	return *resp.Stats, nil
+}
+
+// Close writes every dirty chunk back, makes it durable, and unmaps the
+// region. Nothing may use Bytes during or after Close. The mapping is
+// released even when the write-back fails; the error says so.
+func (m *Mapping) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return ErrClosed
+	}
+	m.closed = true
+	var err error
+	if m.broken != nil {
+		m.conn.SetDeadline(time.Time{})
+	}
+	_, err = call(m.conn, frame{Op: opClose})
+	if rerr := m.release(); err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return fmt.Errorf("fmap: %s: close: %w", m.region, err)
+	}
+	return nil
+}
+
+func (m *Mapping) release() error {
+	var errs []error
+	if m.mem != nil {
+		errs = append(errs, unix.Munmap(m.mem))
+		m.mem = nil
+	}
+	if m.uffd >= 0 {
+		errs = append(errs, unix.Close(m.uffd))
+		m.uffd = -1
+	}
+	if m.memfd >= 0 {
+		errs = append(errs, unix.Close(m.memfd))
+		m.memfd = -1
+	}
+	errs = append(errs, m.conn.Close())
+	return errors.Join(errs...)
+}

@@ -1,0 +1,86 @@
+package fmap
+
+import (
+	"fmt"
+	"os"
+)
+
+// Defaults, from SODA's evaluation: 64 KiB chunks ("page size") and a host
+// buffer of one third of the memory footprint.
+const (
+	DefaultChunkSize = 64 << 10
+	// DefaultLoadFactor is the share of the buffer above which the agent
+	// writes back and evicts in the background, so that a fault finds a free
+	// slot instead of waiting for a write-back. SODA gives no number; 0.8
+	// leaves a fifth of the buffer as headroom.
+	DefaultLoadFactor = 0.8
+	// minBufferChunks keeps two chunks resident at least: one access may
+	// straddle a chunk boundary, and with one slot two such accesses evict
+	// each other forever.
+	minBufferChunks = 2
+)
+
+// Options tune one mapping. The zero value takes every default.
+type Options struct {
+	// ChunkSize is the unit of fetch, write-back and eviction: a power of
+	// two, a multiple of the page size. Default DefaultChunkSize.
+	ChunkSize int `json:"chunk_size,omitempty"`
+	// BufferBytes bounds the bytes resident in the program's memory; it is
+	// rounded up to whole chunks (two at least). Default one third of the
+	// region.
+	BufferBytes int64 `json:"buffer_bytes,omitempty"`
+	// LoadFactor in (0, 1]: above it the agent evicts the least recently
+	// used chunks in the background. Default DefaultLoadFactor.
+	LoadFactor float64 `json:"load_factor,omitempty"`
+}
+
+// resolved is Options made concrete for a region.
+type resolved struct {
+	chunk     int
+	capacity  int // chunks
+	lowWater  int // chunks
+	nchunks   int
+	size      int64 // backend bytes
+	mapLen    int   // mapped bytes: size rounded up to a page
+	pageSize  int
+	loadRatio float64
+}
+
+func (o Options) resolve(size int64) (resolved, error) {
+	page := os.Getpagesize()
+	r := resolved{chunk: o.ChunkSize, size: size, pageSize: page, loadRatio: o.LoadFactor}
+	if r.chunk == 0 {
+		r.chunk = DefaultChunkSize
+	}
+	if r.chunk < page || r.chunk&(r.chunk-1) != 0 {
+		return r, fmt.Errorf("fmap: chunk size %d: want a power of two of at least the page size %d", r.chunk, page)
+	}
+	if size <= 0 {
+		return r, fmt.Errorf("fmap: region size %d: nothing to map", size)
+	}
+	r.mapLen = int((size + int64(page) - 1) / int64(page) * int64(page))
+	r.nchunks = (r.mapLen + r.chunk - 1) / r.chunk
+	buf := o.BufferBytes
+	if buf == 0 {
+		buf = (size + 2) / 3
+	}
+	if buf < 0 {
+		return r, fmt.Errorf("fmap: buffer of %d bytes: want a positive size", buf)
+	}
+	r.capacity = int((buf + int64(r.chunk) - 1) / int64(r.chunk))
+	r.capacity = max(r.capacity, minBufferChunks)
+	r.capacity = min(r.capacity, r.nchunks)
+	if r.loadRatio == 0 {
+		r.loadRatio = DefaultLoadFactor
+	}
+	if r.loadRatio < 0 || r.loadRatio > 1 {
+		return r, fmt.Errorf("fmap: load factor %g: want a value in (0, 1]", r.loadRatio)
+	}
+	r.lowWater = max(int(float64(r.capacity)*r.loadRatio), 1)
+	if r.capacity == r.nchunks {
+		// Everything fits: no fault will ever need a slot freed, so
+		// evicting ahead would only cost refetches.
+		r.lowWater = r.capacity
+	}
+	return r, nil
+}
