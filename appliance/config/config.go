@@ -10,6 +10,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/lovelock-dpu/lovelock/appliance/service/memservice"
 	"github.com/lovelock-dpu/lovelock/appliance/service/msgservice"
 	"github.com/lovelock-dpu/lovelock/control/api"
 	"github.com/lovelock-dpu/lovelock/control/attach"
@@ -39,6 +40,15 @@ type Config struct {
 	// Messaging runs the messaging service's routing agent (Buddy) when
 	// set: docs/messaging.md describes its cluster file.
 	Messaging *Messaging `json:"messaging,omitempty"`
+	// MemoryServer makes the node a far-memory memory node (SODA's
+	// memory agent): docs/farmem.md.
+	MemoryServer *memservice.ServerConfig `json:"memory_server,omitempty"`
+	// FarMemory runs the far-memory agent of a DPU between its host's
+	// processes and the memory nodes.
+	FarMemory *memservice.AgentConfig `json:"far_memory,omitempty"`
+	// FarMemoryHost runs a host's far-memory host agent, which serves the
+	// transparent mappings of the host's programs (docs/farmem-mapping.md).
+	FarMemoryHost *memservice.HostConfig `json:"far_memory_host,omitempty"`
 }
 
 // Messaging is the messaging service's section (msgservice.Config).
@@ -86,8 +96,22 @@ func (c Config) Validate() error {
 	if c.Port == 0 {
 		return errors.New("config: port must be 1-65535")
 	}
-	if m := c.Messaging; m != nil {
-		if err := m.Validate(); err != nil {
+	// The services' sections, each checked by its service.
+	var sections []interface{ Validate() error }
+	if c.Messaging != nil {
+		sections = append(sections, c.Messaging)
+	}
+	if c.MemoryServer != nil {
+		sections = append(sections, c.MemoryServer)
+	}
+	if c.FarMemory != nil {
+		sections = append(sections, c.FarMemory)
+	}
+	if c.FarMemoryHost != nil {
+		sections = append(sections, c.FarMemoryHost)
+	}
+	for _, s := range sections {
+		if err := s.Validate(); err != nil {
 			return err
 		}
 	}

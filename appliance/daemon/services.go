@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/lovelock-dpu/lovelock/appliance/service"
+	"github.com/lovelock-dpu/lovelock/appliance/service/memservice"
 	"github.com/lovelock-dpu/lovelock/appliance/service/msgservice"
 	"github.com/lovelock-dpu/lovelock/control/api"
 	"github.com/lovelock-dpu/lovelock/control/attach"
@@ -18,8 +19,17 @@ import (
 // is one more line here (and its section in config.Config).
 func services(d *Daemon) []service.Service {
 	var out []service.Service
-	if m := d.cfg.Messaging; m != nil {
-		out = append(out, msgservice.New(*m, d.log))
+	if c := d.cfg.Messaging; c != nil {
+		out = append(out, msgservice.New(*c, d.log))
+	}
+	if c := d.cfg.MemoryServer; c != nil {
+		out = append(out, memservice.NewServer(*c, d.log))
+	}
+	if c := d.cfg.FarMemory; c != nil {
+		out = append(out, memservice.NewAgent(*c, d.cfg.Port, d.log))
+	}
+	if c := d.cfg.FarMemoryHost; c != nil {
+		out = append(out, memservice.NewHost(*c, d.log))
 	}
 	return out
 }

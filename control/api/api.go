@@ -28,6 +28,7 @@ import (
 	"github.com/lovelock-dpu/lovelock/bpf"
 	"github.com/lovelock-dpu/lovelock/control/attach"
 	"github.com/lovelock-dpu/lovelock/control/rules"
+	"github.com/lovelock-dpu/lovelock/dataplane/farmem"
 	"github.com/lovelock-dpu/lovelock/dataplane/messaging"
 )
 
@@ -114,6 +115,16 @@ type MemCreate struct {
 	Size     uint64 `json:"size"`
 	Writable bool   `json:"writable"`
 	Preload  string `json:"preload,omitempty"`
+}
+
+// MemHostStats are a far-memory host agent's counters
+// (GET /v1/services/memhost/stats): the mappings it serves and its client's
+// traffic to the DPU's agent.
+type MemHostStats struct {
+	Agent    string             `json:"agent"`
+	Socket   string             `json:"socket"`
+	Mappings int64              `json:"mappings"`
+	Client   farmem.ClientStats `json:"client"`
 }
 
 // Counter is packets and bytes.

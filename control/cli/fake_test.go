@@ -1,10 +1,10 @@
 package cli
 
 import (
-	"net/http"
 	"bytes"
 	"context"
 	"errors"
+	"net/http"
 	"path/filepath"
 	"testing"
 	"time"

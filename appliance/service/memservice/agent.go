@@ -58,22 +58,25 @@ func (s *AgentService) Plan() (service.Needs, error) {
 // would otherwise starve far memory without a word).
 func AgentRules(cfg farmem.AgentConfig, port uint16) []rules.Rule {
 	var out []rules.Rule
-	rule := func(name string, m rules.Match) {
-		out = append(out, rules.Rule{Name: api.OwnedRulePrefix + "mem/" + name, Priority: api.OwnedPriority, Match: m, Action: rules.Pass()})
+	// The host rules and the server rules overlap (a memory node on the
+	// Lovelock port sending to the listen address): one priority above
+	// the other, as the rule compiler wants, both pass.
+	rule := func(name string, prio uint32, m rules.Match) {
+		out = append(out, rules.Rule{Name: api.OwnedRulePrefix + "mem/" + name, Priority: prio, Match: m, Action: rules.Pass()})
 	}
 	host := prefixOf(cfg.Listen.Addr())
 	if cfg.Listen.Port() == port {
 		for _, typ := range []wire.Type{wire.TypeMemRead, wire.TypeMemWrite} {
 			typ := typ
-			rule("host/"+typ.String(), rules.Match{Dst: host, Type: &typ})
+			rule("host/"+typ.String(), api.OwnedPriority, rules.Match{Dst: host, Type: &typ})
 		}
 	} else {
 		udp, p := uint8(17), cfg.Listen.Port()
-		rule("host", rules.Match{Dst: host, Proto: &udp, Dport: &p})
+		rule("host", api.OwnedPriority, rules.Match{Dst: host, Proto: &udp, Dport: &p})
 	}
 	for i, srv := range cfg.Servers {
 		udp, p := uint8(17), srv.Addr.Port()
-		rule(fmt.Sprintf("server%d", i), rules.Match{Src: prefixOf(srv.Addr.Addr()), Proto: &udp, Sport: &p})
+		rule(fmt.Sprintf("server%d", i), api.OwnedPriority+1, rules.Match{Src: prefixOf(srv.Addr.Addr()), Proto: &udp, Sport: &p})
 	}
 	return out
 }

@@ -24,6 +24,11 @@ var (
 	agentRetx    = prometheus.NewDesc("lovelock_mem_agent_retransmits_total", "Requests the agent sent to memory nodes again after a timeout.", nil, nil)
 	agentTimeout = prometheus.NewDesc("lovelock_mem_agent_timeouts_total", "Requests that failed after every try (no answer from the memory node).", nil, nil)
 	agentErrors  = prometheus.NewDesc("lovelock_mem_agent_errors_total", "Replies to hosts by failure kind.", []string{"kind"}, nil)
+	hostMaps     = prometheus.NewDesc("lovelock_mem_host_mappings", "Far-memory mappings the host agent serves.", nil, nil)
+	hostReqs     = prometheus.NewDesc("lovelock_mem_host_requests_total", "Requests the host agent sent for its mappings' faults and write-backs.", nil, nil)
+	hostRetx     = prometheus.NewDesc("lovelock_mem_host_retransmits_total", "Requests the host agent sent again after a timeout.", nil, nil)
+	hostTimeouts = prometheus.NewDesc("lovelock_mem_host_timeouts_total", "Requests that failed after every try.", nil, nil)
+	hostLatency  = prometheus.NewDesc("lovelock_mem_host_latency_seconds", "Round trip of the host agent's requests, by quantile.", []string{"quantile"}, nil)
 	agentLatency = prometheus.NewDesc("lovelock_mem_agent_latency_seconds", "Round trip from forwarding to the memory node's reply, by quantile.", []string{"quantile"}, nil)
 )
 
@@ -96,4 +101,25 @@ func errorKinds(e farmem.ErrorCounts) map[string]uint64 {
 		"writer_busy": e.WriterBusy, "not_writer": e.NotWriter, "read_only": e.ReadOnly, "no_space": e.NoSpace,
 		"bad_request": e.BadRequest, "io": e.IO, "unavailable": e.Unavailable, "no_server": e.NoServer,
 	}
+}
+
+// Describe implements prometheus.Collector.
+func (s *HostService) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{hostMaps, hostReqs, hostRetx, hostTimeouts, hostLatency} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (s *HostService) Collect(ch chan<- prometheus.Metric) {
+	st, ok := s.stats()
+	if !ok {
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(hostMaps, prometheus.GaugeValue, float64(st.Mappings))
+	ch <- prometheus.MustNewConstMetric(hostReqs, prometheus.CounterValue, float64(st.Client.Link.Requests))
+	ch <- prometheus.MustNewConstMetric(hostRetx, prometheus.CounterValue, float64(st.Client.Link.Retransmits))
+	ch <- prometheus.MustNewConstMetric(hostTimeouts, prometheus.CounterValue, float64(st.Client.Link.Timeouts))
+	ch <- prometheus.MustNewConstMetric(hostLatency, prometheus.GaugeValue, st.Client.Latency.P50us/1e6, "0.5")
+	ch <- prometheus.MustNewConstMetric(hostLatency, prometheus.GaugeValue, st.Client.Latency.P99us/1e6, "0.99")
 }

@@ -67,7 +67,7 @@ func (s *ServerService) Run(ctx context.Context, _ *service.Binding) error {
 	return srv.Run(ctx)
 }
 
-func farmemSize(n uint64) string { return Size(n).String() }
+func farmemSize(n uint64) string { return farmem.Size(n).String() }
 
 // Stats implements service.Service: farmem.ServerStats.
 func (s *ServerService) Stats() any {

@@ -14,6 +14,10 @@ type RegionRef struct {
 	ID uint64 `json:"id"`
 	// Name is an optional human-readable name, also used for the memfd.
 	Name string `json:"name,omitempty"`
+	// ReadOnly maps the region without asking for its writer lease: many
+	// programs may map it so at once, and a write-back fails (Sync says
+	// so). A writable mapping holds the lease while it lives.
+	ReadOnly bool `json:"read_only,omitempty"`
 }
 
 func (r RegionRef) String() string {

@@ -1,0 +1,208 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+
+	ucli "github.com/urfave/cli/v2"
+
+	"github.com/lovelock-dpu/lovelock/control/api"
+	"github.com/lovelock-dpu/lovelock/dataplane/farmem"
+)
+
+// The far-memory services' names in lovelockd (appliance/service/memservice).
+const (
+	memServer = "memserver"
+	memAgent  = "farmem"
+	memHost   = "memhost"
+)
+
+func memCommand() *ucli.Command {
+	tenant := &ucli.UintFlag{Name: "tenant", Usage: "the tenant the region belongs to (0: infrastructure, which sees every tenant's)"}
+	return &ucli.Command{
+		Name:  "mem",
+		Usage: "far memory (SODA): regions on a memory node, the DPU's agent, the host's mappings",
+		Description: "lovelockd runs the memory server on a memory node (config section memory_server), the\n" +
+			"far-memory agent on a DPU (far_memory) and the host agent that serves programs' mappings on a\n" +
+			"host (far_memory_host); docs/farmem.md describes them. regions, create and free talk to the\n" +
+			"memory server of the node whose lovelockd --socket names.",
+		Subcommands: []*ucli.Command{
+			{
+				Name:  "regions",
+				Usage: "list the memory server's regions: ID, tenant, size, writable, writer lease held, source",
+				Flags: []ucli.Flag{outputFlag(), tenant},
+				Action: func(c *ucli.Context) error {
+					asJSON, err := wantJSON(c)
+					if err != nil {
+						return err
+					}
+					var regions []farmem.RegionInfo
+					if err := client(c).ServiceCall(c.Context, http.MethodGet, memServer, "regions?tenant="+strconv.FormatUint(uint64(c.Uint("tenant")), 10), nil, &regions); err != nil {
+						return noMemServer(err)
+					}
+					if asJSON {
+						return writeJSON(c.App.Writer, regions)
+					}
+					tw := newTable(c.App.Writer)
+					fmt.Fprintln(tw, "ID\tTENANT\tSIZE\tWRITABLE\tWRITER\tSOURCE")
+					for _, r := range regions {
+						fmt.Fprintf(tw, "%d\t%d\t%s\t%t\t%t\t%s\n", r.ID, r.Tenant, farmem.Size(r.Size), r.Writable, r.Writer, dash(r.Source))
+					}
+					return tw.Flush()
+				},
+			},
+			{
+				Name:      "create",
+				Usage:     "create a region: --size zero-filled bytes, or a copy of --preload (a file on the memory node)",
+				ArgsUsage: " ",
+				Flags: []ucli.Flag{
+					tenant,
+					&ucli.StringFlag{Name: "size", Usage: "bytes, or with a unit: 64MiB, 2GiB (with --preload: 0 or the file's size)"},
+					&ucli.BoolFlag{Name: "writable", Usage: "allow a writer (one at a time; readers are many)"},
+					&ucli.StringFlag{Name: "preload", Usage: "copy this file, on the memory node, into the region"},
+					outputFlag(),
+				},
+				Action: func(c *ucli.Context) error {
+					asJSON, err := wantJSON(c)
+					if err != nil {
+						return err
+					}
+					req := api.MemCreate{Tenant: uint32(c.Uint("tenant")), Writable: c.Bool("writable"), Preload: c.String("preload")}
+					if v := c.String("size"); v != "" {
+						size, err := farmem.ParseSize(v)
+						if err != nil {
+							return fmt.Errorf("--size: %w", err)
+						}
+						req.Size = uint64(size)
+					}
+					if req.Size == 0 && req.Preload == "" {
+						return errors.New("mem create: give --size, or --preload FILE (see 'lovelock mem create --help')")
+					}
+					var info farmem.RegionInfo
+					if err := client(c).ServiceCall(c.Context, http.MethodPost, memServer, "regions", req, &info); err != nil {
+						return noMemServer(err)
+					}
+					if asJSON {
+						return writeJSON(c.App.Writer, info)
+					}
+					fmt.Fprintf(c.App.Writer, "region %d: %s, tenant %d, writable %t\n", info.ID, farmem.Size(info.Size), info.Tenant, info.Writable)
+					return nil
+				},
+			},
+			{
+				Name:      "free",
+				Usage:     "free a region and its backing file (its data is gone)",
+				ArgsUsage: "ID",
+				Flags:     []ucli.Flag{tenant},
+				Action: func(c *ucli.Context) error {
+					if c.NArg() != 1 {
+						return errors.New("mem free: want one region ID (see 'lovelock mem regions')")
+					}
+					id, err := strconv.ParseUint(c.Args().First(), 10, 32)
+					if err != nil {
+						return fmt.Errorf("mem free: region %q: want a number (see 'lovelock mem regions')", c.Args().First())
+					}
+					path := fmt.Sprintf("regions/%d?tenant=%d", id, c.Uint("tenant"))
+					if err := client(c).ServiceCall(c.Context, http.MethodDelete, memServer, path, nil, nil); err != nil {
+						return noMemServer(err)
+					}
+					fmt.Fprintf(c.App.Writer, "region %d freed\n", id)
+					return nil
+				},
+			},
+			{
+				Name:  "stats",
+				Usage: "the node's far-memory services: a memory server's regions, bytes, tenants and writers; an agent's requests, batches, bytes and latency; a host agent's mappings",
+				Flags: []ucli.Flag{outputFlag()},
+				Action: func(c *ucli.Context) error {
+					return memStats(c)
+				},
+			},
+		},
+	}
+}
+
+// noMemServer points to the config when the node has no memory server.
+func noMemServer(err error) error {
+	var nf *api.NotFoundError
+	if errors.As(err, &nf) {
+		return fmt.Errorf("%w (the node's lovelockd runs no memory server: see memory_server in its config)", err)
+	}
+	return err
+}
+
+// memStatsReport is what mem stats prints, per service the node runs.
+type memStatsReport struct {
+	Server *farmem.ServerStats `json:"memserver,omitempty"`
+	Agent  *farmem.AgentStats  `json:"farmem,omitempty"`
+	Host   *api.MemHostStats   `json:"memhost,omitempty"`
+}
+
+func memStats(c *ucli.Context) error {
+	asJSON, err := wantJSON(c)
+	if err != nil {
+		return err
+	}
+	cl := client(c)
+	svcs, err := cl.Services(c.Context)
+	if err != nil {
+		return err
+	}
+	var rep memStatsReport
+	for _, s := range svcs {
+		var v any
+		switch s.Name {
+		case memServer:
+			rep.Server = &farmem.ServerStats{}
+			v = rep.Server
+		case memAgent:
+			rep.Agent = &farmem.AgentStats{}
+			v = rep.Agent
+		case memHost:
+			rep.Host = &api.MemHostStats{}
+			v = rep.Host
+		default:
+			continue
+		}
+		if err := cl.ServiceStats(c.Context, s.Name, v); err != nil {
+			return err
+		}
+	}
+	if rep.Server == nil && rep.Agent == nil && rep.Host == nil {
+		return errors.New("the node's lovelockd runs no far-memory service (memory_server, far_memory or far_memory_host in its config)")
+	}
+	if asJSON {
+		return writeJSON(c.App.Writer, rep)
+	}
+	w := c.App.Writer
+	if s := rep.Server; s != nil {
+		fmt.Fprintf(w, "memory server: %d regions of %d tenants, %d with a writer; %s of %s used\n", s.Regions, s.Tenants, s.Writers,
+			farmem.Size(s.Used), farmem.Size(s.Capacity))
+		fmt.Fprintf(w, "  requests %d, read %d B, written %d B, duplicates %d, malformed %d\n", s.Link.Requests, s.ReadBytes, s.WriteBytes,
+			s.Link.Duplicates, s.Link.Malformed)
+		printMemErrors(w, s.Errors)
+	}
+	if a := rep.Agent; a != nil {
+		fmt.Fprintf(w, "far-memory agent: %d memory nodes, %d regions known\n", a.Servers, a.Regions)
+		fmt.Fprintf(w, "  host requests %d, forwarded %d in %d batches (%.1f per batch)\n", a.HostRequests, a.Forwarded, a.Batches, a.AvgBatch)
+		fmt.Fprintf(w, "  bytes: server→host %d, host→server %d; fabric datagrams tx %d rx %d, retransmits %d, timeouts %d\n",
+			a.ReadBytes, a.WriteBytes, a.Fabric.TXDatagrams, a.Fabric.RXDatagrams, a.Fabric.Retransmits, a.Fabric.Timeouts)
+		fmt.Fprintf(w, "  latency to the memory node: p50 %.0f µs, p99 %.0f µs (%d requests)\n", a.Latency.P50us, a.Latency.P99us, a.Latency.Count)
+		printMemErrors(w, a.Errors)
+	}
+	if h := rep.Host; h != nil {
+		fmt.Fprintf(w, "host agent: %d mappings on %s, agent %s\n", h.Mappings, h.Socket, h.Agent)
+		fmt.Fprintf(w, "  requests %d, retransmits %d, timeouts %d; latency p50 %.0f µs, p99 %.0f µs\n", h.Client.Link.Requests,
+			h.Client.Link.Retransmits, h.Client.Link.Timeouts, h.Client.Latency.P50us, h.Client.Latency.P99us)
+	}
+	return nil
+}
+
+func printMemErrors(w io.Writer, e farmem.ErrorCounts) {
+	fmt.Fprintf(w, "  errors: unknown region %d, out of range %d, wrong tenant %d, writer busy %d, not writer %d, read-only %d, "+
+		"no space %d, bad request %d, i/o %d, unavailable %d, no server %d\n", e.UnknownRegion, e.OutOfRange, e.WrongTenant,
+		e.WriterBusy, e.NotWriter, e.ReadOnly, e.NoSpace, e.BadRequest, e.IO, e.Unavailable, e.NoServer)
+}
