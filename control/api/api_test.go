@@ -1,9 +1,9 @@
 package api_test
 
 import (
-	"net/http"
 	"context"
 	"errors"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"

@@ -153,18 +153,3 @@ func (c *linkCounters) snapshot() LinkStats {
 		Evicted: c.evicted.Load(), Malformed: c.malformed.Load(), Orphans: c.orphans.Load(),
 	}
 }
-
-func (s *LinkStats) add(o LinkStats) {
-	s.Requests += o.Requests
-	s.TXDatagrams += o.TXDatagrams
-	s.TXBytes += o.TXBytes
-	s.RXDatagrams += o.RXDatagrams
-	s.RXBytes += o.RXBytes
-	s.Retransmits += o.Retransmits
-	s.Timeouts += o.Timeouts
-	s.Duplicates += o.Duplicates
-	s.Stale += o.Stale
-	s.Evicted += o.Evicted
-	s.Malformed += o.Malformed
-	s.Orphans += o.Orphans
-}

@@ -79,7 +79,7 @@ const (
 	ioctlWriteProtect = (iocRead|iocWrite)<<30 | uint(unsafe.Sizeof(uffdioWriteProtect{}))<<16 | uffdAPI<<8 | nrWriteProtect
 
 	// USERFAULTFD_IOC_NEW, _IO(0xAA, 0x00) on /dev/userfaultfd (6.1+).
-	ioctlDevNew = uffdAPI<<8 | 0x00
+	ioctlDevNew = uffdAPI << 8 // nr 0x00
 )
 
 // uffdMsg is the part of struct uffd_msg a page-fault event uses.
