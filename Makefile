@@ -104,6 +104,11 @@ bench: bench-steer ## run the benchmarks
 bench-msg: ## messaging throughput on its own netns testbed (root): one datagram per message vs agents on DPUs/hosts, sweeps
 	$(GO) run ./appliance/cmd/bench-msg -mtu 9000 $(BENCH_MSG_FLAGS)
 
+.PHONY: bench-mem
+bench-mem: ## far memory on its own netns testbed (root): chunk reads and writes direct vs through the DPU agent, host CPU per GiB, fault-in through the mapping
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/lovelockd ./appliance/cmd/lovelockd
+	$(GO) run ./appliance/cmd/bench-mem -lovelockd $(BIN)/lovelockd $(BENCH_MEM_FLAGS)
+
 .PHONY: bench-steer
 bench-steer: ## per-packet cost of the steering classifier against an XDP_PASS floor (root)
 	$(GO) run ./control/cmd/bench-steer
@@ -125,6 +130,7 @@ demo: deps ## the testbed demo: lovelockd on DPUs, rules, mixed traffic, counter
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/lovelock ./control/cmd/lovelock
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/lovelockd ./appliance/cmd/lovelockd
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/bench-msg ./appliance/cmd/bench-msg
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/bench-mem ./appliance/cmd/bench-mem
 	BIN=$(BIN) PREFIX=$(PREFIX) appliance/examples/demo.sh
 
 .PHONY: testbed-up

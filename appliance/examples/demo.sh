@@ -3,7 +3,8 @@
 # namespaces. It brings the testbed up, starts lovelockd on dpu0 and dpu1
 # (with the messaging agents on AF_XDP), applies the example rule set, sends
 # mixed traffic from host0 into dpu0 and prints per-rule counters, runs
-# Histogram between host0 and host1 through the DPUs' agents, runs the
+# Histogram between host0 and host1 through the DPUs' agents, maps far
+# memory on mem0 from host1 through dpu1 and checks every byte, runs the
 # planner on the paper's scenarios, and tears everything down again (also
 # when a step fails).
 set -euo pipefail
@@ -34,13 +35,15 @@ say "testbed up: hosts, DPUs, a memory node, a GPU host and a client, as network
 say "host0 reaches host1 through dpu0, the fabric and dpu1"
 "$lovelock" testbed exec --prefix "$PREFIX" host0 -- ping -c 2 -W 1 10.77.11.1
 
-echo '{}' >"$RUN/none.yaml"
+echo '{}' >"$RUN/dpu0.yaml"
+# dpu1 also runs the far-memory agent for host1 (the far-memory step below).
+echo 'far_memory: {listen: "10.77.0.11:61440", servers: [{addr: "10.77.0.20:61440"}]}' >"$RUN/dpu1.yaml"
 for dpu in dpu0 dpu1; do
 	# Each daemon locks its pin directory's parent: one parent per node.
 	mkdir -p "/sys/fs/bpf/lovelock-demo-$dpu"
 	say "lovelockd on $dpu: XDP on pf0hpf (from the host) and p0 (from the fabric); the messaging agent on AF_XDP"
 	"$lovelock" testbed exec --prefix "$PREFIX" "$dpu" -- "$BIN/lovelockd" \
-		--config "$RUN/none.yaml" --pin-dir "/sys/fs/bpf/lovelock-demo-$dpu/lovelock" \
+		--config "$RUN/$dpu.yaml" --pin-dir "/sys/fs/bpf/lovelock-demo-$dpu/lovelock" \
 		--state "$RUN/$dpu.state.json" --socket "$RUN/$dpu.sock" --metrics off \
 		--xdp pf0hpf --xdp p0 \
 		--msg-cluster appliance/examples/cluster.yaml --msg-node "$dpu" \
@@ -61,7 +64,7 @@ for dpu in dpu0 dpu1; do
 done
 
 for dpu in dpu0 dpu1; do
-	# The agent starts beside the API; wait until it runs on its AF_XDP sockets.
+	# The agents start beside the API; wait until messaging runs on its AF_XDP sockets.
 	for _ in $(seq 100); do
 		"$lovelock" --socket "$RUN/$dpu.sock" msg stats >/dev/null 2>&1 && break
 		sleep 0.1
@@ -87,6 +90,41 @@ say "messaging (Buddy): Histogram on host0 and host1, small messages aggregated 
 say "dpu0's agent: per next hop, and per transport path (xsk: AF_XDP sockets; kernel: what XDP passed to the stack)"
 "$lovelock" --socket "$RUN/dpu0.sock" msg stats
 echo "(The drops are the mixed traffic sent earlier to the agent's port: other tenants' and malformed packets.)"
+
+say "far memory (SODA): lovelockd as memory server on mem0, far-memory agent on dpu1, host agent on host1"
+# dpu1's lovelockd runs the far-memory agent beside its messaging agent
+# (its config, written above); host1's programs map regions of mem0 through it.
+cat >"$RUN/mem0.yaml" <<YAML
+memory_server: {addr: "10.77.0.20:61440", state_dir: "$RUN/mem0-state", capacity: 1GiB}
+YAML
+cat >"$RUN/host1.yaml" <<YAML
+far_memory_host: {agent: "10.77.0.11:61440", socket: "$RUN/farmem.sock"}
+YAML
+for node in mem0 host1; do
+	mkdir -p "/sys/fs/bpf/lovelock-demo-$node"
+	"$lovelock" testbed exec --prefix "$PREFIX" "$node" -- "$BIN/lovelockd" \
+		--config "$RUN/$node.yaml" --pin-dir "/sys/fs/bpf/lovelock-demo-$node/lovelock" \
+		--state "$RUN/$node.state.json" --socket "$RUN/$node.sock" --metrics off >"$RUN/$node.log" 2>&1 &
+	pids+=($!)
+done
+for node in mem0 dpu1 host1; do
+	# lovelock services exits non-zero until every service of the node runs.
+	for _ in $(seq 100); do
+		"$lovelock" --socket "$RUN/$node.sock" services >/dev/null 2>&1 && break
+		sleep 0.1
+	done
+	if ! "$lovelock" --socket "$RUN/$node.sock" services; then
+		echo "a service on $node is not running; its log:"
+		cat "$RUN/$node.log"
+		exit 1
+	fi
+done
+"$lovelock" testbed exec --prefix "$PREFIX" host1 -- "$BIN/bench-mem" -demo \
+	-mem-socket "$RUN/mem0.sock" -dpu-socket "$RUN/dpu1.sock" -host-socket "$RUN/farmem.sock"
+
+say "far memory: mem0's memory server and dpu1's agent"
+"$lovelock" --socket "$RUN/mem0.sock" mem stats
+"$lovelock" --socket "$RUN/dpu1.sock" mem stats
 
 say "the cost and energy model of SmartNIC-hosted clusters (the Lovelock paper)"
 "$lovelock" plan --scenario paper

@@ -455,3 +455,31 @@ func waitReady(ctx context.Context, plans []*nodePlan, nodes map[string]*liveNod
 		}
 	}
 }
+
+// SetMTU sets the MTU of every interface of the testbed but loopback (the
+// bridge follows its ports): 9000 lets jumbo datagrams cross it unfragmented.
+func SetMTU(spec Spec, mtu int) error {
+	for pass := 0; pass < 2; pass++ { // bridges follow their ports
+		for _, node := range spec.NodeNames() {
+			err := spec.Run(node, func() error {
+				links, err := netlink.LinkList()
+				if err != nil {
+					return err
+				}
+				for _, l := range links {
+					if l.Attrs().Flags&net.FlagLoopback != 0 || l.Attrs().MTU == mtu {
+						continue
+					}
+					if err := netlink.LinkSetMTU(l, mtu); err != nil {
+						return fmt.Errorf("testbed: %s %s mtu %d: %w", node, l.Attrs().Name, mtu, err)
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

@@ -15,7 +15,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -93,9 +92,10 @@ func run() error {
 		return err
 	}
 	if *mtu != 1500 {
-		if err := setMTU(spec, *mtu); err != nil {
+		if err := testbed.SetMTU(spec, *mtu); err != nil {
 			return err
 		}
+		fmt.Printf("raised the MTU of this testbed's veths and bridge to %d\n", *mtu)
 	}
 	maxPayload := udp.MaxPayloadForMTU(*mtu, false)
 	fmt.Printf("veth MTU %d: bundles are capped at %d B by the transport", *mtu, maxPayload)
@@ -209,33 +209,6 @@ func run() error {
 }
 
 // setMTU sets the MTU of every veth and bridge of the testbed.
-func setMTU(spec testbed.Spec, mtu int) error {
-	for pass := 0; pass < 2; pass++ { // bridges follow their ports
-		for _, node := range spec.NodeNames() {
-			err := spec.Run(node, func() error {
-				links, err := netlink.LinkList()
-				if err != nil {
-					return err
-				}
-				for _, l := range links {
-					if l.Attrs().Flags&net.FlagLoopback != 0 || l.Attrs().MTU == mtu {
-						continue
-					}
-					if err := netlink.LinkSetMTU(l, mtu); err != nil {
-						return fmt.Errorf("%s mtu %d: %w", l.Attrs().Name, mtu, err)
-					}
-				}
-				return nil
-			})
-			if err != nil {
-				return err
-			}
-		}
-	}
-	fmt.Printf("raised the MTU of this testbed's veths and bridge to %d\n", mtu)
-	return nil
-}
-
 type bench struct {
 	spec       testbed.Spec
 	maxPayload int

@@ -1,0 +1,290 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lovelock-dpu/lovelock/control/testbed"
+	"github.com/lovelock-dpu/lovelock/dataplane/farmem"
+	"github.com/lovelock-dpu/lovelock/dataplane/farmem/fmap"
+)
+
+const chunk = farmem.DefaultChunkSize
+
+type bench struct {
+	spec    testbed.Spec
+	region  farmem.RegionInfo
+	cluster *cluster
+}
+
+// client opens a far-memory client in host0 to server (mem0 directly, or
+// dpu0's agent).
+func (b *bench) client(server string) (*farmem.Client, error) {
+	var cl *farmem.Client
+	err := b.spec.Run("host0", func() error {
+		var err error
+		cl, err = farmem.NewClient(farmem.ClientOptions{Server: netip.MustParseAddrPort(server)})
+		return err
+	})
+	return cl, err
+}
+
+// fill writes the whole region once, so that reads read data.
+func (b *bench) fill(ctx context.Context) error {
+	cl, err := b.client(memAddr)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	r, err := cl.Open(ctx, b.region.ID, true)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	for off := int64(0); off < int64(b.region.Size); off += chunk {
+		if _, err := r.WriteAt(chunkOf[byte(off>>16)], off); err != nil {
+			return fmt.Errorf("fill the region: %w", err)
+		}
+	}
+	return r.Sync()
+}
+
+// filled is the byte fill writes at offset i; the writes of the
+// benchmark write the same, so the region keeps it.
+func filled(i int) byte { return byte(i>>16) + byte(i) }
+
+// chunkOf holds, for each value of the chunk-index byte, the chunk fill
+// writes (filled(off+i) depends on off's 64 KiB index only through it).
+var chunkOf = func() [256][]byte {
+	var out [256][]byte
+	for k := range out {
+		out[k] = make([]byte, chunk)
+		for i := range out[k] {
+			out[k][i] = filled(k<<16 + i)
+		}
+	}
+	return out
+}()
+
+// point is one measured configuration.
+type point struct {
+	mbps     float64
+	p50, p99 time.Duration
+	cpuPerGB float64 // host CPU seconds per GiB moved
+	errors   int
+}
+
+// chunks runs n requesters doing 64 KiB reads (or writes) at random
+// chunk offsets of the region through server for the bench's duration.
+func (b *bench) chunks(ctx context.Context, server string, n int, write bool) (point, error) {
+	cl, err := b.client(server)
+	if err != nil {
+		return point{}, err
+	}
+	defer cl.Close()
+	r, err := cl.Open(ctx, b.region.ID, write)
+	if err != nil {
+		return point{}, err
+	}
+	defer r.Close()
+	nchunks := int(b.region.Size / chunk)
+	var (
+		mu        sync.Mutex
+		lats      []time.Duration
+		moved     int64
+		errs      int
+		measuring atomic.Bool
+		stop      = make(chan struct{})
+		wg        sync.WaitGroup
+	)
+	for w := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			buf := make([]byte, chunk)
+			var mine []time.Duration
+			var bytes int64
+			bad := 0
+			for {
+				select {
+				case <-stop:
+					mu.Lock()
+					lats, moved, errs = append(lats, mine...), moved+bytes, errs+bad
+					mu.Unlock()
+					return
+				default:
+				}
+				off := int64(rng.IntN(nchunks)) * chunk
+				start := time.Now()
+				var err error
+				if write {
+					_, err = r.WriteAt(chunkOf[byte(off>>16)], off)
+				} else {
+					_, err = r.ReadAt(buf, off)
+				}
+				if !measuring.Load() {
+					continue
+				}
+				if err != nil {
+					bad++
+					continue
+				}
+				mine = append(mine, time.Since(start))
+				bytes += chunk
+			}
+		}()
+	}
+	time.Sleep(200 * time.Millisecond) // warm-up
+	cpu0 := selfCPU()
+	start := time.Now()
+	measuring.Store(true)
+	time.Sleep(*duration)
+	close(stop)
+	elapsed := time.Since(start)
+	wg.Wait()
+	cpu := selfCPU() - cpu0
+	return summarize(lats, moved, elapsed, cpu, errs), nil
+}
+
+func summarize(lats []time.Duration, moved int64, elapsed, cpu time.Duration, errs int) point {
+	p := point{errors: errs}
+	if moved > 0 {
+		p.mbps = float64(moved) / elapsed.Seconds() / 1e6
+		p.cpuPerGB = cpu.Seconds() / (float64(moved) / (1 << 30))
+	}
+	if len(lats) > 0 {
+		slices.Sort(lats)
+		p.p50, p.p99 = lats[len(lats)/2], lats[len(lats)*99/100]
+	}
+	return p
+}
+
+// selfCPU is this process's CPU time, user and system.
+func selfCPU() time.Duration {
+	var ru unix.Rusage
+	_ = unix.Getrusage(unix.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// faultIn touches one byte per page of a fresh read-only mapping of the
+// region (buffer: a third of it, SODA's default), against one requester
+// reading it chunk by chunk through the agent. Host CPU counts this process
+// and host0's lovelockd, whose host agent serves the faults.
+func (b *bench) faultIn(ctx context.Context) (mapping, explicit point, err error) {
+	pid0, err := b.cluster.host.cpu()
+	if err != nil {
+		return point{}, point{}, err
+	}
+	cpu0 := selfCPU()
+	start := time.Now()
+	m, err := fmap.Map(ctx, b.cluster.hostSocket, fmap.RegionRef{ID: uint64(b.region.ID), ReadOnly: true}, fmap.Options{})
+	if err != nil {
+		return point{}, point{}, err
+	}
+	mem := m.Bytes()
+	page := os.Getpagesize()
+	bad := 0
+	for i := 0; i < len(mem); i += page {
+		if mem[i] != filled(i) {
+			bad++
+		}
+	}
+	elapsed := time.Since(start)
+	pid1, _ := b.cluster.host.cpu()
+	cpu := selfCPU() - cpu0 + pid1 - pid0
+	if err := m.Close(); err != nil {
+		return point{}, point{}, err
+	}
+	if bad > 0 {
+		return point{}, point{}, fmt.Errorf("%d pages of the mapping do not hold what was written", bad)
+	}
+	mapping = summarize(nil, int64(len(mem)), elapsed, cpu, 0)
+
+	cl, err := b.client(agentAddr)
+	if err != nil {
+		return point{}, point{}, err
+	}
+	defer cl.Close()
+	r, err := cl.Open(ctx, b.region.ID, false)
+	if err != nil {
+		return point{}, point{}, err
+	}
+	defer r.Close()
+	buf := make([]byte, chunk)
+	cpu0 = selfCPU()
+	start = time.Now()
+	for off := int64(0); off < int64(b.region.Size); off += chunk {
+		if _, err := r.ReadAt(buf, off); err != nil {
+			return point{}, point{}, err
+		}
+	}
+	explicit = summarize(nil, int64(b.region.Size), time.Since(start), selfCPU()-cpu0, 0)
+	return mapping, explicit, nil
+}
+
+func (b *bench) report(ctx context.Context, counts []int) error {
+	fmt.Printf("\nregion %s, %d KiB chunks at random offsets, %v per point; host CPU: this process (the requesters, in host0)\n",
+		farmem.Size(b.region.Size), chunk>>10, *duration)
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "op\trequesters\tdirect MB/s\tp50 µs\tp99 µs\tCPU s/GiB\tvia agent MB/s\tp50 µs\tp99 µs\tCPU s/GiB\t×direct\tCPU ×direct\terrors\t")
+	type verdict struct {
+		op        string
+		ratio, cr float64
+	}
+	var at16 []verdict
+	for _, write := range []bool{false, true} {
+		op := "read"
+		if write {
+			op = "write"
+		}
+		for _, n := range counts {
+			d, err := b.chunks(ctx, memAddr, n, write)
+			if err != nil {
+				return err
+			}
+			a, err := b.chunks(ctx, agentAddr, n, write)
+			if err != nil {
+				return err
+			}
+			ratio, cr := a.mbps/d.mbps, a.cpuPerGB/d.cpuPerGB
+			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%d\t%d\t%.2f\t%.0f\t%d\t%d\t%.2f\t%.2f\t%.2f\t%d\t\n", op, n,
+				d.mbps, d.p50.Microseconds(), d.p99.Microseconds(), d.cpuPerGB,
+				a.mbps, a.p50.Microseconds(), a.p99.Microseconds(), a.cpuPerGB, ratio, cr, d.errors+a.errors)
+			if n == counts[len(counts)-1] {
+				at16 = append(at16, verdict{op, ratio, cr})
+			}
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	m, e, err := b.faultIn(ctx)
+	if err != nil {
+		return fmt.Errorf("fault-in: %w", err)
+	}
+	fmt.Printf("\nfault-in, one byte per page of a fresh mapping (buffer a third of the region, host0's host agent): %.0f MB/s, host CPU %.2f s/GiB (this process and host0's lovelockd)\n",
+		m.mbps, m.cpuPerGB)
+	fmt.Printf("explicit reads, one requester, chunk after chunk through the agent:                        %.0f MB/s, host CPU %.2f s/GiB; mapping/explicit %.2f\n",
+		e.mbps, e.cpuPerGB, m.mbps/e.mbps)
+	for _, v := range at16 {
+		fmt.Printf("%d requesters, %s: via agent %.2fx the direct throughput (target ≥ 0.9: %t), host CPU per GiB %.2fx (target < 1: %t)\n",
+			counts[len(counts)-1], v.op, v.ratio, v.ratio >= 0.9, v.cr, v.cr < 1)
+	}
+	var st farmem.AgentStats
+	if err := b.cluster.dpu.client().ServiceStats(ctx, "farmem", &st); err == nil {
+		fmt.Printf("dpu0's agent: %d host requests in %d task batches (%.1f per batch), fabric retransmits %d, timeouts %d\n",
+			st.HostRequests, st.Batches, st.AvgBatch, st.Fabric.Retransmits, st.Fabric.Timeouts)
+	}
+	return nil
+}
