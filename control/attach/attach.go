@@ -30,6 +30,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lovelock-dpu/lovelock/bpf"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 )
 
 // DefaultDir is where lovelockd keeps its pins.
@@ -37,6 +38,10 @@ const DefaultDir = "/sys/fs/bpf/lovelock"
 
 // ErrNoBPFFS reports that a pin directory is not on a bpffs mount.
 var ErrNoBPFFS = errors.New("not on a bpffs mount (mount one with: mount -t bpf bpf /sys/fs/bpf)")
+
+// ErrPortMismatch reports pins loaded for another Lovelock port than the
+// one asked for.
+var ErrPortMismatch = errors.New("pinned programs use another Lovelock port")
 
 // ErrNotAttached reports a detach of something that is not attached.
 var ErrNotAttached = errors.New("not attached")
@@ -176,6 +181,24 @@ func (n *Node) open(port uint16) error {
 					"or detach everything ('lovelock iface detach --all') and remove %s", err, n.dir)
 			}
 			return err
+		}
+		// The port is a load-time constant, invisible to the tag check:
+		// adopting programs built for another port would run rules on the
+		// Lovelock header against the wrong traffic.
+		want := port
+		if want == 0 {
+			want = wire.DefaultPort
+		}
+		have, err := s.Port()
+		if err != nil {
+			s.Close()
+			return fmt.Errorf("pinned programs in %s: %w", n.dir, err)
+		}
+		if have != want {
+			s.Close()
+			return fmt.Errorf("%w: the programs pinned in %s were loaded for Lovelock port %d, this lovelockd is configured for %d; "+
+				"the data plane was left as it is: configure port %d, or detach everything ('lovelock iface detach --all') and remove %s "+
+				"to load the programs for port %d", ErrPortMismatch, n.dir, have, want, have, n.dir, want)
 		}
 		n.Steer = s
 		return nil

@@ -402,3 +402,34 @@ func TestAdoptRecreatedInterface(t *testing.T) {
 		return nil
 	})
 }
+
+// TestOpenPortMismatch: pins loaded for one Lovelock port are refused by a
+// node configured for another (the port is a load-time constant the tag
+// check cannot see), and left as they were.
+func TestOpenPortMismatch(t *testing.T) {
+	dir := filepath.Join(testenv.BPFFS(t), "lovelock")
+	n, err := attach.Open(attach.Options{Dir: dir, Port: 61440})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Close()
+	before, _ := os.ReadDir(dir)
+	_, err = attach.Open(attach.Options{Dir: dir, Port: 5555})
+	if !errors.Is(err, attach.ErrPortMismatch) || !strings.Contains(err.Error(), "port 61440") || !strings.Contains(err.Error(), "configured for 5555") {
+		t.Fatalf("open 61440 pins for port 5555: %v, want ErrPortMismatch naming both ports", err)
+	}
+	after, _ := os.ReadDir(dir)
+	if len(before) != len(after) {
+		t.Errorf("refused open changed the pin dir: %d entries before, %d after", len(before), len(after))
+	}
+	for _, port := range []uint16{61440, 0} {
+		n, err := attach.Open(attach.Options{Dir: dir, Port: port})
+		if err != nil {
+			t.Fatalf("open with port %d: %v", port, err)
+		}
+		if n.Loaded {
+			t.Errorf("open with port %d loaded, want adopted", port)
+		}
+		n.Close()
+	}
+}
