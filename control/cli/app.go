@@ -32,6 +32,7 @@ func App(stdout, stderr io.Writer) *ucli.App {
 			captureCommand(),
 			msgCommand(),
 			servicesCommand(),
+			statusCommand(),
 			imageCommand(),
 			testbedCommand(),
 			planCommand(),
