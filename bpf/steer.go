@@ -1,10 +1,12 @@
 package bpf
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -363,4 +365,48 @@ func ReadPinnedStats(dir string) ([]Counter, error) {
 	defer m.Close()
 	s := &Steer{stats: m}
 	return s.Stats()
+}
+
+// Port returns the Lovelock UDP port the loaded classifier was built with
+// (Options.Port), read back from the kernel: the constant lives in the
+// program's read-only data map, which a pinned program keeps. The port does
+// not change the program's instructions, so OpenPinned's tag check cannot
+// see it; callers that adopt pins compare it with the port they want.
+func (s *Steer) Port() (uint16, error) {
+	spec, err := loadSteer()
+	if err != nil {
+		return 0, err
+	}
+	v := spec.Variables[steerVarLlPort]
+	ms := spec.Maps[v.SectionName]
+	if ms == nil {
+		return 0, fmt.Errorf("steer: no map for section %s of %s", v.SectionName, steerVarLlPort)
+	}
+	info, err := s.XDP.Info()
+	if err != nil {
+		return 0, fmt.Errorf("steer: program info: %w", err)
+	}
+	ids, ok := info.MapIDs()
+	if !ok {
+		return 0, fmt.Errorf("steer: the kernel does not say which maps the program uses: %w", ebpf.ErrNotSupported)
+	}
+	for _, id := range ids {
+		m, err := ebpf.NewMapFromID(id)
+		if err != nil {
+			continue
+		}
+		mi, err := m.Info()
+		if err != nil || mi.Type != ebpf.Array || mi.ValueSize != ms.ValueSize || !strings.HasSuffix(mi.Name, strings.TrimPrefix(v.SectionName, ".")) {
+			m.Close()
+			continue
+		}
+		val := make([]byte, mi.ValueSize)
+		err = m.Lookup(uint32(0), &val)
+		m.Close()
+		if err != nil {
+			return 0, fmt.Errorf("steer: read %s: %w", v.SectionName, err)
+		}
+		return binary.NativeEndian.Uint16(val[v.Offset:]), nil
+	}
+	return 0, fmt.Errorf("steer: the program has no %s map", v.SectionName)
 }

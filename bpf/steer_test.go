@@ -175,3 +175,31 @@ func sendUDP(port int, payload []byte) error {
 	_, err = c.Write(payload)
 	return err
 }
+
+// TestPort reads the Lovelock port back from loaded and pinned programs.
+func TestPort(t *testing.T) {
+	testenv.RequirePriv(t)
+	for _, want := range []uint16{0, 5555} {
+		s, err := bpf.Load(bpf.Options{Port: want})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := filepath.Join(testenv.BPFFS(t), "p")
+		if err := s.Pin(dir); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		p, err := bpf.OpenPinned(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := p.Port()
+		p.Close()
+		if want == 0 {
+			want = 61440
+		}
+		if err != nil || got != want {
+			t.Errorf("port of pins loaded for %d: %d, %v", want, got, err)
+		}
+	}
+}

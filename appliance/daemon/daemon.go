@@ -48,18 +48,28 @@ type Daemon struct {
 	reserved map[string][]rules.Rule
 
 	supervisors []*service.Supervisor // one per configured service
+
+	// failures are what lovelockd was asked to do and could not, by what
+	// ("attachment IFACE HOOK", "rules"); see health.go.
+	failures map[string]failure
+	// ruleIfaces are the interfaces the live rule set names, with the
+	// ifindexes it was compiled for: rules match and redirect by ifindex,
+	// so a re-created interface needs the set compiled again.
+	ruleIfaces map[string]int
 }
 
 // New opens the data plane and reconciles it with the state file. It fails
-// only when the data plane cannot be opened; attachments or rules that
-// cannot be restored are logged and reported, and the data plane keeps what
-// it had.
+// when the data plane cannot be opened (pins of another build or port) or
+// the config's rule file does not parse; attachments or rules that cannot
+// be restored (an interface that is not there, an attach the kernel
+// refuses) are logged and reported as failures (Status), the node runs
+// degraded, and they are retried when interfaces appear.
 func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 	node, err := attach.Open(attach.Options{Dir: cfg.PinDir, Port: cfg.Port})
 	if err != nil {
 		return nil, err
 	}
-	d := &Daemon{cfg: cfg, log: log, started: time.Now(), node: node}
+	d := &Daemon{cfg: cfg, log: log, started: time.Now(), node: node, failures: map[string]failure{}}
 	state, err := LoadState(cfg.State)
 	if err != nil {
 		node.Close()
@@ -106,20 +116,18 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 func (d *Daemon) reconcile() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for _, a := range d.state.Attachments {
-		adopted, err := d.node.Attach(a)
-		if err != nil {
-			d.log.Error("restore attachment", "iface", a.Iface, "hook", a.Hook, "err", err)
-			continue
-		}
-		d.log.Info("attachment", "iface", a.Iface, "hook", a.Hook, "adopted", adopted)
-	}
+	d.attachAll(nil)
 	// The data plane holds the state file's rules under their IDs, as far
 	// as this daemon knows; lovelockd's own rules from an earlier run, if
 	// any are left, go with this swap.
 	d.live = d.state.Rules
 	if _, err := d.install(d.state.Rules, nil); err != nil {
-		d.log.Error("restore rules; the data plane keeps its current rule set", "err", err)
+		err = rulesFailure(err, d.node.Loaded)
+		if d.node.Loaded {
+			d.live = rules.Set{}
+		}
+		d.setFailure("rules", err)
+		d.log.Error("restore rules", "err", err)
 		return
 	}
 	d.log.Info("rules applied", "rules", len(d.state.Rules.Rules), "default", d.state.Rules.Default)
@@ -170,10 +178,24 @@ func (d *Daemon) Run(ctx context.Context) error {
 		})
 		d.log.Info("metrics", "addr", mln.Addr().String())
 	}
+	kicks := make(chan struct{}, 1)
+	kick := func() {
+		select {
+		case kicks <- struct{}{}:
+		default:
+		}
+	}
+	waitLinks, err := d.watchLinks(ctx, kick)
+	if err != nil {
+		return err
+	}
+	defer waitLinks()
 	for _, s := range d.supervisors {
 		wg.Go(func() { s.Run(ctx) })
 	}
-	d.log.Info("ready", "socket", d.cfg.Socket)
+	// "ready" is logged once everything asked for runs, "degraded" with
+	// what does not otherwise.
+	wg.Go(func() { d.announce(ctx, kicks) })
 	select {
 	case <-ctx.Done():
 		d.log.Info("stopping; the data plane stays attached")
@@ -191,9 +213,15 @@ func (d *Daemon) Status() (api.Status, error) {
 	if err != nil {
 		return api.Status{}, err
 	}
+	health, links, fails := d.health()
+	svcs := []api.ServiceStatus{}
+	for _, s := range d.supervisors {
+		svcs = append(svcs, s.Status())
+	}
 	return api.Status{
 		Version: buildinfo.Version, PinDir: d.node.Dir(), Port: d.cfg.Port, Loaded: d.node.Loaded,
 		Started: d.started, Attachments: att, Rules: len(d.live.Rules),
+		Health: health, Links: links, Failures: fails, Services: svcs,
 	}, nil
 }
 
@@ -214,10 +242,15 @@ func (d *Daemon) Attach(a attach.Attachment) (api.Attached, error) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	adopted, err := d.node.Attach(a)
+	out, err := d.node.Reattach(a)
 	if err != nil {
 		return api.Attached{}, err
 	}
+	d.setFailure(attKey(a), nil)
+	if out == attach.Replaced {
+		d.log.Warn("attachment re-attached: the pinned link ran on no live interface (deleted or re-created)", "iface", a.Iface, "hook", a.Hook)
+	}
+	adopted := out == attach.Adopted
 	next := d.state
 	next.Attachments = append(slices.DeleteFunc(slices.Clone(next.Attachments), func(b attach.Attachment) bool {
 		return b.Iface == a.Iface && b.Hook == a.Hook
@@ -238,6 +271,7 @@ func (d *Daemon) Detach(iface string, hook attach.Hook) error {
 		}
 		return err
 	}
+	d.setFailure(attKey(attach.Attachment{Iface: iface, Hook: hook}), nil)
 	next := d.state
 	next.Attachments = slices.DeleteFunc(slices.Clone(next.Attachments), func(b attach.Attachment) bool {
 		return b.Iface == iface && b.Hook == hook
@@ -299,6 +333,7 @@ func (d *Daemon) replace(set rules.Set) (api.Applied, error) {
 	if err != nil {
 		return api.Applied{}, err
 	}
+	d.setFailure("rules", nil)
 	next := d.state
 	next.Rules, next.HasRules = op, true
 	res := api.Applied{Rules: len(d.live.Rules), Owned: len(d.owned), Warnings: shadowed(op, d.owned, d.cfg.Port)}
@@ -326,7 +361,14 @@ func (d *Daemon) install(op rules.Set, owned []rules.Rule) (rules.Set, error) {
 // apply compiles set and swaps it in. Rule IDs that are new to the data
 // plane get their counters zeroed first, so a reused ID starts from zero.
 func (d *Daemon) apply(set rules.Set) error {
-	compiled, err := rules.Compile(&set, resolveIface, d.cfg.Port)
+	used := map[string]int{}
+	compiled, err := rules.Compile(&set, func(name string) (int, error) {
+		idx, err := resolveIface(name)
+		if err == nil {
+			used[name] = idx
+		}
+		return idx, err
+	}, d.cfg.Port)
 	if err != nil {
 		return &api.BadRequestError{Err: err}
 	}
@@ -341,7 +383,11 @@ func (d *Daemon) apply(set rules.Set) error {
 			}
 		}
 	}
-	return d.node.Steer.Apply(compiled)
+	if err := d.node.Steer.Apply(compiled); err != nil {
+		return err
+	}
+	d.ruleIfaces = used
+	return nil
 }
 
 func (d *Daemon) save(next State) error {

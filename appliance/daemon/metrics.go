@@ -4,6 +4,8 @@ import (
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lovelock-dpu/lovelock/control/api"
 )
 
 // collector exports the data plane's counters at scrape time, straight from
@@ -16,15 +18,33 @@ var (
 	rulePackets    = prometheus.NewDesc("lovelock_rule_packets_total", "Packets matched by each rule (rule \"default\": no rule matched).", []string{"rule", "id", "action"}, nil)
 	ruleBytes      = prometheus.NewDesc("lovelock_rule_bytes_total", "Bytes matched by each rule.", []string{"rule", "id", "action"}, nil)
 	upDesc         = prometheus.NewDesc("lovelock_stats_up", "1 when the data plane's counters could be read.", nil, nil)
+	healthyDesc    = prometheus.NewDesc("lovelock_healthy", "1 when lovelockd runs everything it was asked to (lovelock status: health ok), 0 when starting or degraded.", nil, nil)
+	failuresDesc   = prometheus.NewDesc("lovelock_failures", "Things lovelockd was asked to run that do not run (lovelock status lists them).", nil, nil)
+	attRunning     = prometheus.NewDesc("lovelock_attachment_running", "1 when the attachment's program runs on the live interface of its name, checked against the kernel.", []string{"iface", "hook"}, nil)
 )
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{verdictPackets, verdictBytes, rulePackets, ruleBytes, upDesc} {
+	for _, d := range []*prometheus.Desc{verdictPackets, verdictBytes, rulePackets, ruleBytes, upDesc, healthyDesc, failuresDesc, attRunning} {
 		ch <- d
 	}
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	if st, err := c.d.Status(); err == nil {
+		healthy := 0.0
+		if st.Health == api.HealthOK {
+			healthy = 1
+		}
+		ch <- prometheus.MustNewConstMetric(healthyDesc, prometheus.GaugeValue, healthy)
+		ch <- prometheus.MustNewConstMetric(failuresDesc, prometheus.GaugeValue, float64(len(st.Failures)))
+		for _, l := range st.Links {
+			v := 0.0
+			if l.Live {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(attRunning, prometheus.GaugeValue, v, l.Iface, string(l.Hook))
+		}
+	}
 	st, err := c.d.Stats()
 	if err != nil {
 		ch <- prometheus.MustNewConstMetric(upDesc, prometheus.GaugeValue, 0)

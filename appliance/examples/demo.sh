@@ -64,6 +64,20 @@ for dpu in dpu0 dpu1; do
 done
 
 for dpu in dpu0 dpu1; do
+	# Ready means everything asked for runs: attachments on the live
+	# interfaces, rules, services (lovelock status exits 1 otherwise).
+	for _ in $(seq 100); do
+		"$lovelock" --socket "$RUN/$dpu.sock" status >/dev/null 2>&1 && break
+		sleep 0.1
+	done
+	if ! "$lovelock" --socket "$RUN/$dpu.sock" status; then
+		echo "lovelockd on $dpu runs degraded; its log:"
+		cat "$RUN/$dpu.log"
+		exit 1
+	fi
+done
+
+for dpu in dpu0 dpu1; do
 	# The agents start beside the API; wait until messaging runs on its AF_XDP sockets.
 	for _ in $(seq 100); do
 		"$lovelock" --socket "$RUN/$dpu.sock" msg stats >/dev/null 2>&1 && break
@@ -76,11 +90,25 @@ say "apply the example rule set to dpu0 (appliance/examples/rules.yaml), beside 
 "$lovelock" --socket "$RUN/dpu0.sock" rules
 
 say "host0 sends mixed traffic into dpu0: service packets, plain IP, garbage"
-"$lovelock" testbed traffic --prefix "$PREFIX" --count 20 host0
+# Redirected frames leave dpu0's p0 past the kernel stack: capture them where
+# they arrive, on the fabric's end of p0 (the testbed runs xdp_pass there, as
+# veth needs to deliver them; docs/testbed.md).
+"$lovelock" testbed exec --prefix "$PREFIX" fabric -- "$lovelock" capture --iface dpu0-p0 -c 10000 --timeout 3s \
+	-w "$RUN/fabric.pcap" >"$RUN/capture.log" 2>&1 &
+cap=$!
 sleep 0.5
+"$lovelock" testbed traffic --prefix "$PREFIX" --count 20 host0
+wait "$cap" || true
 
 say "per-rule and per-verdict counters on dpu0: each class went where its rule said"
 "$lovelock" --socket "$RUN/dpu0.sock" stats
+redirected=$("$lovelock" --socket "$RUN/dpu0.sock" stats -o json | grep -o '"mem-reads-to-fabric"[^}]*"packets": *[0-9]*' | grep -o '[0-9]*$' || true)
+arrived=$("$lovelock" capture -r "$RUN/fabric.pcap" 2>/dev/null | grep -ci 'mem-read' || true)
+echo "mem-reads-to-fabric: ${redirected:-?} redirected by dpu0, $arrived arrived on the fabric"
+if [ "${redirected:-x}" != "$arrived" ] || [ "$arrived" = 0 ]; then
+	echo "redirected frames did not all reach the fabric"
+	exit 1
+fi
 
 say "messaging (Buddy): Histogram on host0 and host1, small messages aggregated by lovelockd's agents on dpu0 and dpu1"
 # The clients of appliance/examples/cluster.yaml run on host0 and host1; the

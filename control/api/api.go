@@ -44,6 +44,35 @@ type Status struct {
 	Started     time.Time           `json:"started"`
 	Attachments []attach.Attachment `json:"attachments"`
 	Rules       int                 `json:"rules"`
+
+	// Health is HealthOK only when everything lovelockd was asked to run
+	// runs: each attachment on its live interface, the rule set installed,
+	// each service running. Failures says what does not, and why.
+	Health   Health              `json:"health,omitempty"`
+	Links    []attach.LinkStatus `json:"links,omitempty"`
+	Failures []Failure           `json:"failures,omitempty"`
+	// Services are the services' states, as GET /v1/services reports them.
+	Services []ServiceStatus `json:"services,omitempty"`
+}
+
+// Health sums up a node: whether it runs as asked.
+type Health string
+
+// Health values.
+const (
+	HealthOK       Health = "ok"       // everything asked for runs
+	HealthStarting Health = "starting" // nothing failed, but a service is still starting
+	HealthDegraded Health = "degraded" // something asked for does not run: see Failures
+)
+
+// Failure is one thing lovelockd was asked to run that does not run.
+type Failure struct {
+	// What failed: "attachment pf0hpf xdp", "rules", "service messaging".
+	What string `json:"what"`
+	// Cause says why, and what lovelockd does about it.
+	Cause string `json:"cause"`
+	// Since is when lovelockd first saw it (zero when it cannot tell).
+	Since time.Time `json:"since,omitzero"`
 }
 
 // Attached answers an attach.

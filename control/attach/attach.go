@@ -30,6 +30,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lovelock-dpu/lovelock/bpf"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 )
 
 // DefaultDir is where lovelockd keeps its pins.
@@ -37,6 +38,10 @@ const DefaultDir = "/sys/fs/bpf/lovelock"
 
 // ErrNoBPFFS reports that a pin directory is not on a bpffs mount.
 var ErrNoBPFFS = errors.New("not on a bpffs mount (mount one with: mount -t bpf bpf /sys/fs/bpf)")
+
+// ErrPortMismatch reports pins loaded for another Lovelock port than the
+// one asked for.
+var ErrPortMismatch = errors.New("pinned programs use another Lovelock port")
 
 // ErrNotAttached reports a detach of something that is not attached.
 var ErrNotAttached = errors.New("not attached")
@@ -177,6 +182,24 @@ func (n *Node) open(port uint16) error {
 			}
 			return err
 		}
+		// The port is a load-time constant, invisible to the tag check:
+		// adopting programs built for another port would run rules on the
+		// Lovelock header against the wrong traffic.
+		want := port
+		if want == 0 {
+			want = wire.DefaultPort
+		}
+		have, err := s.Port()
+		if err != nil {
+			s.Close()
+			return fmt.Errorf("pinned programs in %s: %w", n.dir, err)
+		}
+		if have != want {
+			s.Close()
+			return fmt.Errorf("%w: the programs pinned in %s were loaded for Lovelock port %d, this lovelockd is configured for %d; "+
+				"the data plane was left as it is: configure port %d, or detach everything ('lovelock iface detach --all') and remove %s "+
+				"to load the programs for port %d", ErrPortMismatch, n.dir, have, want, have, n.dir, want)
+		}
 		n.Steer = s
 		return nil
 	} else if !errors.Is(err, os.ErrNotExist) {
@@ -217,28 +240,58 @@ func (n *Node) Close() error {
 	return errors.Join(err, n.lock.Close())
 }
 
-// Attach attaches the classifier at a's hook on a's interface, unless a link
-// is already pinned there (then it reports adopted). A link is pinned before
-// its handle closes; if pinning fails, closing detaches it again.
+// Attach attaches the classifier at a's hook on a's interface, unless it
+// already runs there (then it reports adopted); see Reattach.
 func (n *Node) Attach(a Attachment) (adopted bool, err error) {
-	pin := n.linkPin(a.Iface, a.Hook)
-	if l, err := link.LoadPinnedLink(pin, nil); err == nil {
-		l.Close()
+	out, err := n.Reattach(a)
+	return out == Adopted, err
+}
+
+// Reattach attaches the classifier at a's hook on a's interface. An
+// attachment already pinned there is adopted only when it runs on the live
+// interface of that name (Check); one that does not (its interface was
+// deleted or re-created) has its pin removed and is attached again
+// (Replaced). A link is pinned before its handle closes; if pinning fails,
+// closing detaches it again.
+func (n *Node) Reattach(a Attachment) (Outcome, error) {
+	replaced := false
+	if _, err := n.Check(a); err == nil {
 		// Adopting is right only when the link is what was asked for: a
 		// mode asked for explicitly must be the one the link has.
 		if a.Hook == HookXDP && a.Mode != "" {
 			if have := xdpMode(a.Iface); have != "" && have != a.Mode {
-				return false, fmt.Errorf("interface %s: xdp is already attached in %s mode, not %s: detach it first "+
+				return "", fmt.Errorf("interface %s: xdp is already attached in %s mode, not %s: detach it first "+
 					"('lovelock iface detach %s --hook xdp') to attach it in %s mode", a.Iface, have, a.Mode, a.Iface, a.Mode)
 			}
 		}
-		return true, nil
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return false, fmt.Errorf("interface %s %s: open pinned link: %w", a.Iface, a.Hook, err)
+		return Adopted, nil
+	} else if errors.Is(err, ErrDefunct) {
+		if _, lerr := netlink.LinkByName(a.Iface); lerr != nil {
+			// Nothing to attach to: keep the pin, which says what was
+			// asked for, until the interface is back.
+			return "", err
+		}
+		if err := n.removeDefunct(a); err != nil {
+			return "", err
+		}
+		replaced = true
+	} else if !errors.Is(err, ErrNotAttached) {
+		return "", err
 	}
+	if err := n.attachNew(a); err != nil {
+		return "", err
+	}
+	if replaced {
+		return Replaced, nil
+	}
+	return Attached, nil
+}
+
+func (n *Node) attachNew(a Attachment) error {
+	pin := n.linkPin(a.Iface, a.Hook)
 	nl, err := netlink.LinkByName(a.Iface)
 	if err != nil {
-		return false, fmt.Errorf("interface %s: %w", a.Iface, err)
+		return fmt.Errorf("interface %s: %w", a.Iface, err)
 	}
 	ifindex := nl.Attrs().Index
 
@@ -247,20 +300,24 @@ func (n *Node) Attach(a Attachment) (adopted bool, err error) {
 	case HookXDP:
 		mode, err := ParseMode(string(a.Mode))
 		if err != nil {
-			return false, err
+			return err
 		}
 		flags := link.XDPDriverMode
 		if mode == ModeGeneric {
 			flags = link.XDPGenericMode
 		}
 		l, err = link.AttachXDP(link.XDPOptions{Program: n.Steer.XDP, Interface: ifindex, Flags: flags})
+		if errors.Is(err, unix.EBUSY) {
+			return fmt.Errorf("interface %s: attach xdp (%s): %w: another XDP program, not attached through a BPF link, "+
+				"runs there (see 'ip link show %s'; 'ip link set %s xdp off' removes it)", a.Iface, mode, err, a.Iface, a.Iface)
+		}
 		if err != nil {
-			return false, fmt.Errorf("interface %s: attach xdp (%s): %w", a.Iface, mode, err)
+			return fmt.Errorf("interface %s: attach xdp (%s): %w", a.Iface, mode, err)
 		}
 	case HookTCIngress, HookTCEgress:
 		mode, err := parseTCMode(string(a.Mode))
 		if err != nil {
-			return false, err
+			return err
 		}
 		prog, at := n.Steer.TCIngress, ebpf.AttachTCXIngress
 		if a.Hook == HookTCEgress {
@@ -272,20 +329,20 @@ func (n *Node) Attach(a Attachment) (adopted bool, err error) {
 				return n.attachClsact(a, ifindex, prog)
 			}
 			if err != nil {
-				return false, fmt.Errorf("interface %s: attach %s (tcx): %w", a.Iface, a.Hook, err)
+				return fmt.Errorf("interface %s: attach %s (tcx): %w", a.Iface, a.Hook, err)
 			}
 		} else {
 			return n.attachClsact(a, ifindex, prog)
 		}
 	default:
 		_, err := ParseHook(string(a.Hook))
-		return false, err
+		return err
 	}
 	defer l.Close()
 	if err := l.Pin(pin); err != nil {
-		return false, fmt.Errorf("interface %s %s: pin link: %w", a.Iface, a.Hook, err)
+		return fmt.Errorf("interface %s %s: pin link: %w", a.Iface, a.Hook, err)
 	}
-	return false, nil
+	return nil
 }
 
 // Detach removes the pinned link of iface's hook, which detaches it (or,

@@ -302,3 +302,134 @@ func TestAttachModeMismatch(t *testing.T) {
 		return nil
 	})
 }
+
+// TestAdoptRecreatedInterface: the interfaces are deleted and created again
+// (a driver reset, a representor re-created) while the links stay pinned.
+// The pins then run on nothing: Check must say so, and a restart's attach
+// must replace them rather than adopt them, so the classifier runs on the
+// new interfaces again.
+func TestAdoptRecreatedInterface(t *testing.T) {
+	ns := testenv.NewNetNS(t)
+	dir := filepath.Join(testenv.BPFFS(t), "lovelock")
+	testenv.InNetNS(t, ns, func() error {
+		if err := vethAB(); err != nil {
+			return err
+		}
+		n, err := attach.Open(attach.Options{Dir: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		atts := []attach.Attachment{
+			{Iface: "a", Hook: attach.HookXDP},
+			{Iface: "a", Hook: attach.HookTCEgress},
+			{Iface: "b", Hook: attach.HookTCIngress, Mode: attach.ModeClsact},
+		}
+		for _, a := range atts {
+			if _, err := n.Attach(a); err != nil {
+				t.Fatalf("attach %+v: %v", a, err)
+			}
+			if _, err := n.Check(a); err != nil {
+				t.Errorf("check %+v right after attach: %v", a, err)
+			}
+		}
+		n.Close()
+
+		// Delete the pair: the links lose their interface.
+		old, err := netlink.LinkByName("a")
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkDel(old); err != nil {
+			return err
+		}
+		n, err = attach.Open(attach.Options{Dir: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer n.Close()
+		for _, a := range atts {
+			if _, err := n.Check(a); !errors.Is(err, attach.ErrDefunct) {
+				t.Errorf("check %+v with its interface gone: %v, want ErrDefunct", a, err)
+			}
+			// Nothing to attach to: an error, and the pin stays to say
+			// what was asked for.
+			if out, err := n.Reattach(a); !errors.Is(err, attach.ErrDefunct) {
+				t.Errorf("attach %+v with its interface gone: %v %v, want ErrDefunct", a, out, err)
+			}
+		}
+		st, err := n.Status()
+		if err != nil || len(st) != len(atts) {
+			t.Fatalf("status = %+v, %v; want %d entries", st, err, len(atts))
+		}
+		for _, s := range st {
+			if s.Live || s.Problem == "" {
+				t.Errorf("status of %s %s with its interface gone: live=%v problem=%q", s.Iface, s.Hook, s.Live, s.Problem)
+			}
+		}
+
+		// The interfaces come back under the same names, new ifindexes.
+		if err := vethAB(); err != nil {
+			return err
+		}
+		if on, err := xdpAttached("a"); err != nil || on {
+			t.Fatalf("re-created a has XDP before any attach: %v %v", on, err)
+		}
+		for _, a := range atts {
+			if _, err := n.Check(a); !errors.Is(err, attach.ErrDefunct) {
+				t.Errorf("check %+v on the re-created interface: %v, want ErrDefunct", a, err)
+			}
+			out, err := n.Reattach(a)
+			if err != nil || out != attach.Replaced {
+				t.Errorf("attach %+v on the re-created interface: %v %v, want replaced", a, out, err)
+			}
+			if _, err := n.Check(a); err != nil {
+				t.Errorf("check %+v after replacing: %v", a, err)
+			}
+			if out, err := n.Reattach(a); err != nil || out != attach.Adopted {
+				t.Errorf("second attach %+v: %v %v, want adopted", a, out, err)
+			}
+		}
+		if on, err := xdpAttached("a"); err != nil || !on {
+			t.Errorf("re-created a after attach: XDP attached=%v err=%v", on, err)
+		}
+		b, err := netlink.LinkByName("b")
+		if err != nil {
+			return err
+		}
+		if filters, err := netlink.FilterList(b, netlink.HANDLE_MIN_INGRESS); err != nil || len(filters) != 1 {
+			t.Errorf("re-created b's ingress filters: %v %v, want one", filters, err)
+		}
+		return nil
+	})
+}
+
+// TestOpenPortMismatch: pins loaded for one Lovelock port are refused by a
+// node configured for another (the port is a load-time constant the tag
+// check cannot see), and left as they were.
+func TestOpenPortMismatch(t *testing.T) {
+	dir := filepath.Join(testenv.BPFFS(t), "lovelock")
+	n, err := attach.Open(attach.Options{Dir: dir, Port: 61440})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Close()
+	before, _ := os.ReadDir(dir)
+	_, err = attach.Open(attach.Options{Dir: dir, Port: 5555})
+	if !errors.Is(err, attach.ErrPortMismatch) || !strings.Contains(err.Error(), "port 61440") || !strings.Contains(err.Error(), "configured for 5555") {
+		t.Fatalf("open 61440 pins for port 5555: %v, want ErrPortMismatch naming both ports", err)
+	}
+	after, _ := os.ReadDir(dir)
+	if len(before) != len(after) {
+		t.Errorf("refused open changed the pin dir: %d entries before, %d after", len(before), len(after))
+	}
+	for _, port := range []uint16{61440, 0} {
+		n, err := attach.Open(attach.Options{Dir: dir, Port: port})
+		if err != nil {
+			t.Fatalf("open with port %d: %v", port, err)
+		}
+		if n.Loaded {
+			t.Errorf("open with port %d loaded, want adopted", port)
+		}
+		n.Close()
+	}
+}

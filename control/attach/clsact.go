@@ -40,29 +40,25 @@ func clsactFilter(ifindex int, hook Hook) *netlink.BpfFilter {
 	}
 }
 
-// attachClsact attaches prog as a clsact filter, unless the marker says it
-// already is (adopted).
-func (n *Node) attachClsact(a Attachment, ifindex int, prog *ebpf.Program) (bool, error) {
+// attachClsact attaches prog as a clsact filter and records it.
+func (n *Node) attachClsact(a Attachment, ifindex int, prog *ebpf.Program) error {
 	marker := n.clsactMarker(a.Iface, a.Hook)
-	if _, err := os.Stat(marker); err == nil {
-		return true, nil
-	}
 	qdisc := &netlink.Clsact{QdiscAttrs: netlink.QdiscAttrs{
 		LinkIndex: ifindex, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT,
 	}}
 	if err := netlink.QdiscAdd(qdisc); err != nil && !errors.Is(err, unix.EEXIST) {
-		return false, fmt.Errorf("interface %s: add clsact qdisc: %w", a.Iface, err)
+		return fmt.Errorf("interface %s: add clsact qdisc: %w", a.Iface, err)
 	}
 	f := clsactFilter(ifindex, a.Hook)
 	f.Fd = prog.FD()
 	if err := netlink.FilterReplace(f); err != nil {
-		return false, fmt.Errorf("interface %s: attach %s (clsact): %w", a.Iface, a.Hook, err)
+		return fmt.Errorf("interface %s: attach %s (clsact): %w", a.Iface, a.Hook, err)
 	}
 	if err := os.MkdirAll(marker, 0o700); err != nil {
 		netlink.FilterDel(f)
-		return false, fmt.Errorf("interface %s %s: record clsact filter: %w", a.Iface, a.Hook, err)
+		return fmt.Errorf("interface %s %s: record clsact filter: %w", a.Iface, a.Hook, err)
 	}
-	return false, nil
+	return nil
 }
 
 func (n *Node) detachClsact(iface string, hook Hook) error {

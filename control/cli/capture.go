@@ -27,8 +27,12 @@ func captureCommand() *ucli.Command {
 		Description: "Capture: lovelock capture --iface p0 [--rule NAME] -c 100 -w out.pcap\n" +
 			"Read:    lovelock capture -r out.pcap\n\n" +
 			"Capturing uses an AF_PACKET socket, so it sees what the kernel sees on the interface: traffic\n" +
-			"the steering program passed, and everything sent out of it (redirected frames included). Frames\n" +
-			"that XDP dropped, redirected away or sent to AF_XDP never reach it. --rule keeps the frames\n" +
+			"the steering program passed, and what the kernel stack sends out of it. Frames that XDP\n" +
+			"dropped or sent to AF_XDP never reach it, and neither do frames XDP redirected: not where they\n" +
+			"arrived, and not on the port they leave by (XDP transmits them past the stack). Capture a\n" +
+			"redirect where it arrives; on the testbed the fabric's end of the port:\n" +
+			"  lovelock testbed exec fabric -- lovelock capture --iface dpu0-p0 -c 20 -w out.pcap\n" +
+			"--rule keeps the frames\n" +
 			"that rule matches, judged by the Go reference classifier against lovelockd's live rule set.\n" +
 			"The files are ordinary pcap (tcpdump -r reads them).",
 		Flags: []ucli.Flag{

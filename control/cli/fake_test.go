@@ -24,9 +24,10 @@ type fakeService struct {
 	applied    int // ApplyRules calls
 	statsCalls int
 	services   []api.ServiceStatus
+	status     api.Status
 }
 
-func (f *fakeService) Status() (api.Status, error)               { return api.Status{}, nil }
+func (f *fakeService) Status() (api.Status, error)               { return f.status, nil }
 func (f *fakeService) Attachments() ([]attach.Attachment, error) { return nil, nil }
 func (f *fakeService) Attach(a attach.Attachment) (api.Attached, error) {
 	f.attached = append(f.attached, a)

@@ -55,14 +55,26 @@ func ifaceList(c *ucli.Context) error {
 	if asJSON {
 		return writeJSON(c.App.Writer, list)
 	}
+	// A pin is not a running program: say what the kernel runs.
+	state := map[attach.Attachment]string{}
+	if st, err := client(c).Status(c.Context); err == nil {
+		for _, l := range st.Links {
+			key := attach.Attachment{Iface: l.Iface, Hook: l.Hook, Mode: l.Mode}
+			if l.Live {
+				state[key] = "running"
+			} else {
+				state[key] = "NOT RUNNING (see 'lovelock status')"
+			}
+		}
+	}
 	tw := newTable(c.App.Writer)
-	fmt.Fprintln(tw, "IFACE\tHOOK\tVIA")
+	fmt.Fprintln(tw, "IFACE\tHOOK\tVIA\tSTATE")
 	for _, a := range list {
 		via := "link"
 		if a.Mode == attach.ModeClsact {
 			via = "clsact filter"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", a.Iface, a.Hook, via)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", a.Iface, a.Hook, via, dash(state[a]))
 	}
 	return tw.Flush()
 }

@@ -102,6 +102,9 @@ func Up(ctx context.Context, spec Spec) error {
 			return fmt.Errorf("testbed: node %s: %w", p.spec.Name, err)
 		}
 	}
+	if err := ensurePeerPass(spec); err != nil {
+		return err
+	}
 	return waitReady(ctx, plans, nodes)
 }
 

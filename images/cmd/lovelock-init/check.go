@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -94,12 +95,7 @@ func bootCheck(ctx context.Context, log *slog.Logger, cfg *appconfig.Config, dir
 // counted: the daemon answers, reports every steered interface, and its
 // counters agree that packets went through.
 func checkAPI(ctx context.Context, cfg *appconfig.Config) error {
-	socket := api.DefaultSocket
-	for i, a := range cfg.Lovelockd.Args {
-		if a == "--socket" && i+1 < len(cfg.Lovelockd.Args) {
-			socket = cfg.Lovelockd.Args[i+1]
-		}
-	}
+	socket := apiSocket(cfg)
 	cl := api.NewClient(socket)
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -107,13 +103,16 @@ func checkAPI(ctx context.Context, cfg *appconfig.Config) error {
 	if err != nil {
 		return fmt.Errorf("api: status: %w", err)
 	}
+	if err := healthy(st); err != nil {
+		return fmt.Errorf("api: %w", err)
+	}
 	for _, ifc := range cfg.Steered() {
 		found := false
-		for _, a := range st.Attachments {
-			found = found || (a.Iface == ifc.Name && a.Hook == attach.HookXDP)
+		for _, l := range st.Links {
+			found = found || (l.Iface == ifc.Name && l.Hook == attach.HookXDP && l.Live)
 		}
 		if !found {
-			return fmt.Errorf("api: status lists no xdp attachment on %s: %+v", ifc.Name, st.Attachments)
+			return fmt.Errorf("api: status lists no running xdp attachment on %s: %+v", ifc.Name, st.Links)
 		}
 	}
 	stats, err := cl.Stats(ctx)
@@ -205,4 +204,48 @@ func driverName(iface string) string {
 		return "unknown"
 	}
 	return filepath.Base(p)
+}
+
+// apiSocket is the API socket lovelockd is started with.
+func apiSocket(cfg *appconfig.Config) string {
+	socket := api.DefaultSocket
+	for i, a := range cfg.Lovelockd.Args {
+		if a == "--socket" && i+1 < len(cfg.Lovelockd.Args) {
+			socket = cfg.Lovelockd.Args[i+1]
+		}
+	}
+	return socket
+}
+
+// healthy says why a node whose lovelockd reports st is not ready: only
+// health ok is (lovelock status), so a DPU whose attachments, rules or
+// services do not run is never reported ready.
+func healthy(st api.Status) error {
+	switch st.Health {
+	case api.HealthOK:
+		return nil
+	case api.HealthDegraded:
+		var b strings.Builder
+		for i, f := range st.Failures {
+			if i > 0 {
+				b.WriteString("; ")
+			}
+			b.WriteString(f.What + ": " + f.Cause)
+		}
+		return fmt.Errorf("lovelockd runs degraded: %s", b.String())
+	case "":
+		return errors.New("lovelockd reports no health")
+	}
+	return fmt.Errorf("lovelockd is %s", st.Health)
+}
+
+// confirmReady asks lovelockd, once it said ready, whether it is.
+func confirmReady(ctx context.Context, socket string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	st, err := api.NewClient(socket).Status(ctx)
+	if err != nil {
+		return fmt.Errorf("status: %w", err)
+	}
+	return healthy(st)
 }

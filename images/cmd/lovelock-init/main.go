@@ -128,11 +128,21 @@ func run(log *slog.Logger) error {
 		go func() { ch <- bootCheck(ctx, log, cfg, attach.DefaultDir, ready) }()
 	} else {
 		go func() {
-			select {
-			case <-ready:
-				rshimLog(log, "DPU is ready")
-				osUp(log)
-			case <-ctx.Done():
+			// lovelockd says ready only when everything it was asked
+			// for runs; the API confirms it before the DPU says so.
+			for {
+				select {
+				case <-ready:
+					if err := confirmReady(ctx, apiSocket(cfg)); err != nil {
+						rshimLog(log, "DPU is not ready: "+err.Error())
+						continue
+					}
+					rshimLog(log, "DPU is ready")
+					osUp(log)
+					return
+				case <-ctx.Done():
+					return
+				}
 			}
 		}()
 	}
