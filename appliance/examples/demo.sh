@@ -102,7 +102,8 @@ wait "$cap" || true
 
 say "per-rule and per-verdict counters on dpu0: each class went where its rule said"
 "$lovelock" --socket "$RUN/dpu0.sock" stats
-redirected=$("$lovelock" --socket "$RUN/dpu0.sock" stats -o json | grep -o '"mem-reads-to-fabric"[^}]*"packets": *[0-9]*' | grep -o '[0-9]*$' || true)
+# stats -o json is indented: join it to one line before picking the rule's counter.
+redirected=$("$lovelock" --socket "$RUN/dpu0.sock" stats -o json | tr -d ' \n' | grep -o '"name":"mem-reads-to-fabric"[^}]*"packets":[0-9]*' | grep -o '[0-9]*$' || true)
 arrived=$("$lovelock" capture -r "$RUN/fabric.pcap" 2>/dev/null | grep -ci 'mem-read' || true)
 echo "mem-reads-to-fabric: ${redirected:-?} redirected by dpu0, $arrived arrived on the fabric"
 if [ "${redirected:-x}" != "$arrived" ] || [ "$arrived" = 0 ]; then
