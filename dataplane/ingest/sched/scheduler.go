@@ -32,11 +32,24 @@ type cardState struct {
 	fit     [][numStates]uint8 // per profile
 }
 
+// reservation holds the slices a waiting request will take when the
+// instances on them end; nothing else is placed there meanwhile.
+type reservation struct {
+	gpu  int
+	pl   mig.Placement
+	mask uint8
+	at   time.Duration
+}
+
 type gpuState struct {
 	card int
 	st   *mig.GPU
 	me   bool
-	ends [mig.MemorySlices]time.Duration // when each memory slice frees up
+	resv uint8 // slices reserved for waiting requests
+	// resvAt is when each reserved slice's waiting request will start:
+	// until then shorter work may use it (backfilling).
+	resvAt [mig.MemorySlices]time.Duration
+	ends   [mig.MemorySlices]time.Duration // when each memory slice frees up
 }
 
 type running struct {
@@ -58,7 +71,7 @@ type Scheduler struct {
 	shares  int     // requested GPU share of running requests, thousandths
 	fragSum float64 // Σ fragmentation of GPUs in use, in memory slices
 
-	waiting map[uint64]bool // told to wait (ErrWait), not placed since
+	waiting map[uint64]reservation // told to wait (ErrWait), not placed since
 
 	learn     bool
 	mixCount  []float64
@@ -71,7 +84,7 @@ func New(cfg Config) (*Scheduler, error) {
 	if len(cfg.Fleet) == 0 {
 		return nil, fmt.Errorf("scheduler: empty fleet: give GPUs, e.g. 64xH100-80GB")
 	}
-	s := &Scheduler{cfg: cfg, running: map[uint64]running{}, waiting: map[uint64]bool{}}
+	s := &Scheduler{cfg: cfg, running: map[uint64]running{}, waiting: map[uint64]reservation{}}
 	total := 0
 	for _, f := range cfg.Fleet {
 		total += f.Count
@@ -165,7 +178,7 @@ func (s *Scheduler) Layout(g int) (mig.Card, mig.Layout) {
 }
 
 func (s *Scheduler) state(g int) int {
-	st := int(s.gpus[g].st.Used())
+	st := int(s.gpus[g].st.Used() | s.gpus[g].resv)
 	if s.gpus[g].me {
 		st |= meBit
 	}
@@ -207,6 +220,15 @@ func (s *Scheduler) Place(r *Request, now time.Duration) (Assignment, error) {
 	if err != nil {
 		return Assignment{}, err
 	}
+	if rv, ok := s.waiting[r.ID]; ok {
+		if s.gpus[rv.gpu].st.Used()&rv.mask != 0 && s.LatestStart(r, now) > now {
+			return Assignment{}, fmt.Errorf("request %d: its slot on GPU %d is still busy: %w", r.ID, rv.gpu, ErrWait)
+		}
+		s.unreserve(r.ID)
+		if s.gpus[rv.gpu].st.Used()&rv.mask == 0 {
+			return s.commit(rv.gpu, rv.pl, r, now)
+		}
+	}
 	s.observe(prof)
 	var g, start int
 	switch s.cfg.Policy {
@@ -218,14 +240,16 @@ func (s *Scheduler) Place(r *Request, now time.Duration) (Assignment, error) {
 		g, start = s.chooseBest(prof)
 	case Lovelock:
 		g, start = s.chooseLovelock(prof, false)
+		if g < 0 && len(s.waiting) > 0 {
+			g, start = s.backfill(prof, r, now)
+		}
 		if g < 0 {
-			// Wait only while enough GPUs stay empty for every waiting
-			// request to open one at its latest start: waiting must not
-			// turn into a miss when the slot it waits for goes to another.
-			if latest := s.LatestStart(r, now); latest > now && s.empty() > len(s.waiting) {
-				if t, ok := s.earliest(prof, now); ok && t <= latest {
-					s.waiting[r.ID] = true
-					return Assignment{}, fmt.Errorf("request %d: a slot frees at %v, before its latest start %v: %w", r.ID, t, latest, ErrWait)
+			// Wait, holding the slices, when a slot frees on a GPU in
+			// use before the request's latest start: no GPU opened, no miss.
+			if latest := s.LatestStart(r, now); latest > now {
+				if g, pl, t, ok := s.earliest(prof, now); ok && t <= latest {
+					s.reserve(r.ID, g, pl, t)
+					return Assignment{}, fmt.Errorf("request %d: GPU %d slot %d frees at %v, before its latest start %v: %w", r.ID, g, pl.Start, t, latest, ErrWait)
 				}
 			}
 			g, start = s.chooseLovelock(prof, true)
@@ -240,12 +264,98 @@ func (s *Scheduler) Place(r *Request, now time.Duration) (Assignment, error) {
 	return s.commit(g, pl, r, now)
 }
 
-// Withdraw forgets a request that was told to wait and will not be placed
-// (the client gave up); waiting requests hold back empty GPUs.
-func (s *Scheduler) Withdraw(id uint64) { delete(s.waiting, id) }
+// size returns the memory slices r needs on the fleet's first card that can
+// serve it (0 if none).
+func (s *Scheduler) size(r *Request) int {
+	for i := range s.cards {
+		if p, err := Resolve(&s.cards[i].card, r, s.cfg.Speeds); err == nil {
+			return s.cards[i].card.Profiles[p].MemSlices
+		}
+	}
+	return 0
+}
 
-// empty returns the number of GPUs holding no instance.
-func (s *Scheduler) empty() int { return len(s.gpus) - s.inUse }
+// Withdraw forgets a request that was told to wait and will not be placed
+// (the client gave up), freeing the slices reserved for it.
+func (s *Scheduler) Withdraw(id uint64) { s.unreserve(id) }
+
+func (s *Scheduler) reserve(id uint64, g int, pl mig.Placement, at time.Duration) {
+	m := s.cards[s.gpus[g].card].card.Profiles[pl.Profile].Mask(pl.Start)
+	s.move(g, func() { s.gpus[g].resv |= m })
+	for i := 0; i < mig.MemorySlices; i++ {
+		if m&(1<<i) != 0 {
+			s.gpus[g].resvAt[i] = at
+		}
+	}
+	s.waiting[id] = reservation{gpu: g, pl: pl, mask: m, at: at}
+}
+
+// backfill finds a GPU in use where the request fits now in slices that are
+// free of instances, using reserved slices only if it ends before their
+// waiting request starts (EASY backfilling).
+func (s *Scheduler) backfill(prof []int, r *Request, now time.Duration) (int, int) {
+	end := now + s.cfg.Reconfig + r.Duration
+	for g := range s.gpus {
+		gs := &s.gpus[g]
+		p := prof[gs.card]
+		if p < 0 || gs.resv == 0 || gs.st.Instances() == 0 {
+			continue
+		}
+		pr := &s.cards[gs.card].card.Profiles[p]
+		if gs.me && pr.Max == 1 && pr.MemSlices == 1 {
+			continue
+		}
+	starts:
+		for _, st := range pr.Starts {
+			m := pr.Mask(st)
+			if m&gs.st.Used() != 0 {
+				continue
+			}
+			for i := st; i < st+pr.MemSlices; i++ {
+				if gs.resv&(1<<i) != 0 && end > gs.resvAt[i] {
+					continue starts
+				}
+			}
+			return g, st
+		}
+	}
+	return -1, 0
+}
+
+func (s *Scheduler) unreserve(id uint64) {
+	rv, ok := s.waiting[id]
+	if !ok {
+		return
+	}
+	delete(s.waiting, id)
+	s.move(rv.gpu, func() { s.gpus[rv.gpu].resv &^= rv.mask })
+}
+
+// move applies change to GPU g and keeps the state index, the count of GPUs
+// in use and the fragmentation sum in step with it.
+func (s *Scheduler) move(g int, change func()) {
+	gs := &s.gpus[g]
+	cs := &s.cards[gs.card]
+	old, wasBusy := s.state(g), gs.st.Instances() > 0
+	change()
+	nw, busy := s.state(g), gs.st.Instances() > 0
+	if wasBusy {
+		s.fragSum -= cs.frag[old]
+	}
+	if busy {
+		s.fragSum += cs.frag[nw]
+	}
+	switch {
+	case busy && !wasBusy:
+		s.inUse++
+	case wasBusy && !busy:
+		s.inUse--
+	}
+	if old != nw {
+		cs.buckets[old].del(g)
+		cs.buckets[nw].add(g)
+	}
+}
 
 // LatestStart is the last moment r can start and still meet its deadline (its
 // arrival if it has none: work without a deadline starts on arrival).
@@ -274,23 +384,16 @@ func (s *Scheduler) observe(prof []int) {
 func (s *Scheduler) commit(g int, pl mig.Placement, r *Request, now time.Duration) (Assignment, error) {
 	gs := &s.gpus[g]
 	cs := &s.cards[gs.card]
-	old := s.state(g)
-	if err := gs.st.Place(pl); err != nil {
+	p := &cs.card.Profiles[pl.Profile]
+	var err error
+	s.move(g, func() {
+		if err = gs.st.Place(pl); err == nil && p.Max == 1 && p.MemSlices == 1 {
+			gs.me = true
+		}
+	})
+	if err != nil {
 		return Assignment{}, fmt.Errorf("request %d on GPU %d: %w", r.ID, g, err)
 	}
-	p := &cs.card.Profiles[pl.Profile]
-	if p.Max == 1 && p.MemSlices == 1 {
-		gs.me = true
-	}
-	if old == 0 {
-		s.inUse++
-	} else {
-		s.fragSum -= cs.frag[old]
-	}
-	nw := s.state(g)
-	s.fragSum += cs.frag[nw]
-	cs.buckets[old].del(g)
-	cs.buckets[nw].add(g)
 	a := Assignment{GPU: g, Card: cs.card.Name, Profile: p.Name, Placement: pl, Start: now + s.cfg.Reconfig}
 	a.End = a.Start + r.Duration
 	m := p.Mask(pl.Start)
@@ -317,13 +420,15 @@ func (s *Scheduler) Release(id uint64) error {
 	}
 	gs := &s.gpus[r.gpu]
 	cs := &s.cards[gs.card]
-	old := s.state(r.gpu)
-	if err := gs.st.Remove(r.pl); err != nil {
-		return fmt.Errorf("release %d: %w", id, err)
-	}
 	p := &cs.card.Profiles[r.pl.Profile]
-	if p.Max == 1 && p.MemSlices == 1 {
-		gs.me = false
+	var err error
+	s.move(r.gpu, func() {
+		if err = gs.st.Remove(r.pl); err == nil && p.Max == 1 && p.MemSlices == 1 {
+			gs.me = false
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("release %d: %w", id, err)
 	}
 	m := p.Mask(r.pl.Start)
 	for i := 0; i < mig.MemorySlices; i++ {
@@ -331,15 +436,6 @@ func (s *Scheduler) Release(id uint64) error {
 			gs.ends[i] = 0
 		}
 	}
-	nw := s.state(r.gpu)
-	s.fragSum -= cs.frag[old]
-	if nw == 0 {
-		s.inUse--
-	} else {
-		s.fragSum += cs.frag[nw]
-	}
-	cs.buckets[old].del(r.gpu)
-	cs.buckets[nw].add(r.gpu)
 	delete(s.running, id)
 	s.shares -= r.share
 	return nil
@@ -464,10 +560,11 @@ func (s *Scheduler) chooseLovelock(prof []int, open bool) (int, int) {
 	return bestG, bestStart
 }
 
-// earliest returns when a slot for the request's profile frees up on a GPU
-// in use, from the expected ends of the running requests.
-func (s *Scheduler) earliest(prof []int, now time.Duration) (time.Duration, bool) {
-	best, found := time.Duration(0), false
+// earliest returns the GPU in use, placement and time at which a slot for
+// the request's profile frees up soonest, from the expected ends of the
+// running requests; slices reserved for other waiting requests are avoided.
+func (s *Scheduler) earliest(prof []int, now time.Duration) (int, mig.Placement, time.Duration, bool) {
+	bestG, bestPl, best := -1, mig.Placement{}, time.Duration(0)
 	for g := range s.gpus {
 		gs := &s.gpus[g]
 		p := prof[gs.card]
@@ -479,14 +576,17 @@ func (s *Scheduler) earliest(prof []int, now time.Duration) (time.Duration, bool
 			continue // frees only with the +me instance; rare, ignored
 		}
 		for _, st := range pr.Starts {
+			if pr.Mask(st)&gs.resv != 0 {
+				continue
+			}
 			t := now
 			for i := st; i < st+pr.MemSlices; i++ {
 				t = max(t, gs.ends[i])
 			}
-			if !found || t < best {
-				best, found = t, true
+			if bestG < 0 || t < best {
+				bestG, bestPl, best = g, mig.Placement{Profile: p, Start: st}, t
 			}
 		}
 	}
-	return best, found
+	return bestG, bestPl, best, bestG >= 0
 }

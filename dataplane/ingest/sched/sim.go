@@ -93,6 +93,7 @@ func Simulate(cfg Config, reqs []Request, opt SimOptions) (Result, error) {
 	var (
 		done, timers eventHeap
 		queue        []int // request indices waiting
+		batch        []int // request indices arriving now
 		lat          []int64
 		started      = make([]bool, len(rs))
 		used         = make([]bool, s.GPUs())
@@ -204,9 +205,23 @@ func Simulate(cfg Config, reqs []Request, opt SimOptions) (Result, error) {
 				return res, err
 			}
 		}
+		batch = batch[:0]
 		for next < len(rs) && rs[next].Arrival <= t {
-			i := next
+			batch = append(batch, next)
 			next++
+		}
+		if cfg.Policy == Lovelock && len(batch) > 1 {
+			// Requests that arrive together are placed largest first, tightest
+			// deadline first among equals (first-fit decreasing).
+			sort.SliceStable(batch, func(a, b int) bool {
+				sa, sb := s.size(&rs[batch[a]]), s.size(&rs[batch[b]])
+				if sa != sb {
+					return sa > sb
+				}
+				return s.LatestStart(&rs[batch[a]], 0) < s.LatestStart(&rs[batch[b]], 0)
+			})
+		}
+		for _, i := range batch {
 			err := place(i, t, true)
 			switch {
 			case err == nil:
