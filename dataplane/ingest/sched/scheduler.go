@@ -275,6 +275,13 @@ func (s *Scheduler) size(r *Request) int {
 	return 0
 }
 
+// Waiting reports whether request id was told to wait and holds a
+// reservation.
+func (s *Scheduler) Waiting(id uint64) bool {
+	_, ok := s.waiting[id]
+	return ok
+}
+
 // Withdraw forgets a request that was told to wait and will not be placed
 // (the client gave up), freeing the slices reserved for it.
 func (s *Scheduler) Withdraw(id uint64) { s.unreserve(id) }

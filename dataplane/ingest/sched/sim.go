@@ -151,11 +151,13 @@ func Simulate(cfg Config, reqs []Request, opt SimOptions) (Result, error) {
 		nfull := 0
 		kept := queue[:0]
 		for qi, i := range queue {
-			if nfull == nkeys {
+			if nfull == nkeys && len(s.waiting) == 0 {
 				kept = append(kept, queue[qi:]...)
 				break
 			}
-			if full[keys[i]] == round {
+			// A request holding a reservation may go where its key-mates
+			// found no room.
+			if full[keys[i]] == round && !s.Waiting(rs[i].ID) {
 				kept = append(kept, i)
 				continue
 			}
@@ -163,11 +165,14 @@ func Simulate(cfg Config, reqs []Request, opt SimOptions) (Result, error) {
 			switch {
 			case err == nil:
 			case errors.Is(err, ErrNoCapacity):
-				full[keys[i]] = round
-				nfull++
+				if full[keys[i]] != round {
+					full[keys[i]] = round
+					nfull++
+				}
 				kept = append(kept, i)
 			case errors.Is(err, ErrWait):
 				kept = append(kept, i)
+				heap.Push(&timers, event{t: s.LatestStart(&rs[i], now), id: rs[i].ID, i: i})
 			default:
 				return err
 			}
