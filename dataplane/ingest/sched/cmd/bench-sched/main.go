@@ -49,7 +49,9 @@ func fail(err error) {
 	os.Exit(1)
 }
 
-func table() *tabwriter.Writer { return tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight) }
+func table() *tabwriter.Writer {
+	return tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+}
 
 func synth(mix string, pods int, seed uint64, slack float64) []sched.Request {
 	ps, err := trace.Synth(trace.SynthOptions{Pods: pods, Mix: trace.Mixes()[mix], Seed: seed, MeanGap: 1, MeanDuration: 600, MaxWait: 30})
