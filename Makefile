@@ -28,9 +28,10 @@ GO_BOOTSTRAP := go1.26.8
 
 # Debian packages the project needs: clang/llvm/libbpf-dev/linux-libc-dev
 # build the BPF objects; iproute2, bpftool and tcpdump are for people
-# inspecting the testbed; git and ca-certificates fetch Go modules.
+# inspecting the testbed; git and ca-certificates fetch Go modules;
+# coinor-cbc is the MILP solver the scheduler's exact solver is checked against.
 APT_PACKAGES := clang llvm libbpf-dev linux-libc-dev iproute2 bpftool tcpdump \
-	iputils-ping git make ca-certificates
+	iputils-ping git make ca-certificates coinor-cbc
 
 .PHONY: help
 help: ## list the targets
@@ -85,6 +86,10 @@ bench: bench-steer ## run the benchmarks
 .PHONY: bench-msg
 bench-msg: ## messaging throughput on its own netns testbed (root): one datagram per message vs agents on DPUs/hosts, sweeps
 	$(GO) run ./dataplane/messaging/cmd/bench-msg -mtu 9000 $(BENCH_MSG_FLAGS)
+
+.PHONY: bench-sched
+bench-sched: ## MIG scheduling policies: GPU-hours, allocation rate, gap to the exact optimum, decisions/s (~1 min)
+	$(GO) run ./dataplane/ingest/sched/cmd/bench-sched $(BENCH_SCHED_FLAGS)
 
 .PHONY: bench-steer
 bench-steer: ## per-packet cost of the steering classifier against an XDP_PASS floor (root)
