@@ -2,6 +2,7 @@ package sched
 
 import (
 	"fmt"
+	"math"
 	"math/bits"
 	"time"
 
@@ -30,6 +31,8 @@ type cardState struct {
 	buckets [numStates]bucket
 	frag    [numStates]float64
 	fit     [][numStates]uint8 // per profile
+	gpus    []int              // fleet index of each of the card's GPUs
+	soon    []*soonest         // per profile, Lovelock only
 }
 
 // reservation holds the slices a waiting request will take when the
@@ -43,6 +46,7 @@ type reservation struct {
 
 type gpuState struct {
 	card int
+	idx  int // index among the GPUs of its card
 	st   *mig.GPU
 	me   bool
 	resv uint8 // slices reserved for waiting requests
@@ -71,7 +75,8 @@ type Scheduler struct {
 	shares  int     // requested GPU share of running requests, thousandths
 	fragSum float64 // Σ fragmentation of GPUs in use, in memory slices
 
-	waiting map[uint64]reservation // told to wait (ErrWait), not placed since
+	waiting  map[uint64]reservation // told to wait (ErrWait), not placed since
+	resvGPUs bucket                 // GPUs with reserved slices
 
 	learn     bool
 	mixCount  []float64
@@ -114,12 +119,23 @@ func New(cfg Config) (*Scheduler, error) {
 		}
 		for n := 0; n < f.Count; n++ {
 			g := len(s.gpus)
-			s.gpus = append(s.gpus, gpuState{card: ci})
-			s.cards[ci].buckets[0].add(g)
+			cs := &s.cards[ci]
+			s.gpus = append(s.gpus, gpuState{card: ci, idx: len(cs.gpus)})
+			cs.gpus = append(cs.gpus, g)
+			cs.buckets[0].add(g)
 		}
 	}
 	for i := range s.gpus {
 		s.gpus[i].st = mig.NewGPU(&s.cards[s.gpus[i].card].card)
+	}
+	s.resvGPUs = bucket{words: make([]uint64, words)}
+	if cfg.Policy == Lovelock {
+		for i := range s.cards {
+			cs := &s.cards[i]
+			for range cs.card.Profiles {
+				cs.soon = append(cs.soon, newSoonest(len(cs.gpus)))
+			}
+		}
 	}
 	mix := cfg.Mix
 	if mix == nil {
@@ -295,6 +311,10 @@ func (s *Scheduler) reserve(id uint64, g int, pl mig.Placement, at time.Duration
 		}
 	}
 	s.waiting[id] = reservation{gpu: g, pl: pl, mask: m, at: at}
+	if s.resvGPUs.words[g>>6]&(1<<(g&63)) == 0 {
+		s.resvGPUs.add(g)
+	}
+	s.refresh(g)
 }
 
 // backfill finds a GPU in use where the request fits now in slices that are
@@ -302,7 +322,20 @@ func (s *Scheduler) reserve(id uint64, g int, pl mig.Placement, at time.Duration
 // waiting request starts (EASY backfilling).
 func (s *Scheduler) backfill(prof []int, r *Request, now time.Duration) (int, int) {
 	end := now + s.cfg.Reconfig + r.Duration
-	for g := range s.gpus {
+	for wi, w := range s.resvGPUs.words {
+		if w == 0 {
+			continue
+		}
+		if g, st := s.backfillWord(prof, wi, w, end); g >= 0 {
+			return g, st
+		}
+	}
+	return -1, 0
+}
+
+func (s *Scheduler) backfillWord(prof []int, wi int, w uint64, end time.Duration) (int, int) {
+	for ; w != 0; w &= w - 1 {
+		g := wi<<6 | bits.TrailingZeros64(w)
 		gs := &s.gpus[g]
 		p := prof[gs.card]
 		if p < 0 || gs.resv == 0 || gs.st.Instances() == 0 {
@@ -336,6 +369,10 @@ func (s *Scheduler) unreserve(id uint64) {
 	}
 	delete(s.waiting, id)
 	s.move(rv.gpu, func() { s.gpus[rv.gpu].resv &^= rv.mask })
+	if s.gpus[rv.gpu].resv == 0 {
+		s.resvGPUs.del(rv.gpu)
+	}
+	s.refresh(rv.gpu)
 }
 
 // move applies change to GPU g and keeps the state index, the count of GPUs
@@ -414,6 +451,7 @@ func (s *Scheduler) commit(g int, pl mig.Placement, r *Request, now time.Duratio
 		share = p.Compute * 1000 / mig.ComputeSlices
 	}
 	s.running[r.ID] = running{gpu: g, pl: pl, share: share}
+	s.refresh(g)
 	delete(s.waiting, r.ID)
 	s.shares += share
 	return a, nil
@@ -445,6 +483,7 @@ func (s *Scheduler) Release(id uint64) error {
 	}
 	delete(s.running, id)
 	s.shares -= r.share
+	s.refresh(r.gpu)
 	return nil
 }
 
@@ -567,33 +606,65 @@ func (s *Scheduler) chooseLovelock(prof []int, open bool) (int, int) {
 	return bestG, bestStart
 }
 
-// earliest returns the GPU in use, placement and time at which a slot for
-// the request's profile frees up soonest, from the expected ends of the
-// running requests; slices reserved for other waiting requests are avoided.
-func (s *Scheduler) earliest(prof []int, now time.Duration) (int, mig.Placement, time.Duration, bool) {
-	bestG, bestPl, best := -1, mig.Placement{}, time.Duration(0)
-	for g := range s.gpus {
-		gs := &s.gpus[g]
-		p := prof[gs.card]
-		if p < 0 || gs.st.Instances() == 0 {
+// refresh recomputes, for Lovelock, when each profile's soonest slot frees
+// on GPU g, after any change to its instances, ends or reservations.
+func (s *Scheduler) refresh(g int) {
+	gs := &s.gpus[g]
+	cs := &s.cards[gs.card]
+	if cs.soon == nil {
+		return
+	}
+	for p := range cs.card.Profiles {
+		v := time.Duration(math.MaxInt64)
+		if gs.st.Instances() > 0 {
+			_, v = s.soonestOn(g, p)
+		}
+		cs.soon[p].set(gs.idx, v)
+	}
+}
+
+// soonestOn returns the start of profile p that frees soonest on GPU g
+// (avoiding slices reserved for others) and when, from the running
+// requests' ends.
+func (s *Scheduler) soonestOn(g, p int) (int, time.Duration) {
+	gs := &s.gpus[g]
+	pr := &s.cards[gs.card].card.Profiles[p]
+	best, bestT := -1, time.Duration(math.MaxInt64)
+	if gs.me && pr.Max == 1 && pr.MemSlices == 1 {
+		return best, bestT // frees only with the +me instance; rare, ignored
+	}
+	for _, st := range pr.Starts {
+		if pr.Mask(st)&gs.resv != 0 {
 			continue
 		}
-		pr := &s.cards[gs.card].card.Profiles[p]
-		if gs.me && pr.Max == 1 && pr.MemSlices == 1 {
-			continue // frees only with the +me instance; rare, ignored
+		t := time.Duration(0)
+		for i := st; i < st+pr.MemSlices; i++ {
+			t = max(t, gs.ends[i])
 		}
-		for _, st := range pr.Starts {
-			if pr.Mask(st)&gs.resv != 0 {
-				continue
-			}
-			t := now
-			for i := st; i < st+pr.MemSlices; i++ {
-				t = max(t, gs.ends[i])
-			}
-			if bestG < 0 || t < best {
-				bestG, bestPl, best = g, mig.Placement{Profile: p, Start: st}, t
-			}
+		if t < bestT {
+			best, bestT = st, t
 		}
 	}
-	return bestG, bestPl, best, bestG >= 0
+	return best, bestT
+}
+
+// earliest returns the GPU in use, placement and time at which a slot for
+// the request's profile frees up soonest.
+func (s *Scheduler) earliest(prof []int, now time.Duration) (int, mig.Placement, time.Duration, bool) {
+	bestG, bestPl, best := -1, mig.Placement{}, time.Duration(math.MaxInt64)
+	for ci := range s.cards {
+		cs := &s.cards[ci]
+		p := prof[ci]
+		if p < 0 || cs.soon == nil {
+			continue
+		}
+		t, idx := cs.soon[p].min()
+		if t == math.MaxInt64 || t >= best {
+			continue
+		}
+		g := cs.gpus[idx]
+		st, _ := s.soonestOn(g, p)
+		bestG, bestPl, best = g, mig.Placement{Profile: p, Start: st}, t
+	}
+	return bestG, bestPl, max(best, now), bestG >= 0
 }
