@@ -162,6 +162,7 @@ func schedSimulateCommand() *ucli.Command {
 			&ucli.StringFlag{Name: "policy", Value: "all", Usage: "naive, firstfit, bestfit, lovelock or all"},
 			&ucli.Float64Flag{Name: "slack", Value: 2, Usage: "deadline = arrival + slack × run time; 0: none (start on arrival or count late)"},
 			&ucli.DurationFlag{Name: "reconfig", Usage: "time to create a MIG instance on idle slices, added before each request's work"},
+			&ucli.Float64Flag{Name: "wait-margin", Usage: "lovelock: share of a request's slack kept in reserve when it waits for a slot instead of opening a GPU (0: wait up to the latest start)"},
 			&ucli.StringFlag{Name: "plot", Usage: "write an SVG plot of GPUs in use over time, one line per policy, to this file"},
 			outputFlag(),
 		},
@@ -192,7 +193,7 @@ func schedSimulateCommand() *ucli.Command {
 			var results []sched.Result
 			var curves []sched.Curve
 			for _, p := range policies {
-				r, err := sched.Simulate(sched.Config{Policy: p, Fleet: fleet, Reconfig: c.Duration("reconfig")}, reqs,
+				r, err := sched.Simulate(sched.Config{Policy: p, Fleet: fleet, Reconfig: c.Duration("reconfig"), WaitMargin: c.Float64("wait-margin")}, reqs,
 					sched.SimOptions{Series: c.String("plot") != ""})
 				if err != nil {
 					return fmt.Errorf("simulate %s: %w", p, err)

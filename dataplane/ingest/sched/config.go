@@ -96,6 +96,12 @@ type Config struct {
 	// Reconfig is the time to create a GPU instance on idle slices; work
 	// starts that much after it is placed. Running instances are never moved.
 	Reconfig time.Duration
+	// WaitMargin is the share of a request's slack (latest start − now)
+	// that Lovelock keeps in reserve when it decides to wait for a slot
+	// rather than open a GPU: 0 waits up to the latest start, as eq. 1
+	// asks; 0.5 waits at most half the slack, which avoids misses when a
+	// saturated fleet meets a burst, at the price of more GPUs opened.
+	WaitMargin float64
 	// Mix is the expected share of requests per profile index (the same seven
 	// on every card), the target workload of the fragmentation measure. Nil:
 	// learned from the arrivals.

@@ -263,12 +263,24 @@ func (s *Scheduler) Place(r *Request, now time.Duration) (Assignment, error) {
 			// Wait, holding the slices, when a slot frees on a GPU in
 			// use before the request's latest start: no GPU opened, no miss.
 			if latest := s.LatestStart(r, now); latest > now {
-				if g, pl, t, ok := s.earliest(prof, now); ok && t <= latest {
+				// WaitMargin keeps part of the slack for the bursts that
+				// arrive while this request waits.
+				limit := latest - time.Duration(s.cfg.WaitMargin*float64(latest-now))
+				if g, pl, t, ok := s.earliest(prof, now); ok && t <= limit {
 					s.reserve(r.ID, g, pl, t)
 					return Assignment{}, fmt.Errorf("request %d: GPU %d slot %d frees at %v, before its latest start %v: %w", r.ID, g, pl.Start, t, latest, ErrWait)
 				}
 			}
 			g, start = s.chooseLovelock(prof, true)
+			if g < 0 {
+				// Too late to meet the deadline and no GPU to open: queue
+				// behind the soonest slot anyway, or requests that can
+				// still wait would take every slot ahead of this one.
+				if wg, pl, t, ok := s.earliest(prof, now); ok {
+					s.reserve(r.ID, wg, pl, t)
+					return Assignment{}, fmt.Errorf("request %d: queued behind GPU %d slot %d, free at %v: %w", r.ID, wg, pl.Start, t, ErrNoCapacity)
+				}
+			}
 		}
 	default:
 		return Assignment{}, fmt.Errorf("scheduler: unknown policy %d", int(s.cfg.Policy))

@@ -200,3 +200,53 @@ func TestLovelockWaitsWhenASlotFreesInTime(t *testing.T) {
 		t.Fatalf("tight request beside 3g on GPU 1: %v", err)
 	}
 }
+
+func TestWaitMarginKeepsSlack(t *testing.T) {
+	for _, tc := range []struct {
+		margin float64
+		want   error
+	}{{0, ErrWait}, {0.5, nil}} {
+		s, err := New(Config{Policy: Lovelock, Fleet: []Fleet{{"H100-80GB", 2}}, WaitMargin: tc.margin})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Place(&Request{ID: 1, Profile: "7g.80gb", Duration: 16 * time.Second}, 0); err != nil {
+			t.Fatal(err)
+		}
+		// Latest start 20 s; the slot frees at 16 s, after half the slack.
+		r := &Request{ID: 2, Profile: "3g.40gb", Duration: 10 * time.Second, Deadline: 30 * time.Second}
+		_, err = s.Place(r, 0)
+		if (tc.want == nil) != (err == nil) || (tc.want != nil && !errors.Is(err, tc.want)) {
+			t.Errorf("margin %.1f: %v, want %v", tc.margin, err, tc.want)
+		}
+	}
+}
+
+// TestLateRequestQueuesBehindSoonestSlot: with no GPU to open and no way to
+// meet its deadline, a request still reserves the soonest slot, so that
+// requests arriving later cannot take every slot ahead of it.
+func TestLateRequestQueuesBehindSoonestSlot(t *testing.T) {
+	s, err := New(Config{Policy: Lovelock, Fleet: []Fleet{{"H100-80GB", 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Place(&Request{ID: 1, Profile: "7g.80gb", Duration: 10 * time.Second}, 0); err != nil {
+		t.Fatal(err)
+	}
+	late := &Request{ID: 2, Profile: "4g.40gb", Duration: 10 * time.Second, Deadline: 5 * time.Second}
+	if _, err := s.Place(late, 0); !errors.Is(err, ErrNoCapacity) || !s.Waiting(2) {
+		t.Fatalf("late request: %v, waiting %v; want ErrNoCapacity with a reservation", err, s.Waiting(2))
+	}
+	patient := &Request{ID: 3, Profile: "4g.40gb", Duration: 10 * time.Second, Deadline: time.Hour}
+	if _, err := s.Place(patient, 0); errors.Is(err, ErrWait) {
+		t.Fatalf("a later request waits for the slot reserved by the late one")
+	}
+	if err := s.Release(1); err != nil {
+		t.Fatal(err)
+	}
+	a, err := s.Place(late, 10*time.Second)
+	if err != nil || a.Placement.Start != 0 {
+		t.Fatalf("late request after the slot frees: %+v, %v", a, err)
+	}
+	checkState(t, s)
+}

@@ -74,13 +74,21 @@ func replay(f []sched.Fleet, mixes []string, pods int, slack float64) {
 	for _, mix := range mixes {
 		reqs := synth(mix, pods, 1, slack)
 		var naive float64
+		var cfgs []sched.Config
 		for _, p := range sched.Policies() {
-			r, err := sched.Simulate(sched.Config{Policy: p, Fleet: f}, reqs, sched.SimOptions{})
+			cfgs = append(cfgs, sched.Config{Policy: p, Fleet: f})
+		}
+		cfgs = append(cfgs, sched.Config{Policy: sched.Lovelock, Fleet: f, WaitMargin: 0.5})
+		for _, cfg := range cfgs {
+			r, err := sched.Simulate(cfg, reqs, sched.SimOptions{})
 			if err != nil {
 				fail(err)
 			}
-			if p == sched.Naive {
+			if cfg.Policy == sched.Naive {
 				naive = r.GPUHours
+			}
+			if cfg.WaitMargin != 0 {
+				r.Policy += fmt.Sprintf(" (margin %.1f)", cfg.WaitMargin)
 			}
 			fmt.Fprintf(w, "%s\t%s\t%.1f\t%+.1f%%\t%.3f\t%.3f\t%d\t%d\t%d\t%.2f\t%.2f\t\n", mix, r.Policy, r.GPUHours,
 				100*(r.GPUHours/naive-1), r.AllocRate, r.Frag, r.Misses, r.Unserved, r.GPUsUsed, r.MeanNs/1000, r.P99Ns/1000)
