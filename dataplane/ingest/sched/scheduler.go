@@ -41,7 +41,8 @@ type reservation struct {
 	gpu  int
 	pl   mig.Placement
 	mask uint8
-	at   time.Duration
+	at   time.Duration // expected start
+	end  time.Duration // expected end
 }
 
 type gpuState struct {
@@ -50,9 +51,12 @@ type gpuState struct {
 	st   *mig.GPU
 	me   bool
 	resv uint8 // slices reserved for waiting requests
-	// resvAt is when each reserved slice's waiting request will start:
-	// until then shorter work may use it (backfilling).
-	resvAt [mig.MemorySlices]time.Duration
+	// resvAt is when the first waiting request on each reserved slice will
+	// start: until then shorter work may use it (backfilling). resvEnd is
+	// when the last one will end: a new one queues behind it.
+	resvAt  [mig.MemorySlices]time.Duration
+	resvEnd [mig.MemorySlices]time.Duration
+	resvIDs []uint64 // the waiting requests holding slices here
 	ends   [mig.MemorySlices]time.Duration // when each memory slice frees up
 }
 
@@ -237,11 +241,14 @@ func (s *Scheduler) Place(r *Request, now time.Duration) (Assignment, error) {
 		return Assignment{}, err
 	}
 	if rv, ok := s.waiting[r.ID]; ok {
-		if s.gpus[rv.gpu].st.Used()&rv.mask != 0 && s.LatestStart(r, now) > now {
+		// Its slot must be free of instances and of requests queued on it
+		// before this one.
+		busy := s.gpus[rv.gpu].st.Used()&rv.mask != 0 || s.queuedAhead(r.ID, rv)
+		if busy && s.LatestStart(r, now) > now {
 			return Assignment{}, fmt.Errorf("request %d: its slot on GPU %d is still busy: %w", r.ID, rv.gpu, ErrWait)
 		}
 		s.unreserve(r.ID)
-		if s.gpus[rv.gpu].st.Used()&rv.mask == 0 {
+		if !busy {
 			return s.commit(rv.gpu, rv.pl, r, now)
 		}
 	}
@@ -267,7 +274,7 @@ func (s *Scheduler) Place(r *Request, now time.Duration) (Assignment, error) {
 				// arrive while this request waits.
 				limit := latest - time.Duration(s.cfg.WaitMargin*float64(latest-now))
 				if g, pl, t, ok := s.earliest(prof, now); ok && t <= limit {
-					s.reserve(r.ID, g, pl, t)
+					s.reserve(r.ID, g, pl, t, r.Duration)
 					return Assignment{}, fmt.Errorf("request %d: GPU %d slot %d frees at %v, before its latest start %v: %w", r.ID, g, pl.Start, t, latest, ErrWait)
 				}
 			}
@@ -277,7 +284,7 @@ func (s *Scheduler) Place(r *Request, now time.Duration) (Assignment, error) {
 				// behind the soonest slot anyway, or requests that can
 				// still wait would take every slot ahead of this one.
 				if wg, pl, t, ok := s.earliest(prof, now); ok {
-					s.reserve(r.ID, wg, pl, t)
+					s.reserve(r.ID, wg, pl, t, r.Duration)
 					return Assignment{}, fmt.Errorf("request %d: queued behind GPU %d slot %d, free at %v: %w", r.ID, wg, pl.Start, t, ErrNoCapacity)
 				}
 			}
@@ -310,23 +317,63 @@ func (s *Scheduler) Waiting(id uint64) bool {
 	return ok
 }
 
+// ReservedAt returns when the slot reserved for waiting request id is
+// expected to free up.
+func (s *Scheduler) ReservedAt(id uint64) (time.Duration, bool) {
+	rv, ok := s.waiting[id]
+	return rv.at, ok
+}
+
 // Withdraw forgets a request that was told to wait and will not be placed
 // (the client gave up), freeing the slices reserved for it.
 func (s *Scheduler) Withdraw(id uint64) { s.unreserve(id) }
 
-func (s *Scheduler) reserve(id uint64, g int, pl mig.Placement, at time.Duration) {
+func (s *Scheduler) reserve(id uint64, g int, pl mig.Placement, at time.Duration, dur time.Duration) {
 	m := s.cards[s.gpus[g].card].card.Profiles[pl.Profile].Mask(pl.Start)
-	s.move(g, func() { s.gpus[g].resv |= m })
-	for i := 0; i < mig.MemorySlices; i++ {
-		if m&(1<<i) != 0 {
-			s.gpus[g].resvAt[i] = at
+	s.waiting[id] = reservation{gpu: g, pl: pl, mask: m, at: at, end: at + s.cfg.Reconfig + dur}
+	s.gpus[g].resvIDs = append(s.gpus[g].resvIDs, id)
+	s.resummarise(g)
+}
+
+// resummarise recomputes GPU g's reserved slices and their times from its
+// waiting requests, then the indexes.
+func (s *Scheduler) resummarise(g int) {
+	gs := &s.gpus[g]
+	var m uint8
+	for i := range gs.resvAt {
+		gs.resvAt[i], gs.resvEnd[i] = math.MaxInt64, 0
+	}
+	for _, id := range gs.resvIDs {
+		rv := s.waiting[id]
+		m |= rv.mask
+		for i := 0; i < mig.MemorySlices; i++ {
+			if rv.mask&(1<<i) != 0 {
+				gs.resvAt[i] = min(gs.resvAt[i], rv.at)
+				gs.resvEnd[i] = max(gs.resvEnd[i], rv.end)
+			}
 		}
 	}
-	s.waiting[id] = reservation{gpu: g, pl: pl, mask: m, at: at}
-	if s.resvGPUs.words[g>>6]&(1<<(g&63)) == 0 {
+	s.move(g, func() { gs.resv = m })
+	inSet := s.resvGPUs.words[g>>6]&(1<<(g&63)) != 0
+	switch {
+	case m != 0 && !inSet:
 		s.resvGPUs.add(g)
+	case m == 0 && inSet:
+		s.resvGPUs.del(g)
 	}
 	s.refresh(g)
+}
+
+// queuedAhead reports whether another waiting request on the same GPU and
+// overlapping slices is due to start before rv (ties: the lower id).
+func (s *Scheduler) queuedAhead(id uint64, rv reservation) bool {
+	for _, o := range s.gpus[rv.gpu].resvIDs {
+		ov := s.waiting[o]
+		if o != id && ov.mask&rv.mask != 0 && (ov.at < rv.at || (ov.at == rv.at && o < id)) {
+			return true
+		}
+	}
+	return false
 }
 
 // backfill finds a GPU in use where the request fits now in slices that are
@@ -379,12 +426,15 @@ func (s *Scheduler) unreserve(id uint64) {
 	if !ok {
 		return
 	}
-	delete(s.waiting, id)
-	s.move(rv.gpu, func() { s.gpus[rv.gpu].resv &^= rv.mask })
-	if s.gpus[rv.gpu].resv == 0 {
-		s.resvGPUs.del(rv.gpu)
+	gs := &s.gpus[rv.gpu]
+	for k, o := range gs.resvIDs {
+		if o == id {
+			gs.resvIDs = append(gs.resvIDs[:k], gs.resvIDs[k+1:]...)
+			break
+		}
 	}
-	s.refresh(rv.gpu)
+	delete(s.waiting, id)
+	s.resummarise(rv.gpu)
 }
 
 // move applies change to GPU g and keeps the state index, the count of GPUs
@@ -646,12 +696,12 @@ func (s *Scheduler) soonestOn(g, p int) (int, time.Duration) {
 		return best, bestT // frees only with the +me instance; rare, ignored
 	}
 	for _, st := range pr.Starts {
-		if pr.Mask(st)&gs.resv != 0 {
-			continue
-		}
 		t := time.Duration(0)
 		for i := st; i < st+pr.MemSlices; i++ {
 			t = max(t, gs.ends[i])
+			if gs.resv&(1<<i) != 0 {
+				t = max(t, gs.resvEnd[i]) // queue behind the waiting requests
+			}
 		}
 		if t < bestT {
 			best, bestT = st, t

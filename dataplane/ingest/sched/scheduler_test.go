@@ -237,12 +237,19 @@ func TestLateRequestQueuesBehindSoonestSlot(t *testing.T) {
 	if _, err := s.Place(late, 0); !errors.Is(err, ErrNoCapacity) || !s.Waiting(2) {
 		t.Fatalf("late request: %v, waiting %v; want ErrNoCapacity with a reservation", err, s.Waiting(2))
 	}
+	// A later request queues behind it, not ahead.
 	patient := &Request{ID: 3, Profile: "4g.40gb", Duration: 10 * time.Second, Deadline: time.Hour}
-	if _, err := s.Place(patient, 0); errors.Is(err, ErrWait) {
-		t.Fatalf("a later request waits for the slot reserved by the late one")
+	if _, err := s.Place(patient, 0); !errors.Is(err, ErrWait) {
+		t.Fatalf("patient request: %v, want ErrWait", err)
+	}
+	if at, _ := s.ReservedAt(3); at != 20*time.Second {
+		t.Fatalf("patient request expected at %v, want 20s (after the late one)", at)
 	}
 	if err := s.Release(1); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := s.Place(patient, 10*time.Second); !errors.Is(err, ErrWait) {
+		t.Fatalf("patient request went ahead of the late one: %v", err)
 	}
 	a, err := s.Place(late, 10*time.Second)
 	if err != nil || a.Placement.Start != 0 {

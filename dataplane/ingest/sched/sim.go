@@ -155,8 +155,13 @@ func Simulate(cfg Config, reqs []Request, opt SimOptions) (Result, error) {
 				kept = append(kept, queue[qi:]...)
 				break
 			}
-			// A request holding a reservation may go where its key-mates
-			// found no room.
+			// A request holding a reservation is due only from its expected
+			// start (ends are exact here); before that it would only hear
+			// ErrWait again. It may go where its key-mates found no room.
+			if at, ok := s.ReservedAt(rs[i].ID); ok && at > now {
+				kept = append(kept, i)
+				continue
+			}
 			if full[keys[i]] == round && !s.Waiting(rs[i].ID) {
 				kept = append(kept, i)
 				continue
