@@ -56,8 +56,8 @@ type gpuState struct {
 	// when the last one will end: a new one queues behind it.
 	resvAt  [mig.MemorySlices]time.Duration
 	resvEnd [mig.MemorySlices]time.Duration
-	resvIDs []uint64 // the waiting requests holding slices here
-	ends   [mig.MemorySlices]time.Duration // when each memory slice frees up
+	resvIDs []uint64                        // the waiting requests holding slices here
+	ends    [mig.MemorySlices]time.Duration // when each memory slice frees up
 }
 
 type running struct {
