@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -65,5 +66,30 @@ func TestNaiveGPUHoursAreRunTimes(t *testing.T) {
 	}
 	if d := res.GPUHours - sum; d > 1e-9 || d < -1e-9 || res.Misses != 0 {
 		t.Fatalf("naive: %.6f GPU-hours, %d misses; run times sum to %.6f", res.GPUHours, res.Misses, sum)
+	}
+}
+
+// TestReconfigDelaysStart: creating an instance takes Config.Reconfig; the
+// work starts that much later and can miss its deadline for it.
+func TestReconfigDelaysStart(t *testing.T) {
+	reqs := []Request{
+		{ID: 1, Profile: "3g.40gb", Arrival: 0, Duration: 10 * time.Second, Deadline: 12 * time.Second},
+		{ID: 2, Profile: "3g.40gb", Arrival: 0, Duration: 10 * time.Second, Deadline: 20 * time.Second},
+	}
+	res, err := Simulate(Config{Policy: BestFit, Fleet: []Fleet{{"H100-80GB", 1}}, Reconfig: 5 * time.Second}, reqs,
+		SimOptions{Assignments: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, a := range res.Assignment {
+		if a.Start != 5*time.Second || a.End != 15*time.Second {
+			t.Errorf("request %d: %v-%v, want 5s-15s", id, a.Start, a.End)
+		}
+	}
+	if res.Misses != 1 || res.MissSize != 4 {
+		t.Fatalf("%d misses (%d slices), want request 1 only (4 slices)", res.Misses, res.MissSize)
+	}
+	if want := 15.0 / 3600; math.Abs(res.GPUHours-want) > 1e-12 {
+		t.Fatalf("%.6f GPU-hours, want %.6f (the instances exist while they are created)", res.GPUHours, want)
 	}
 }
