@@ -221,14 +221,15 @@ func Simulate(cfg Config, reqs []Request, opt SimOptions) (Result, error) {
 			next++
 		}
 		if cfg.Policy == Lovelock && len(batch) > 1 {
-			// Requests that arrive together are placed largest first, tightest
-			// deadline first among equals (first-fit decreasing).
+			// Requests that arrive together are placed tightest deadline
+			// first (a request with slack can wait for one without), largest
+			// first among equals (first-fit decreasing).
 			sort.SliceStable(batch, func(a, b int) bool {
-				sa, sb := s.size(&rs[batch[a]]), s.size(&rs[batch[b]])
-				if sa != sb {
-					return sa > sb
+				la, lb := s.LatestStart(&rs[batch[a]], 0), s.LatestStart(&rs[batch[b]], 0)
+				if la != lb {
+					return la < lb
 				}
-				return s.LatestStart(&rs[batch[a]], 0) < s.LatestStart(&rs[batch[b]], 0)
+				return s.size(&rs[batch[a]]) > s.size(&rs[batch[b]])
 			})
 		}
 		for _, i := range batch {
