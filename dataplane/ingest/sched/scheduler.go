@@ -725,8 +725,39 @@ func (s *Scheduler) earliest(prof []int, now time.Duration) (int, mig.Placement,
 			continue
 		}
 		g := cs.gpus[idx]
-		st, _ := s.soonestOn(g, p)
-		bestG, bestPl, best = g, mig.Placement{Profile: p, Start: st}, t
+		bestG, bestPl, best = g, mig.Placement{Profile: p, Start: s.quietStart(g, p, t)}, t
 	}
 	return bestG, bestPl, max(best, now), bestG >= 0
+}
+
+// quietStart returns, among the starts of profile p that free on GPU g at
+// time t, the one that leaves the GPU least fragmented at t.
+func (s *Scheduler) quietStart(g, p int, t time.Duration) int {
+	gs := &s.gpus[g]
+	cs := &s.cards[gs.card]
+	pr := &cs.card.Profiles[p]
+	// The GPU as it will be at t: slices still busy or reserved then.
+	state := s.state(g) & meBit
+	for i := 0; i < mig.MemorySlices; i++ {
+		if gs.ends[i] > t || (gs.resv&(1<<i) != 0 && gs.resvEnd[i] > t) {
+			state |= 1 << i
+		}
+	}
+	best, bestF := -1, 0.0
+	for _, st := range pr.Starts {
+		tt := time.Duration(0)
+		for i := st; i < st+pr.MemSlices; i++ {
+			tt = max(tt, gs.ends[i])
+			if gs.resv&(1<<i) != 0 {
+				tt = max(tt, gs.resvEnd[i])
+			}
+		}
+		if tt != t {
+			continue
+		}
+		if f := cs.frag[state|int(pr.Mask(st))]; best < 0 || f < bestF-1e-9 {
+			best, bestF = st, f
+		}
+	}
+	return best
 }
