@@ -41,8 +41,9 @@ type reservation struct {
 	gpu  int
 	pl   mig.Placement
 	mask uint8
-	at   time.Duration // expected start
-	end  time.Duration // expected end
+	at     time.Duration // expected start
+	end    time.Duration // expected end
+	latest time.Duration // its latest start: it may yield to backfill until then
 }
 
 type gpuState struct {
@@ -265,6 +266,13 @@ func (s *Scheduler) Place(r *Request, now time.Duration) (Assignment, error) {
 		g, start = s.chooseLovelock(prof, false)
 		if g < 0 && len(s.waiting) > 0 {
 			g, start = s.backfill(prof, r, now)
+			if g >= 0 {
+				a, err := s.commit(g, mig.Placement{Profile: prof[s.gpus[g].card], Start: start}, r, now)
+				if err == nil {
+					s.yield(g, a.Placement, a.End)
+				}
+				return a, err
+			}
 		}
 		if g < 0 {
 			// Wait, holding the slices, when a slot frees on a GPU in
@@ -274,7 +282,7 @@ func (s *Scheduler) Place(r *Request, now time.Duration) (Assignment, error) {
 				// arrive while this request waits.
 				limit := latest - time.Duration(s.cfg.WaitMargin*float64(latest-now))
 				if g, pl, t, ok := s.earliest(prof, now); ok && t <= limit {
-					s.reserve(r.ID, g, pl, t, r.Duration)
+					s.reserve(r.ID, g, pl, t, r.Duration, latest)
 					return Assignment{}, fmt.Errorf("request %d: GPU %d slot %d frees at %v, before its latest start %v: %w", r.ID, g, pl.Start, t, latest, ErrWait)
 				}
 			}
@@ -284,7 +292,7 @@ func (s *Scheduler) Place(r *Request, now time.Duration) (Assignment, error) {
 				// behind the soonest slot anyway, or requests that can
 				// still wait would take every slot ahead of this one.
 				if wg, pl, t, ok := s.earliest(prof, now); ok {
-					s.reserve(r.ID, wg, pl, t, r.Duration)
+					s.reserve(r.ID, wg, pl, t, r.Duration, s.LatestStart(r, now))
 					return Assignment{}, fmt.Errorf("request %d: queued behind GPU %d slot %d, free at %v: %w", r.ID, wg, pl.Start, t, ErrNoCapacity)
 				}
 			}
@@ -328,9 +336,9 @@ func (s *Scheduler) ReservedAt(id uint64) (time.Duration, bool) {
 // (the client gave up), freeing the slices reserved for it.
 func (s *Scheduler) Withdraw(id uint64) { s.unreserve(id) }
 
-func (s *Scheduler) reserve(id uint64, g int, pl mig.Placement, at time.Duration, dur time.Duration) {
+func (s *Scheduler) reserve(id uint64, g int, pl mig.Placement, at, dur, latest time.Duration) {
 	m := s.cards[s.gpus[g].card].card.Profiles[pl.Profile].Mask(pl.Start)
-	s.waiting[id] = reservation{gpu: g, pl: pl, mask: m, at: at, end: at + s.cfg.Reconfig + dur}
+	s.waiting[id] = reservation{gpu: g, pl: pl, mask: m, at: at, end: at + s.cfg.Reconfig + dur, latest: latest}
 	s.gpus[g].resvIDs = append(s.gpus[g].resvIDs, id)
 	s.resummarise(g)
 }
@@ -376,9 +384,53 @@ func (s *Scheduler) queuedAhead(id uint64, rv reservation) bool {
 	return false
 }
 
+// yields reports whether work on slices m of GPU g until end leaves every
+// waiting request there on time: it ends before they start, or the one
+// request reserved there (with nobody queued behind it) can start later and
+// still by its latest start.
+func (s *Scheduler) yields(g int, m uint8, end time.Duration) bool {
+	gs := &s.gpus[g]
+	for _, id := range gs.resvIDs {
+		rv := s.waiting[id]
+		if rv.mask&m == 0 || end <= rv.at {
+			continue
+		}
+		if end > rv.latest {
+			return false
+		}
+		for _, o := range gs.resvIDs {
+			if o != id && s.waiting[o].mask&rv.mask != 0 {
+				return false // a chain: shifting one would shift the others
+			}
+		}
+	}
+	return true
+}
+
+// yield moves the waiting requests on GPU g whose slices overlap pl's until
+// end, when the backfilled work there is expected to end.
+func (s *Scheduler) yield(g int, pl mig.Placement, end time.Duration) {
+	gs := &s.gpus[g]
+	m := s.cards[gs.card].card.Profiles[pl.Profile].Mask(pl.Start)
+	moved := false
+	for _, id := range gs.resvIDs {
+		rv := s.waiting[id]
+		if rv.mask&m != 0 && end > rv.at {
+			rv.end += end - rv.at
+			rv.at = end
+			s.waiting[id] = rv
+			moved = true
+		}
+	}
+	if moved {
+		s.resummarise(g)
+	}
+}
+
 // backfill finds a GPU in use where the request fits now in slices that are
 // free of instances, using reserved slices only if it ends before their
-// waiting request starts (EASY backfilling).
+// waiting request starts (EASY backfilling) or that request can yield
+// (yields).
 func (s *Scheduler) backfill(prof []int, r *Request, now time.Duration) (int, int) {
 	end := now + s.cfg.Reconfig + r.Duration
 	for wi, w := range s.resvGPUs.words {
@@ -404,18 +456,11 @@ func (s *Scheduler) backfillWord(prof []int, wi int, w uint64, end time.Duration
 		if gs.me && pr.Max == 1 && pr.MemSlices == 1 {
 			continue
 		}
-	starts:
 		for _, st := range pr.Starts {
 			m := pr.Mask(st)
-			if m&gs.st.Used() != 0 {
-				continue
+			if m&gs.st.Used() == 0 && s.yields(g, m, end) {
+				return g, st
 			}
-			for i := st; i < st+pr.MemSlices; i++ {
-				if gs.resv&(1<<i) != 0 && end > gs.resvAt[i] {
-					continue starts
-				}
-			}
-			return g, st
 		}
 	}
 	return -1, 0
