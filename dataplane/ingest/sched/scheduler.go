@@ -38,9 +38,9 @@ type cardState struct {
 // reservation holds the slices a waiting request will take when the
 // instances on them end; nothing else is placed there meanwhile.
 type reservation struct {
-	gpu  int
-	pl   mig.Placement
-	mask uint8
+	gpu    int
+	pl     mig.Placement
+	mask   uint8
 	at     time.Duration // expected start
 	end    time.Duration // expected end
 	latest time.Duration // its latest start: it may yield to backfill until then
