@@ -257,3 +257,44 @@ func TestLateRequestQueuesBehindSoonestSlot(t *testing.T) {
 	}
 	checkState(t, s)
 }
+
+// TestBackfillYields: a request may run on slices reserved for a waiting
+// request if it ends before that one starts, or if the waiting request can
+// start later and still make its latest start; its reservation then moves.
+func TestBackfillYields(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		dur    time.Duration
+		placed bool
+		at     time.Duration // the waiting request's expected start after
+	}{
+		{"ends before the reservation", 5 * time.Second, true, 10 * time.Second},
+		{"reservation yields", 15 * time.Second, true, 15 * time.Second},
+		{"would push it past its latest start", 35 * time.Second, false, 10 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := New(Config{Policy: Lovelock, Fleet: []Fleet{{"H100-80GB", 1}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Place(&Request{ID: 1, Profile: "4g.40gb", Duration: 10 * time.Second}, 0); err != nil {
+				t.Fatal(err)
+			}
+			whole := &Request{ID: 2, Profile: "7g.80gb", Duration: 10 * time.Second, Deadline: 40 * time.Second}
+			if _, err := s.Place(whole, 0); !errors.Is(err, ErrWait) {
+				t.Fatalf("whole-GPU request: %v, want ErrWait", err)
+			}
+			a, err := s.Place(&Request{ID: 3, Profile: "3g.40gb", Duration: tc.dur, Deadline: tc.dur}, 0)
+			if tc.placed != (err == nil) {
+				t.Fatalf("3g for %v: %+v, %v", tc.dur, a, err)
+			}
+			if tc.placed && a.Placement.Start != 4 {
+				t.Fatalf("3g at slot %d, want 4", a.Placement.Start)
+			}
+			if at, ok := s.ReservedAt(2); !ok || at != tc.at {
+				t.Fatalf("waiting request expected at %v (%v), want %v", at, ok, tc.at)
+			}
+			checkState(t, s)
+		})
+	}
+}
