@@ -93,10 +93,10 @@ func TestHeuristicNeverBeatsOptimum(t *testing.T) {
 		}
 	}
 	// bench-sched measures the gap on 1000 instances (docs/scheduling.md):
-	// about 17 % on instances like these (this sample: 17.3 %), far from the
-	// issue's 5 % target. The sample must not get worse than that.
-	if mean := sumGap / float64(len(ins)); mean > 0.20 {
-		t.Fatalf("lovelock's mean gap to the optimum %.1f%% over %d instances, measured about 17%%", 100*mean, len(ins))
+	// about 12.5 % on instances like these (this sample: 13.3 %), short of
+	// the 5 % target. The sample must not get worse than that.
+	if mean := sumGap / float64(len(ins)); mean > 0.16 {
+		t.Fatalf("lovelock's mean gap to the optimum %.1f%% over %d instances, measured about 13%%", 100*mean, len(ins))
 	}
 	t.Logf("lovelock's mean gap to the optimum: %.1f%% over %d instances", 100*sumGap/float64(len(ins)), len(ins))
 }
