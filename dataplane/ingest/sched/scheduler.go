@@ -9,8 +9,10 @@ import (
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/mig"
 )
 
-// Placer is what the ingest agent calls on its request path: Place for each
-// arrival, Release for each completion. *Scheduler implements it.
+// Placer is the scheduler's decision interface: Place for each arrival,
+// Release for each completion. *Scheduler implements it. The ingest agent
+// (not built yet) should drive a Dispatcher, which adds the queue of
+// requests that found no room or were told to wait, and retries them.
 type Placer interface {
 	Place(r *Request, now time.Duration) (Assignment, error)
 	Release(id uint64) error
@@ -330,6 +332,13 @@ func (s *Scheduler) Waiting(id uint64) bool {
 func (s *Scheduler) ReservedAt(id uint64) (time.Duration, bool) {
 	rv, ok := s.waiting[id]
 	return rv.at, ok
+}
+
+// reservedBusy reports whether request id holds a reservation whose slices
+// still hold instances.
+func (s *Scheduler) reservedBusy(id uint64) bool {
+	rv, ok := s.waiting[id]
+	return ok && s.gpus[rv.gpu].st.Used()&rv.mask != 0
 }
 
 // Withdraw forgets a request that was told to wait and will not be placed

@@ -3,6 +3,7 @@ package sched
 import (
 	"container/heap"
 	"errors"
+	"math"
 	"slices"
 	"sort"
 	"time"
@@ -53,7 +54,6 @@ type SimOptions struct {
 type event struct {
 	t  time.Duration
 	id uint64
-	i  int // request index
 }
 
 type eventHeap []event
@@ -71,16 +71,16 @@ func (h *eventHeap) Pop() any {
 	return x
 }
 
-// Simulate replays reqs through a scheduler of cfg: each arrival is placed or
-// queued; completions release their instance and retry the queue in arrival
-// order (every policy alike, so that only placement differs); a request
-// Lovelock told to wait is also retried at its latest start. Apart from the
-// measured latencies the result is deterministic.
+// Simulate replays reqs through a Dispatcher of cfg, as the ingest agent
+// would drive it: arrivals at their time (those arriving together in one
+// batch), completions at their instance's end, and the dispatcher's timers.
+// Apart from the measured latencies the result is deterministic.
 func Simulate(cfg Config, reqs []Request, opt SimOptions) (Result, error) {
-	s, err := New(cfg)
+	d, err := NewDispatcher(cfg)
 	if err != nil {
 		return Result{}, err
 	}
+	s := d.Scheduler()
 	if opt.Weights == (Weights{}) {
 		opt.Weights = DefaultWeights()
 	}
@@ -91,17 +91,16 @@ func Simulate(cfg Config, reqs []Request, opt SimOptions) (Result, error) {
 		res.Assignment = map[uint64]Assignment{}
 	}
 	var (
-		done, timers eventHeap
-		queue        []int // request indices waiting
-		batch        []int // request indices arriving now
-		lat          []int64
-		started      = make([]bool, len(rs))
-		used         = make([]bool, s.GPUs())
-		last         time.Duration
-		gpuTime      float64 // GPU·seconds
-		shareTime    float64 // share·seconds (thousandths)
-		fragTime     float64 // free-slice fraction·GPU·seconds
+		done      eventHeap
+		batch     []*Request
+		lat       []int64
+		used      = make([]bool, s.GPUs())
+		last      time.Duration
+		gpuTime   float64 // GPU·seconds
+		shareTime float64 // share·seconds (thousandths)
+		fragTime  float64 // free-slice fraction·GPU·seconds
 	)
+	d.OnDecision = func(dt time.Duration) { lat = append(lat, dt.Nanoseconds()) }
 	advance := func(t time.Duration) {
 		if dt := (t - last).Seconds(); dt > 0 {
 			gpuTime += float64(s.InUse()) * dt
@@ -112,17 +111,8 @@ func Simulate(cfg Config, reqs []Request, opt SimOptions) (Result, error) {
 		}
 		last = t
 	}
-	place := func(i int, now time.Duration, timed bool) error {
-		r := &rs[i]
-		t0 := time.Now()
-		a, err := s.Place(r, now)
-		if timed {
-			lat = append(lat, time.Since(t0).Nanoseconds())
-		}
-		if err != nil {
-			return err
-		}
-		started[i] = true
+	placed := func(p Placed) {
+		r, a := p.Request, p.Assignment
 		used[a.GPU] = true
 		res.Placed++
 		res.PeakInUse = max(res.PeakInUse, s.InUse())
@@ -133,127 +123,55 @@ func Simulate(cfg Config, reqs []Request, opt SimOptions) (Result, error) {
 		if opt.Assignments {
 			res.Assignment[r.ID] = a
 		}
-		heap.Push(&done, event{t: a.End, id: r.ID, i: i})
-		return nil
+		heap.Push(&done, event{t: a.End, id: r.ID})
 	}
 	record := func(t time.Duration) {
 		if opt.Series && (len(res.Series) == 0 || res.Series[len(res.Series)-1].InUse != s.InUse()) {
 			res.Series = append(res.Series, Point{T: t, InUse: s.InUse()})
 		}
 	}
-	// Requests that ask alike share a key: once one finds no room in a
-	// retry round, the others of its key do not try.
-	keys, nkeys := requestKeys(rs)
-	full := make([]int, nkeys) // round in which the key found no room
-	round := 0
-	retry := func(now time.Duration) error {
-		round++
-		nfull := 0
-		kept := queue[:0]
-		for qi, i := range queue {
-			if nfull == nkeys && len(s.waiting) == 0 {
-				kept = append(kept, queue[qi:]...)
-				break
-			}
-			// A request holding a reservation is due only from its expected
-			// start (ends are exact here); before that it would only hear
-			// ErrWait again. It may go where its key-mates found no room.
-			if at, ok := s.ReservedAt(rs[i].ID); ok && at > now {
-				kept = append(kept, i)
-				continue
-			}
-			if full[keys[i]] == round && !s.Waiting(rs[i].ID) {
-				kept = append(kept, i)
-				continue
-			}
-			err := place(i, now, false)
-			switch {
-			case err == nil:
-			case errors.Is(err, ErrNoCapacity):
-				if full[keys[i]] != round {
-					full[keys[i]] = round
-					nfull++
-				}
-				kept = append(kept, i)
-			case errors.Is(err, ErrWait):
-				kept = append(kept, i)
-				heap.Push(&timers, event{t: s.LatestStart(&rs[i], now), id: rs[i].ID, i: i})
-			default:
-				return err
-			}
-		}
-		queue = kept
-		return nil
-	}
 	next := 0
-	for next < len(rs) || done.Len() > 0 || (timers.Len() > 0 && len(queue) > 0) {
-		t := time.Duration(1<<63 - 1)
+	for {
+		t := time.Duration(math.MaxInt64)
 		if next < len(rs) {
 			t = rs[next].Arrival
 		}
 		if done.Len() > 0 && done[0].t < t {
 			t = done[0].t
 		}
-		if timers.Len() > 0 && timers[0].t < t {
-			t = timers[0].t
+		if tt, ok := d.NextTimer(); ok && tt < t && len(d.Queued()) > 0 {
+			t = tt
+		}
+		if t == math.MaxInt64 {
+			break
 		}
 		advance(t)
-		changed := false
 		for done.Len() > 0 && done[0].t <= t {
 			e := heap.Pop(&done).(event)
-			if err := s.Release(e.id); err != nil {
+			if err := d.Complete(t, e.id, placed); err != nil {
 				return res, err
 			}
-			changed = true
 		}
-		for timers.Len() > 0 && timers[0].t <= t {
-			heap.Pop(&timers)
-			changed = true
-		}
-		if changed && len(queue) > 0 {
-			if err := retry(t); err != nil {
-				return res, err
-			}
+		if err := d.Tick(t, placed); err != nil {
+			return res, err
 		}
 		batch = batch[:0]
 		for next < len(rs) && rs[next].Arrival <= t {
-			batch = append(batch, next)
+			batch = append(batch, &rs[next])
 			next++
 		}
-		if cfg.Policy == Lovelock && len(batch) > 1 {
-			// Requests that arrive together are placed tightest deadline
-			// first (a request with slack can wait for one without), largest
-			// first among equals (first-fit decreasing).
-			sort.SliceStable(batch, func(a, b int) bool {
-				la, lb := s.LatestStart(&rs[batch[a]], 0), s.LatestStart(&rs[batch[b]], 0)
-				if la != lb {
-					return la < lb
-				}
-				return s.size(&rs[batch[a]]) > s.size(&rs[batch[b]])
-			})
+		refused, err := d.Arrive(t, batch, placed)
+		if err != nil {
+			return res, err
 		}
-		for _, i := range batch {
-			err := place(i, t, true)
-			switch {
-			case err == nil:
-			case errors.Is(err, ErrUnfit):
-				res.Rejected++
-			case errors.Is(err, ErrWait):
-				queue = append(queue, i)
-				heap.Push(&timers, event{t: s.LatestStart(&rs[i], t), id: rs[i].ID, i: i})
-			case errors.Is(err, ErrNoCapacity):
-				queue = append(queue, i)
-			default:
-				return res, err
-			}
-		}
+		res.Rejected += len(refused)
 		record(t)
 	}
-	for _, i := range queue {
+	for _, r := range d.Queued() {
 		res.Unserved++
-		if !started[i] && rs[i].Deadline != 0 {
+		if r.Deadline != 0 {
 			res.Misses++
-			if p, err := s.resolve(&rs[i]); err == nil {
+			if p, err := s.resolve(r); err == nil {
 				for ci, pi := range p {
 					if pi >= 0 {
 						res.MissSize += s.cards[ci].card.Profiles[pi].MemSlices
@@ -285,21 +203,6 @@ type requestKey struct {
 	compute    int
 	mem        int
 	media      bool
-}
-
-func requestKeys(rs []Request) ([]int, int) {
-	ids := map[requestKey]int{}
-	keys := make([]int, len(rs))
-	for i, r := range rs {
-		k := requestKey{r.Profile, r.Throughput, r.Compute, r.MemGB, r.Media}
-		id, ok := ids[k]
-		if !ok {
-			id = len(ids)
-			ids[k] = id
-		}
-		keys[i] = id
-	}
-	return keys, len(ids)
 }
 
 func latencyStats(lat []int64) (mean, p99 float64) {
