@@ -80,6 +80,14 @@ func TestSchedSimulate(t *testing.T) {
 	if err := xml.Unmarshal(svg, new(struct{})); err != nil {
 		t.Fatalf("plot is not XML: %v", err)
 	}
+	nodes := filepath.Join(dir, "nodes.csv")
+	if err := os.WriteFile(nodes, []byte("sn,cpu_milli,memory_mib,gpu,model\nn0,32000,262144,0,\nn1,96000,786432,8,G2\nn2,64000,262144,2,T4\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err = runSchedCmd(t, "simulate", "--trace", pods, "--nodes", nodes, "--card", "A100-80GB", "--policy", "bestfit,lovelock")
+	if err != nil || !strings.Contains(out, "; 10 GPUs") || strings.Contains(out, "naive") {
+		t.Fatalf("--nodes: %v\n%s", err, out)
+	}
 	out, err = runSchedCmd(t, "simulate", "--trace", pods, "--policy", "lovelock", "--output", "json")
 	if err != nil {
 		t.Fatal(err)
