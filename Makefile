@@ -28,9 +28,10 @@ GO_BOOTSTRAP := go1.26.8
 
 # Debian packages the project needs: clang/llvm/libbpf-dev/linux-libc-dev
 # build the BPF objects; iproute2, bpftool and tcpdump are for people
-# inspecting the testbed; git and ca-certificates fetch Go modules.
+# inspecting the testbed; git and ca-certificates fetch Go modules;
+# coinor-cbc is the MILP solver the scheduler's exact solver is checked against.
 APT_PACKAGES := clang llvm libbpf-dev linux-libc-dev iproute2 bpftool tcpdump \
-	iputils-ping git make ca-certificates
+	iputils-ping git make ca-certificates coinor-cbc
 
 .PHONY: help
 help: ## list the targets
@@ -108,6 +109,10 @@ bench-msg: ## messaging throughput on its own netns testbed (root): one datagram
 bench-mem: ## far memory on its own netns testbed (root): chunk reads and writes direct vs through the DPU agent, host CPU per GiB, fault-in through the mapping
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/lovelockd ./appliance/cmd/lovelockd
 	$(GO) run ./appliance/cmd/bench-mem -lovelockd $(BIN)/lovelockd $(BENCH_MEM_FLAGS)
+
+.PHONY: bench-sched
+bench-sched: ## MIG scheduling policies: GPU-hours, allocation rate, gap to the exact optimum, decisions/s (~1 min)
+	$(GO) run ./dataplane/ingest/sched/cmd/bench-sched $(BENCH_SCHED_FLAGS)
 
 .PHONY: bench-steer
 bench-steer: ## per-packet cost of the steering classifier against an XDP_PASS floor (root)

@@ -37,6 +37,7 @@ func App(stdout, stderr io.Writer) *ucli.App {
 			imageCommand(),
 			testbedCommand(),
 			planCommand(),
+			schedCommand(),
 		},
 		Action: func(c *ucli.Context) error {
 			if c.Args().Present() {

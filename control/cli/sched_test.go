@@ -1,0 +1,129 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"encoding/xml"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	ucli "github.com/urfave/cli/v2"
+)
+
+// runSchedCmd runs `lovelock sched args...` in-process.
+func runSchedCmd(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var buf bytes.Buffer
+	app := &ucli.App{Name: "lovelock", Commands: []*ucli.Command{schedCommand()}, Writer: &buf, ErrWriter: &buf,
+		ExitErrHandler: func(*ucli.Context, error) {}}
+	err := app.Run(append([]string{"lovelock", "sched"}, args...))
+	return buf.String(), err
+}
+
+func TestSchedHelp(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"layout", "--help"}, {"simulate", "--help"}, {"synth", "--help"}} {
+		out, err := runSchedCmd(t, args...)
+		if err != nil || !strings.Contains(out, "USAGE") {
+			t.Errorf("%v: %v\n%s", args, err, out)
+		}
+	}
+}
+
+func TestSchedLayout(t *testing.T) {
+	out, err := runSchedCmd(t, "layout", "--card", "H100-80GB", "--all", "--output", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var layouts []layoutJSON
+	if err := json.Unmarshal([]byte(out), &layouts); err != nil {
+		t.Fatal(err)
+	}
+	if len(layouts) != 2318 {
+		t.Fatalf("%d layouts, want 2318", len(layouts))
+	}
+	out, err = runSchedCmd(t, "layout", "--card", "A100-40GB")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"2318 feasible layouts, 239 maximal", "AAAABBBB   6/7      3g.20gb@0 3g.20gb@4", "1g.5gb+me"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("layout output lacks %q", want)
+		}
+	}
+	if _, err := runSchedCmd(t, "layout", "--card", "V100"); err == nil || !strings.Contains(err.Error(), "want one of") {
+		t.Fatalf("unknown card: %v", err)
+	}
+}
+
+func TestSchedSimulate(t *testing.T) {
+	dir := t.TempDir()
+	pods := filepath.Join(dir, "pods.csv")
+	if _, err := runSchedCmd(t, "synth", "--out", pods, "--pods", "400", "--mix", "small", "--seed", "3"); err != nil {
+		t.Fatal(err)
+	}
+	plot := filepath.Join(dir, "gpus.svg")
+	out, err := runSchedCmd(t, "simulate", "--trace", pods, "--gpus", "64xH100-80GB", "--plot", plot)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, want := range []string{"400 pods → 400 requests", "naive", "firstfit", "bestfit", "lovelock", "GPU-HOURS"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("simulate output lacks %q:\n%s", want, out)
+		}
+	}
+	svg, err := os.ReadFile(plot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := xml.Unmarshal(svg, new(struct{})); err != nil {
+		t.Fatalf("plot is not XML: %v", err)
+	}
+	nodes := filepath.Join(dir, "nodes.csv")
+	if err := os.WriteFile(nodes, []byte("sn,cpu_milli,memory_mib,gpu,model\nn0,32000,262144,0,\nn1,96000,786432,8,G2\nn2,64000,262144,2,T4\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err = runSchedCmd(t, "simulate", "--trace", pods, "--nodes", nodes, "--card", "A100-80GB", "--policy", "bestfit,lovelock")
+	if err != nil || !strings.Contains(out, "; 10 GPUs") || strings.Contains(out, "naive") {
+		t.Fatalf("--nodes: %v\n%s", err, out)
+	}
+	out, err = runSchedCmd(t, "simulate", "--trace", pods, "--policy", "lovelock", "--output", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		Results []struct {
+			Policy   string
+			GPUHours float64
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil || len(res.Results) != 1 || res.Results[0].GPUHours <= 0 {
+		t.Fatalf("json: %v %+v\n%s", err, res, out)
+	}
+}
+
+func TestSchedSimulateErrors(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.csv")
+	os.WriteFile(bad, []byte("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"+
+		"p0,1,1,1,100,,LS,Running,0,10,0\np1,1,1,1,x,,LS,Running,0,10,0\n"), 0o644)
+	nodes := filepath.Join(dir, "nodes.csv")
+	os.WriteFile(nodes, []byte("sn,cpu_milli,memory_mib,gpu,model\nn0,1,1,8,G2\n"), 0o644)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"simulate", "--trace", bad}, "line 3: column gpu_milli"},
+		{[]string{"simulate", "--trace", bad, "--gpus", "lots"}, "want COUNTxCARD"},
+		{[]string{"simulate", "--trace", bad, "--gpus", "8xH100-80GB", "--nodes", nodes}, "not both"},
+		{[]string{"simulate", "--trace", bad, "--policy", "random"}, "unknown policy"},
+		{[]string{"simulate", "--trace", filepath.Join(dir, "none.csv")}, "no such file"},
+		{[]string{"synth", "--out", "-", "--mix", "abc"}, "--mix"},
+	} {
+		_, err := runSchedCmd(t, tc.args...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}

@@ -1,0 +1,168 @@
+package sched
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/mig"
+)
+
+// Instance is a small scheduling problem in whole time units: eq. 1 with the
+// real MIG geometry. Every job must run once, on one GPU, in one instance of
+// its profile at an allowed start slot, from a start time ≥ its release for
+// its duration; instances on a GPU whose lifetimes overlap must not share
+// memory slices. The cost is Weights.GPU per GPU used at all plus
+// Weights.MissPerSlice per memory slice of every job finishing after its
+// deadline.
+type Instance struct {
+	Card    mig.Card
+	GPUs    int
+	Jobs    []Job
+	Weights Weights
+}
+
+// Job is one request of an Instance.
+type Job struct {
+	Profile  int // index into Card.Profiles; media-extension profiles are not supported
+	Release  int
+	Duration int // ≥ 1
+	Deadline int
+}
+
+// Slot is where and when the solver runs a job.
+type Slot struct {
+	GPU, Start, Time int
+}
+
+// horizon bounds every start time worth considering: all jobs one after the
+// other after the last release.
+func (in *Instance) horizon() int {
+	h := 0
+	for _, j := range in.Jobs {
+		h = max(h, j.Release)
+	}
+	for _, j := range in.Jobs {
+		h += j.Duration
+	}
+	return h
+}
+
+func (in *Instance) check() error {
+	if in.GPUs <= 0 || in.GPUs > 64 {
+		return fmt.Errorf("instance: %d GPUs, want 1..64", in.GPUs)
+	}
+	for i, j := range in.Jobs {
+		if j.Profile < 0 || j.Profile >= len(in.Card.Profiles) {
+			return fmt.Errorf("instance: job %d: profile %d: %w", i, j.Profile, mig.ErrNoProfile)
+		}
+		if p := in.Card.Profiles[j.Profile]; p.Max == 1 && p.MemSlices == 1 {
+			return fmt.Errorf("instance: job %d: media-extension profile %s not supported by the exact solver", i, p.Name)
+		}
+		if j.Duration < 1 || j.Release < 0 {
+			return fmt.Errorf("instance: job %d: duration %d, release %d: want duration ≥ 1, release ≥ 0", i, j.Duration, j.Release)
+		}
+	}
+	return nil
+}
+
+// Cost returns the objective of a schedule, and an error if it breaks a
+// constraint. It is the one judge of the exact solver, CBC's answer and the
+// heuristic.
+func (in *Instance) Cost(sched []Slot) (int, error) {
+	if len(sched) != len(in.Jobs) {
+		return 0, fmt.Errorf("schedule has %d jobs, instance %d", len(sched), len(in.Jobs))
+	}
+	used := map[int]bool{}
+	cost := 0
+	for i, a := range sched {
+		j := in.Jobs[i]
+		p := in.Card.Profiles[j.Profile]
+		if err := in.Card.Check(mig.Placement{Profile: j.Profile, Start: a.Start}, 0, nil); err != nil {
+			return 0, fmt.Errorf("job %d: %w", i, err)
+		}
+		if a.GPU < 0 || a.GPU >= in.GPUs || a.Time < j.Release {
+			return 0, fmt.Errorf("job %d: GPU %d time %d: outside the fleet or before release %d", i, a.GPU, a.Time, j.Release)
+		}
+		for k := 0; k < i; k++ {
+			b, jk := sched[k], in.Jobs[k]
+			if b.GPU == a.GPU && p.Mask(a.Start)&in.Card.Profiles[jk.Profile].Mask(b.Start) != 0 &&
+				a.Time < b.Time+jk.Duration && b.Time < a.Time+j.Duration {
+				return 0, fmt.Errorf("jobs %d and %d overlap on GPU %d", k, i, a.GPU)
+			}
+		}
+		used[a.GPU] = true
+		if a.Time+j.Duration > j.Deadline {
+			cost += in.Weights.MissPerSlice * p.MemSlices
+		}
+	}
+	return cost + in.Weights.GPU*len(used), nil
+}
+
+// Requests returns the jobs as requests, one time unit a second.
+func (in *Instance) Requests() []Request {
+	rs := make([]Request, len(in.Jobs))
+	for i, j := range in.Jobs {
+		rs[i] = Request{ID: uint64(i + 1), Profile: in.Card.Profiles[j.Profile].Name,
+			Arrival: time.Duration(j.Release) * time.Second, Duration: time.Duration(j.Duration) * time.Second,
+			Deadline: time.Duration(j.Deadline) * time.Second}
+	}
+	return rs
+}
+
+// Heuristic runs the instance through the simulator with policy p and
+// returns its schedule, checked and costed by Cost.
+func (in *Instance) Heuristic(p Policy) (int, []Slot, error) {
+	res, err := Simulate(Config{Policy: p, Fleet: []Fleet{{Card: in.Card.Name, Count: in.GPUs}}},
+		in.Requests(), SimOptions{Assignments: true, Weights: in.Weights})
+	if err != nil {
+		return 0, nil, err
+	}
+	sched := make([]Slot, len(in.Jobs))
+	for i := range in.Jobs {
+		a, ok := res.Assignment[uint64(i+1)]
+		if !ok {
+			return 0, nil, fmt.Errorf("%s left job %d unplaced", p, i)
+		}
+		if p == Naive {
+			return 0, nil, fmt.Errorf("naive changes the jobs' profiles; its schedule is not one of the instance")
+		}
+		sched[i] = Slot{GPU: a.GPU, Start: a.Placement.Start, Time: int(a.Start / time.Second)}
+	}
+	cost, err := in.Cost(sched)
+	if err != nil {
+		return 0, nil, fmt.Errorf("%s: infeasible schedule: %w", p, err)
+	}
+	return cost, sched, nil
+}
+
+// GenOptions shape random small instances.
+type GenOptions struct {
+	Card     string
+	Jobs     int
+	GPUs     int
+	Releases int // releases uniform in [0, Releases]
+	MaxDur   int // durations uniform in [1, MaxDur]
+	MaxSlack int // deadline = release + duration + uniform [0, MaxSlack]
+}
+
+// Generate returns a random instance, deterministic in rng.
+func Generate(rng *rand.Rand, o GenOptions) (Instance, error) {
+	c, err := mig.CardByName(o.Card)
+	if err != nil {
+		return Instance{}, err
+	}
+	in := Instance{Card: c, GPUs: o.GPUs, Weights: DefaultWeights()}
+	var profs []int
+	for i, p := range c.Profiles {
+		if !(p.Max == 1 && p.MemSlices == 1) {
+			profs = append(profs, i)
+		}
+	}
+	for range o.Jobs {
+		j := Job{Profile: profs[rng.IntN(len(profs))], Release: rng.IntN(o.Releases + 1), Duration: 1 + rng.IntN(o.MaxDur)}
+		j.Deadline = j.Release + j.Duration + rng.IntN(o.MaxSlack+1)
+		in.Jobs = append(in.Jobs, j)
+	}
+	return in, nil
+}

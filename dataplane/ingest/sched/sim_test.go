@@ -1,0 +1,95 @@
+package sched
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+func randomRequests(n int, seed uint64, slack float64) []Request {
+	rng := rand.New(rand.NewPCG(seed, 3))
+	profiles := []string{"1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"}
+	rs := make([]Request, n)
+	t := time.Duration(0)
+	for i := range rs {
+		t += time.Duration(rng.ExpFloat64() * float64(time.Second))
+		d := time.Duration(1+rng.IntN(120)) * time.Second
+		rs[i] = Request{ID: uint64(i + 1), Profile: profiles[rng.IntN(len(profiles))], Arrival: t, Duration: d}
+		if slack > 0 {
+			rs[i].Deadline = t + time.Duration(slack*float64(d))
+		}
+	}
+	return rs
+}
+
+// TestSimulateServesEverything: on an overloaded fleet every request still
+// runs in the end (none stuck behind a reservation), every GPU-hour is
+// accounted for, and no policy beats the work's lower bound.
+func TestSimulateServesEverything(t *testing.T) {
+	reqs := randomRequests(3000, 1, 2)
+	var work float64 // memory-slice hours / 8: no policy can use fewer GPU-hours
+	for _, r := range reqs {
+		slices := map[string]int{"1g.10gb": 1, "1g.20gb": 2, "2g.20gb": 2, "3g.40gb": 4, "4g.40gb": 4, "7g.80gb": 8}[r.Profile]
+		work += float64(slices) / 8 * r.Duration.Hours()
+	}
+	for _, gpus := range []int{8, 200} {
+		for _, p := range Policies() {
+			res, err := Simulate(Config{Policy: p, Fleet: []Fleet{{"H100-80GB", gpus}}}, reqs, SimOptions{Series: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Unserved != 0 || res.Placed != len(reqs) {
+				t.Errorf("%d GPUs, %s: %d placed, %d unserved of %d", gpus, p, res.Placed, res.Unserved, len(reqs))
+			}
+			if p != Naive && res.GPUHours < work*(1-1e-9) {
+				t.Errorf("%d GPUs, %s: %.2f GPU-hours below the work's %.2f", gpus, p, res.GPUHours, work)
+			}
+			if res.PeakInUse > gpus || len(res.Series) == 0 || res.Series[len(res.Series)-1].InUse != 0 {
+				t.Errorf("%d GPUs, %s: peak %d, series ends %+v", gpus, p, res.PeakInUse, res.Series[len(res.Series)-1])
+			}
+		}
+	}
+}
+
+// TestNaiveGPUHoursAreRunTimes: one whole GPU per request on an ample fleet
+// costs exactly the sum of the run times.
+func TestNaiveGPUHoursAreRunTimes(t *testing.T) {
+	reqs := randomRequests(500, 2, 0)
+	var sum float64
+	for _, r := range reqs {
+		sum += r.Duration.Hours()
+	}
+	res, err := Simulate(Config{Policy: Naive, Fleet: []Fleet{{"A100-80GB", 1000}}}, reqs, SimOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := res.GPUHours - sum; d > 1e-9 || d < -1e-9 || res.Misses != 0 {
+		t.Fatalf("naive: %.6f GPU-hours, %d misses; run times sum to %.6f", res.GPUHours, res.Misses, sum)
+	}
+}
+
+// TestReconfigDelaysStart: creating an instance takes Config.Reconfig; the
+// work starts that much later and can miss its deadline for it.
+func TestReconfigDelaysStart(t *testing.T) {
+	reqs := []Request{
+		{ID: 1, Profile: "3g.40gb", Arrival: 0, Duration: 10 * time.Second, Deadline: 12 * time.Second},
+		{ID: 2, Profile: "3g.40gb", Arrival: 0, Duration: 10 * time.Second, Deadline: 20 * time.Second},
+	}
+	res, err := Simulate(Config{Policy: BestFit, Fleet: []Fleet{{"H100-80GB", 1}}, Reconfig: 5 * time.Second}, reqs,
+		SimOptions{Assignments: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, a := range res.Assignment {
+		if a.Start != 5*time.Second || a.End != 15*time.Second {
+			t.Errorf("request %d: %v-%v, want 5s-15s", id, a.Start, a.End)
+		}
+	}
+	if res.Misses != 1 || res.MissSize != 4 {
+		t.Fatalf("%d misses (%d slices), want request 1 only (4 slices)", res.Misses, res.MissSize)
+	}
+	if want := 15.0 / 3600; math.Abs(res.GPUHours-want) > 1e-12 {
+		t.Fatalf("%.6f GPU-hours, want %.6f (the instances exist while they are created)", res.GPUHours, want)
+	}
+}
