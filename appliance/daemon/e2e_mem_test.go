@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -123,6 +125,92 @@ func TestFarMemory(t *testing.T) {
 	var host api.MemHostStats
 	if err := c.host.client().ServiceStats(ctx, "memhost", &host); err != nil || host.Client.Link.Requests == 0 {
 		t.Errorf("host0's host agent stats %+v, %v", host, err)
+	}
+}
+
+// TestFarMemoryAgentKilled: dpu0's lovelockd is SIGKILLed while writers on
+// host0 write through its agent, and started again. Every write either
+// fails with an error the writer sees or is acknowledged, and every
+// acknowledged write is on mem0 afterwards.
+func TestFarMemoryAgentKilled(t *testing.T) {
+	c := startMemCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const writers, perWriter, size = 4, 64, 64 << 10
+	var info farmem.RegionInfo
+	if err := c.mem.client().ServiceCall(ctx, http.MethodPost, "memserver", "regions",
+		api.MemCreate{Size: writers * perWriter * size, Writable: true}, &info); err != nil {
+		t.Fatal(err)
+	}
+	var cl *farmem.Client
+	if err := c.mem.spec.Run("host0", func() error {
+		var err error
+		cl, err = farmem.NewClient(farmem.ClientOptions{Server: netip.MustParseAddrPort("10.77.0.10:61440")})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	r, err := cl.Open(ctx, info.ID, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+
+	chunkOf := func(i int) []byte { return bytes.Repeat([]byte{byte(i), byte(i >> 8), 0xa5, 0x5a}, size/4) }
+	acked := make([][]bool, writers)
+	failed := 0
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	half := make(chan struct{})
+	var once sync.Once
+	for w := range writers {
+		acked[w] = make([]bool, perWriter)
+		wg.Go(func() {
+			for k := range perWriter {
+				if k == perWriter/4 {
+					once.Do(func() { close(half) })
+				}
+				i := w*perWriter + k
+				if _, err := r.WriteAt(chunkOf(i), int64(i)*size); err != nil {
+					mu.Lock()
+					failed++
+					mu.Unlock()
+					continue
+				}
+				acked[w][k] = true
+			}
+		})
+	}
+	<-half
+	c.dpu.stop(syscall.SIGKILL)
+	c.dpu.start()
+	wg.Wait()
+	var after farmem.AgentStats
+	if err := c.dpu.client().ServiceStats(ctx, "farmem", &after); err != nil || after.HostRequests == 0 {
+		t.Errorf("the restarted agent's stats %+v, %v: want the writes that waited for it", after, err)
+	}
+
+	got := make([]byte, size)
+	n := 0
+	for w := range writers {
+		for k := range perWriter {
+			if !acked[w][k] {
+				continue
+			}
+			n++
+			i := w*perWriter + k
+			if _, err := r.ReadAt(got, int64(i)*size); err != nil {
+				t.Fatalf("read chunk %d back: %v", i, err)
+			}
+			if !bytes.Equal(got, chunkOf(i)) {
+				t.Errorf("chunk %d was acknowledged but mem0 holds something else", i)
+			}
+		}
+	}
+	t.Logf("%d writes acknowledged, %d failed with an error while dpu0's lovelockd was down", n, failed)
+	if n == 0 {
+		t.Fatal("no write was acknowledged")
 	}
 }
 
