@@ -25,6 +25,8 @@ type bench struct {
 	spec    testbed.Spec
 	region  farmem.RegionInfo
 	cluster *cluster
+	// maxDatagram caps the requesters' datagrams (0: the default).
+	maxDatagram int
 }
 
 // client opens a far-memory client in host0 to server (mem0 directly, or
@@ -33,7 +35,7 @@ func (b *bench) client(server string) (*farmem.Client, error) {
 	var cl *farmem.Client
 	err := b.spec.Run("host0", func() error {
 		var err error
-		cl, err = farmem.NewClient(farmem.ClientOptions{Server: netip.MustParseAddrPort(server)})
+		cl, err = farmem.NewClient(farmem.ClientOptions{Config: farmem.Config{MaxDatagram: b.maxDatagram}, Server: netip.MustParseAddrPort(server)})
 		return err
 	})
 	return cl, err
@@ -283,8 +285,13 @@ func (b *bench) report(ctx context.Context, counts []int) error {
 	}
 	var st farmem.AgentStats
 	if err := b.cluster.dpu.client().ServiceStats(ctx, "farmem", &st); err == nil {
-		fmt.Printf("dpu0's agent: %d host requests in %d task batches (%.1f per batch), fabric retransmits %d, timeouts %d\n",
-			st.HostRequests, st.Batches, st.AvgBatch, st.Fabric.Retransmits, st.Fabric.Timeouts)
+		defer func() {
+			fmt.Printf("dpu0's lovelockd agent: %d host requests in %d task batches (%.1f per batch), fabric retransmits %d, timeouts %d\n",
+				st.HostRequests, st.Batches, st.AvgBatch, st.Fabric.Retransmits, st.Fabric.Timeouts)
+		}()
+	}
+	if *xdpRows {
+		return b.xdpCompare(ctx, counts[len(counts)-1])
 	}
 	return nil
 }
