@@ -1,8 +1,12 @@
 package service
 
 import (
+	"fmt"
 	"slices"
 	"sync"
+
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
 
 	"github.com/lovelock-dpu/lovelock/bpf"
 	"github.com/lovelock-dpu/lovelock/control/rules"
@@ -91,4 +95,36 @@ func Merge(reserved map[string][]rules.Rule) []rules.Rule {
 		out = append(out, reserved[n]...)
 	}
 	return out
+}
+
+// LoadProgram loads a steering program of its own (not pinned) and attaches
+// it in native XDP to each of ifaces, in the network namespace of the
+// calling thread; stop detaches and unloads it. It is for benches and tests
+// that run services without lovelockd.
+func LoadProgram(ifaces []string) (p *Program, stop func(), err error) {
+	s, err := bpf.Load(bpf.Options{})
+	if err != nil {
+		return nil, nil, err
+	}
+	var links []link.Link
+	stop = func() {
+		for _, l := range links {
+			_ = l.Close()
+		}
+		_ = s.Close()
+	}
+	for _, name := range ifaces {
+		l, err := netlink.LinkByName(name)
+		if err != nil {
+			stop()
+			return nil, nil, fmt.Errorf("interface %s: %w", name, err)
+		}
+		xl, err := s.AttachXDP(l.Attrs().Index, link.XDPDriverMode)
+		if err != nil {
+			stop()
+			return nil, nil, fmt.Errorf("attach XDP to %s: %w", name, err)
+		}
+		links = append(links, xl)
+	}
+	return &Program{Steer: s, Attached: slices.Clone(ifaces)}, stop, nil
 }

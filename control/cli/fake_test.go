@@ -63,17 +63,7 @@ func (f *fakeService) MsgStats() (messaging.Stats, error) {
 }
 
 func (f *fakeService) Services() ([]api.ServiceStatus, error) { return f.services, nil }
-func (f *fakeService) ServiceHandler(name string) http.Handler {
-	if name != "echo" {
-		return nil
-	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var in map[string]string
-		if api.ReadRequest(w, r, &in) {
-			api.Reply(w, map[string]string{"path": r.URL.Path, "got": in["say"]}, nil)
-		}
-	})
-}
+func (f *fakeService) ServiceHandler(string) http.Handler     { return nil }
 
 func (f *fakeService) ServiceStats(name string) (any, error) {
 	return nil, &api.NotFoundError{Err: errors.New("this node runs no " + name + " service")}

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"sync"
 
-	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 
 	"github.com/lovelock-dpu/lovelock/appliance/service"
@@ -121,23 +120,12 @@ func (x *xdpRun) setup(ctx context.Context) error {
 				return fmt.Errorf("add %s to dpu0's p0: %w", a, err)
 			}
 		}
-		s, err := bpf.Load(bpf.Options{})
+		p, stop, err := service.LoadProgram([]string{"pf0hpf", "p0"})
 		if err != nil {
 			return err
 		}
-		x.stop = append(x.stop, func() { s.Close() })
-		x.steer = &service.Program{Steer: s, Attached: []string{"pf0hpf", "p0"}}
-		for _, name := range []string{"pf0hpf", "p0"} {
-			l, err := netlink.LinkByName(name)
-			if err != nil {
-				return err
-			}
-			xl, err := s.AttachXDP(l.Attrs().Index, link.XDPDriverMode)
-			if err != nil {
-				return fmt.Errorf("attach XDP to %s: %w", name, err)
-			}
-			x.stop = append(x.stop, func() { xl.Close() })
-		}
+		x.steer = p
+		x.stop = append(x.stop, stop)
 		return nil
 	})
 	if err != nil {

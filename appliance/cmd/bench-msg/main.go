@@ -27,9 +27,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/cilium/ebpf/link"
-	"github.com/vishvananda/netlink"
-
 	"github.com/lovelock-dpu/lovelock/appliance/service"
 	"github.com/lovelock-dpu/lovelock/appliance/service/msgservice"
 	"github.com/lovelock-dpu/lovelock/bpf"
@@ -506,33 +503,20 @@ var xdpIfaces = []string{"pf0hpf", "p0"}
 // steering loads the steering program in dpu0 and dpu1 and attaches it.
 func (b *bench) steering() (stop func(), err error) {
 	b.steer = map[string]*service.Program{}
-	var links []link.Link
+	var stops []func()
 	stop = func() {
-		for _, l := range links {
-			_ = l.Close()
-		}
-		for _, p := range b.steer {
-			_ = p.Steer.Close()
+		for _, s := range stops {
+			s()
 		}
 	}
 	for _, dpu := range []string{"dpu0", "dpu1"} {
 		err := b.spec.Run(dpu, func() error {
-			s, err := bpf.Load(bpf.Options{})
+			p, s, err := service.LoadProgram(xdpIfaces)
 			if err != nil {
 				return err
 			}
-			b.steer[dpu] = &service.Program{Steer: s, Attached: xdpIfaces}
-			for _, name := range xdpIfaces {
-				l, err := netlink.LinkByName(name)
-				if err != nil {
-					return err
-				}
-				xl, err := s.AttachXDP(l.Attrs().Index, link.XDPDriverMode)
-				if err != nil {
-					return fmt.Errorf("attach XDP to %s: %w", name, err)
-				}
-				links = append(links, xl)
-			}
+			b.steer[dpu] = p
+			stops = append(stops, s)
 			return nil
 		})
 		if err != nil {
