@@ -1,8 +1,10 @@
 package attach
 
-// CrashAfterCommit makes upgrades stop right after their commit point, as
-// if the process died there, until the test ends.
-func CrashAfterCommit(tb interface{ Cleanup(func()) }) {
-	crashAfterCommit = func() bool { return true }
-	tb.Cleanup(func() { crashAfterCommit = nil })
+// SetCrashAfterCommit makes upgrades stop right after their commit point,
+// as if the process died there, while on is true.
+func SetCrashAfterCommit(on bool) {
+	crashAfterCommit = nil
+	if on {
+		crashAfterCommit = func() bool { return true }
+	}
 }

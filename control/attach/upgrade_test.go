@@ -399,3 +399,52 @@ rules:
 		return nil
 	})
 }
+
+// TestUpgradeInterrupted: an upgrade that fails before its commit point (the
+// rule set does not fill) leaves the old pins as they were, every hook on
+// the old programs; one that dies right after it leaves the new pins in
+// place with the hooks still on the old programs, and the next Open, by any
+// caller of this build, swaps them and removes what the dead one left.
+func TestUpgradeInterrupted(t *testing.T) {
+	dir := filepath.Join(testenv.BPFFS(t), "lovelock")
+	_, nsB, oldXDP := setup(t, dir)
+	testenv.InNetNS(t, nsB, func() error {
+		before := running(t, dir, "b")
+		_, err := attach.Open(attach.Options{Dir: dir, Upgrade: true, Fill: func(*bpf.Steer) error { return errors.New("no such interface") }})
+		if err == nil {
+			t.Fatal("upgrade with a failing fill succeeded")
+		}
+		if got := running(t, dir, "b"); fmt.Sprint(got) != fmt.Sprint(before) || got[attach.HookXDP] != oldXDP {
+			t.Errorf("after a failed upgrade b runs %v, want the old %v", got, before)
+		}
+		if left, _ := filepath.Glob(dir + "?*"); len(left) != 0 {
+			t.Errorf("a failed upgrade left %v", left)
+		}
+		if _, err := attach.Open(attach.Options{Dir: dir}); !errors.Is(err, bpf.ErrStale) {
+			t.Errorf("open after a failed upgrade: %v, want the old pins (ErrStale)", err)
+		}
+
+		attach.SetCrashAfterCommit(true)
+		_, err = attach.Open(attach.Options{Dir: dir, Upgrade: true})
+		attach.SetCrashAfterCommit(false)
+		if err == nil {
+			t.Fatal("crashed upgrade succeeded")
+		}
+		if got := running(t, dir, "b"); got[attach.HookXDP] != oldXDP {
+			t.Errorf("right after the commit point b runs %v, want the old XDP program %d still", got, oldXDP)
+		}
+		n, err := attach.Open(attach.Options{Dir: dir})
+		if err != nil {
+			t.Fatalf("open after a crash past the commit point: %v", err)
+		}
+		defer n.Close()
+		if n.Loaded || n.Upgraded == nil || len(n.Upgraded.Swapped) != 3 || len(n.Upgraded.Failed) != 0 {
+			t.Errorf("open after the crash: loaded=%v report=%+v, want adopted with 3 hooks swapped", n.Loaded, n.Upgraded)
+		}
+		wantNew(t, n, "b")
+		if left, _ := filepath.Glob(dir + "?*"); len(left) != 0 {
+			t.Errorf("the crashed upgrade's old pins are left: %v", left)
+		}
+		return nil
+	})
+}
