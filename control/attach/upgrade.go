@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -106,11 +107,14 @@ func (n *Node) upgrade(port uint16, fill func(*bpf.Steer) error, reason string) 
 			return fmt.Errorf("upgrade: fill the new maps: %w", err)
 		}
 	}
-	carried, err := carryCounters(n.dir, tmp)
+	counters, err := carryCounters(n.dir, tmp)
 	if err != nil {
-		return fmt.Errorf("upgrade: %w", err)
+		return fmt.Errorf("upgrade: carry the counters: %w", err)
 	}
-	rep.CountersCarried = carried
+	rep.CountersCarried = counters != nil
+	if counters != nil {
+		defer counters.close()
+	}
 	if err := copyLinkPins(n.dir, tmp); err != nil {
 		return fmt.Errorf("upgrade: %w", err)
 	}
@@ -126,6 +130,11 @@ func (n *Node) upgrade(port uint16, fill func(*bpf.Steer) error, reason string) 
 	}
 	n.Steer, n.Loaded = s, true
 	n.rollForward(rep)
+	if counters != nil {
+		if err := counters.finish(); err != nil {
+			rep.Failed = append(rep.Failed, fmt.Sprintf("counters counted by the old programs during the swap: %v", err))
+		}
+	}
 	// tmp now holds the old set: its pins are the old programs and maps
 	// and second pins of links that run the new programs.
 	if err := os.RemoveAll(tmp); err != nil {
@@ -274,66 +283,124 @@ func pinAgain(from, to string) error {
 // counter is one CPU's slot of the counter maps (struct counter in C).
 type counter struct{ Packets, Bytes uint64 }
 
-// carryCounters copies the verdict and per-rule counters pinned in from to
-// those pinned in to, when every one has the same layout in both; it
-// reports whether it did. Packets the old programs count after the copy
-// (until their links are swapped) are not carried.
-func carryCounters(from, to string) (bool, error) {
-	names := []string{bpf.PinStats, bpf.PinRuleStats}
-	var pairs [][2]*ebpf.Map
+// counterCopy carries the verdict and per-rule counters from the old maps
+// to the new ones: all of them before the swap (the new programs then
+// start from the old counts), and after it what the old programs counted
+// in between, added to the few slots that changed. Each addition is a read
+// and a write of one slot, so a packet the new program counts in that slot
+// in the microseconds between them is lost to the counter (not to the
+// data plane).
+type counterCopy struct {
+	names []string
+	pairs [][2]*ebpf.Map
+	snap  [][]counter
+	ncpu  int
+}
+
+// carryCounters copies the counters pinned in from to those pinned in to,
+// when every counter map has the same layout in both; nil when it did not.
+func carryCounters(from, to string) (*counterCopy, error) {
+	c := &counterCopy{names: []string{bpf.PinStats, bpf.PinRuleStats}}
+	ok := false
 	defer func() {
-		for _, p := range pairs {
-			p[0].Close()
-			p[1].Close()
+		if !ok {
+			c.close()
 		}
 	}()
-	for _, name := range names {
+	for _, name := range c.names {
 		src, err := ebpf.LoadPinnedMap(filepath.Join(from, name), &ebpf.LoadPinOptions{ReadOnly: true})
 		if err != nil {
-			return false, nil // an older layout without it
+			return nil, nil // an older layout without it
 		}
 		dst, err := ebpf.LoadPinnedMap(filepath.Join(to, name), nil)
 		if err != nil {
 			src.Close()
-			return false, fmt.Errorf("open new map %s: %w", name, err)
+			return nil, fmt.Errorf("open new map %s: %w", name, err)
 		}
-		pairs = append(pairs, [2]*ebpf.Map{src, dst})
+		c.pairs = append(c.pairs, [2]*ebpf.Map{src, dst})
 		if !sameLayout(src, dst) {
-			return false, nil
+			return nil, nil
 		}
 	}
-	ncpu, err := ebpf.PossibleCPU()
-	if err != nil {
-		return false, err
+	var err error
+	if c.ncpu, err = ebpf.PossibleCPU(); err != nil {
+		return nil, err
 	}
-	for i, p := range pairs {
-		if err := copyPerCPU(p[0], p[1], ncpu); err != nil {
-			return false, fmt.Errorf("copy %s: %w", names[i], err)
+	for i, p := range c.pairs {
+		vals, err := readPerCPU(p[0], c.ncpu)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", c.names[i], err)
 		}
+		keys := make([]uint32, p[0].MaxEntries())
+		for k := range keys {
+			keys[k] = uint32(k)
+		}
+		if _, err := p[1].BatchUpdate(keys, vals, nil); err != nil {
+			return nil, fmt.Errorf("write %s: %w", c.names[i], err)
+		}
+		c.snap = append(c.snap, vals)
 	}
-	return true, nil
+	ok = true
+	return c, nil
 }
 
-// copyPerCPU copies a per-CPU array of counters in batches (65536 rules
-// one by one take seconds).
-func copyPerCPU(src, dst *ebpf.Map, ncpu int) error {
+// finish adds what the old programs counted since the copy, once no link
+// runs them, and releases the maps.
+func (c *counterCopy) finish() error {
+	defer c.close()
+	for i, p := range c.pairs {
+		now, err := readPerCPU(p[0], c.ncpu)
+		if err != nil {
+			return fmt.Errorf("read %s: %w", c.names[i], err)
+		}
+		for k := uint32(0); k < p[0].MaxEntries(); k++ {
+			was, is := c.snap[i][int(k)*c.ncpu:int(k+1)*c.ncpu], now[int(k)*c.ncpu:int(k+1)*c.ncpu]
+			if slices.Equal(was, is) {
+				continue
+			}
+			var v []counter
+			if err := p[1].Lookup(k, &v); err != nil {
+				return fmt.Errorf("read %s[%d]: %w", c.names[i], k, err)
+			}
+			for cpu := range v {
+				v[cpu].Packets += is[cpu].Packets - was[cpu].Packets
+				v[cpu].Bytes += is[cpu].Bytes - was[cpu].Bytes
+			}
+			if err := p[1].Update(k, v, ebpf.UpdateAny); err != nil {
+				return fmt.Errorf("write %s[%d]: %w", c.names[i], k, err)
+			}
+		}
+	}
+	return nil
+}
+
+func (c *counterCopy) close() {
+	for _, p := range c.pairs {
+		p[0].Close()
+		p[1].Close()
+	}
+}
+
+// readPerCPU reads a per-CPU array of counters in batches (65536 rules one
+// by one take seconds): key k's CPUs at [k*ncpu, (k+1)*ncpu).
+func readPerCPU(m *ebpf.Map, ncpu int) ([]counter, error) {
 	const chunk = 4096
+	out := make([]counter, 0, int(m.MaxEntries())*ncpu)
 	keys := make([]uint32, chunk)
 	vals := make([]counter, chunk*ncpu)
 	var cursor ebpf.MapBatchCursor
 	for {
-		n, err := src.BatchLookup(&cursor, keys, vals, nil)
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
 		done := errors.Is(err, ebpf.ErrKeyNotExist)
 		if err != nil && !done {
-			return fmt.Errorf("read: %w", err)
+			return nil, err
 		}
-		if n > 0 {
-			if _, err := dst.BatchUpdate(keys[:n], vals[:n*ncpu], nil); err != nil {
-				return fmt.Errorf("write: %w", err)
-			}
-		}
+		out = append(out, vals[:n*ncpu]...)
 		if done {
-			return nil
+			if len(out) != int(m.MaxEntries())*ncpu {
+				return nil, fmt.Errorf("read %d of %d slots", len(out)/ncpu, m.MaxEntries())
+			}
+			return out, nil
 		}
 	}
 }

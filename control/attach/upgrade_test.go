@@ -360,8 +360,11 @@ rules:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st[bpf.StatRX].Packets < rxBefore+200 {
-		t.Errorf("rx after the upgrade %d, want at least the old program's %d and the new one's 200", st[bpf.StatRX].Packets, rxBefore)
+	// Every datagram crossed b once, counted by the old program or the new
+	// one; the counts went over (but for the few increments the new program
+	// makes in the microseconds the carry reads and writes rx's slot).
+	if rx := st[bpf.StatRX].Packets; rx < rxBefore+200 || rx < uint64(sent.Load())*9/10 {
+		t.Errorf("rx after the upgrade %d, want the old program's %d and the new one's, all of the %d sent", rx, rxBefore, sent.Load())
 	}
 	testenv.InNetNS(t, nsB, func() error {
 		wantNew(t, n, "b")
