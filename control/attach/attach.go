@@ -10,7 +10,8 @@
 //	links/<hook>@<iface>                          one pinned link per attachment
 //
 // The directory is built under a temporary name and renamed into place, so
-// it is either complete or absent. Writers hold an exclusive flock on the
+// it is either complete or absent; an upgrade (upgrade.go) swaps a new
+// directory with the old one in one rename and then each link's program. Writers hold an exclusive flock on the
 // directory's lock file (LockDir) while they change it.
 package attach
 
