@@ -58,36 +58,44 @@ type Daemon struct {
 	ruleIfaces map[string]int
 }
 
-// New opens the data plane and reconciles it with the state file. It fails
-// when the data plane cannot be opened (pins of another build or port) or
-// the config's rule file does not parse; attachments or rules that cannot
+// New opens the data plane and reconciles it with the state file. Pins of
+// another build or port are upgraded in place under traffic, with the state
+// file's rules (attach.Options.Upgrade). It fails when the data plane
+// cannot be opened or upgraded (the state file's rules do not compile for
+// the new programs: the old ones keep running) or the config's rule file
+// does not parse; attachments or rules that cannot
 // be restored (an interface that is not there, an attach the kernel
 // refuses) are logged and reported as failures (Status), the node runs
 // degraded, and they are retried when interfaces appear.
 func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
-	node, err := attach.Open(attach.Options{Dir: cfg.PinDir, Port: cfg.Port})
-	if err != nil {
-		return nil, err
-	}
-	d := &Daemon{cfg: cfg, log: log, started: time.Now(), node: node, failures: map[string]failure{}}
 	state, err := LoadState(cfg.State)
 	if err != nil {
-		node.Close()
 		return nil, err
 	}
 	if !state.HasRules && cfg.Rules != "" {
 		data, err := os.ReadFile(cfg.Rules)
 		if err != nil {
-			node.Close()
 			return nil, fmt.Errorf("rules file: %w", err)
 		}
 		set, err := rules.ParseFile(cfg.Rules, data)
 		if err != nil {
-			node.Close()
 			return nil, fmt.Errorf("rules file %s: %w", cfg.Rules, err)
 		}
 		state.Rules, state.HasRules = *set, true
 	}
+	// Pins of another build or port are upgraded under traffic
+	// (docs/steering.md, "Upgrades"): the new maps get the operator's
+	// rule set before any link runs the new programs.
+	node, err := attach.Open(attach.Options{Dir: cfg.PinDir, Port: cfg.Port, Upgrade: true, Fill: func(s *bpf.Steer) error {
+		return fillUpgrade(s, state.Rules, cfg.Port)
+	}})
+	if err != nil {
+		return nil, err
+	}
+	if rep := node.Upgraded; rep != nil {
+		logUpgrade(log, cfg.PinDir, rep)
+	}
+	d := &Daemon{cfg: cfg, log: log, started: time.Now(), node: node, failures: map[string]failure{}, state: state}
 	for _, svc := range services(d) {
 		d.supervisors = append(d.supervisors, service.NewSupervisor(svc, steering{d}, log, 0))
 	}
@@ -110,6 +118,41 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 	log.Info("data plane opened", "pins", cfg.PinDir, "loaded", node.Loaded, "version", buildinfo.Version)
 	d.reconcile()
 	return d, nil
+}
+
+// fillUpgrade installs the operator's rule set op, under the IDs the state
+// file gives it, in the maps of an upgrade's new programs. lovelockd's own
+// rules come back as its services bind.
+func fillUpgrade(s *bpf.Steer, op rules.Set, port uint16) error {
+	set := cloneSet(op)
+	if slices.ContainsFunc(set.Rules, func(r rules.Rule) bool { return r.ID == 0 }) {
+		assignIDs(&set, rules.Set{})
+	}
+	compiled, err := rules.Compile(&set, resolveIface, port)
+	if err != nil {
+		return fmt.Errorf("the state file's rules: %w (the old data plane keeps running)", err)
+	}
+	return s.Apply(compiled)
+}
+
+// logUpgrade says what Open swapped.
+func logUpgrade(log *slog.Logger, dir string, rep *attach.UpgradeReport) {
+	swapped := make([]string, 0, len(rep.Swapped))
+	for _, a := range rep.Swapped {
+		swapped = append(swapped, string(a.Hook)+"@"+a.Iface)
+	}
+	if rep.To.Tag == "" {
+		log.Warn("links swapped to the pinned programs: an upgrade was interrupted", "pins", dir, "swapped", swapped)
+	} else {
+		log.Warn("data plane upgraded", "pins", dir, "why", rep.Reason, "from", rep.From.String(), "to", rep.To.String(),
+			"swapped", swapped, "counters_carried", rep.CountersCarried)
+		if !rep.CountersCarried {
+			log.Warn("upgrade: the counters' layout changed; verdict and rule counters start from zero")
+		}
+	}
+	for _, f := range rep.Failed {
+		log.Error("upgrade: not swapped, still on the old programs until the next start", "err", f)
+	}
 }
 
 // reconcile brings the data plane to d.state, logging what it cannot do.

@@ -10,7 +10,8 @@
 //	links/<hook>@<iface>                          one pinned link per attachment
 //
 // The directory is built under a temporary name and renamed into place, so
-// it is either complete or absent. Writers hold an exclusive flock on the
+// it is either complete or absent; an upgrade (upgrade.go) swaps a new
+// directory with the old one in one rename and then each link's program. Writers hold an exclusive flock on the
 // directory's lock file (LockDir) while they change it.
 package attach
 
@@ -30,7 +31,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lovelock-dpu/lovelock/bpf"
-	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 )
 
 // DefaultDir is where lovelockd keeps its pins.
@@ -132,6 +132,14 @@ type Options struct {
 	Dir string
 	// Port is the Lovelock UDP port used when programs are loaded fresh.
 	Port uint16
+	// Upgrade makes Open replace pinned programs of another build or
+	// another port under traffic (upgrade.go) instead of refusing them
+	// with bpf.ErrStale or ErrPortMismatch.
+	Upgrade bool
+	// Fill, when Open upgrades, is called with the new programs and maps
+	// before any link runs them, to install the rule set; if it fails,
+	// nothing pinned changes.
+	Fill func(*bpf.Steer) error
 }
 
 // Node is a node's steering data plane, opened for changes: it holds the
@@ -141,14 +149,19 @@ type Node struct {
 	Steer *bpf.Steer
 	// Loaded is true when Open loaded programs, false when it adopted pins.
 	Loaded bool
+	// Upgraded says what Open swapped: the pins it replaced (an upgrade),
+	// or links an interrupted upgrade left on the old programs; nil when
+	// it swapped nothing.
+	Upgraded *UpgradeReport
 
 	dir  string
 	lock *os.File
 }
 
 // Open adopts the data plane pinned in opts.Dir, or loads one and pins it
-// there. Adopted programs must match this build (bpf.ErrStale otherwise),
-// and nothing pinned is changed when Open fails.
+// there. Adopted programs must match this build (bpf.ErrStale otherwise)
+// and port (ErrPortMismatch); with opts.Upgrade, Open replaces them instead
+// under traffic. Nothing pinned is changed when Open fails.
 func Open(opts Options) (*Node, error) {
 	dir := filepath.Clean(opts.Dir)
 	parent := filepath.Dir(dir)
@@ -160,47 +173,41 @@ func Open(opts Options) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{dir: dir, lock: lock}
-	if err := n.open(opts.Port); err != nil {
+	if err := n.open(opts); err != nil {
 		lock.Close()
 		return nil, err
 	}
 	return n, nil
 }
 
-func (n *Node) open(port uint16) error {
-	// Leftovers of a load that crashed before its rename.
+func (n *Node) open(opts Options) error {
+	port := opts.Port
+	// Leftovers of a load that crashed before its rename, or of an upgrade
+	// (the old set, after the swap; second link pins, before it).
 	stale, _ := filepath.Glob(n.dir + "_tmp_*")
 	for _, d := range stale {
 		os.RemoveAll(d)
 	}
 	if _, err := os.Stat(n.dir); err == nil {
-		s, err := bpf.OpenPinned(n.dir)
+		s, err := n.adopt(port)
 		if err != nil {
-			if errors.Is(err, bpf.ErrStale) {
-				return fmt.Errorf("%w; the data plane was left as it is: start the lovelockd that pinned it, "+
-					"or detach everything ('lovelock iface detach --all') and remove %s", err, n.dir)
+			if !opts.Upgrade || !(errors.Is(err, bpf.ErrStale) || errors.Is(err, ErrPortMismatch)) {
+				return err
 			}
-			return err
-		}
-		// The port is a load-time constant, invisible to the tag check:
-		// adopting programs built for another port would run rules on the
-		// Lovelock header against the wrong traffic.
-		want := port
-		if want == 0 {
-			want = wire.DefaultPort
-		}
-		have, err := s.Port()
-		if err != nil {
-			s.Close()
-			return fmt.Errorf("pinned programs in %s: %w", n.dir, err)
-		}
-		if have != want {
-			s.Close()
-			return fmt.Errorf("%w: the programs pinned in %s were loaded for Lovelock port %d, this lovelockd is configured for %d; "+
-				"the data plane was left as it is: configure port %d, or detach everything ('lovelock iface detach --all') and remove %s "+
-				"to load the programs for port %d", ErrPortMismatch, n.dir, have, want, have, n.dir, want)
+			reason := "the pinned programs differ from this build's"
+			if errors.Is(err, ErrPortMismatch) {
+				reason = "the pinned programs use another Lovelock port"
+			}
+			return n.upgrade(port, opts.Fill, reason)
 		}
 		n.Steer = s
+		// An upgrade that crashed after its commit point leaves links on
+		// the old programs: swap them now.
+		rep := &UpgradeReport{Reason: "links left on other programs (an upgrade was interrupted)"}
+		n.rollForward(rep)
+		if len(rep.Swapped) > 0 || len(rep.Failed) > 0 {
+			n.Upgraded = rep
+		}
 		return nil
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("pin dir %s: %w", n.dir, err)
@@ -229,6 +236,34 @@ func (n *Node) open(port uint16) error {
 	}
 	n.Steer, n.Loaded = s, true
 	return nil
+}
+
+// adopt opens the pins of n.dir when they are this build's, loaded for port.
+func (n *Node) adopt(port uint16) (*bpf.Steer, error) {
+	s, err := bpf.OpenPinned(n.dir)
+	if err != nil {
+		if errors.Is(err, bpf.ErrStale) {
+			return nil, fmt.Errorf("%w; the data plane was left as it is: start the lovelockd that pinned it, "+
+				"upgrade it (lovelockd does at start), or detach everything ('lovelock iface detach --all') and remove %s", err, n.dir)
+		}
+		return nil, err
+	}
+	// The port is a load-time constant, invisible to the tag check:
+	// adopting programs built for another port would run rules on the
+	// Lovelock header against the wrong traffic.
+	want := wantPort(port)
+	have, err := s.Port()
+	if err != nil {
+		s.Close()
+		return nil, fmt.Errorf("pinned programs in %s: %w", n.dir, err)
+	}
+	if have != want {
+		s.Close()
+		return nil, fmt.Errorf("%w: the programs pinned in %s were loaded for Lovelock port %d, this node is configured for %d; "+
+			"the data plane was left as it is: configure port %d, or upgrade it to port %d (lovelockd does at start)",
+			ErrPortMismatch, n.dir, have, want, have, want)
+	}
+	return s, nil
 }
 
 // Dir is the pin directory.
