@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"time"
 
 	ucli "github.com/urfave/cli/v2"
 
@@ -192,6 +193,7 @@ func memStats(c *ucli.Context) error {
 			a.ReadBytes, a.WriteBytes, a.Fabric.TXDatagrams, a.Fabric.RXDatagrams, a.Fabric.Retransmits, a.Fabric.Timeouts)
 		fmt.Fprintf(w, "  latency to the memory node: p50 %.0f µs, p99 %.0f µs (%d requests)\n", a.Latency.P50us, a.Latency.P99us, a.Latency.Count)
 		printMemErrors(w, a.Errors)
+		printMemCache(w, &a.Cache)
 	}
 	if h := rep.Host; h != nil {
 		fmt.Fprintf(w, "host agent: %d mappings on %s, agent %s\n", h.Mappings, h.Socket, h.Agent)
@@ -205,4 +207,37 @@ func printMemErrors(w io.Writer, e farmem.ErrorCounts) {
 	fmt.Fprintf(w, "  errors: unknown region %d, out of range %d, wrong tenant %d, writer busy %d, not writer %d, read-only %d, "+
 		"no space %d, bad request %d, i/o %d, unavailable %d, no server %d\n", e.UnknownRegion, e.OutOfRange, e.WrongTenant,
 		e.WriterBusy, e.NotWriter, e.ReadOnly, e.NoSpace, e.BadRequest, e.IO, e.Unavailable, e.NoServer)
+}
+
+func printMemCache(w io.Writer, c *farmem.CacheStats) {
+	state := "no dynamic cache"
+	if c.Dynamic {
+		state = "off (adaptive switch)"
+		if c.On {
+			state = "on"
+		}
+	}
+	measured := func(m bool) string {
+		if m {
+			return "measured"
+		}
+		return "configured"
+	}
+	fmt.Fprintf(w, "  cache: dynamic %s, %d of %d entries of %s valid (%d filling, %d in use); static %s of %s\n", state,
+		c.Valid, c.Entries, farmem.Size(c.EntrySize), c.Filling, c.InUse, farmem.Size(c.StaticBytes), farmem.Size(c.StaticLimit))
+	fmt.Fprintf(w, "  switch: B_net %.3g B/s (%s), B_intra %.3g B/s (%s), threshold %.3f; last window of %d reads: hit rate %.3f; %d switches\n",
+		c.BNet, measured(c.BNetMeasured), c.BIntra, measured(c.BIntraMeasured), c.Threshold, c.Window, c.WindowHitRate, c.Switches)
+	for _, e := range c.Events {
+		onoff := "off"
+		if e.On {
+			onoff = "on"
+		}
+		fmt.Fprintf(w, "    %s  %-3s  %s\n", e.Time.Format(time.RFC3339), onoff, e.Reason)
+	}
+	for _, r := range c.Regions {
+		fmt.Fprintf(w, "  region %d (%s): static %d ranges %s, %d hits; dynamic hits %d, misses %d, bypassed %d; "+
+			"prefetch issued %d, used %d, evicted unused %d, invalidated %d; accuracy %.2f, coverage %.2f\n",
+			r.Region, r.Prefetcher, r.StaticRanges, farmem.Size(r.StaticBytes), r.StaticHits, r.Hits, r.Misses, r.Bypassed,
+			r.PrefetchIssued, r.PrefetchUsed, r.EvictedUnused, r.Invalidated, r.Accuracy, r.Coverage)
+	}
 }

@@ -32,11 +32,14 @@ type AgentConfig struct {
 	Listen netip.AddrPort `json:"listen,omitzero"`
 	// Servers are the memory nodes; creates go to the first.
 	Servers []ServerSpec `json:"servers"`
+	// Cache configures the static and dynamic caches (docs/farmem.md,
+	// "DPU caches"); the zero value has a static cache only.
+	Cache CacheConfig `json:"cache,omitzero"`
 }
 
 // Validate checks the knobs and the servers.
 func (c AgentConfig) Validate() error {
-	errs := []error{c.Config.Validate()}
+	errs := []error{c.Config.Validate(), c.Cache.Validate(c.Config.WithDefaults().ChunkSize)}
 	if len(c.Servers) == 0 {
 		errs = append(errs, errors.New("farmem: agent config: no servers"))
 	}
@@ -85,6 +88,8 @@ type Agent struct {
 	hostReqs   atomic.Uint64
 	readBytes  atomic.Uint64
 	writeBytes atomic.Uint64
+	cache      *cache
+	fillRR     int // fabric transport of the next fill; fill loop only
 
 	mu      sync.RWMutex
 	regions map[uint32]int // region → index in cfg.Servers
@@ -141,6 +146,8 @@ type AgentStats struct {
 	Errors ErrorCounts `json:"errors"`
 	// Latency is the round trip from forwarding to the node's reply.
 	Latency Latency `json:"latency"`
+	// Cache is the static and dynamic caches' state and counters.
+	Cache CacheStats `json:"cache"`
 }
 
 // NewAgent validates cfg and opens (or takes) the transports.
@@ -182,7 +189,7 @@ func NewAgent(cfg AgentConfig, opts AgentOptions) (*Agent, error) {
 			return fail(fmt.Errorf("transport carries %d-byte datagrams, need %d", t.MaxPayload(), MinDatagram))
 		}
 	}
-	a := &Agent{cfg: cfg, log: log, regions: make(map[uint32]int)}
+	a := &Agent{cfg: cfg, log: log, regions: make(map[uint32]int), cache: newCache(cfg.Cache, cfg.ChunkSize)}
 	for i, s := range cfg.Servers {
 		for _, r := range s.Regions {
 			a.regions[r] = i
@@ -247,7 +254,15 @@ func (a *Agent) Run(ctx context.Context) error {
 			cancel()
 		}()
 	}
-	go a.refresh(ctx, time.Now())
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		a.fillLoop(ctx)
+	}()
+	go func() {
+		a.refresh(ctx, time.Now())
+		a.loadConfiguredStatic(ctx)
+	}()
 	wg.Wait()
 	return errors.Join(errs...)
 }
@@ -288,6 +303,9 @@ func (a *Agent) refresh(ctx context.Context, since time.Time) {
 				a.regions[ri.ID] = i
 			}
 			a.mu.Unlock()
+			for _, ri := range infos {
+				a.cache.learn(ri.ID, ri.Size, ri.Tenant, true)
+			}
 			if k.reply.Aux == 0 || len(infos) == 0 {
 				break
 			}
@@ -327,6 +345,9 @@ func (w *hostWorker) resolve(ctx context.Context, misses []*call, arrived time.T
 			found = append(found, k)
 			continue
 		}
+		if k.rec.Op == OpWrite {
+			a.cache.endWrite(k.rec.Region)
+		}
 		w.replyLocked(hr, Record{Op: k.rec.Op, Region: k.rec.Region, Status: StatusUnknownRegion, Size: k.rec.Size}, nil)
 	}
 	w.flushLocked()
@@ -349,7 +370,8 @@ func (a *Agent) Stats() AgentStats {
 	}
 	st := AgentStats{Servers: len(a.cfg.Servers), Regions: nreg, HostRequests: a.hostReqs.Load(),
 		Batches: batches, ReadBytes: a.readBytes.Load(), WriteBytes: a.writeBytes.Load(),
-		Host: a.hctr.snapshot(), Fabric: a.fctr.snapshot(), Errors: a.errs.snapshot(), Latency: a.lat.summary()}
+		Host: a.hctr.snapshot(), Fabric: a.fctr.snapshot(), Errors: a.errs.snapshot(), Latency: a.lat.summary(),
+		Cache: a.cache.stats()}
 	st.Forwarded = st.Fabric.Requests
 	if batches > 0 {
 		st.AvgBatch = float64(st.Forwarded) / float64(batches)
@@ -398,6 +420,9 @@ func (w *hostWorker) run(ctx context.Context) error {
 			for _, q := range reqs {
 				a.hostReqs.Add(1)
 				a.hctr.requests.Add(1)
+				if q.rec.Status == StatusOK && w.local(ctx, &q) {
+					continue
+				}
 				hr := &hostReq{w: w, src: q.src, tenant: q.tenant, id: q.rec.ID}
 				if q.rec.Status != StatusOK {
 					w.replyLocked(hr, Record{Op: q.rec.Op, Region: q.rec.Region, Size: q.rec.Size, Status: q.rec.Status}, nil)
@@ -456,11 +481,20 @@ func (w *hostWorker) flushLocked() {
 func (a *Agent) complete(calls []*call) {
 	var touched []*hostWorker
 	for _, k := range calls {
-		if k.done != nil { // the agent's own request (refresh)
+		if k.done != nil { // the agent's own request (refresh, static load)
 			close(k.done)
 			continue
 		}
+		if f, ok := k.user.(*fill); ok {
+			f.part(a.cache, k)
+			continue
+		}
 		hr := k.user.(*hostReq)
+		if k.rec.Op == OpWrite {
+			// Before the host hears of it: fills of the region may start
+			// again once the node has applied the write.
+			a.cache.endWrite(k.rec.Region)
+		}
 		if errors.Is(k.err, ErrClosed) || errors.Is(k.err, context.Canceled) {
 			// The agent is stopping: no answer, so that the host sends
 			// the request again, to the agent's next run.
@@ -485,10 +519,16 @@ func (a *Agent) complete(calls []*call) {
 				a.mu.Lock()
 				a.regions[reply.Region] = hr.server
 				a.mu.Unlock()
+				a.cache.learn(reply.Region, reply.Offset, hr.tenant, true)
 			case OpFree:
 				a.mu.Lock()
 				delete(a.regions, k.rec.Region)
 				a.mu.Unlock()
+				a.cache.forget(k.rec.Region)
+			case OpOpen:
+				// The server checked the tenant: a non-zero one owns it.
+				a.cache.learn(k.rec.Region, reply.Offset, hr.tenant, hr.tenant != 0)
+				data = a.staticMeta(k.rec.Region)
 			}
 		}
 		hr.w.mu.Lock()

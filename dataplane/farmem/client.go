@@ -226,6 +226,7 @@ type Region struct {
 	mu     sync.Mutex
 	lease  uint32
 	closed bool
+	static []Range // ranges in the DPU agent's static cache; under mu
 
 	stop, stopped chan struct{}
 }
@@ -243,8 +244,10 @@ func (r *Region) open(ctx context.Context) error {
 	if err := r.c.do(ctx, k); err != nil {
 		return err
 	}
+	static, _ := parseRanges(k.rdata) // an agent's static ranges; none from a memory node
 	r.mu.Lock()
 	r.lease = k.reply.Aux
+	r.static = static
 	r.mu.Unlock()
 	if r.size == 0 {
 		r.size = k.reply.Offset // before the handle is shared; a size never changes
@@ -422,4 +425,114 @@ func (r *Region) Close() error {
 		return fmt.Errorf("farmem: close region %d: %w", r.id, err)
 	}
 	return nil
+}
+
+// Static returns the ranges of the region the DPU agent serves from its
+// static cache, as of the open and of this handle's LoadStatic calls.
+func (r *Region) Static() []Range {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Range(nil), r.static...)
+}
+
+func (r *Region) inStatic(rg Range) bool {
+	for _, s := range r.static {
+		if s.Offset <= rg.Offset && rg.Offset+rg.Size <= s.Offset+s.Size {
+			return true
+		}
+	}
+	return false
+}
+
+// rangeRecords calls fn with the ranges packed as many per record as one
+// datagram carries.
+func (r *Region) rangeRecords(rs []Range, fn func(data []byte) error) error {
+	per := max(1, r.c.req.pk.room()/RangeLen)
+	for len(rs) > 0 {
+		n := min(per, len(rs))
+		if err := fn(appendRanges(nil, rs[:n])); err != nil {
+			return err
+		}
+		rs = rs[n:]
+	}
+	return nil
+}
+
+// Hint tells the DPU agent that the ranges will be read soon: it loads
+// the cache entries that cover them into its dynamic cache, off the
+// critical path, and returns how many entry loads it started (0 from a
+// memory node, which has no cache, or while the agent's adaptive switch
+// has the dynamic cache off). Ranges in the static cache are not sent.
+// Hints are advice: the reads stay correct whatever happens to them.
+func (r *Region) Hint(ranges []Range) (int, error) {
+	if _, err := r.currentLease(); err != nil {
+		return 0, err
+	}
+	r.mu.Lock()
+	var send []Range
+	for _, rg := range ranges {
+		if rg.Size > 0 && !r.inStatic(rg) {
+			send = append(send, rg)
+		}
+	}
+	r.mu.Unlock()
+	started := 0
+	err := r.rangeRecords(send, func(data []byte) error {
+		k := &call{rec: Record{Op: OpHint, Region: r.id}, data: data}
+		if err := r.c.do(r.c.ctx, k); err != nil {
+			return err
+		}
+		started += int(k.reply.Aux)
+		return nil
+	})
+	if err != nil {
+		return started, fmt.Errorf("farmem: hint region %d: %w", r.id, err)
+	}
+	return started, nil
+}
+
+// SetPrefetcher chooses the DPU agent's prefetcher for the region (for
+// every host that reads it).
+func (r *Region) SetPrefetcher(p Prefetcher) error {
+	if p >= numPrefetchers {
+		return fmt.Errorf("farmem: region %d: %w: prefetcher %d", r.id, ErrBadRequest, p)
+	}
+	if err := r.c.do(r.c.ctx, &call{rec: Record{Op: OpHint, Region: r.id, Aux: uint32(p) + 1}}); err != nil {
+		return fmt.Errorf("farmem: region %d: set prefetcher: %w", r.id, err)
+	}
+	return nil
+}
+
+// LoadStatic asks the DPU agent to load the ranges (Size 0 at Offset 0:
+// the whole region) into its static cache, and returns when they are
+// there: from then on the agent serves their reads without fabric
+// traffic, and refuses writes into them (ErrReadOnly). It returns false
+// when the far end is a memory node, which has no cache.
+func (r *Region) LoadStatic(ranges []Range) (bool, error) {
+	if _, err := r.currentLease(); err != nil {
+		return false, err
+	}
+	loaded := true
+	err := r.rangeRecords(ranges, func(data []byte) error {
+		k := &call{rec: Record{Op: OpStatic, Region: r.id}, data: data}
+		if err := r.c.do(r.c.ctx, k); err != nil {
+			return err
+		}
+		loaded = loaded && k.reply.Aux > 0
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("farmem: static ranges of region %d: %w", r.id, err)
+	}
+	if loaded {
+		r.mu.Lock()
+		for _, rg := range ranges {
+			if rg.Size == 0 && rg.Offset == 0 {
+				rg.Size = r.size
+			}
+			r.static = append(r.static, rg)
+		}
+		r.mu.Unlock()
+	}
+	return loaded, nil
 }

@@ -46,13 +46,22 @@ const (
 	OpFree    Op = 7 // region → status
 	OpList    Op = 8 // region=first ID → data=RegionInfo entries, aux=1 when more follow
 	OpSync    Op = 9 // region → status, after the backing file is on disk
+	// OpHint names ranges the application will read soon: data = Range
+	// entries (16 bytes: offset u64, size u64); aux = 0, or a
+	// Prefetcher + 1 to set the region's prefetcher. Reply: aux = entry
+	// fills the DPU agent started (a memory node answers 0).
+	OpHint Op = 10
+	// OpStatic loads ranges into the DPU agent's static cache: data =
+	// Range entries (size 0: the whole region). Reply after they are
+	// loaded: aux = ranges loaded (a memory node answers 0).
+	OpStatic Op = 11
 )
 
-func (o Op) known() bool { return o >= OpRead && o <= OpSync }
+func (o Op) known() bool { return o >= OpRead && o <= OpStatic }
 
 // String names the op.
 func (o Op) String() string {
-	names := [...]string{"", "read", "write", "create", "open", "renew", "release", "free", "list", "sync"}
+	names := [...]string{"", "read", "write", "create", "open", "renew", "release", "free", "list", "sync", "hint", "static"}
 	if o.known() {
 		return names[o]
 	}
@@ -245,4 +254,29 @@ func AppendDatagram(b []byte, h wire.Header, floor uint64, recs ...Record) []byt
 	}
 	h.Version = wire.Version
 	return h.AppendTo(b, p)
+}
+
+// RangeLen is the encoded size of one Range in OpHint and OpStatic data
+// and in an agent's open reply (the region's static ranges).
+const RangeLen = 16
+
+// appendRanges encodes rs (offset u64, size u64 each).
+func appendRanges(b []byte, rs []Range) []byte {
+	for _, r := range rs {
+		b = binary.BigEndian.AppendUint64(b, r.Offset)
+		b = binary.BigEndian.AppendUint64(b, r.Size)
+	}
+	return b
+}
+
+// parseRanges decodes what appendRanges wrote.
+func parseRanges(b []byte) ([]Range, error) {
+	if len(b)%RangeLen != 0 {
+		return nil, fmt.Errorf("%w: %d bytes of ranges", ErrMalformed, len(b))
+	}
+	out := make([]Range, 0, len(b)/RangeLen)
+	for ; len(b) > 0; b = b[RangeLen:] {
+		out = append(out, Range{binary.BigEndian.Uint64(b), binary.BigEndian.Uint64(b[8:])})
+	}
+	return out, nil
 }

@@ -81,3 +81,30 @@ func TestConfigs(t *testing.T) {
 		t.Error("capacity 1.5GiB accepted")
 	}
 }
+
+// TestAgentCacheConfig: the far_memory section's cache knobs read as
+// the docs write them, and a bad one stops lovelockd with its name.
+func TestAgentCacheConfig(t *testing.T) {
+	in := `{"listen": "10.77.0.10:61440", "servers": [{"addr": "10.77.0.20:61440"}],
+		"cache": {"size": "256MiB", "entry_size": "1MiB", "prefetcher": "stride", "b_net": "1GiB", "window": 512,
+			"regions": [{"region": 7, "prefetcher": "hints", "static": [{"offset": 0, "size": 1048576}]}]}}`
+	var c AgentConfig
+	if err := json.Unmarshal([]byte(in), &c); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	cc := c.Cache
+	if cc.Size != 256<<20 || cc.EntrySize != 1<<20 || cc.Prefetcher != farmem.PrefetchStride || cc.BNet != 1<<30 ||
+		len(cc.Regions) != 1 || *cc.Regions[0].Prefetcher != farmem.PrefetchHints || cc.Regions[0].Static[0].Size != 1<<20 {
+		t.Fatalf("cache config %+v", cc)
+	}
+	c.Cache.EntrySize = 1000 // not a multiple of the chunk size
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "entry_size") {
+		t.Fatalf("bad entry_size: %v", err)
+	}
+	if err := json.Unmarshal([]byte(`{"cache": {"prefetcher": "markov"}}`), &c); err == nil {
+		t.Fatal("unknown prefetcher accepted")
+	}
+}

@@ -1,6 +1,8 @@
 package memservice
 
 import (
+	"strconv"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/farmem"
@@ -29,6 +31,14 @@ var (
 	hostRetx     = prometheus.NewDesc("lovelock_mem_host_retransmits_total", "Requests the host agent sent again after a timeout.", nil, nil)
 	hostTimeouts = prometheus.NewDesc("lovelock_mem_host_timeouts_total", "Requests that failed after every try.", nil, nil)
 	hostLatency  = prometheus.NewDesc("lovelock_mem_host_latency_seconds", "Round trip of the host agent's requests, by quantile.", []string{"quantile"}, nil)
+	cacheOn      = prometheus.NewDesc("lovelock_mem_agent_cache_on", "1 while the adaptive switch has the dynamic cache on (SODA eq. 3).", nil, nil)
+	cacheRate    = prometheus.NewDesc("lovelock_mem_agent_cache_window_hit_rate", "Dynamic-cache hit rate of the last complete window.", nil, nil)
+	cacheThresh  = prometheus.NewDesc("lovelock_mem_agent_cache_threshold", "B_net/B_intra: the hit rate below which the dynamic cache is switched off.", nil, nil)
+	cacheSwitch  = prometheus.NewDesc("lovelock_mem_agent_cache_switches_total", "Turns of the adaptive switch (off, probe, on).", nil, nil)
+	cacheEntries = prometheus.NewDesc("lovelock_mem_agent_cache_entries", "Dynamic-cache entries by state.", []string{"state"}, nil)
+	cacheStatic  = prometheus.NewDesc("lovelock_mem_agent_cache_static_bytes", "Bytes held by the static cache.", nil, nil)
+	cacheReads   = prometheus.NewDesc("lovelock_mem_agent_cache_reads_total", "Reads looked up in the caches, per region and outcome (static_hit, hit, miss, bypassed).", []string{"region", "outcome"}, nil)
+	cachePrefet  = prometheus.NewDesc("lovelock_mem_agent_cache_prefetches_total", "Entry fills per region: issued, used, evicted_unused, invalidated.", []string{"region", "prefetcher", "kind"}, nil)
 	agentLatency = prometheus.NewDesc("lovelock_mem_agent_latency_seconds", "Round trip from forwarding to the memory node's reply, by quantile.", []string{"quantile"}, nil)
 )
 
@@ -66,7 +76,8 @@ func (s *ServerService) Collect(ch chan<- prometheus.Metric) {
 
 // Describe implements prometheus.Collector.
 func (s *AgentService) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{agentReqs, agentFwd, agentBatches, agentData, agentRetx, agentTimeout, agentErrors, agentLatency} {
+	for _, d := range []*prometheus.Desc{agentReqs, agentFwd, agentBatches, agentData, agentRetx, agentTimeout, agentErrors, agentLatency,
+		cacheOn, cacheRate, cacheThresh, cacheSwitch, cacheEntries, cacheStatic, cacheReads, cachePrefet} {
 		ch <- d
 	}
 }
@@ -93,6 +104,33 @@ func (s *AgentService) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(agentLatency, prometheus.GaugeValue, st.Latency.P50us/1e6, "0.5")
 	ch <- prometheus.MustNewConstMetric(agentLatency, prometheus.GaugeValue, st.Latency.P99us/1e6, "0.99")
+	gauge := func(d *prometheus.Desc, v float64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
+	}
+	cs := st.Cache
+	on := 0.0
+	if cs.On {
+		on = 1
+	}
+	gauge(cacheOn, on)
+	gauge(cacheRate, cs.WindowHitRate)
+	gauge(cacheThresh, cs.Threshold)
+	counter(cacheSwitch, cs.Switches)
+	gauge(cacheEntries, float64(cs.Valid), "valid")
+	gauge(cacheEntries, float64(cs.Filling), "filling")
+	gauge(cacheEntries, float64(cs.Entries-cs.Valid-cs.Filling), "free")
+	gauge(cacheStatic, float64(cs.StaticBytes))
+	for _, r := range cs.Regions {
+		id := strconv.FormatUint(uint64(r.Region), 10)
+		counter(cacheReads, r.StaticHits, id, "static_hit")
+		counter(cacheReads, r.Hits, id, "hit")
+		counter(cacheReads, r.Misses, id, "miss")
+		counter(cacheReads, r.Bypassed, id, "bypassed")
+		counter(cachePrefet, r.PrefetchIssued, id, r.Prefetcher, "issued")
+		counter(cachePrefet, r.PrefetchUsed, id, r.Prefetcher, "used")
+		counter(cachePrefet, r.EvictedUnused, id, r.Prefetcher, "evicted_unused")
+		counter(cachePrefet, r.Invalidated, id, r.Prefetcher, "invalidated")
+	}
 }
 
 func errorKinds(e farmem.ErrorCounts) map[string]uint64 {

@@ -1,0 +1,240 @@
+package farmem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// local answers, from the agent itself, the requests its caches serve: a
+// read that hits the static or the dynamic cache, a write into a static
+// range (refused: static ranges are read-only), a hint, and a static load
+// (on a goroutine of its own). It returns false for what goes on to a
+// memory node; a write then has its overlapping entries invalidated
+// before it leaves. Call with w.mu held.
+func (w *hostWorker) local(ctx context.Context, q *request) bool {
+	a := w.a
+	rec := &q.rec
+	switch rec.Op {
+	case OpRead:
+		data, ref, ok := a.cache.read(q.tenant, rec)
+		if !ok {
+			return false
+		}
+		hr := hostReq{w: w, src: q.src, tenant: q.tenant, id: rec.ID}
+		w.replyLocked(&hr, Record{Op: OpRead, Region: rec.Region, Offset: rec.Offset, Size: rec.Size}, data)
+		a.cache.release(ref)
+		a.readBytes.Add(uint64(len(data)))
+		return true
+	case OpWrite:
+		if a.cache.beginWrite(rec.Region, rec.Offset, uint64(rec.Size)) {
+			return false
+		}
+		hr := hostReq{w: w, src: q.src, tenant: q.tenant, id: rec.ID}
+		w.replyLocked(&hr, Record{Op: OpWrite, Region: rec.Region, Offset: rec.Offset, Size: rec.Size, Status: StatusReadOnly}, nil)
+		return true
+	case OpHint:
+		hr := hostReq{w: w, src: q.src, tenant: q.tenant, id: rec.ID}
+		reply := Record{Op: OpHint, Region: rec.Region}
+		ranges, err := parseRanges(rec.Data)
+		var pf *Prefetcher
+		if p := Prefetcher(rec.Aux&0xff) - 1; rec.Aux != 0 {
+			if p >= numPrefetchers {
+				err = fmt.Errorf("%w: prefetcher %d", ErrBadRequest, p)
+			}
+			pf = &p
+		}
+		if err != nil {
+			reply.Status = StatusBadRequest
+		} else {
+			n, _ := a.cache.hint(q.tenant, rec.Region, ranges, pf)
+			reply.Aux = uint32(n)
+		}
+		w.replyLocked(&hr, reply, nil)
+		return true
+	case OpStatic:
+		hr := &hostReq{w: w, src: q.src, tenant: q.tenant, id: rec.ID}
+		region, data, tenant := rec.Region, rec.Data, q.tenant
+		go func() {
+			reply := Record{Op: OpStatic, Region: region}
+			ranges, err := parseRanges(data)
+			if err == nil {
+				err = a.loadStatic(ctx, tenant, region, ranges)
+			}
+			if err != nil {
+				a.log.Info("farmem: agent: static load refused", "region", region, "err", err)
+				reply.Status = statusOf(err)
+			} else {
+				reply.Aux = uint32(len(ranges))
+			}
+			w.mu.Lock()
+			w.replyLocked(hr, reply, nil)
+			w.flushLocked()
+			w.mu.Unlock()
+		}()
+		return true
+	}
+	return false
+}
+
+// staticMeta is the data of an open reply through the agent: the region's
+// static ranges, so that the host knows what it need not hint. Ranges
+// beyond one datagram are left out (the host then only hints more).
+func (a *Agent) staticMeta(region uint32) []byte {
+	rs := a.cache.staticRanges(region)
+	if len(rs) == 0 {
+		return nil
+	}
+	room := (a.cfg.MaxDatagram - 24 - PreambleLen - RecordHdrLen) / RangeLen
+	return appendRanges(nil, rs[:min(len(rs), room)])
+}
+
+// fill is an entry fill in flight: one read per chunk of the entry.
+type fill struct {
+	job     fillJob
+	pending atomic.Int32
+	failed  atomic.Bool
+}
+
+func (f *fill) part(c *cache, k *call) {
+	if k.err != nil || k.reply.Status != StatusOK {
+		f.failed.Store(true)
+	}
+	if f.pending.Add(-1) == 0 {
+		c.fillDone(f.job, !f.failed.Load())
+	}
+}
+
+// fillLoop issues the entry fills the prefetchers and hints queue, off the
+// workers' loops: the reads of an entry go out together, as the agent's
+// own requests (tenant 0), each straight into the entry's slot.
+func (a *Agent) fillLoop(ctx context.Context) {
+	chunk := uint64(a.cfg.ChunkSize)
+	for {
+		var j fillJob
+		select {
+		case <-ctx.Done():
+			return
+		case j = <-a.cache.fills:
+		}
+		rec := Record{Op: OpRead, Region: j.key.region}
+		srv, ok := a.route(&rec)
+		if !ok {
+			a.cache.fillDone(j, false)
+			continue
+		}
+		f := &fill{job: j}
+		buf := a.cache.fillBuf(j)
+		base := j.key.idx * a.cache.esz
+		var calls []*call
+		for lo := uint64(0); lo < uint64(j.n); lo += chunk {
+			hi := min(uint64(j.n), lo+chunk)
+			calls = append(calls, &call{rec: Record{Op: OpRead, Region: j.key.region, Offset: base + lo, Size: uint32(hi - lo)},
+				buf: buf[lo:hi], dst: a.cfg.Servers[srv].Addr, user: f})
+		}
+		f.pending.Store(int32(len(calls)))
+		fab := a.fabric[a.fillRR%len(a.fabric)]
+		a.fillRR++
+		_ = fab.issue(ctx, calls)
+	}
+}
+
+// loadStatic reads ranges of region (size 0: the whole region) from its
+// memory node as tenant and installs them in the static cache. The memory
+// node checks the tenant; the static budget bounds the bytes.
+func (a *Agent) loadStatic(ctx context.Context, tenant, region uint32, ranges []Range) error {
+	rec := Record{Op: OpRead, Region: region}
+	srv, ok := a.route(&rec)
+	size := a.cache.regionSize(region)
+	if !ok || size == 0 {
+		a.refresh(ctx, time.Now())
+		srv, ok = a.route(&rec)
+		size = a.cache.regionSize(region)
+	}
+	if !ok || size == 0 {
+		return fmt.Errorf("%w: region %d", ErrUnknownRegion, region)
+	}
+	for _, r := range ranges {
+		off, n := r.Offset, r.Size
+		if n == 0 && off == 0 {
+			n = size
+		}
+		if n == 0 || off > size || n > size-off {
+			return fmt.Errorf("%w: static range %d+%d of a %d-byte region", ErrOutOfRange, off, n, size)
+		}
+		if !a.cache.reserveStatic(n) {
+			return fmt.Errorf("%w: static range of %d bytes beyond static_size %v", ErrNoSpace, n, a.cache.cfg.StaticSize)
+		}
+		buf := make([]byte, n)
+		if err := a.readInto(ctx, tenant, region, srv, off, buf); err != nil {
+			a.cache.unreserveStatic(n)
+			return err
+		}
+		if err := a.cache.addStatic(region, off, buf); err != nil {
+			a.cache.unreserveStatic(n)
+			return err
+		}
+	}
+	return nil
+}
+
+// readInto reads buf at off of region from memory node srv, chunk by
+// chunk, as the agent's own requests.
+func (a *Agent) readInto(ctx context.Context, tenant, region uint32, srv int, off uint64, buf []byte) error {
+	chunk := uint64(a.cfg.ChunkSize)
+	var calls []*call
+	for lo := uint64(0); lo < uint64(len(buf)); lo += chunk {
+		hi := min(uint64(len(buf)), lo+chunk)
+		calls = append(calls, &call{rec: Record{Op: OpRead, Region: region, Offset: off + lo, Size: uint32(hi - lo)},
+			buf: buf[lo:hi], dst: a.cfg.Servers[srv].Addr, tenant: tenant, done: make(chan struct{})})
+	}
+	// Issue in window-sized groups so that a large range does not hold
+	// the whole window while it waits.
+	step := max(1, a.cfg.Window/4)
+	var errs []error
+	for i := 0; i < len(calls); i += step {
+		group := calls[i:min(len(calls), i+step)]
+		_ = a.fabric[0].issue(ctx, group)
+		for _, k := range group {
+			select {
+			case <-k.done:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			switch {
+			case k.err != nil:
+				errs = append(errs, k.err)
+			case k.reply.Status != StatusOK:
+				errs = append(errs, k.reply.Status.Err())
+			}
+		}
+		if len(errs) > 0 {
+			return fmt.Errorf("farmem: agent: static load of region %d: %w", region, errors.Join(errs...))
+		}
+	}
+	return nil
+}
+
+// loadConfiguredStatic loads the static ranges of the agent's config, as
+// tenant 0; a failure is logged, and the reads go to the memory node.
+func (a *Agent) loadConfiguredStatic(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, r := range a.cache.cfg.Regions {
+		if len(r.Static) == 0 {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := a.loadStatic(ctx, 0, r.Region, r.Static); err != nil {
+				a.log.Warn("farmem: agent: static ranges not loaded", "region", r.Region, "err", err)
+				return
+			}
+			a.log.Info("farmem: agent: static ranges loaded", "region", r.Region, "ranges", len(r.Static))
+		}()
+	}
+	wg.Wait()
+}

@@ -1,0 +1,806 @@
+package farmem
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+)
+
+// cache is the DPU agent's static and dynamic cache (docs/farmem.md, "DPU
+// caches"). One mutex guards the index, the slots' states and reference
+// counts, the per-region state and the counters; the bytes of a valid
+// entry are read outside it while the reader holds a reference, and an
+// entry with references is never evicted or reused.
+type cache struct {
+	cfg   CacheConfig
+	chunk uint64
+	esz   uint64 // entry size
+
+	mu      sync.Mutex
+	arena   []byte
+	slots   []slot
+	free    []int32
+	index   map[entryKey]int32
+	regions map[uint32]*regionCache
+	rng     *rand.Rand
+
+	hist  []access // ring of the last cfg.History reads
+	histN int      // reads recorded (the ring's next position is histN % len)
+
+	// The adaptive switch (SODA eq. 3).
+	on                bool
+	probing           bool
+	winReads, winHits int
+	offReads          int
+	lastRate          float64
+	bnet, bintra      float64
+	bnetMeasured      bool
+	bintraMeasured    bool
+	events            []SwitchEvent
+	switches          uint64
+
+	staticUsed uint64
+	dropped    uint64 // prefetches dropped: fill queue full, or no slot free
+	fills      chan fillJob
+}
+
+type entryKey struct {
+	region uint32
+	idx    uint64
+}
+
+const (
+	slotFree = iota
+	slotFilling
+	slotValid
+)
+
+type slot struct {
+	key        entryKey
+	state      uint8
+	dead       bool // out of the index; freed when the last reference goes
+	used       bool // a read hit it
+	prefetched bool
+	refs       int32
+	gen        uint64 // the region's write generation when the fill started
+	n          int    // valid bytes (an entry at the region's end is short)
+	started    time.Time
+}
+
+type access struct {
+	region uint32
+	off    uint64
+}
+
+// regionCache is what the cache knows of one region.
+type regionCache struct {
+	size        uint64
+	tenant      uint32
+	tenantKnown bool
+	pf          Prefetcher
+	gen         uint64 // bumped by every write the agent forwards
+	writes      int    // writes forwarded and not yet answered
+	static      []staticRange
+	ctr         RegionCacheStats
+}
+
+type staticRange struct {
+	off  uint64
+	data []byte
+}
+
+// fillJob is one entry to load: a slot in the filling state.
+type fillJob struct {
+	slot int32
+	key  entryKey
+	n    int
+}
+
+// SwitchEvent is one turn of the adaptive switch.
+type SwitchEvent struct {
+	Time time.Time `json:"time"`
+	// On is the dynamic cache's state after the event.
+	On        bool    `json:"on"`
+	HitRate   float64 `json:"hit_rate"`
+	Threshold float64 `json:"threshold"`
+	Reason    string  `json:"reason"`
+}
+
+// RegionCacheStats are one region's cache counters. Hits, Misses and the
+// prefetch counters concern the dynamic cache; StaticHits reads served
+// from static ranges; Bypassed reads not looked up while the switch had
+// the dynamic cache off.
+type RegionCacheStats struct {
+	Region         uint32 `json:"region"`
+	Prefetcher     string `json:"prefetcher"`
+	StaticRanges   int    `json:"static_ranges"`
+	StaticBytes    uint64 `json:"static_bytes"`
+	StaticHits     uint64 `json:"static_hits"`
+	Hits           uint64 `json:"hits"`
+	Misses         uint64 `json:"misses"`
+	Bypassed       uint64 `json:"bypassed"`
+	PrefetchIssued uint64 `json:"prefetch_issued"`
+	PrefetchUsed   uint64 `json:"prefetch_used"`
+	EvictedUnused  uint64 `json:"evicted_unused"`
+	Invalidated    uint64 `json:"invalidated"`
+	Hinted         uint64 `json:"hinted"`
+	// Accuracy is PrefetchUsed / PrefetchIssued, Coverage Hits / (Hits +
+	// Misses).
+	Accuracy float64 `json:"accuracy"`
+	Coverage float64 `json:"coverage"`
+}
+
+// CacheStats are the agent's cache state and counters.
+type CacheStats struct {
+	// Dynamic says whether an arena is configured, On whether the
+	// adaptive switch has it on now.
+	Dynamic    bool   `json:"dynamic"`
+	On         bool   `json:"on"`
+	ArenaBytes uint64 `json:"arena_bytes"`
+	EntrySize  uint64 `json:"entry_size"`
+	Entries    int    `json:"entries"`
+	Valid      int    `json:"valid"`
+	Filling    int    `json:"filling"`
+	InUse      int    `json:"in_use"`
+	// StaticBytes of StaticLimit hold static ranges.
+	StaticBytes uint64 `json:"static_bytes"`
+	StaticLimit uint64 `json:"static_limit"`
+	// BNet and BIntra in bytes per second, and whether each was
+	// measured; Threshold is BNet/BIntra, the hit rate below which the
+	// dynamic cache costs more than it saves (SODA eq. 3).
+	BNet           float64 `json:"b_net"`
+	BIntra         float64 `json:"b_intra"`
+	BNetMeasured   bool    `json:"b_net_measured"`
+	BIntraMeasured bool    `json:"b_intra_measured"`
+	Threshold      float64 `json:"threshold"`
+	// WindowHitRate is the last complete window's hit rate, Window its
+	// length in reads.
+	WindowHitRate float64 `json:"window_hit_rate"`
+	Window        int     `json:"window"`
+	Switches      uint64  `json:"switches"`
+	// Events are the last switch events, oldest first.
+	Events  []SwitchEvent      `json:"events,omitempty"`
+	Dropped uint64             `json:"prefetch_dropped"`
+	Regions []RegionCacheStats `json:"regions,omitempty"`
+}
+
+const maxEvents = 16
+
+func newCache(cfg CacheConfig, chunk int) *cache {
+	cfg = cfg.WithDefaults()
+	c := &cache{cfg: cfg, chunk: uint64(chunk), esz: uint64(cfg.EntrySize),
+		index: make(map[entryKey]int32), regions: make(map[uint32]*regionCache),
+		rng:  rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x50da)),
+		hist: make([]access, cfg.History), fills: make(chan fillJob, cfg.Queue)}
+	if n := uint64(cfg.Size) / c.esz; n > 0 {
+		c.arena = make([]byte, n*c.esz)
+		c.slots = make([]slot, n)
+		for i := int(n) - 1; i >= 0; i-- {
+			c.free = append(c.free, int32(i))
+		}
+		c.on = true
+	}
+	c.bnet, c.bintra = float64(cfg.BNet), float64(cfg.BIntra)
+	if c.bintra == 0 && c.slots != nil {
+		c.bintra, c.bintraMeasured = measureIntra(), true
+	}
+	c.bnetMeasured = c.bnet == 0
+	for _, r := range cfg.Regions {
+		rc := c.region(r.Region)
+		if r.Prefetcher != nil {
+			rc.pf = *r.Prefetcher
+		}
+	}
+	return c
+}
+
+// measureIntra times a short copy loop: the DPU's memory bandwidth, which
+// stands in for the host↔DPU bandwidth where no DMA engine is measured.
+func measureIntra() float64 {
+	const block, total = 1 << 20, 64 << 20
+	src, dst := make([]byte, block), make([]byte, block)
+	for i := range src {
+		src[i] = byte(i)
+	}
+	start := time.Now()
+	for range total / block {
+		copy(dst, src)
+	}
+	d := time.Since(start)
+	if d <= 0 {
+		d = time.Nanosecond
+	}
+	return float64(total) / d.Seconds()
+}
+
+// region returns the state of region id, creating it. Call with mu held.
+func (c *cache) region(id uint32) *regionCache {
+	rc := c.regions[id]
+	if rc == nil {
+		rc = &regionCache{pf: c.cfg.Prefetcher}
+		rc.ctr.Region = id
+		c.regions[id] = rc
+	}
+	return rc
+}
+
+// learn records a region's size and, when known, its owner.
+func (c *cache) learn(id uint32, size uint64, tenant uint32, tenantKnown bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rc := c.region(id)
+	rc.size = size
+	if tenantKnown {
+		rc.tenant, rc.tenantKnown = tenant, true
+	}
+}
+
+// forget drops a freed region: its entries and static ranges.
+func (c *cache) forget(id uint32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rc := c.regions[id]
+	if rc == nil {
+		return
+	}
+	c.invalidateLocked(id, rc, 0, ^uint64(0))
+	for _, s := range rc.static {
+		c.staticUsed -= uint64(len(s.data))
+	}
+	delete(c.regions, id)
+}
+
+// threshold is B_net / B_intra, or 0 while either is unknown.
+func (c *cache) threshold() float64 {
+	if c.bnet <= 0 || c.bintra <= 0 {
+		return 0
+	}
+	return c.bnet / c.bintra
+}
+
+// allowed says whether tenant may read rc from the cache: the owner, or
+// tenant 0 (the infrastructure), as the memory node decides.
+func (rc *regionCache) allowed(tenant uint32) bool {
+	return tenant == 0 || rc.tenantKnown && rc.tenant == tenant
+}
+
+// staticFind returns the static bytes of [off, off+n), if one range holds
+// them all.
+func (rc *regionCache) staticFind(off, n uint64) []byte {
+	i, _ := slices.BinarySearchFunc(rc.static, off, func(s staticRange, off uint64) int {
+		switch {
+		case s.off+uint64(len(s.data)) <= off:
+			return -1
+		case s.off > off:
+			return 1
+		}
+		return 0
+	})
+	if i < len(rc.static) {
+		s := rc.static[i]
+		if s.off <= off && off+n <= s.off+uint64(len(s.data)) {
+			return s.data[off-s.off : off-s.off+n]
+		}
+	}
+	return nil
+}
+
+func (rc *regionCache) staticOverlaps(off, n uint64) bool {
+	for _, s := range rc.static {
+		if off < s.off+uint64(len(s.data)) && s.off < off+n {
+			return true
+		}
+	}
+	return false
+}
+
+// read serves a read of tenant from the static or the dynamic cache. On a
+// hit it returns the bytes and a reference to release once they are copied
+// (-1: static bytes, nothing to release). Every read of a region with
+// caching on goes through the history and may start prefetches.
+func (c *cache) read(tenant uint32, rec *Record) (data []byte, ref int32, hit bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rc := c.regions[rec.Region]
+	off, n := rec.Offset, uint64(rec.Size)
+	if rc == nil || rc.size == 0 || !rc.allowed(tenant) || off > rc.size || n > rc.size-off || n == 0 {
+		return nil, 0, false // the memory node decides
+	}
+	if b := rc.staticFind(off, n); b != nil {
+		rc.ctr.StaticHits++
+		return b, -1, true
+	}
+	if c.slots == nil || rc.pf == PrefetchOff {
+		return nil, 0, false
+	}
+	if !c.on {
+		rc.ctr.Bypassed++
+		c.offReads++
+		if c.offReads >= c.cfg.Probe {
+			c.offReads, c.on, c.probing = 0, true, true
+			c.winReads, c.winHits = 0, 0
+			c.event(true, c.lastRate, "probe: trying the dynamic cache again for a window")
+		}
+		return nil, 0, false
+	}
+	idx := off / c.esz
+	ref = -1
+	if (off+n-1)/c.esz == idx {
+		if i, ok := c.index[entryKey{rec.Region, idx}]; ok {
+			s := &c.slots[i]
+			if s.state == slotValid && !s.dead && off-idx*c.esz+n <= uint64(s.n) {
+				s.refs++
+				if !s.used {
+					s.used = true
+					if s.prefetched {
+						rc.ctr.PrefetchUsed++
+					}
+				}
+				base := uint64(i)*c.esz + off - idx*c.esz
+				data, ref, hit = c.arena[base:base+n:base+n], i, true
+			}
+		}
+	}
+	if hit {
+		rc.ctr.Hits++
+		c.winHits++
+	} else {
+		rc.ctr.Misses++
+	}
+	c.winReads++
+	c.hist[c.histN%len(c.hist)] = access{rec.Region, off}
+	c.histN++
+	c.prefetchLocked(rec.Region, rc, off, idx)
+	if c.winReads >= c.cfg.Window {
+		c.evaluateLocked()
+	}
+	return data, ref, hit
+}
+
+// release drops a reference read returned.
+func (c *cache) release(ref int32) {
+	if ref < 0 {
+		return
+	}
+	c.mu.Lock()
+	s := &c.slots[ref]
+	s.refs--
+	if s.refs == 0 && s.dead {
+		c.freeLocked(ref)
+	}
+	c.mu.Unlock()
+}
+
+// evaluateLocked ends a window: SODA's eq. 3 turns the dynamic cache off
+// when the hit rate is below B_net/B_intra.
+func (c *cache) evaluateLocked() {
+	h := float64(c.winHits) / float64(c.winReads)
+	c.lastRate = h
+	c.winReads, c.winHits = 0, 0
+	thr := c.threshold()
+	switch {
+	case thr > 0 && h < thr:
+		c.on, c.offReads = false, 0
+		why := fmt.Sprintf("hit rate %.3f < B_net/B_intra %.3f", h, thr)
+		if c.probing {
+			why = "probe failed: " + why
+		}
+		c.probing = false
+		c.event(false, h, why)
+		c.dropAllLocked()
+	case c.probing:
+		c.probing = false
+		c.event(true, h, fmt.Sprintf("probe succeeded: hit rate %.3f >= B_net/B_intra %.3f", h, thr))
+	}
+}
+
+func (c *cache) event(on bool, h float64, why string) {
+	c.switches++
+	if len(c.events) == maxEvents {
+		c.events = append(c.events[:0], c.events[1:]...)
+	}
+	c.events = append(c.events, SwitchEvent{Time: time.Now(), On: on, HitRate: h, Threshold: c.threshold(), Reason: why})
+}
+
+// dropAllLocked empties the arena when the switch turns it off; entries
+// being read or filled go when their readers or fills finish.
+func (c *cache) dropAllLocked() {
+	for k, i := range c.index {
+		delete(c.index, k)
+		c.dropSlotLocked(i, false)
+	}
+}
+
+// dropSlotLocked takes slot i out of use: at once when nothing holds it,
+// else when the last reader or the fill is done.
+func (c *cache) dropSlotLocked(i int32, invalidated bool) {
+	s := &c.slots[i]
+	if rc := c.regions[s.key.region]; rc != nil && s.state == slotValid {
+		switch {
+		case invalidated:
+			rc.ctr.Invalidated++
+		case s.prefetched && !s.used:
+			rc.ctr.EvictedUnused++
+		}
+	}
+	if s.refs == 0 && s.state != slotFilling {
+		c.freeLocked(i)
+		return
+	}
+	s.dead = true
+}
+
+func (c *cache) freeLocked(i int32) {
+	c.slots[i] = slot{}
+	c.free = append(c.free, i)
+}
+
+// allocLocked returns a free slot, evicting a random unreferenced valid
+// entry when none is free; false when every entry is in use or filling.
+func (c *cache) allocLocked() (int32, bool) {
+	if n := len(c.free); n > 0 {
+		i := c.free[n-1]
+		c.free = c.free[:n-1]
+		return i, true
+	}
+	n := len(c.slots)
+	start := c.rng.IntN(n)
+	for j := range n {
+		i := int32((start + j) % n)
+		s := &c.slots[i]
+		if s.state != slotValid || s.refs != 0 || s.dead {
+			continue
+		}
+		delete(c.index, s.key)
+		c.dropSlotLocked(i, false)
+		// dropSlotLocked freed it (no references, not filling).
+		k := len(c.free) - 1
+		c.free = c.free[:k]
+		return i, true
+	}
+	return 0, false
+}
+
+// prefetchLocked asks the region's prefetcher for the entries to load
+// after a read at off (entry idx) and starts their fills.
+func (c *cache) prefetchLocked(region uint32, rc *regionCache, off, idx uint64) {
+	switch rc.pf {
+	case PrefetchAdjacent:
+		for d := uint64(1); d <= uint64(c.cfg.Depth); d++ {
+			c.startFillLocked(region, rc, idx+d, true)
+		}
+	case PrefetchStride:
+		delta, ok := c.strideLocked(region)
+		if !ok {
+			return
+		}
+		got := 0
+		last := idx
+		for k := int64(1); k <= 64 && got < c.cfg.Depth; k++ {
+			o := int64(off) + k*delta
+			if o < 0 || uint64(o) >= rc.size {
+				break
+			}
+			e := uint64(o) / c.esz
+			if e == last || e == idx {
+				continue
+			}
+			last = e
+			got++
+			c.startFillLocked(region, rc, e, true)
+		}
+	}
+}
+
+// strideLocked is Leap's trend detector over the history: the deltas
+// between the region's consecutive reads, newest first, in windows of 4,
+// 8, 16, … up to the history; the first window with a majority delta
+// (Boyer-Moore vote, then a count) gives the trend.
+func (c *cache) strideLocked(region uint32) (int64, bool) {
+	var deltas [64]int64
+	nd := 0
+	var prev uint64
+	have := false
+	for j := 0; j < len(c.hist) && j < c.histN && nd < len(deltas); j++ {
+		a := c.hist[(c.histN-1-j)%len(c.hist)]
+		if a.region != region {
+			continue
+		}
+		if have {
+			deltas[nd] = int64(prev) - int64(a.off)
+			nd++
+		}
+		prev, have = a.off, true
+	}
+	for w := 4; ; w *= 2 {
+		w = min(w, nd)
+		if w < 2 {
+			return 0, false
+		}
+		cand, votes := int64(0), 0
+		for _, d := range deltas[:w] {
+			switch {
+			case votes == 0:
+				cand, votes = d, 1
+			case d == cand:
+				votes++
+			default:
+				votes--
+			}
+		}
+		count := 0
+		for _, d := range deltas[:w] {
+			if d == cand {
+				count++
+			}
+		}
+		if count*2 > w && cand != 0 {
+			return cand, true
+		}
+		if w == nd {
+			return 0, false
+		}
+	}
+}
+
+// startFillLocked claims a slot for entry idx of region and queues its
+// fill. Nothing happens when the entry is cached or filling, lies past the
+// region or wholly in a static range, or while writes to the region are in
+// flight (a fill could read bytes the write is about to replace).
+func (c *cache) startFillLocked(region uint32, rc *regionCache, idx uint64, prefetched bool) bool {
+	if idx*c.esz >= rc.size || rc.writes > 0 || !c.on {
+		return false
+	}
+	key := entryKey{region, idx}
+	if _, ok := c.index[key]; ok {
+		return false
+	}
+	n := min(c.esz, rc.size-idx*c.esz)
+	if rc.staticFind(idx*c.esz, n) != nil {
+		return false
+	}
+	i, ok := c.allocLocked()
+	if !ok {
+		c.dropped++
+		return false
+	}
+	c.slots[i] = slot{key: key, state: slotFilling, prefetched: prefetched, gen: rc.gen, n: int(n), started: time.Now()}
+	select {
+	case c.fills <- fillJob{slot: i, key: key, n: int(n)}:
+	default:
+		c.dropped++
+		c.freeLocked(i)
+		return false
+	}
+	c.index[key] = i
+	rc.ctr.PrefetchIssued++
+	return true
+}
+
+// fillBuf is where fill j's bytes go.
+func (c *cache) fillBuf(j fillJob) []byte {
+	base := uint64(j.slot) * c.esz
+	return c.arena[base : base+uint64(j.n)]
+}
+
+// fillDone completes fill j: the entry becomes valid unless the fill
+// failed or a write to its region arrived meanwhile.
+func (c *cache) fillDone(j fillJob, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := &c.slots[j.slot]
+	rc := c.regions[j.key.region]
+	if s.dead || !ok || rc == nil || rc.gen != s.gen {
+		if c.index[j.key] == j.slot && !s.dead {
+			delete(c.index, j.key)
+		}
+		c.freeLocked(j.slot)
+		return
+	}
+	s.state = slotValid
+	if c.bnetMeasured {
+		if d := time.Since(s.started); d > 0 {
+			c.bnet = max(c.bnet, float64(s.n)/d.Seconds())
+		}
+	}
+}
+
+// beginWrite is called before a write is forwarded: it refuses a write
+// into a static range (false), and otherwise invalidates the overlapping
+// entries and holds off fills of the region until endWrite.
+func (c *cache) beginWrite(region uint32, off, n uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rc := c.regions[region]
+	if rc == nil {
+		rc = c.region(region)
+	}
+	if rc.staticOverlaps(off, n) {
+		return false
+	}
+	rc.writes++
+	rc.gen++
+	c.invalidateLocked(region, rc, off, n)
+	return true
+}
+
+// endWrite is called when the memory node answered a write (or the agent
+// gave up on it), before the host is answered.
+func (c *cache) endWrite(region uint32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if rc := c.regions[region]; rc != nil && rc.writes > 0 {
+		rc.writes--
+		rc.gen++
+	}
+}
+
+// invalidateLocked drops the entries of region overlapping [off, off+n).
+func (c *cache) invalidateLocked(region uint32, rc *regionCache, off, n uint64) {
+	if c.slots == nil || n == 0 {
+		return
+	}
+	first := off / c.esz
+	last := (min(off+n, rc.size+c.esz) - 1) / c.esz
+	if off+n < off { // the whole region
+		last = ^uint64(0)
+	}
+	if last-first > uint64(len(c.slots)) {
+		for k, i := range c.index {
+			if k.region == region && k.idx >= first && k.idx <= last {
+				delete(c.index, k)
+				c.dropSlotLocked(i, true)
+			}
+		}
+		return
+	}
+	for e := first; e <= last; e++ {
+		k := entryKey{region, e}
+		if i, ok := c.index[k]; ok {
+			delete(c.index, k)
+			c.dropSlotLocked(i, true)
+		}
+	}
+}
+
+// hint starts fills for the entries overlapping ranges, up to the arena's
+// size; it returns how many it started. A prefetcher setting, when not
+// nil, becomes the region's.
+func (c *cache) hint(tenant, region uint32, ranges []Range, pf *Prefetcher) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rc := c.regions[region]
+	if rc == nil || rc.size == 0 || !rc.allowed(tenant) {
+		return 0, nil // unknown here: the memory node checks the request
+	}
+	if pf != nil {
+		rc.pf = *pf
+	}
+	if c.slots == nil || rc.pf == PrefetchOff || !c.on {
+		return 0, nil
+	}
+	started := 0
+	for _, r := range ranges {
+		if r.Size == 0 || r.Offset >= rc.size {
+			continue
+		}
+		end := min(rc.size, r.Offset+r.Size)
+		if end < r.Offset {
+			end = rc.size
+		}
+		for e := r.Offset / c.esz; e*c.esz < end && started < len(c.slots); e++ {
+			if c.startFillLocked(region, rc, e, true) {
+				started++
+				rc.ctr.Hinted++
+			}
+		}
+	}
+	return started, nil
+}
+
+// addStatic installs bytes as a static range of region: they are served
+// from here from now on, and writes to them are refused.
+func (c *cache) addStatic(region uint32, off uint64, data []byte) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rc := c.region(region)
+	if rc.staticOverlaps(off, uint64(len(data))) {
+		return fmt.Errorf("%w: static range %d+%d of region %d overlaps one loaded", ErrBadRequest, off, len(data), region)
+	}
+	c.invalidateLocked(region, rc, off, uint64(len(data)))
+	rc.static = append(rc.static, staticRange{off, data})
+	slices.SortFunc(rc.static, func(a, b staticRange) int {
+		switch {
+		case a.off < b.off:
+			return -1
+		case a.off > b.off:
+			return 1
+		}
+		return 0
+	})
+	return nil
+}
+
+// reserveStatic takes n bytes of the static budget (false: no room);
+// unreserveStatic gives them back after a failed load.
+func (c *cache) reserveStatic(n uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.staticUsed+n > uint64(c.cfg.StaticSize) {
+		return false
+	}
+	c.staticUsed += n
+	return true
+}
+
+func (c *cache) unreserveStatic(n uint64) {
+	c.mu.Lock()
+	c.staticUsed -= n
+	c.mu.Unlock()
+}
+
+// staticRanges lists the static ranges of region, for the open reply.
+func (c *cache) staticRanges(region uint32) []Range {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rc := c.regions[region]
+	if rc == nil {
+		return nil
+	}
+	out := make([]Range, 0, len(rc.static))
+	for _, s := range rc.static {
+		out = append(out, Range{s.off, uint64(len(s.data))})
+	}
+	return out
+}
+
+// regionSize returns a region's size, 0 when unknown.
+func (c *cache) regionSize(region uint32) uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if rc := c.regions[region]; rc != nil {
+		return rc.size
+	}
+	return 0
+}
+
+func (c *cache) stats() CacheStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := CacheStats{Dynamic: c.slots != nil, On: c.on && c.slots != nil, ArenaBytes: uint64(len(c.arena)),
+		EntrySize: c.esz, Entries: len(c.slots), StaticBytes: c.staticUsed, StaticLimit: uint64(c.cfg.StaticSize),
+		BNet: c.bnet, BIntra: c.bintra, BNetMeasured: c.bnetMeasured, BIntraMeasured: c.bintraMeasured,
+		Threshold: c.threshold(), WindowHitRate: c.lastRate, Window: c.cfg.Window, Switches: c.switches,
+		Events: slices.Clone(c.events), Dropped: c.dropped}
+	for i := range c.slots {
+		s := &c.slots[i]
+		switch s.state {
+		case slotValid:
+			st.Valid++
+		case slotFilling:
+			st.Filling++
+		}
+		if s.refs > 0 {
+			st.InUse++
+		}
+	}
+	for _, rc := range c.regions {
+		r := rc.ctr
+		r.Prefetcher = rc.pf.String()
+		r.StaticRanges = len(rc.static)
+		for _, s := range rc.static {
+			r.StaticBytes += uint64(len(s.data))
+		}
+		if r.PrefetchIssued > 0 {
+			r.Accuracy = float64(r.PrefetchUsed) / float64(r.PrefetchIssued)
+		}
+		if r.Hits+r.Misses > 0 {
+			r.Coverage = float64(r.Hits) / float64(r.Hits+r.Misses)
+		}
+		st.Regions = append(st.Regions, r)
+	}
+	slices.SortFunc(st.Regions, func(a, b RegionCacheStats) int { return int(a.Region) - int(b.Region) })
+	return st
+}

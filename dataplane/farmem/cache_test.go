@@ -1,0 +1,326 @@
+package farmem
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+)
+
+// fillAll completes every queued fill of c with pattern bytes.
+func fillAll(t *testing.T, c *cache, pattern func(key entryKey, i int) byte) int {
+	t.Helper()
+	n := 0
+	for {
+		select {
+		case j := <-c.fills:
+			b := c.fillBuf(j)
+			for i := range b {
+				b[i] = pattern(j.key, i)
+			}
+			c.fillDone(j, true)
+			n++
+		default:
+			return n
+		}
+	}
+}
+
+// TestCacheEvictionHoldsReferences fills the arena, holds a reference to
+// every entry and asks for more: no held entry is evicted or overwritten,
+// an invalidated held entry keeps its bytes until released, and released
+// slots are reused.
+func TestCacheEvictionHoldsReferences(t *testing.T) {
+	const esz, entries = 4096, 4
+	c := newCache(CacheConfig{Size: esz * entries, EntrySize: esz, BNet: 1, BIntra: 2, Prefetcher: PrefetchHints, Window: 1 << 20}, esz)
+	c.learn(1, 64*esz, 0, true)
+	pat := func(k entryKey, i int) byte { return byte(k.idx*7 + uint64(i)) }
+	if n, _ := c.hint(0, 1, []Range{{0, entries * esz}}, nil); n != entries {
+		t.Fatalf("hint started %d fills, want %d", n, entries)
+	}
+	if got := fillAll(t, c, pat); got != entries {
+		t.Fatalf("%d fills, want %d", got, entries)
+	}
+	held := make([][]byte, entries)
+	refs := make([]int32, entries)
+	for e := range entries {
+		data, ref, hit := c.read(0, &Record{Op: OpRead, Region: 1, Offset: uint64(e * esz), Size: esz})
+		if !hit {
+			t.Fatalf("entry %d: miss after fill", e)
+		}
+		held[e], refs[e] = data, ref
+	}
+	// Over-full: every slot is referenced, so nothing may be evicted.
+	if n, _ := c.hint(0, 1, []Range{{entries * esz, 8 * esz}}, nil); n != 0 {
+		t.Fatalf("hint started %d fills with every entry in use", n)
+	}
+	if st := c.stats(); st.InUse != entries || st.Valid != entries || st.Dropped == 0 {
+		t.Fatalf("stats %+v: want %d in use and valid, prefetches dropped", st, entries)
+	}
+	// A write invalidates entry 0 while it is held: its bytes stay.
+	if !c.beginWrite(1, 0, 100) {
+		t.Fatal("write refused")
+	}
+	c.endWrite(1)
+	if _, _, hit := c.read(0, &Record{Op: OpRead, Region: 1, Offset: 0, Size: esz}); hit {
+		t.Fatal("hit on an invalidated entry")
+	}
+	for e := range entries {
+		for i, b := range held[e] {
+			if b != pat(entryKey{1, uint64(e)}, i) {
+				t.Fatalf("held entry %d changed at byte %d", e, i)
+			}
+		}
+	}
+	for _, r := range refs {
+		c.release(r)
+	}
+	// Released: entry 0's slot is free, the others evictable.
+	if n, _ := c.hint(0, 1, []Range{{8 * esz, 3 * esz}}, nil); n != 3 {
+		t.Fatalf("hint after release started %d fills, want 3", n)
+	}
+	fillAll(t, c, pat)
+	st := c.stats()
+	if st.Valid != entries || st.InUse != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	r := st.Regions[0]
+	if r.Invalidated != 1 || r.EvictedUnused != 0 || r.PrefetchUsed != entries {
+		t.Fatalf("region stats %+v: want 1 invalidated, none evicted unused, %d used", r, entries)
+	}
+	// Four more: the arena holds three never-read entries and one read
+	// one, so three evictions are of unused prefetches.
+	if n, _ := c.hint(0, 1, []Range{{16 * esz, 4 * esz}}, nil); n != 4 {
+		t.Fatalf("hint started %d fills, want 4", n)
+	}
+	fillAll(t, c, pat)
+	if r := c.stats().Regions[0]; r.EvictedUnused != 3 || r.PrefetchIssued != 11 {
+		t.Fatalf("region stats %+v: want 3 evicted unused of 11 issued", r)
+	}
+}
+
+// TestStrideDetector feeds strided reads and checks the prefetched entries
+// follow the majority delta, also with noise in between.
+func TestStrideDetector(t *testing.T) {
+	const esz = 4096
+	c := newCache(CacheConfig{Size: 64 * esz, EntrySize: esz, BNet: 1, BIntra: 2, Prefetcher: PrefetchStride, Depth: 2, Window: 1 << 20}, esz)
+	c.learn(1, 1024*esz, 0, true)
+	offs := []uint64{0, 5, 10, 300, 15, 20} // entries; one outlier
+	for _, o := range offs {
+		c.read(0, &Record{Op: OpRead, Region: 1, Offset: o * esz, Size: 512})
+	}
+	var got []uint64
+	for len(c.fills) > 0 {
+		j := <-c.fills
+		got = append(got, j.key.idx)
+		c.fillDone(j, true)
+	}
+	want := map[uint64]bool{25: true, 30: true}
+	found := 0
+	for _, g := range got {
+		if want[g] {
+			found++
+		}
+	}
+	if found != 2 {
+		t.Fatalf("fills %v: want entries 25 and 30 after a stride of 5 entries", got)
+	}
+}
+
+// pattern word i of chunk c at version v: readers recover v from any word
+// and so see a stale word, whichever version tore with which.
+func patWord(c, i int, v uint64) uint64 { return uint64(c)<<40 ^ uint64(i)*0x9e3779b97f4a7c15 + v }
+
+func fillChunk(p []byte, c int, v uint64) {
+	for i := 0; i < len(p)/8; i++ {
+		binary.LittleEndian.PutUint64(p[i*8:], patWord(c, i, v))
+	}
+}
+
+// startCachingAgent runs an agent with cc in front of server srv.
+func startCachingAgent(t testing.TB, srv *Server, cc CacheConfig) *Agent {
+	t.Helper()
+	cfg := AgentConfig{Config: testConfig(), Servers: []ServerSpec{{Addr: srv.Addr()}}, Cache: cc}
+	a, err := NewAgent(cfg, AgentOptions{HostTransports: []transport.Transport{listen(t, loopback)}, FabricTransports: []transport.Transport{listen(t, loopback)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, a.Run)
+	return a
+}
+
+// TestCachesExactUnderWrites: two clients (two host processes, in-process
+// here) read a region through a caching agent, concurrently, while a
+// third writes its non-static chunks. Every word a reader gets is of a
+// version at least as new as the last write acknowledged before the read
+// began (no stale data from either cache), and a write into the static
+// range is refused.
+func TestCachesExactUnderWrites(t *testing.T) {
+	srv, _ := startServer(t, t.TempDir(), listen(t, loopback))
+	const esz, chunk, nchunks, nstatic = 256 << 10, 64 << 10, 64, 8
+	a := startCachingAgent(t, srv, CacheConfig{Size: 8 * esz, EntrySize: esz, BNet: 1, BIntra: 1 << 40, Window: 64})
+	wc := newClient(t, a.Addr(), 5)
+	w, err := wc.Alloc(context.Background(), nchunks*chunk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var acked, started [nchunks]atomic.Uint64
+	p := make([]byte, chunk)
+	for c := range nchunks {
+		fillChunk(p, c, 1)
+		if _, err := w.WriteAt(p, int64(c*chunk)); err != nil {
+			t.Fatal(err)
+		}
+		acked[c].Store(1)
+		started[c].Store(1)
+	}
+	readers := []*Client{newClient(t, a.Addr(), 5), newClient(t, a.Addr(), 5)}
+	var regs []*Region
+	for _, rc := range readers {
+		r, err := rc.Open(context.Background(), w.ID(), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		regs = append(regs, r)
+	}
+	if ok, err := regs[0].LoadStatic([]Range{{0, nstatic * chunk}}); err != nil || !ok {
+		t.Fatalf("LoadStatic: %v, %v", ok, err)
+	}
+	if _, err := w.WriteAt(p[:100], 10); !errors.Is(err, ErrReadOnly) {
+		t.Fatalf("write into a static range: %v, want ErrReadOnly", err)
+	}
+	if _, err := regs[1].Hint([]Range{{nstatic * chunk, 4 * esz}}); err != nil {
+		t.Fatal(err)
+	}
+	r2, err := readers[1].Open(context.Background(), w.ID(), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := r2.Static(); len(s) != 1 || s[0] != (Range{0, nstatic * chunk}) {
+		t.Fatalf("open through the agent: static ranges %v", s)
+	}
+
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	wg.Add(1)
+	go func() { // the writer: whole chunks outside the static range
+		defer wg.Done()
+		defer close(done)
+		rng := rand.New(rand.NewPCG(1, 2))
+		buf := make([]byte, chunk)
+		for range 150 {
+			c := nstatic + rng.IntN(nchunks-nstatic)
+			v := started[c].Add(1)
+			fillChunk(buf, c, v)
+			if _, err := w.WriteAt(buf, int64(c*chunk)); err != nil {
+				errs <- err
+				return
+			}
+			acked[c].Store(v)
+		}
+	}()
+	for g, r := range []*Region{regs[0], regs[0], regs[1], regs[1]} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 9))
+			buf := make([]byte, chunk)
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					if i > 50 {
+						return
+					}
+				default:
+				}
+				c := i % nchunks // sequential scans on even readers
+				if g%2 == 1 {
+					c = rng.IntN(nchunks)
+				}
+				floor := acked[c].Load()
+				if _, err := r.ReadAt(buf, int64(c*chunk)); err != nil {
+					errs <- err
+					return
+				}
+				ceil := started[c].Load()
+				for k := 0; k < chunk/8; k++ {
+					v := binary.LittleEndian.Uint64(buf[k*8:]) - patWord(c, k, 0)
+					if v < floor || v > ceil {
+						errs <- fmt.Errorf("reader %d: chunk %d word %d: version %d, want %d..%d", g, c, k, v, floor, ceil)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	st := a.Stats().Cache
+	var reg RegionCacheStats
+	for _, r := range st.Regions {
+		if r.Region == w.ID() {
+			reg = r
+		}
+	}
+	t.Logf("cache: %+v", reg)
+	if reg.StaticHits == 0 || reg.Hits == 0 || reg.Invalidated == 0 || reg.PrefetchIssued == 0 {
+		t.Fatalf("region stats %+v: want static hits, hits, invalidations and prefetches", reg)
+	}
+	if st.InUse != 0 {
+		t.Fatalf("%d entries still referenced after every read finished", st.InUse)
+	}
+}
+
+// TestAdaptiveSwitch: random reads have a hit rate below B_net/B_intra
+// (1/2 here), so the agent turns its dynamic cache off; after Probe reads
+// it tries again, and a sequential scan keeps it on.
+func TestAdaptiveSwitch(t *testing.T) {
+	srv, _ := startServer(t, t.TempDir(), listen(t, loopback))
+	const esz, chunk, size = 256 << 10, 64 << 10, 16 << 20
+	a := startCachingAgent(t, srv, CacheConfig{Size: 8 * esz, EntrySize: esz, BNet: 1, BIntra: 2, Window: 32, Probe: 200})
+	c := newClient(t, a.Addr(), 3)
+	r, err := c.Alloc(context.Background(), size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, chunk)
+	rng := rand.New(rand.NewPCG(7, 7))
+	for range 3 * 32 {
+		if _, err := r.ReadAt(buf, int64(rng.IntN(size/chunk)*chunk)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := a.Stats().Cache
+	if st.On || len(st.Events) == 0 || st.Events[0].On {
+		t.Fatalf("after random reads: on=%v events %+v; want off", st.On, st.Events)
+	}
+	t.Logf("off: %+v", st.Events[0])
+	on := false
+	for i := 0; i < 20*size/chunk && !on; i++ {
+		if _, err := r.ReadAt(buf, int64(i%(size/chunk)*chunk)); err != nil {
+			t.Fatal(err)
+		}
+		st = a.Stats().Cache
+		last := st.Events[len(st.Events)-1]
+		on = st.On && last.On && strings.HasPrefix(last.Reason, "probe succeeded")
+	}
+	if !on {
+		t.Fatalf("sequential reads did not turn the cache on again: %+v", st.Events)
+	}
+	t.Logf("on: %+v", st.Events[len(st.Events)-1])
+	if !bytes.Equal(buf, make([]byte, chunk)) {
+		t.Fatal("anonymous region read back non-zero bytes")
+	}
+}
