@@ -13,7 +13,9 @@
 // console: the guest's /init runs each test binary as root with
 // LOVELOCK_REQUIRE_PRIV=1 (a privilege skip is a failure) and powers off.
 // It fails, with the console log, when a program is rejected, a test fails
-// or skips, the guest panics or does not power off within the guard (120 s).
+// or skips, the guest panics or does not power off within the guard
+// (--timeout; make image-bpf-test gives 480 s: the packages' tests run
+// under emulation, slowly on a busy 2-core machine).
 //
 // -deb and -release boot another kernel package (Debian's 6.1, say) for a
 // one-off look; the lock file is not consulted then.
@@ -304,7 +306,7 @@ func (r *runner) initramfs(kc *kernel.Contents, bins string, tested *[]string) (
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			return "", err
 		}
-		args := []string{"-test.v", "-test.count=1", "-test.timeout=100s"}
+		args := []string{"-test.v", "-test.count=1", "-test.timeout=300s"}
 		if r.runRe != "" {
 			args = append(args, "-test.run="+r.runRe)
 		}
