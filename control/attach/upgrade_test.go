@@ -33,7 +33,7 @@ func otherBuild(t *testing.T, dir, iface string) ebpf.ProgramID {
 	if err := os.MkdirAll(filepath.Join(dir, "links"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	spec, err := ebpf.LoadCollectionSpec("../../bpf/steer_bpfel.o")
+	spec, err := bpf.SteerSpec()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,8 +213,11 @@ func setup(t *testing.T, dir string) (nsA, nsB netns.NsHandle, oldXDP ebpf.Progr
 	var macA, macB net.HardwareAddr
 	testenv.InNetNS(t, nsA, func() error {
 		l, err := netlink.LinkByName("a")
+		if err != nil {
+			return err
+		}
 		macA = l.Attrs().HardwareAddr
-		return err
+		return nil
 	})
 	testenv.InNetNS(t, nsB, func() error {
 		l, err := netlink.LinkByName("b")
