@@ -1,8 +1,10 @@
 package graph
 
 import (
+	"context"
 	"fmt"
 	"math"
+	"time"
 )
 
 // DefaultTolerance is the relative tolerance Compare allows PageRank and BC
@@ -110,4 +112,33 @@ func Summary(r Result) string {
 		return fmt.Sprintf("top vertex %d (%.6g), sum %.6g", top, r.Floats[top], sum)
 	}
 	return ""
+}
+
+// Checked is an app's run on one copy of a graph (far memory), checked
+// against the same app on another (in memory).
+type Checked struct {
+	Far, Local         Result
+	FarTime, LocalTime time.Duration
+	// Mismatch is nil when the runs agree (Compare), else the difference.
+	Mismatch error
+}
+
+// RunChecked runs app on far, then on local, with the same parameters and
+// engine options, and compares the results with tol. An error means a run
+// failed; a disagreement is reported in Checked.Mismatch.
+func RunChecked(ctx context.Context, far, local *Graph, app App, p Params, o Options, tol float64) (Checked, error) {
+	var c Checked
+	var err error
+	start := time.Now()
+	if c.Far, err = Run(ctx, NewEngine(far, o), app, p); err != nil {
+		return c, fmt.Errorf("%s over far memory: %w", app, err)
+	}
+	c.FarTime = time.Since(start)
+	start = time.Now()
+	if c.Local, err = Run(ctx, NewEngine(local, o), app, p); err != nil {
+		return c, fmt.Errorf("%s in memory: %w", app, err)
+	}
+	c.LocalTime = time.Since(start)
+	c.Mismatch = Compare(c.Far, c.Local, tol)
+	return c, nil
 }
