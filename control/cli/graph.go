@@ -405,7 +405,7 @@ func printGraphRun(w io.Writer, r graphRunReport) {
 			fmt.Fprintf(w, "%s: not measured (no %s)\n", what, flag)
 			return
 		}
-		fmt.Fprintf(w, "%s: %d bytes (%s)\n", what, *p, farmem.Size(*p))
+		fmt.Fprintf(w, "%s: %d bytes (%.1f MiB)\n", what, *p, float64(*p)/(1<<20))
 	}
 	bytes(r.DPUFabricBytes, "DPU agent ↔ memory nodes (fabric)", "--dpu-socket")
 	bytes(r.DPUHostBytes, "DPU agent ↔ hosts", "--dpu-socket")
