@@ -311,10 +311,13 @@ func graphRun(c *ucli.Context) error {
 		if err != nil {
 			return err
 		}
+		defer cl.Close()
 		region, err = graph.Upload(ctx, cl, img)
-		cl.Close()
 		if err != nil {
 			return err
+		}
+		if !c.Bool("keep") {
+			defer cl.Free(context.Background(), region)
 		}
 	case mem != nil:
 		abs, err := filepath.Abs(path)
@@ -330,7 +333,7 @@ func graphRun(c *ucli.Context) error {
 		return errors.New("graph run: give --region ID, --mem-socket (to preload --graph on the memory node) or --upload ADDR, or --local")
 	}
 	rep.Region = region
-	if c.Uint("region") == 0 && !c.Bool("keep") && mem != nil {
+	if c.Uint("region") == 0 && c.String("upload") == "" && !c.Bool("keep") {
 		defer mem.ServiceCall(context.Background(), http.MethodDelete, memServer, fmt.Sprintf("regions/%d", region), nil, nil)
 	}
 
