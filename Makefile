@@ -110,6 +110,11 @@ bench-mem: ## far memory on its own netns testbed (root): chunk reads and writes
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/lovelockd ./appliance/cmd/lovelockd
 	$(GO) run ./appliance/cmd/bench-mem -lovelockd $(BIN)/lovelockd $(BENCH_MEM_FLAGS)
 
+.PHONY: bench-graph
+bench-graph: ## graph apps (BFS, PageRank, CC, Radii, BC) over far memory on its own netns testbed (root): time and fabric bytes direct vs through the DPU agent
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/lovelockd ./appliance/cmd/lovelockd
+	$(GO) run ./appliance/cmd/bench-graph -lovelockd $(BIN)/lovelockd $(BENCH_GRAPH_FLAGS)
+
 .PHONY: bench-sched
 bench-sched: ## MIG scheduling policies: GPU-hours, allocation rate, gap to the exact optimum, decisions/s (~1 min)
 	$(GO) run ./dataplane/ingest/sched/cmd/bench-sched $(BENCH_SCHED_FLAGS)

@@ -33,6 +33,7 @@ func App(stdout, stderr io.Writer) *ucli.App {
 			msgCommand(),
 			servicesCommand(),
 			memCommand(),
+			graphCommand(),
 			statusCommand(),
 			imageCommand(),
 			testbedCommand(),

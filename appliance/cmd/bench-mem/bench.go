@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lovelock-dpu/lovelock/appliance/internal/memcluster"
 	"github.com/lovelock-dpu/lovelock/control/testbed"
 	"github.com/lovelock-dpu/lovelock/dataplane/farmem"
 	"github.com/lovelock-dpu/lovelock/dataplane/farmem/fmap"
@@ -24,7 +25,7 @@ const chunk = farmem.DefaultChunkSize
 type bench struct {
 	spec    testbed.Spec
 	region  farmem.RegionInfo
-	cluster *cluster
+	cluster *memcluster.Cluster
 	// maxDatagram caps the requesters' datagrams (0: the default).
 	maxDatagram int
 }
@@ -184,13 +185,13 @@ func selfCPU() time.Duration {
 // reading it chunk by chunk through the agent. Host CPU counts this process
 // and host0's lovelockd, whose host agent serves the faults.
 func (b *bench) faultIn(ctx context.Context) (mapping, explicit point, err error) {
-	pid0, err := b.cluster.host.cpu()
+	pid0, err := b.cluster.Host.CPU()
 	if err != nil {
 		return point{}, point{}, err
 	}
 	cpu0 := selfCPU()
 	start := time.Now()
-	m, err := fmap.Map(ctx, b.cluster.hostSocket, fmap.RegionRef{ID: uint64(b.region.ID), ReadOnly: true}, fmap.Options{})
+	m, err := fmap.Map(ctx, b.cluster.HostSocket, fmap.RegionRef{ID: uint64(b.region.ID), ReadOnly: true}, fmap.Options{})
 	if err != nil {
 		return point{}, point{}, err
 	}
@@ -203,7 +204,7 @@ func (b *bench) faultIn(ctx context.Context) (mapping, explicit point, err error
 		}
 	}
 	elapsed := time.Since(start)
-	pid1, _ := b.cluster.host.cpu()
+	pid1, _ := b.cluster.Host.CPU()
 	cpu := selfCPU() - cpu0 + pid1 - pid0
 	if err := m.Close(); err != nil {
 		return point{}, point{}, err
@@ -284,7 +285,7 @@ func (b *bench) report(ctx context.Context, counts []int) error {
 			counts[len(counts)-1], v.op, v.ratio, v.ratio >= 0.9, v.cr, v.cr < 1)
 	}
 	var st farmem.AgentStats
-	if err := b.cluster.dpu.client().ServiceStats(ctx, "farmem", &st); err == nil {
+	if err := b.cluster.DPU.Client().ServiceStats(ctx, "farmem", &st); err == nil {
 		defer func() {
 			fmt.Printf("dpu0's lovelockd agent: %d host requests in %d task batches (%.1f per batch), fabric retransmits %d, timeouts %d\n",
 				st.HostRequests, st.Batches, st.AvgBatch, st.Fabric.Retransmits, st.Fabric.Timeouts)

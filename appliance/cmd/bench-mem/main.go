@@ -27,6 +27,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/lovelock-dpu/lovelock/appliance/internal/memcluster"
 	"github.com/lovelock-dpu/lovelock/control/api"
 	"github.com/lovelock-dpu/lovelock/control/testbed"
 	"github.com/lovelock-dpu/lovelock/dataplane/farmem"
@@ -44,6 +45,12 @@ var (
 	memSock    = flag.String("mem-socket", "", "-demo: API socket of mem0's lovelockd")
 	dpuSock    = flag.String("dpu-socket", "", "-demo: API socket of dpu0's lovelockd")
 	hostSock   = flag.String("host-socket", "", "-demo: far-memory socket of host0's lovelockd (far_memory_host.socket)")
+)
+
+// The testbed's far-memory addresses.
+const (
+	memAddr   = memcluster.MemAddr
+	agentAddr = memcluster.AgentAddr
 )
 
 func main() {
@@ -87,15 +94,15 @@ func run(ctx context.Context) error {
 	if err := testbed.SetMTU(spec, 9000); err != nil {
 		return err
 	}
-	cl, err := startCluster(ctx, spec, *lovelockd)
+	cl, err := memcluster.Start(ctx, spec, *lovelockd, memcluster.Options{})
 	if err != nil {
 		return err
 	}
-	defer cl.stop()
+	defer cl.Stop()
 	fmt.Printf("testbed %q: MTU 9000; lovelockd: memory server on mem0, far-memory agent on dpu0, host agent on host0\n", spec.Prefix)
 
 	var info farmem.RegionInfo
-	if err := cl.mem.client().ServiceCall(ctx, http.MethodPost, "memserver", "regions", api.MemCreate{Size: uint64(size), Writable: true}, &info); err != nil {
+	if err := cl.Mem.Client().ServiceCall(ctx, http.MethodPost, "memserver", "regions", api.MemCreate{Size: uint64(size), Writable: true}, &info); err != nil {
 		return fmt.Errorf("create the region: %w", err)
 	}
 	b := &bench{spec: spec, region: info, cluster: cl}

@@ -1,0 +1,194 @@
+// Package memcluster starts far memory's lovelockd roles in the nodes of a
+// netns testbed, for the benchmarks (bench-mem, bench-graph): the memory
+// server on mem0, the far-memory agent on dpu0, the host agent on host0 and
+// any further roles a benchmark asks for, each a lovelockd process forked
+// inside its node with its own config, API socket, state and pin directory
+// under one temporary directory, all removed by Stop.
+package memcluster
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/lovelock-dpu/lovelock/control/api"
+	"github.com/lovelock-dpu/lovelock/control/testbed"
+)
+
+// The testbed's far-memory addresses (docs/testbed.md): mem0's and dpu0's
+// uplink addresses, on the Lovelock port.
+const (
+	MemAddr   = "10.77.0.20:61440"
+	AgentAddr = "10.77.0.10:61440"
+)
+
+// Daemon is a lovelockd running in a testbed node.
+type Daemon struct {
+	Node   string
+	Socket string // its API socket
+	Cmd    *exec.Cmd
+}
+
+// Client is an API client of the daemon.
+func (d *Daemon) Client() *api.Client { return api.NewClient(d.Socket) }
+
+// CPU returns the CPU time the daemon has used, from /proc.
+func (d *Daemon) CPU() (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", d.Cmd.Process.Pid))
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the command name, which is in parentheses: utime and
+	// stime are the 12th and 13th of them, in clock ticks (100 Hz on Linux).
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: short", d.Cmd.Process.Pid)
+	}
+	ut, _ := strconv.ParseUint(f[11], 10, 64)
+	st, _ := strconv.ParseUint(f[12], 10, 64)
+	return time.Duration(ut+st) * 10 * time.Millisecond, nil
+}
+
+// Role is one lovelockd to start: the node it runs in and its config. The
+// name tells daemons apart when a node runs more than one (default Node).
+type Role struct {
+	Name, Node, Config string
+}
+
+// Cluster is far memory's lovelockds on a testbed.
+type Cluster struct {
+	Dir        string
+	Mem        *Daemon // mem0: the memory server
+	DPU        *Daemon // dpu0: the far-memory agent
+	Host       *Daemon // host0: the host agent, through dpu0
+	HostSocket string  // host0's far-memory socket (far_memory_host.socket)
+	// Extra are the daemons of Options.Extra, by name.
+	Extra  map[string]*Daemon
+	prefix string
+	all    []*Daemon
+}
+
+// Options add to the three standard roles.
+type Options struct {
+	// Capacity of mem0's memory server (default 4GiB).
+	Capacity string
+	// Extra roles, started after the standard ones; a config may use
+	// {{dir}} for the cluster's directory.
+	Extra []Role
+}
+
+// Start starts lovelockd (the binary bin) in mem0, dpu0 and host0, and the
+// extra roles, and waits until each one's service runs.
+func Start(ctx context.Context, spec testbed.Spec, bin string, o Options) (*Cluster, error) {
+	dir, err := os.MkdirTemp("", "memcluster-")
+	if err != nil {
+		return nil, err
+	}
+	if o.Capacity == "" {
+		o.Capacity = "4GiB"
+	}
+	c := &Cluster{Dir: dir, HostSocket: filepath.Join(dir, "farmem.sock"), Extra: map[string]*Daemon{}, prefix: spec.Prefix}
+	roles := []Role{
+		{Node: "mem0", Config: fmt.Sprintf("memory_server: {addr: %q, state_dir: %q, capacity: %s}\n", MemAddr, filepath.Join(dir, "mem0-state"), o.Capacity)},
+		{Node: "dpu0", Config: fmt.Sprintf("far_memory: {listen: %q, servers: [{addr: %q}]}\n", AgentAddr, MemAddr)},
+		{Node: "host0", Config: fmt.Sprintf("far_memory_host: {agent: %q, socket: %q}\n", AgentAddr, c.HostSocket)},
+	}
+	roles = append(roles, o.Extra...)
+	for i, r := range roles {
+		if r.Name == "" {
+			r.Name = r.Node
+		}
+		r.Config = strings.ReplaceAll(r.Config, "{{dir}}", dir)
+		d, err := c.start(spec, bin, r)
+		if err != nil {
+			c.Stop()
+			return nil, err
+		}
+		switch {
+		case i == 0:
+			c.Mem = d
+		case i == 1:
+			c.DPU = d
+		case i == 2:
+			c.Host = d
+		default:
+			c.Extra[r.Name] = d
+		}
+	}
+	for _, d := range c.all {
+		if err := waitRunning(ctx, d); err != nil {
+			c.Stop()
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+func (c *Cluster) pins(name string) string { return filepath.Join("/sys/fs/bpf", c.prefix+name) }
+
+func (c *Cluster) start(spec testbed.Spec, bin string, r Role) (*Daemon, error) {
+	cfg := filepath.Join(c.Dir, r.Name+".yaml")
+	if err := os.WriteFile(cfg, []byte(r.Config), 0o600); err != nil {
+		return nil, err
+	}
+	log, err := os.Create(filepath.Join(c.Dir, r.Name+".log"))
+	if err != nil {
+		return nil, err
+	}
+	pins := c.pins(r.Name)
+	if err := os.MkdirAll(pins, 0o700); err != nil {
+		return nil, fmt.Errorf("%s: pin directory: %w", r.Name, err)
+	}
+	d := &Daemon{Node: r.Node, Socket: filepath.Join(c.Dir, r.Name+".sock")}
+	d.Cmd = exec.Command(bin, "--config", cfg, "--pin-dir", filepath.Join(pins, "lovelock"),
+		"--state", filepath.Join(c.Dir, r.Name+".state.json"), "--socket", d.Socket, "--metrics", "off")
+	d.Cmd.Stdout, d.Cmd.Stderr = log, log
+	// Forked from a thread inside the node, lovelockd lives in its netns.
+	if err := spec.Run(r.Node, d.Cmd.Start); err != nil {
+		return nil, fmt.Errorf("start lovelockd in %s: %w", r.Node, err)
+	}
+	c.all = append(c.all, d)
+	return d, nil
+}
+
+// waitRunning waits until d's one service runs.
+func waitRunning(ctx context.Context, d *Daemon) error {
+	deadline := time.Now().Add(20 * time.Second)
+	var last string
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		svcs, err := d.Client().Services(ctx)
+		if err == nil && len(svcs) == 1 && svcs[0].State == api.ServiceRunning {
+			return nil
+		}
+		if err != nil {
+			last = err.Error()
+		} else if len(svcs) == 1 {
+			last = fmt.Sprintf("%s %s %s", svcs[0].Name, svcs[0].State, svcs[0].Error)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("lovelockd on %s: far memory not running: %s (its log: %s)", d.Node, last, strings.TrimSuffix(d.Socket, ".sock")+".log")
+}
+
+// Stop stops every daemon (the last started first) and removes the
+// cluster's directory and pin directories.
+func (c *Cluster) Stop() {
+	for i := len(c.all) - 1; i >= 0; i-- {
+		d := c.all[i]
+		if d.Cmd.Process == nil {
+			continue
+		}
+		_ = d.Cmd.Process.Signal(syscall.SIGTERM)
+		_ = d.Cmd.Wait()
+	}
+	for _, d := range c.all {
+		_ = os.RemoveAll(c.pins(strings.TrimSuffix(filepath.Base(d.Socket), ".sock")))
+	}
+	_ = os.RemoveAll(c.Dir)
+}

@@ -1,0 +1,489 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	ucli "github.com/urfave/cli/v2"
+
+	"github.com/lovelock-dpu/lovelock/control/api"
+	"github.com/lovelock-dpu/lovelock/dataplane/farmem"
+	"github.com/lovelock-dpu/lovelock/dataplane/farmem/fmap"
+	"github.com/lovelock-dpu/lovelock/dataplane/farmem/graph"
+)
+
+func graphCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:  "graph",
+		Usage: "graph workloads over far memory (SODA's BFS, PageRank, Components, Radii, BC): make CSR files, run and check apps",
+		Description: "Graphs are binary CSR files (docs/graph.md). gen makes an R-MAT (Graph500) graph, convert\n" +
+			"reads a SNAP edge list, info checks a file. run maps the file's far-memory copy through this\n" +
+			"host's lovelockd (far_memory_host) and runs an app over it, then runs the same app on the\n" +
+			"file in memory and compares: it prints the time, the bytes on the fabric, the host buffer's\n" +
+			"faults and the check's verdict, and fails if the answers differ.",
+		Subcommands: []*ucli.Command{graphGenCommand(), graphConvertCommand(), graphInfoCommand(), graphRunCommand()},
+	}
+}
+
+func outFlag() ucli.Flag {
+	return &ucli.StringFlag{Name: "out", Aliases: []string{"o"}, Usage: "the CSR `FILE` to write", Required: true}
+}
+
+// writeCSR writes img to path through a temporary file and a rename, so a
+// reader never sees half a graph.
+func writeCSR(w io.Writer, path string, img []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, img, 0o644); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	h, _ := graph.ParseHeader(img)
+	kind := "directed"
+	if h.Flags&graph.FlagSymmetric != 0 {
+		kind = "undirected"
+	}
+	fmt.Fprintf(w, "%s: %d vertices, %d edges stored (%s), %s\n", path, h.N, h.M, kind, farmem.Size(uint64(len(img))))
+	return nil
+}
+
+func graphGenCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:      "gen",
+		Usage:     "generate an R-MAT (Graph500) graph: 2^scale vertices, edge-factor × 2^scale edges, as a CSR file",
+		ArgsUsage: " ",
+		Flags: []ucli.Flag{
+			&ucli.IntFlag{Name: "scale", Usage: "log2 of the number of vertices", Required: true},
+			&ucli.IntFlag{Name: "edge-factor", Value: 16, Usage: "edges per vertex (Graph500's 16)"},
+			&ucli.Uint64Flag{Name: "seed", Value: 1, Usage: "the same seed gives the same graph"},
+			&ucli.BoolFlag{Name: "directed", Usage: "keep edges directed (the file then also holds the transpose); default undirected, as Ligra's apps expect"},
+			outFlag(),
+		},
+		Action: func(c *ucli.Context) error {
+			n, edges, err := graph.RMAT(c.Int("scale"), c.Int("edge-factor"), c.Uint64("seed"))
+			if err != nil {
+				return err
+			}
+			img, err := graph.Build(n, edges, !c.Bool("directed"))
+			if err != nil {
+				return err
+			}
+			return writeCSR(c.App.Writer, c.String("out"), img)
+		},
+	}
+}
+
+func graphConvertCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:      "convert",
+		Usage:     "convert a SNAP-style edge list (one 'src dst' pair per line, '#' comments; '-' for stdin) to a CSR file",
+		ArgsUsage: "EDGELIST",
+		Flags: []ucli.Flag{
+			&ucli.BoolFlag{Name: "directed", Usage: "keep edges directed; default: store both directions"},
+			outFlag(),
+		},
+		Action: func(c *ucli.Context) error {
+			if c.NArg() != 1 {
+				return errors.New("graph convert: want one edge list file (or - for stdin)")
+			}
+			var r io.Reader = os.Stdin
+			if p := c.Args().First(); p != "-" {
+				f, err := os.Open(p)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				r = f
+			}
+			n, edges, err := graph.ReadEdgeList(r)
+			if err != nil {
+				return err
+			}
+			img, err := graph.Build(n, edges, !c.Bool("directed"))
+			if err != nil {
+				return err
+			}
+			return writeCSR(c.App.Writer, c.String("out"), img)
+		},
+	}
+}
+
+// graphInfo is what graph info reports.
+type graphInfo struct {
+	File      string `json:"file"`
+	Vertices  int    `json:"vertices"`
+	Edges     uint64 `json:"edges"`
+	Symmetric bool   `json:"symmetric"`
+	Bytes     int    `json:"bytes"`
+	MaxDegree uint64 `json:"max_out_degree"`
+	Isolated  int    `json:"isolated"`
+}
+
+func graphInfoCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:      "info",
+		Usage:     "check a CSR file (every offset and neighbour) and print its size and degrees",
+		ArgsUsage: "FILE",
+		Flags:     []ucli.Flag{outputFlag()},
+		Action: func(c *ucli.Context) error {
+			asJSON, err := wantJSON(c)
+			if err != nil {
+				return err
+			}
+			if c.NArg() != 1 {
+				return errors.New("graph info: want one CSR file")
+			}
+			g, img, err := loadCSR(c.Args().First())
+			if err != nil {
+				return err
+			}
+			in := graphInfo{File: c.Args().First(), Vertices: g.N(), Edges: g.M(), Symmetric: g.Symmetric(), Bytes: len(img)}
+			for v := range uint32(g.N()) {
+				d := g.OutDegree(v)
+				in.MaxDegree = max(in.MaxDegree, d)
+				if d == 0 {
+					in.Isolated++
+				}
+			}
+			if asJSON {
+				return writeJSON(c.App.Writer, in)
+			}
+			fmt.Fprintf(c.App.Writer, "%s: %d vertices, %d edges stored, symmetric %t, %s; largest out-degree %d, %d vertices without out-edges\n",
+				in.File, in.Vertices, in.Edges, in.Symmetric, farmem.Size(uint64(in.Bytes)), in.MaxDegree, in.Isolated)
+			return nil
+		},
+	}
+}
+
+// loadCSR reads and validates a CSR file.
+func loadCSR(path string) (*graph.Graph, []byte, error) {
+	img, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	g, err := graph.Open(img)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if err := g.Validate(); err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return g, img, nil
+}
+
+// graphRunReport is what graph run reports.
+type graphRunReport struct {
+	App       graph.App     `json:"app"`
+	File      string        `json:"file"`
+	Vertices  int           `json:"vertices"`
+	Edges     uint64        `json:"edges"`
+	Bytes     int           `json:"bytes"`
+	Region    uint32        `json:"region,omitempty"`
+	Buffer    int64         `json:"buffer_bytes,omitempty"`
+	Chunk     int           `json:"chunk_bytes,omitempty"`
+	FarTime   time.Duration `json:"far_ns,omitempty"`
+	LocalTime time.Duration `json:"local_ns"`
+	Result    graph.Result  `json:"result"`
+	Summary   string        `json:"summary"`
+	Mapping   *fmap.Stats   `json:"mapping,omitempty"`
+	// Bytes on the fabric: the DPU agent's link to the memory nodes, and the
+	// memory server's own link (both directions, with headers).
+	DPUFabricBytes *uint64  `json:"dpu_fabric_bytes,omitempty"`
+	DPUHostBytes   *uint64  `json:"dpu_host_bytes,omitempty"`
+	MemLinkBytes   *uint64  `json:"mem_link_bytes,omitempty"`
+	HitRate        *float64 `json:"dpu_cache_hit_rate,omitempty"`
+	HitRateNote    string   `json:"dpu_cache_note,omitempty"`
+	Check          string   `json:"check"`
+}
+
+func graphRunCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:      "run",
+		Usage:     "run an app over a graph in far memory, check it against the same app in memory, print time, fabric bytes and the verdict",
+		ArgsUsage: " ",
+		Description: "The graph's far-memory copy is --region, or a new region that the memory node's lovelockd\n" +
+			"(--mem-socket) preloads from --graph (the path must be readable on the memory node; it is on\n" +
+			"the testbed) and frees afterwards, or one uploaded with --upload ADDR (a DPU agent's or memory\n" +
+			"node's far-memory address, reached from this namespace). The mapping is served by this host's\n" +
+			"lovelockd on --host-socket (far_memory_host.socket), through whichever agent its config names.\n" +
+			"--dpu-socket (the DPU's lovelockd) adds the agent's fabric bytes; --mem-socket the memory\n" +
+			"server's. --local runs in memory only.\n\n" +
+			"  lovelock graph run --app pagerank --graph g.csr --host-socket /run/lovelock/farmem.sock \\\n" +
+			"      --mem-socket /run/lovelock/mem0.sock --dpu-socket /run/lovelock/dpu0.sock",
+		Flags: []ucli.Flag{
+			&ucli.StringFlag{Name: "app", Usage: "bfs, pagerank, cc, radii or bc", Required: true},
+			&ucli.StringFlag{Name: "graph", Usage: "the CSR `FILE` (also the in-memory reference)", Required: true},
+			&ucli.BoolFlag{Name: "local", Usage: "run in memory only"},
+			&ucli.StringFlag{Name: "host-socket", Value: "/run/lovelock/farmem.sock", Usage: "this host's far-memory socket (lovelockd far_memory_host.socket)"},
+			&ucli.StringFlag{Name: "mem-socket", Usage: "the memory node's lovelockd API socket: preload the region, count its bytes"},
+			&ucli.StringFlag{Name: "dpu-socket", Usage: "the DPU's lovelockd API socket (the agent the mapping goes through): count its fabric bytes"},
+			&ucli.UintFlag{Name: "region", Usage: "an existing region holding the CSR file"},
+			&ucli.StringFlag{Name: "upload", Usage: "upload the file into a new region through this far-memory `ADDR` (ip:port) instead of a preload"},
+			&ucli.BoolFlag{Name: "keep", Usage: "keep the region created for the run"},
+			&ucli.StringFlag{Name: "buffer", Usage: "host buffer: bytes or a unit (default a third of the file)"},
+			&ucli.StringFlag{Name: "chunk", Usage: "mapping chunk size (default 64KiB)"},
+			&ucli.IntFlag{Name: "workers", Usage: "engine goroutines (default GOMAXPROCS)"},
+			&ucli.Int64Flag{Name: "source", Value: -1, Usage: "BFS source (default the vertex with the most edges)"},
+			&ucli.IntFlag{Name: "iterations", Usage: "PageRank iterations (default 20)"},
+			&ucli.IntFlag{Name: "samples", Usage: "Radii sources (default 64)"},
+			&ucli.IntFlag{Name: "bc-sources", Usage: "BC sources (default 4)"},
+			&ucli.Uint64Flag{Name: "seed", Usage: "seed of the Radii and BC samples"},
+			&ucli.Float64Flag{Name: "tolerance", Value: graph.DefaultTolerance, Usage: "relative tolerance of the PageRank and BC check"},
+			&ucli.StringFlag{Name: "cache", Value: "off", Usage: "DPU cache mode: off (static and dynamic caches are not built yet)"},
+			&ucli.StringFlag{Name: "prefetch", Value: "off", Usage: "DPU prefetching: off (not built yet)"},
+			outputFlag(),
+		},
+		Action: graphRun,
+	}
+}
+
+func graphRun(c *ucli.Context) error {
+	asJSON, err := wantJSON(c)
+	if err != nil {
+		return err
+	}
+	app, err := graph.ParseApp(c.String("app"))
+	if err != nil {
+		return err
+	}
+	// The DPU agent's cache mode is its lovelockd's configuration, and this
+	// build's agent has no cache: refuse rather than run something else.
+	if m := c.String("cache"); m != "off" {
+		return fmt.Errorf("--cache %s: the DPU agent's static and dynamic caches are not built yet (docs/farmem.md); use --cache off", m)
+	}
+	if m := c.String("prefetch"); m != "off" {
+		return fmt.Errorf("--prefetch %s: DPU prefetching is not built yet; use --prefetch off", m)
+	}
+	p := graph.Params{Source: c.Int64("source"), Iterations: c.Int("iterations"), Samples: c.Int("samples"),
+		BCSources: c.Int("bc-sources"), Seed: c.Uint64("seed")}
+	opts := graph.Options{Workers: c.Int("workers")}
+	path := c.String("graph")
+	local, img, err := loadCSR(path)
+	if err != nil {
+		return err
+	}
+	rep := graphRunReport{App: app, File: path, Vertices: local.N(), Edges: local.M(), Bytes: len(img)}
+	ctx := c.Context
+	w := c.App.Writer
+
+	if c.Bool("local") {
+		start := time.Now()
+		rep.Result, err = graph.Run(ctx, graph.NewEngine(local, opts), app, p)
+		if err != nil {
+			return err
+		}
+		rep.LocalTime = time.Since(start)
+		rep.Summary = graph.Summary(rep.Result)
+		rep.Check = "not checked (--local)"
+		if asJSON {
+			return writeJSON(w, rep)
+		}
+		fmt.Fprintf(w, "%s on %s (%d vertices, %d edges) in memory: %s\n%s\n", app, path, local.N(), local.M(), rep.LocalTime.Round(time.Microsecond), rep.Summary)
+		return nil
+	}
+
+	var mem, dpu *api.Client
+	if s := c.String("mem-socket"); s != "" {
+		mem = api.NewClient(s)
+	}
+	if s := c.String("dpu-socket"); s != "" {
+		dpu = api.NewClient(s)
+	}
+	region := uint32(c.Uint("region"))
+	switch {
+	case region != 0:
+	case c.String("upload") != "":
+		addr, err := netip.ParseAddrPort(c.String("upload"))
+		if err != nil {
+			return fmt.Errorf("--upload: %w", err)
+		}
+		cl, err := farmem.NewClient(farmem.ClientOptions{Server: addr})
+		if err != nil {
+			return err
+		}
+		defer cl.Close()
+		region, err = graph.Upload(ctx, cl, img)
+		if err != nil {
+			return err
+		}
+		if !c.Bool("keep") {
+			defer cl.Free(context.Background(), region)
+		}
+	case mem != nil:
+		abs, err := filepath.Abs(path)
+		if err != nil {
+			return err
+		}
+		var info farmem.RegionInfo
+		if err := mem.ServiceCall(ctx, http.MethodPost, memServer, "regions", api.MemCreate{Preload: abs}, &info); err != nil {
+			return fmt.Errorf("preload %s on the memory node: %w", abs, noMemServer(err))
+		}
+		region = info.ID
+	default:
+		return errors.New("graph run: give --region ID, --mem-socket (to preload --graph on the memory node) or --upload ADDR, or --local")
+	}
+	rep.Region = region
+	if c.Uint("region") == 0 && c.String("upload") == "" && !c.Bool("keep") {
+		defer mem.ServiceCall(context.Background(), http.MethodDelete, memServer, fmt.Sprintf("regions/%d", region), nil, nil)
+	}
+
+	var mo fmap.Options
+	if v := c.String("buffer"); v != "" {
+		b, err := farmem.ParseSize(v)
+		if err != nil {
+			return fmt.Errorf("--buffer: %w", err)
+		}
+		mo.BufferBytes = int64(b)
+	}
+	if v := c.String("chunk"); v != "" {
+		b, err := farmem.ParseSize(v)
+		if err != nil {
+			return fmt.Errorf("--chunk: %w", err)
+		}
+		mo.ChunkSize = int(b)
+	}
+	before := readFabric(ctx, mem, dpu)
+	far, m, err := graph.MapRegion(ctx, c.String("host-socket"), uint64(region), mo)
+	if err != nil {
+		return err
+	}
+	res, err := graph.RunChecked(ctx, far, local, app, p, opts, c.Float64("tolerance"))
+	st, serr := m.Stats(ctx)
+	m.Close()
+	if err != nil {
+		return err
+	}
+	after := readFabric(ctx, mem, dpu)
+	rep.Result, rep.FarTime, rep.LocalTime = res.Far, res.FarTime, res.LocalTime
+	rep.Summary = graph.Summary(res.Far)
+	if serr == nil {
+		rep.Mapping = &st
+		rep.Chunk = mo.ChunkSize
+		if rep.Chunk == 0 {
+			rep.Chunk = fmap.DefaultChunkSize
+		}
+		rep.Buffer = int64(st.Capacity) * int64(rep.Chunk)
+	}
+	rep.DPUFabricBytes = delta(before.dpuFabric, after.dpuFabric)
+	rep.DPUHostBytes = delta(before.dpuHost, after.dpuHost)
+	rep.MemLinkBytes = delta(before.memLink, after.memLink)
+	rep.HitRate, rep.HitRateNote = hitRate(before.agentRaw, after.agentRaw, dpu != nil)
+	rep.Check = "ok: equal to the in-memory run"
+	if res.Mismatch != nil {
+		rep.Check = "MISMATCH: " + res.Mismatch.Error()
+	}
+	if asJSON {
+		if err := writeJSON(w, rep); err != nil {
+			return err
+		}
+	} else {
+		printGraphRun(w, rep)
+	}
+	if res.Mismatch != nil {
+		return fmt.Errorf("graph run: %s over far memory differs from the in-memory run: %w", app, res.Mismatch)
+	}
+	return nil
+}
+
+func printGraphRun(w io.Writer, r graphRunReport) {
+	fmt.Fprintf(w, "%s on %s: %d vertices, %d edges, %s in region %d\n", r.App, r.File, r.Vertices, r.Edges, farmem.Size(uint64(r.Bytes)), r.Region)
+	ratio := float64(r.FarTime) / float64(max(r.LocalTime, 1))
+	fmt.Fprintf(w, "time: %s over far memory, %s in memory (%.1f×); %d steps (%d dense, %d sparse), %d edges read\n",
+		r.FarTime.Round(time.Microsecond), r.LocalTime.Round(time.Microsecond), ratio, r.Result.Steps, r.Result.DenseSteps, r.Result.SparseSteps, r.Result.EdgesRead)
+	if s := r.Mapping; s != nil {
+		fmt.Fprintf(w, "host buffer: %s (%d chunks of %s): %d faults, %d evictions\n", farmem.Size(uint64(r.Buffer)), s.Capacity, farmem.Size(uint64(r.Chunk)), s.Faults, s.Evictions)
+	}
+	bytes := func(p *uint64, what, flag string) {
+		if p == nil {
+			fmt.Fprintf(w, "%s: not measured (no %s)\n", what, flag)
+			return
+		}
+		fmt.Fprintf(w, "%s: %d bytes (%.1f MiB)\n", what, *p, float64(*p)/(1<<20))
+	}
+	bytes(r.DPUFabricBytes, "DPU agent ↔ memory nodes (fabric)", "--dpu-socket")
+	bytes(r.DPUHostBytes, "DPU agent ↔ hosts", "--dpu-socket")
+	bytes(r.MemLinkBytes, "memory server link", "--mem-socket")
+	if r.HitRate != nil {
+		fmt.Fprintf(w, "DPU cache hit rate: %.1f%%\n", 100**r.HitRate)
+	} else {
+		fmt.Fprintf(w, "DPU cache hit rate: %s\n", r.HitRateNote)
+	}
+	fmt.Fprintf(w, "result: %s\ncheck: %s\n", r.Summary, r.Check)
+}
+
+// fabricCounters are the byte counters graph run reads before and after.
+type fabricCounters struct {
+	dpuFabric, dpuHost, memLink *uint64
+	agentRaw                    map[string]any
+}
+
+func readFabric(ctx context.Context, mem, dpu *api.Client) fabricCounters {
+	var f fabricCounters
+	if dpu != nil {
+		var raw json.RawMessage
+		if err := dpu.ServiceStats(ctx, memAgent, &raw); err == nil {
+			var st farmem.AgentStats
+			if json.Unmarshal(raw, &st) == nil {
+				fab := st.Fabric.TXBytes + st.Fabric.RXBytes
+				host := st.Host.TXBytes + st.Host.RXBytes
+				f.dpuFabric, f.dpuHost = &fab, &host
+			}
+			json.Unmarshal(raw, &f.agentRaw)
+		}
+	}
+	if mem != nil {
+		var st farmem.ServerStats
+		if err := mem.ServiceStats(ctx, memServer, &st); err == nil {
+			b := st.Link.TXBytes + st.Link.RXBytes
+			f.memLink = &b
+		}
+	}
+	return f
+}
+
+func delta(a, b *uint64) *uint64 {
+	if a == nil || b == nil {
+		return nil
+	}
+	d := *b - *a
+	return &d
+}
+
+// hitRate looks for the DPU cache's counters in the agent's stats
+// ("cache": {"hits", "misses"}); this build's agent has none, and the
+// note says so.
+func hitRate(before, after map[string]any, asked bool) (*float64, string) {
+	if !asked {
+		return nil, "not measured (no --dpu-socket)"
+	}
+	count := func(m map[string]any, k string) (float64, bool) {
+		c, ok := m["cache"].(map[string]any)
+		if !ok {
+			return 0, false
+		}
+		v, ok := c[k].(float64)
+		return v, ok
+	}
+	h0, ok1 := count(before, "hits")
+	h1, ok2 := count(after, "hits")
+	m0, ok3 := count(before, "misses")
+	m1, ok4 := count(after, "misses")
+	if !(ok1 && ok2 && ok3 && ok4) {
+		return nil, "none: the DPU agent reports no cache counters (its caches are not built in this version)"
+	}
+	if h1-h0+m1-m0 == 0 {
+		return nil, "none: no cache lookups during the run"
+	}
+	r := (h1 - h0) / (h1 - h0 + m1 - m0)
+	return &r, ""
+}

@@ -1,0 +1,177 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lovelock-dpu/lovelock/control/testenv"
+	"github.com/lovelock-dpu/lovelock/dataplane/farmem/fmap"
+)
+
+// runGraph runs `lovelock graph args...` in-process.
+func runGraph(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var out bytes.Buffer
+	err := Run(context.Background(), App(&out, &out), append([]string{"lovelock", "graph"}, args...))
+	return out.String(), err
+}
+
+func TestGraphHelp(t *testing.T) {
+	for _, sub := range []string{"", "gen", "convert", "info", "run"} {
+		args := []string{"--help"}
+		if sub != "" {
+			args = []string{sub, "--help"}
+		}
+		out, err := runGraph(t, args...)
+		if err != nil || !strings.Contains(out, "USAGE") {
+			t.Errorf("graph %s --help: %v\n%s", sub, err, out)
+		}
+	}
+}
+
+func TestGraphFiles(t *testing.T) {
+	dir := t.TempDir()
+	g := filepath.Join(dir, "g.csr")
+	out, err := runGraph(t, "gen", "--scale", "8", "--edge-factor", "4", "-o", g)
+	if err != nil || !strings.Contains(out, "256 vertices") {
+		t.Fatalf("gen: %v\n%s", err, out)
+	}
+	out, err = runGraph(t, "info", "-o", "json", g)
+	if err != nil {
+		t.Fatalf("info: %v\n%s", err, out)
+	}
+	var info graphInfo
+	if err := json.Unmarshal([]byte(out), &info); err != nil || info.Vertices != 256 || !info.Symmetric || info.Edges == 0 {
+		t.Errorf("info: %+v (%v)\n%s", info, err, out)
+	}
+
+	el := filepath.Join(dir, "path.txt")
+	os.WriteFile(el, []byte("# a path\n0 1\n1 2\n2 3\n"), 0o600)
+	p := filepath.Join(dir, "path.csr")
+	if out, err := runGraph(t, "convert", "-o", p, el); err != nil || !strings.Contains(out, "4 vertices, 6 edges stored (undirected)") {
+		t.Fatalf("convert: %v\n%s", err, out)
+	}
+	out, err = runGraph(t, "run", "--local", "--app", "bfs", "--source", "0", "--graph", p)
+	if err != nil || !strings.Contains(out, "reached 4 of 4 vertices, depth 3") {
+		t.Errorf("run --local: %v\n%s", err, out)
+	}
+
+	for _, bad := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", "--app", "bfs", "--graph", p, "--cache", "static"}, "not built yet"},
+		{[]string{"run", "--app", "bfs", "--graph", p, "--prefetch", "next"}, "not built yet"},
+		{[]string{"run", "--app", "sssp", "--graph", p}, "unknown app"},
+		{[]string{"run", "--app", "bfs", "--graph", p}, "give --region"},
+		{[]string{"run", "--app", "bfs", "--graph", el, "--local"}, "malformed CSR"},
+		{[]string{"convert", "-o", p, filepath.Join(dir, "none")}, "no such file"},
+	} {
+		out, err := runGraph(t, bad.args...)
+		if err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("graph %v: %v, want an error with %q\n%s", bad.args, err, bad.want, out)
+		}
+	}
+}
+
+// TestGraphHelperProcess is the host agent of TestGraphRunFar: it serves
+// region N from the file DIR/N until SIGTERM.
+func TestGraphHelperProcess(t *testing.T) {
+	if os.Getenv("CLI_GRAPH_HELPER") != "agent" {
+		t.Skip("helper for TestGraphRunFar")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	dir := os.Getenv("CLI_GRAPH_DIR")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(dir, "agent.sock"), Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent := &fmap.Agent{Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))}
+	err = agent.Serve(ctx, ln, func(_ context.Context, r fmap.RegionRef) (fmap.Backend, error) {
+		f, err := os.Open(filepath.Join(dir, strconv.FormatUint(r.ID, 10)))
+		if err != nil {
+			return nil, err
+		}
+		st, _ := f.Stat()
+		return roFile{f, st.Size()}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+type roFile struct {
+	*os.File
+	size int64
+}
+
+func (f roFile) Size() int64                        { return f.size }
+func (f roFile) Sync() error                        { return nil }
+func (f roFile) WriteAt([]byte, int64) (int, error) { return 0, errors.New("read-only") }
+
+// TestGraphRunFar runs `graph run` over a region served by a host agent in
+// another process, with the default buffer (a third of the file): every
+// app's check passes; a region holding another graph fails the check.
+func TestGraphRunFar(t *testing.T) {
+	testenv.RequirePriv(t)
+	dir := t.TempDir()
+	g, other := filepath.Join(dir, "g.csr"), filepath.Join(dir, "other.csr")
+	if out, err := runGraph(t, "gen", "--scale", "11", "--edge-factor", "8", "-o", g); err != nil {
+		t.Fatalf("gen: %v\n%s", err, out)
+	}
+	if out, err := runGraph(t, "gen", "--scale", "11", "--edge-factor", "8", "--seed", "2", "-o", other); err != nil {
+		t.Fatalf("gen: %v\n%s", err, out)
+	}
+	for id, f := range map[string]string{"1": g, "2": other} {
+		b, _ := os.ReadFile(f)
+		os.WriteFile(filepath.Join(dir, id), b, 0o600)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestGraphHelperProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "CLI_GRAPH_HELPER=agent", "CLI_GRAPH_DIR="+dir)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
+	sock := filepath.Join(dir, "agent.sock")
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the host agent did not start")
+		}
+	}
+	for _, app := range []string{"bfs", "pagerank", "cc", "radii", "bc"} {
+		out, err := runGraph(t, "run", "--app", app, "--graph", g, "--region", "1", "--host-socket", sock, "--chunk", "4KiB")
+		if err != nil {
+			t.Fatalf("run %s: %v\n%s", app, err, out)
+		}
+		for _, want := range []string{"check: ok", "over far memory", "evictions", "DPU cache hit rate: not measured"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("run %s: output lacks %q:\n%s", app, want, out)
+			}
+		}
+		if strings.Contains(out, " 0 evictions") {
+			t.Errorf("run %s: a buffer of a third of the graph evicted nothing:\n%s", app, out)
+		}
+	}
+	out, err := runGraph(t, "run", "--app", "cc", "--graph", g, "--region", "2", "--host-socket", sock, "-o", "json")
+	if err == nil || !strings.Contains(out, "MISMATCH") {
+		t.Errorf("a region holding another graph: %v\n%s", err, out)
+	}
+}

@@ -1,0 +1,231 @@
+package graph
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// The binary CSR file (docs/graph.md): a 32-byte header, then the out-edge
+// offsets ((n+1) × uint64) and neighbours (m × uint32), padded to 8 bytes,
+// then, for a directed graph only, the in-edge (transposed) offsets and
+// neighbours. All integers little-endian. No field is a pointer, so the
+// bytes mean the same wherever a region is mapped.
+const (
+	// Magic opens every CSR file.
+	Magic = "LVLKCSR\x00"
+	// Version is the format's version; readers refuse others.
+	Version = 1
+	// HeaderSize is the header's length in bytes.
+	HeaderSize = 32
+)
+
+// Header flags.
+const (
+	// FlagSymmetric marks an undirected graph stored with both directions
+	// of every edge; it has no transposed section (in-edges are out-edges).
+	FlagSymmetric uint32 = 1 << 0
+)
+
+// MaxVertices bounds n: neighbour IDs are uint32, and the engine's vertex
+// arrays are indexed by int.
+const MaxVertices = 1<<32 - 1
+
+// ErrFormat is wrapped by every error about a malformed CSR file.
+var ErrFormat = errors.New("graph: malformed CSR")
+
+// adj is one direction's adjacency: offsets and neighbours, read from bytes
+// (a file image in memory, or a far-memory mapping) on every access.
+type adj struct {
+	off   []byte // (n+1) × uint64
+	edges []byte // m × uint32
+}
+
+func (a adj) offset(v uint32) uint64 { return binary.LittleEndian.Uint64(a.off[8*uint64(v):]) }
+
+func (a adj) neighbor(i uint64) uint32 { return binary.LittleEndian.Uint32(a.edges[4*i:]) }
+
+// Graph is a CSR graph over bytes in the file format. Its methods only read
+// those bytes, so a Graph over a far-memory mapping faults chunks in as the
+// algorithms touch them. A Graph is safe for concurrent use.
+type Graph struct {
+	n, m  uint64
+	flags uint32
+	out   adj
+	in    adj
+}
+
+// N is the number of vertices.
+func (g *Graph) N() int { return int(g.n) }
+
+// M is the number of stored (directed) edges; an undirected edge counts
+// twice.
+func (g *Graph) M() uint64 { return g.m }
+
+// Symmetric reports whether the graph is undirected.
+func (g *Graph) Symmetric() bool { return g.flags&FlagSymmetric != 0 }
+
+// OutDegree is v's number of out-neighbours.
+func (g *Graph) OutDegree(v uint32) uint64 { return g.out.offset(v+1) - g.out.offset(v) }
+
+// FileSize is the length of a CSR file with n vertices and m edges.
+func FileSize(n, m uint64, symmetric bool) uint64 {
+	one := pad8(8*(n+1) + 4*m)
+	if symmetric {
+		return HeaderSize + one
+	}
+	return HeaderSize + 2*one
+}
+
+func pad8(x uint64) uint64 { return (x + 7) &^ 7 }
+
+// Header is a CSR file's header.
+type Header struct {
+	N, M  uint64
+	Flags uint32
+}
+
+// ParseHeader reads the header at the start of b.
+func ParseHeader(b []byte) (Header, error) {
+	if len(b) < HeaderSize {
+		return Header{}, fmt.Errorf("%w: %d bytes, shorter than the header", ErrFormat, len(b))
+	}
+	if string(b[:8]) != Magic {
+		return Header{}, fmt.Errorf("%w: bad magic %q", ErrFormat, b[:8])
+	}
+	if v := binary.LittleEndian.Uint32(b[8:]); v != Version {
+		return Header{}, fmt.Errorf("%w: version %d, want %d", ErrFormat, v, Version)
+	}
+	h := Header{
+		Flags: binary.LittleEndian.Uint32(b[12:]),
+		N:     binary.LittleEndian.Uint64(b[16:]),
+		M:     binary.LittleEndian.Uint64(b[24:]),
+	}
+	if h.Flags&^FlagSymmetric != 0 {
+		return Header{}, fmt.Errorf("%w: unknown flags %#x", ErrFormat, h.Flags)
+	}
+	if h.N == 0 || h.N > MaxVertices {
+		return Header{}, fmt.Errorf("%w: %d vertices", ErrFormat, h.N)
+	}
+	if h.M > 1<<40 {
+		return Header{}, fmt.Errorf("%w: %d edges", ErrFormat, h.M)
+	}
+	return h, nil
+}
+
+func (h Header) put(b []byte) {
+	copy(b, Magic)
+	binary.LittleEndian.PutUint32(b[8:], Version)
+	binary.LittleEndian.PutUint32(b[12:], h.Flags)
+	binary.LittleEndian.PutUint64(b[16:], h.N)
+	binary.LittleEndian.PutUint64(b[24:], h.M)
+}
+
+// Open reads the header of the CSR file image b and returns the graph over
+// it. It checks the sizes and the first and last offsets, not every
+// offset and neighbour (that reads the whole file: Validate does it); the
+// algorithms check bounds as they read, so a corrupt file gives an error,
+// not a crash.
+func Open(b []byte) (*Graph, error) {
+	h, err := ParseHeader(b)
+	if err != nil {
+		return nil, err
+	}
+	sym := h.Flags&FlagSymmetric != 0
+	if want := FileSize(h.N, h.M, sym); uint64(len(b)) < want {
+		return nil, fmt.Errorf("%w: %d bytes, want %d for %d vertices and %d edges", ErrFormat, len(b), want, h.N, h.M)
+	}
+	g := &Graph{n: h.N, m: h.M, flags: h.Flags}
+	section := func(at uint64) adj {
+		offEnd := at + 8*(h.N+1)
+		return adj{off: b[at:offEnd:offEnd], edges: b[offEnd : offEnd+4*h.M : offEnd+4*h.M]}
+	}
+	g.out = section(HeaderSize)
+	g.in = g.out
+	if !sym {
+		g.in = section(HeaderSize + pad8(8*(h.N+1)+4*h.M))
+	}
+	for _, a := range []adj{g.out, g.in} {
+		if a.offset(0) != 0 || a.offset(uint32(h.N-1)+1) != h.M {
+			return nil, fmt.Errorf("%w: offsets run from %d to %d, want 0 to %d", ErrFormat, a.offset(0), a.offset(uint32(h.N-1)+1), h.M)
+		}
+	}
+	return g, nil
+}
+
+// Validate reads every offset and neighbour: offsets must not decrease and
+// neighbours must be vertices. A directed graph's in-edges must have the
+// same count per vertex as its out-edges point at it.
+func (g *Graph) Validate() error {
+	for _, a := range []adj{g.out, g.in} {
+		prev := uint64(0)
+		for v := uint64(0); v <= g.n-1; v++ {
+			next := a.offset(uint32(v) + 1)
+			if next < prev || next > g.m {
+				return fmt.Errorf("%w: offset of vertex %d is %d after %d (m = %d)", ErrFormat, v+1, next, prev, g.m)
+			}
+			prev = next
+		}
+		for i := uint64(0); i < g.m; i++ {
+			if u := a.neighbor(i); uint64(u) >= g.n {
+				return fmt.Errorf("%w: edge %d points at vertex %d of %d", ErrFormat, i, u, g.n)
+			}
+		}
+	}
+	if !g.Symmetric() {
+		indeg := make([]uint64, g.n)
+		for i := uint64(0); i < g.m; i++ {
+			indeg[g.out.neighbor(i)]++
+		}
+		for v := range g.n {
+			if d := g.in.offset(uint32(v)+1) - g.in.offset(uint32(v)); d != indeg[v] {
+				return fmt.Errorf("%w: vertex %d has %d in-edges in the transposed section, %d in the out-edges", ErrFormat, v, d, indeg[v])
+			}
+		}
+	}
+	return nil
+}
+
+// encode builds the CSR file image of a graph with n vertices from
+// per-vertex sorted adjacency given as offsets (n+1 entries) and
+// neighbours, and, for a directed graph, its transpose.
+func encode(n uint64, sym bool, out, in csrArrays) []byte {
+	m := uint64(len(out.edges))
+	b := make([]byte, FileSize(n, m, sym))
+	flags := uint32(0)
+	if sym {
+		flags |= FlagSymmetric
+	}
+	Header{N: n, M: m, Flags: flags}.put(b)
+	put := func(at uint64, a csrArrays) {
+		for i, o := range a.off {
+			binary.LittleEndian.PutUint64(b[at+8*uint64(i):], o)
+		}
+		at += 8 * uint64(len(a.off))
+		for i, e := range a.edges {
+			binary.LittleEndian.PutUint32(b[at+4*uint64(i):], e)
+		}
+	}
+	put(HeaderSize, out)
+	if !sym {
+		put(HeaderSize+pad8(8*(n+1)+4*m), in)
+	}
+	return b
+}
+
+// CopyTo writes the CSR image b to w (a far-memory region) at offset 0 in
+// pieces of piece bytes (1 MiB if 0 or less), so that each write stays a
+// bounded number of the region's chunks.
+func CopyTo(w io.WriterAt, b []byte, piece int) error {
+	if piece <= 0 {
+		piece = 1 << 20
+	}
+	for off := 0; off < len(b); off += piece {
+		end := min(off+piece, len(b))
+		if _, err := w.WriteAt(b[off:end], int64(off)); err != nil {
+			return fmt.Errorf("graph: write bytes %d-%d: %w", off, end, err)
+		}
+	}
+	return nil
+}

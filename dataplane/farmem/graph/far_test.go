@@ -1,0 +1,290 @@
+package graph
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lovelock-dpu/lovelock/control/testenv"
+	"github.com/lovelock-dpu/lovelock/dataplane/farmem"
+	"github.com/lovelock-dpu/lovelock/dataplane/farmem/fmap"
+)
+
+// The far-memory tests run the engine in the test process over a
+// transparent mapping whose faults are served by a host agent in another
+// process (the test binary re-executed as TestHelperProcess), as in
+// production: a fault handler inside the faulting process can deadlock it
+// (docs/farmem-mapping.md). The agent serves region N from the file DIR/N.
+const helperEnv = "GRAPH_HELPER"
+
+// TestHelperProcess is the host agent of the far-memory tests; it does
+// nothing unless started by startAgent.
+//
+// With GRAPH_HELPER=fabric the helper also runs a memory server and a DPU
+// agent on loopback and serves each mapping from a far-memory client's
+// region through that agent, the path of the testbed in one process; it
+// writes the agent's address to DIR/agent.addr.
+func TestHelperProcess(t *testing.T) {
+	role := os.Getenv(helperEnv)
+	if role != "agent" && role != "fabric" {
+		t.Skip("helper for the other tests")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	dir := os.Getenv("GRAPH_DIR")
+	open := func(_ context.Context, r fmap.RegionRef) (fmap.Backend, error) { return openFile(dir, r) }
+	if role == "fabric" {
+		client, err := startFabric(ctx, dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer client.Close()
+		open = func(ctx context.Context, r fmap.RegionRef) (fmap.Backend, error) {
+			return client.Open(ctx, uint32(r.ID), false)
+		}
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: os.Getenv("GRAPH_SOCK"), Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent := &fmap.Agent{Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))}
+	if err := agent.Serve(ctx, ln, open); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startFabric starts a memory server and a DPU agent on loopback and
+// returns a client of the agent; DIR/agent.addr gets the agent's address.
+func startFabric(ctx context.Context, dir string) (*farmem.Client, error) {
+	server, err := farmem.NewServer(farmem.ServerOptions{
+		StateDir: filepath.Join(dir, "mem-state"), Capacity: 1 << 30, Addr: netip.MustParseAddrPort("127.0.0.1:0"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	go server.Run(ctx)
+	agent, err := farmem.NewAgent(farmem.AgentConfig{
+		Listen:  netip.MustParseAddrPort("127.0.0.1:0"),
+		Servers: []farmem.ServerSpec{{Addr: server.Addr()}},
+	}, farmem.AgentOptions{})
+	if err != nil {
+		return nil, err
+	}
+	go agent.Run(ctx)
+	client, err := farmem.NewClient(farmem.ClientOptions{Server: agent.Addr()})
+	if err != nil {
+		return nil, err
+	}
+	tmp := filepath.Join(dir, "agent.addr.tmp")
+	if err := os.WriteFile(tmp, []byte(agent.Addr().String()), 0o600); err != nil {
+		return nil, err
+	}
+	return client, os.Rename(tmp, filepath.Join(dir, "agent.addr"))
+}
+
+func openFile(dir string, r fmap.RegionRef) (fmap.Backend, error) {
+	f, err := os.Open(filepath.Join(dir, strconv.FormatUint(r.ID, 10)))
+	if err != nil {
+		return nil, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return fileBackend{f, st.Size()}, nil
+}
+
+// fileBackend is a read-only region in a file.
+type fileBackend struct {
+	*os.File
+	size int64
+}
+
+func (b fileBackend) Size() int64 { return b.size }
+func (b fileBackend) Sync() error { return nil }
+func (b fileBackend) WriteAt([]byte, int64) (int, error) {
+	return 0, errors.New("read-only region")
+}
+
+// farAgent is the helper process and the directory it serves.
+type farAgent struct {
+	sock, dir string
+	next      uint64
+}
+
+func startAgent(t *testing.T, role string) *farAgent {
+	t.Helper()
+	testenv.RequirePriv(t)
+	dir := t.TempDir()
+	a := &farAgent{sock: filepath.Join(dir, "agent.sock"), dir: dir}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), helperEnv+"="+role, "GRAPH_SOCK="+a.sock, "GRAPH_DIR="+dir)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		cmd.Wait()
+	})
+	// The socket file appears at bind, when the listener is ready.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		_, err := os.Stat(a.sock)
+		if err == nil {
+			return a
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("host agent did not listen on %s: %v", a.sock, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// add stores a CSR image as a region and returns its ID.
+func (a *farAgent) add(t *testing.T, b []byte) uint64 {
+	a.next++
+	if err := os.WriteFile(filepath.Join(a.dir, strconv.FormatUint(a.next, 10)), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return a.next
+}
+
+// TestFarMemory runs each app on generated and fixture graphs whose CSR
+// lives in far memory, mapped with a host buffer of a third of the
+// footprint, and requires the same answer as the in-memory copy; on the
+// generated graphs the buffer must really have evicted and refetched.
+func TestFarMemory(t *testing.T) {
+	a := startAgent(t, "agent")
+	type input struct {
+		name      string
+		n         uint64
+		edges     []Edge
+		symmetric bool
+		chunk     int
+	}
+	n12, e12, _ := RMAT(12, 8, 5)
+	n14, e14, _ := RMAT(14, 8, 6)
+	inputs := []input{
+		{name: "rmat12 4KiB chunks", n: n12, edges: e12, symmetric: true, chunk: 4 << 10},
+		{name: "rmat12 directed 4KiB chunks", n: n12, edges: e12, chunk: 4 << 10},
+		{name: "rmat14 64KiB chunks", n: n14, edges: e14, symmetric: true, chunk: 64 << 10},
+		{name: "karate", n: 34, edges: karate, symmetric: true, chunk: 4 << 10},
+		{name: "two components", n: 6, edges: pairs(1, 0, 2, 1, 4, 3), symmetric: true, chunk: 4 << 10},
+	}
+	p := Params{Source: -1, Samples: 32, BCSources: 2, Seed: 11}
+	for _, in := range inputs {
+		t.Run(in.name, func(t *testing.T) {
+			local, img := build(t, in.n, in.edges, in.symmetric)
+			id := a.add(t, img)
+			ctx, cancel := context.WithTimeout(t.Context(), 120*time.Second)
+			defer cancel()
+			buffer := int64(len(img)) / 3
+			far, m, err := MapRegion(ctx, a.sock, id, fmap.Options{ChunkSize: in.chunk, BufferBytes: buffer})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			for _, app := range Apps {
+				if !in.symmetric && (app == Components || app == Radii) {
+					continue
+				}
+				want, err := Run(ctx, NewEngine(local, Options{Workers: 2}), app, p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := Run(ctx, NewEngine(far, Options{Workers: 4}), app, p)
+				if err != nil {
+					t.Fatalf("%s through far memory: %v", app, err)
+				}
+				if err := Compare(got, want, DefaultTolerance); err != nil {
+					t.Errorf("through far memory: %v", err)
+				}
+				if app == BFS || app == Components {
+					// the integer apps are exact; the reference agrees too
+					ref := newRef(in.n, in.edges, in.symmetric).run(local, app, p)
+					if err := Compare(got, ref, 0); err != nil {
+						t.Errorf("against the sequential reference: %v", err)
+					}
+				}
+			}
+			st, err := m.Stats(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			chunks := (len(img) + in.chunk - 1) / in.chunk
+			t.Logf("%d bytes, %d chunks of %d, buffer %d chunks: %s", len(img), chunks, in.chunk, st.Capacity, fmt.Sprintf("%+v", st))
+			if st.Resident > st.Capacity {
+				t.Errorf("%d chunks resident in a buffer of %d", st.Resident, st.Capacity)
+			}
+			if chunks >= 3*2 && (st.Evictions == 0 || st.Faults <= uint64(chunks)) {
+				t.Errorf("stats %+v over %d chunks: want evictions and refetches with a third of the footprint", st, chunks)
+			}
+		})
+	}
+}
+
+// TestFarMemoryFabric uploads a graph through the DPU agent with the
+// explicit API (Upload) and runs every app over a mapping whose chunks
+// travel host agent → DPU agent → memory server over UDP, with a host
+// buffer of a third of the footprint: each answer equals the in-memory
+// one.
+func TestFarMemoryFabric(t *testing.T) {
+	a := startAgent(t, "fabric")
+	addr, err := os.ReadFile(filepath.Join(a.dir, "agent.addr"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 120*time.Second)
+	defer cancel()
+	client, err := farmem.NewClient(farmem.ClientOptions{Server: netip.MustParseAddrPort(string(addr))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	n, edges, _ := RMAT(13, 8, 21)
+	local, img := build(t, n, edges, true)
+	id, err := Upload(ctx, client, img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	far, m, err := MapRegion(ctx, a.sock, uint64(id), fmap.Options{ChunkSize: 16 << 10, BufferBytes: int64(len(img)) / 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	p := Params{Source: -1, Samples: 16, BCSources: 2, Seed: 3}
+	for _, app := range Apps {
+		want, err := Run(ctx, NewEngine(local, Options{Workers: 2}), app, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := Run(ctx, NewEngine(far, Options{Workers: 4}), app, p)
+		if err != nil {
+			t.Fatalf("%s through far memory: %v", app, err)
+		}
+		if err := Compare(got, want, DefaultTolerance); err != nil {
+			t.Errorf("through far memory: %v", err)
+		}
+	}
+	st, err := m.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d bytes in region %d: %+v", len(img), id, st)
+	if st.Evictions == 0 {
+		t.Errorf("stats %+v: no evictions with a buffer of a third of the footprint", st)
+	}
+}
