@@ -6,5 +6,5 @@
 // objects are stale.
 package bpf
 
-//go:generate go tool bpf2go -tags linux -cc clang -cflags "-O2 -g -Wall -Werror" -target bpfel -type counter -type flow_key -type rule_entry -type shape -type shapeset -type xsk_key steer steer.c -- -I./include
+//go:generate go tool bpf2go -tags linux -cc clang -cflags "-O2 -g -Wall -Werror" -target bpfel -type action -type counter -type flow_key -type rule_entry -type shape -type shapeset -type steer_stat -type xsk_key steer steer.c -- -I./include
 //go:generate go tool bpf2go -tags linux -cc clang -cflags "-O2 -g -Wall -Werror" -target bpfel -type ll_hdr -type wire_result -type flow_key wirecheck wirecheck.c -- -I./include

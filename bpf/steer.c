@@ -15,9 +15,6 @@
 /* Lovelock UDP port; set from Go before load. */
 volatile const __u16 ll_port = LL_DEFAULT_PORT;
 
-/* Force the rule table's entry type into BTF so bpf2go generates it for Go
- * (the cilium/ebpf idiom: it is used only behind the inner map's sizes). */
-const struct rule_entry *unused_rule_entry __attribute__((unused));
 
 /* AF_XDP sockets for the xsk:<queue> action. An AF_XDP socket is bound to
  * one queue of one interface and the kernel delivers to it only packets
@@ -63,6 +60,16 @@ struct counter {
 	__u64 packets;
 	__u64 bytes;
 };
+
+/* Types bpf2go generates for Go (-type in bpf/bpf.go) that no map names:
+ * the rule table's entry type, used only behind the inner map's sizes, and
+ * the enums whose values Go uses (counter indices, actions), so Go never
+ * copies them by hand. The cilium/ebpf idiom: an
+ * unused pointer puts a type into BTF (clang emits no enum that no object
+ * uses); each costs 8 bytes of .bss and no instruction. */
+const struct rule_entry *unused_rule_entry __attribute__((unused));
+const enum steer_stat *unused_steer_stat __attribute__((unused));
+const enum action *unused_action __attribute__((unused));
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

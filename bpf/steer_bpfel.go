@@ -13,6 +13,15 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type steerAction uint32
+
+const (
+	steerActionACT_PASS     steerAction = 0
+	steerActionACT_DROP     steerAction = 1
+	steerActionACT_REDIRECT steerAction = 2
+	steerActionACT_XSK      steerAction = 3
+)
+
 type steerCounter struct {
 	_       structs.HostLayout
 	Packets uint64
@@ -61,6 +70,22 @@ type steerShapeset struct {
 	Shapes        [32]steerShape
 }
 
+type steerSteerStat uint32
+
+const (
+	steerSteerStatSTAT_RX        steerSteerStat = 0
+	steerSteerStatSTAT_LOVELOCK  steerSteerStat = 1
+	steerSteerStatSTAT_MALFORMED steerSteerStat = 2
+	steerSteerStatSTAT_NO_RULE   steerSteerStat = 3
+	steerSteerStatSTAT_PASS      steerSteerStat = 4
+	steerSteerStatSTAT_DROP      steerSteerStat = 5
+	steerSteerStatSTAT_REDIRECT  steerSteerStat = 6
+	steerSteerStatSTAT_XSK       steerSteerStat = 7
+	steerSteerStatSTAT_XSK_TC    steerSteerStat = 8
+	steerSteerStatSTAT_XSK_MISS  steerSteerStat = 9
+	steerSteerStatSTAT_MAX       steerSteerStat = 10
+)
+
 type steerXskKey struct {
 	_       structs.HostLayout
 	Ifindex uint32
@@ -83,7 +108,9 @@ const (
 	steerProgXdpPass        = "xdp_pass"
 	steerProgXdpSteer       = "xdp_steer"
 	steerVarLlPort          = "ll_port"
+	steerVarUnusedAction    = "unused_action"
 	steerVarUnusedRuleEntry = "unused_rule_entry"
+	steerVarUnusedSteerStat = "unused_steer_stat"
 )
 
 // loadSteer returns the embedded CollectionSpec for steer.
@@ -152,7 +179,9 @@ type steerMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerVariableSpecs struct {
 	LlPort          *ebpf.VariableSpec `ebpf:"ll_port"`
+	UnusedAction    *ebpf.VariableSpec `ebpf:"unused_action"`
 	UnusedRuleEntry *ebpf.VariableSpec `ebpf:"unused_rule_entry"`
+	UnusedSteerStat *ebpf.VariableSpec `ebpf:"unused_steer_stat"`
 }
 
 // steerObjects contains all objects after they have been loaded into the kernel.
@@ -201,7 +230,9 @@ func (m *steerMaps) Close() error {
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerVariables struct {
 	LlPort          *ebpf.Variable `ebpf:"ll_port"`
+	UnusedAction    *ebpf.Variable `ebpf:"unused_action"`
 	UnusedRuleEntry *ebpf.Variable `ebpf:"unused_rule_entry"`
+	UnusedSteerStat *ebpf.Variable `ebpf:"unused_steer_stat"`
 }
 
 // steerPrograms contains all programs after they have been loaded into the kernel.
