@@ -53,6 +53,9 @@ func capture(c *ucli.Context) error {
 	if port == 0 || port > 65535 {
 		return fmt.Errorf("--port %d: want 1-65535", port)
 	}
+	// Decode Lovelock headers in what is printed: the only place the
+	// binaries register the gopacket layer.
+	wire.RegisterLayer()
 	if port != uint(wire.DefaultPort) {
 		wire.RegisterPort(uint16(port))
 	}

@@ -1,6 +1,8 @@
 package wire
 
 import (
+	"sync"
+
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
 )
@@ -9,24 +11,38 @@ import (
 // gopacket's reserved 0-999 and its shared application range 1000-1999.
 const layerTypeNumber = 0x4c4c
 
-// LayerTypeLovelock is the gopacket layer type of the Lovelock header. It is
-// registered with gopacket when the package is loaded, and UDP to
-// DefaultPort decodes as it; see RegisterPort for other ports.
-var LayerTypeLovelock = gopacket.RegisterLayerType(layerTypeNumber, gopacket.LayerTypeMetadata{
-	Name:    "Lovelock",
-	Decoder: gopacket.DecodeFunc(decodeLovelock),
-})
+// LayerTypeLovelock is the gopacket layer type of the Lovelock header. Its
+// number is fixed, so Lovelock layers serialize and a DecodingLayerParser
+// decodes them without registration; gopacket learns its name and decoder,
+// and UDP to DefaultPort decodes as it, once RegisterLayer has run.
+const LayerTypeLovelock = gopacket.LayerType(layerTypeNumber)
 
-func init() {
-	RegisterPort(DefaultPort)
+var registerOnce sync.Once
+
+// RegisterLayer registers LayerTypeLovelock with gopacket (its name and its
+// decoder) and makes UDP to or from DefaultPort decode as Lovelock. Only
+// programs that decode captures call it (lovelock capture, tests): importing
+// wire changes no gopacket table, so the data plane's binaries carry no
+// registration they do not use and no other package's layer number can
+// collide with ours at start-up. It may be called more than once; gopacket
+// keeps its tables in unsynchronised global maps, so call it during
+// start-up, before any goroutine decodes packets.
+func RegisterLayer() {
+	registerOnce.Do(func() {
+		gopacket.RegisterLayerType(layerTypeNumber, gopacket.LayerTypeMetadata{
+			Name:    "Lovelock",
+			Decoder: gopacket.DecodeFunc(decodeLovelock),
+		})
+		layers.RegisterUDPPortLayerType(layers.UDPPort(DefaultPort), LayerTypeLovelock)
+	})
 }
 
 // RegisterPort makes gopacket decode UDP packets to or from port as Lovelock
 // (gopacket's UDP decoder looks at the destination port first, then the
-// source port). DefaultPort is registered already; call RegisterPort for a
-// configured port. gopacket keeps its port table in an unsynchronised global
-// map, so call it during start-up, before any goroutine decodes packets.
+// source port), registering the layer first (RegisterLayer). Call it for a
+// configured port other than DefaultPort, during start-up, as RegisterLayer.
 func RegisterPort(port uint16) {
+	RegisterLayer()
 	layers.RegisterUDPPortLayerType(layers.UDPPort(port), LayerTypeLovelock)
 }
 

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"os"
+	"os/exec"
 	"testing"
 
 	"github.com/gopacket/gopacket"
@@ -58,6 +60,7 @@ func serialize(t *testing.T, vlan, ipv6 bool, dport uint16, ll *Lovelock, payloa
 }
 
 func TestLayerRoundTrip(t *testing.T) {
+	RegisterLayer()
 	payload := []byte("far memory page, or part of one")
 	for _, tc := range []struct {
 		name       string
@@ -136,6 +139,7 @@ func TestLayerRoundTrip(t *testing.T) {
 }
 
 func TestLayerMalformed(t *testing.T) {
+	RegisterLayer()
 	// Without FixLengths, SerializeTo writes Length as it is.
 	ll := &Lovelock{Header: Header{Version: Version, Type: TypePing, Length: 1}}
 	buf := gopacket.NewSerializeBuffer()
@@ -190,10 +194,36 @@ func TestRegisterPort(t *testing.T) {
 }
 
 func TestLayerTypeRegistered(t *testing.T) {
+	RegisterLayer()
+	RegisterLayer() // a second call is harmless (gopacket panics on a second registration of a number)
 	if LayerTypeLovelock.String() != "Lovelock" {
 		t.Errorf("LayerTypeLovelock = %q", LayerTypeLovelock.String())
 	}
 	if got := layers.UDPPort(DefaultPort).LayerType(); got != LayerTypeLovelock {
 		t.Errorf("UDP port %d decodes as %v", DefaultPort, got)
+	}
+}
+
+// TestLayerNotRegisteredOnImport: a program that imports wire but never
+// calls RegisterLayer (lovelockd) leaves gopacket's tables alone. It runs
+// in a fresh process, since this one's tests register the layer.
+func TestLayerNotRegisteredOnImport(t *testing.T) {
+	if os.Getenv("WIRE_UNREGISTERED_CHILD") == "1" {
+		if name := LayerTypeLovelock.String(); name == "Lovelock" {
+			t.Fatalf("layer type %d is registered as %q at start-up", layerTypeNumber, name)
+		}
+		if got := layers.UDPPort(DefaultPort).LayerType(); got == LayerTypeLovelock {
+			t.Fatalf("UDP port %d decodes as Lovelock at start-up", DefaultPort)
+		}
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestLayerNotRegisteredOnImport$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), "WIRE_UNREGISTERED_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	if !bytes.Contains(out, []byte("--- PASS: TestLayerNotRegisteredOnImport")) {
+		t.Fatalf("child ran no check:\n%s", out)
 	}
 }

@@ -1,9 +1,10 @@
 // Package wire owns the Lovelock wire format: the fixed 24-byte header that
 // starts the UDP payload of every service packet, its encoder and validating
-// decoder, the gopacket layer that lets captures and tests decode it, and a
-// frame parser that mirrors the data plane's C parser (bpf/include/parse.h)
-// verdict for verdict and flow key for flow key. No other Go package encodes
-// or decodes the header.
+// decoder, the gopacket layer that lets captures and tests decode it
+// (registered with gopacket by RegisterLayer, which capture and tests call:
+// importing wire changes no global table), and a frame parser that mirrors
+// the data plane's C parser (bpf/include/parse.h) verdict for verdict and
+// flow key for flow key. No other Go package encodes or decodes the header.
 //
 // The C definition lives in bpf/include/lovelock_wire.h; cside_test.go holds
 // the two in step and docs/wire.md draws the layout.
