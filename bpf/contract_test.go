@@ -8,6 +8,9 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+
+	"github.com/lovelock-dpu/lovelock/control/testenv"
 )
 
 // TestSpecContract: the committed object agrees with the Go constants, and
@@ -89,5 +92,34 @@ func TestLoadErrorUnwraps(t *testing.T) {
 		if !strings.Contains(err.Error(), line) {
 			t.Errorf("message lacks log line %q: %s", line, err)
 		}
+	}
+}
+
+// TestLoadVerifierError: a program the verifier rejects fails Load with an
+// error that errors.As finds the *ebpf.VerifierError in, and that carries
+// the verifier's log.
+func TestLoadVerifierError(t *testing.T) {
+	testenv.RequirePriv(t)
+	spec, err := loadSteer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Read far past the end of struct xdp_md: the verifier refuses it.
+	spec.Programs[steerProgXdpPass].Instructions = asm.Instructions{
+		asm.LoadMem(asm.R0, asm.R1, 4000, asm.Word),
+		asm.Return(),
+	}
+	s, err := load(spec, Options{})
+	if err == nil {
+		s.Close()
+		t.Fatal("a program reading past its context loaded")
+	}
+	var le *LoadError
+	var ve *ebpf.VerifierError
+	if !errors.As(err, &le) || !errors.As(err, &ve) {
+		t.Fatalf("errors.As found no *LoadError and *ebpf.VerifierError in %v", err)
+	}
+	if len(ve.Log) == 0 || !strings.Contains(err.Error(), ve.Log[0]) {
+		t.Errorf("message lacks the verifier log %q: %v", ve.Log, err)
 	}
 }

@@ -111,12 +111,20 @@ func (s *Steer) pins() []struct {
 }
 
 // Load loads the steering programs and maps into the kernel, with no rule
-// set installed (every packet passes).
+// set installed (every packet passes). A map size that differs from this
+// package's constants fails before anything is loaded (see checkSpec); a
+// program the kernel refuses returns a *LoadError, which unwraps to the
+// *ebpf.VerifierError.
 func Load(opts Options) (*Steer, error) {
 	spec, err := loadSteer()
 	if err != nil {
 		return nil, fmt.Errorf("steer: read object: %w", err)
 	}
+	return load(spec, opts)
+}
+
+// load is Load on a given collection spec (tests hand it broken ones).
+func load(spec *ebpf.CollectionSpec, opts Options) (*Steer, error) {
 	if err := checkSpec(spec); err != nil {
 		return nil, err
 	}
