@@ -10,10 +10,27 @@ import (
 
 // The BPF↔Go contract. Enums and the layouts of keys and values come from
 // the object's BTF through bpf2go (steer_bpfel.go: steerSteerStat,
-// steerAction, steerRuleEntry, steerShapeset, …), so they cannot differ.
-// What BTF does not carry are #define limits that size maps: checkSpec
-// holds those against the object before anything is loaded, and names the
-// side to fix when they disagree.
+// steerAction, steerRuleLimits, steerRuleEntry, steerShapeset, …), so they
+// cannot differ. Map sizes are also checked against the object before
+// anything is loaded (checkSpec), naming the side to fix when they
+// disagree: some (MAX_XSK_SLOTS, RULE_TABLE_SIZE) are #defines that BTF does
+// not carry, and a stale object is caught there too.
+
+// The package's limits are untyped constants (callers compare them with
+// uint32 IDs and ints alike); each must equal its value in enum rule_limits
+// as bpf2go generated it from the object's BTF. A mismatch after a change in
+// C and make generate fails the build on one of these lines (an array
+// length goes negative): set the Go constant named there to the C value.
+var (
+	_ [MaxShapes - int(steerRuleLimitsMAX_SHAPES)]struct{}
+	_ [int(steerRuleLimitsMAX_SHAPES) - MaxShapes]struct{}
+	_ [MaxRules - int(steerRuleLimitsMAX_RULES)]struct{}
+	_ [int(steerRuleLimitsMAX_RULES) - MaxRules]struct{}
+	_ [tableBits - int(steerRuleLimitsRULE_TABLE_BITS)]struct{}
+	_ [int(steerRuleLimitsRULE_TABLE_BITS) - tableBits]struct{}
+	_ [MaxProbe - int(steerRuleLimitsMAX_PROBE)]struct{}
+	_ [int(steerRuleLimitsMAX_PROBE) - MaxProbe]struct{}
+)
 
 // LoadError reports a BPF object the kernel refused. Its message carries the
 // whole verifier log when there is one (the *ebpf.VerifierError printed with

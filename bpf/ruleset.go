@@ -100,10 +100,10 @@ func (sh Shape) Masked(k FlowKey) FlowKey {
 	return k
 }
 
-// Limits compiled into the data plane (include/rules.h). MaxShapes is the
-// length of the generated shapeset's array; MaxRules and the table size are
-// map sizes, which Load checks against the object (checkSpec), so neither
-// can drift from the C side unnoticed.
+// Limits compiled into the data plane (enum rule_limits in
+// include/rules.h). The build fails when one differs from the value bpf2go
+// generated (bpf/contract.go), and Load checks the map sizes against the
+// object (checkSpec), so none can drift from the C side unnoticed.
 const (
 	MaxShapes      = len(shapeset{}.Shapes) // distinct mask shapes in one rule set (MAX_SHAPES)
 	MaxRules       = 65536                  // rule IDs are 1..MaxRules-1; 0 counts default verdicts (MAX_RULES: rule_stats' size)

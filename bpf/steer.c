@@ -63,13 +63,14 @@ struct counter {
 
 /* Types bpf2go generates for Go (-type in bpf/bpf.go) that no map names:
  * the rule table's entry type, used only behind the inner map's sizes, and
- * the enums whose values Go uses (counter indices, actions), so Go never
- * copies them by hand. The cilium/ebpf idiom: an
+ * the enums whose values Go uses (counter indices, actions, the rule set's
+ * limits), so Go never copies them by hand. The cilium/ebpf idiom: an
  * unused pointer puts a type into BTF (clang emits no enum that no object
  * uses); each costs 8 bytes of .bss and no instruction. */
 const struct rule_entry *unused_rule_entry __attribute__((unused));
 const enum steer_stat *unused_steer_stat __attribute__((unused));
 const enum action *unused_action __attribute__((unused));
+const enum rule_limits *unused_rule_limits __attribute__((unused));
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

@@ -53,6 +53,16 @@ type steerRuleEntry struct {
 	Arg    uint32
 }
 
+type steerRuleLimits uint32
+
+const (
+	steerRuleLimitsMAX_SHAPES      steerRuleLimits = 32
+	steerRuleLimitsMAX_RULES       steerRuleLimits = 65536
+	steerRuleLimitsRULE_TABLE_BITS steerRuleLimits = 18
+	steerRuleLimitsMAX_PROBE       steerRuleLimits = 16
+	steerRuleLimitsKEY_WORDS       steerRuleLimits = 7
+)
+
 type steerShape struct {
 	_       structs.HostLayout
 	Mask    steerFlowKey
@@ -96,21 +106,22 @@ type steerXskKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	steerMapActiveSet       = "active_set"
-	steerMapRuleStats       = "rule_stats"
-	steerMapRulesets        = "rulesets"
-	steerMapShapesets       = "shapesets"
-	steerMapSteerStats      = "steer_stats"
-	steerMapXskSlots        = "xsk_slots"
-	steerMapXsks            = "xsks"
-	steerProgTcEgress       = "tc_egress"
-	steerProgTcIngress      = "tc_ingress"
-	steerProgXdpPass        = "xdp_pass"
-	steerProgXdpSteer       = "xdp_steer"
-	steerVarLlPort          = "ll_port"
-	steerVarUnusedAction    = "unused_action"
-	steerVarUnusedRuleEntry = "unused_rule_entry"
-	steerVarUnusedSteerStat = "unused_steer_stat"
+	steerMapActiveSet        = "active_set"
+	steerMapRuleStats        = "rule_stats"
+	steerMapRulesets         = "rulesets"
+	steerMapShapesets        = "shapesets"
+	steerMapSteerStats       = "steer_stats"
+	steerMapXskSlots         = "xsk_slots"
+	steerMapXsks             = "xsks"
+	steerProgTcEgress        = "tc_egress"
+	steerProgTcIngress       = "tc_ingress"
+	steerProgXdpPass         = "xdp_pass"
+	steerProgXdpSteer        = "xdp_steer"
+	steerVarLlPort           = "ll_port"
+	steerVarUnusedAction     = "unused_action"
+	steerVarUnusedRuleEntry  = "unused_rule_entry"
+	steerVarUnusedRuleLimits = "unused_rule_limits"
+	steerVarUnusedSteerStat  = "unused_steer_stat"
 )
 
 // loadSteer returns the embedded CollectionSpec for steer.
@@ -178,10 +189,11 @@ type steerMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerVariableSpecs struct {
-	LlPort          *ebpf.VariableSpec `ebpf:"ll_port"`
-	UnusedAction    *ebpf.VariableSpec `ebpf:"unused_action"`
-	UnusedRuleEntry *ebpf.VariableSpec `ebpf:"unused_rule_entry"`
-	UnusedSteerStat *ebpf.VariableSpec `ebpf:"unused_steer_stat"`
+	LlPort           *ebpf.VariableSpec `ebpf:"ll_port"`
+	UnusedAction     *ebpf.VariableSpec `ebpf:"unused_action"`
+	UnusedRuleEntry  *ebpf.VariableSpec `ebpf:"unused_rule_entry"`
+	UnusedRuleLimits *ebpf.VariableSpec `ebpf:"unused_rule_limits"`
+	UnusedSteerStat  *ebpf.VariableSpec `ebpf:"unused_steer_stat"`
 }
 
 // steerObjects contains all objects after they have been loaded into the kernel.
@@ -229,10 +241,11 @@ func (m *steerMaps) Close() error {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerVariables struct {
-	LlPort          *ebpf.Variable `ebpf:"ll_port"`
-	UnusedAction    *ebpf.Variable `ebpf:"unused_action"`
-	UnusedRuleEntry *ebpf.Variable `ebpf:"unused_rule_entry"`
-	UnusedSteerStat *ebpf.Variable `ebpf:"unused_steer_stat"`
+	LlPort           *ebpf.Variable `ebpf:"ll_port"`
+	UnusedAction     *ebpf.Variable `ebpf:"unused_action"`
+	UnusedRuleEntry  *ebpf.Variable `ebpf:"unused_rule_entry"`
+	UnusedRuleLimits *ebpf.Variable `ebpf:"unused_rule_limits"`
+	UnusedSteerStat  *ebpf.Variable `ebpf:"unused_steer_stat"`
 }
 
 // steerPrograms contains all programs after they have been loaded into the kernel.
