@@ -100,12 +100,18 @@ func (sh Shape) Masked(k FlowKey) FlowKey {
 	return k
 }
 
-// Limits compiled into the data plane (include/rules.h).
+// Limits compiled into the data plane (enum rule_limits in
+// include/rules.h). The build fails when one differs from the value bpf2go
+// generated (bpf/contract.go), and Load checks the map sizes against the
+// object (checkSpec), so none can drift from the C side unnoticed.
 const (
-	MaxShapes      = 32     // distinct mask shapes in one rule set
-	MaxRules       = 65536  // rule IDs are 1..MaxRules-1; 0 counts default verdicts
-	MaxRuleEntries = 131072 // entries in one rule set (half the table's slots)
-	MaxXSKQueues   = 64     // slots of the AF_XDP socket map
+	MaxShapes      = len(shapeset{}.Shapes) // distinct mask shapes in one rule set (MAX_SHAPES)
+	MaxRules       = 65536                  // rule IDs are 1..MaxRules-1; 0 counts default verdicts (MAX_RULES: rule_stats' size)
+	MaxRuleEntries = tableSize / 2          // entries in one rule set (MAX_RULE_ENTRIES: half the table's slots)
+	// MaxXSKQueues bounds the queue of an xsk:<queue> action. It is
+	// Lovelock's choice, not a C limit: sockets are found by (interface,
+	// queue) in a map of MaxXSKSockets slots.
+	MaxXSKQueues = 64
 )
 
 // Shape.Fields bits: fields matched exactly.
@@ -119,15 +125,16 @@ const (
 	FieldTenant
 )
 
-// Action is what the data plane does with a packet (enum action).
+// Action is what the data plane does with a packet (enum action). The
+// values come from the object's BTF through bpf2go (steerAction).
 type Action uint16
 
 // Actions.
 const (
-	ActionPass     Action = 0 // to the kernel stack
-	ActionDrop     Action = 1 // nowhere
-	ActionRedirect Action = 2 // out of interface Arg
-	ActionXSK      Action = 3 // to the AF_XDP socket in slot Arg (XDP only; TC passes)
+	ActionPass     = Action(steerActionACT_PASS)     // to the kernel stack
+	ActionDrop     = Action(steerActionACT_DROP)     // nowhere
+	ActionRedirect = Action(steerActionACT_REDIRECT) // out of interface Arg
+	ActionXSK      = Action(steerActionACT_XSK)      // to the AF_XDP socket in slot Arg (XDP only; TC passes)
 )
 
 func (a Action) String() string {

@@ -15,9 +15,6 @@
 /* Lovelock UDP port; set from Go before load. */
 volatile const __u16 ll_port = LL_DEFAULT_PORT;
 
-/* Force the rule table's entry type into BTF so bpf2go generates it for Go
- * (the cilium/ebpf idiom: it is used only behind the inner map's sizes). */
-const struct rule_entry *unused_rule_entry __attribute__((unused));
 
 /* AF_XDP sockets for the xsk:<queue> action. An AF_XDP socket is bound to
  * one queue of one interface and the kernel delivers to it only packets
@@ -64,6 +61,17 @@ struct counter {
 	__u64 bytes;
 };
 
+/* Types bpf2go generates for Go (-type in bpf/bpf.go) that no map names:
+ * the rule table's entry type, used only behind the inner map's sizes, and
+ * the enums whose values Go uses (counter indices, actions, the rule set's
+ * limits), so Go never copies them by hand. The cilium/ebpf idiom: an
+ * unused pointer puts a type into BTF (clang emits no enum that no object
+ * uses); each costs 8 bytes of .bss and no instruction. */
+const struct rule_entry *unused_rule_entry __attribute__((unused));
+const enum steer_stat *unused_steer_stat __attribute__((unused));
+const enum action *unused_action __attribute__((unused));
+const enum rule_limits *unused_rule_limits __attribute__((unused));
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__type(key, __u32);
@@ -89,23 +97,31 @@ static __always_inline void count(void *map, __u32 idx, __u64 bytes)
 	}
 }
 
-/* steer parses and classifies one packet of len bytes, whose headers lie in
- * data..data_end, and counts it; v holds the verdict. gso: the packet is a
- * GSO super-packet (parse_packet). */
-static __always_inline void steer(void *data, void *data_end, __u32 len, __u32 ifindex,
-				  int gso, struct verdict *v)
+/* parse parses the packet of len bytes whose linear part is data..data_end
+ * into m and returns its status; *need is cursor.need (a header ends past
+ * the linear part). gso: the packet is a GSO super-packet (parse_packet). */
+static __always_inline enum ll_status parse(void *data, void *data_end, __u32 len, __u32 ifindex,
+					    int gso, struct pkt_meta *m, __u32 *need)
 {
 	struct cursor c = { .pos = data, .end = data_end, .len = len };
-	struct pkt_meta m = {};
 	enum ll_status st;
-	int malformed;
 
-	m.key.ifindex = ifindex;
-	st = parse_packet(&c, ll_port, &m, gso);
-	malformed = ll_malformed(st);
+	__builtin_memset(m, 0, sizeof(*m));
+	m->key.ifindex = ifindex;
+	st = parse_packet(&c, ll_port, m, gso);
+	*need = c.need;
+	return st;
+}
+
+/* steer classifies a packet of len bytes that parse left in m with status
+ * st, and counts it; v holds the verdict. */
+static __always_inline void steer(struct pkt_meta *m, enum ll_status st, __u32 len, struct verdict *v)
+{
+	int malformed = ll_malformed(st);
+
 	if (malformed) {
 		/* Fields of a malformed packet are not trusted. */
-		__builtin_memset(&m.key, 0, sizeof(m.key));
+		__builtin_memset(&m->key, 0, sizeof(m->key));
 		count(&steer_stats, STAT_MALFORMED, len);
 	} else if (st == LL_OK) {
 		count(&steer_stats, STAT_LOVELOCK, len);
@@ -115,7 +131,7 @@ static __always_inline void steer(void *data, void *data_end, __u32 len, __u32 i
 	v->id = 0;
 	v->action = ACT_PASS;
 	v->arg = 0;
-	classify(&m.key, malformed, v);
+	classify(&m->key, malformed, v);
 	if (v->id == 0 && !malformed)
 		count(&steer_stats, STAT_NO_RULE, len);
 	count(&rule_stats, v->id, len);
@@ -129,9 +145,11 @@ int xdp_steer(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data, *data_end = (void *)(long)ctx->data_end;
 	__u64 len = bpf_xdp_get_buff_len(ctx);
+	struct pkt_meta m;
 	struct verdict v;
+	__u32 need;
 
-	steer(data, data_end, len, ctx->ingress_ifindex, 0, &v);
+	steer(&m, parse(data, data_end, len, ctx->ingress_ifindex, 0, &m, &need), len, &v);
 	switch (v.action) {
 	case ACT_DROP:
 		count(&steer_stats, STAT_DROP, len);
@@ -161,21 +179,41 @@ int xdp_steer(struct xdp_md *ctx)
 	return XDP_PASS;
 }
 
+/* Bytes pulled past the header that did not fit, on a first retry: the
+ * rest of the headers of all but IPv6 packets with long extension headers. */
+#define TC_PULL_AHEAD 128
+
 static __always_inline int tc_steer(struct __sk_buff *skb)
 {
-	void *data, *data_end;
-	struct verdict v;
-
-	/* Parse from linear data: pull the whole packet in (a no-op for most). */
-	if (skb->data_end - skb->data < skb->len)
-		bpf_skb_pull_data(skb, skb->len);
-	data = (void *)(long)skb->data;
-	data_end = (void *)(long)skb->data_end;
-
 	/* A host's own TSO/GSO traffic on egress, and GRO'd traffic on
 	 * ingress, arrives as one super-packet whose lengths may be 0 (BIG
 	 * TCP, UDP tunnels). */
-	steer(data, data_end, skb->len, skb->ifindex, skb->gso_size != 0, &v);
+	int gso = skb->gso_size != 0;
+	struct pkt_meta m;
+	struct verdict v;
+	enum ll_status st;
+	__u32 need, want, try;
+
+	/* Parse from linear data, pulling in only header bytes: most skbs
+	 * have their headers linear already, and pulling a whole GSO
+	 * super-packet (skb->len, up to 64 KiB or more under BIG TCP) would
+	 * copy its payload into one buffer. When a header ends past the
+	 * linear part (cursor.need), pull up to it and TC_PULL_AHEAD beyond,
+	 * parse again, and if that is still short pull all a parse can reach
+	 * (LL_MAX_HDR_BYTES) for a last parse, which then sees what a parse of
+	 * the whole packet would. A failed pull leaves the packet TRUNCATED. */
+#pragma clang loop unroll(disable)
+	for (try = 0;; try++) {
+		st = parse((void *)(long)skb->data, (void *)(long)skb->data_end, skb->len, skb->ifindex, gso, &m, &need);
+		if (st != LL_TRUNCATED || !need || try == 2)
+			break;
+		want = try == 0 ? need + TC_PULL_AHEAD : LL_MAX_HDR_BYTES;
+		if (want > skb->len)
+			want = skb->len;
+		if (bpf_skb_pull_data(skb, want))
+			break;
+	}
+	steer(&m, st, skb->len, &v);
 	switch (v.action) {
 	case ACT_DROP:
 		count(&steer_stats, STAT_DROP, skb->len);

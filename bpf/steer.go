@@ -13,24 +13,31 @@ import (
 )
 
 // Stat indexes the steering program's per-CPU counters (enum steer_stat).
+// The values come from the object's BTF through bpf2go (steerSteerStat), so
+// they cannot drift from the C enum.
 type Stat uint32
 
 // Counters kept by the steering program.
 const (
-	StatRX        Stat = iota // every packet seen
-	StatLovelock              // valid Lovelock packets
-	StatMalformed             // malformed headers (given the default action)
-	StatNoRule                // well-formed packets no rule matched (default action)
-	StatPass                  // verdicts as carried out: to the kernel
-	StatDrop                  // dropped
-	StatRedirect              // redirected to another interface
-	StatXSK                   // sent to an AF_XDP socket
-	StatXSKOnTC               // xsk verdicts on a TC hook, passed instead
-	StatXSKMiss               // xsk verdicts with no socket on the arrival queue, or multi-buffer, passed instead
-	NumStats
+	StatRX        = Stat(steerSteerStatSTAT_RX)        // every packet seen
+	StatLovelock  = Stat(steerSteerStatSTAT_LOVELOCK)  // valid Lovelock packets
+	StatMalformed = Stat(steerSteerStatSTAT_MALFORMED) // malformed headers (given the default action)
+	StatNoRule    = Stat(steerSteerStatSTAT_NO_RULE)   // well-formed packets no rule matched (default action)
+	StatPass      = Stat(steerSteerStatSTAT_PASS)      // verdicts as carried out: to the kernel
+	StatDrop      = Stat(steerSteerStatSTAT_DROP)      // dropped
+	StatRedirect  = Stat(steerSteerStatSTAT_REDIRECT)  // redirected to another interface
+	StatXSK       = Stat(steerSteerStatSTAT_XSK)       // sent to an AF_XDP socket
+	StatXSKOnTC   = Stat(steerSteerStatSTAT_XSK_TC)    // xsk verdicts on a TC hook, passed instead
+	StatXSKMiss   = Stat(steerSteerStatSTAT_XSK_MISS)  // xsk verdicts with no socket on the arrival queue, or multi-buffer, passed instead
+	NumStats      = Stat(steerSteerStatSTAT_MAX)       // how many counters there are (the stats map's size, checked at load)
 )
 
-var statNames = [NumStats]string{"rx", "lovelock", "malformed", "no_rule", "pass", "drop", "redirect", "xsk", "xsk_on_tc", "xsk_miss"}
+// statNames names every counter; the [...] length and the check below make
+// a counter added in C without a name here a compile error.
+var statNames = [...]string{"rx", "lovelock", "malformed", "no_rule", "pass", "drop", "redirect", "xsk", "xsk_on_tc", "xsk_miss"}
+
+var _ [len(statNames) - int(NumStats)]struct{} // statNames has no name too many
+var _ [int(NumStats) - len(statNames)]struct{} // nor one too few
 
 // String names the counter as metrics and the CLI show it.
 func (s Stat) String() string {
@@ -104,14 +111,22 @@ func (s *Steer) pins() []struct {
 }
 
 // Load loads the steering programs and maps into the kernel, with no rule
-// set installed (every packet passes).
+// set installed (every packet passes). A map size that differs from this
+// package's constants fails before anything is loaded (see checkSpec); a
+// program the kernel refuses returns a *LoadError, which unwraps to the
+// *ebpf.VerifierError.
 func Load(opts Options) (*Steer, error) {
 	spec, err := loadSteer()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("steer: read object: %w", err)
 	}
-	if n := spec.Maps[steerMapRulesets].InnerMap.MaxEntries; n != tableSize {
-		return nil, fmt.Errorf("steer: the object's rule table has %d slots, this build expects %d (regenerate with make generate)", n, tableSize)
+	return load(spec, opts)
+}
+
+// load is Load on a given collection spec (tests hand it broken ones).
+func load(spec *ebpf.CollectionSpec, opts Options) (*Steer, error) {
+	if err := checkSpec(spec); err != nil {
+		return nil, err
 	}
 	if opts.Port != 0 {
 		if err := spec.Variables[steerVarLlPort].Set(opts.Port); err != nil {
@@ -120,7 +135,7 @@ func Load(opts Options) (*Steer, error) {
 	}
 	var objs steerObjects
 	if err := spec.LoadAndAssign(&objs, nil); err != nil {
-		return nil, fmt.Errorf("steer: load: %+v", err)
+		return nil, &LoadError{Object: "steer", Err: err}
 	}
 	return &Steer{
 		XDP: objs.XdpSteer, TCIngress: objs.TcIngress, TCEgress: objs.TcEgress, XDPPass: objs.XdpPass,
@@ -375,7 +390,7 @@ func ReadPinnedStats(dir string) ([]Counter, error) {
 func (s *Steer) Port() (uint16, error) {
 	spec, err := loadSteer()
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("steer: read object: %w", err)
 	}
 	v := spec.Variables[steerVarLlPort]
 	ms := spec.Maps[v.SectionName]

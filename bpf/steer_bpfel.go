@@ -13,6 +13,15 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type steerAction uint32
+
+const (
+	steerActionACT_PASS     steerAction = 0
+	steerActionACT_DROP     steerAction = 1
+	steerActionACT_REDIRECT steerAction = 2
+	steerActionACT_XSK      steerAction = 3
+)
+
 type steerCounter struct {
 	_       structs.HostLayout
 	Packets uint64
@@ -44,6 +53,16 @@ type steerRuleEntry struct {
 	Arg    uint32
 }
 
+type steerRuleLimits uint32
+
+const (
+	steerRuleLimitsMAX_SHAPES      steerRuleLimits = 32
+	steerRuleLimitsMAX_RULES       steerRuleLimits = 65536
+	steerRuleLimitsRULE_TABLE_BITS steerRuleLimits = 18
+	steerRuleLimitsMAX_PROBE       steerRuleLimits = 16
+	steerRuleLimitsKEY_WORDS       steerRuleLimits = 7
+)
+
 type steerShape struct {
 	_       structs.HostLayout
 	Mask    steerFlowKey
@@ -61,6 +80,22 @@ type steerShapeset struct {
 	Shapes        [32]steerShape
 }
 
+type steerSteerStat uint32
+
+const (
+	steerSteerStatSTAT_RX        steerSteerStat = 0
+	steerSteerStatSTAT_LOVELOCK  steerSteerStat = 1
+	steerSteerStatSTAT_MALFORMED steerSteerStat = 2
+	steerSteerStatSTAT_NO_RULE   steerSteerStat = 3
+	steerSteerStatSTAT_PASS      steerSteerStat = 4
+	steerSteerStatSTAT_DROP      steerSteerStat = 5
+	steerSteerStatSTAT_REDIRECT  steerSteerStat = 6
+	steerSteerStatSTAT_XSK       steerSteerStat = 7
+	steerSteerStatSTAT_XSK_TC    steerSteerStat = 8
+	steerSteerStatSTAT_XSK_MISS  steerSteerStat = 9
+	steerSteerStatSTAT_MAX       steerSteerStat = 10
+)
+
 type steerXskKey struct {
 	_       structs.HostLayout
 	Ifindex uint32
@@ -71,19 +106,22 @@ type steerXskKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	steerMapActiveSet       = "active_set"
-	steerMapRuleStats       = "rule_stats"
-	steerMapRulesets        = "rulesets"
-	steerMapShapesets       = "shapesets"
-	steerMapSteerStats      = "steer_stats"
-	steerMapXskSlots        = "xsk_slots"
-	steerMapXsks            = "xsks"
-	steerProgTcEgress       = "tc_egress"
-	steerProgTcIngress      = "tc_ingress"
-	steerProgXdpPass        = "xdp_pass"
-	steerProgXdpSteer       = "xdp_steer"
-	steerVarLlPort          = "ll_port"
-	steerVarUnusedRuleEntry = "unused_rule_entry"
+	steerMapActiveSet        = "active_set"
+	steerMapRuleStats        = "rule_stats"
+	steerMapRulesets         = "rulesets"
+	steerMapShapesets        = "shapesets"
+	steerMapSteerStats       = "steer_stats"
+	steerMapXskSlots         = "xsk_slots"
+	steerMapXsks             = "xsks"
+	steerProgTcEgress        = "tc_egress"
+	steerProgTcIngress       = "tc_ingress"
+	steerProgXdpPass         = "xdp_pass"
+	steerProgXdpSteer        = "xdp_steer"
+	steerVarLlPort           = "ll_port"
+	steerVarUnusedAction     = "unused_action"
+	steerVarUnusedRuleEntry  = "unused_rule_entry"
+	steerVarUnusedRuleLimits = "unused_rule_limits"
+	steerVarUnusedSteerStat  = "unused_steer_stat"
 )
 
 // loadSteer returns the embedded CollectionSpec for steer.
@@ -151,8 +189,11 @@ type steerMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerVariableSpecs struct {
-	LlPort          *ebpf.VariableSpec `ebpf:"ll_port"`
-	UnusedRuleEntry *ebpf.VariableSpec `ebpf:"unused_rule_entry"`
+	LlPort           *ebpf.VariableSpec `ebpf:"ll_port"`
+	UnusedAction     *ebpf.VariableSpec `ebpf:"unused_action"`
+	UnusedRuleEntry  *ebpf.VariableSpec `ebpf:"unused_rule_entry"`
+	UnusedRuleLimits *ebpf.VariableSpec `ebpf:"unused_rule_limits"`
+	UnusedSteerStat  *ebpf.VariableSpec `ebpf:"unused_steer_stat"`
 }
 
 // steerObjects contains all objects after they have been loaded into the kernel.
@@ -200,8 +241,11 @@ func (m *steerMaps) Close() error {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerVariables struct {
-	LlPort          *ebpf.Variable `ebpf:"ll_port"`
-	UnusedRuleEntry *ebpf.Variable `ebpf:"unused_rule_entry"`
+	LlPort           *ebpf.Variable `ebpf:"ll_port"`
+	UnusedAction     *ebpf.Variable `ebpf:"unused_action"`
+	UnusedRuleEntry  *ebpf.Variable `ebpf:"unused_rule_entry"`
+	UnusedRuleLimits *ebpf.Variable `ebpf:"unused_rule_limits"`
+	UnusedSteerStat  *ebpf.Variable `ebpf:"unused_steer_stat"`
 }
 
 // steerPrograms contains all programs after they have been loaded into the kernel.

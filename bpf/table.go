@@ -5,7 +5,9 @@ import (
 	"fmt"
 )
 
-// The rule table's geometry and hash, as in include/rules.h.
+// The rule table's geometry and hash, as in include/rules.h (tableBits and
+// MaxProbe are held to enum rule_limits at compile time, bpf/contract.go;
+// hashMul is a 64-bit #define, which the differential tests cover).
 const (
 	tableBits = 18
 	tableSize = 1 << tableBits

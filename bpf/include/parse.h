@@ -24,6 +24,15 @@
 
 /* IPv6 extension headers skipped before giving up (malformed). */
 #define MAX_IPV6_EXT_HDRS 4
+/* The longest IPv6 extension header: (255 + 1) * 8 bytes (hop-by-hop,
+ * routing, destination options; AH and fragment headers are shorter). */
+#define IPV6_EXT_MAX_LEN 2048
+/* The furthest parse_packet reads into a packet: Ethernet, one 802.1Q tag,
+ * IPv6 (IPv4 with options is shorter), MAX_IPV6_EXT_HDRS extension headers,
+ * UDP (TCP's 20 bytes are fewer than UDP and the Lovelock header) and the
+ * Lovelock header. A TC hook that has this much of a packet linear (or all
+ * of it) parses it as if it were linear throughout. */
+#define LL_MAX_HDR_BYTES (ETH_HLEN + 4 + 40 + MAX_IPV6_EXT_HDRS * IPV6_EXT_MAX_LEN + 8 + 24)
 
 /* A packet being parsed: pos..end is its linear part, where the headers
  * must lie; len is its whole length, more than end - pos for an XDP
@@ -39,6 +48,12 @@ struct cursor {
 	 * bytes after the IP datagram are Ethernet padding, not headers. */
 	void *start;
 	__u32 lim;
+	/* Set by cursor_pull when a header ends past the linear part but
+	 * within the datagram: how many bytes from start the parser needed.
+	 * The parse then ends TRUNCATED; a TC hook pulls more of the skb in
+	 * and parses again (tc_steer), XDP cannot (a multi-buffer frame's
+	 * headers must lie in its first buffer). 0: no such header. */
+	__u32 need;
 };
 
 struct vlan_hdr {
@@ -83,14 +98,13 @@ struct pkt_meta {
 };
 
 /* Returns a pointer to len bytes at the cursor and advances it, or NULL
- * when they end past the linear data or past c->lim. */
+ * when they end past c->lim or past the linear data (then setting
+ * c->need). */
 static __always_inline void *cursor_pull(struct cursor *c, __u32 len)
 {
 	void *p = c->pos;
 	__u64 end;
 
-	if (p + len > c->end)
-		return NULL;
 	/* A scalar offset: the barrier keeps clang from turning the compare
 	 * into packet-pointer arithmetic with an unbounded register, which
 	 * older verifiers reject. */
@@ -98,6 +112,10 @@ static __always_inline void *cursor_pull(struct cursor *c, __u32 len)
 	asm volatile("" : "+r"(end));
 	if (end > c->lim)
 		return NULL;
+	if (p + len > c->end) {
+		c->need = end;
+		return NULL;
+	}
 	c->pos = p + len;
 	return p;
 }

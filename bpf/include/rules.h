@@ -31,24 +31,31 @@
 
 #include "parse.h"
 
-/* Distinct mask shapes a rule set may use. Each costs one table lookup. */
-#define MAX_SHAPES 32
-/* Rule IDs are 1..MAX_RULES-1; ID 0 counts packets no rule matched. */
-#define MAX_RULES 65536
-/* Slots of a rule table, and the entries it may hold: at most half full,
- * so that probe sequences stay short. Rules expand to several entries when
- * a rank range is split into prefixes. */
-#define RULE_TABLE_BITS 18
+/* The rule set's limits and the table's geometry: an enum rather than
+ * #defines so that bpf2go generates them for Go (-type rule_limits), where
+ * bpf/contract.go holds the package's constants to them at compile time. */
+enum rule_limits {
+	/* Distinct mask shapes a rule set may use. Each costs one table lookup. */
+	MAX_SHAPES = 32,
+	/* Rule IDs are 1..MAX_RULES-1; ID 0 counts packets no rule matched. */
+	MAX_RULES = 65536,
+	/* Slots of a rule table: 1 << RULE_TABLE_BITS (RULE_TABLE_SIZE), and
+	 * the entries it may hold: at most half full (MAX_RULE_ENTRIES), so
+	 * that probe sequences stay short. Rules expand to several entries
+	 * when a rank range is split into prefixes. */
+	RULE_TABLE_BITS = 18,
+	/* Slots a lookup compares per shape; userspace places every entry
+	 * within. */
+	MAX_PROBE = 16,
+	/* A flow key as 8-byte words: six whole words and the rank, alone in
+	 * the low half of the seventh. */
+	KEY_WORDS = 7,
+};
 #define RULE_TABLE_SIZE (1u << RULE_TABLE_BITS)
 #define MAX_RULE_ENTRIES (RULE_TABLE_SIZE / 2)
-/* Slots a lookup compares per shape; userspace places every entry within. */
-#define MAX_PROBE 16
 /* The hash: h = (h ^ word) * RULE_HASH_MUL over the key's words, starting
  * from the shapeset's seed; the top RULE_TABLE_BITS bits name the slot. */
 #define RULE_HASH_MUL 0x9E3779B97F4A7C15ULL
-/* A flow key as 8-byte words: six whole words and the rank, alone in the
- * low half of the seventh. */
-#define KEY_WORDS 7
 
 enum action {
 	ACT_PASS = 0,     /* to the kernel stack */

@@ -18,6 +18,7 @@ import (
 	"github.com/lovelock-dpu/lovelock/control/rules"
 	"github.com/lovelock-dpu/lovelock/control/testbed"
 	"github.com/lovelock-dpu/lovelock/dataplane/wire"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire/wirelayer"
 )
 
 func captureCommand() *ucli.Command {
@@ -53,8 +54,11 @@ func capture(c *ucli.Context) error {
 	if port == 0 || port > 65535 {
 		return fmt.Errorf("--port %d: want 1-65535", port)
 	}
+	// Decode Lovelock headers in what is printed: the only place the
+	// binaries register the gopacket layer.
+	wirelayer.Register()
 	if port != uint(wire.DefaultPort) {
-		wire.RegisterPort(uint16(port))
+		wirelayer.RegisterPort(uint16(port))
 	}
 	if r := c.String("read"); r != "" {
 		if c.IsSet("iface") || c.IsSet("write") {
@@ -214,7 +218,7 @@ func summarize(pkt gopacket.Packet) string {
 			parts = append(parts, tl.LayerType().String())
 		}
 	}
-	if l, ok := pkt.Layer(wire.LayerTypeLovelock).(*wire.Lovelock); ok {
+	if l, ok := pkt.Layer(wirelayer.LayerType).(*wirelayer.Lovelock); ok {
 		parts = append(parts, fmt.Sprintf("Lovelock v%d %s flags=%s tenant=%d src=%d dst=%d seq=%d len=%d",
 			l.Version, l.Type, l.Flags, l.Tenant, l.Src, l.Dst, l.Seq, l.Length))
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/lovelock-dpu/lovelock/control/testenv"
 	"github.com/lovelock-dpu/lovelock/dataplane/wire"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire/wirelayer"
 )
 
 // lovelockFrame builds an Ethernet/IPv4/UDP frame carrying a Lovelock ping.
@@ -22,7 +23,7 @@ func lovelockFrame(t *testing.T, seq uint32) []byte {
 	ip := &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolUDP, SrcIP: []byte{10, 0, 0, 1}, DstIP: []byte{10, 0, 0, 2}}
 	udp := &layers.UDP{SrcPort: 40000, DstPort: layers.UDPPort(wire.DefaultPort)}
 	udp.SetNetworkLayerForChecksum(ip)
-	ll := &wire.Lovelock{Header: wire.Header{Version: wire.Version, Type: wire.TypePing, Tenant: 4, Seq: seq}}
+	ll := &wirelayer.Lovelock{Header: wire.Header{Version: wire.Version, Type: wire.TypePing, Tenant: 4, Seq: seq}}
 	buf := gopacket.NewSerializeBuffer()
 	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true},
 		eth, ip, udp, ll, gopacket.Payload("hi")); err != nil {

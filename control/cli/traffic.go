@@ -13,6 +13,7 @@ import (
 
 	"github.com/lovelock-dpu/lovelock/control/testbed"
 	"github.com/lovelock-dpu/lovelock/dataplane/wire"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire/wirelayer"
 )
 
 // trafficClass is one kind of packet `testbed traffic` sends.
@@ -28,7 +29,7 @@ func lovelockUDP(typ wire.Type, tenant, dstRank uint32) func(src, dst netip.Addr
 		ip := &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolUDP, SrcIP: src.AsSlice(), DstIP: dst.AsSlice()}
 		udp := &layers.UDP{SrcPort: 40000, DstPort: layers.UDPPort(wire.DefaultPort)}
 		udp.SetNetworkLayerForChecksum(ip)
-		ll := &wire.Lovelock{Header: wire.Header{Version: wire.Version, Type: typ, Tenant: tenant, Src: 1, Dst: dstRank, Seq: uint32(seq)}}
+		ll := &wirelayer.Lovelock{Header: wire.Header{Version: wire.Version, Type: typ, Tenant: tenant, Src: 1, Dst: dstRank, Seq: uint32(seq)}}
 		return []gopacket.SerializableLayer{ip, udp, ll, gopacket.Payload(fmt.Appendf(nil, "demo payload %d", seq))}, nil
 	}
 }
@@ -55,7 +56,7 @@ var trafficMix = []trafficClass{
 	}},
 	{"garbage: bad lovelock version", func(src, dst netip.Addr, seq int) ([]gopacket.SerializableLayer, []byte) {
 		l, _ := lovelockUDP(wire.TypePing, 1, 0)(src, dst, seq)
-		l[2] = &wire.Lovelock{Header: wire.Header{Version: 9, Type: wire.TypePing}}
+		l[2] = &wirelayer.Lovelock{Header: wire.Header{Version: 9, Type: wire.TypePing}}
 		return l, nil
 	}},
 	{"garbage: truncated ipv4", func(src, dst netip.Addr, seq int) ([]gopacket.SerializableLayer, []byte) {

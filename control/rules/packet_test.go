@@ -9,6 +9,7 @@ import (
 	"github.com/gopacket/gopacket/layers"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/wire"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire/wirelayer"
 )
 
 // pkt describes a test packet; build serializes it with gopacket.
@@ -121,7 +122,7 @@ func (p pkt) build(tb testing.TB) []byte {
 		ls = append(ls, &layers.ICMPv6{TypeCode: layers.CreateICMPv6TypeCode(layers.ICMPv6TypeEchoRequest, 0)})
 	}
 	if p.ll != nil {
-		ls = append(ls, &wire.Lovelock{Header: *p.ll})
+		ls = append(ls, &wirelayer.Lovelock{Header: *p.ll})
 	}
 	ls = append(ls, gopacket.Payload(p.payload))
 	return serialize(tb, ls)

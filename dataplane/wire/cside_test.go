@@ -2,7 +2,7 @@ package wire
 
 // The Go/C agreement tests. TestCLayout compares struct layouts and needs
 // nothing; the others load the data plane's C parser (bpf/include/parse.h,
-// through bpf.WireChecker) and run frames through it with
+// through bpf/wirecheck) and run frames through it with
 // BPF_PROG_TEST_RUN, so they need root: testenv.RequirePriv skips them
 // otherwise, or fails them under LOVELOCK_REQUIRE_PRIV=1.
 
@@ -18,6 +18,7 @@ import (
 	"unsafe"
 
 	"github.com/lovelock-dpu/lovelock/bpf"
+	"github.com/lovelock-dpu/lovelock/bpf/wirecheck"
 	"github.com/lovelock-dpu/lovelock/control/testenv"
 )
 
@@ -39,10 +40,10 @@ const (
 	maxTestRunLen = 3520
 )
 
-func newChecker(tb testing.TB, port uint16) *bpf.WireChecker {
+func newChecker(tb testing.TB, port uint16) *wirecheck.Checker {
 	tb.Helper()
 	testenv.RequirePriv(tb)
-	w, err := bpf.NewWireChecker(port)
+	w, err := wirecheck.New(port)
 	if err != nil {
 		tb.Fatalf("wire checker: %v", err)
 	}
@@ -56,8 +57,8 @@ func newChecker(tb testing.TB, port uint16) *bpf.WireChecker {
 // header the same offset and header bytes.
 //
 // gso, when not 0, runs frame as a GSO super-packet with that segment size
-// through the TC program (bpf.WireChecker.CheckGSO) and ParseGSOFrame.
-func disagreement(tb testing.TB, w *bpf.WireChecker, frame []byte, port, gso uint16) string {
+// through the TC program (wirecheck.Checker.CheckGSO) and ParseGSOFrame.
+func disagreement(tb testing.TB, w *wirecheck.Checker, frame []byte, port, gso uint16) string {
 	tb.Helper()
 	res, err := check(w, frame, gso)
 	if err != nil {
@@ -84,7 +85,7 @@ func disagreement(tb testing.TB, w *bpf.WireChecker, frame []byte, port, gso uin
 
 // check runs frame through the C parser as XDP sees it, or for gso != 0 as
 // TC sees a GSO super-packet.
-func check(w *bpf.WireChecker, frame []byte, gso uint16) (bpf.WireResult, error) {
+func check(w *wirecheck.Checker, frame []byte, gso uint16) (wirecheck.Result, error) {
 	if gso != 0 {
 		return w.CheckGSO(frame, gso)
 	}
@@ -112,7 +113,7 @@ func cKey(f Flow) bpf.FlowKey {
 // object's BTF, against the Go encoder's size and offsets, and the C verdicts
 // against Status.
 func TestCLayout(t *testing.T) {
-	var c bpf.WireHeader
+	var c wirecheck.Header
 	if n := unsafe.Sizeof(c); n != HeaderLen {
 		t.Errorf("sizeof(struct ll_hdr) = %d, HeaderLen = %d", n, HeaderLen)
 	}
@@ -137,7 +138,7 @@ func TestCLayout(t *testing.T) {
 	}
 	// Every named field of the C struct is covered above.
 	named := 0
-	for f := range reflect.TypeFor[bpf.WireHeader]().Fields() {
+	for f := range reflect.TypeFor[wirecheck.Header]().Fields() {
 		if f.Name != "_" {
 			named++
 		}
@@ -145,13 +146,13 @@ func TestCLayout(t *testing.T) {
 	if named != len(fields) {
 		t.Errorf("struct ll_hdr has %d fields, the test knows %d", named, len(fields))
 	}
-	if unsafe.Sizeof(bpf.WireResult{}.Header) != HeaderLen {
-		t.Errorf("WireResult.Header is %d bytes", unsafe.Sizeof(bpf.WireResult{}.Header))
+	if unsafe.Sizeof(wirecheck.Result{}.Header) != HeaderLen {
+		t.Errorf("wirecheck.Result.Header is %d bytes", unsafe.Sizeof(wirecheck.Result{}.Header))
 	}
-	for c, g := range map[bpf.WireStatus]Status{
-		bpf.WireOK: StatusOK, bpf.WireNotLovelock: StatusNotLovelock, bpf.WireTruncated: StatusTruncated,
-		bpf.WireBadVersion: StatusBadVersion, bpf.WireBadLength: StatusBadLength, bpf.WireUnknownType: StatusUnknownType,
-		bpf.WireBadHeader: StatusBadHeader,
+	for c, g := range map[wirecheck.Status]Status{
+		wirecheck.OK: StatusOK, wirecheck.NotLovelock: StatusNotLovelock, wirecheck.Truncated: StatusTruncated,
+		wirecheck.BadVersion: StatusBadVersion, wirecheck.BadLength: StatusBadLength, wirecheck.UnknownType: StatusUnknownType,
+		wirecheck.BadHeader: StatusBadHeader,
 	} {
 		if uint32(c) != uint32(g) {
 			t.Errorf("C status %d, Go %v = %d", c, g, g)
@@ -162,7 +163,7 @@ func TestCLayout(t *testing.T) {
 // TestCParserFixtures runs the fixture table through the C parser: each
 // frame must get the verdict the table expects, and the same as ParseFrame.
 func TestCParserFixtures(t *testing.T) {
-	checkers := map[uint16]*bpf.WireChecker{}
+	checkers := map[uint16]*wirecheck.Checker{}
 	compared := 0
 	for _, c := range frameCases() {
 		if len(c.frame) < minTestRunLen {

@@ -75,7 +75,7 @@ type Frame struct {
 //
 // Frame.Flow is filled on every error as far as the parser got, field for
 // field like the C parser's key before the data plane looks at the verdict
-// (bpf.WireChecker reports that key): the IP fields once the IP header (and
+// (bpf/wirecheck reports that key): the IP fields once the IP header (and
 // for IPv6 the extension headers, for the protocol) passed, the ports once
 // the TCP or UDP header was present. The data plane does not trust the fields
 // of a malformed frame (Status.Malformed) and gives it the default action

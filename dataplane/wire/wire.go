@@ -1,9 +1,10 @@
 // Package wire owns the Lovelock wire format: the fixed 24-byte header that
 // starts the UDP payload of every service packet, its encoder and validating
-// decoder, the gopacket layer that lets captures and tests decode it, and a
-// frame parser that mirrors the data plane's C parser (bpf/include/parse.h)
-// verdict for verdict and flow key for flow key. No other Go package encodes
-// or decodes the header.
+// decoder, and a frame parser that mirrors the data plane's C parser
+// (bpf/include/parse.h) verdict for verdict and flow key for flow key. No
+// other Go package encodes or decodes the header. Its gopacket layer, for
+// captures and tests, is the subpackage wirelayer, so that programs which
+// never decode captures (lovelockd) link no gopacket.
 //
 // The C definition lives in bpf/include/lovelock_wire.h; cside_test.go holds
 // the two in step and docs/wire.md draws the layout.
@@ -176,13 +177,15 @@ func (h Header) AppendTo(b, payload []byte) []byte {
 func (h Header) append(b []byte) []byte {
 	n := len(b)
 	b = slices.Grow(b, HeaderLen)[:n+HeaderLen]
-	h.put(b[n:])
+	h.Put(b[n:])
 	return b
 }
 
-// put writes the 24 header bytes with every field, Length included, as is
-// into b[:HeaderLen].
-func (h Header) put(b []byte) {
+// Put writes the 24 header bytes with every field, Length included, as is
+// into b[:HeaderLen] (it panics when b is shorter). Unlike AppendTo it
+// writes h.Length unchanged, which lets tests build headers with a wrong
+// length; the gopacket layer (wirelayer) writes with it.
+func (h Header) Put(b []byte) {
 	_ = b[HeaderLen-1] // one bounds check for all the writes below
 	b[OffsetVersion] = h.Version
 	b[OffsetType] = uint8(h.Type)

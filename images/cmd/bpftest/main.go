@@ -268,10 +268,15 @@ func (r *runner) initramfs(kc *kernel.Contents, bins string, tested *[]string) (
 		Tests   []map[string]any `json:"tests"`
 	}{Env: []string{"LOVELOCK_REQUIRE_PRIV=1"}}
 	// Every committed BPF object, each program loaded on its own first, so
-	// the console shows every rejection with its verifier log.
-	objs, err := filepath.Glob("bpf/*_bpfel.o")
-	if err != nil {
-		return "", err
+	// the console shows every rejection with its verifier log. Test-only
+	// objects live in subpackages (bpf/wirecheck).
+	var objs []string
+	for _, pattern := range []string{"bpf/*_bpfel.o", "bpf/*/*_bpfel.o"} {
+		m, err := filepath.Glob(pattern)
+		if err != nil {
+			return "", err
+		}
+		objs = append(objs, m...)
 	}
 	for _, o := range objs {
 		dst := "/bpftest/objects/" + filepath.Base(o)

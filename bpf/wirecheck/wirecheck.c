@@ -3,22 +3,25 @@
 
 /* wirecheck parses one packet with the data plane's parser and stores what it
  * found, so tests can hold the C parser against dataplane/wire through
- * BPF_PROG_TEST_RUN. It never forwards traffic. */
+ * BPF_PROG_TEST_RUN. It never forwards traffic, and only tests import its Go
+ * package (bpf/wirecheck), so shipped binaries do not carry it. */
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
 
-#include "include/parse.h"
+#include "include/parse.h" /* -I.. */
 
 /* Lovelock UDP port; set from Go before load. */
 volatile const __u16 ll_port = LL_DEFAULT_PORT;
 
 struct wire_result {
-	__u32 status; /* enum ll_status */
+	enum ll_status status; /* an enum, so bpf2go generates it for Go */
 	__u32 offset; /* byte offset of the Lovelock header in the frame */
 	struct ll_hdr hdr;
 	struct flow_key key;
 };
+
+_Static_assert(sizeof(enum ll_status) == 4, "Go reads status as a u32");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
