@@ -237,23 +237,20 @@ type mail struct {
 // worker is one routing thread of an agent. Everything but its counters,
 // mailbox and wake pointer belongs to its goroutine alone.
 type worker struct {
-	a        *Agent
-	idx      int
-	self     Endpoint
-	tr       transport.Transport
-	maxLinks int
+	a    *Agent
+	idx  int
+	self Endpoint
+	tr   transport.Transport
 
 	links   []*outLink          // by hop
 	byPeer  map[uint32]*outLink // by the peer endpoint (a credit's Src)
-	in      map[linkKey]*inLink
-	blocked []*inLink // the blocklist: links whose bundles wait for a send buffer
+	recv    *receiver           // incoming links, sequencing, credits
+	blocked []*inLink           // the blocklist: links whose bundles wait for a send buffer
 	spare   []*inLink
 	dirty   []*outLink // links with a buffer being filled
-	due     []*inLink  // links owing a credit
 
-	rx   []transport.Packet
-	out  []transport.Packet
-	slab []byte
+	rx  []transport.Packet
+	out []transport.Packet
 
 	now, lastRecv                int64
 	nextFlush, nextMaint, nextGC int64
@@ -271,9 +268,8 @@ type worker struct {
 func newWorker(a *Agent, idx int, tr transport.Transport, maxLinks int) *worker {
 	cfg := a.cfg
 	w := &worker{
-		a: a, idx: idx, self: AgentEndpoint(a.node, idx), tr: tr, maxLinks: maxLinks,
+		a: a, idx: idx, self: AgentEndpoint(a.node, idx), tr: tr,
 		byPeer:  map[uint32]*outLink{},
-		in:      map[linkKey]*inLink{},
 		mailbox: make(chan mail, 1024),
 		ft:      int64(cfg.FlushTimeout), idle: int64(cfg.IdleTimeout),
 		rto: int64(cfg.RetransmitTimeout), peerTO: int64(cfg.PeerTimeout),
@@ -290,6 +286,7 @@ func newWorker(a *Agent, idx int, tr transport.Transport, maxLinks int) *worker 
 		w.links = append(w.links, l)
 		w.byPeer[uint32(dst)] = l
 	}
+	w.recv = newReceiver(&w.a.cfg, maxLinks, &w.ctr, w, &w.out)
 	rxSize := max(cfg.TransferSize, 2048)
 	w.rx = make([]transport.Packet, batchSize)
 	for i := range w.rx {
@@ -381,7 +378,7 @@ func (w *worker) drained() bool {
 	if len(w.blocked) > 0 || len(w.mailbox) > 0 {
 		return false
 	}
-	for _, l := range w.in {
+	for _, l := range w.recv.in {
 		if len(l.work) > 0 || l.held > 0 || l.cur.active || l.unfinished() {
 			return false
 		}
@@ -400,7 +397,7 @@ func (w *worker) drainState() string {
 	if len(w.blocked) > 0 {
 		parts = append(parts, fmt.Sprintf("%d links on the blocklist", len(w.blocked)))
 	}
-	for k, l := range w.in {
+	for k, l := range w.recv.in {
 		if len(l.work) > 0 || l.held > 0 || l.cur.active || l.unfinished() {
 			parts = append(parts, fmt.Sprintf("from %v/%x: %d bundles to route, %d held out of order, message in progress %v, fragment pending %v",
 				Endpoint(k.src), k.session, len(l.work), l.held, l.cur.active, l.unfinished()))
@@ -434,7 +431,7 @@ func (w *worker) drainTakes(l *inLink, seq uint32) bool {
 func (w *worker) timerDue() bool {
 	return len(w.dirty) > 0 && (w.now >= w.nextFlush || w.now-w.lastRecv >= w.idle) ||
 		w.anyBusy && w.now >= w.nextMaint ||
-		len(w.in) > 0 && w.now >= w.nextGC
+		len(w.recv.in) > 0 && w.now >= w.nextGC
 }
 
 func isCtxErr(err error) bool {
@@ -474,7 +471,7 @@ func (w *worker) deadline() (int64, bool) {
 	if w.anyBusy {
 		at(w.nextMaint)
 	}
-	if len(w.in) > 0 {
+	if len(w.recv.in) > 0 {
 		at(w.nextGC)
 	}
 	return d, ok
@@ -482,111 +479,24 @@ func (w *worker) deadline() (int64, bool) {
 
 // handle processes one received datagram.
 func (w *worker) handle(p *transport.Packet) {
-	h, payload, err := wire.Decode(p.Data)
-	if err != nil {
-		w.ctr.drop(dropMalformed, 1)
-		return
-	}
-	if h.Tenant != w.a.cfg.Tenant {
-		w.ctr.drop(dropWrongTenant, 1)
-		return
-	}
-	dst := Endpoint(h.Dst)
-	if dst.IsClient() || dst.Node() != w.a.node {
-		w.ctr.drop(dropWrongDest, 1)
-		return
-	}
-	switch h.Type {
-	case wire.TypeBundle:
+	if w.recv.handle(p, w.now) == wire.TypeBundle {
 		w.lastRecv = w.now
-		w.onBundle(h, payload, p.Addr, len(p.Data))
-	case wire.TypeCredit:
-		w.onCredit(h, payload, p.Addr, p.Data)
-	default:
-		w.ctr.drop(dropMalformed, 1)
 	}
 }
 
-func (w *worker) onBundle(h wire.Header, payload []byte, addr netip.AddrPort, size int) {
-	pre, records, err := bundle.ParsePreamble(payload)
-	if err != nil {
-		w.ctr.drop(dropBadBundle, 1)
-		return
-	}
-	key := linkKey{h.Src, pre.Session}
-	l := w.in[key]
-	if l == nil {
-		if w.draining {
-			w.ctr.refused.Add(1)
-			return
-		}
-		if len(w.in) >= w.maxLinks {
-			w.ctr.drop(dropTooManyLinks, 1)
-			return
-		}
-		l = newInLink(key, h.Dst, addr, w.a.cfg.BuffersPerDest, pre.Base, sureStart(h.Seq, pre.Base, h.Flags), w.now)
-		w.in[key] = l
-		if len(w.in) == 1 {
-			w.nextGC = w.now + gcEvery
-		}
-	}
-	l.setAddr(addr)
-	l.lastSeen = w.now
-	if l.unsure {
-		// Not before the sender confirms where the link starts: its
-		// credit asks for the probe that does.
-		w.ctr.refused.Add(1)
-		w.creditDue(l)
-		return
-	}
-	v := l.classify(h.Seq)
-	if w.draining && (v == vInOrder || v == vStash) && !w.drainTakes(l, h.Seq) {
-		w.ctr.refused.Add(1)
-		return
-	}
-	switch v {
-	case vDuplicate:
-		w.ctr.duplicates.Add(1)
-	case vOutOfWindow:
-		w.ctr.drop(dropOutOfWindow, 1)
-	case vStash:
-		w.ctr.outOfOrder.Add(1)
-		l.stash(h.Seq, h.Flags, records, size)
-	case vInOrder:
-		w.accept(l, h.Flags, records, size, false)
-		for {
-			s, ok := l.unstash()
-			if !ok {
-				break
-			}
-			w.accept(l, s.flags, s.data, s.size, true)
-		}
-	}
-	w.creditDue(l)
+// ours implements rxOwner: the worker takes datagrams for any worker of
+// its node (a credit for another worker's link is passed on).
+func (w *worker) ours(dst Endpoint) bool { return !dst.IsClient() && dst.Node() == w.a.node }
+
+// admit implements rxOwner: a draining worker starts no link and takes only
+// the bundles that complete what it already acknowledged.
+func (w *worker) admit(l *inLink, seq uint32) bool {
+	return !w.draining || l != nil && w.drainTakes(l, seq)
 }
 
-// accept takes the next in-order bundle of l: validates it and routes it,
-// in place when nothing of l waits, or queues it behind what does. owned
-// says whether records may be kept (a stash copy) or must be copied.
-func (w *worker) accept(l *inLink, flags wire.Flags, records []byte, size int, owned bool) {
-	l.next.Add(1)
-	w.ctr.bundles.Add(1)
-	w.ctr.bytes.Add(uint64(size))
-	more := flags&wire.FlagMore != 0
-	before := l.valPending
-	info, err := bundle.Validate(records, more, before)
-	var item rxWork
-	if err != nil {
-		w.ctr.drop(dropBadBundle, 1)
-		l.valPending = bundle.Unknown // whatever the sender had pending is lost with it
-		item.reset = true
-	} else {
-		l.valPending = info.Pending
-		item.r = bundle.NewReader(records, more, before)
-		if owned {
-			item.data = records
-		}
-	}
+// inOrder implements rxOwner: it routes the bundle in place when nothing of
+// l waits, or queues it behind what does.
+func (w *worker) inOrder(l *inLink, item rxWork, _ *transport.Packet) {
 	if len(l.work) == 0 {
 		if w.runItem(l, &item) {
 			w.consume(l)
@@ -620,14 +530,7 @@ func (w *worker) own(l *inLink, item *rxWork, curHere bool) {
 // consume marks the oldest unprocessed bundle of l processed.
 func (w *worker) consume(l *inLink) {
 	l.consumed.Add(1)
-	w.creditDue(l)
-}
-
-func (w *worker) creditDue(l *inLink) {
-	if !l.creditDue {
-		l.creditDue = true
-		w.due = append(w.due, l)
-	}
+	w.recv.creditDue(l)
 }
 
 func (w *worker) block(l *inLink) {
@@ -714,30 +617,9 @@ func (w *worker) runLink(l *inLink) bool {
 	return true
 }
 
-func (w *worker) onCredit(h wire.Header, payload []byte, addr netip.AddrPort, raw []byte) {
-	c, err := bundle.ParseCredit(payload)
-	if err != nil {
-		w.ctr.drop(dropBadCredit, 1)
-		return
-	}
-	if h.Flags&wire.FlagAckReq != 0 {
-		// A probe for one of our incoming links: answer with its credit,
-		// or, for a link we have not met, with the window a new link gets.
-		w.ctr.probes.Add(1)
-		if l := w.in[linkKey{h.Src, c.Session}]; l != nil {
-			l.setAddr(addr)
-			if len(l.work) == 0 && !l.cur.active && !l.blocked {
-				l.onProbe(h.Seq)
-			}
-			w.creditDue(l)
-			return
-		}
-		var d []byte
-		w.slab, d = appendCredit(w.slab, w.a.cfg.Tenant, h.Dst, h.Src, h.Seq,
-			bundle.Credit{Session: c.Session, Limit: h.Seq + uint32(w.a.cfg.BuffersPerDest)})
-		w.out = append(w.out, transport.Packet{Addr: addr, Data: d})
-		return
-	}
+// credit implements rxOwner: a credit for a link of another worker is
+// passed on to it through its mailbox.
+func (w *worker) credit(h wire.Header, c bundle.Credit, addr netip.AddrPort, raw []byte, _ int64) {
 	if owner := Endpoint(h.Dst).Worker() % len(w.a.workers); owner != w.idx {
 		w.ctr.misdirected.Add(1)
 		w.a.workers[owner].post(mail{addr: addr, data: append([]byte(nil), raw...)}, &w.ctr)
@@ -834,13 +716,9 @@ func (w *worker) timers() {
 			w.drainBlocklist()
 		}
 	}
-	if len(w.in) > 0 && now >= w.nextGC {
+	if len(w.recv.in) > 0 && now >= w.nextGC {
 		w.nextGC = now + gcEvery
-		for k, l := range w.in {
-			if now-l.lastSeen > 6*w.peerTO && len(l.work) == 0 && l.held == 0 && !l.blocked && !l.creditDue {
-				delete(w.in, k)
-			}
-		}
+		w.recv.forget(now)
 	}
 }
 
@@ -876,28 +754,14 @@ func (w *worker) flushOut() {
 		w.ctr.delivered.Add(w.delivered)
 		w.delivered = 0
 	}
-	for _, l := range w.due {
-		l.creditDue = false
-		ack, c := l.credit()
-		var d []byte
-		w.slab, d = appendCredit(w.slab, w.a.cfg.Tenant, l.self, l.key.src, ack, c)
-		w.out = append(w.out, transport.Packet{Addr: l.peer(), Data: d})
-	}
-	clear(w.due)
-	w.due = w.due[:0]
+	w.recv.credits()
 	if len(w.out) > 0 {
 		_, _ = transport.SendAll(w.tr, w.out, func(transport.Packet, error) { w.ctr.drop(dropSendErrors, 1) })
 		clear(w.out)
 		w.out = w.out[:0]
 		w.busy() // something went out: the next maintenance looks at every link
 	}
-	// Credits are built in the slab; start it over, or in a fresh array
-	// when it grew past its usual size, so that old packets stay intact.
-	if cap(w.slab) > 64<<10 {
-		w.slab = nil
-	} else {
-		w.slab = w.slab[:0]
-	}
+	w.recv.recycle()
 }
 
 // shutdown sends what the buffers hold as far as the windows allow.

@@ -67,14 +67,11 @@ type Client struct {
 	epoch   time.Time
 
 	// The receive goroutine's own state.
-	in       map[linkKey]*inLink
-	maxLinks int
-	rx       []transport.Packet
-	due      []*inLink
-	slab     []byte
-	out      []transport.Packet
-	rxSize   int
-	bufs     sync.Pool // of receive buffers handed to the delivery queue
+	recv   *receiver // incoming links, sequencing, credits
+	rx     []transport.Packet
+	out    []transport.Packet
+	rxSize int
+	bufs   sync.Pool // of receive buffers handed to the delivery queue
 
 	q     deliveryQueue
 	rlock chan struct{} // the consumer lock (Recv or the handler goroutine), usable with a context
@@ -175,13 +172,11 @@ func NewClient(cfg Config, node, client string, opts ClientOptions) (*Client, er
 	}
 	c := &Client{
 		cfg: cfg, node: n, idx: ci, tr: tr, tsize: tsize, mine: spec.Ranks, handler: opts.Handler, log: log,
-		epoch: time.Now(), in: map[linkKey]*inLink{}, maxLinks: opts.MaxLinks,
-		kick: make(chan struct{}, 1), rlock: make(chan struct{}, 1),
+		epoch: time.Now(),
+		kick:  make(chan struct{}, 1), rlock: make(chan struct{}, 1),
 	}
+	c.recv = newReceiver(&c.cfg, opts.MaxLinks, &c.ctr, c, &c.out)
 	c.q.notify = make(chan struct{}, 1)
-	if c.maxLinks <= 0 {
-		c.maxLinks = 4096
-	}
 	if cfg.Mode.HasAgent() {
 		c.hops = []hop{{name: cfg.Nodes[n].Name, addr: cfg.Nodes[n].Agent, node: n, client: -1}}
 		c.table = newRankTable(cfg, func(int, int) int32 { return 0 })
@@ -615,162 +610,42 @@ func (c *Client) receive() {
 		}
 		now := c.clock()
 		for i := range n {
-			c.handle(i, now)
+			c.recv.handle(&c.rx[i], now)
 		}
-		for _, l := range c.due {
-			l.creditDue = false
-			ack, cr := l.credit()
-			var d []byte
-			c.slab, d = appendCredit(c.slab, c.cfg.Tenant, l.self, l.key.src, ack, cr)
-			c.out = append(c.out, transport.Packet{Addr: l.peer(), Data: d})
-		}
-		clear(c.due)
-		c.due = c.due[:0]
+		c.recv.credits()
 		if len(c.out) > 0 {
 			_, _ = transport.SendAll(c.tr, c.out, func(transport.Packet, error) { c.ctr.drop(dropSendErrors, 1) })
 			clear(c.out)
 			c.out = c.out[:0]
 		}
-		c.slab = c.slab[:0]
+		c.recv.recycle()
 	}
 }
 
-func (c *Client) creditDue(l *inLink) {
-	if !l.creditDue {
-		l.creditDue = true
-		c.due = append(c.due, l)
-	}
+// ours implements rxOwner: datagrams for any of the client's shards.
+func (c *Client) ours(dst Endpoint) bool {
+	return dst.IsClient() && dst.Node() == c.node && dst.Client() == c.idx
 }
 
-// handle processes received datagram i.
-func (c *Client) handle(i int, now int64) {
-	p := &c.rx[i]
-	h, payload, err := wire.Decode(p.Data)
-	if err != nil {
-		c.ctr.drop(dropMalformed, 1)
-		return
-	}
-	if h.Tenant != c.cfg.Tenant {
-		c.ctr.drop(dropWrongTenant, 1)
-		return
-	}
-	dst := Endpoint(h.Dst)
-	if !dst.IsClient() || dst.Node() != c.node || dst.Client() != c.idx {
-		c.ctr.drop(dropWrongDest, 1)
-		return
-	}
-	switch h.Type {
-	case wire.TypeBundle:
-		c.onBundle(i, h, payload, p.Addr, now)
-	case wire.TypeCredit:
-		c.onCredit(h, payload, p.Addr, now)
-	default:
-		c.ctr.drop(dropMalformed, 1)
-	}
-}
+// admit implements rxOwner: a client takes every bundle in its window.
+func (c *Client) admit(*inLink, uint32) bool { return true }
 
-func (c *Client) onBundle(i int, h wire.Header, payload []byte, addr netip.AddrPort, now int64) {
-	pre, records, err := bundle.ParsePreamble(payload)
-	if err != nil {
-		c.ctr.drop(dropBadBundle, 1)
-		return
-	}
-	key := linkKey{h.Src, pre.Session}
-	l := c.in[key]
-	if l == nil {
-		if len(c.in) >= c.maxLinks {
-			c.forget(now)
-			if len(c.in) >= c.maxLinks {
-				c.ctr.drop(dropTooManyLinks, 1)
-				return
-			}
-		}
-		l = newInLink(key, h.Dst, addr, c.cfg.BuffersPerDest, pre.Base, sureStart(h.Seq, pre.Base, h.Flags), now)
-		c.in[key] = l
-	}
-	l.setAddr(addr)
-	l.lastSeen = now
-	size := wire.HeaderLen + len(payload)
-	if l.unsure {
-		c.ctr.refused.Add(1) // until a probe confirms where the link starts
-		c.creditDue(l)
-		return
-	}
-	switch l.classify(h.Seq) {
-	case vDuplicate:
-		c.ctr.duplicates.Add(1)
-	case vOutOfWindow:
-		c.ctr.drop(dropOutOfWindow, 1)
-	case vStash:
-		c.ctr.outOfOrder.Add(1)
-		l.stash(h.Seq, h.Flags, records, size)
-	case vInOrder:
-		// Hand the receive buffer itself to the delivery queue and give
-		// the socket a fresh one.
+// inOrder implements rxOwner: it queues the bundle for the consumer. A
+// bundle that arrived in order keeps the receive buffer it came in, and the
+// socket gets a fresh one.
+func (c *Client) inOrder(l *inLink, item rxWork, p *transport.Packet) {
+	d := &delivery{l: l, item: item}
+	if p != nil {
 		bp := c.bufs.Get().(*[]byte)
-		*bp, c.rx[i].Data = c.rx[i].Data[:cap(c.rx[i].Data)], (*bp)[:cap(*bp)]
-		c.accept(l, h.Flags, records, size, bp)
-		for {
-			s, ok := l.unstash()
-			if !ok {
-				break
-			}
-			c.accept(l, s.flags, s.data, s.size, nil)
-		}
-	}
-	c.creditDue(l)
-}
-
-// forget drops incoming links that have been silent for long and hold
-// nothing.
-func (c *Client) forget(now int64) {
-	for k, l := range c.in {
-		if now-l.lastSeen > 6*int64(c.cfg.PeerTimeout) && l.held == 0 && l.next.Load() == l.consumed.Load() {
-			delete(c.in, k)
-		}
-	}
-}
-
-// accept validates the next in-order bundle of l and queues it for the
-// consumer.
-func (c *Client) accept(l *inLink, flags wire.Flags, records []byte, size int, buf *[]byte) {
-	l.next.Add(1)
-	c.ctr.bundles.Add(1)
-	c.ctr.bytes.Add(uint64(size))
-	more := flags&wire.FlagMore != 0
-	before := l.valPending
-	d := &delivery{l: l, buf: buf}
-	if info, err := bundle.Validate(records, more, before); err != nil {
-		c.ctr.drop(dropBadBundle, 1)
-		l.valPending = bundle.Unknown
-		d.item.reset = true
-	} else {
-		l.valPending = info.Pending
-		d.item.r = bundle.NewReader(records, more, before)
+		*bp, p.Data = p.Data[:cap(p.Data)], (*bp)[:cap(*bp)]
+		d.buf = bp
 	}
 	c.q.push(d)
 }
 
-func (c *Client) onCredit(h wire.Header, payload []byte, addr netip.AddrPort, now int64) {
-	cr, err := bundle.ParseCredit(payload)
-	if err != nil {
-		c.ctr.drop(dropBadCredit, 1)
-		return
-	}
-	if h.Flags&wire.FlagAckReq != 0 {
-		c.ctr.probes.Add(1)
-		if l := c.in[linkKey{h.Src, cr.Session}]; l != nil {
-			l.setAddr(addr)
-			l.onProbe(h.Seq)
-			c.creditDue(l)
-			return
-		}
-		var d []byte
-		c.slab, d = appendCredit(c.slab, c.cfg.Tenant, h.Dst, h.Src, h.Seq,
-			bundle.Credit{Session: cr.Session, Limit: h.Seq + uint32(c.cfg.BuffersPerDest)})
-		c.out = append(c.out, transport.Packet{Addr: addr, Data: d})
-		return
-	}
+// credit implements rxOwner: it applies a credit to the link of the shard
+// it is for, under the shard's lock.
+func (c *Client) credit(h wire.Header, cr bundle.Credit, _ netip.AddrPort, _ []byte, now int64) {
 	c.ctr.credits.Add(1)
 	sh := Endpoint(h.Dst).Shard()
 	if sh >= len(c.shards) {
