@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/crc32"
 	"log/slog"
-	"math/rand/v2"
 	"net/netip"
 	"strings"
 	"sync"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/memnet"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
 	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 )
@@ -28,8 +28,9 @@ type spec struct {
 	workers        int
 	// tune adjusts the config before validation.
 	tune func(*Config)
-	// wrap, when set, wraps every transport (loss injection).
-	wrap func(transport.Transport) transport.Transport
+	// mem, when set, puts every agent and client on this in-process
+	// network (with its faults) instead of loopback sockets.
+	mem *memnet.Network
 	// handler, when set, makes clients deliver through ClientOptions.Handler
 	// into their sink; otherwise tests call Recv.
 	handler bool
@@ -103,12 +104,6 @@ func startCluster(t testing.TB, sp spec) *testCluster {
 	if sp.tune != nil {
 		sp.tune(&cfg)
 	}
-	wrap := func(tr transport.Transport) transport.Transport {
-		if sp.wrap != nil {
-			return sp.wrap(tr)
-		}
-		return tr
-	}
 	var agentTrs [][]transport.Transport
 	var clientTrs [][]transport.Transport
 	rank := uint32(0)
@@ -124,21 +119,35 @@ func startCluster(t testing.TB, sp spec) *testCluster {
 				opts.Steer.Offset = wire.OffsetSrc
 			}
 			listen := sp.listenAgent
-			if listen == nil {
+			if sp.mem != nil {
+				group, err := sp.mem.ListenGroup(netip.AddrPortFrom(nodeAddr(sp.mode, n), 0), sp.workers, memSteer(opts.Steer))
+				if err != nil {
+					t.Fatal(err)
+				}
+				var trs []transport.Transport
+				for _, g := range group {
+					trs = append(trs, g)
+				}
+				agentTrs = append(agentTrs, trs)
+				node.Agent = group[0].LocalAddr()
+				listen = nil
+			} else if listen == nil {
 				listen = func(n int, opts udp.Options, workers int) ([]*udp.Conn, error) {
 					return udp.ListenGroup(netip.AddrPortFrom(nodeAddr(sp.mode, n), 0), workers, opts)
 				}
 			}
-			group, err := listen(n, opts, sp.workers)
-			if err != nil {
-				t.Fatal(err)
+			if listen != nil {
+				group, err := listen(n, opts, sp.workers)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var trs []transport.Transport
+				for _, g := range group {
+					trs = append(trs, g)
+				}
+				agentTrs = append(agentTrs, trs)
+				node.Agent = group[0].LocalAddr()
 			}
-			var trs []transport.Transport
-			for _, g := range group {
-				trs = append(trs, wrap(g))
-			}
-			agentTrs = append(agentTrs, trs)
-			node.Agent = group[0].LocalAddr()
 		}
 		var ctrs []transport.Transport
 		for c := range sp.clientsPerNode {
@@ -152,11 +161,17 @@ func startCluster(t testing.TB, sp spec) *testCluster {
 					return udp.Listen(netip.MustParseAddrPort("127.0.0.1:0"), opts)
 				}
 			}
-			tr, err := listen(n, c, opts)
+			var tr transport.Transport
+			var err error
+			if sp.mem != nil {
+				tr, err = sp.mem.Listen(netip.MustParseAddrPort("127.0.0.1:0"))
+			} else {
+				tr, err = listen(n, c, opts)
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctrs = append(ctrs, wrap(tr))
+			ctrs = append(ctrs, tr)
 			node.Clients = append(node.Clients, ClientSpec{
 				Name: fmt.Sprintf("c%d", c), Addr: tr.LocalAddr(), Ranks: Range(rank, rank+uint32(sp.ranksPerClient)-1),
 			})
@@ -234,14 +249,24 @@ func (tc *testCluster) restartAgent(n int) {
 	addr := tc.agents[n].Addr()
 	tc.stops[n]()
 	<-tc.dones[n]
-	opts := udp.Options{ReadBuffer: tc.cfg.SocketBuffer, WriteBuffer: tc.cfg.SocketBuffer, MaxPayload: tc.sp.maxPayload, Steer: KernelSteer()}
-	group, err := udp.ListenGroup(addr, tc.cfg.Workers, opts)
-	if err != nil {
-		tc.t.Fatal(err)
-	}
 	var trs []transport.Transport
-	for _, g := range group {
-		trs = append(trs, g)
+	if tc.sp.mem != nil {
+		group, err := tc.sp.mem.ListenGroup(addr, tc.cfg.Workers, memSteer(KernelSteer()))
+		if err != nil {
+			tc.t.Fatal(err)
+		}
+		for _, g := range group {
+			trs = append(trs, g)
+		}
+	} else {
+		opts := udp.Options{ReadBuffer: tc.cfg.SocketBuffer, WriteBuffer: tc.cfg.SocketBuffer, MaxPayload: tc.sp.maxPayload, Steer: KernelSteer()}
+		group, err := udp.ListenGroup(addr, tc.cfg.Workers, opts)
+		if err != nil {
+			tc.t.Fatal(err)
+		}
+		for _, g := range group {
+			trs = append(trs, g)
+		}
 	}
 	tc.startAgent(n, trs)
 }
@@ -346,42 +371,14 @@ func waitCount(t testing.TB, sinks []*sink, want int64, timeout time.Duration) {
 	}
 }
 
-// lossy wraps a real transport and loses, duplicates and reorders what it
-// sends, as a congested veth would: the kernel sockets stay real.
-type lossy struct {
-	transport.Transport
-	mu        sync.Mutex
-	rng       *rand.Rand
-	drop, dup float64
-	reorder   float64
-	dropped   atomic.Int64
-}
-
-func newLossy(tr transport.Transport, seed uint64, drop, dup, reorder float64) *lossy {
-	return &lossy{Transport: tr, rng: rand.New(rand.NewPCG(seed, 99)), drop: drop, dup: dup, reorder: reorder}
-}
-
-func (l *lossy) Send(pkts []transport.Packet) (int, error) {
-	l.mu.Lock()
-	var out []transport.Packet
-	for _, p := range pkts {
-		switch r := l.rng.Float64(); {
-		case r < l.drop:
-			l.dropped.Add(1)
-			continue
-		case r < l.drop+l.dup:
-			out = append(out, p)
+// memSteer steers a memnet group as s steers a SO_REUSEPORT group.
+func memSteer(s *udp.Steer) func([]byte) int {
+	return func(d []byte) int {
+		if len(d) < int(s.Offset)+4 {
+			return 0
 		}
-		out = append(out, p)
-		if n := len(out); n >= 2 && l.rng.Float64() < l.reorder {
-			out[n-1], out[n-2] = out[n-2], out[n-1]
-		}
+		return int(binary.BigEndian.Uint32(d[s.Offset:]) >> s.Shift & s.Mask)
 	}
-	l.mu.Unlock()
-	if _, err := transport.SendAll(l.Transport, out, nil); err != nil {
-		return 0, err
-	}
-	return len(pkts), nil
 }
 
 // testLogger logs warnings and errors through t.
