@@ -43,6 +43,9 @@ type AgentOptions struct {
 	// when every bundle they acknowledged has been forwarded and
 	// acknowledged by its next hop, or when Drain has passed.
 	Drain time.Duration
+	// Clock is the time source of the agent's timers; nil is the system
+	// clock. Tests advance one by hand instead of sleeping.
+	Clock Clock
 }
 
 // Agent is a node's routing agent: it receives bundles from the node's
@@ -56,7 +59,7 @@ type Agent struct {
 	hops    []hop
 	workers []*worker
 	log     *slog.Logger
-	epoch   time.Time
+	clk     clock
 	drain   time.Duration
 
 	running   atomic.Bool
@@ -122,7 +125,7 @@ func NewAgent(cfg Config, node string, opts AgentOptions) (*Agent, error) {
 	if tsize < cfg.TransferSize {
 		log.Info("messaging: transfer size lowered to the transport's max payload", "node", node, "configured", cfg.TransferSize, "used", tsize)
 	}
-	a := &Agent{cfg: cfg, node: n, tsize: tsize, log: log, epoch: time.Now(), drain: opts.Drain}
+	a := &Agent{cfg: cfg, node: n, tsize: tsize, log: log, clk: newClock(opts.Clock), drain: opts.Drain}
 	nodeHop := make([]int32, len(cfg.Nodes))
 	for m, nd := range cfg.Nodes {
 		nodeHop[m] = -1
@@ -295,7 +298,7 @@ func newWorker(a *Agent, idx int, tr transport.Transport, maxLinks int) *worker 
 	return w
 }
 
-func (w *worker) clock() int64 { return int64(time.Since(w.a.epoch)) }
+func (w *worker) clock() int64 { return w.a.clk.now() }
 
 // doneCtx is a context that is already done: Recv with it only polls.
 var doneCtx = func() context.Context {
@@ -320,7 +323,7 @@ func (w *worker) run(ctx context.Context) error {
 			}
 			// Go on under a context of our own until the drain is over.
 			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeout(context.Background(), w.a.drain)
+			ctx, cancel = w.a.clk.until(context.Background(), w.clock()+int64(w.a.drain))
 			defer cancel()
 			w.draining = true
 		}
@@ -443,7 +446,7 @@ func (w *worker) wait(ctx context.Context) (int, error) {
 	var rctx context.Context
 	var cancel context.CancelFunc
 	if d, ok := w.deadline(); ok {
-		rctx, cancel = context.WithDeadline(ctx, w.a.epoch.Add(time.Duration(d)))
+		rctx, cancel = w.a.clk.until(ctx, d)
 	} else {
 		rctx, cancel = context.WithCancel(ctx)
 	}

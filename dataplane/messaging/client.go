@@ -34,6 +34,9 @@ type ClientOptions struct {
 	Logger *slog.Logger
 	// MaxLinks bounds the incoming links the client tracks (0: 4096).
 	MaxLinks int
+	// Clock is the time source of the client's timers; nil is the system
+	// clock. Tests advance one by hand instead of sleeping.
+	Clock Clock
 }
 
 // Message is a received message.
@@ -64,7 +67,7 @@ type Client struct {
 	rr      atomic.Uint32
 	handler func(uint32, []byte)
 	log     *slog.Logger
-	epoch   time.Time
+	clk     clock
 
 	// The receive goroutine's own state.
 	recv   *receiver // incoming links, sequencing, credits
@@ -172,7 +175,7 @@ func NewClient(cfg Config, node, client string, opts ClientOptions) (*Client, er
 	}
 	c := &Client{
 		cfg: cfg, node: n, idx: ci, tr: tr, tsize: tsize, mine: spec.Ranks, handler: opts.Handler, log: log,
-		epoch: time.Now(),
+		clk:   newClock(opts.Clock),
 		kick:  make(chan struct{}, 1), rlock: make(chan struct{}, 1),
 	}
 	c.recv = newReceiver(&c.cfg, opts.MaxLinks, &c.ctr, c, &c.out)
@@ -209,20 +212,22 @@ func NewClient(cfg Config, node, client string, opts ClientOptions) (*Client, er
 	for i := range c.rx {
 		c.rx[i].Data = make([]byte, c.rxSize)
 	}
-	c.ctx, c.cancel = context.WithCancel(context.Background())
+	// The goroutines run until Close cancels their context.
+	ctx, cancel := context.WithCancel(context.Background())
+	c.ctx, c.cancel = ctx, cancel
 	c.wg.Add(2)
-	go c.receive()
-	go c.timers()
+	go c.receive(ctx)
+	go c.timers(ctx)
 	if c.handler != nil {
 		c.wg.Add(1)
-		go c.deliver()
+		go c.deliver(ctx)
 	}
 	log.Info("messaging: client ready", "node", node, "client", client, "addr", tr.LocalAddr(), "mode", cfg.Mode,
 		"shards", nshards, "transfer_size", tsize)
 	return c, nil
 }
 
-func (c *Client) clock() int64 { return int64(time.Since(c.epoch)) }
+func (c *Client) clock() int64 { return c.clk.now() }
 
 // Addr returns the address the client receives on.
 func (c *Client) Addr() netip.AddrPort { return c.tr.LocalAddr() }
@@ -513,12 +518,12 @@ func (c *Client) Stats() Stats {
 
 // timers is the goroutine that closes buffers on their flush timeout and
 // when a shard goes idle, and runs the links' retransmission timers.
-func (c *Client) timers() {
+func (c *Client) timers(ctx context.Context) {
 	defer c.wg.Done()
 	ft, idle := int64(c.cfg.FlushTimeout), int64(c.cfg.IdleTimeout)
 	rto, peerTO := int64(c.cfg.RetransmitTimeout), int64(c.cfg.PeerTimeout)
-	t := time.NewTimer(time.Hour)
-	defer t.Stop()
+	t := alarm{k: c.clk, f: c.kickTimers}
+	defer t.cancel()
 	nextMaint := int64(0)
 	for {
 		now := c.clock()
@@ -574,17 +579,10 @@ func (c *Client) timers() {
 		if next == 1<<63-1 {
 			wait = time.Hour
 		}
-		t.Reset(max(wait, 0))
+		t.set(max(wait, 0))
 		select {
-		case <-t.C:
-		case <-c.kick:
-			if !t.Stop() {
-				select {
-				case <-t.C:
-				default:
-				}
-			}
-		case <-c.ctx.Done():
+		case <-c.kick: // the alarm, or a buffer that got its first record
+		case <-ctx.Done():
 			return
 		}
 	}
@@ -592,18 +590,18 @@ func (c *Client) timers() {
 
 // receive is the goroutine that reads the socket: bundles into the
 // delivery queue (in sequence, per link), credits to the shards.
-func (c *Client) receive() {
+func (c *Client) receive(ctx context.Context) {
 	defer c.wg.Done()
 	for {
-		n, err := c.tr.Recv(c.ctx, c.rx)
+		n, err := c.tr.Recv(ctx, c.rx)
 		if err != nil {
-			if c.ctx.Err() != nil || errors.Is(err, transport.ErrClosed) {
+			if ctx.Err() != nil || errors.Is(err, transport.ErrClosed) {
 				return
 			}
 			c.log.Error("messaging: client receive", "err", err)
 			select {
 			case <-time.After(10 * time.Millisecond): // a persistent error must not spin
-			case <-c.ctx.Done():
+			case <-ctx.Done():
 				return
 			}
 			continue
@@ -746,10 +744,10 @@ func (c *Client) Recv(ctx context.Context) (Message, error) {
 }
 
 // deliver is the goroutine that calls the Handler.
-func (c *Client) deliver() {
+func (c *Client) deliver(ctx context.Context) {
 	defer c.wg.Done()
 	for {
-		m, err := c.next(c.ctx)
+		m, err := c.next(ctx)
 		if err != nil {
 			return
 		}
