@@ -175,8 +175,8 @@ func NewClient(cfg Config, node, client string, opts ClientOptions) (*Client, er
 	}
 	c := &Client{
 		cfg: cfg, node: n, idx: ci, tr: tr, tsize: tsize, mine: spec.Ranks, handler: opts.Handler, log: log,
-		clk:   newClock(opts.Clock),
-		kick:  make(chan struct{}, 1), rlock: make(chan struct{}, 1),
+		clk:  newClock(opts.Clock),
+		kick: make(chan struct{}, 1), rlock: make(chan struct{}, 1),
 	}
 	c.recv = newReceiver(&c.cfg, opts.MaxLinks, &c.ctr, c, &c.out)
 	c.q.notify = make(chan struct{}, 1)
