@@ -23,6 +23,7 @@ type fakeService struct {
 	applied    int // ApplyRules calls
 	statsCalls int
 	services   []api.ServiceStatus
+	msg        *messaging.Stats // nil: no messaging agent
 }
 
 func (f *fakeService) Status() (api.Status, error)               { return api.Status{}, nil }
@@ -57,6 +58,9 @@ func (f *fakeService) Stats() (api.Stats, error) {
 	}, nil
 }
 func (f *fakeService) MsgStats() (messaging.Stats, error) {
+	if f.msg != nil {
+		return *f.msg, nil
+	}
 	return messaging.Stats{}, &api.NotFoundError{Err: errors.New("no agent")}
 }
 

@@ -54,13 +54,16 @@ type Message struct {
 // once: each takes one of several independent sender shards, so they do not
 // contend on one lock.
 type Client struct {
-	cfg     Config
-	node    int
-	idx     int
-	tr      transport.Transport
-	tsize   int
-	table   *rankTable
-	hops    []hop
+	cfg   Config
+	node  int
+	idx   int
+	tr    transport.Transport
+	tsize int
+	table *rankTable
+	hops  []hop
+	// hopDead says, by hop, that a shard declared the next hop dead and no
+	// shard has heard from it since: Send fails fast on every shard.
+	hopDead []atomic.Bool
 	mine    Ranks
 	shards  []*shard
 	pool    sync.Pool // of *shard: a goroutine tends to get the shard its P used last
@@ -193,6 +196,7 @@ func NewClient(cfg Config, node, client string, opts ClientOptions) (*Client, er
 		}
 		c.table = newRankTable(cfg, func(node, client int) int32 { return first[node] + int32(client) })
 	}
+	c.hopDead = make([]atomic.Bool, len(c.hops))
 	nshards := cfg.SenderShards
 	if nshards == 0 {
 		nshards = min(runtime.GOMAXPROCS(0), MaxShards)
@@ -252,6 +256,7 @@ func (s *shard) link(h int32) *outLink {
 		dst = AgentEndpoint(c.node, (c.idx+s.idx)%c.cfg.Workers)
 	}
 	l := newOutLink(hp.name, hp.addr, c.cfg.Tenant, s.self, dst, c.tsize, c.cfg.BuffersPerDest, &c.ctr)
+	l.hop = int(h)
 	s.links[h] = l
 	s.byPeer[uint32(dst)] = l
 	return l
@@ -309,8 +314,10 @@ func (c *Client) put(s *shard) {
 // waits only when every send buffer towards the destination is in flight
 // (the receiver is slower than the sender) until one is acknowledged, and
 // returns ErrClosed if the client closes meanwhile. It returns an error
-// wrapping ErrUnknownRank for a rank the cluster lacks, and ErrTooLarge for
-// a payload above Config.MaxMessageSize.
+// wrapping ErrUnknownRank for a rank the cluster lacks, ErrTooLarge for
+// a payload above Config.MaxMessageSize, and ErrPeerDead when the next hop
+// towards rank has stopped answering (Config.PeerTimeout), before or while
+// Send waited: the message is not sent.
 func (c *Client) Send(rank uint32, payload []byte) error {
 	return c.SendContext(context.Background(), rank, payload)
 }
@@ -347,6 +354,16 @@ func (c *Client) send(ctx context.Context, rank uint32, payload []byte, try bool
 	waited := false
 	for {
 		l := s.link(h)
+		if l.dead || c.hopDead[h].Load() || p.started && p.epoch != l.epoch {
+			// The next hop stopped answering: nothing more is written
+			// to it, and what was (the start of this message too) is
+			// dropped and counted where the link was reset.
+			if !p.started {
+				c.ctr.drop(dropDeadPeer, 1)
+			}
+			c.put(s)
+			return c.deadErr(l, fmt.Sprintf("send to rank %d", rank))
+		}
 		if try && !l.roomFor(len(payload)) {
 			c.put(s)
 			return ErrWouldBlock
@@ -405,6 +422,31 @@ func (l *outLink) roomFor(n int) bool {
 	return avail >= (need+per-1)/per
 }
 
+// deadErr is the error for an operation that met the dead next hop of l.
+func (c *Client) deadErr(l *outLink, op string) error {
+	return fmt.Errorf("messaging: %s: next hop %s (%v) did not answer for %v: %w", op, l.name, l.addr, c.cfg.PeerTimeout, ErrPeerDead)
+}
+
+// peerTrouble returns the number of peer resets of the client's links so
+// far, and a link whose peer is dead now (or nil). The shards' locks must
+// not be held.
+func (c *Client) peerTrouble() (resets uint64, dead *outLink) {
+	for _, s := range c.shards {
+		s.mu.Lock()
+		for _, l := range s.links {
+			if l == nil {
+				continue
+			}
+			resets += l.st.resets.Load()
+			if (l.dead || c.hopDead[l.hop].Load()) && dead == nil {
+				dead = l
+			}
+		}
+		s.mu.Unlock()
+	}
+	return resets, dead
+}
+
 func (c *Client) kickTimers() {
 	select {
 	case c.kick <- struct{}{}:
@@ -414,11 +456,14 @@ func (c *Client) kickTimers() {
 
 // Flush sends every buffered message and waits until the next hops have
 // acknowledged all of them, ctx is done, or the client closes. After Flush
-// returns nil, every message sent before it has left this process.
+// returns nil, every message sent before it has left this process. It
+// returns an error wrapping ErrPeerDead when a next hop is dead, or was
+// declared dead while Flush waited: the messages held for it were dropped.
 func (c *Client) Flush(ctx context.Context) error {
 	if c.closed.Load() {
 		return ErrClosed
 	}
+	resets, _ := c.peerTrouble()
 	for _, s := range c.shards {
 		s.mu.Lock()
 		now := c.clock()
@@ -447,6 +492,11 @@ func (c *Client) Flush(ctx context.Context) error {
 			}
 		}
 		if wait == nil {
+			if now, dead := c.peerTrouble(); dead != nil {
+				return c.deadErr(dead, "flush")
+			} else if now != resets {
+				return fmt.Errorf("messaging: flush: a next hop was declared dead meanwhile and answered again; messages for it were dropped: %w", ErrPeerDead)
+			}
 			return nil
 		}
 		select {
@@ -507,6 +557,7 @@ func (c *Client) Stats() Stats {
 		if !used {
 			continue
 		}
+		d.PeerDead = d.PeerDead || c.hopDead[h].Load()
 		if d.Bundles > 0 {
 			d.AvgBundleBytes = float64(d.Bytes) / float64(d.Bundles)
 		}
@@ -559,7 +610,10 @@ func (c *Client) timers(ctx context.Context) {
 				}
 				if maint {
 					_, reset := l.maintain(now, rto, peerTO, &s.out)
-					woke = woke || reset
+					if reset {
+						c.hopDead[l.hop].Store(true)
+						woke = true
+					}
 				}
 				if len(l.limbo) > 0 {
 					s.send()
@@ -657,6 +711,9 @@ func (c *Client) credit(h wire.Header, cr bundle.Credit, _ netip.AddrPort, _ []b
 	if l == nil || !l.onCredit(h.Seq, cr, now, int64(c.cfg.RetransmitTimeout), &s.out) {
 		c.ctr.drop(dropStaleCredit, 1)
 		return
+	}
+	if c.hopDead[l.hop].Load() {
+		c.hopDead[l.hop].Store(false) // the peer answers again
 	}
 	s.send()
 	l.settle()

@@ -52,6 +52,8 @@ type spec struct {
 	listenClient func(n, c int, opts udp.Options) (*udp.Conn, error)
 	// drain is the agents' AgentOptions.Drain.
 	drain time.Duration
+	// clock, when set, is every agent's and client's Clock.
+	clock Clock
 }
 
 type testCluster struct {
@@ -198,7 +200,7 @@ func startCluster(t testing.TB, sp spec) *testCluster {
 		var srow []*sink
 		for c := range sp.clientsPerNode {
 			sk := &sink{got: map[msgID]int{}}
-			opts := ClientOptions{Transport: clientTrs[n][c]}
+			opts := ClientOptions{Transport: clientTrs[n][c], Clock: sp.clock}
 			if sp.handler {
 				opts.Handler = func(rank uint32, payload []byte) {
 					if sp.onMsg != nil {
@@ -225,7 +227,7 @@ func startCluster(t testing.TB, sp spec) *testCluster {
 // startAgent starts node n's agent on trs.
 func (tc *testCluster) startAgent(n int, trs []transport.Transport) {
 	tc.t.Helper()
-	a, err := NewAgent(tc.cfg, tc.cfg.Nodes[n].Name, AgentOptions{Transports: trs, Drain: tc.sp.drain, Logger: testLogger(tc.t)})
+	a, err := NewAgent(tc.cfg, tc.cfg.Nodes[n].Name, AgentOptions{Transports: trs, Drain: tc.sp.drain, Logger: testLogger(tc.t), Clock: tc.sp.clock})
 	if err != nil {
 		tc.t.Fatal(err)
 	}
