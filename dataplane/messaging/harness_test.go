@@ -72,10 +72,11 @@ type testCluster struct {
 
 // sink collects the messages a client received.
 type sink struct {
-	mu    sync.Mutex
-	got   map[msgID]int
-	bad   []string
-	count atomic.Int64
+	mu     sync.Mutex
+	got    map[msgID]int
+	bad    []string
+	count  atomic.Int64
+	notify chan struct{} // when set (waitCount), signalled per message
 }
 
 type msgID struct {
@@ -322,6 +323,12 @@ func (s *sink) add(mine Ranks, rank uint32, p []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.count.Add(1)
+	if s.notify != nil {
+		select {
+		case s.notify <- struct{}{}:
+		default:
+		}
+	}
 	if !mine.Contains(rank) {
 		s.bad = append(s.bad, fmt.Sprintf("message for rank %d, not ours", rank))
 		return
@@ -357,20 +364,101 @@ func recvInto(ctx context.Context, c *Client, s *sink, wg *sync.WaitGroup) {
 // waitCount waits until the sinks hold want messages in total.
 func waitCount(t testing.TB, sinks []*sink, want int64, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
+	if got, ok := arrived(sinks, want, timeout); !ok {
+		t.Fatalf("%d of %d messages arrived within %v", got, want, timeout)
+	}
+}
+
+// arrived waits until the sinks hold want messages in total, or timeout
+// passes, and returns how many they hold and whether that is want.
+func arrived(sinks []*sink, want int64, timeout time.Duration) (int64, bool) {
+	ch := make(chan struct{}, 1)
+	for _, s := range sinks {
+		s.mu.Lock()
+		s.notify = ch
+		s.mu.Unlock()
+	}
+	defer func() {
+		for _, s := range sinks {
+			s.mu.Lock()
+			s.notify = nil
+			s.mu.Unlock()
+		}
+	}()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
 	for {
 		var got int64
 		for _, s := range sinks {
 			got += s.count.Load()
 		}
 		if got >= want {
-			return
+			return got, true
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d messages arrived within %v", got, want, timeout)
+		select {
+		case <-ch:
+		case <-timer.C:
+			return got, false
 		}
-		time.Sleep(2 * time.Millisecond)
 	}
+}
+
+// eventually polls cond, which reads counters that signal nothing, until
+// it holds or timeout passes.
+func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, timeout)
+		}
+		<-tick.C
+	}
+}
+
+// level is a counter that goroutines can wait on.
+type level struct {
+	mu   sync.Mutex
+	cond *sync.Cond
+	v    int64
+}
+
+func newLevel() *level {
+	l := &level{}
+	l.cond = sync.NewCond(&l.mu)
+	return l
+}
+
+func (l *level) add(n int64) {
+	l.mu.Lock()
+	l.v += n
+	l.mu.Unlock()
+	l.cond.Broadcast()
+}
+
+func (l *level) load() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.v
+}
+
+// wait waits until the level reaches v or ctx ends, and reports whether it
+// reached v.
+func (l *level) wait(ctx context.Context, v int64) bool {
+	stop := context.AfterFunc(ctx, func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.cond.Broadcast()
+	})
+	defer stop()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for l.v < v && ctx.Err() == nil {
+		l.cond.Wait()
+	}
+	return l.v >= v
 }
 
 // memSteer steers a memnet group as s steers a SO_REUSEPORT group.

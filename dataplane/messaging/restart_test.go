@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/netip"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -124,7 +123,10 @@ func TestDeadPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	tc.clients[0][2] = c2
-	time.Sleep(100 * time.Millisecond) // a few probe intervals (peer_timeout/8)
+	eventually(t, 5*time.Second, "the agent finds the restarted client", func() bool {
+		d, _ := tc.agents[0].Stats().Dest("node0/c2")
+		return !d.PeerDead
+	})
 	for i := range uint32(50) {
 		if err := src.Send(dead, payload(1, i, dead, 100)); err != nil {
 			t.Fatal(err)
@@ -149,7 +151,7 @@ func TestAgentRestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	const count = 3000
-	var sent atomic.Int64
+	sent := newLevel()
 	errc := make(chan error, 2)
 	for n := range 2 {
 		go func() {
@@ -161,7 +163,7 @@ func TestAgentRestart(t *testing.T) {
 					errc <- err
 					return
 				}
-				sent.Add(1)
+				sent.add(1)
 				if i%100 == 99 {
 					time.Sleep(2 * time.Millisecond) // spread the traffic over the restarts
 				}
@@ -173,9 +175,7 @@ func TestAgentRestart(t *testing.T) {
 		sent int64
 		node int
 	}{{count / 2, 0}, {count, 1}, {3 * count / 2, 0}} {
-		for sent.Load() < at.sent && ctx.Err() == nil {
-			time.Sleep(time.Millisecond)
-		}
+		sent.wait(ctx, at.sent)
 		start := time.Now()
 		tc.restartAgent(at.node)
 		t.Logf("agent %d restarted after %d messages sent, in %v", at.node, at.sent, time.Since(start).Round(time.Millisecond))
@@ -196,10 +196,7 @@ func TestAgentRestart(t *testing.T) {
 			}
 		}
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for sinks[0].count.Load()+sinks[1].count.Load() < 2*count && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	arrived(sinks, 2*count, 10*time.Second) // what is missing is reported below
 	for n, s := range sinks {
 		s.mu.Lock()
 		for i := range uint32(count) {
