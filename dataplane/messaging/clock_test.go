@@ -12,6 +12,9 @@ type manualClock struct {
 	cond   *sync.Cond
 	now    time.Time
 	timers map[*manualTimer]struct{}
+	// quiet, when set, reports that no datagram is in flight (memnet's
+	// Queued is 0): step waits for it too.
+	quiet func() bool
 }
 
 type manualTimer struct {
@@ -67,9 +70,11 @@ func (c *manualClock) Advance(d time.Duration) {
 	}
 }
 
-// step waits until a timer due within d is armed (the goroutines that run
-// on the clock went back to waiting for it), or for at most a millisecond
-// when none is, and then advances the clock by d.
+// step waits until no datagram is in flight (when the clock knows how to
+// tell) and a timer due within d is armed (the goroutines that run on the
+// clock went back to waiting for it), or for at most a millisecond, and
+// then advances the clock by d. Waiting for the network keeps the clock
+// from running ahead of datagrams that real time is still carrying.
 func (c *manualClock) step(d time.Duration) {
 	wake := time.AfterFunc(time.Millisecond, func() {
 		c.mu.Lock()
@@ -79,7 +84,7 @@ func (c *manualClock) step(d time.Duration) {
 	defer wake.Stop()
 	start := time.Now()
 	c.mu.Lock()
-	for !c.armedWithin(d) && time.Since(start) < time.Millisecond {
+	for !(c.armedWithin(d) && (c.quiet == nil || c.quiet())) && time.Since(start) < time.Millisecond {
 		c.cond.Wait()
 	}
 	c.mu.Unlock()

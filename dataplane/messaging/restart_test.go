@@ -298,10 +298,12 @@ func TestStaleBaseHandshake(t *testing.T) {
 // probes find it and messages flow. The test runs on an in-process network
 // and a clock it advances: nothing sleeps.
 func TestDeadAgent(t *testing.T) {
+	mem := memnet.New(memnet.Options{})
 	clk := newManualClock()
+	clk.quiet = func() bool { return mem.Queued() == 0 }
 	const rto = 10 * time.Millisecond
 	tc := startCluster(t, spec{mode: ModeDPU, nodes: 2, clientsPerNode: 1, ranksPerClient: 1, workers: 1,
-		mem: memnet.New(memnet.Options{}), clock: clk, handler: true,
+		mem: mem, clock: clk, handler: true,
 		tune: func(c *Config) {
 			c.TransferSize = 512
 			c.BuffersPerDest = 2

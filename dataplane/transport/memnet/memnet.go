@@ -254,6 +254,23 @@ func (n *Network) SetDefaultFaults(f Faults) {
 	n.opts.Faults = f
 }
 
+// Queued returns the datagrams delivered to endpoints and not yet
+// received: 0 when nothing is in flight. Tests that advance a clock by hand
+// wait for it, so that the clock does not run ahead of the datagrams.
+func (n *Network) Queued() int {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	q := 0
+	for _, g := range n.groups {
+		for _, e := range g.eps {
+			e.mu.Lock()
+			q += len(e.queue)
+			e.mu.Unlock()
+		}
+	}
+	return q
+}
+
 // Counters returns the whole network's counters.
 func (n *Network) Counters() Counters { return n.ctr.snapshot() }
 
@@ -320,7 +337,7 @@ type Endpoint struct {
 	notify chan struct{}
 	closed chan struct{}
 	once   sync.Once
-	out    []transport.Packet
+	bufs   sync.Pool // of *[]transport.Packet: Send may run concurrently
 }
 
 var _ transport.Transport = (*Endpoint)(nil)
@@ -376,14 +393,17 @@ func (e *Endpoint) Send(pkts []transport.Packet) (int, error) {
 	n := e.n
 	n.mu.RLock()
 	defer n.mu.RUnlock()
-	e.mu.Lock()
-	out := n.in.apply(pkts, e.out, func(to netip.AddrPort) (Faults, *counters) { return n.faults(e.addr, to) }, &n.ctr)
-	e.out = out[:0]
-	e.mu.Unlock()
+	bp, _ := e.bufs.Get().(*[]transport.Packet)
+	if bp == nil {
+		bp = new([]transport.Packet)
+	}
+	out := n.in.apply(pkts, *bp, func(to netip.AddrPort) (Faults, *counters) { return n.faults(e.addr, to) }, &n.ctr)
 	for _, p := range out {
 		n.deliver(e.addr, p)
 	}
 	clear(out)
+	*bp = out[:0]
+	e.bufs.Put(bp)
 	return len(pkts), nil
 }
 

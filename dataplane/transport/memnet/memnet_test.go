@@ -57,9 +57,15 @@ func TestDeliveryAndContract(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	if q := n.Queued(); q != 3 {
+		t.Fatalf("%d datagrams queued, want 3", q)
+	}
 	k, err := y.Recv(ctx, rx)
 	if err != nil || k != 3 || string(rx[0].Data) != "a" || string(rx[1].Data) != "c" || rx[0].Addr != x.LocalAddr() {
 		t.Fatalf("recv: %d %v %q %v", k, err, rx[0].Data, rx[0].Addr)
+	}
+	if q := n.Queued(); q != 0 {
+		t.Fatalf("%d datagrams queued after Recv took them", q)
 	}
 	c := n.Counters()
 	if c.Sent != 5 || c.Delivered != 3 || c.Overflow != 2 {
@@ -181,5 +187,46 @@ func TestFaulty(t *testing.T) {
 	}
 	if w.Counters().Dropped != c.Dropped {
 		t.Fatal("dropped after the faults were cleared")
+	}
+}
+
+// TestConcurrentSend: Send may be called from several goroutines at once;
+// every datagram arrives once.
+func TestConcurrentSend(t *testing.T) {
+	n := New(Options{Queue: 1 << 20})
+	x, _ := n.Listen(a0)
+	y, _ := n.Listen(a0)
+	const per, senders = 2000, 4
+	done := make(chan error, senders)
+	for g := range senders {
+		go func() {
+			for i := range per {
+				p := []transport.Packet{{Addr: y.LocalAddr(), Data: []byte(fmt.Sprint(g*per + i))}}
+				if _, err := x.Send(p); err != nil {
+					done <- err
+					return
+				}
+			}
+			done <- nil
+		}()
+	}
+	for range senders {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	rx := bufs(per*senders+1, 8)
+	k, err := y.Recv(ctx, rx)
+	if err != nil || k != per*senders {
+		t.Fatalf("received %d of %d: %v", k, per*senders, err)
+	}
+	seen := map[string]bool{}
+	for _, p := range rx[:k] {
+		seen[string(p.Data)] = true
+	}
+	if len(seen) != per*senders {
+		t.Fatalf("%d distinct datagrams of %d", len(seen), per*senders)
 	}
 }
