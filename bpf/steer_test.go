@@ -20,42 +20,10 @@ import (
 // nsB, both up, and returns b's ifindex.
 func vethPair(t *testing.T, nsA, nsB netns.NsHandle) int {
 	t.Helper()
-	testenv.InNetNS(t, nsA, func() error {
-		veth := &netlink.Veth{
-			LinkAttrs:     netlink.LinkAttrs{Name: "a"},
-			PeerName:      "b",
-			PeerNamespace: netlink.NsFd(int(nsB)),
-		}
-		if err := netlink.LinkAdd(veth); err != nil {
-			return err
-		}
-		return addrUp("a", "10.99.0.1/24")
-	})
-	var ifindex int
-	testenv.InNetNS(t, nsB, func() error {
-		if err := addrUp("b", "10.99.0.2/24"); err != nil {
-			return err
-		}
-		l, err := netlink.LinkByName("b")
-		ifindex = l.Attrs().Index
-		return err
-	})
+	_, ifindex := testenv.VethPair(t,
+		testenv.VethEnd{NS: nsA, Name: "a", Addr: "10.99.0.1/24"},
+		testenv.VethEnd{NS: nsB, Name: "b", Addr: "10.99.0.2/24"})
 	return ifindex
-}
-
-func addrUp(name, cidr string) error {
-	l, err := netlink.LinkByName(name)
-	if err != nil {
-		return err
-	}
-	addr, err := netlink.ParseAddr(cidr)
-	if err != nil {
-		return err
-	}
-	if err := netlink.AddrAdd(l, addr); err != nil {
-		return err
-	}
-	return netlink.LinkSetUp(l)
 }
 
 // lovelockPing is a valid Lovelock header of type PING with no payload.

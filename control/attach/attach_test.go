@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 
 	"github.com/lovelock-dpu/lovelock/bpf"
 	"github.com/lovelock-dpu/lovelock/control/attach"
@@ -26,20 +27,10 @@ func xdpAttached(name string) (bool, error) {
 	return l.Attrs().Xdp != nil && l.Attrs().Xdp.Attached, nil
 }
 
-func vethAB() error {
-	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "a"}, PeerName: "b"}); err != nil {
-		return err
-	}
-	for _, n := range []string{"a", "b"} {
-		l, err := netlink.LinkByName(n)
-		if err != nil {
-			return err
-		}
-		if err := netlink.LinkSetUp(l); err != nil {
-			return err
-		}
-	}
-	return nil
+// vethAB creates the pair a ⇄ b in ns, both up.
+func vethAB(t *testing.T, ns netns.NsHandle) {
+	t.Helper()
+	testenv.VethPair(t, testenv.VethEnd{NS: ns, Name: "a"}, testenv.VethEnd{NS: ns, Name: "b"})
 }
 
 // TestOpenAdoptDetach walks a daemon's life: the first start loads, pins and
@@ -48,10 +39,8 @@ func TestOpenAdoptDetach(t *testing.T) {
 	ns := testenv.NewNetNS(t)
 	dir := filepath.Join(testenv.BPFFS(t), "lovelock")
 
+	vethAB(t, ns)
 	testenv.InNetNS(t, ns, func() error {
-		if err := vethAB(); err != nil {
-			return err
-		}
 		n, err := attach.Open(attach.Options{Dir: dir})
 		if err != nil {
 			t.Fatal(err)
@@ -185,20 +174,10 @@ func TestClsact(t *testing.T) {
 	nsA, nsB := testenv.NewNetNS(t), testenv.NewNetNS(t)
 	dir := filepath.Join(testenv.BPFFS(t), "lovelock")
 	var n *attach.Node
+	testenv.VethPair(t, testenv.VethEnd{NS: nsA, Name: "a", Addr: "10.98.0.1/24"}, testenv.VethEnd{NS: nsB, Name: "b"})
 	testenv.InNetNS(t, nsA, func() error {
-		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "a"}, PeerName: "b", PeerNamespace: netlink.NsFd(int(nsB))}
-		if err := netlink.LinkAdd(veth); err != nil {
-			return err
-		}
 		l, err := netlink.LinkByName("a")
 		if err != nil {
-			return err
-		}
-		addr, _ := netlink.ParseAddr("10.98.0.1/24")
-		if err := netlink.AddrAdd(l, addr); err != nil {
-			return err
-		}
-		if err := netlink.LinkSetUp(l); err != nil {
 			return err
 		}
 		// A permanent neighbour: packets leave at once, no ARP.
@@ -278,10 +257,8 @@ func TestLockPerPinDir(t *testing.T) {
 func TestAttachModeMismatch(t *testing.T) {
 	ns := testenv.NewNetNS(t)
 	dir := filepath.Join(testenv.BPFFS(t), "lovelock")
+	vethAB(t, ns)
 	testenv.InNetNS(t, ns, func() error {
-		if err := vethAB(); err != nil {
-			return err
-		}
 		n, err := attach.Open(attach.Options{Dir: dir})
 		if err != nil {
 			t.Fatal(err)
@@ -311,10 +288,8 @@ func TestAttachModeMismatch(t *testing.T) {
 func TestAdoptRecreatedInterface(t *testing.T) {
 	ns := testenv.NewNetNS(t)
 	dir := filepath.Join(testenv.BPFFS(t), "lovelock")
+	vethAB(t, ns)
 	testenv.InNetNS(t, ns, func() error {
-		if err := vethAB(); err != nil {
-			return err
-		}
 		n, err := attach.Open(attach.Options{Dir: dir})
 		if err != nil {
 			t.Fatal(err)
@@ -367,10 +342,9 @@ func TestAdoptRecreatedInterface(t *testing.T) {
 			}
 		}
 
-		// The interfaces come back under the same names, new ifindexes.
-		if err := vethAB(); err != nil {
-			return err
-		}
+		// The interfaces come back under the same names, new ifindexes
+		// (VethPair enters ns itself, from this thread already in it).
+		vethAB(t, ns)
 		if on, err := xdpAttached("a"); err != nil || on {
 			t.Fatalf("re-created a has XDP before any attach: %v %v", on, err)
 		}

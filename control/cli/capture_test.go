@@ -8,7 +8,6 @@ import (
 
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/lovelock-dpu/lovelock/control/testenv"
@@ -38,23 +37,8 @@ func TestCaptureRoundTrip(t *testing.T) {
 	ns := testenv.NewNetNS(t)
 	pcap := t.TempDir() + "/out.pcap"
 	var out bytes.Buffer
+	aIndex, _ := testenv.VethPair(t, testenv.VethEnd{NS: ns, Name: "a"}, testenv.VethEnd{NS: ns, Name: "b"})
 	testenv.InNetNS(t, ns, func() error {
-		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "a"}, PeerName: "b"}); err != nil {
-			return err
-		}
-		var aIndex int
-		for _, n := range []string{"a", "b"} {
-			l, err := netlink.LinkByName(n)
-			if err != nil {
-				return err
-			}
-			if n == "a" {
-				aIndex = l.Attrs().Index
-			}
-			if err := netlink.LinkSetUp(l); err != nil {
-				return err
-			}
-		}
 		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
 			return err

@@ -25,6 +25,7 @@ type fakeService struct {
 	statsCalls int
 	services   []api.ServiceStatus
 	status     api.Status
+	msg        *messaging.Stats // nil: no messaging agent
 }
 
 func (f *fakeService) Status() (api.Status, error)               { return f.status, nil }
@@ -59,6 +60,9 @@ func (f *fakeService) Stats() (api.Stats, error) {
 	}, nil
 }
 func (f *fakeService) MsgStats() (messaging.Stats, error) {
+	if f.msg != nil {
+		return *f.msg, nil
+	}
 	return messaging.Stats{}, &api.NotFoundError{Err: errors.New("no agent")}
 }
 

@@ -33,10 +33,14 @@ func msgCommand() *ucli.Command {
 				w := c.App.Writer
 				fmt.Fprintf(w, "%s %s, mode %s, %d workers, transfer size %d bytes\n\n", st.Role, st.Node, st.Mode, st.Workers, st.TransferSize)
 				tw := newTable(w)
-				fmt.Fprintln(tw, "DESTINATION\tADDR\tBYTES\tMESSAGES\tBUNDLES\tAVG BUNDLE\tFULL\tTIMEOUT\tIDLE\tEXPLICIT\tRETRANSMITS\tBLOCKED\tPROBES\tPEER RESETS")
+				fmt.Fprintln(tw, "DESTINATION\tADDR\tBYTES\tMESSAGES\tBUNDLES\tAVG BUNDLE\tFULL\tTIMEOUT\tIDLE\tEXPLICIT\tRETRANSMITS\tBLOCKED\tPROBES\tPEER RESETS\tPEER")
 				for _, d := range st.Destinations {
-					fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.0f\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", d.Name, d.Addr, d.Bytes, d.Messages, d.Bundles,
-						d.AvgBundleBytes, d.Flushes.Full, d.Flushes.Timeout, d.Flushes.Idle, d.Flushes.Explicit, d.Retransmits, d.Blocked, d.Probes, d.PeerResets)
+					peer := "up"
+					if d.PeerDead {
+						peer = "dead" // silent for peer_timeout: its messages are dropped until it answers a probe
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.0f\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", d.Name, d.Addr, d.Bytes, d.Messages, d.Bundles,
+						d.AvgBundleBytes, d.Flushes.Full, d.Flushes.Timeout, d.Flushes.Idle, d.Flushes.Explicit, d.Retransmits, d.Blocked, d.Probes, d.PeerResets, peer)
 				}
 				if err := tw.Flush(); err != nil {
 					return err

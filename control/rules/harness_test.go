@@ -52,19 +52,16 @@ func newHarness(tb testing.TB, port uint16) *harness {
 	tb.Helper()
 	testenv.RequirePriv(tb)
 	h := &harness{port: port, ns: testenv.NewNetNS(tb), ifaces: map[string]int{}}
+	for _, pair := range [][2]string{{"v0", "v1"}, {"v2", "v3"}} {
+		h.ifaces[pair[0]], h.ifaces[pair[1]] = testenv.VethPair(tb,
+			testenv.VethEnd{NS: h.ns, Name: pair[0]}, testenv.VethEnd{NS: h.ns, Name: pair[1]})
+	}
 	testenv.InNetNS(tb, h.ns, func() error {
-		for _, pair := range [][2]string{{"v0", "v1"}, {"v2", "v3"}} {
-			if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: pair[0]}, PeerName: pair[1]}); err != nil {
-				return fmt.Errorf("add veth %s: %w", pair[0], err)
-			}
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
 		}
-		for _, name := range harnessIfaces {
-			l, err := netlink.LinkByName(name)
-			if err != nil {
-				return err
-			}
-			h.ifaces[name] = l.Attrs().Index
-		}
+		h.ifaces["lo"] = lo.Attrs().Index
 		return nil
 	})
 	s, err := bpf.Load(bpf.Options{Port: port})

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lovelock-dpu/lovelock/dataplane/farmem/internal/fabrictest"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/memnet"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
 )
 
@@ -171,13 +171,13 @@ type lossyWrap struct {
 	seed               uint64
 	drop, dup, reorder float64
 	mu                 sync.Mutex
-	all                []*fabrictest.Lossy
+	all                []*memnet.Faulty
 }
 
 func (l *lossyWrap) wrap(tr transport.Transport) transport.Transport {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	w := fabrictest.NewLossy(tr, l.seed+uint64(len(l.all)), l.drop, l.dup, l.reorder)
+	w := memnet.NewFaulty(tr, l.seed+uint64(len(l.all)), memnet.Faults{Drop: l.drop, Dup: l.dup, Reorder: l.reorder})
 	l.all = append(l.all, w)
 	return w
 }
@@ -186,9 +186,10 @@ func (l *lossyWrap) counts() (dropped, duplicated, reordered int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, w := range l.all {
-		dropped += w.Dropped.Load()
-		duplicated += w.Duplicated.Load()
-		reordered += w.Reordered.Load()
+		c := w.Counters()
+		dropped += int64(c.Dropped)
+		duplicated += int64(c.Duplicated)
+		reordered += int64(c.Reordered)
 	}
 	return
 }

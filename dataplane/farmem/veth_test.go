@@ -2,11 +2,9 @@ package farmem
 
 import (
 	"context"
-	"net"
 	"net/netip"
 	"testing"
 
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
 	"github.com/lovelock-dpu/lovelock/control/testenv"
@@ -63,28 +61,9 @@ func TestVethFabric(t *testing.T) {
 func vethPair(t testing.TB) func(n int, addr netip.AddrPort, rbuf int) transport.Transport {
 	ns := []netns.NsHandle{testenv.NewNetNS(t), testenv.NewNetNS(t)}
 	addrs := []netip.Addr{netip.MustParseAddr("10.98.0.1"), netip.MustParseAddr("10.98.0.2")}
-	testenv.InNetNS(t, ns[0], func() error {
-		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "fm0", MTU: 9000}, PeerName: "fm1", PeerMTU: 9000}); err != nil {
-			return err
-		}
-		peer, err := netlink.LinkByName("fm1")
-		if err != nil {
-			return err
-		}
-		return netlink.LinkSetNsFd(peer, int(ns[1]))
-	})
-	for i, name := range []string{"fm0", "fm1"} {
-		testenv.InNetNS(t, ns[i], func() error {
-			l, err := netlink.LinkByName(name)
-			if err != nil {
-				return err
-			}
-			if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: addrs[i].AsSlice(), Mask: net.CIDRMask(24, 32)}}); err != nil {
-				return err
-			}
-			return netlink.LinkSetUp(l)
-		})
-	}
+	testenv.VethPair(t,
+		testenv.VethEnd{NS: ns[0], Name: "fm0", Addr: addrs[0].String() + "/24", MTU: 9000},
+		testenv.VethEnd{NS: ns[1], Name: "fm1", Addr: addrs[1].String() + "/24", MTU: 9000})
 	return func(n int, addr netip.AddrPort, rbuf int) transport.Transport {
 		if !addr.IsValid() {
 			addr = netip.AddrPortFrom(addrs[n], 0)

@@ -165,7 +165,7 @@ func TestSlowHandler(t *testing.T) {
 // message while both directions are loaded.
 func TestHandlerReplies(t *testing.T) {
 	const n = 2000
-	var replies atomic.Int64
+	replies := newLevel()
 	cfg := func(c *Config) {
 		c.TransferSize = 1024
 		c.BuffersPerDest = 2
@@ -186,7 +186,7 @@ func TestHandlerReplies(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv.Store(server)
-	client, err := NewClient(tc.cfg, "node0", "c0", ClientOptions{Handler: func(uint32, []byte) { replies.Add(1) }})
+	client, err := NewClient(tc.cfg, "node0", "c0", ClientOptions{Handler: func(uint32, []byte) { replies.add(1) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,12 +196,10 @@ func TestHandlerReplies(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for replies.Load() < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d replies", replies.Load(), n)
-		}
-		time.Sleep(5 * time.Millisecond)
+	wctx, wcancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer wcancel()
+	if !replies.wait(wctx, n) {
+		t.Fatalf("%d of %d replies", replies.load(), n)
 	}
 	tc.noDrops(t)
 }

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/memnet"
 )
 
 // exchange has every client send n messages of random sizes (1 B to
@@ -189,15 +189,11 @@ func (tc *testCluster) noDrops(t *testing.T) {
 // exactly once: sequence numbers, selective acknowledgements and
 // retransmission repair the links.
 func TestLossyLinks(t *testing.T) {
-	seed := uint64(0)
-	tc := startCluster(t, spec{mode: ModeDPU, nodes: 3, clientsPerNode: 2, ranksPerClient: 4,
+	mem := memnet.New(memnet.Options{Seed: 1, Faults: memnet.Faults{Drop: 0.03, Dup: 0.02, Reorder: 0.05}})
+	tc := startCluster(t, spec{mode: ModeDPU, nodes: 3, clientsPerNode: 2, ranksPerClient: 4, mem: mem,
 		tune: func(c *Config) {
 			c.TransferSize = 4096
 			c.RetransmitTimeout = Duration(2 * time.Millisecond)
-		},
-		wrap: func(tr transport.Transport) transport.Transport {
-			seed++
-			return newLossy(tr, seed, 0.03, 0.02, 0.05)
 		}})
 	exchange(t, tc, 900, 3, 8192, 7)
 	var retrans, dups uint64
@@ -215,7 +211,7 @@ func TestLossyLinks(t *testing.T) {
 	if retrans == 0 || dups == 0 {
 		t.Errorf("%d retransmissions and %d duplicates: the loss did not happen?", retrans, dups)
 	}
-	t.Logf("%d retransmissions, %d duplicates received", retrans, dups)
+	t.Logf("%d retransmissions, %d duplicates received; network: %+v", retrans, dups, mem.Counters())
 	tc.noDrops(t)
 }
 

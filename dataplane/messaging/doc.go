@@ -44,6 +44,11 @@ var (
 	ErrWouldBlock = errors.New("messaging: no free send buffer")
 	// ErrTooLarge: a message above Config.MaxMessageSize.
 	ErrTooLarge = errors.New("message too large")
+	// ErrPeerDead: a client's next hop (its agent, or in ModeNone the
+	// destination client) did not answer for Config.PeerTimeout. The
+	// messages the client held for it are dropped (Stats: dead_peer), and
+	// Send refuses new ones until the peer answers a probe again.
+	ErrPeerDead = errors.New("messaging: next hop declared dead")
 	// ErrMode: an agent asked for in ModeNone, or a client without its
 	// agent's address.
 	ErrMode = errors.New("messaging: wrong mode")

@@ -98,18 +98,18 @@ func FuzzAgent(f *testing.F) {
 					t.Fatalf("link %s: %d in flight, %d buffers, window %d", l.name, l.nextSeq-l.base, l.nbufs, l.window)
 				}
 			}
-			for _, l := range w.in {
+			for _, l := range w.recv.in {
 				if seqDiff(l.next.Load(), l.consumed.Load()) < 0 || l.next.Load()-l.consumed.Load() > l.window {
 					t.Fatalf("in link: next %d consumed %d", l.next.Load(), l.consumed.Load())
 				}
 			}
 			// Drop what would be sent: the fuzzer's datagrams go nowhere.
 			clear(w.out)
-			w.out, w.due = w.out[:0], w.due[:0]
+			w.out, w.recv.due = w.out[:0], w.recv.due[:0]
 			for _, l := range w.links {
 				l.settle()
 			}
-			for _, l := range w.in {
+			for _, l := range w.recv.in {
 				l.creditDue = false
 			}
 		}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/crc32"
 	"log/slog"
-	"math/rand/v2"
 	"net/netip"
 	"strings"
 	"sync"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/memnet"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
 	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 )
@@ -28,8 +28,9 @@ type spec struct {
 	workers        int
 	// tune adjusts the config before validation.
 	tune func(*Config)
-	// wrap, when set, wraps every transport (loss injection).
-	wrap func(transport.Transport) transport.Transport
+	// mem, when set, puts every agent and client on this in-process
+	// network (with its faults) instead of loopback sockets.
+	mem *memnet.Network
 	// handler, when set, makes clients deliver through ClientOptions.Handler
 	// into their sink; otherwise tests call Recv.
 	handler bool
@@ -51,6 +52,8 @@ type spec struct {
 	listenClient func(n, c int, opts udp.Options) (*udp.Conn, error)
 	// drain is the agents' AgentOptions.Drain.
 	drain time.Duration
+	// clock, when set, is every agent's and client's Clock.
+	clock Clock
 }
 
 type testCluster struct {
@@ -69,10 +72,11 @@ type testCluster struct {
 
 // sink collects the messages a client received.
 type sink struct {
-	mu    sync.Mutex
-	got   map[msgID]int
-	bad   []string
-	count atomic.Int64
+	mu     sync.Mutex
+	got    map[msgID]int
+	bad    []string
+	count  atomic.Int64
+	notify chan struct{} // when set (waitCount), signalled per message
 }
 
 type msgID struct {
@@ -103,12 +107,6 @@ func startCluster(t testing.TB, sp spec) *testCluster {
 	if sp.tune != nil {
 		sp.tune(&cfg)
 	}
-	wrap := func(tr transport.Transport) transport.Transport {
-		if sp.wrap != nil {
-			return sp.wrap(tr)
-		}
-		return tr
-	}
 	var agentTrs [][]transport.Transport
 	var clientTrs [][]transport.Transport
 	rank := uint32(0)
@@ -124,21 +122,35 @@ func startCluster(t testing.TB, sp spec) *testCluster {
 				opts.Steer.Offset = wire.OffsetSrc
 			}
 			listen := sp.listenAgent
-			if listen == nil {
+			if sp.mem != nil {
+				group, err := sp.mem.ListenGroup(netip.AddrPortFrom(nodeAddr(sp.mode, n), 0), sp.workers, memSteer(opts.Steer))
+				if err != nil {
+					t.Fatal(err)
+				}
+				var trs []transport.Transport
+				for _, g := range group {
+					trs = append(trs, g)
+				}
+				agentTrs = append(agentTrs, trs)
+				node.Agent = group[0].LocalAddr()
+				listen = nil
+			} else if listen == nil {
 				listen = func(n int, opts udp.Options, workers int) ([]*udp.Conn, error) {
 					return udp.ListenGroup(netip.AddrPortFrom(nodeAddr(sp.mode, n), 0), workers, opts)
 				}
 			}
-			group, err := listen(n, opts, sp.workers)
-			if err != nil {
-				t.Fatal(err)
+			if listen != nil {
+				group, err := listen(n, opts, sp.workers)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var trs []transport.Transport
+				for _, g := range group {
+					trs = append(trs, g)
+				}
+				agentTrs = append(agentTrs, trs)
+				node.Agent = group[0].LocalAddr()
 			}
-			var trs []transport.Transport
-			for _, g := range group {
-				trs = append(trs, wrap(g))
-			}
-			agentTrs = append(agentTrs, trs)
-			node.Agent = group[0].LocalAddr()
 		}
 		var ctrs []transport.Transport
 		for c := range sp.clientsPerNode {
@@ -152,11 +164,17 @@ func startCluster(t testing.TB, sp spec) *testCluster {
 					return udp.Listen(netip.MustParseAddrPort("127.0.0.1:0"), opts)
 				}
 			}
-			tr, err := listen(n, c, opts)
+			var tr transport.Transport
+			var err error
+			if sp.mem != nil {
+				tr, err = sp.mem.Listen(netip.MustParseAddrPort("127.0.0.1:0"))
+			} else {
+				tr, err = listen(n, c, opts)
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctrs = append(ctrs, wrap(tr))
+			ctrs = append(ctrs, tr)
 			node.Clients = append(node.Clients, ClientSpec{
 				Name: fmt.Sprintf("c%d", c), Addr: tr.LocalAddr(), Ranks: Range(rank, rank+uint32(sp.ranksPerClient)-1),
 			})
@@ -183,7 +201,7 @@ func startCluster(t testing.TB, sp spec) *testCluster {
 		var srow []*sink
 		for c := range sp.clientsPerNode {
 			sk := &sink{got: map[msgID]int{}}
-			opts := ClientOptions{Transport: clientTrs[n][c]}
+			opts := ClientOptions{Transport: clientTrs[n][c], Clock: sp.clock}
 			if sp.handler {
 				opts.Handler = func(rank uint32, payload []byte) {
 					if sp.onMsg != nil {
@@ -210,7 +228,7 @@ func startCluster(t testing.TB, sp spec) *testCluster {
 // startAgent starts node n's agent on trs.
 func (tc *testCluster) startAgent(n int, trs []transport.Transport) {
 	tc.t.Helper()
-	a, err := NewAgent(tc.cfg, tc.cfg.Nodes[n].Name, AgentOptions{Transports: trs, Drain: tc.sp.drain, Logger: testLogger(tc.t)})
+	a, err := NewAgent(tc.cfg, tc.cfg.Nodes[n].Name, AgentOptions{Transports: trs, Drain: tc.sp.drain, Logger: testLogger(tc.t), Clock: tc.sp.clock})
 	if err != nil {
 		tc.t.Fatal(err)
 	}
@@ -234,14 +252,24 @@ func (tc *testCluster) restartAgent(n int) {
 	addr := tc.agents[n].Addr()
 	tc.stops[n]()
 	<-tc.dones[n]
-	opts := udp.Options{ReadBuffer: tc.cfg.SocketBuffer, WriteBuffer: tc.cfg.SocketBuffer, MaxPayload: tc.sp.maxPayload, Steer: KernelSteer()}
-	group, err := udp.ListenGroup(addr, tc.cfg.Workers, opts)
-	if err != nil {
-		tc.t.Fatal(err)
-	}
 	var trs []transport.Transport
-	for _, g := range group {
-		trs = append(trs, g)
+	if tc.sp.mem != nil {
+		group, err := tc.sp.mem.ListenGroup(addr, tc.cfg.Workers, memSteer(KernelSteer()))
+		if err != nil {
+			tc.t.Fatal(err)
+		}
+		for _, g := range group {
+			trs = append(trs, g)
+		}
+	} else {
+		opts := udp.Options{ReadBuffer: tc.cfg.SocketBuffer, WriteBuffer: tc.cfg.SocketBuffer, MaxPayload: tc.sp.maxPayload, Steer: KernelSteer()}
+		group, err := udp.ListenGroup(addr, tc.cfg.Workers, opts)
+		if err != nil {
+			tc.t.Fatal(err)
+		}
+		for _, g := range group {
+			trs = append(trs, g)
+		}
 	}
 	tc.startAgent(n, trs)
 }
@@ -295,6 +323,12 @@ func (s *sink) add(mine Ranks, rank uint32, p []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.count.Add(1)
+	if s.notify != nil {
+		select {
+		case s.notify <- struct{}{}:
+		default:
+		}
+	}
 	if !mine.Contains(rank) {
 		s.bad = append(s.bad, fmt.Sprintf("message for rank %d, not ours", rank))
 		return
@@ -330,58 +364,111 @@ func recvInto(ctx context.Context, c *Client, s *sink, wg *sync.WaitGroup) {
 // waitCount waits until the sinks hold want messages in total.
 func waitCount(t testing.TB, sinks []*sink, want int64, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
+	if got, ok := arrived(sinks, want, timeout); !ok {
+		t.Fatalf("%d of %d messages arrived within %v", got, want, timeout)
+	}
+}
+
+// arrived waits until the sinks hold want messages in total, or timeout
+// passes, and returns how many they hold and whether that is want.
+func arrived(sinks []*sink, want int64, timeout time.Duration) (int64, bool) {
+	ch := make(chan struct{}, 1)
+	for _, s := range sinks {
+		s.mu.Lock()
+		s.notify = ch
+		s.mu.Unlock()
+	}
+	defer func() {
+		for _, s := range sinks {
+			s.mu.Lock()
+			s.notify = nil
+			s.mu.Unlock()
+		}
+	}()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
 	for {
 		var got int64
 		for _, s := range sinks {
 			got += s.count.Load()
 		}
 		if got >= want {
-			return
+			return got, true
 		}
+		select {
+		case <-ch:
+		case <-timer.C:
+			return got, false
+		}
+	}
+}
+
+// eventually polls cond, which reads counters that signal nothing, until
+// it holds or timeout passes.
+func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d messages arrived within %v", got, want, timeout)
+			t.Fatalf("%s: not within %v", what, timeout)
 		}
-		time.Sleep(2 * time.Millisecond)
+		<-tick.C
 	}
 }
 
-// lossy wraps a real transport and loses, duplicates and reorders what it
-// sends, as a congested veth would: the kernel sockets stay real.
-type lossy struct {
-	transport.Transport
-	mu        sync.Mutex
-	rng       *rand.Rand
-	drop, dup float64
-	reorder   float64
-	dropped   atomic.Int64
+// level is a counter that goroutines can wait on.
+type level struct {
+	mu   sync.Mutex
+	cond *sync.Cond
+	v    int64
 }
 
-func newLossy(tr transport.Transport, seed uint64, drop, dup, reorder float64) *lossy {
-	return &lossy{Transport: tr, rng: rand.New(rand.NewPCG(seed, 99)), drop: drop, dup: dup, reorder: reorder}
+func newLevel() *level {
+	l := &level{}
+	l.cond = sync.NewCond(&l.mu)
+	return l
 }
 
-func (l *lossy) Send(pkts []transport.Packet) (int, error) {
+func (l *level) add(n int64) {
 	l.mu.Lock()
-	var out []transport.Packet
-	for _, p := range pkts {
-		switch r := l.rng.Float64(); {
-		case r < l.drop:
-			l.dropped.Add(1)
-			continue
-		case r < l.drop+l.dup:
-			out = append(out, p)
-		}
-		out = append(out, p)
-		if n := len(out); n >= 2 && l.rng.Float64() < l.reorder {
-			out[n-1], out[n-2] = out[n-2], out[n-1]
-		}
-	}
+	l.v += n
 	l.mu.Unlock()
-	if _, err := transport.SendAll(l.Transport, out, nil); err != nil {
-		return 0, err
+	l.cond.Broadcast()
+}
+
+func (l *level) load() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.v
+}
+
+// wait waits until the level reaches v or ctx ends, and reports whether it
+// reached v.
+func (l *level) wait(ctx context.Context, v int64) bool {
+	stop := context.AfterFunc(ctx, func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.cond.Broadcast()
+	})
+	defer stop()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for l.v < v && ctx.Err() == nil {
+		l.cond.Wait()
 	}
-	return len(pkts), nil
+	return l.v >= v
+}
+
+// memSteer steers a memnet group as s steers a SO_REUSEPORT group.
+func memSteer(s *udp.Steer) func([]byte) int {
+	return func(d []byte) int {
+		if len(d) < int(s.Offset)+4 {
+			return 0
+		}
+		return int(binary.BigEndian.Uint32(d[s.Offset:]) >> s.Shift & s.Mask)
+	}
 }
 
 // testLogger logs warnings and errors through t.

@@ -80,6 +80,7 @@ type outLink struct {
 	probeBuf      []byte
 	st            destCounters
 	isClientHop   bool
+	hop           int       // the owner's index of the next hop
 	dead          bool      // the peer stopped answering: drop, and probe until it answers
 	ctr           *counters // the owner's, for the messages a dead peer costs
 	freed         int       // buffers freed by the last credit
@@ -279,7 +280,10 @@ func (l *outLink) onCredit(ack uint32, c bundle.Credit, now, rto int64, out *[]t
 		return false
 	}
 	l.lastHeard = now
-	l.dead = false // a probe was answered: the peer is back
+	if l.dead { // a probe was answered: the peer is back
+		l.dead = false
+		l.st.dead.Store(false)
+	}
 	if seqDiff(ack, l.base) < 0 && now-l.lastProbe >= rto/8 {
 		// The receiver is behind what we know was acknowledged: a new
 		// life of it met this link through a bundle whose base was stale
@@ -351,6 +355,7 @@ func (l *outLink) maintain(now, rto, peerTimeout int64, out *[]transport.Packet)
 	if now-l.lastHeard >= peerTimeout {
 		l.reset(now)
 		l.dead = true
+		l.st.dead.Store(true)
 		return true, true
 	}
 	for q := l.base; q != l.nextSeq; q++ {

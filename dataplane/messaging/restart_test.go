@@ -2,13 +2,14 @@ package messaging
 
 import (
 	"context"
+	"errors"
 	"net/netip"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/messaging/bundle"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/memnet"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
 	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 )
@@ -122,7 +123,10 @@ func TestDeadPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	tc.clients[0][2] = c2
-	time.Sleep(100 * time.Millisecond) // a few probe intervals (peer_timeout/8)
+	eventually(t, 5*time.Second, "the agent finds the restarted client", func() bool {
+		d, _ := tc.agents[0].Stats().Dest("node0/c2")
+		return !d.PeerDead
+	})
 	for i := range uint32(50) {
 		if err := src.Send(dead, payload(1, i, dead, 100)); err != nil {
 			t.Fatal(err)
@@ -147,7 +151,7 @@ func TestAgentRestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	const count = 3000
-	var sent atomic.Int64
+	sent := newLevel()
 	errc := make(chan error, 2)
 	for n := range 2 {
 		go func() {
@@ -159,7 +163,7 @@ func TestAgentRestart(t *testing.T) {
 					errc <- err
 					return
 				}
-				sent.Add(1)
+				sent.add(1)
 				if i%100 == 99 {
 					time.Sleep(2 * time.Millisecond) // spread the traffic over the restarts
 				}
@@ -171,9 +175,7 @@ func TestAgentRestart(t *testing.T) {
 		sent int64
 		node int
 	}{{count / 2, 0}, {count, 1}, {3 * count / 2, 0}} {
-		for sent.Load() < at.sent && ctx.Err() == nil {
-			time.Sleep(time.Millisecond)
-		}
+		sent.wait(ctx, at.sent)
 		start := time.Now()
 		tc.restartAgent(at.node)
 		t.Logf("agent %d restarted after %d messages sent, in %v", at.node, at.sent, time.Since(start).Round(time.Millisecond))
@@ -194,10 +196,7 @@ func TestAgentRestart(t *testing.T) {
 			}
 		}
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for sinks[0].count.Load()+sinks[1].count.Load() < 2*count && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	arrived(sinks, 2*count, 10*time.Second) // what is missing is reported below
 	for n, s := range sinks {
 		s.mu.Lock()
 		for i := range uint32(count) {
@@ -289,4 +288,94 @@ func TestStaleBaseHandshake(t *testing.T) {
 	if in2.onProbe(2) || in2.next.Load() != 4 {
 		t.Fatal("a stale probe moved the link back")
 	}
+}
+
+// TestDeadAgent: a client whose agent is killed (no drain, no goodbye) does
+// not block silently. Once the agent has not answered for peer_timeout,
+// the Send waiting for a buffer and every later Send fail with ErrPeerDead,
+// Flush reports the dropped messages, and the client's stats say the next
+// hop is dead. When an agent answers on the address again, the client's
+// probes find it and messages flow. The test runs on an in-process network
+// and a clock it advances: nothing sleeps.
+func TestDeadAgent(t *testing.T) {
+	mem := memnet.New(memnet.Options{})
+	clk := newManualClock()
+	clk.quiet = func() bool { return mem.Queued() == 0 }
+	const rto = 10 * time.Millisecond
+	tc := startCluster(t, spec{mode: ModeDPU, nodes: 2, clientsPerNode: 1, ranksPerClient: 1, workers: 1,
+		mem: mem, clock: clk, handler: true,
+		tune: func(c *Config) {
+			c.TransferSize = 512
+			c.BuffersPerDest = 2
+			c.RetransmitTimeout = Duration(rto)
+			c.PeerTimeout = Duration(8 * rto)
+		}})
+	src, dst := tc.clients[0][0], uint32(1) // rank 1 is node1's client
+	ctx := context.Background()
+	if err := src.Send(dst, payload(0, 0, dst, 100)); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Flush(ctx); err != nil {
+		t.Fatalf("flush with the agent up: %v", err)
+	}
+
+	// Kill node0's agent: it stops answering, its address goes silent.
+	_ = tc.agents[0].Close()
+	<-tc.dones[0]
+	errc := make(chan error, 1)
+	sent := 0
+	go func() {
+		for i := range 100 { // 400 bytes: one bundle each; the window is 2
+			if err := src.Send(dst, payload(0, uint32(1+i), dst, 400)); err != nil {
+				errc <- err
+				return
+			}
+			sent++
+		}
+		errc <- nil
+	}()
+	var err error
+	clk.advanceUntil(t, rto, 10000, "Send to a dead agent returns", func() bool {
+		select {
+		case err = <-errc:
+			return true
+		default:
+			return false
+		}
+	})
+	if !errors.Is(err, ErrPeerDead) {
+		t.Fatalf("Send to a dead agent after %d messages: %v, want ErrPeerDead", sent, err)
+	}
+	t.Logf("after %d messages: %v", sent, err)
+	if err := src.Send(dst, payload(0, 999, dst, 10)); !errors.Is(err, ErrPeerDead) {
+		t.Errorf("Send while the agent is dead: %v, want ErrPeerDead", err)
+	}
+	if err := src.TrySend(dst, payload(0, 999, dst, 10)); !errors.Is(err, ErrPeerDead) {
+		t.Errorf("TrySend while the agent is dead: %v, want ErrPeerDead", err)
+	}
+	if err := src.Flush(ctx); !errors.Is(err, ErrPeerDead) {
+		t.Errorf("Flush while the agent is dead: %v, want ErrPeerDead", err)
+	}
+	st := src.Stats()
+	d, _ := st.Dest("node0")
+	if !d.PeerDead || d.PeerResets == 0 || st.Drops.DeadPeer == 0 {
+		t.Errorf("stats: peer_dead %v, peer_resets %d, dead_peer drops %d: want true and > 0", d.PeerDead, d.PeerResets, st.Drops.DeadPeer)
+	}
+
+	// A new agent answers on the address: the client's probes find it.
+	tc.restartAgent(0)
+	clk.advanceUntil(t, rto, 10000, "the client finds the agent again", func() bool {
+		d, _ := src.Stats().Dest("node0")
+		return !d.PeerDead
+	})
+	before := tc.sinks[1][0].count.Load()
+	if err := src.Send(dst, payload(1, 0, dst, 100)); err != nil {
+		t.Fatalf("Send after the agent came back: %v", err)
+	}
+	if err := src.Flush(ctx); err != nil {
+		t.Fatalf("Flush after the agent came back: %v", err)
+	}
+	clk.advanceUntil(t, rto, 10000, "the message after the restart arrives", func() bool {
+		return tc.sinks[1][0].count.Load() > before
+	})
 }

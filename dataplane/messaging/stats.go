@@ -64,6 +64,11 @@ type DestStats struct {
 	Probes uint64 `json:"probes"`
 	// PeerResets counts declarations that the next hop is dead.
 	PeerResets uint64 `json:"peer_resets"`
+	// PeerDead says the next hop is dead now: it stopped answering for
+	// peer_timeout (for at least one agent worker or client shard), and
+	// until it answers a probe, messages for it are dropped (agent) or
+	// refused with ErrPeerDead (client).
+	PeerDead bool `json:"peer_dead"`
 }
 
 // FlushCounts counts bundles by the reason they were sent.
@@ -188,6 +193,7 @@ func (t *DestStats) add(d DestStats) {
 	t.Blocked += d.Blocked
 	t.Probes += d.Probes
 	t.PeerResets += d.PeerResets
+	t.PeerDead = t.PeerDead || d.PeerDead
 }
 
 // flushReason is why a bundle was closed.
@@ -208,6 +214,7 @@ type destCounters struct {
 	retransmits, retransBytes atomic.Uint64
 	blocked, probes, resets   atomic.Uint64
 	flushes                   [numFlushReasons]atomic.Uint64
+	dead                      atomic.Bool // mirrors outLink.dead for Stats
 }
 
 func (c *destCounters) snapshot() DestStats {
@@ -226,6 +233,7 @@ func (c *destCounters) snapshot() DestStats {
 		Blocked:         c.blocked.Load(),
 		Probes:          c.probes.Load(),
 		PeerResets:      c.resets.Load(),
+		PeerDead:        c.dead.Load(),
 	}
 }
 

@@ -3,7 +3,6 @@ package messaging
 import (
 	"bufio"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"strconv"
@@ -11,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
 	"github.com/lovelock-dpu/lovelock/control/testenv"
@@ -27,28 +25,9 @@ func TestVethKernelDrops(t *testing.T) {
 	testenv.RequirePriv(t)
 	ns := []netns.NsHandle{testenv.NewNetNS(t), testenv.NewNetNS(t)}
 	addrs := []netip.Addr{netip.MustParseAddr("10.99.0.1"), netip.MustParseAddr("10.99.0.2")}
-	testenv.InNetNS(t, ns[0], func() error {
-		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "msg0", MTU: 1500}, PeerName: "msg1"}); err != nil {
-			return err
-		}
-		peer, err := netlink.LinkByName("msg1")
-		if err != nil {
-			return err
-		}
-		return netlink.LinkSetNsFd(peer, int(ns[1]))
-	})
-	for i, name := range []string{"msg0", "msg1"} {
-		testenv.InNetNS(t, ns[i], func() error {
-			l, err := netlink.LinkByName(name)
-			if err != nil {
-				return err
-			}
-			if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: addrs[i].AsSlice(), Mask: net.CIDRMask(24, 32)}}); err != nil {
-				return err
-			}
-			return netlink.LinkSetUp(l)
-		})
-	}
+	testenv.VethPair(t,
+		testenv.VethEnd{NS: ns[0], Name: "msg0", Addr: addrs[0].String() + "/24", MTU: 1500},
+		testenv.VethEnd{NS: ns[1], Name: "msg1", Addr: addrs[1].String() + "/24", MTU: 1500})
 	before := []int{rcvbufErrors(t, ns[0]), rcvbufErrors(t, ns[1])}
 	tc := startCluster(t, spec{mode: ModeDPU, nodes: 2, clientsPerNode: 2, ranksPerClient: 2,
 		maxPayload: udp.MaxPayloadForMTU(1500, false), readBuffer: 8 << 10,

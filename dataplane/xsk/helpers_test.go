@@ -15,7 +15,6 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -75,37 +74,9 @@ func (n *testNet) do(t testing.TB, fn func() error) {
 // the ifindexes.
 func (n *testNet) veth(t testing.TB, a, b string, aQueues int) (int, int) {
 	t.Helper()
-	var ia, ib int
-	n.do(t, func() error {
-		v := &netlink.Veth{
-			LinkAttrs:       netlink.LinkAttrs{Name: a, NumTxQueues: aQueues, NumRxQueues: aQueues},
-			PeerName:        b,
-			PeerNumTxQueues: 1,
-			PeerNumRxQueues: 1,
-		}
-		if err := netlink.LinkAdd(v); err != nil {
-			return fmt.Errorf("add veth %s: %w", a, err)
-		}
-		for _, name := range []string{a, b} {
-			if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+name+"/disable_ipv6", []byte("1"), 0); err != nil {
-				return err
-			}
-			l, err := netlink.LinkByName(name)
-			if err != nil {
-				return err
-			}
-			if err := netlink.LinkSetUp(l); err != nil {
-				return err
-			}
-			if name == a {
-				ia = l.Attrs().Index
-			} else {
-				ib = l.Attrs().Index
-			}
-		}
-		return nil
-	})
-	return ia, ib
+	return testenv.VethPair(t,
+		testenv.VethEnd{NS: n.ns, Name: a, Queues: aQueues},
+		testenv.VethEnd{NS: n.ns, Name: b})
 }
 
 // redirect attaches to ifindex, in driver mode, an XDP program that

@@ -47,29 +47,14 @@ func newTrio(t *testing.T) *trio {
 	t.Helper()
 	testenv.RequirePriv(t)
 	tr := &trio{dpu: testenv.NewNetNS(t), host: testenv.NewNetNS(t), far: testenv.NewNetNS(t)}
-	testenv.InNetNS(t, tr.dpu, func() error {
-		for _, v := range []*netlink.Veth{
-			{LinkAttrs: netlink.LinkAttrs{Name: "xa", NumTxQueues: 2, NumRxQueues: 2},
-				PeerName: "xb", PeerNumTxQueues: 2, PeerNumRxQueues: 2, PeerNamespace: netlink.NsFd(int(tr.host))},
-			{LinkAttrs: netlink.LinkAttrs{Name: "ya", NumTxQueues: 1, NumRxQueues: 1},
-				PeerName: "yb", PeerNumTxQueues: 1, PeerNumRxQueues: 1, PeerNamespace: netlink.NsFd(int(tr.far))},
-		} {
-			if err := netlink.LinkAdd(v); err != nil {
-				return fmt.Errorf("add veth %s: %w", v.Name, err)
-			}
-		}
-		var err error
-		if tr.xa, err = setup("xa", dpuIP); err != nil {
-			return err
-		}
-		tr.ya, err = setup("ya", dpuIP2)
-		return err
-	})
+	tr.xa, _ = testenv.VethPair(t,
+		testenv.VethEnd{NS: tr.dpu, Name: "xa", Addr: dpuIP + "/24", Queues: 2},
+		testenv.VethEnd{NS: tr.host, Name: "xb", Addr: hostIP + "/24", Queues: 2})
+	tr.ya, _ = testenv.VethPair(t,
+		testenv.VethEnd{NS: tr.dpu, Name: "ya", Addr: dpuIP2 + "/24"},
+		testenv.VethEnd{NS: tr.far, Name: "yb", Addr: farIP + "/24"})
 	var xaMAC, yaMAC net.HardwareAddr
 	testenv.InNetNS(t, tr.host, func() error {
-		if _, err := setup("xb", hostIP); err != nil {
-			return err
-		}
 		l, err := netlink.LinkByName("xb")
 		if err != nil {
 			return err
@@ -79,9 +64,6 @@ func newTrio(t *testing.T) *trio {
 		return netlink.AddrAdd(l, a)
 	})
 	testenv.InNetNS(t, tr.far, func() error {
-		if _, err := setup("yb", farIP); err != nil {
-			return err
-		}
 		l, err := netlink.LinkByName("yb")
 		if err != nil {
 			return err

@@ -8,14 +8,12 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf/link"
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
 	"github.com/lovelock-dpu/lovelock/bpf"
@@ -204,24 +202,9 @@ func newPair(t *testing.T) *pair {
 	t.Helper()
 	testenv.RequirePriv(t)
 	p := &pair{dpu: testenv.NewNetNS(t), host: testenv.NewNetNS(t)}
-	testenv.InNetNS(t, p.dpu, func() error {
-		v := &netlink.Veth{
-			LinkAttrs: netlink.LinkAttrs{Name: "xa", NumTxQueues: 1, NumRxQueues: 1},
-			PeerName:  "xb", PeerNumTxQueues: 1, PeerNumRxQueues: 1,
-			PeerNamespace: netlink.NsFd(int(p.host)),
-		}
-		if err := netlink.LinkAdd(v); err != nil {
-			return fmt.Errorf("add veth: %w", err)
-		}
-		idx, err := setup("xa", dpuIP)
-		p.dpuIf = idx
-		return err
-	})
-	testenv.InNetNS(t, p.host, func() error {
-		idx, err := setup("xb", hostIP)
-		p.hostIf = idx
-		return err
-	})
+	p.dpuIf, p.hostIf = testenv.VethPair(t,
+		testenv.VethEnd{NS: p.dpu, Name: "xa", Addr: dpuIP + "/24"},
+		testenv.VethEnd{NS: p.host, Name: "xb", Addr: hostIP + "/24"})
 	s, err := bpf.Load(bpf.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -249,24 +232,6 @@ func newPair(t *testing.T) *pair {
 }
 
 // setup turns IPv6 off on name, gives it addr/24 and brings it up.
-func setup(name, addr string) (int, error) {
-	if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+name+"/disable_ipv6", []byte("1"), 0); err != nil {
-		return 0, err
-	}
-	l, err := netlink.LinkByName(name)
-	if err != nil {
-		return 0, err
-	}
-	a, err := netlink.ParseAddr(addr + "/24")
-	if err != nil {
-		return 0, err
-	}
-	if err := netlink.AddrAdd(l, a); err != nil {
-		return 0, err
-	}
-	return l.Attrs().Index, netlink.LinkSetUp(l)
-}
-
 // open opens an xdp transport in the dpu namespace and registers it.
 func (p *pair) open(t *testing.T, opts Options) *Transport {
 	t.Helper()

@@ -1,0 +1,225 @@
+package messaging
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/messaging/bundle"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
+)
+
+// delivery is a bundle waiting for the consumer.
+type delivery struct {
+	l    *inLink
+	item rxWork
+	buf  *[]byte // the receive buffer it lives in, returned when consumed
+}
+
+// deliveryQueue is the FIFO between the receive goroutine and the
+// consumer. Its length is bounded by the windows the client grants, so the
+// receive goroutine never waits on it.
+type deliveryQueue struct {
+	mu     sync.Mutex
+	items  []*delivery
+	notify chan struct{}
+}
+
+func (q *deliveryQueue) push(d *delivery) {
+	q.mu.Lock()
+	q.items = append(q.items, d)
+	q.mu.Unlock()
+	select {
+	case q.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (q *deliveryQueue) pop() *delivery {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.items) == 0 {
+		return nil
+	}
+	d := q.items[0]
+	q.items[0] = nil
+	q.items = q.items[1:]
+	if len(q.items) == 0 {
+		q.items = q.items[:0:0]
+	}
+	return d
+}
+
+// receive is the goroutine that reads the socket: bundles into the
+// delivery queue (in sequence, per link), credits to the shards.
+func (c *Client) receive(ctx context.Context) {
+	defer c.wg.Done()
+	for {
+		n, err := c.tr.Recv(ctx, c.rx)
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, transport.ErrClosed) {
+				return
+			}
+			c.log.Error("messaging: client receive", "err", err)
+			select {
+			case <-time.After(10 * time.Millisecond): // a persistent error must not spin
+			case <-ctx.Done():
+				return
+			}
+			continue
+		}
+		now := c.clock()
+		for i := range n {
+			c.recv.handle(&c.rx[i], now)
+		}
+		c.recv.credits()
+		if len(c.out) > 0 {
+			_, _ = transport.SendAll(c.tr, c.out, func(transport.Packet, error) { c.ctr.drop(dropSendErrors, 1) })
+			clear(c.out)
+			c.out = c.out[:0]
+		}
+		c.recv.recycle()
+	}
+}
+
+// ours implements rxOwner: datagrams for any of the client's shards.
+func (c *Client) ours(dst Endpoint) bool {
+	return dst.IsClient() && dst.Node() == c.node && dst.Client() == c.idx
+}
+
+// admit implements rxOwner: a client takes every bundle in its window.
+func (c *Client) admit(*inLink, uint32) bool { return true }
+
+// inOrder implements rxOwner: it queues the bundle for the consumer. A
+// bundle that arrived in order keeps the receive buffer it came in, and the
+// socket gets a fresh one.
+func (c *Client) inOrder(l *inLink, item rxWork, p *transport.Packet) {
+	d := &delivery{l: l, item: item}
+	if p != nil {
+		bp := c.bufs.Get().(*[]byte)
+		*bp, p.Data = p.Data[:cap(p.Data)], (*bp)[:cap(*bp)]
+		d.buf = bp
+	}
+	c.q.push(d)
+}
+
+// credit implements rxOwner: it applies a credit to the link of the shard
+// it is for, under the shard's lock.
+func (c *Client) credit(h wire.Header, cr bundle.Credit, _ netip.AddrPort, _ []byte, now int64) {
+	c.ctr.credits.Add(1)
+	sh := Endpoint(h.Dst).Shard()
+	if sh >= len(c.shards) {
+		c.ctr.drop(dropStaleCredit, 1)
+		return
+	}
+	s := c.shards[sh]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.byPeer[h.Src]
+	if l == nil || !l.onCredit(h.Seq, cr, now, int64(c.cfg.RetransmitTimeout), &s.out) {
+		c.ctr.drop(dropStaleCredit, 1)
+		return
+	}
+	if c.hopDead[l.hop].Load() {
+		c.hopDead[l.hop].Store(false) // the peer answers again
+	}
+	s.send()
+	l.settle()
+	if l.freed > 0 || !l.busy() {
+		s.wake()
+	}
+}
+
+// next returns the next message for the consumer, waiting for one until
+// ctx is done or the client closes. The consumer lock must be held. The
+// data is valid until the next call.
+func (c *Client) next(ctx context.Context) (rxMsg, error) {
+	for {
+		if d := c.rcur; d != nil {
+			m, ok := d.l.nextMessage(&d.item, c.cfg.MaxMessageSize, &c.ctr)
+			if ok {
+				if !c.mine.Contains(m.rank) {
+					c.ctr.drop(dropUnknownRank, 1)
+					continue
+				}
+				c.ctr.messages.Add(1)
+				c.ctr.delivered.Add(1)
+				return m, nil
+			}
+			c.consumed(d)
+			c.rcur = nil
+		}
+		if d := c.q.pop(); d != nil {
+			c.rcur = d
+			continue
+		}
+		select {
+		case <-c.q.notify:
+		case <-ctx.Done():
+			return rxMsg{}, ctx.Err()
+		case <-c.ctx.Done():
+			return rxMsg{}, ErrClosed
+		}
+	}
+}
+
+// consumed returns a processed bundle's buffer and, once half the window
+// has been consumed since the last credit told the sender, sends one: a
+// sender that used its whole window is then never left waiting for the
+// retransmission timer.
+func (c *Client) consumed(d *delivery) {
+	l := d.l
+	if d.buf != nil {
+		c.bufs.Put(d.buf)
+	}
+	consumed := l.consumed.Add(1)
+	if consumed-l.advertised.Load() >= max(1, l.window/2) {
+		l.advertised.Store(consumed)
+		ack := l.next.Load()
+		var p [creditLen]byte
+		_, data := appendCredit(p[:0], c.cfg.Tenant, l.self, l.key.src, ack,
+			bundle.Credit{Session: l.key.session, Limit: consumed + l.window})
+		_, _ = transport.SendAll(c.tr, []transport.Packet{{Addr: l.peer(), Data: data}}, func(transport.Packet, error) {
+			c.ctr.drop(dropSendErrors, 1)
+		})
+	}
+}
+
+// Recv returns the next message for one of the client's ranks, waiting
+// until one arrives, ctx is done, or the client closes. It is unavailable
+// (ErrMode) when the client has a Handler. Concurrent calls each get
+// different messages.
+func (c *Client) Recv(ctx context.Context) (Message, error) {
+	if c.handler != nil {
+		return Message{}, fmt.Errorf("messaging: Recv on a client with a Handler: %w", ErrMode)
+	}
+	select {
+	case c.rlock <- struct{}{}:
+	case <-ctx.Done():
+		return Message{}, ctx.Err()
+	case <-c.ctx.Done():
+		return Message{}, ErrClosed
+	}
+	defer func() { <-c.rlock }()
+	m, err := c.next(ctx)
+	if err != nil {
+		return Message{}, err
+	}
+	return Message{Rank: m.rank, Payload: append([]byte(nil), m.data...)}, nil
+}
+
+// deliver is the goroutine that calls the Handler.
+func (c *Client) deliver(ctx context.Context) {
+	defer c.wg.Done()
+	for {
+		m, err := c.next(ctx)
+		if err != nil {
+			return
+		}
+		c.handler(m.rank, m.data)
+	}
+}

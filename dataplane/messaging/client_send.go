@@ -1,0 +1,369 @@
+package messaging
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/messaging/bundle"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+)
+
+// shard is one independent send path: its own links (send buffers and
+// windows) towards every next hop, under its own lock.
+type shard struct {
+	mu       sync.Mutex
+	c        *Client
+	idx      int
+	self     Endpoint
+	links    []*outLink // by hop, created on first use
+	byPeer   map[uint32]*outLink
+	dirty    []*outLink
+	out      []transport.Packet
+	lastSend int64
+	waitCh   chan struct{}  // closed and replaced when buffers free up
+	dirtyF   func(*outLink) // s.addDirty, bound once
+}
+
+// link returns the shard's link to hop h, creating it on first use.
+func (s *shard) link(h int32) *outLink {
+	if l := s.links[h]; l != nil {
+		return l
+	}
+	c := s.c
+	hp := c.hops[h]
+	var dst Endpoint
+	if hp.isClient {
+		dst = ClientEndpoint(hp.node, hp.client, 0)
+	} else {
+		dst = AgentEndpoint(c.node, (c.idx+s.idx)%c.cfg.Workers)
+	}
+	l := newOutLink(hp.name, hp.addr, c.cfg.Tenant, s.self, dst, c.tsize, c.cfg.BuffersPerDest, &c.ctr)
+	l.hop = int(h)
+	s.links[h] = l
+	s.byPeer[uint32(dst)] = l
+	return l
+}
+
+// addDirty puts a link whose buffer got its first record on the flush list
+// and wakes the timer goroutine.
+func (s *shard) addDirty(l *outLink) {
+	s.dirty = append(s.dirty, l)
+	s.c.kickTimers()
+}
+
+// send hands the shard's queued datagrams to the transport. The shard's
+// lock is held: the buffers must not change until the kernel has them.
+func (s *shard) send() {
+	if len(s.out) == 0 {
+		return
+	}
+	_, _ = transport.SendAll(s.c.tr, s.out, func(transport.Packet, error) { s.c.ctr.drop(dropSendErrors, 1) })
+	clear(s.out)
+	s.out = s.out[:0]
+}
+
+// wake wakes the goroutines waiting for this shard's buffers.
+func (s *shard) wake() {
+	close(s.waitCh)
+	s.waitCh = make(chan struct{})
+}
+
+// pick locks and returns a shard: the one this goroutine's processor used
+// last if it is free, else the first free one, else waits for one.
+func (c *Client) pick() *shard {
+	if s, ok := c.pool.Get().(*shard); ok && s.mu.TryLock() {
+		return s
+	}
+	n := uint32(len(c.shards))
+	start := c.rr.Add(1)
+	for i := range n {
+		if s := c.shards[(start+i)%n]; s.mu.TryLock() {
+			return s
+		}
+	}
+	s := c.shards[start%n]
+	s.mu.Lock()
+	return s
+}
+
+func (c *Client) put(s *shard) {
+	s.mu.Unlock()
+	c.pool.Put(s)
+}
+
+// Send queues payload for rank and returns without waiting for the
+// network; the payload is copied, so the caller may reuse it at once. It
+// waits only when every send buffer towards the destination is in flight
+// (the receiver is slower than the sender) until one is acknowledged, and
+// returns ErrClosed if the client closes meanwhile. It returns an error
+// wrapping ErrUnknownRank for a rank the cluster lacks, ErrTooLarge for
+// a payload above Config.MaxMessageSize, and ErrPeerDead when the next hop
+// towards rank has stopped answering (Config.PeerTimeout), before or while
+// Send waited: the message is not sent.
+func (c *Client) Send(rank uint32, payload []byte) error {
+	return c.SendContext(context.Background(), rank, payload)
+}
+
+// SendContext is Send with a context that bounds the wait for a send
+// buffer. A message larger than one bundle whose first fragments went out
+// is finished regardless of ctx, since its remaining fragments cannot be
+// taken back.
+func (c *Client) SendContext(ctx context.Context, rank uint32, payload []byte) error {
+	return c.send(ctx, rank, payload, false)
+}
+
+// TrySend is Send that never waits: if the message cannot be buffered at
+// once (for a message larger than a bundle: all of it), it writes nothing
+// and returns ErrWouldBlock.
+func (c *Client) TrySend(rank uint32, payload []byte) error {
+	return c.send(context.Background(), rank, payload, true)
+}
+
+func (c *Client) send(ctx context.Context, rank uint32, payload []byte, try bool) error {
+	if c.closed.Load() {
+		return ErrClosed
+	}
+	if len(payload) > c.cfg.MaxMessageSize {
+		return fmt.Errorf("messaging: %d-byte message, max_message_size is %d: %w", len(payload), c.cfg.MaxMessageSize, ErrTooLarge)
+	}
+	h := c.table.lookup(rank)
+	if h < 0 {
+		c.ctr.drop(dropUnknownRank, 1)
+		return fmt.Errorf("messaging: send to rank %d: %w", rank, ErrUnknownRank)
+	}
+	s := c.pick()
+	var p progress
+	waited := false
+	for {
+		l := s.link(h)
+		if l.dead || c.hopDead[h].Load() || p.started && p.epoch != l.epoch {
+			// The next hop stopped answering: nothing more is written
+			// to it, and what was (the start of this message too) is
+			// dropped and counted where the link was reset.
+			if !p.started {
+				c.ctr.drop(dropDeadPeer, 1)
+			}
+			c.put(s)
+			return c.deadErr(l, fmt.Sprintf("send to rank %d", rank))
+		}
+		if try && !l.roomFor(len(payload)) {
+			c.put(s)
+			return ErrWouldBlock
+		}
+		now := c.clock()
+		s.lastSend = now
+		ok := l.write(rank, payload, &p, now, &s.out, s.dirtyF)
+		s.send()
+		if ok {
+			c.put(s)
+			return nil
+		}
+		if !waited {
+			waited = true
+			l.st.blocked.Add(1)
+		}
+		ch := s.waitCh
+		s.mu.Unlock()
+		var done <-chan struct{}
+		if !p.started {
+			done = ctx.Done()
+		}
+		select {
+		case <-ch:
+		case <-done:
+			c.pool.Put(s)
+			return ctx.Err()
+		case <-c.ctx.Done():
+			c.pool.Put(s)
+			return ErrClosed
+		}
+		s.mu.Lock()
+	}
+}
+
+// roomFor reports whether a message of n payload bytes can be written now
+// without waiting for a buffer.
+func (l *outLink) roomFor(n int) bool {
+	if l.fragOwner != nil {
+		return false
+	}
+	avail := len(l.free) + int(l.window) - l.nbufs
+	need := bundle.RecordHeaderLen + n
+	if l.cur != nil {
+		if need <= l.tsize-len(l.cur.b) {
+			return true
+		}
+		if need <= l.room {
+			return avail >= 1 // moves whole to a fresh buffer
+		}
+		need -= l.tsize - len(l.cur.b) - bundle.RecordHeaderLen // the head fills the current one
+	} else if need <= l.room {
+		return avail >= 1
+	}
+	per := l.room - bundle.RecordHeaderLen
+	return avail >= (need+per-1)/per
+}
+
+// deadErr is the error for an operation that met the dead next hop of l.
+func (c *Client) deadErr(l *outLink, op string) error {
+	return fmt.Errorf("messaging: %s: next hop %s (%v) did not answer for %v: %w", op, l.name, l.addr, c.cfg.PeerTimeout, ErrPeerDead)
+}
+
+// peerTrouble returns the number of peer resets of the client's links so
+// far, and a link whose peer is dead now (or nil). The shards' locks must
+// not be held.
+func (c *Client) peerTrouble() (resets uint64, dead *outLink) {
+	for _, s := range c.shards {
+		s.mu.Lock()
+		for _, l := range s.links {
+			if l == nil {
+				continue
+			}
+			resets += l.st.resets.Load()
+			if (l.dead || c.hopDead[l.hop].Load()) && dead == nil {
+				dead = l
+			}
+		}
+		s.mu.Unlock()
+	}
+	return resets, dead
+}
+
+func (c *Client) kickTimers() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Flush sends every buffered message and waits until the next hops have
+// acknowledged all of them, ctx is done, or the client closes. After Flush
+// returns nil, every message sent before it has left this process. It
+// returns an error wrapping ErrPeerDead when a next hop is dead, or was
+// declared dead while Flush waited: the messages held for it were dropped.
+func (c *Client) Flush(ctx context.Context) error {
+	if c.closed.Load() {
+		return ErrClosed
+	}
+	resets, _ := c.peerTrouble()
+	for _, s := range c.shards {
+		s.mu.Lock()
+		now := c.clock()
+		for _, l := range s.links {
+			if l != nil {
+				l.close(flushExplicit, now, &s.out)
+			}
+		}
+		s.send()
+		s.mu.Unlock()
+	}
+	c.kickTimers()
+	for {
+		var wait chan struct{}
+		for _, s := range c.shards {
+			s.mu.Lock()
+			for _, l := range s.links {
+				if l != nil && (l.busy() || l.cur != nil && len(l.cur.b) > bundle.Overhead) {
+					wait = s.waitCh
+					break
+				}
+			}
+			s.mu.Unlock()
+			if wait != nil {
+				break
+			}
+		}
+		if wait == nil {
+			if now, dead := c.peerTrouble(); dead != nil {
+				return c.deadErr(dead, "flush")
+			} else if now != resets {
+				return fmt.Errorf("messaging: flush: a next hop was declared dead meanwhile and answered again; messages for it were dropped: %w", ErrPeerDead)
+			}
+			return nil
+		}
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-c.ctx.Done():
+			return ErrClosed
+		}
+	}
+}
+
+// timers is the goroutine that closes buffers on their flush timeout and
+// when a shard goes idle, and runs the links' retransmission timers.
+func (c *Client) timers(ctx context.Context) {
+	defer c.wg.Done()
+	ft, idle := int64(c.cfg.FlushTimeout), int64(c.cfg.IdleTimeout)
+	rto, peerTO := int64(c.cfg.RetransmitTimeout), int64(c.cfg.PeerTimeout)
+	t := alarm{k: c.clk, f: c.kickTimers}
+	defer t.cancel()
+	nextMaint := int64(0)
+	for {
+		now := c.clock()
+		next := int64(1<<63 - 1)
+		maint := now >= nextMaint
+		if maint {
+			nextMaint = now + rto/4
+		}
+		for _, s := range c.shards {
+			s.mu.Lock()
+			keep := s.dirty[:0]
+			for _, l := range s.dirty {
+				switch {
+				case l.cur == nil || len(l.cur.b) == bundle.Overhead:
+					l.dirty = false
+				case now-s.lastSend >= idle:
+					l.dirty = false
+					l.close(flushIdle, now, &s.out)
+				case now-l.cur.first >= ft:
+					l.dirty = false
+					l.close(flushTimeout, now, &s.out)
+				default:
+					keep = append(keep, l)
+					next = min(next, l.cur.first+ft, s.lastSend+idle)
+				}
+			}
+			clear(s.dirty[len(keep):])
+			s.dirty = keep
+			woke := false
+			for _, l := range s.links {
+				if l == nil || !l.timed() {
+					continue
+				}
+				if maint {
+					_, reset := l.maintain(now, rto, peerTO, &s.out)
+					if reset {
+						c.hopDead[l.hop].Store(true)
+						woke = true
+					}
+				}
+				if len(l.limbo) > 0 {
+					s.send()
+					l.settle()
+				}
+				if l.timed() {
+					next = min(next, nextMaint)
+				}
+			}
+			s.send()
+			if woke {
+				s.wake()
+			}
+			s.mu.Unlock()
+		}
+		wait := time.Duration(next - c.clock())
+		if next == 1<<63-1 {
+			wait = time.Hour
+		}
+		t.set(max(wait, 0))
+		select {
+		case <-c.kick: // the alarm, or a buffer that got its first record
+		case <-ctx.Done():
+			return
+		}
+	}
+}

@@ -1,0 +1,183 @@
+package xsk
+
+import (
+	"context"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
+// RecvBatch moves up to len(descs) received descriptors off the RX ring
+// into descs and returns how many. The frames now belong to the caller:
+// read them with Frame, then give them back with Recycle or send them with
+// TransmitDescs. It never blocks; 0 means the ring is empty (see Poll).
+func (s *Socket) RecvBatch(descs []Desc) (int, error) {
+	if err := s.enter(); err != nil {
+		return 0, err
+	}
+	defer s.exit()
+	if s.rx == nil {
+		return 0, s.errNoRX
+	}
+	s.rxMu.Lock()
+	defer s.rxMu.Unlock()
+	return s.recvLocked(descs), nil
+}
+
+func (s *Socket) recvLocked(descs []Desc) int {
+	u, q := s.umem, s.q
+	idx, got := s.rx.peek(uint32(min(len(descs), 1<<31)))
+	n := 0
+	if got > 0 {
+		want := kernelState(frameFill, q.id)
+		for i := range got {
+			d := *s.rx.at(idx + i)
+			if u.Frame(d) == nil {
+				u.frameErrors.Add(1)
+				continue
+			}
+			if !u.take(d.Addr>>u.shift, want, frameUser) {
+				continue
+			}
+			descs[n] = d
+			n++
+		}
+		s.rx.release()
+		q.fillOut.Add(-int64(n))
+		s.rxPackets.Add(uint64(n))
+	}
+	added := u.fillUp(q, s.rxScratch)
+	// Only zero-copy drivers ever set the fill ring's flag: the driver
+	// went to sleep on an empty fill ring and needs a kick.
+	if (n == 0 || added > 0) && s.needWakeup && q.fill.needsWakeup() {
+		_, _, _ = unix.Syscall6(unix.SYS_RECVFROM, uintptr(s.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
+		s.rxWakeups.Add(1)
+	}
+	return n
+}
+
+// Recycle gives received frames back: to the fill ring up to its target
+// level, the rest to the free list. A descriptor for a frame the caller
+// does not hold is skipped and reported as ErrInvalidDesc after the others
+// are recycled.
+func (s *Socket) Recycle(descs []Desc) error {
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.exit()
+	if s.rx == nil {
+		return s.errNoRX
+	}
+	s.rxMu.Lock()
+	defer s.rxMu.Unlock()
+	return s.recycleLocked(descs)
+}
+
+func (s *Socket) recycleLocked(descs []Desc) error {
+	if len(descs) == 0 {
+		return nil
+	}
+	u, q := s.umem, s.q
+	bad := 0
+	i := 0
+	if room := q.target.Load() - q.fillOut.Load(); room > 0 {
+		q.fillMu.Lock()
+		idx, got := q.fill.reserve(uint32(min(int64(len(descs)), room)))
+		fill := kernelState(frameFill, q.id)
+		w := uint32(0)
+		for ; i < len(descs) && w < got; i++ {
+			d := descs[i]
+			if u.Frame(d) == nil || !u.take(d.Addr>>u.shift, frameUser, fill) {
+				bad++
+				continue
+			}
+			*q.fill.at(idx + w) = d.Addr >> u.shift << u.shift
+			w++
+		}
+		q.fill.cancel(got - w)
+		if w > 0 {
+			q.fillOut.Add(int64(w))
+			q.fill.submit()
+		}
+		q.fillMu.Unlock()
+	}
+	if i < len(descs) {
+		back := s.rxScratch[:0]
+		for ; i < len(descs); i++ {
+			d := descs[i]
+			if u.Frame(d) == nil || !u.take(d.Addr>>u.shift, frameUser, frameFree) {
+				bad++
+				continue
+			}
+			back = append(back, uint32(d.Addr>>u.shift))
+		}
+		u.release(back)
+		if cap(back) > cap(s.rxScratch) {
+			s.rxScratch = back[:0]
+		}
+	}
+	if bad > 0 {
+		return fmt.Errorf("xsk %s: recycle: %d descriptors: %w", s.name, bad, ErrInvalidDesc)
+	}
+	return nil
+}
+
+// TryReceive calls fn for each packet of at most one batch and recycles
+// the frames; fn must not keep the slice. It never blocks and returns how
+// many packets it handled. fn must not call Close, RecvBatch, Recycle or
+// Receive on the same socket; it may transmit on it.
+func (s *Socket) TryReceive(fn func(frame []byte)) (int, error) {
+	if err := s.enter(); err != nil {
+		return 0, err
+	}
+	defer s.exit()
+	if s.rx == nil {
+		return 0, s.errNoRX
+	}
+	s.rxMu.Lock()
+	defer s.rxMu.Unlock()
+	n := s.recvLocked(s.rxDescs)
+	recycled := false
+	defer func() {
+		// Keep the frame accounting exact even if fn panics.
+		if !recycled {
+			_ = s.recycleLocked(s.rxDescs[:n])
+		}
+	}()
+	for _, d := range s.rxDescs[:n] {
+		fn(s.umem.Frame(d))
+	}
+	recycled = true
+	return n, s.recycleLocked(s.rxDescs[:n])
+}
+
+// Receive calls fn for every packet until ctx ends (returning ctx.Err()),
+// the socket is closed (an error wrapping ErrClosed) or its interface goes
+// away (an error wrapping ENETDOWN, within half a second). While the ring
+// is empty it spins for SocketConfig.IdleSpin, then waits in poll(2). The
+// rules for fn are TryReceive's.
+func (s *Socket) Receive(ctx context.Context, fn func(frame []byte)) error {
+	done := ctx.Done()
+	for {
+		select {
+		case <-done:
+			return ctx.Err()
+		default:
+		}
+		n, err := s.TryReceive(fn)
+		if err != nil {
+			return err
+		}
+		if n == 0 && !s.spin() {
+			ready, err := s.Poll(ctx, healthInterval)
+			if err != nil {
+				return err
+			}
+			if !ready {
+				if err := s.sockErr(); err != nil {
+					return err
+				}
+			}
+		}
+	}
+}
