@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -167,6 +169,7 @@ func TestTrafficCheck(t *testing.T) {
 
 	t.Run("rule drops a pass class", func(t *testing.T) {
 		set, _ := svc.Rules()
+		set.Rules = slices.Clone(set.Rules)
 		for i := range set.Rules {
 			if set.Rules[i].Name == "other-service" {
 				set.Rules[i].Action = rules.Drop()
@@ -213,4 +216,38 @@ func TestTrafficCheck(t *testing.T) {
 			t.Errorf("bundle tenant 7: %q, want ok", l)
 		}
 	})
+}
+
+// TestTrafficExpectFile: the example expectations cover the mix exactly,
+// and files that do not are refused before anything is sent.
+func TestTrafficExpectFile(t *testing.T) {
+	exp, err := readTrafficExpect(exampleCheck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(exp) != len(trafficMix) {
+		t.Errorf("%d expectations for %d classes", len(exp), len(trafficMix))
+	}
+	var all strings.Builder
+	all.WriteString("classes:\n")
+	for _, cl := range trafficMix {
+		fmt.Fprintf(&all, "  - {class: %q, rule: r, to: kernel}\n", cl.name)
+	}
+	for _, tc := range []struct{ name, file, want string }{
+		{"unknown class", all.String() + "  - {class: nope, rule: r, to: kernel}\n", `no class "nope"`},
+		{"twice", all.String() + fmt.Sprintf("  - {class: %q, rule: r, to: kernel}\n", trafficMix[0].name), "listed twice"},
+		{"missing", "classes:\n  - {class: \"tcp syn :23\", rule: r, to: nowhere}\n", "has no expectation"},
+		{"no rule", "classes:\n  - {class: \"tcp syn :23\", to: nowhere}\n", "want both rule and to"},
+		{"unknown field", "classes:\n  - {class: \"tcp syn :23\", rule: r, to: nowhere, via: x}\n", "unknown field"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			name := filepath.Join(t.TempDir(), "expect.yaml")
+			if err := os.WriteFile(name, []byte(tc.file), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := readTrafficExpect(name); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want %q", err, tc.want)
+			}
+		})
+	}
 }
