@@ -1,16 +1,28 @@
 package cli
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
 	ucli "github.com/urfave/cli/v2"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+	"sigs.k8s.io/yaml"
 
+	"github.com/lovelock-dpu/lovelock/bpf"
+	"github.com/lovelock-dpu/lovelock/control/api"
+	"github.com/lovelock-dpu/lovelock/control/rules"
 	"github.com/lovelock-dpu/lovelock/control/testbed"
 	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 	"github.com/lovelock-dpu/lovelock/dataplane/wire/wirelayer"
@@ -41,7 +53,7 @@ var trafficMix = []trafficClass{
 	{"mem-read tenant 3 region 5", lovelockUDP(wire.TypeMemRead, 3, 5)},
 	{"mem-read tenant 3 region 40", lovelockUDP(wire.TypeMemRead, 3, 40)},
 	{"ping tenant 9", lovelockUDP(wire.TypePing, 9, 0)},
-	{"ingress-input tenant 1", lovelockUDP(wire.TypeIngestInput, 1, 0)},
+	{"ingest-input tenant 1", lovelockUDP(wire.TypeIngestInput, 1, 0)},
 	{"plain udp :5000", func(src, dst netip.Addr, seq int) ([]gopacket.SerializableLayer, []byte) {
 		ip := &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolUDP, SrcIP: src.AsSlice(), DstIP: dst.AsSlice()}
 		udp := &layers.UDP{SrcPort: 40001, DstPort: 5000}
@@ -67,18 +79,103 @@ var trafficMix = []trafficClass{
 func trafficCommand() *ucli.Command {
 	return &ucli.Command{
 		Name:      "traffic",
-		Usage:     "send the demo's mixed traffic from a host node into its DPU",
+		Usage:     "send the demo's mixed traffic from a host node into its DPU, and check where each class went",
 		ArgsUsage: "NODE",
 		Description: "Sends raw Ethernet frames out of NODE's eth0 (an AF_PACKET socket inside the node) to the\n" +
-			"DPU at the other end: Lovelock service packets of several tenants and types, plain UDP and\n" +
-			"TCP, and malformed frames. Prints what it sent, class by class, so 'lovelock stats' can be\n" +
-			"read against it.",
+			"DPU at the other end, addressed to the DPU itself: Lovelock service packets of several\n" +
+			"tenants and types, plain UDP and TCP, and malformed frames. Prints what it sent, class by\n" +
+			"class.\n\n" +
+			"With --check FILE it also checks each class at its destination. FILE (YAML) names, for\n" +
+			"every class, the rule that must take it and where it must arrive:\n\n" +
+			"   classes:\n" +
+			"     - {class: \"tcp syn :23\", rule: block-telnet, to: nowhere}\n\n" +
+			"'to' is kernel (the DPU's stack: seen by a packet socket on the DPU's receiving\n" +
+			"interface, after XDP), nowhere (dropped, or taken by an AF_XDP socket: seen by no\n" +
+			"capture), or one of the DPU's interfaces (redirected out of it: seen at that veth's far\n" +
+			"end, e.g. p0 on the fabric's dpuN-p0). 'rule' is a rule name of the live set, or\n" +
+			"(default). The check reads the DPU's live rule set and counters from lovelockd\n" +
+			"(--socket), captures at every destination while it sends, and prints per class what\n" +
+			"was sent, which live rule takes it (the Go reference classifier) and how many packets\n" +
+			"that rule counted, where it was expected and how many arrived there (and anywhere\n" +
+			"else), and ok or FAIL; then the xsk_miss and malformed counters against the classes\n" +
+			"that should move them. It exits non-zero on any mismatch.",
 		Flags: []ucli.Flag{
 			testbedPrefixFlag(),
 			&ucli.IntFlag{Name: "count", Aliases: []string{"c"}, Value: 10, Usage: "packets of each class"},
+			&ucli.StringFlag{Name: "check", Usage: "check each class against the expectations in this YAML `FILE` (needs lovelockd's --socket)"},
 		},
 		Action: traffic,
 	}
+}
+
+// trafficExpect is the file --check reads: for each class of trafficMix,
+// the rule that must take it and where it must arrive.
+type trafficExpect struct {
+	Classes []classExpect `json:"classes"`
+}
+
+type classExpect struct {
+	Class string `json:"class"`
+	// Rule is a rule name of the live set, or trafficDefaultRule.
+	Rule string `json:"rule"`
+	// To is trafficKernel, trafficNowhere, or an interface of the DPU
+	// the class is redirected out of.
+	To string `json:"to"`
+}
+
+const (
+	trafficDefaultRule = "(default)"
+	trafficKernel      = "kernel"
+	trafficNowhere     = "nowhere"
+)
+
+// readTrafficExpect reads and checks an expectation file: every class of
+// trafficMix exactly once, nothing else.
+func readTrafficExpect(name string) (map[string]classExpect, error) {
+	data, err := os.ReadFile(name)
+	if err != nil {
+		return nil, err
+	}
+	j, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	var f trafficExpect
+	dec := json.NewDecoder(bytes.NewReader(j))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&f); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	known := map[string]bool{}
+	for _, cl := range trafficMix {
+		known[cl.name] = true
+	}
+	out := map[string]classExpect{}
+	for i, e := range f.Classes {
+		switch {
+		case !known[e.Class]:
+			return nil, fmt.Errorf("%s: class %d: no class %q (classes: %s)", name, i+1, e.Class, trafficClassNames())
+		case out[e.Class].Class != "":
+			return nil, fmt.Errorf("%s: class %q listed twice", name, e.Class)
+		case e.Rule == "" || e.To == "":
+			return nil, fmt.Errorf("%s: class %q: want both rule and to", name, e.Class)
+		}
+		out[e.Class] = e
+	}
+	for _, cl := range trafficMix {
+		if _, ok := out[cl.name]; !ok {
+			return nil, fmt.Errorf("%s: class %q has no expectation", name, cl.name)
+		}
+	}
+	return out, nil
+}
+
+func trafficClassNames() string {
+	var names []string
+	for _, cl := range trafficMix {
+		names = append(names, strconv.Quote(cl.name))
+	}
+	return strings.Join(names, ", ")
 }
 
 func traffic(c *ucli.Context) error {
@@ -102,15 +199,64 @@ func traffic(c *ucli.Context) error {
 	if me.Node == "" || len(me.Addrs) == 0 || len(peer.Addrs) == 0 {
 		return fmt.Errorf("testbed traffic: %s has no eth0 facing a DPU", from)
 	}
-	src, dst := me.Addrs[0].Addr(), peer.Addrs[0].Addr()
 	count := c.Int("count")
 	if count <= 0 {
 		return fmt.Errorf("--count %d: must be positive", count)
 	}
-
+	frames, err := trafficFrames(me, peer, count)
+	if err != nil {
+		return fmt.Errorf("testbed traffic: %w", err)
+	}
+	if file := c.String("check"); file != "" {
+		exp, err := readTrafficExpect(file)
+		if err != nil {
+			return fmt.Errorf("testbed traffic --check: %w", err)
+		}
+		return trafficCheck(c, spec, me, peer, frames, exp)
+	}
+	if err := trafficSend(spec, me, peer, frames); err != nil {
+		return err
+	}
 	tw := newTable(c.App.Writer)
-	fmt.Fprintf(tw, "CLASS\tSENT\t(%s %s -> %s %s)\n", me, src, peer, dst)
-	err := spec.Run(from, func() error {
+	fmt.Fprintf(tw, "CLASS\tSENT\t(%s %s -> %s %s)\n", me, me.Addrs[0].Addr(), peer, peer.Addrs[0].Addr())
+	for i, class := range trafficMix {
+		fmt.Fprintf(tw, "%s\t%d\t\n", class.name, len(frames[i]))
+	}
+	return tw.Flush()
+}
+
+// trafficFrames builds count Ethernet frames of every class of trafficMix
+// from me to peer, addressed to peer's first address.
+func trafficFrames(me, peer testbed.Endpoint, count int) ([][][]byte, error) {
+	src, dst := me.Addrs[0].Addr(), peer.Addrs[0].Addr()
+	eth := &layers.Ethernet{SrcMAC: testbed.MAC(me.Node, me.Iface), DstMAC: testbed.MAC(peer.Node, peer.Iface), EthernetType: layers.EthernetTypeIPv4}
+	opts := gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}
+	out := make([][][]byte, len(trafficMix))
+	for ci, class := range trafficMix {
+		for i := 0; i < count; i++ {
+			ls, raw := class.build(src, dst, i)
+			var frame []byte
+			if raw != nil {
+				// gopacket pads frames to Ethernet's minimum, which
+				// would repair the garbage: write it by hand.
+				frame = append(append(append([]byte{}, eth.DstMAC...), eth.SrcMAC...), 0x08, 0x00)
+				frame = append(frame, raw...)
+			} else {
+				buf := gopacket.NewSerializeBuffer()
+				if err := gopacket.SerializeLayers(buf, opts, append([]gopacket.SerializableLayer{eth}, ls...)...); err != nil {
+					return nil, fmt.Errorf("%s: build: %w", class.name, err)
+				}
+				frame = buf.Bytes()
+			}
+			out[ci] = append(out[ci], frame)
+		}
+	}
+	return out, nil
+}
+
+// trafficSend writes every frame out of me, class by class.
+func trafficSend(spec testbed.Spec, me, peer testbed.Endpoint, frames [][][]byte) error {
+	err := spec.Run(me.Node, func() error {
 		l, err := netlink.LinkByName(me.Iface)
 		if err != nil {
 			return err
@@ -122,34 +268,358 @@ func traffic(c *ucli.Context) error {
 		defer unix.Close(fd)
 		to := &unix.SockaddrLinklayer{Ifindex: l.Attrs().Index, Halen: 6}
 		copy(to.Addr[:], testbed.MAC(peer.Node, peer.Iface))
-		eth := &layers.Ethernet{SrcMAC: testbed.MAC(me.Node, me.Iface), DstMAC: testbed.MAC(peer.Node, peer.Iface), EthernetType: layers.EthernetTypeIPv4}
-		opts := gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}
-		for _, class := range trafficMix {
-			for i := 0; i < count; i++ {
-				ls, raw := class.build(src, dst, i)
-				var frame []byte
-				if raw != nil {
-					// gopacket pads frames to Ethernet's minimum, which
-					// would repair the garbage: write it by hand.
-					frame = append(append(append([]byte{}, eth.DstMAC...), eth.SrcMAC...), 0x08, 0x00)
-					frame = append(frame, raw...)
-				} else {
-					buf := gopacket.NewSerializeBuffer()
-					if err := gopacket.SerializeLayers(buf, opts, append([]gopacket.SerializableLayer{eth}, ls...)...); err != nil {
-						return fmt.Errorf("%s: build: %w", class.name, err)
-					}
-					frame = buf.Bytes()
-				}
+		for ci, class := range trafficMix {
+			for _, frame := range frames[ci] {
 				if err := unix.Sendto(fd, frame, 0, to); err != nil {
 					return fmt.Errorf("%s: send: %w", class.name, err)
 				}
 			}
-			fmt.Fprintf(tw, "%s\t%d\t\n", class.name, count)
 		}
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("testbed traffic from %s: %w", from, err)
+		return fmt.Errorf("testbed traffic from %s: %w", me.Node, err)
 	}
-	return tw.Flush()
+	return nil
+}
+
+// trafficPoint is a place --check watches: the DPU's stack (a packet socket
+// on its receiving interface sees what XDP passed) or the far end of one of
+// the DPU's ports (what left the DPU through it).
+type trafficPoint struct {
+	name string // trafficKernel, or the DPU's interface
+	at   testbed.Endpoint
+	fd   int
+	// seen counts arrivals per class; other counts frames of no class.
+	seen  []int
+	other int
+	done  chan struct{}
+}
+
+// trafficPoints lists the kernel of the DPU behind peer and the far end of
+// every port of that DPU.
+func trafficPoints(spec testbed.Spec, peer testbed.Endpoint) []*trafficPoint {
+	pts := []*trafficPoint{{name: trafficKernel, at: peer}}
+	for _, l := range spec.Links {
+		switch peer.Node {
+		case l.A.Node:
+			pts = append(pts, &trafficPoint{name: l.A.Iface, at: l.B})
+		case l.B.Node:
+			pts = append(pts, &trafficPoint{name: l.B.Iface, at: l.A})
+		}
+	}
+	return pts
+}
+
+// open binds a packet socket to the point's interface inside its node.
+func (p *trafficPoint) open(spec testbed.Spec) error {
+	return spec.Run(p.at.Node, func() error {
+		l, err := netlink.LinkByName(p.at.Iface)
+		if err != nil {
+			return err
+		}
+		proto := int(htons(unix.ETH_P_ALL))
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, proto)
+		if err != nil {
+			return fmt.Errorf("packet socket: %w", err)
+		}
+		// The whole mix must fit while nobody reads; a short timeout
+		// lets the reader notice when to stop.
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 16<<20)
+		tv := unix.NsecToTimeval((50 * time.Millisecond).Nanoseconds())
+		if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+			unix.Close(fd)
+			return err
+		}
+		if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: uint16(proto), Ifindex: l.Attrs().Index}); err != nil {
+			unix.Close(fd)
+			return fmt.Errorf("bind packet socket to %s: %w", p.at.Iface, err)
+		}
+		p.fd = fd
+		return nil
+	})
+}
+
+// read counts the frames that arrive, by class (classOf keys on the whole
+// frame), until stop is closed; it then closes the socket.
+func (p *trafficPoint) read(classOf map[string]int, stop <-chan struct{}) {
+	p.seen = make([]int, len(trafficMix))
+	p.done = make(chan struct{})
+	go func() {
+		defer close(p.done)
+		defer unix.Close(p.fd)
+		buf := make([]byte, 1<<16)
+		for {
+			n, from, err := unix.Recvfrom(p.fd, buf, 0)
+			if err != nil {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
+					continue
+				}
+				return
+			}
+			// Frames the interface sends (the bridge flooding, the
+			// DPU's replies) are not arrivals.
+			if ll, ok := from.(*unix.SockaddrLinklayer); ok && ll.Pkttype == unix.PACKET_OUTGOING {
+				continue
+			}
+			if ci, ok := classOf[string(buf[:n])]; ok {
+				p.seen[ci]++
+			} else {
+				p.other++
+			}
+		}
+	}()
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// trafficCheck sends the mix while capturing at every destination and
+// prints, per class, what was sent, counted and where it arrived.
+func trafficCheck(c *ucli.Context, spec testbed.Spec, me, peer testbed.Endpoint, frames [][][]byte, exp map[string]classExpect) error {
+	ctx := c.Context
+	cl := client(c)
+	set, err := cl.Rules(ctx)
+	if err != nil {
+		return fmt.Errorf("testbed traffic --check: the live rule set of %s: %w", peer.Node, err)
+	}
+	status, err := cl.Status(ctx)
+	if err != nil {
+		return fmt.Errorf("testbed traffic --check: %w", err)
+	}
+	// Interface names in rules and verdicts are the DPU's: resolve them
+	// inside its namespace.
+	var classifier *rules.Classifier
+	var ifindex int
+	ifname := map[int]string{}
+	err = spec.Run(peer.Node, func() error {
+		var err error
+		if classifier, err = rules.NewClassifier(&set, rules.LinkResolver, status.Port); err != nil {
+			return err
+		}
+		links, err := netlink.LinkList()
+		if err != nil {
+			return err
+		}
+		for _, l := range links {
+			ifname[l.Attrs().Index] = l.Attrs().Name
+			if l.Attrs().Name == peer.Iface {
+				ifindex = l.Attrs().Index
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("testbed traffic --check: the live rule set of %s: %w", peer.Node, err)
+	}
+	ruleName := map[uint32]string{0: trafficDefaultRule}
+	for _, r := range set.Rules {
+		ruleName[r.ID] = r.Name
+	}
+
+	pts := trafficPoints(spec, peer)
+	pointNames := []string{trafficKernel, trafficNowhere}
+	for _, p := range pts[1:] {
+		pointNames = append(pointNames, p.name)
+	}
+	for _, class := range trafficMix {
+		if e := exp[class.name]; !slices.Contains(pointNames, e.To) {
+			return fmt.Errorf("testbed traffic --check: class %q: to %q: want one of %s", class.name, e.To, strings.Join(pointNames, ", "))
+		}
+	}
+	classOf := map[string]int{}
+	for ci := range frames {
+		for _, f := range frames[ci] {
+			classOf[string(f)] = ci
+		}
+	}
+	stop := make(chan struct{})
+	for i, p := range pts {
+		if err := p.open(spec); err != nil {
+			close(stop)
+			for _, q := range pts[:i] {
+				<-q.done
+			}
+			return fmt.Errorf("testbed traffic --check: capture at %s %s: %w", p.at.Node, p.at.Iface, err)
+		}
+		p.read(classOf, stop)
+	}
+	stopped := false
+	halt := func() {
+		if !stopped {
+			stopped = true
+			close(stop)
+			for _, p := range pts {
+				<-p.done
+			}
+		}
+	}
+	defer halt()
+
+	before, err := cl.Stats(ctx)
+	if err != nil {
+		return fmt.Errorf("testbed traffic --check: counters: %w", err)
+	}
+	if err := trafficSend(spec, me, peer, frames); err != nil {
+		return err
+	}
+	// veth delivers within the sender's softirq; what has not arrived
+	// after the settle time is not coming.
+	time.Sleep(trafficSettle)
+	halt()
+	after, err := cl.Stats(ctx)
+	if err != nil {
+		return fmt.Errorf("testbed traffic --check: counters: %w", err)
+	}
+	return trafficReport(c.App.Writer, me, peer, frames, exp, pts, trafficDeltas(before, after), func(frame []byte) (string, string, bool) {
+		v := classifier.Classify(frame, uint32(ifindex))
+		action := v.Action.String()
+		switch v.Action {
+		case bpf.ActionRedirect:
+			action += ":" + ifname[int(v.Arg)]
+		case bpf.ActionXSK:
+			action += ":" + strconv.Itoa(int(v.Arg))
+		}
+		return ruleName[v.RuleID], action, v.Status.Malformed()
+	})
+}
+
+// trafficSettle is how long --check keeps capturing after the last frame.
+const trafficSettle = 500 * time.Millisecond
+
+// counterDeltas are the counters' increase over the check, rules by name
+// (the default under trafficDefaultRule).
+type counterDeltas struct {
+	rules    map[string]uint64
+	verdicts map[string]uint64
+}
+
+func trafficDeltas(before, after api.Stats) counterDeltas {
+	d := counterDeltas{rules: map[string]uint64{}, verdicts: map[string]uint64{}}
+	prev := map[string]uint64{trafficDefaultRule: before.Default.Packets}
+	for _, r := range before.Rules {
+		prev[r.Name] = r.Counter.Packets
+	}
+	d.rules[trafficDefaultRule] = after.Default.Packets - before.Default.Packets
+	for _, r := range after.Rules {
+		// A rule new since the first read started from zero.
+		d.rules[r.Name] = r.Counter.Packets - min(prev[r.Name], r.Counter.Packets)
+	}
+	for name, v := range after.Verdicts {
+		d.verdicts[name] = v.Packets - min(before.Verdicts[name].Packets, v.Packets)
+	}
+	return d
+}
+
+// trafficReport prints the check's table and returns an error naming what
+// failed. classify says which live rule takes a frame, its action, and
+// whether the frame is malformed.
+func trafficReport(w io.Writer, me, peer testbed.Endpoint, frames [][][]byte, exp map[string]classExpect, pts []*trafficPoint,
+	d counterDeltas, classify func([]byte) (rule, action string, malformed bool)) error {
+	type row struct {
+		rule, action string
+		malformed    bool
+	}
+	rows := make([]row, len(trafficMix))
+	wantRule := map[string]uint64{}
+	var wantMiss, wantMalformed uint64
+	for ci, class := range trafficMix {
+		r := &rows[ci]
+		r.rule, r.action, r.malformed = classify(frames[ci][0])
+		n := uint64(len(frames[ci]))
+		wantRule[r.rule] += n
+		if r.malformed {
+			wantMalformed += n
+		}
+		// An xsk verdict that the kernel received had no socket.
+		if strings.HasPrefix(r.action, "xsk") && exp[class.name].To == trafficKernel {
+			wantMiss += n
+		}
+	}
+
+	var failed []string
+	tw := newTable(w)
+	fmt.Fprintf(tw, "CLASS\tSENT\tRULE\tACTION\tCOUNTED\tEXPECTED AT\tARRIVED\tRESULT\t(%s -> %s %s)\n", me, peer, peer.Addrs[0].Addr())
+	for ci, class := range trafficMix {
+		e, r := exp[class.name], rows[ci]
+		sent := len(frames[ci])
+		ok := true
+		rule := r.rule
+		if r.rule != e.Rule {
+			rule += " (want " + e.Rule + ")"
+			ok = false
+		}
+		counted := strconv.Itoa(sent)
+		if got := d.rules[r.rule]; got != wantRule[r.rule] {
+			counted = fmt.Sprintf("%d by the rule, want %d", got, wantRule[r.rule])
+			ok = false
+		}
+		where, arrived := trafficWhere(e.To, pts, peer), 0
+		var elsewhere []string
+		for _, p := range pts {
+			n := p.seen[ci]
+			if p.name == e.To {
+				arrived = n
+			} else if n > 0 {
+				elsewhere = append(elsewhere, fmt.Sprintf("%d at %s", n, trafficWhere(p.name, pts, peer)))
+			}
+		}
+		arr := strconv.Itoa(arrived)
+		if len(elsewhere) > 0 {
+			arr += ", " + strings.Join(elsewhere, ", ")
+			ok = false
+		}
+		if e.To != trafficNowhere && arrived != sent {
+			ok = false
+		}
+		verdict := "ok"
+		if !ok {
+			verdict = "FAIL"
+			failed = append(failed, class.name)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n", class.name, sent, rule, r.action, counted, where, arr, verdict)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, v := range []struct {
+		name string
+		want uint64
+		why  string
+	}{
+		{"xsk_miss", wantMiss, "the classes steered to an AF_XDP queue that arrived in the kernel"},
+		{"malformed", wantMalformed, "the malformed classes, given the default action"},
+	} {
+		verdict := "ok"
+		if got := d.verdicts[v.name]; got != v.want {
+			verdict = "FAIL"
+			failed = append(failed, "counter "+v.name)
+		}
+		fmt.Fprintf(w, "counter %s: %d, want %d (%s): %s\n", v.name, d.verdicts[v.name], v.want, v.why, verdict)
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("testbed traffic --check: %d FAIL: %s", len(failed), strings.Join(failed, "; "))
+	}
+	fmt.Fprintf(w, "every class went where its rule says, and arrived there\n")
+	return nil
+}
+
+// trafficWhere names a destination for the table.
+func trafficWhere(to string, pts []*trafficPoint, peer testbed.Endpoint) string {
+	switch to {
+	case trafficNowhere:
+		return trafficNowhere
+	case trafficKernel:
+		return fmt.Sprintf("%s's kernel (%s)", peer.Node, peer.Iface)
+	}
+	for _, p := range pts {
+		if p.name == to {
+			return fmt.Sprintf("out of %s (%s %s)", to, p.at.Node, p.at.Iface)
+		}
+	}
+	return to
 }

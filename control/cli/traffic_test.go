@@ -1,0 +1,253 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+
+	"github.com/lovelock-dpu/lovelock/bpf"
+	"github.com/lovelock-dpu/lovelock/control/api"
+	"github.com/lovelock-dpu/lovelock/control/rules"
+	"github.com/lovelock-dpu/lovelock/control/testbed"
+	"github.com/lovelock-dpu/lovelock/control/testenv"
+)
+
+const (
+	exampleRules = "../../appliance/examples/rules.yaml"
+	exampleCheck = "../../appliance/examples/traffic-check.yaml"
+)
+
+// steerService is an api.Service over a real steering program attached to
+// a testbed DPU: rules compile into it, stats come from its maps. It
+// stands in for lovelockd, whose API the traffic check reads.
+type steerService struct {
+	fakeService
+	spec  testbed.Spec
+	node  string
+	steer *bpf.Steer
+	mu    sync.Mutex
+}
+
+func (s *steerService) Rules() (rules.Set, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.set, nil
+}
+
+func (s *steerService) ApplyRules(set rules.Set) (api.Applied, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range set.Rules {
+		set.Rules[i].ID = uint32(i + 1)
+	}
+	var rs *bpf.Ruleset
+	err := s.spec.Run(s.node, func() (err error) {
+		rs, err = rules.Compile(&set, rules.LinkResolver, 0)
+		return err
+	})
+	if err != nil {
+		return api.Applied{}, err
+	}
+	if err := s.steer.Apply(rs); err != nil {
+		return api.Applied{}, err
+	}
+	s.set = set
+	return api.Applied{Rules: len(set.Rules)}, nil
+}
+
+func (s *steerService) Stats() (api.Stats, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	verdicts, err := s.steer.Stats()
+	if err != nil {
+		return api.Stats{}, err
+	}
+	st := api.Stats{Verdicts: map[string]api.Counter{}}
+	for i, c := range verdicts {
+		st.Verdicts[bpf.Stat(i).String()] = c
+	}
+	if st.Default, err = s.steer.RuleCounter(0); err != nil {
+		return api.Stats{}, err
+	}
+	for _, r := range s.set.Rules {
+		c, err := s.steer.RuleCounter(r.ID)
+		if err != nil {
+			return api.Stats{}, err
+		}
+		st.Rules = append(st.Rules, api.RuleStat{Name: r.Name, ID: r.ID, Priority: r.Priority, Action: r.Action.String(), Counter: c})
+	}
+	return st, nil
+}
+
+// steerOnDPU brings up a testbed, attaches the steering program to dpu0's
+// pf0hpf and p0 as lovelockd does, and serves its API.
+func steerOnDPU(t *testing.T) (testbed.Spec, *steerService, string) {
+	t.Helper()
+	testenv.RequirePriv(t)
+	spec := testbed.DefaultSpec()
+	spec.Prefix = fmt.Sprintf("lltt%d-", os.Getpid()%100000)
+	t.Cleanup(func() {
+		if err := testbed.Down(context.Background(), spec); err != nil {
+			t.Errorf("testbed down: %v", err)
+		}
+	})
+	if err := testbed.Up(context.Background(), spec); err != nil {
+		t.Fatal(err)
+	}
+	steer, err := bpf.Load(bpf.Options{})
+	if err != nil {
+		t.Fatalf("%+v", err)
+	}
+	t.Cleanup(func() { steer.Close() })
+	err = spec.Run("dpu0", func() error {
+		for _, name := range []string{"pf0hpf", "p0"} {
+			l, err := netlink.LinkByName(name)
+			if err != nil {
+				return err
+			}
+			xl, err := steer.AttachXDP(l.Attrs().Index, link.XDPDriverMode)
+			if err != nil {
+				return fmt.Errorf("attach %s: %w", name, err)
+			}
+			t.Cleanup(func() { xl.Close() })
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := &steerService{spec: spec, node: "dpu0", steer: steer}
+	return spec, svc, serveFake(t, svc)
+}
+
+// TestTrafficCheck: with the example rules on dpu0, every class of the mix
+// goes where traffic-check.yaml says and the check passes; when a class
+// does not arrive (its rule now drops it, or the fabric cannot receive
+// redirects) the check fails on that class and exits non-zero.
+func TestTrafficCheck(t *testing.T) {
+	spec, svc, sock := steerOnDPU(t)
+	check := func(t *testing.T) (string, error) {
+		t.Helper()
+		out, _, err := runCLI(sock, "testbed", "traffic", "--prefix", spec.Prefix, "--count", "7", "--check", exampleCheck, "host0")
+		t.Logf("\n%s", out)
+		return out, err
+	}
+	classLine := func(out, class string) string {
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, class+"  ") {
+				return l
+			}
+		}
+		return ""
+	}
+	if _, _, err := runCLI(sock, "rules", "apply", "-f", exampleRules); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("example rules", func(t *testing.T) {
+		out, err := check(t)
+		if err != nil {
+			t.Fatalf("check failed: %v", err)
+		}
+		for _, class := range trafficMix {
+			if l := classLine(out, class.name); !strings.HasSuffix(strings.TrimSpace(l), "ok") {
+				t.Errorf("class %q: %q, want ok", class.name, l)
+			}
+		}
+		if !strings.Contains(out, "counter xsk_miss: 7, want 7") || !strings.Contains(out, "counter malformed: 14, want 14") {
+			t.Errorf("xsk_miss or malformed not counted as sent")
+		}
+	})
+
+	t.Run("rule drops a pass class", func(t *testing.T) {
+		set, _ := svc.Rules()
+		set.Rules = slices.Clone(set.Rules)
+		for i := range set.Rules {
+			if set.Rules[i].Name == "other-service" {
+				set.Rules[i].Action = rules.Drop()
+			}
+		}
+		if _, err := svc.ApplyRules(set); err != nil {
+			t.Fatal(err)
+		}
+		out, err := check(t)
+		if err == nil || !strings.Contains(err.Error(), "bundle tenant 7") {
+			t.Errorf("check error %v, want a FAIL naming bundle tenant 7", err)
+		}
+		for _, class := range []string{"bundle tenant 7", "mem-read tenant 3 region 40"} {
+			if l := classLine(out, class); !strings.HasSuffix(strings.TrimSpace(l), "FAIL") {
+				t.Errorf("class %q: %q, want FAIL", class, l)
+			}
+		}
+		if l := classLine(out, "tcp syn :23"); !strings.HasSuffix(strings.TrimSpace(l), "ok") {
+			t.Errorf("tcp syn :23: %q, want ok", l)
+		}
+	})
+
+	t.Run("redirects not delivered", func(t *testing.T) {
+		if _, _, err := runCLI(sock, "rules", "apply", "-f", exampleRules); err != nil {
+			t.Fatal(err)
+		}
+		// Without a program on the fabric's end, veth drops what XDP
+		// redirects into dpu0's p0: counted, never arriving.
+		err := spec.Run("fabric", func() error {
+			l, err := netlink.LinkByName("dpu0-p0")
+			if err != nil {
+				return err
+			}
+			return netlink.LinkSetXdpFd(l, -1)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := check(t)
+		if err == nil || !strings.Contains(err.Error(), "mem-read tenant 3 region 5") {
+			t.Errorf("check error %v, want a FAIL naming mem-read tenant 3 region 5", err)
+		}
+		if l := classLine(out, "bundle tenant 7"); !strings.HasSuffix(strings.TrimSpace(l), "ok") {
+			t.Errorf("bundle tenant 7: %q, want ok", l)
+		}
+	})
+}
+
+// TestTrafficExpectFile: the example expectations cover the mix exactly,
+// and files that do not are refused before anything is sent.
+func TestTrafficExpectFile(t *testing.T) {
+	exp, err := readTrafficExpect(exampleCheck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(exp) != len(trafficMix) {
+		t.Errorf("%d expectations for %d classes", len(exp), len(trafficMix))
+	}
+	var all strings.Builder
+	all.WriteString("classes:\n")
+	for _, cl := range trafficMix {
+		fmt.Fprintf(&all, "  - {class: %q, rule: r, to: kernel}\n", cl.name)
+	}
+	for _, tc := range []struct{ name, file, want string }{
+		{"unknown class", all.String() + "  - {class: nope, rule: r, to: kernel}\n", `no class "nope"`},
+		{"twice", all.String() + fmt.Sprintf("  - {class: %q, rule: r, to: kernel}\n", trafficMix[0].name), "listed twice"},
+		{"missing", "classes:\n  - {class: \"tcp syn :23\", rule: r, to: nowhere}\n", "has no expectation"},
+		{"no rule", "classes:\n  - {class: \"tcp syn :23\", to: nowhere}\n", "want both rule and to"},
+		{"unknown field", "classes:\n  - {class: \"tcp syn :23\", rule: r, to: nowhere, via: x}\n", "unknown field"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			name := filepath.Join(t.TempDir(), "expect.yaml")
+			if err := os.WriteFile(name, []byte(tc.file), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := readTrafficExpect(name); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
