@@ -69,6 +69,7 @@ func steerLimits(spec *ebpf.CollectionSpec) []specLimit {
 	m := func(name string) func() *ebpf.MapSpec { return func() *ebpf.MapSpec { return spec.Maps[name] } }
 	return []specLimit{
 		{steerMapSteerStats, false, "STAT_MAX in bpf/steer.c", "NumStats", uint32(NumStats), m(steerMapSteerStats)},
+		{steerMapIfaceStats, false, "IFACE_SLOTS in bpf/steer.c", "IfaceSlots", uint32(IfaceSlots), m(steerMapIfaceStats)},
 		{steerMapRuleStats, false, "MAX_RULES in bpf/include/rules.h", "MaxRules", MaxRules, m(steerMapRuleStats)},
 		{steerMapRulesets, true, "RULE_TABLE_SIZE in bpf/include/rules.h", "tableSize", tableSize, m(steerMapRulesets)},
 		{steerMapXsks, false, "MAX_XSK_SLOTS in bpf/steer.c", "MaxXSKSockets", MaxXSKSockets, m(steerMapXsks)},
@@ -104,6 +105,7 @@ func checkSpec(spec *ebpf.CollectionSpec) error {
 		{spec.Maps[steerMapShapesets], "map " + steerMapShapesets, shapeset{}},
 		{spec.Maps[steerMapSteerStats], "map " + steerMapSteerStats, steerCounter{}},
 		{spec.Maps[steerMapRuleStats], "map " + steerMapRuleStats, steerCounter{}},
+		{spec.Maps[steerMapIfaceStats], "map " + steerMapIfaceStats, steerIfaceCounters{}},
 	}
 	for _, v := range values {
 		if n := binary.Size(v.val); v.ms == nil || int(v.ms.ValueSize) != n {

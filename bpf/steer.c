@@ -71,6 +71,7 @@ const struct rule_entry *unused_rule_entry __attribute__((unused));
 const enum steer_stat *unused_steer_stat __attribute__((unused));
 const enum action *unused_action __attribute__((unused));
 const enum rule_limits *unused_rule_limits __attribute__((unused));
+const enum iface_limits *unused_iface_limits __attribute__((unused));
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -78,6 +79,31 @@ struct {
 	__type(value, struct counter);
 	__uint(max_entries, STAT_MAX);
 } steer_stats SEC(".maps");
+
+/* Per-interface counters: the steer_stats set again, per slot of the
+ * interface the hook ran on (XDP and TC ingress: the arrival interface; TC
+ * egress: the one the packet leaves by), the same ifindex the flow key
+ * carries. Slot i counts ifindex i for 1 <= i < IFACE_OTHER; every ifindex
+ * from IFACE_OTHER up shares slot IFACE_OTHER ("other"), so no packet goes
+ * uncounted. An array rather than a hash map: its lookup is inlined (one
+ * per packet, the counters then updated through the pointer), where a hash
+ * lookup is kernel calls and a jhash. An enum so that bpf2go generates it
+ * for Go (-type iface_limits). */
+enum iface_limits {
+	IFACE_SLOTS = 1024,             /* slots of iface_stats */
+	IFACE_OTHER = IFACE_SLOTS - 1,  /* the slot of ifindexes >= IFACE_OTHER */
+};
+
+struct iface_counters {
+	struct counter c[STAT_MAX];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct iface_counters);
+	__uint(max_entries, IFACE_SLOTS);
+} iface_stats SEC(".maps");
 
 /* Per-rule counters, by rule ID; ID 0 counts default verdicts. */
 struct {
@@ -94,6 +120,26 @@ static __always_inline void count(void *map, __u32 idx, __u64 bytes)
 	if (c) {
 		c->packets++;
 		c->bytes += bytes;
+	}
+}
+
+/* iface_counters returns this CPU's counters of interface ifindex. */
+static __always_inline struct iface_counters *iface_counters(__u32 ifindex)
+{
+	__u32 slot = ifindex < IFACE_OTHER ? ifindex : IFACE_OTHER;
+
+	return bpf_map_lookup_elem(&iface_stats, &slot);
+}
+
+/* count_stat counts a packet of bytes under the verdict counter idx (a
+ * constant at every call, so ic->c[idx] is a fixed offset), globally and
+ * for its interface ic (NULL: only globally). */
+static __always_inline void count_stat(struct iface_counters *ic, __u32 idx, __u64 bytes)
+{
+	count(&steer_stats, idx, bytes);
+	if (ic) {
+		ic->c[idx].packets++;
+		ic->c[idx].bytes += bytes;
 	}
 }
 
@@ -114,26 +160,27 @@ static __always_inline enum ll_status parse(void *data, void *data_end, __u32 le
 }
 
 /* steer classifies a packet of len bytes that parse left in m with status
- * st, and counts it; v holds the verdict. */
-static __always_inline void steer(struct pkt_meta *m, enum ll_status st, __u32 len, struct verdict *v)
+ * st, and counts it (under interface ic too); v holds the verdict. */
+static __always_inline void steer(struct iface_counters *ic, struct pkt_meta *m, enum ll_status st, __u32 len,
+				  struct verdict *v)
 {
 	int malformed = ll_malformed(st);
 
 	if (malformed) {
 		/* Fields of a malformed packet are not trusted. */
 		__builtin_memset(&m->key, 0, sizeof(m->key));
-		count(&steer_stats, STAT_MALFORMED, len);
+		count_stat(ic, STAT_MALFORMED, len);
 	} else if (st == LL_OK) {
-		count(&steer_stats, STAT_LOVELOCK, len);
+		count_stat(ic, STAT_LOVELOCK, len);
 	}
-	count(&steer_stats, STAT_RX, len);
+	count_stat(ic, STAT_RX, len);
 
 	v->id = 0;
 	v->action = ACT_PASS;
 	v->arg = 0;
 	classify(&m->key, malformed, v);
 	if (v->id == 0 && !malformed)
-		count(&steer_stats, STAT_NO_RULE, len);
+		count_stat(ic, STAT_NO_RULE, len);
 	count(&rule_stats, v->id, len);
 }
 
@@ -145,17 +192,18 @@ int xdp_steer(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data, *data_end = (void *)(long)ctx->data_end;
 	__u64 len = bpf_xdp_get_buff_len(ctx);
+	struct iface_counters *ic = iface_counters(ctx->ingress_ifindex);
 	struct pkt_meta m;
 	struct verdict v;
 	__u32 need;
 
-	steer(&m, parse(data, data_end, len, ctx->ingress_ifindex, 0, &m, &need), len, &v);
+	steer(ic, &m, parse(data, data_end, len, ctx->ingress_ifindex, 0, &m, &need), len, &v);
 	switch (v.action) {
 	case ACT_DROP:
-		count(&steer_stats, STAT_DROP, len);
+		count_stat(ic, STAT_DROP, len);
 		return XDP_DROP;
 	case ACT_REDIRECT:
-		count(&steer_stats, STAT_REDIRECT, len);
+		count_stat(ic, STAT_REDIRECT, len);
 		return bpf_redirect(v.arg, 0);
 	case ACT_XSK:
 		/* A multi-buffer frame would need a socket bound with XDP_USE_SG;
@@ -165,17 +213,17 @@ int xdp_steer(struct xdp_md *ctx)
 			__u32 *slot = bpf_map_lookup_elem(&xsk_slots, &k);
 
 			if (slot) {
-				count(&steer_stats, STAT_XSK, len);
+				count_stat(ic, STAT_XSK, len);
 				return bpf_redirect_map(&xsks, *slot, XDP_PASS);
 			}
 		}
 		/* No socket for the queue the packet arrived on (the kernel could
 		 * not deliver it to another queue's socket), or a multi-buffer
 		 * frame: the stack gets it, nothing is lost. */
-		count(&steer_stats, STAT_XSK_MISS, len);
+		count_stat(ic, STAT_XSK_MISS, len);
 		break;
 	}
-	count(&steer_stats, STAT_PASS, len);
+	count_stat(ic, STAT_PASS, len);
 	return XDP_PASS;
 }
 
@@ -189,6 +237,7 @@ static __always_inline int tc_steer(struct __sk_buff *skb)
 	 * ingress, arrives as one super-packet whose lengths may be 0 (BIG
 	 * TCP, UDP tunnels). */
 	int gso = skb->gso_size != 0;
+	struct iface_counters *ic;
 	struct pkt_meta m;
 	struct verdict v;
 	enum ll_status st;
@@ -213,20 +262,23 @@ static __always_inline int tc_steer(struct __sk_buff *skb)
 		if (bpf_skb_pull_data(skb, want))
 			break;
 	}
-	steer(&m, st, skb->len, &v);
+	/* skb->ifindex: on ingress the arrival interface, on egress the one
+	 * the packet leaves by (the interface the hook is attached to). */
+	ic = iface_counters(skb->ifindex);
+	steer(ic, &m, st, skb->len, &v);
 	switch (v.action) {
 	case ACT_DROP:
-		count(&steer_stats, STAT_DROP, skb->len);
+		count_stat(ic, STAT_DROP, skb->len);
 		return TC_ACT_SHOT;
 	case ACT_REDIRECT:
-		count(&steer_stats, STAT_REDIRECT, skb->len);
+		count_stat(ic, STAT_REDIRECT, skb->len);
 		return bpf_redirect(v.arg, 0);
 	case ACT_XSK:
 		/* AF_XDP sockets are reachable from XDP only. */
-		count(&steer_stats, STAT_XSK_TC, skb->len);
+		count_stat(ic, STAT_XSK_TC, skb->len);
 		break;
 	}
-	count(&steer_stats, STAT_PASS, skb->len);
+	count_stat(ic, STAT_PASS, skb->len);
 	return TC_ACT_OK;
 }
 

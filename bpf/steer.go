@@ -62,6 +62,7 @@ const (
 	PinProgTCEgress  = "tc_egress"
 	PinProgXDPPass   = "xdp_pass"
 	PinStats         = "steer_stats"
+	PinIfaceStats    = "iface_stats"
 	PinRuleStats     = "rule_stats"
 	PinRulesets      = "rulesets"
 	PinXSKs          = "xsks"
@@ -85,13 +86,14 @@ type Steer struct {
 	TCEgress  *ebpf.Program // classifier for TC egress
 	XDPPass   *ebpf.Program // pass-through for peers of veth redirect targets
 
-	stats     *ebpf.Map
-	ruleStats *ebpf.Map
-	rulesets  *ebpf.Map
-	shapesets *ebpf.Map
-	activeSet *ebpf.Map
-	xsks      *ebpf.Map
-	xskSlots  *ebpf.Map
+	stats      *ebpf.Map
+	ifaceStats *ebpf.Map
+	ruleStats  *ebpf.Map
+	rulesets   *ebpf.Map
+	shapesets  *ebpf.Map
+	activeSet  *ebpf.Map
+	xsks       *ebpf.Map
+	xskSlots   *ebpf.Map
 
 	inner *ebpf.MapSpec // template of a rule table
 }
@@ -105,7 +107,7 @@ func (s *Steer) pins() []struct {
 		obj  interface{ Pin(string) error }
 	}{
 		{PinProgXDP, s.XDP}, {PinProgTCIngress, s.TCIngress}, {PinProgTCEgress, s.TCEgress},
-		{PinProgXDPPass, s.XDPPass}, {PinStats, s.stats}, {PinRuleStats, s.ruleStats},
+		{PinProgXDPPass, s.XDPPass}, {PinStats, s.stats}, {PinIfaceStats, s.ifaceStats}, {PinRuleStats, s.ruleStats},
 		{PinRulesets, s.rulesets}, {PinShapesets, s.shapesets}, {PinActiveSet, s.activeSet}, {PinXSKs, s.xsks}, {PinXSKSlots, s.xskSlots},
 	}
 }
@@ -139,7 +141,7 @@ func load(spec *ebpf.CollectionSpec, opts Options) (*Steer, error) {
 	}
 	return &Steer{
 		XDP: objs.XdpSteer, TCIngress: objs.TcIngress, TCEgress: objs.TcEgress, XDPPass: objs.XdpPass,
-		stats: objs.SteerStats, ruleStats: objs.RuleStats, rulesets: objs.Rulesets, shapesets: objs.Shapesets, activeSet: objs.ActiveSet, xsks: objs.Xsks, xskSlots: objs.XskSlots,
+		stats: objs.SteerStats, ifaceStats: objs.IfaceStats, ruleStats: objs.RuleStats, rulesets: objs.Rulesets, shapesets: objs.Shapesets, activeSet: objs.ActiveSet, xsks: objs.Xsks, xskSlots: objs.XskSlots,
 		inner: spec.Maps[steerMapRulesets].InnerMap,
 	}, nil
 }
@@ -185,7 +187,7 @@ func OpenPinned(dir string) (*Steer, error) {
 	maps := []struct {
 		pin string
 		dst **ebpf.Map
-	}{{PinStats, &s.stats}, {PinRuleStats, &s.ruleStats}, {PinRulesets, &s.rulesets}, {PinShapesets, &s.shapesets}, {PinActiveSet, &s.activeSet}, {PinXSKs, &s.xsks}, {PinXSKSlots, &s.xskSlots}}
+	}{{PinStats, &s.stats}, {PinIfaceStats, &s.ifaceStats}, {PinRuleStats, &s.ruleStats}, {PinRulesets, &s.rulesets}, {PinShapesets, &s.shapesets}, {PinActiveSet, &s.activeSet}, {PinXSKs, &s.xsks}, {PinXSKSlots, &s.xskSlots}}
 	for _, m := range maps {
 		mp, err := ebpf.LoadPinnedMap(filepath.Join(dir, m.pin), nil)
 		if err != nil {
@@ -246,6 +248,65 @@ func (s *Steer) Stats() ([]Counter, error) {
 			return nil, fmt.Errorf("steer: read %s: %w", Stat(i), err)
 		}
 		out[i] = c
+	}
+	return out, nil
+}
+
+// Per-interface counters (map iface_stats): the counters Stats reads, kept
+// again per interface the steering hook ran on (XDP and TC ingress: the
+// arrival interface; TC egress: the interface the packet leaves by).
+const (
+	// IfaceSlots is how many interfaces have counters of their own,
+	// IFACE_SLOTS in bpf/steer.c (the map's size, checked at load).
+	IfaceSlots = int(steerIfaceLimitsIFACE_SLOTS)
+	// IfaceOther is the slot that every ifindex from IfaceOther up shares:
+	// ifindexes 1..IfaceOther-1 have a slot each, larger ones are counted
+	// together under IfaceOther, so no packet goes uncounted.
+	IfaceOther = uint32(steerIfaceLimitsIFACE_OTHER)
+)
+
+// IfaceStats reads the per-interface counters, summed over CPUs: slot
+// (ifindex, or IfaceOther for every ifindex from IfaceOther up) to counters
+// indexed by Stat. Slots that counted no packet are left out. Every packet
+// is counted under exactly one slot, so the sum over slots of each counter
+// is Stats' (on a data plane loaded with the per-interface map; after an
+// upgrade from a build without it, the sum counts from the upgrade on).
+func (s *Steer) IfaceStats() (map[uint32][]Counter, error) {
+	if s.ifaceStats == nil {
+		return nil, fmt.Errorf("steer: read per-interface counters: no map %s", PinIfaceStats)
+	}
+	ncpu, err := ebpf.PossibleCPU()
+	if err != nil {
+		return nil, fmt.Errorf("steer: %w", err)
+	}
+	// One batch of every slot: a lookup per slot would be IfaceSlots
+	// syscalls per scrape.
+	n := int(s.ifaceStats.MaxEntries())
+	keys := make([]uint32, n)
+	vals := make([]steerIfaceCounters, n*ncpu)
+	var cursor ebpf.MapBatchCursor
+	got, err := s.ifaceStats.BatchLookup(&cursor, keys, vals, nil)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return nil, fmt.Errorf("steer: read per-interface counters: %w", err)
+	}
+	out := make(map[uint32][]Counter)
+	for i := 0; i < got; i++ {
+		var sum []Counter
+		for _, v := range vals[i*ncpu : (i+1)*ncpu] {
+			if v.C[StatRX].Packets == 0 {
+				continue // every packet counts under rx
+			}
+			if sum == nil {
+				sum = make([]Counter, NumStats)
+			}
+			for j := range sum {
+				sum[j].Packets += v.C[j].Packets
+				sum[j].Bytes += v.C[j].Bytes
+			}
+		}
+		if sum != nil {
+			out[keys[i]] = sum
+		}
 	}
 	return out, nil
 }
@@ -342,7 +403,7 @@ func (s *Steer) ClearXSK(ifindex int, queue uint32) error {
 // Close releases this process's handles.
 func (s *Steer) Close() error {
 	var errs []error
-	for _, c := range []interface{ Close() error }{s.XDP, s.TCIngress, s.TCEgress, s.XDPPass, s.stats, s.ruleStats, s.rulesets, s.shapesets, s.activeSet, s.xsks, s.xskSlots} {
+	for _, c := range []interface{ Close() error }{s.XDP, s.TCIngress, s.TCEgress, s.XDPPass, s.stats, s.ifaceStats, s.ruleStats, s.rulesets, s.shapesets, s.activeSet, s.xsks, s.xskSlots} {
 		switch v := c.(type) {
 		case *ebpf.Program:
 			if v != nil {

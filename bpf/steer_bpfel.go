@@ -43,6 +43,18 @@ type steerFlowKey struct {
 	Rank    uint32
 }
 
+type steerIfaceCounters struct {
+	_ structs.HostLayout
+	C [10]steerCounter
+}
+
+type steerIfaceLimits uint32
+
+const (
+	steerIfaceLimitsIFACE_SLOTS steerIfaceLimits = 1024
+	steerIfaceLimitsIFACE_OTHER steerIfaceLimits = 1023
+)
+
 type steerRuleEntry struct {
 	_      structs.HostLayout
 	Key    steerFlowKey
@@ -106,22 +118,24 @@ type steerXskKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	steerMapActiveSet        = "active_set"
-	steerMapRuleStats        = "rule_stats"
-	steerMapRulesets         = "rulesets"
-	steerMapShapesets        = "shapesets"
-	steerMapSteerStats       = "steer_stats"
-	steerMapXskSlots         = "xsk_slots"
-	steerMapXsks             = "xsks"
-	steerProgTcEgress        = "tc_egress"
-	steerProgTcIngress       = "tc_ingress"
-	steerProgXdpPass         = "xdp_pass"
-	steerProgXdpSteer        = "xdp_steer"
-	steerVarLlPort           = "ll_port"
-	steerVarUnusedAction     = "unused_action"
-	steerVarUnusedRuleEntry  = "unused_rule_entry"
-	steerVarUnusedRuleLimits = "unused_rule_limits"
-	steerVarUnusedSteerStat  = "unused_steer_stat"
+	steerMapActiveSet         = "active_set"
+	steerMapIfaceStats        = "iface_stats"
+	steerMapRuleStats         = "rule_stats"
+	steerMapRulesets          = "rulesets"
+	steerMapShapesets         = "shapesets"
+	steerMapSteerStats        = "steer_stats"
+	steerMapXskSlots          = "xsk_slots"
+	steerMapXsks              = "xsks"
+	steerProgTcEgress         = "tc_egress"
+	steerProgTcIngress        = "tc_ingress"
+	steerProgXdpPass          = "xdp_pass"
+	steerProgXdpSteer         = "xdp_steer"
+	steerVarLlPort            = "ll_port"
+	steerVarUnusedAction      = "unused_action"
+	steerVarUnusedIfaceLimits = "unused_iface_limits"
+	steerVarUnusedRuleEntry   = "unused_rule_entry"
+	steerVarUnusedRuleLimits  = "unused_rule_limits"
+	steerVarUnusedSteerStat   = "unused_steer_stat"
 )
 
 // loadSteer returns the embedded CollectionSpec for steer.
@@ -177,6 +191,7 @@ type steerProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerMapSpecs struct {
 	ActiveSet  *ebpf.MapSpec `ebpf:"active_set"`
+	IfaceStats *ebpf.MapSpec `ebpf:"iface_stats"`
 	RuleStats  *ebpf.MapSpec `ebpf:"rule_stats"`
 	Rulesets   *ebpf.MapSpec `ebpf:"rulesets"`
 	Shapesets  *ebpf.MapSpec `ebpf:"shapesets"`
@@ -189,11 +204,12 @@ type steerMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerVariableSpecs struct {
-	LlPort           *ebpf.VariableSpec `ebpf:"ll_port"`
-	UnusedAction     *ebpf.VariableSpec `ebpf:"unused_action"`
-	UnusedRuleEntry  *ebpf.VariableSpec `ebpf:"unused_rule_entry"`
-	UnusedRuleLimits *ebpf.VariableSpec `ebpf:"unused_rule_limits"`
-	UnusedSteerStat  *ebpf.VariableSpec `ebpf:"unused_steer_stat"`
+	LlPort            *ebpf.VariableSpec `ebpf:"ll_port"`
+	UnusedAction      *ebpf.VariableSpec `ebpf:"unused_action"`
+	UnusedIfaceLimits *ebpf.VariableSpec `ebpf:"unused_iface_limits"`
+	UnusedRuleEntry   *ebpf.VariableSpec `ebpf:"unused_rule_entry"`
+	UnusedRuleLimits  *ebpf.VariableSpec `ebpf:"unused_rule_limits"`
+	UnusedSteerStat   *ebpf.VariableSpec `ebpf:"unused_steer_stat"`
 }
 
 // steerObjects contains all objects after they have been loaded into the kernel.
@@ -217,6 +233,7 @@ func (o *steerObjects) Close() error {
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerMaps struct {
 	ActiveSet  *ebpf.Map `ebpf:"active_set"`
+	IfaceStats *ebpf.Map `ebpf:"iface_stats"`
 	RuleStats  *ebpf.Map `ebpf:"rule_stats"`
 	Rulesets   *ebpf.Map `ebpf:"rulesets"`
 	Shapesets  *ebpf.Map `ebpf:"shapesets"`
@@ -228,6 +245,7 @@ type steerMaps struct {
 func (m *steerMaps) Close() error {
 	return _SteerClose(
 		m.ActiveSet,
+		m.IfaceStats,
 		m.RuleStats,
 		m.Rulesets,
 		m.Shapesets,
@@ -241,11 +259,12 @@ func (m *steerMaps) Close() error {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerVariables struct {
-	LlPort           *ebpf.Variable `ebpf:"ll_port"`
-	UnusedAction     *ebpf.Variable `ebpf:"unused_action"`
-	UnusedRuleEntry  *ebpf.Variable `ebpf:"unused_rule_entry"`
-	UnusedRuleLimits *ebpf.Variable `ebpf:"unused_rule_limits"`
-	UnusedSteerStat  *ebpf.Variable `ebpf:"unused_steer_stat"`
+	LlPort            *ebpf.Variable `ebpf:"ll_port"`
+	UnusedAction      *ebpf.Variable `ebpf:"unused_action"`
+	UnusedIfaceLimits *ebpf.Variable `ebpf:"unused_iface_limits"`
+	UnusedRuleEntry   *ebpf.Variable `ebpf:"unused_rule_entry"`
+	UnusedRuleLimits  *ebpf.Variable `ebpf:"unused_rule_limits"`
+	UnusedSteerStat   *ebpf.Variable `ebpf:"unused_steer_stat"`
 }
 
 // steerPrograms contains all programs after they have been loaded into the kernel.

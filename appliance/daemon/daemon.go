@@ -145,7 +145,7 @@ func logUpgrade(log *slog.Logger, dir string, rep *attach.UpgradeReport) {
 		log.Warn("links swapped to the pinned programs: an upgrade was interrupted", "pins", dir, "swapped", swapped)
 	} else {
 		log.Warn("data plane upgraded", "pins", dir, "why", rep.Reason, "from", rep.From.String(), "to", rep.To.String(),
-			"swapped", swapped, "counters_carried", rep.CountersCarried)
+			"swapped", swapped, "counters_carried", rep.CountersCarried, "iface_counters_carried", rep.IfaceCountersCarried)
 		if !rep.CountersCarried {
 			log.Warn("upgrade: the counters' layout changed; verdict and rule counters start from zero")
 		}
@@ -463,7 +463,44 @@ func (d *Daemon) Stats() (api.Stats, error) {
 		}
 		st.Rules = append(st.Rules, api.RuleStat{Name: r.Name, ID: r.ID, Priority: r.Priority, Action: r.Action.String(), Counter: c})
 	}
+	ifs, err := d.node.Steer.IfaceStats()
+	if err != nil {
+		return api.Stats{}, err
+	}
+	if len(ifs) > 0 {
+		st.Interfaces = make(map[string]map[string]api.Counter, len(ifs))
+		names := ifaceNames()
+		for slot, cs := range ifs {
+			name, ok := names[slot]
+			switch {
+			case slot == bpf.IfaceOther:
+				name = api.IfaceOther
+			case !ok:
+				name = api.IfaceUnknown(slot)
+			}
+			m := make(map[string]api.Counter, len(cs))
+			for i, c := range cs {
+				m[bpf.Stat(i).String()] = c
+			}
+			st.Interfaces[name] = m
+		}
+	}
 	return st, nil
+}
+
+// ifaceNames maps the ifindexes of lovelockd's network namespace to their
+// interfaces' names (the counters are kept by ifindex); empty when the
+// kernel cannot list them.
+func ifaceNames() map[uint32]string {
+	out := map[uint32]string{}
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return out
+	}
+	for _, i := range ifs {
+		out[uint32(i.Index)] = i.Name
+	}
+	return out
 }
 
 // assignIDs gives every rule of set an ID: the one the rule of the same name

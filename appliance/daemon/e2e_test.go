@@ -409,11 +409,24 @@ nodes:
 		fmt.Sprintf("lovelock_msg_received_messages_total %d", n),
 		`lovelock_msg_drops_total{reason="malformed"} 0`,
 		`lovelock_steer_packets_total{counter="rx"}`,
+		`lovelock_steer_iface_packets_total{counter="rx",iface="pf0hpf"}`,
+		`lovelock_steer_iface_bytes_total{counter="pass",iface="pf0hpf"}`,
 		"lovelock_stats_up 1",
 	} {
 		if !strings.Contains(string(metrics), want) {
 			t.Errorf("metrics lack %q", want)
 		}
+	}
+	// Per interface, by name in dpu0's namespace: only pf0hpf runs the
+	// classifier, so it counted every packet dpu0's data plane saw (read
+	// after the global counters, so at least as many).
+	ds, err := d0.client().Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pf := ds.Interfaces["pf0hpf"]
+	if rx := ds.Verdicts["rx"].Packets; len(ds.Interfaces) != 1 || pf == nil || rx == 0 || pf["rx"].Packets < rx {
+		t.Errorf("dpu0 per-interface counters %v (rx %d in all): want pf0hpf alone, with all of rx", ds.Interfaces, rx)
 	}
 }
 

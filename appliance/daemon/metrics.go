@@ -1,10 +1,12 @@
 package daemon
 
 import (
+	"fmt"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/lovelock-dpu/lovelock/bpf"
 	"github.com/lovelock-dpu/lovelock/control/api"
 )
 
@@ -17,6 +19,8 @@ var (
 	verdictBytes   = prometheus.NewDesc("lovelock_steer_bytes_total", "Bytes seen by the steering data plane, by counter.", []string{"counter"}, nil)
 	rulePackets    = prometheus.NewDesc("lovelock_rule_packets_total", "Packets matched by each rule (rule \"default\": no rule matched).", []string{"rule", "id", "action"}, nil)
 	ruleBytes      = prometheus.NewDesc("lovelock_rule_bytes_total", "Bytes matched by each rule.", []string{"rule", "id", "action"}, nil)
+	ifacePackets   = prometheus.NewDesc("lovelock_steer_iface_packets_total", fmt.Sprintf("Packets seen by the steering data plane, by interface the hook ran on (TC egress: the interface the packet leaves by; %q: every ifindex from %d up; \"if<N>\": an ifindex with no interface now) and counter.", api.IfaceOther, bpf.IfaceOther), []string{"iface", "counter"}, nil)
+	ifaceBytes     = prometheus.NewDesc("lovelock_steer_iface_bytes_total", "Bytes seen by the steering data plane, by interface and counter.", []string{"iface", "counter"}, nil)
 	upDesc         = prometheus.NewDesc("lovelock_stats_up", "1 when the data plane's counters could be read.", nil, nil)
 	healthyDesc    = prometheus.NewDesc("lovelock_healthy", "1 when lovelockd runs everything it was asked to (lovelock status: health ok), 0 when starting or degraded.", nil, nil)
 	failuresDesc   = prometheus.NewDesc("lovelock_failures", "Things lovelockd was asked to run that do not run (lovelock status lists them).", nil, nil)
@@ -24,7 +28,7 @@ var (
 )
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{verdictPackets, verdictBytes, rulePackets, ruleBytes, upDesc, healthyDesc, failuresDesc, attRunning} {
+	for _, d := range []*prometheus.Desc{verdictPackets, verdictBytes, ifacePackets, ifaceBytes, rulePackets, ruleBytes, upDesc, healthyDesc, failuresDesc, attRunning} {
 		ch <- d
 	}
 }
@@ -54,6 +58,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	for name, v := range st.Verdicts {
 		ch <- prometheus.MustNewConstMetric(verdictPackets, prometheus.CounterValue, float64(v.Packets), name)
 		ch <- prometheus.MustNewConstMetric(verdictBytes, prometheus.CounterValue, float64(v.Bytes), name)
+	}
+	for iface, cs := range st.Interfaces {
+		for name, v := range cs {
+			ch <- prometheus.MustNewConstMetric(ifacePackets, prometheus.CounterValue, float64(v.Packets), iface, name)
+			ch <- prometheus.MustNewConstMetric(ifaceBytes, prometheus.CounterValue, float64(v.Bytes), iface, name)
+		}
 	}
 	ch <- prometheus.MustNewConstMetric(rulePackets, prometheus.CounterValue, float64(st.Default.Packets), "default", "0", "default")
 	ch <- prometheus.MustNewConstMetric(ruleBytes, prometheus.CounterValue, float64(st.Default.Bytes), "default", "0", "default")

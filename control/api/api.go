@@ -21,6 +21,7 @@
 package api
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 	"time"
@@ -176,7 +177,26 @@ type Stats struct {
 	// Rules in rule set order; Default counts packets no rule matched.
 	Rules   []RuleStat `json:"rules"`
 	Default Counter    `json:"default"`
+	// Interfaces are the verdict counters again, per interface a steering
+	// hook ran on (XDP and TC ingress: the arrival interface; TC egress:
+	// the one the packet leaves by): interface name to counter name (as in
+	// Verdicts) to counter. Names are resolved in lovelockd's network
+	// namespace; an ifindex with no interface now (deleted, or its counts
+	// from before a re-creation) is "if<N>", and every ifindex from
+	// bpf.IfaceOther up is counted together under IfaceOther. Interfaces
+	// that counted nothing are left out. Summed over interfaces, each
+	// counter is Verdicts' (but after an upgrade from a build without
+	// per-interface counters, which count from the upgrade on).
+	Interfaces map[string]map[string]Counter `json:"interfaces,omitempty"`
 }
+
+// IfaceOther names, in Stats.Interfaces, the counters shared by every
+// ifindex from bpf.IfaceOther up.
+const IfaceOther = "(other)"
+
+// IfaceUnknown names, in Stats.Interfaces, the counters of an ifindex with
+// no interface now.
+func IfaceUnknown(ifindex uint32) string { return fmt.Sprintf("if%d", ifindex) }
 
 // Service is what the daemon offers through the API.
 type Service interface {

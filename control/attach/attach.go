@@ -6,7 +6,7 @@
 // Pin layout under Dir (docs/ARCHITECTURE.md, version 1):
 //
 //	xdp_steer, tc_ingress, tc_egress, xdp_pass   programs
-//	steer_stats, rule_stats, rulesets, xsks      maps
+//	steer_stats, iface_stats, rule_stats, rulesets, xsks   maps
 //	links/<hook>@<iface>                          one pinned link per attachment
 //
 // The directory is built under a temporary name and renamed into place, so

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -73,8 +74,13 @@ type UpgradeReport struct {
 	Failed []string
 	// CountersCarried is true when the verdict and per-rule counters were
 	// copied from the old maps; false when their layout changed and the
-	// new ones start from zero.
+	// new ones start from zero. The per-interface counters are carried
+	// when the old pins have them with the same layout (IfaceCountersCarried),
+	// else they count from the upgrade on.
 	CountersCarried bool
+	// IfaceCountersCarried is true when the per-interface counters were
+	// copied too; false for pins of a build without them.
+	IfaceCountersCarried bool
 }
 
 // upgrade replaces the pins of n.dir with this build's programs loaded for
@@ -112,6 +118,7 @@ func (n *Node) upgrade(port uint16, fill func(*bpf.Steer) error, reason string) 
 		return fmt.Errorf("upgrade: carry the counters: %w", err)
 	}
 	rep.CountersCarried = counters != nil
+	rep.IfaceCountersCarried = counters != nil && counters.iface
 	if counters != nil {
 		defer counters.close()
 	}
@@ -283,62 +290,60 @@ func pinAgain(from, to string) error {
 // counter is one CPU's slot of the counter maps (struct counter in C).
 type counter struct{ Packets, Bytes uint64 }
 
-// counterCopy carries the verdict and per-rule counters from the old maps
-// to the new ones: all of them before the swap (the new programs then
-// start from the old counts), and after it what the old programs counted
-// in between, added to the few slots that changed. Each addition is a read
-// and a write of one slot, so a packet the new program counts in that slot
-// in the microseconds between them is lost to the counter (not to the
-// data plane).
+// ifaceCounters is one CPU's slot of the per-interface counters (struct
+// iface_counters in C): the verdict counters again.
+type ifaceCounters [bpf.NumStats]counter
+
+// counterCopy carries the counters from the old maps to the new ones: all
+// of them before the swap (the new programs then start from the old
+// counts), and after it what the old programs counted in between, added to
+// the few slots that changed. Each addition is a read and a write of one
+// slot, so a packet the new program counts in that slot in the
+// microseconds between them is lost to the counter (not to the data
+// plane).
 type counterCopy struct {
-	names []string
-	pairs [][2]*ebpf.Map
-	snap  [][]counter
-	ncpu  int
+	maps  []mapCopy
+	iface bool // the per-interface counters are among maps
 }
 
-// carryCounters copies the counters pinned in from to those pinned in to,
-// when every counter map has the same layout in both; nil when it did not.
+// mapCopy is the carry of one counter map.
+type mapCopy interface {
+	finish() error
+	close()
+}
+
+// carryCounters copies the counters pinned in from to those pinned in to.
+// The verdict and per-rule counters are copied when both have the same
+// layout in both; nil when they did not (every map then starts from zero).
+// The per-interface counters are copied too when the old pins have them
+// with the same layout; pins of a build without them (or with another
+// number of slots) leave the new ones starting from zero, so after such an
+// upgrade they count from the upgrade on.
 func carryCounters(from, to string) (*counterCopy, error) {
-	c := &counterCopy{names: []string{bpf.PinStats, bpf.PinRuleStats}}
+	c := &counterCopy{}
 	ok := false
 	defer func() {
 		if !ok {
 			c.close()
 		}
 	}()
-	for _, name := range c.names {
-		src, err := ebpf.LoadPinnedMap(filepath.Join(from, name), &ebpf.LoadPinOptions{ReadOnly: true})
-		if err != nil {
-			return nil, nil // an older layout without it
-		}
-		dst, err := ebpf.LoadPinnedMap(filepath.Join(to, name), nil)
-		if err != nil {
-			src.Close()
-			return nil, fmt.Errorf("open new map %s: %w", name, err)
-		}
-		c.pairs = append(c.pairs, [2]*ebpf.Map{src, dst})
-		if !sameLayout(src, dst) {
-			return nil, nil
-		}
-	}
-	var err error
-	if c.ncpu, err = ebpf.PossibleCPU(); err != nil {
+	ncpu, err := ebpf.PossibleCPU()
+	if err != nil {
 		return nil, err
 	}
-	for i, p := range c.pairs {
-		vals, err := readPerCPU(p[0], c.ncpu)
-		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", c.names[i], err)
+	for _, name := range []string{bpf.PinStats, bpf.PinRuleStats} {
+		m, err := carryMap[counter](from, to, name, ncpu)
+		if err != nil || m == nil {
+			return nil, err
 		}
-		keys := make([]uint32, p[0].MaxEntries())
-		for k := range keys {
-			keys[k] = uint32(k)
-		}
-		if _, err := p[1].BatchUpdate(keys, vals, nil); err != nil {
-			return nil, fmt.Errorf("write %s: %w", c.names[i], err)
-		}
-		c.snap = append(c.snap, vals)
+		c.maps = append(c.maps, m)
+	}
+	m, err := carryMap[ifaceCounters](from, to, bpf.PinIfaceStats, ncpu)
+	if err != nil {
+		return nil, err
+	}
+	if m != nil {
+		c.maps, c.iface = append(c.maps, m), true
 	}
 	ok = true
 	return c, nil
@@ -348,46 +353,110 @@ func carryCounters(from, to string) (*counterCopy, error) {
 // runs them, and releases the maps.
 func (c *counterCopy) finish() error {
 	defer c.close()
-	for i, p := range c.pairs {
-		now, err := readPerCPU(p[0], c.ncpu)
-		if err != nil {
-			return fmt.Errorf("read %s: %w", c.names[i], err)
+	var errs []error
+	for _, m := range c.maps {
+		errs = append(errs, m.finish())
+	}
+	return errors.Join(errs...)
+}
+
+func (c *counterCopy) close() {
+	for _, m := range c.maps {
+		m.close()
+	}
+}
+
+// perCPUCopy carries one per-CPU array whose values are T, a struct of
+// uint64 counters.
+type perCPUCopy[T comparable] struct {
+	name     string
+	src, dst *ebpf.Map
+	snap     []T
+	ncpu     int
+}
+
+// carryMap copies map name pinned in from to the one pinned in to; nil
+// when from has no such map or it has another layout.
+func carryMap[T comparable](from, to, name string, ncpu int) (*perCPUCopy[T], error) {
+	src, err := ebpf.LoadPinnedMap(filepath.Join(from, name), &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		return nil, nil // an older layout without it
+	}
+	dst, err := ebpf.LoadPinnedMap(filepath.Join(to, name), nil)
+	if err != nil {
+		src.Close()
+		return nil, fmt.Errorf("open new map %s: %w", name, err)
+	}
+	c := &perCPUCopy[T]{name: name, src: src, dst: dst, ncpu: ncpu}
+	if !sameLayout[T](src, dst) {
+		c.close()
+		return nil, nil
+	}
+	vals, err := readPerCPU[T](src, ncpu)
+	if err != nil {
+		c.close()
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	keys := make([]uint32, src.MaxEntries())
+	for k := range keys {
+		keys[k] = uint32(k)
+	}
+	if _, err := dst.BatchUpdate(keys, vals, nil); err != nil {
+		c.close()
+		return nil, fmt.Errorf("write %s: %w", name, err)
+	}
+	c.snap = vals
+	return c, nil
+}
+
+func (c *perCPUCopy[T]) finish() error {
+	now, err := readPerCPU[T](c.src, c.ncpu)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", c.name, err)
+	}
+	for k := uint32(0); k < c.src.MaxEntries(); k++ {
+		was, is := c.snap[int(k)*c.ncpu:int(k+1)*c.ncpu], now[int(k)*c.ncpu:int(k+1)*c.ncpu]
+		if slices.Equal(was, is) {
+			continue
 		}
-		for k := uint32(0); k < p[0].MaxEntries(); k++ {
-			was, is := c.snap[i][int(k)*c.ncpu:int(k+1)*c.ncpu], now[int(k)*c.ncpu:int(k+1)*c.ncpu]
-			if slices.Equal(was, is) {
-				continue
-			}
-			var v []counter
-			if err := p[1].Lookup(k, &v); err != nil {
-				return fmt.Errorf("read %s[%d]: %w", c.names[i], k, err)
-			}
-			for cpu := range v {
-				v[cpu].Packets += is[cpu].Packets - was[cpu].Packets
-				v[cpu].Bytes += is[cpu].Bytes - was[cpu].Bytes
-			}
-			if err := p[1].Update(k, v, ebpf.UpdateAny); err != nil {
-				return fmt.Errorf("write %s[%d]: %w", c.names[i], k, err)
-			}
+		var v []T
+		if err := c.dst.Lookup(k, &v); err != nil {
+			return fmt.Errorf("read %s[%d]: %w", c.name, k, err)
+		}
+		for cpu := range v {
+			addSince(&v[cpu], &was[cpu], &is[cpu])
+		}
+		if err := c.dst.Update(k, v, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("write %s[%d]: %w", c.name, k, err)
 		}
 	}
 	return nil
 }
 
-func (c *counterCopy) close() {
-	for _, p := range c.pairs {
-		p[0].Close()
-		p[1].Close()
+func (c *perCPUCopy[T]) close() {
+	c.src.Close()
+	c.dst.Close()
+}
+
+// addSince adds is - was to dst, word by word: T is a struct of uint64
+// counters (sameLayout held its size to the map's values).
+func addSince[T any](dst, was, is *T) {
+	n := int(unsafe.Sizeof(*dst) / 8)
+	d := unsafe.Slice((*uint64)(unsafe.Pointer(dst)), n)
+	w := unsafe.Slice((*uint64)(unsafe.Pointer(was)), n)
+	i := unsafe.Slice((*uint64)(unsafe.Pointer(is)), n)
+	for j := range d {
+		d[j] += i[j] - w[j]
 	}
 }
 
-// readPerCPU reads a per-CPU array of counters in batches (65536 rules one
-// by one take seconds): key k's CPUs at [k*ncpu, (k+1)*ncpu).
-func readPerCPU(m *ebpf.Map, ncpu int) ([]counter, error) {
+// readPerCPU reads a per-CPU array in batches (65536 rules one by one take
+// seconds): key k's CPUs at [k*ncpu, (k+1)*ncpu).
+func readPerCPU[T any](m *ebpf.Map, ncpu int) ([]T, error) {
 	const chunk = 4096
-	out := make([]counter, 0, int(m.MaxEntries())*ncpu)
+	out := make([]T, 0, int(m.MaxEntries())*ncpu)
 	keys := make([]uint32, chunk)
-	vals := make([]counter, chunk*ncpu)
+	vals := make([]T, chunk*ncpu)
 	var cursor ebpf.MapBatchCursor
 	for {
 		n, err := m.BatchLookup(&cursor, keys, vals, nil)
@@ -405,9 +474,12 @@ func readPerCPU(m *ebpf.Map, ncpu int) ([]counter, error) {
 	}
 }
 
-func sameLayout(a, b *ebpf.Map) bool {
+// sameLayout: a and b are per-CPU arrays of the same size, keyed by u32,
+// whose values are T.
+func sameLayout[T any](a, b *ebpf.Map) bool {
+	var v T
 	return a.Type() == ebpf.PerCPUArray && a.Type() == b.Type() && a.KeySize() == b.KeySize() && a.KeySize() == 4 &&
-		a.ValueSize() == b.ValueSize() && int(a.ValueSize()) == binary.Size(counter{}) && a.MaxEntries() == b.MaxEntries()
+		a.ValueSize() == b.ValueSize() && int(a.ValueSize()) == binary.Size(v) && a.MaxEntries() == b.MaxEntries()
 }
 
 // pinnedBuild describes the programs pinned in dir, as far as it can.

@@ -359,6 +359,31 @@ rules:
 	if rep.From.Tag == rep.To.Tag || rep.From.Tag == "unknown" || rep.To.Port != 61440 || len(rep.Swapped) != 3 || len(rep.Failed) != 0 || !rep.CountersCarried {
 		t.Errorf("report %+v: want two tags, port 61440, 3 swapped, none failed, counters carried", rep)
 	}
+	// The other build's pins have no per-interface counters (otherBuild
+	// pins the maps of the layout before them): it is upgraded all the
+	// same, its verdict counters carried, and the new map counts b from
+	// the upgrade on.
+	if rep.IfaceCountersCarried {
+		t.Errorf("report %+v: per-interface counters carried from pins that have none", rep)
+	}
+	ifs, err := n.Steer.IfaceStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bIndex uint32
+	testenv.InNetNS(t, nsB, func() error {
+		l, err := netlink.LinkByName("b")
+		if err == nil {
+			bIndex = uint32(l.Attrs().Index)
+		}
+		return err
+	})
+	if c := ifs[bIndex]; c == nil || c[bpf.StatDrop].Packets != canaries {
+		t.Errorf("per-interface counters %v: want b (ifindex %d) to have counted the %d canaries dropped by the new program", ifs, bIndex, canaries)
+	}
+	if _, err := os.Stat(filepath.Join(dir, bpf.PinIfaceStats)); err != nil {
+		t.Errorf("the upgraded pins have no %s: %v", bpf.PinIfaceStats, err)
+	}
 	st, err := n.Steer.Stats()
 	if err != nil {
 		t.Fatal(err)

@@ -48,15 +48,22 @@ func (f *fakeService) AddRule(r rules.Rule) (api.Applied, error) {
 func (f *fakeService) DeleteRule(string) (api.Applied, error) { return api.Applied{}, nil }
 
 // Stats counts 100 packets of 10 bytes a second on rx and rule "web",
-// one simulated second per call.
+// one simulated second per call: 70 of them arrive on p0 and pass, 30 on
+// pf0hpf and are dropped.
 func (f *fakeService) Stats() (api.Stats, error) {
 	f.statsCalls++
 	n := uint64(f.statsCalls)
 	c := api.Counter{Packets: 100 * n, Bytes: 1000 * n}
+	p0 := api.Counter{Packets: 70 * n, Bytes: 700 * n}
+	pf := api.Counter{Packets: 30 * n, Bytes: 300 * n}
 	return api.Stats{
 		Time:     time.Unix(1e9+int64(n), 0),
 		Verdicts: map[string]api.Counter{"rx": c},
 		Rules:    []api.RuleStat{{Name: "web", ID: 1, Counter: c}},
+		Interfaces: map[string]map[string]api.Counter{
+			"pf0hpf": {"rx": pf, "drop": pf},
+			"p0":     {"rx": p0, "pass": p0},
+		},
 	}, nil
 }
 func (f *fakeService) MsgStats() (messaging.Stats, error) {

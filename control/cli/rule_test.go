@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -153,5 +154,68 @@ func TestStatsJSON(t *testing.T) {
 	r := samples[1].Rates
 	if r == nil || r.IntervalS != 1 || r.Verdicts["rx"].PPS != 100 || r.Verdicts["rx"].BPS != 8000 || r.Rules["web"].PPS != 100 {
 		t.Errorf("second sample's rates: %+v", r)
+	}
+}
+
+// TestStatsIfaces: the per-interface table has a row per interface with
+// each counter's packets and the rx rate; JSON carries the same counters,
+// and --watch JSON lines their rates.
+func TestStatsIfaces(t *testing.T) {
+	sock := serveFake(t, &fakeService{})
+	out, _, err := runCLI(sock, "stats", "--watch", "--count", "2", "--interval", "1ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(out, "\nIFACE "); n != 2 {
+		t.Fatalf("want a per-interface table in each of 2 samples, got %d:\n%s", n, out)
+	}
+	// The second sample's: 140 packets on p0 (passed), 60 on pf0hpf (dropped).
+	last := out[strings.LastIndex(out, "\nIFACE ")+1:]
+	rows := map[string][]string{}
+	for _, l := range strings.Split(last, "\n") {
+		if f := strings.Fields(l); len(f) > 0 {
+			rows[f[0]] = f
+		}
+	}
+	head := rows["IFACE"]
+	want := map[string]map[string]string{
+		"p0":     {"RX": "140", "PASS": "140", "DROP": "0", "REDIRECT": "0"},
+		"pf0hpf": {"RX": "60", "PASS": "0", "DROP": "60", "REDIRECT": "0"},
+	}
+	if head == nil {
+		t.Fatalf("no per-interface table:\n%s", last)
+	}
+	for iface, cols := range want {
+		row := rows[iface]
+		if len(row) < len(head) {
+			t.Errorf("%s: row %q, header %q", iface, row, head)
+			continue
+		}
+		for col, v := range cols {
+			if i := slices.Index(head, col); i < 0 || row[i] != v {
+				t.Errorf("%s %s: row %q under header %q, want %s", iface, col, row, head, v)
+			}
+		}
+	}
+	if !strings.Contains(last, "70 pps") || !strings.Contains(last, "30 pps") {
+		t.Errorf("rx rates of p0 (70 pps) and pf0hpf (30 pps) missing:\n%s", last)
+	}
+
+	out, _, err = runCLI(sock, "stats", "--watch", "--count", "2", "--interval", "1ms", "--output", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var s struct {
+		Interfaces map[string]map[string]struct{ Packets uint64 } `json:"interfaces"`
+		Rates      struct {
+			Interfaces map[string]map[string]struct{ PPS float64 } `json:"interfaces"`
+		} `json:"rates"`
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &s); err != nil {
+		t.Fatal(err)
+	}
+	if s.Interfaces["pf0hpf"]["drop"].Packets != 120 || s.Rates.Interfaces["pf0hpf"]["drop"].PPS != 30 || s.Rates.Interfaces["p0"]["rx"].PPS != 70 {
+		t.Errorf("JSON per interface: %+v", s)
 	}
 }

@@ -3,6 +3,9 @@ package cli
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	ucli "github.com/urfave/cli/v2"
@@ -14,8 +17,10 @@ import (
 func statsCommand() *ucli.Command {
 	return &ucli.Command{
 		Name:  "stats",
-		Usage: "show the data plane's counters: per verdict and per rule, packets, bytes and rates",
-		Description: "Counters come straight from the BPF maps. Rates need two samples: with --watch, every\n" +
+		Usage: "show the data plane's counters: per verdict, per rule and per interface, packets, bytes and rates",
+		Description: "Counters come straight from the BPF maps. The per-interface table counts each packet under the\n" +
+			"interface the steering hook ran on (TC egress: the one it leaves by); (other) holds every ifindex\n" +
+			"from 1023 up, if<N> an ifindex with no interface now. Rates need two samples: with --watch, every\n" +
 			"--interval prints the counters and the rates since the previous sample. --watch --output json\n" +
 			"prints JSON lines: one document per sample, with \"rates\" from the second on.",
 		Flags: []ucli.Flag{
@@ -115,7 +120,44 @@ func printStats(c *ucli.Context, st api.Stats, prev *api.Stats) error {
 		return err
 	}
 	fmt.Fprintln(w)
+	if len(st.Interfaces) == 0 {
+		return nil
+	}
+	// Per interface: packets of every counter, and the rate of rx.
+	tw = newTable(w)
+	fmt.Fprint(tw, "IFACE")
+	for i := bpf.Stat(0); i < bpf.NumStats; i++ {
+		fmt.Fprintf(tw, "\t%s", strings.ToUpper(i.String()))
+	}
+	fmt.Fprintln(tw, "\tRX RATE")
+	rx := bpf.StatRX.String()
+	for _, name := range ifaceOrder(st.Interfaces) {
+		cs := st.Interfaces[name]
+		fmt.Fprint(tw, name)
+		for i := bpf.Stat(0); i < bpf.NumStats; i++ {
+			fmt.Fprintf(tw, "\t%d", cs[i.String()].Packets)
+		}
+		var before api.Counter
+		if prev != nil {
+			before = prev.Interfaces[name][rx]
+		}
+		fmt.Fprintf(tw, "\t%s\n", rate(cs[rx], before))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
 	return nil
+}
+
+// ifaceOrder sorts interface names, the shared slot of large ifindexes
+// last.
+func ifaceOrder(ifs map[string]map[string]api.Counter) []string {
+	names := slices.Sorted(maps.Keys(ifs))
+	if i := slices.Index(names, api.IfaceOther); i >= 0 {
+		names = append(slices.Delete(names, i, i+1), api.IfaceOther)
+	}
+	return names
 }
 
 // statsSample is one line of `stats --watch --output json`: the counters,
@@ -132,6 +174,8 @@ type statsRates struct {
 	Verdicts  map[string]Rate `json:"verdicts"`
 	Rules     map[string]Rate `json:"rules"`
 	Default   Rate            `json:"default"`
+	// Interfaces: interface name to counter name to rate.
+	Interfaces map[string]map[string]Rate `json:"interfaces,omitempty"`
 }
 
 // Rate is packets and bits per second.
@@ -162,6 +206,16 @@ func sampleOf(st api.Stats, prev *api.Stats) statsSample {
 	}
 	for _, rs := range st.Rules {
 		r.Rules[rs.Name] = rate(rs.Counter, before[rs.ID])
+	}
+	for name, cs := range st.Interfaces {
+		if r.Interfaces == nil {
+			r.Interfaces = map[string]map[string]Rate{}
+		}
+		m := make(map[string]Rate, len(cs))
+		for c, v := range cs {
+			m[c] = rate(v, prev.Interfaces[name][c])
+		}
+		r.Interfaces[name] = m
 	}
 	s.Rates = r
 	return s
