@@ -34,6 +34,7 @@ func TestIfaceStats(t *testing.T) {
 	})
 	testenv.InNetNS(t, nsA, func() error { return addrUp("a3", "10.99.3.1/24") })
 	testenv.InNetNS(t, nsB, func() error { return addrUp("b3", "10.99.3.2/24") })
+	// (b3 is made by hand: VethPair cannot ask for an ifindex.)
 
 	s, err := bpf.Load(bpf.Options{})
 	if err != nil {
@@ -168,4 +169,20 @@ func fmtIfs(ifs map[uint32][]bpf.Counter, names map[uint32]string) string {
 		}
 	}
 	return out
+}
+
+// addrUp gives name the address and brings it up.
+func addrUp(name, cidr string) error {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		return err
+	}
+	a, err := netlink.ParseAddr(cidr)
+	if err != nil {
+		return err
+	}
+	if err := netlink.AddrAdd(l, a); err != nil {
+		return err
+	}
+	return netlink.LinkSetUp(l)
 }
