@@ -81,6 +81,10 @@ type Options struct {
 	// Extra roles, started after the standard ones; a config may use
 	// {{dir}} for the cluster's directory.
 	Extra []Role
+	// AgentCache is dpu0's far_memory.cache section as a YAML flow
+	// mapping (docs/farmem.md, DPU caches), e.g. `{size: 8MiB,
+	// prefetcher: "off"}`; empty: no cache.
+	AgentCache string
 }
 
 // Start starts lovelockd (the binary bin) in mem0, dpu0 and host0, and the
@@ -96,7 +100,7 @@ func Start(ctx context.Context, spec testbed.Spec, bin string, o Options) (*Clus
 	c := &Cluster{Dir: dir, HostSocket: filepath.Join(dir, "farmem.sock"), Extra: map[string]*Daemon{}, prefix: spec.Prefix}
 	roles := []Role{
 		{Node: "mem0", Config: fmt.Sprintf("memory_server: {addr: %q, state_dir: %q, capacity: %s}\n", MemAddr, filepath.Join(dir, "mem0-state"), o.Capacity)},
-		{Node: "dpu0", Config: fmt.Sprintf("far_memory: {listen: %q, servers: [{addr: %q}]}\n", AgentAddr, MemAddr)},
+		{Node: "dpu0", Config: agentConfig(o.AgentCache)},
 		{Node: "host0", Config: fmt.Sprintf("far_memory_host: {agent: %q, socket: %q}\n", AgentAddr, c.HostSocket)},
 	}
 	roles = append(roles, o.Extra...)
@@ -128,6 +132,15 @@ func Start(ctx context.Context, spec testbed.Spec, bin string, o Options) (*Clus
 		}
 	}
 	return c, nil
+}
+
+// agentConfig is dpu0's lovelockd config: the far-memory agent, with the
+// cache section when one is given.
+func agentConfig(cache string) string {
+	if cache == "" {
+		return fmt.Sprintf("far_memory: {listen: %q, servers: [{addr: %q}]}\n", AgentAddr, MemAddr)
+	}
+	return fmt.Sprintf("far_memory: {listen: %q, servers: [{addr: %q}], cache: %s}\n", AgentAddr, MemAddr, cache)
 }
 
 func (c *Cluster) pins(name string) string { return filepath.Join("/sys/fs/bpf", c.prefix+name) }
