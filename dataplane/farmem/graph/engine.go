@@ -423,34 +423,33 @@ func (e *Engine) ForRange(f func(v uint32)) {
 }
 
 // hintAhead runs one step's hints ahead of its workers: when a worker
-// claims a block, the blocks after it are hinted until the hinted edge
-// bytes not yet claimed (counted in far cache entries) reach HintAhead. Blocks are claimed
-// in increasing order (an atomic counter), so that difference is how far
-// the far cache is asked to run ahead of the reads.
+// claims a block, the blocks after the furthest one claimed are hinted
+// until the hinted blocks not yet claimed touch HintAhead bytes of far
+// cache entries. Blocks are claimed in increasing order (an atomic
+// counter), so that is how far the far cache is asked to run ahead of the
+// reads.
 type hintAhead struct {
 	e       *Engine
 	n       int
 	grain   int
 	extents func(lo, hi int) []fmap.Extent
 
-	mu      sync.Mutex
-	next    int      // first block not hinted
-	sizes   []uint64 // entry bytes hinted per block
-	hinted  uint64   // sum of sizes
-	claimed uint64   // sum of sizes of claimed blocks
+	mu    sync.Mutex
+	front int      // blocks below front are claimed (being read or done)
+	next  int      // first block not hinted
+	sizes []uint64 // entry bytes hinted per block (one entry while computed)
 }
 
 func (h *hintAhead) claim(lo int) {
 	h.mu.Lock()
-	b := lo / h.grain
-	if b < h.next {
-		h.claimed += h.sizes[b]
-	} else {
-		h.next = b + 1 // too late to hint this one: it is read now
-	}
-	for h.next < len(h.sizes) && h.hinted-min(h.hinted, h.claimed) < h.e.ahead {
+	defer h.mu.Unlock()
+	h.front = max(h.front, lo/h.grain+1)
+	// A block claimed before it was hinted is read now: too late to hint.
+	h.next = max(h.next, h.front)
+	for h.next < len(h.sizes) && h.outstanding() < h.e.ahead {
 		nb := h.next
 		h.next++
+		h.sizes[nb] = h.e.grain
 		// The extents read offsets, which may fault: not under the lock
 		// that the other workers' claims wait on.
 		h.mu.Unlock()
@@ -462,9 +461,16 @@ func (h *hintAhead) claim(lo int) {
 		}
 		h.mu.Lock()
 		h.sizes[nb] = bytes
-		h.hinted += bytes
 	}
-	h.mu.Unlock()
+}
+
+// outstanding is the entry bytes hinted for blocks not yet claimed.
+func (h *hintAhead) outstanding() uint64 {
+	var n uint64
+	for b := h.front; b < h.next; b++ {
+		n += h.sizes[b]
+	}
+	return n
 }
 
 // addEdges appends the bytes of edges [a, b) of the edge array at byte

@@ -79,6 +79,23 @@ func TestEngineHints(t *testing.T) {
 		if len(merged) != 1 || merged[0].Offset+merged[0].Size != last.Offset+last.Size || merged[0].Offset <= last.Offset {
 			t.Errorf("symmetric=%v: dense hints %+v, want one range ending the in-edges %+v past the first block", symmetric, merged, last)
 		}
+		// Two workers and a short look-ahead: the hints keep pace with the
+		// claims through the whole step (a look-ahead that never drained
+		// would stop them after the first blocks).
+		for range 3 {
+			h = &recordingHinter{}
+			e = NewEngine(g, Options{Workers: 2, Mode: Dense, Hints: h, HintAhead: 8 << 10, HintGrain: 4 << 10})
+			if _, err := RunPageRank(ctx, e, 1, 0.85); err != nil {
+				t.Fatal(err)
+			}
+			var named int64
+			for _, x := range mergeChunks(append([]fmap.Extent(nil), h.got...), 1) {
+				named += x.Size
+			}
+			if named < last.Size*3/4 {
+				t.Errorf("symmetric=%v: a dense step with a short look-ahead hinted %d of %d in-edge bytes", symmetric, named, last.Size)
+			}
+		}
 	}
 }
 
