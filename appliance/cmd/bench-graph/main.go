@@ -22,8 +22,9 @@
 // entries and regions out of the dynamic cache by default; each row sets
 // its region's caching through the host agent (graph.Caching, fmap's
 // advise op), as lovelock graph run does. Each row gets a fresh region,
-// created and freed through dpu0's agent so that no cache state (static
-// ranges, entries, the switch's history of the region) carries over.
+// created and freed through dpu0's agent, and dpu0's lovelockd restarts
+// before each row, so that no cache state (static ranges, entries, the
+// adaptive switch, B_net) carries over from one row to the next.
 package main
 
 import (
@@ -236,6 +237,11 @@ func run(ctx context.Context) error {
 		refTime := time.Since(startRef)
 		var base row
 		for _, pa := range paths {
+			// The adaptive switch, B_net and the arena are the agent's,
+			// not the region's: each row starts on a fresh agent.
+			if err := cl.Restart(ctx, spec, *lovelockd, cl.DPU); err != nil {
+				return fmt.Errorf("restart dpu0's lovelockd: %w", err)
+			}
 			info, err := admin.Create(ctx, 0, farmem.CreateOptions{Preload: f.Name()})
 			if err != nil {
 				return fmt.Errorf("preload the graph on mem0 through dpu0: %w", err)

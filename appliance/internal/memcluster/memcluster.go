@@ -33,6 +33,7 @@ type Daemon struct {
 	Node   string
 	Socket string // its API socket
 	Cmd    *exec.Cmd
+	role   Role
 }
 
 // Client is an API client of the daemon.
@@ -150,7 +151,7 @@ func (c *Cluster) start(spec testbed.Spec, bin string, r Role) (*Daemon, error) 
 	if err := os.WriteFile(cfg, []byte(r.Config), 0o600); err != nil {
 		return nil, err
 	}
-	log, err := os.Create(filepath.Join(c.Dir, r.Name+".log"))
+	log, err := os.OpenFile(filepath.Join(c.Dir, r.Name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
 	}
@@ -158,7 +159,7 @@ func (c *Cluster) start(spec testbed.Spec, bin string, r Role) (*Daemon, error) 
 	if err := os.MkdirAll(pins, 0o700); err != nil {
 		return nil, fmt.Errorf("%s: pin directory: %w", r.Name, err)
 	}
-	d := &Daemon{Node: r.Node, Socket: filepath.Join(c.Dir, r.Name+".sock")}
+	d := &Daemon{Node: r.Node, Socket: filepath.Join(c.Dir, r.Name+".sock"), role: r}
 	d.Cmd = exec.Command(bin, "--config", cfg, "--pin-dir", filepath.Join(pins, "lovelock"),
 		"--state", filepath.Join(c.Dir, r.Name+".state.json"), "--socket", d.Socket, "--metrics", "off")
 	d.Cmd.Stdout, d.Cmd.Stderr = log, log
@@ -187,6 +188,28 @@ func waitRunning(ctx context.Context, d *Daemon) error {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return fmt.Errorf("lovelockd on %s: far memory not running: %s (its log: %s)", d.Node, last, strings.TrimSuffix(d.Socket, ".sock")+".log")
+}
+
+// Restart stops d and starts it again with the same config, and waits
+// until its service runs: for a DPU agent, a fresh agent with empty caches
+// and its adaptive switch on. Clients of it (host agents) retransmit until
+// it answers again.
+func (c *Cluster) Restart(ctx context.Context, spec testbed.Spec, bin string, d *Daemon) error {
+	_ = d.Cmd.Process.Signal(syscall.SIGTERM)
+	_ = d.Cmd.Wait()
+	for i, x := range c.all {
+		if x == d {
+			c.all = append(c.all[:i], c.all[i+1:]...)
+			break
+		}
+	}
+	nd, err := c.start(spec, bin, d.role)
+	if err != nil {
+		return err
+	}
+	*d = *nd
+	c.all[len(c.all)-1] = d
+	return waitRunning(ctx, d)
 }
 
 // Stop stops every daemon (the last started first) and removes the
