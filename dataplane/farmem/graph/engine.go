@@ -412,6 +412,25 @@ func (e *Engine) VertexMap(s Subset, f func(v uint32)) {
 	})
 }
 
+// vertexMapEdges is VertexMap for an f that reads each vertex's edges in
+// a, whose edge array starts at byte at of the image (BC's pulls): with a
+// Hinter, those ranges are hinted ahead as in EdgeMap.
+func (e *Engine) vertexMapEdges(s Subset, a adj, at uint64, f func(v uint32)) {
+	ids := s.IDs()
+	e.parallelHinted(len(ids), func(lo, hi int) []fmap.Extent {
+		var ext []fmap.Extent
+		for _, v := range ids[lo:hi] {
+			x, y := e.span(a, v)
+			ext = e.addEdges(ext, at, x, y)
+		}
+		return ext
+	}, func(_, lo, hi int) {
+		for _, v := range ids[lo:hi] {
+			f(v)
+		}
+	})
+}
+
 // ForRange calls f for each vertex ID in [0, n), in parallel: a
 // VertexMap over all vertices without building the subset.
 func (e *Engine) ForRange(f func(v uint32)) {
