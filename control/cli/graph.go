@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -203,7 +202,25 @@ type graphRunReport struct {
 	MemLinkBytes   *uint64  `json:"mem_link_bytes,omitempty"`
 	HitRate        *float64 `json:"dpu_cache_hit_rate,omitempty"`
 	HitRateNote    string   `json:"dpu_cache_note,omitempty"`
-	Check          string   `json:"check"`
+	// Caching is the DPU cache mode asked for; Cache the deltas of the
+	// agent's counters for the region over the run (with --dpu-socket).
+	Caching graph.Caching `json:"caching"`
+	Cache   *cacheDelta   `json:"dpu_cache,omitempty"`
+	// Hints are the engine's hints (--prefetch hints).
+	Hints *graph.HintStats `json:"hints,omitempty"`
+	Check string           `json:"check"`
+}
+
+// cacheDelta is what the DPU agent's caches did for the region during a
+// run: the differences of farmem.RegionCacheStats, and the estimate of the
+// fabric bytes that prefetching moved (entries issued × entry size).
+type cacheDelta struct {
+	farmem.RegionCacheStats
+	Reads         uint64  `json:"reads"`
+	HitRate       float64 `json:"hit_rate"`
+	PrefetchBytes uint64  `json:"prefetch_bytes"`
+	Switches      uint64  `json:"switches"`
+	On            bool    `json:"on"`
 }
 
 func graphRunCommand() *ucli.Command {
@@ -239,8 +256,9 @@ func graphRunCommand() *ucli.Command {
 			&ucli.IntFlag{Name: "bc-sources", Usage: "BC sources (default 4)"},
 			&ucli.Uint64Flag{Name: "seed", Usage: "seed of the Radii and BC samples"},
 			&ucli.Float64Flag{Name: "tolerance", Value: graph.DefaultTolerance, Usage: "relative tolerance of the PageRank and BC check"},
-			&ucli.StringFlag{Name: "cache", Value: "off", Usage: "DPU cache mode: off (static and dynamic caches are not built yet)"},
-			&ucli.StringFlag{Name: "prefetch", Value: "off", Usage: "DPU prefetching: off (not built yet)"},
+			&ucli.StringFlag{Name: "cache", Value: "off", Usage: "DPU cache mode: off, static (the offsets in the DPU's static cache) or dynamic (the DPU's dynamic cache with --prefetch)"},
+			&ucli.StringFlag{Name: "prefetch", Usage: "the DPU's prefetcher for the region: adjacent (SODA's; dynamic's default), stride, hints (the engine's), off (static's default)"},
+			&ucli.StringFlag{Name: "hint-ahead", Usage: "with --prefetch hints: how far the hints run ahead of the reads, in bytes of DPU cache entries (default a quarter of the DPU's arena, or 8MiB)"},
 			outputFlag(),
 		},
 		Action: graphRun,
@@ -256,13 +274,9 @@ func graphRun(c *ucli.Context) error {
 	if err != nil {
 		return err
 	}
-	// The DPU agent's cache mode is its lovelockd's configuration, and this
-	// build's agent has no cache: refuse rather than run something else.
-	if m := c.String("cache"); m != "off" {
-		return fmt.Errorf("--cache %s: the DPU agent's static and dynamic caches are not built yet (docs/farmem.md); use --cache off", m)
-	}
-	if m := c.String("prefetch"); m != "off" {
-		return fmt.Errorf("--prefetch %s: DPU prefetching is not built yet; use --prefetch off", m)
+	caching, err := graph.ParseCaching(c.String("cache"), c.String("prefetch"))
+	if err != nil {
+		return err
 	}
 	p := graph.Params{Source: c.Int64("source"), Iterations: c.Int("iterations"), Samples: c.Int("samples"),
 		BCSources: c.Int("bc-sources"), Seed: c.Uint64("seed")}
@@ -272,7 +286,7 @@ func graphRun(c *ucli.Context) error {
 	if err != nil {
 		return err
 	}
-	rep := graphRunReport{App: app, File: path, Vertices: local.N(), Edges: local.M(), Bytes: len(img)}
+	rep := graphRunReport{App: app, File: path, Vertices: local.N(), Edges: local.M(), Bytes: len(img), Caching: caching}
 	ctx := c.Context
 	w := c.App.Writer
 
@@ -352,12 +366,42 @@ func graphRun(c *ucli.Context) error {
 		}
 		mo.ChunkSize = int(b)
 	}
+	// The counters start before the caches are set: loading the static
+	// range is part of the run's fabric bytes, as in SODA.
 	before := readFabric(ctx, mem, dpu)
 	far, m, err := graph.MapRegion(ctx, c.String("host-socket"), uint64(region), mo)
 	if err != nil {
 		return err
 	}
+	defer m.Close()
+	if _, err := caching.Apply(ctx, m, far); err != nil {
+		return err
+	}
+	var hinter *graph.MappingHinter
+	if caching.Hints() {
+		chunk := int64(mo.ChunkSize)
+		if chunk == 0 {
+			chunk = fmap.DefaultChunkSize
+		}
+		hinter = graph.NewMappingHinter(ctx, m, chunk)
+		opts.Hints = hinter
+		if a := before.agent; a != nil {
+			opts.HintGrain = a.Cache.EntrySize
+			opts.HintAhead = a.Cache.ArenaBytes / 4
+		}
+		if v := c.String("hint-ahead"); v != "" {
+			b, err := farmem.ParseSize(v)
+			if err != nil {
+				return fmt.Errorf("--hint-ahead: %w", err)
+			}
+			opts.HintAhead = uint64(b)
+		}
+	}
 	res, err := graph.RunChecked(ctx, far, local, app, p, opts, c.Float64("tolerance"))
+	if hinter != nil {
+		hs := hinter.Close()
+		rep.Hints = &hs
+	}
 	st, serr := m.Stats(ctx)
 	m.Close()
 	if err != nil {
@@ -377,7 +421,15 @@ func graphRun(c *ucli.Context) error {
 	rep.DPUFabricBytes = delta(before.dpuFabric, after.dpuFabric)
 	rep.DPUHostBytes = delta(before.dpuHost, after.dpuHost)
 	rep.MemLinkBytes = delta(before.memLink, after.memLink)
-	rep.HitRate, rep.HitRateNote = hitRate(before.agentRaw, after.agentRaw, dpu != nil)
+	var faults uint64
+	if rep.Mapping != nil {
+		faults = rep.Mapping.Faults
+	}
+	rep.Cache, rep.HitRateNote = regionCacheDelta(before.agent, after.agent, region, faults, dpu != nil)
+	if rep.Cache != nil {
+		r := rep.Cache.HitRate
+		rep.HitRate = &r
+	}
 	rep.Check = "ok: equal to the in-memory run"
 	if res.Mismatch != nil {
 		rep.Check = "MISMATCH: " + res.Mismatch.Error()
@@ -413,10 +465,28 @@ func printGraphRun(w io.Writer, r graphRunReport) {
 	bytes(r.DPUFabricBytes, "DPU agent ↔ memory nodes (fabric)", "--dpu-socket")
 	bytes(r.DPUHostBytes, "DPU agent ↔ hosts", "--dpu-socket")
 	bytes(r.MemLinkBytes, "memory server link", "--mem-socket")
-	if r.HitRate != nil {
-		fmt.Fprintf(w, "DPU cache hit rate: %.1f%%\n", 100**r.HitRate)
+	pf := r.Caching.Prefetcher
+	mode := "off"
+	switch {
+	case r.Caching.Static && pf != "off":
+		mode = "static offsets + dynamic, prefetcher " + pf
+	case r.Caching.Static:
+		mode = "static offsets"
+	case pf != "off":
+		mode = "dynamic, prefetcher " + pf
+	}
+	fmt.Fprintf(w, "DPU caches: %s\n", mode)
+	if d := r.Cache; d != nil {
+		fmt.Fprintf(w, "DPU cache hit rate: %.1f%% of %d reads (%d static hits, %d dynamic hits, %d misses, %d bypassed by the switch)\n",
+			100*d.HitRate, d.Reads, d.StaticHits, d.Hits, d.Misses, d.Bypassed)
+		fmt.Fprintf(w, "DPU prefetch: %d entries issued (≈ %.1f MiB on the fabric), %d used, accuracy %.2f, %d hinted; switch %s, %d turns\n",
+			d.PrefetchIssued, float64(d.PrefetchBytes)/(1<<20), d.PrefetchUsed, d.Accuracy, d.Hinted, onOff(d.On), d.Switches)
 	} else {
 		fmt.Fprintf(w, "DPU cache hit rate: %s\n", r.HitRateNote)
+	}
+	if h := r.Hints; h != nil {
+		fmt.Fprintf(w, "hints: %d batches, %d ranges, %.1f MiB named, %d entry loads started, %d dropped, %d errors %s\n",
+			h.Batches, h.Extents, float64(h.Bytes)/(1<<20), h.Started, h.Dropped, h.Errors, h.Err)
 	}
 	fmt.Fprintf(w, "result: %s\ncheck: %s\n", r.Summary, r.Check)
 }
@@ -424,21 +494,17 @@ func printGraphRun(w io.Writer, r graphRunReport) {
 // fabricCounters are the byte counters graph run reads before and after.
 type fabricCounters struct {
 	dpuFabric, dpuHost, memLink *uint64
-	agentRaw                    map[string]any
+	agent                       *farmem.AgentStats
 }
 
 func readFabric(ctx context.Context, mem, dpu *api.Client) fabricCounters {
 	var f fabricCounters
 	if dpu != nil {
-		var raw json.RawMessage
-		if err := dpu.ServiceStats(ctx, memAgent, &raw); err == nil {
-			var st farmem.AgentStats
-			if json.Unmarshal(raw, &st) == nil {
-				fab := st.Fabric.TXBytes + st.Fabric.RXBytes
-				host := st.Host.TXBytes + st.Host.RXBytes
-				f.dpuFabric, f.dpuHost = &fab, &host
-			}
-			json.Unmarshal(raw, &f.agentRaw)
+		var st farmem.AgentStats
+		if err := dpu.ServiceStats(ctx, memAgent, &st); err == nil {
+			fab := st.Fabric.TXBytes + st.Fabric.RXBytes
+			host := st.Host.TXBytes + st.Host.RXBytes
+			f.dpuFabric, f.dpuHost, f.agent = &fab, &host, &st
 		}
 	}
 	if mem != nil {
@@ -459,31 +525,52 @@ func delta(a, b *uint64) *uint64 {
 	return &d
 }
 
-// hitRate looks for the DPU cache's counters in the agent's stats
-// ("cache": {"hits", "misses"}); this build's agent has none, and the
-// note says so.
-func hitRate(before, after map[string]any, asked bool) (*float64, string) {
+func onOff(on bool) string {
+	if on {
+		return "on"
+	}
+	return "off"
+}
+
+// regionCacheDelta is what the DPU agent's caches did for region between
+// two snapshots of its stats (farmem.AgentStats.Cache). The hit rate is
+// (static hits + dynamic hits) over the region's reads at the agent; a
+// read of a region outside the dynamic cache (prefetcher off) that misses
+// the static ranges is counted nowhere in the cache's counters, so the
+// reads are at least the mapping's faults (one chunk read each).
+func regionCacheDelta(before, after *farmem.AgentStats, region uint32, faults uint64, asked bool) (*cacheDelta, string) {
 	if !asked {
 		return nil, "not measured (no --dpu-socket)"
 	}
-	count := func(m map[string]any, k string) (float64, bool) {
-		c, ok := m["cache"].(map[string]any)
-		if !ok {
-			return 0, false
+	if before == nil || after == nil {
+		return nil, "not measured (the DPU agent's stats could not be read)"
+	}
+	find := func(st *farmem.AgentStats) farmem.RegionCacheStats {
+		for _, r := range st.Cache.Regions {
+			if r.Region == region {
+				return r
+			}
 		}
-		v, ok := c[k].(float64)
-		return v, ok
+		return farmem.RegionCacheStats{}
 	}
-	h0, ok1 := count(before, "hits")
-	h1, ok2 := count(after, "hits")
-	m0, ok3 := count(before, "misses")
-	m1, ok4 := count(after, "misses")
-	if !(ok1 && ok2 && ok3 && ok4) {
-		return nil, "none: the DPU agent reports no cache counters (its caches are not built in this version)"
+	b, a := find(before), find(after)
+	d := &cacheDelta{RegionCacheStats: farmem.RegionCacheStats{
+		Region: region, Prefetcher: a.Prefetcher, StaticRanges: a.StaticRanges, StaticBytes: a.StaticBytes,
+		StaticHits: a.StaticHits - b.StaticHits, Hits: a.Hits - b.Hits, Misses: a.Misses - b.Misses,
+		Bypassed: a.Bypassed - b.Bypassed, PrefetchIssued: a.PrefetchIssued - b.PrefetchIssued,
+		PrefetchUsed: a.PrefetchUsed - b.PrefetchUsed, EvictedUnused: a.EvictedUnused - b.EvictedUnused,
+		Invalidated: a.Invalidated - b.Invalidated, Hinted: a.Hinted - b.Hinted,
+	}, Switches: after.Cache.Switches - before.Cache.Switches, On: after.Cache.On}
+	d.Reads = max(d.StaticHits+d.Hits+d.Misses+d.Bypassed, faults)
+	if d.Reads > 0 {
+		d.HitRate = float64(d.StaticHits+d.Hits) / float64(d.Reads)
 	}
-	if h1-h0+m1-m0 == 0 {
-		return nil, "none: no cache lookups during the run"
+	if d.PrefetchIssued > 0 {
+		d.Accuracy = float64(d.PrefetchUsed) / float64(d.PrefetchIssued)
 	}
-	r := (h1 - h0) / (h1 - h0 + m1 - m0)
-	return &r, ""
+	if d.Hits+d.Misses > 0 {
+		d.Coverage = float64(d.Hits) / float64(d.Hits+d.Misses)
+	}
+	d.PrefetchBytes = d.PrefetchIssued * after.Cache.EntrySize
+	return d, ""
 }

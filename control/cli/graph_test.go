@@ -73,8 +73,10 @@ func TestGraphFiles(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"run", "--app", "bfs", "--graph", p, "--cache", "static"}, "not built yet"},
-		{[]string{"run", "--app", "bfs", "--graph", p, "--prefetch", "next"}, "not built yet"},
+		{[]string{"run", "--app", "bfs", "--graph", p, "--cache", "fast"}, `cache mode "fast"`},
+		{[]string{"run", "--app", "bfs", "--graph", p, "--cache", "dynamic", "--prefetch", "next"}, `prefetcher "next"`},
+		{[]string{"run", "--app", "bfs", "--graph", p, "--prefetch", "stride"}, "needs the dynamic cache"},
+		{[]string{"run", "--app", "bfs", "--graph", p, "--cache", "dynamic", "--prefetch", "off"}, "would cache nothing"},
 		{[]string{"run", "--app", "sssp", "--graph", p}, "unknown app"},
 		{[]string{"run", "--app", "bfs", "--graph", p}, "give --region"},
 		{[]string{"run", "--app", "bfs", "--graph", el, "--local"}, "malformed CSR"},
@@ -168,6 +170,14 @@ func TestGraphRunFar(t *testing.T) {
 		}
 		if strings.Contains(out, " 0 evictions") {
 			t.Errorf("run %s: a buffer of a third of the graph evicted nothing:\n%s", app, out)
+		}
+	}
+	// A host agent serving files takes no cache advice: caching is refused,
+	// not silently skipped.
+	for _, mode := range [][]string{{"--cache", "static"}, {"--cache", "dynamic", "--prefetch", "hints"}} {
+		args := append([]string{"run", "--app", "bfs", "--graph", g, "--region", "1", "--host-socket", sock}, mode...)
+		if out, err := runGraph(t, args...); err == nil || !strings.Contains(err.Error(), "takes no cache advice") {
+			t.Errorf("graph %v: %v, want a refusal\n%s", args, err, out)
 		}
 	}
 	out, err := runGraph(t, "run", "--app", "cc", "--graph", g, "--region", "2", "--host-socket", sock, "-o", "json")

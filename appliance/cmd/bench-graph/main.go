@@ -10,19 +10,28 @@
 // buffer of at most a third of the footprint, runs the app, and checks the
 // answer against the same app on the in-memory copy.
 //
-// Paths:
+// Rows, as SODA's Figs. 9–11:
 //
-//	(a) host → memory node directly
+//	(a) host → memory node directly (SODA's MemServer)
 //	(b) host → DPU agent → memory node, no cache
-//	(c)–(e) DPU static cache, dynamic cache, dynamic cache with prefetching:
-//	    printed as "not built" until the DPU caches exist
+//	(c) DPU + static cache of the offsets (the vertex data)
+//	(d) DPU + dynamic cache, SODA's prefetcher (adjacent)
+//	(e) DPU + dynamic cache with ours: stride, and the engine's hints
+//
+// dpu0's agent runs with a dynamic arena of -dpu-cache bytes in 1 MiB
+// entries and regions out of the dynamic cache by default; each row sets
+// its region's caching through the host agent (graph.Caching, fmap's
+// advise op), as lovelock graph run does. Each row gets a fresh region,
+// created and freed through dpu0's agent, and dpu0's lovelockd restarts
+// before each row, so that no cache state (static ranges, entries, the
+// adaptive switch, B_net) carries over from one row to the next.
 package main
 
 import (
 	"context"
 	"flag"
 	"fmt"
-	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -32,7 +41,6 @@ import (
 	"time"
 
 	"github.com/lovelock-dpu/lovelock/appliance/internal/memcluster"
-	"github.com/lovelock-dpu/lovelock/control/api"
 	"github.com/lovelock-dpu/lovelock/control/testbed"
 	"github.com/lovelock-dpu/lovelock/dataplane/farmem"
 	"github.com/lovelock-dpu/lovelock/dataplane/farmem/fmap"
@@ -51,6 +59,8 @@ var (
 	iterations = flag.Int("iterations", 10, "PageRank iterations")
 	bcSources  = flag.Int("bc-sources", 2, "BC sources")
 	samples    = flag.Int("samples", 64, "Radii samples")
+	dpuCache   = flag.String("dpu-cache", "8MiB", "dpu0's dynamic cache arena")
+	rowsFlag   = flag.String("rows", "a,b,c,d,e", "rows to run")
 )
 
 func main() {
@@ -63,11 +73,12 @@ func main() {
 	}
 }
 
-// path is one way from the program to the memory node.
+// path is one way from the program to the memory node, with its caching.
 type path struct {
-	label  string
-	socket string // host agent's far-memory socket; "" if not built
-	why    string // why it is not built
+	id      string // a, b, c, d, e
+	label   string
+	socket  string        // host agent's far-memory socket
+	caching graph.Caching // zero: do not advise (the direct path)
 }
 
 // row is one measured (app, path).
@@ -79,8 +90,27 @@ type row struct {
 	dpuFabric uint64 // DPU agent ↔ memory node
 	dpuHost   uint64 // host ↔ DPU agent
 	mapping   fmap.Stats
+	cache     farmem.RegionCacheStats // deltas over the run
+	switches  uint64
+	entry     uint64 // the agent's entry size
+	hints     *graph.HintStats
 	check     string
 }
+
+// hitRate is (static + dynamic hits) over the region's reads at the agent;
+// reads that meet no cache are counted nowhere but are one per fault.
+func (r row) hitRate() (float64, bool) {
+	c := r.cache
+	reads := max(c.StaticHits+c.Hits+c.Misses+c.Bypassed, r.mapping.Faults)
+	if r.path.caching == (graph.Caching{}) || reads == 0 {
+		return 0, false
+	}
+	return float64(c.StaticHits+c.Hits) / float64(reads), true
+}
+
+// prefetchBytes estimates the fabric bytes of prefetching: entries issued
+// × entry size (without headers).
+func (r row) prefetchBytes() uint64 { return r.cache.PrefetchIssued * r.entry }
 
 func run(ctx context.Context) error {
 	var apps []graph.App
@@ -146,35 +176,58 @@ func run(ctx context.Context) error {
 	if err := testbed.SetMTU(spec, 9000); err != nil {
 		return err
 	}
-	cl, err := memcluster.Start(ctx, spec, *lovelockd, memcluster.Options{Extra: []memcluster.Role{{
-		Name: "host1-direct", Node: "host1",
-		Config: fmt.Sprintf("far_memory_host: {agent: %q, socket: \"{{dir}}/direct.sock\"}\n", memcluster.MemAddr),
-	}}})
+	cl, err := memcluster.Start(ctx, spec, *lovelockd, memcluster.Options{
+		Extra: []memcluster.Role{{
+			Name: "host1-direct", Node: "host1",
+			Config: fmt.Sprintf("far_memory_host: {agent: %q, socket: \"{{dir}}/direct.sock\"}\n", memcluster.MemAddr),
+		}},
+		AgentCache: fmt.Sprintf(`{size: %s, entry_size: 1MiB, static_size: 64MiB, prefetcher: "off"}`, *dpuCache),
+	})
 	if err != nil {
 		return err
 	}
 	defer cl.Stop()
-	fmt.Printf("testbed %q: MTU 9000; lovelockd: memory server on mem0, far-memory agent on dpu0, host agents on host0 (through dpu0) and host1 (to mem0 directly)\n", spec.Prefix)
-
-	mem := cl.Mem.Client()
-	var info farmem.RegionInfo
-	if err := mem.ServiceCall(ctx, http.MethodPost, "memserver", "regions", api.MemCreate{Preload: f.Name()}, &info); err != nil {
-		return fmt.Errorf("preload the graph on mem0: %w", err)
+	arena, err := farmem.ParseSize(*dpuCache)
+	if err != nil {
+		return fmt.Errorf("-dpu-cache: %w", err)
 	}
-	paths := []path{
-		{label: "(a) host → memory node", socket: filepath.Join(cl.Dir, "direct.sock")},
-		{label: "(b) host → DPU agent → memory node, no cache", socket: cl.HostSocket},
-		{label: "(c) DPU static cache (vertex offsets)", why: "not built"},
-		{label: "(d) DPU dynamic cache", why: "not built"},
-		{label: "(e) DPU dynamic cache + prefetching", why: "not built"},
+	fmt.Printf("testbed %q: MTU 9000; lovelockd: memory server on mem0, far-memory agent on dpu0 (dynamic cache %s in 1 MiB entries, static up to 64 MiB), host agents on host0 (through dpu0) and host1 (to mem0 directly)\n", spec.Prefix, *dpuCache)
+
+	// Regions are created and freed through dpu0's agent by a client in
+	// host0's namespace, so that a free drops the agent's cache state.
+	var admin *farmem.Client
+	if err := spec.Run("host0", func() error {
+		var err error
+		admin, err = farmem.NewClient(farmem.ClientOptions{Server: netip.MustParseAddrPort(memcluster.AgentAddr)})
+		return err
+	}); err != nil {
+		return err
+	}
+	defer admin.Close()
+
+	direct := filepath.Join(cl.Dir, "direct.sock")
+	all := []path{
+		{id: "a", label: "(a) MemServer: host → memory node", socket: direct},
+		{id: "b", label: "(b) DPU, no cache", socket: cl.HostSocket, caching: graph.Caching{Prefetcher: "off"}},
+		{id: "c", label: "(c) DPU + static offsets", socket: cl.HostSocket, caching: graph.Caching{Static: true, Prefetcher: "off"}},
+		{id: "d", label: "(d) DPU + dynamic, adjacent (SODA)", socket: cl.HostSocket, caching: graph.Caching{Prefetcher: "adjacent"}},
+		{id: "e", label: "(e) DPU + dynamic, stride", socket: cl.HostSocket, caching: graph.Caching{Prefetcher: "stride"}},
+		{id: "e", label: "(e) DPU + dynamic, hints", socket: cl.HostSocket, caching: graph.Caching{Prefetcher: "hints"}},
+	}
+	var paths []path
+	for _, pa := range all {
+		if strings.Contains(","+*rowsFlag+",", ","+pa.id+",") {
+			paths = append(paths, pa)
+		}
 	}
 	p := graph.Params{Source: -1, Iterations: *iterations, BCSources: *bcSources, Samples: *samples, Seed: *seed}
-	o := graph.Options{Workers: *workers}
+	o := graph.Options{Workers: *workers, HintAhead: uint64(arena) / 4, HintGrain: 1 << 20}
 	mo := fmap.Options{ChunkSize: int(chunkSize), BufferBytes: buffer}
 
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "app\tpath\ttime\tvs (a)\tin memory\tfabric bytes (mem0)\tDPU↔mem0 bytes\thost↔DPU bytes\tfaults\tevictions\tcheck\t")
+	fmt.Fprintln(tw, "app\trow\ttime\tvs (a)\tin memory\tmem0 link MB\tvs (a)\ton-demand MB\tprefetch MB\thost↔DPU MB\thit rate\taccuracy\tfaults\tswitch turns\tcheck\t")
 	failed := 0
+	var rows []row
 	for _, app := range apps {
 		startRef := time.Now()
 		ref, err := graph.Run(ctx, graph.NewEngine(local, o), app, p)
@@ -182,37 +235,67 @@ func run(ctx context.Context) error {
 			return err
 		}
 		refTime := time.Since(startRef)
-		var base time.Duration
+		var base row
 		for _, pa := range paths {
-			if pa.socket == "" {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t\t\t\t\t\t\t\t\t\n", app, pa.label, pa.why)
-				continue
+			// The adaptive switch, B_net and the arena are the agent's,
+			// not the region's: each row starts on a fresh agent.
+			if err := cl.Restart(ctx, spec, *lovelockd, cl.DPU); err != nil {
+				return fmt.Errorf("restart dpu0's lovelockd: %w", err)
+			}
+			info, err := admin.Create(ctx, 0, farmem.CreateOptions{Preload: f.Name()})
+			if err != nil {
+				return fmt.Errorf("preload the graph on mem0 through dpu0: %w", err)
 			}
 			r, err := measure(ctx, cl, info.ID, pa, app, p, o, mo, ref)
+			if ferr := admin.Free(ctx, info.ID); err == nil && ferr != nil {
+				err = fmt.Errorf("free region %d: %w", info.ID, ferr)
+			}
 			if err != nil {
 				return fmt.Errorf("%s via %s: %w", app, pa.label, err)
 			}
-			if base == 0 {
-				base = r.time
+			if base.time == 0 {
+				base = r
 			}
+			rows = append(rows, r)
 			if !strings.HasPrefix(r.check, "ok") {
 				failed++
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f×\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t\n", app, pa.label, r.time.Round(time.Millisecond),
-				float64(r.time)/float64(base), refTime.Round(time.Millisecond), r.memBytes, r.dpuFabric, r.dpuHost,
-				r.mapping.Faults, r.mapping.Evictions, r.check)
+			hit, acc := "–", "–"
+			if h, ok := r.hitRate(); ok {
+				hit = fmt.Sprintf("%.1f%%", 100*h)
+			}
+			if r.cache.PrefetchIssued > 0 {
+				acc = fmt.Sprintf("%.1f%%", 100*float64(r.cache.PrefetchUsed)/float64(r.cache.PrefetchIssued))
+			}
+			pf := r.prefetchBytes()
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f×\t%s\t%.1f\t%.2f×\t%.1f\t%.1f\t%.1f\t%s\t%s\t%d\t%d\t%s\t\n", app, pa.label, r.time.Round(time.Millisecond),
+				float64(r.time)/float64(base.time), refTime.Round(time.Millisecond), mb(r.memBytes), float64(r.memBytes)/float64(max(base.memBytes, 1)),
+				mb(r.memBytes-min(pf, r.memBytes)), mb(pf), mb(r.dpuHost), hit, acc, r.mapping.Faults, r.switches, r.check)
 		}
+		tw.Flush()
 	}
 	tw.Flush()
-	fmt.Println("fabric bytes (mem0): the memory server's datagram bytes in and out; DPU↔mem0 and host↔DPU: dpu0's agent's, both directions (0 on path (a), which does not cross it).")
+	fmt.Println("mem0 link: the memory server's datagram bytes in and out (the fabric, the same measure on every path); prefetch: the agent's entry fills (entries issued × 1 MiB, without headers), on-demand the rest (with the static load for (c)).")
+	fmt.Println("hit rate: (static + dynamic hits) / the region's reads at dpu0 (at least one per fault); accuracy: prefetched entries used / issued; switch turns: the adaptive switch's events during the run.")
 	fmt.Println("check: the far-memory run against the same app on the in-memory copy (exact for bfs, cc, radii; relative 1e-9 for pagerank, bc).")
+	for _, r := range rows {
+		if r.hints != nil {
+			fmt.Printf("hints %s: %d batches, %d ranges, %.1f MB named, %d entry loads started, %d dropped, %d errors %s\n",
+				r.app, r.hints.Batches, r.hints.Extents, mb(r.hints.Bytes), r.hints.Started, r.hints.Dropped, r.hints.Errors, r.hints.Err)
+		}
+	}
 	if failed > 0 {
 		return fmt.Errorf("%d runs disagree with the in-memory run", failed)
 	}
 	return nil
 }
 
-type counters struct{ mem, dpuFabric, dpuHost uint64 }
+func mb(b uint64) float64 { return float64(b) / 1e6 }
+
+type counters struct {
+	mem, dpuFabric, dpuHost uint64
+	agent                   farmem.AgentStats
+}
 
 func read(ctx context.Context, cl *memcluster.Cluster) (counters, error) {
 	var c counters
@@ -227,6 +310,7 @@ func read(ctx context.Context, cl *memcluster.Cluster) (counters, error) {
 	c.mem = ss.Link.TXBytes + ss.Link.RXBytes
 	c.dpuFabric = as.Fabric.TXBytes + as.Fabric.RXBytes
 	c.dpuHost = as.Host.TXBytes + as.Host.RXBytes
+	c.agent = as
 	return c, nil
 }
 
@@ -242,9 +326,26 @@ func measure(ctx context.Context, cl *memcluster.Cluster, region uint32, pa path
 	if err != nil {
 		return r, err
 	}
+	// The time includes loading the static range: SODA amortises it
+	// over the run, and so must this row.
 	start := time.Now()
+	if pa.caching != (graph.Caching{}) {
+		if _, err := pa.caching.Apply(ctx, m, g); err != nil {
+			m.Close()
+			return r, err
+		}
+	}
+	var hinter *graph.MappingHinter
+	if pa.caching.Hints() {
+		hinter = graph.NewMappingHinter(ctx, m, int64(mo.ChunkSize))
+		o.Hints = hinter
+	}
 	res, err := graph.Run(ctx, graph.NewEngine(g, o), app, p)
 	r.time = time.Since(start)
+	if hinter != nil {
+		hs := hinter.Close()
+		r.hints = &hs
+	}
 	st, serr := m.Stats(ctx)
 	if cerr := m.Close(); err == nil {
 		err = cerr
@@ -263,9 +364,27 @@ func measure(ctx context.Context, cl *memcluster.Cluster, region uint32, pa path
 	r.memBytes = after.mem - before.mem
 	r.dpuFabric = after.dpuFabric - before.dpuFabric
 	r.dpuHost = after.dpuHost - before.dpuHost
+	b, a := regionStats(before.agent, region), regionStats(after.agent, region)
+	r.cache = farmem.RegionCacheStats{
+		Region: region, Prefetcher: a.Prefetcher, StaticBytes: a.StaticBytes,
+		StaticHits: a.StaticHits - b.StaticHits, Hits: a.Hits - b.Hits, Misses: a.Misses - b.Misses,
+		Bypassed: a.Bypassed - b.Bypassed, PrefetchIssued: a.PrefetchIssued - b.PrefetchIssued,
+		PrefetchUsed: a.PrefetchUsed - b.PrefetchUsed, Hinted: a.Hinted - b.Hinted,
+	}
+	r.switches = after.agent.Cache.Switches - before.agent.Cache.Switches
+	r.entry = after.agent.Cache.EntrySize
 	r.check = "ok"
 	if err := graph.Compare(res, ref, graph.DefaultTolerance); err != nil {
 		r.check = "MISMATCH: " + err.Error()
 	}
 	return r, nil
+}
+
+func regionStats(st farmem.AgentStats, region uint32) farmem.RegionCacheStats {
+	for _, r := range st.Cache.Regions {
+		if r.Region == region {
+			return r
+		}
+	}
+	return farmem.RegionCacheStats{}
 }

@@ -33,6 +33,7 @@ type Daemon struct {
 	Node   string
 	Socket string // its API socket
 	Cmd    *exec.Cmd
+	role   Role
 }
 
 // Client is an API client of the daemon.
@@ -81,6 +82,10 @@ type Options struct {
 	// Extra roles, started after the standard ones; a config may use
 	// {{dir}} for the cluster's directory.
 	Extra []Role
+	// AgentCache is dpu0's far_memory.cache section as a YAML flow
+	// mapping (docs/farmem.md, DPU caches), e.g. `{size: 8MiB,
+	// prefetcher: "off"}`; empty: no cache.
+	AgentCache string
 }
 
 // Start starts lovelockd (the binary bin) in mem0, dpu0 and host0, and the
@@ -96,7 +101,7 @@ func Start(ctx context.Context, spec testbed.Spec, bin string, o Options) (*Clus
 	c := &Cluster{Dir: dir, HostSocket: filepath.Join(dir, "farmem.sock"), Extra: map[string]*Daemon{}, prefix: spec.Prefix}
 	roles := []Role{
 		{Node: "mem0", Config: fmt.Sprintf("memory_server: {addr: %q, state_dir: %q, capacity: %s}\n", MemAddr, filepath.Join(dir, "mem0-state"), o.Capacity)},
-		{Node: "dpu0", Config: fmt.Sprintf("far_memory: {listen: %q, servers: [{addr: %q}]}\n", AgentAddr, MemAddr)},
+		{Node: "dpu0", Config: agentConfig(o.AgentCache)},
 		{Node: "host0", Config: fmt.Sprintf("far_memory_host: {agent: %q, socket: %q}\n", AgentAddr, c.HostSocket)},
 	}
 	roles = append(roles, o.Extra...)
@@ -130,6 +135,15 @@ func Start(ctx context.Context, spec testbed.Spec, bin string, o Options) (*Clus
 	return c, nil
 }
 
+// agentConfig is dpu0's lovelockd config: the far-memory agent, with the
+// cache section when one is given.
+func agentConfig(cache string) string {
+	if cache == "" {
+		return fmt.Sprintf("far_memory: {listen: %q, servers: [{addr: %q}]}\n", AgentAddr, MemAddr)
+	}
+	return fmt.Sprintf("far_memory: {listen: %q, servers: [{addr: %q}], cache: %s}\n", AgentAddr, MemAddr, cache)
+}
+
 func (c *Cluster) pins(name string) string { return filepath.Join("/sys/fs/bpf", c.prefix+name) }
 
 func (c *Cluster) start(spec testbed.Spec, bin string, r Role) (*Daemon, error) {
@@ -137,7 +151,7 @@ func (c *Cluster) start(spec testbed.Spec, bin string, r Role) (*Daemon, error) 
 	if err := os.WriteFile(cfg, []byte(r.Config), 0o600); err != nil {
 		return nil, err
 	}
-	log, err := os.Create(filepath.Join(c.Dir, r.Name+".log"))
+	log, err := os.OpenFile(filepath.Join(c.Dir, r.Name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
 	}
@@ -145,7 +159,7 @@ func (c *Cluster) start(spec testbed.Spec, bin string, r Role) (*Daemon, error) 
 	if err := os.MkdirAll(pins, 0o700); err != nil {
 		return nil, fmt.Errorf("%s: pin directory: %w", r.Name, err)
 	}
-	d := &Daemon{Node: r.Node, Socket: filepath.Join(c.Dir, r.Name+".sock")}
+	d := &Daemon{Node: r.Node, Socket: filepath.Join(c.Dir, r.Name+".sock"), role: r}
 	d.Cmd = exec.Command(bin, "--config", cfg, "--pin-dir", filepath.Join(pins, "lovelock"),
 		"--state", filepath.Join(c.Dir, r.Name+".state.json"), "--socket", d.Socket, "--metrics", "off")
 	d.Cmd.Stdout, d.Cmd.Stderr = log, log
@@ -174,6 +188,28 @@ func waitRunning(ctx context.Context, d *Daemon) error {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return fmt.Errorf("lovelockd on %s: far memory not running: %s (its log: %s)", d.Node, last, strings.TrimSuffix(d.Socket, ".sock")+".log")
+}
+
+// Restart stops d and starts it again with the same config, and waits
+// until its service runs: for a DPU agent, a fresh agent with empty caches
+// and its adaptive switch on. Clients of it (host agents) retransmit until
+// it answers again.
+func (c *Cluster) Restart(ctx context.Context, spec testbed.Spec, bin string, d *Daemon) error {
+	_ = d.Cmd.Process.Signal(syscall.SIGTERM)
+	_ = d.Cmd.Wait()
+	for i, x := range c.all {
+		if x == d {
+			c.all = append(c.all[:i], c.all[i+1:]...)
+			break
+		}
+	}
+	nd, err := c.start(spec, bin, d.role)
+	if err != nil {
+		return err
+	}
+	*d = *nd
+	c.all[len(c.all)-1] = d
+	return waitRunning(ctx, d)
 }
 
 // Stop stops every daemon (the last started first) and removes the

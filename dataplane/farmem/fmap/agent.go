@@ -202,6 +202,17 @@ func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Contex
 			if err := writeFrame(c, frame{Stats: &st}); err != nil {
 				return err
 			}
+		case opAdvise:
+			// The backend's advice call (a round trip to the DPU agent)
+			// runs here, beside the fault loop, never inside it.
+			res, err := advise(be, req.Advice)
+			f := frame{Result: &res}
+			if err != nil {
+				f = frame{Err: err.Error()}
+			}
+			if err := writeFrame(c, f); err != nil {
+				return err
+			}
 		case opClose:
 			return reply(c, h.flush())
 		default:

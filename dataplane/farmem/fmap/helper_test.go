@@ -51,6 +51,8 @@ type testAgent struct {
 	sock string
 	mu   sync.Mutex
 	regs map[uint64]*countingBackend
+	// advisors are served before regs (set before the first Map).
+	advisors map[uint64]Backend
 }
 
 func startAgent(t testing.TB) *testAgent {
@@ -93,6 +95,9 @@ func (a *testAgent) add(id uint64, be *MemBackend) *countingBackend {
 func (a *testAgent) open(_ context.Context, r RegionRef) (Backend, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if be, ok := a.advisors[r.ID]; ok {
+		return be, nil
+	}
 	be, ok := a.regs[r.ID]
 	if !ok {
 		return nil, fmt.Errorf("no region %d", r.ID)

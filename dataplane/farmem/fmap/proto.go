@@ -18,8 +18,8 @@ import (
 //	agent → program  {size} or {err}
 //	program → agent  {op: attach, addr, len}   + SCM_RIGHTS [userfaultfd, memfd]
 //	agent → program  {} or {err}
-//	then any number of {op: sync} → {} or {err} and {op: stats} → {stats},
-//	and one {op: close} → {} or {err}.
+//	then any number of {op: sync} → {} or {err}, {op: stats} → {stats} and
+//	{op: advise, advice} → {result} or {err}, and one {op: close} → {} or {err}.
 //
 // JSON because the exchange happens a few times per mapping, never per fault.
 const (
@@ -28,19 +28,22 @@ const (
 	opSync   = "sync"
 	opClose  = "close"
 	opStats  = "stats"
+	opAdvise = "advise"
 
 	maxFrame = 64 << 10
 )
 
 type frame struct {
-	Op      string     `json:"op,omitempty"`
-	Region  *RegionRef `json:"region,omitempty"`
-	Options *Options   `json:"options,omitempty"`
-	Size    int64      `json:"size,omitempty"`
-	Addr    uint64     `json:"addr,omitempty"`
-	Len     uint64     `json:"len,omitempty"`
-	Stats   *Stats     `json:"stats,omitempty"`
-	Err     string     `json:"err,omitempty"`
+	Op      string        `json:"op,omitempty"`
+	Region  *RegionRef    `json:"region,omitempty"`
+	Options *Options      `json:"options,omitempty"`
+	Size    int64         `json:"size,omitempty"`
+	Addr    uint64        `json:"addr,omitempty"`
+	Len     uint64        `json:"len,omitempty"`
+	Stats   *Stats        `json:"stats,omitempty"`
+	Advice  *Advice       `json:"advice,omitempty"`
+	Result  *AdviceResult `json:"result,omitempty"`
+	Err     string        `json:"err,omitempty"`
 }
 
 func writeFrame(c *net.UnixConn, f frame, fds ...int) error {

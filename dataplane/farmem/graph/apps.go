@@ -366,7 +366,7 @@ func RunBC(ctx context.Context, e *Engine, sources []uint32) ([]float64, error) 
 			}
 			// Depths are final for this level: pull path counts over
 			// in-edges from the level before.
-			e.VertexMap(frontier, func(v uint32) {
+			e.vertexMapEdges(frontier, e.g.in, e.g.inAt, func(v uint32) {
 				a, b := e.span(e.g.in, v)
 				sum := 0.0
 				for i := a; i < b; i++ {
@@ -381,7 +381,7 @@ func RunBC(ctx context.Context, e *Engine, sources []uint32) ([]float64, error) 
 		}
 		for l := len(levels) - 2; l >= 0; l-- {
 			next := int32(l + 1)
-			e.VertexMap(e.FromIDs(levels[l]), func(v uint32) {
+			e.vertexMapEdges(e.FromIDs(levels[l]), e.g.out, e.g.outAt, func(v uint32) {
 				a, b := e.span(e.g.out, v)
 				sum := 0.0
 				for i := a; i < b; i++ {

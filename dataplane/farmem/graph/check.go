@@ -135,6 +135,7 @@ func RunChecked(ctx context.Context, far, local *Graph, app App, p Params, o Opt
 	}
 	c.FarTime = time.Since(start)
 	start = time.Now()
+	o.Hints = nil // the local copy's reads need no far cache
 	if c.Local, err = Run(ctx, NewEngine(local, o), app, p); err != nil {
 		return c, fmt.Errorf("%s in memory: %w", app, err)
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/farmem/fmap"
 )
 
 // The binary CSR file (docs/graph.md): a 32-byte header, then the out-edge
@@ -54,6 +56,25 @@ type Graph struct {
 	flags uint32
 	out   adj
 	in    adj
+	// Byte offsets in the image of the out- and in-edge arrays (the same
+	// for a symmetric graph), for hints.
+	outAt, inAt uint64
+	// Byte ranges of the offset arrays.
+	offsets []fmap.Extent
+}
+
+// Offsets returns the byte ranges of the image that hold the graph's
+// offset arrays (one for a symmetric graph, two for a directed one): the
+// vertex-indexed data, which a DPU's static cache holds.
+func (g *Graph) Offsets() []fmap.Extent { return append([]fmap.Extent(nil), g.offsets...) }
+
+// Edges returns the byte ranges of the image that hold the edge arrays.
+func (g *Graph) Edges() []fmap.Extent {
+	out := []fmap.Extent{{Offset: int64(g.outAt), Size: int64(4 * g.m)}}
+	if !g.Symmetric() {
+		out = append(out, fmap.Extent{Offset: int64(g.inAt), Size: int64(4 * g.m)})
+	}
+	return out
 }
 
 // N is the number of vertices.
@@ -143,8 +164,15 @@ func Open(b []byte) (*Graph, error) {
 	}
 	g.out = section(HeaderSize)
 	g.in = g.out
+	offLen := int64(8 * (h.N + 1))
+	g.outAt = HeaderSize + 8*(h.N+1)
+	g.inAt = g.outAt
+	g.offsets = []fmap.Extent{{Offset: HeaderSize, Size: offLen}}
 	if !sym {
-		g.in = section(HeaderSize + pad8(8*(h.N+1)+4*h.M))
+		at := HeaderSize + pad8(8*(h.N+1)+4*h.M)
+		g.in = section(at)
+		g.inAt = at + 8*(h.N+1)
+		g.offsets = append(g.offsets, fmap.Extent{Offset: int64(at), Size: offLen})
 	}
 	for _, a := range []adj{g.out, g.in} {
 		if a.offset(0) != 0 || a.offset(uint32(h.N-1)+1) != h.M {

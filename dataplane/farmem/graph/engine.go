@@ -5,6 +5,8 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/farmem/fmap"
 )
 
 // Mode picks how EdgeMap traverses a frontier.
@@ -31,6 +33,27 @@ type Options struct {
 	// Threshold is the frontier weight (vertices plus out-edges) above which
 	// Auto goes dense; default m/20, Ligra's.
 	Threshold uint64
+	// Hints, when set, receives the byte ranges of the graph's edge array
+	// that each EdgeMap step will read, ahead of the workers reading them
+	// (see Hinter). Nil sends none.
+	Hints Hinter
+	// HintAhead is how far the hints run ahead of the workers, in bytes
+	// of far cache entries (HintGrain) that the hinted ranges touch;
+	// default 8 MiB. It should stay well below the far cache's size, or
+	// hinted entries are evicted before they are read.
+	HintAhead uint64
+	// HintGrain is the far cache's entry size, by which HintAhead counts;
+	// default 1 MiB, the DPU agent's default entry_size.
+	HintGrain uint64
+}
+
+// Hinter receives the engine's advance notice of the ranges of the graph
+// image (byte offsets from its start) that a step will read. Hint is called
+// by the engine's workers between blocks of work: it must not block on
+// the far end (queue the ranges and send them elsewhere, as MappingHinter
+// does), and it owns the slice.
+type Hinter interface {
+	Hint(ranges []fmap.Extent)
 }
 
 // Engine runs Ligra's operators over one graph: EdgeMap over a frontier's
@@ -48,6 +71,9 @@ type Engine struct {
 	stamp []atomic.Uint32
 	round uint32
 	bad   atomic.Pointer[string] // first inconsistency found in the graph's bytes
+	hints Hinter
+	ahead uint64
+	grain uint64
 
 	// Counters of the last app run (reset by Reset).
 	DenseSteps, SparseSteps int
@@ -56,7 +82,13 @@ type Engine struct {
 
 // NewEngine returns an engine over g.
 func NewEngine(g *Graph, o Options) *Engine {
-	e := &Engine{g: g, workers: o.Workers, mode: o.Mode, threshold: o.Threshold}
+	e := &Engine{g: g, workers: o.Workers, mode: o.Mode, threshold: o.Threshold, hints: o.Hints, ahead: o.HintAhead, grain: o.HintGrain}
+	if e.ahead == 0 {
+		e.ahead = 8 << 20
+	}
+	if e.grain == 0 {
+		e.grain = 1 << 20
+	}
 	if e.workers <= 0 {
 		e.workers = runtime.GOMAXPROCS(0)
 	}
@@ -105,15 +137,33 @@ func (e *Engine) span(a adj, v uint32) (uint64, uint64) {
 // parallel runs body over [0, n) in blocks on e.workers goroutines; body
 // gets the worker's index, so it may keep per-worker state.
 func (e *Engine) parallel(n int, body func(w, lo, hi int)) {
+	e.parallelHinted(n, nil, body)
+}
+
+// parallelHinted is parallel with hints: when the engine has a Hinter,
+// each block's claim first runs the hints ahead (see hintAhead).
+func (e *Engine) parallelHinted(n int, hint func(lo, hi int) []fmap.Extent, body func(w, lo, hi int)) {
 	if n == 0 {
 		return
 	}
 	workers := min(e.workers, (n+255)/256)
-	if workers <= 1 {
+	if e.hints == nil {
+		hint = nil
+	}
+	if workers <= 1 && hint == nil {
 		body(0, 0, n)
 		return
 	}
+	workers = max(workers, 1)
 	grain := max(64, n/(workers*16))
+	if hint != nil {
+		h := &hintAhead{e: e, n: n, grain: grain, extents: hint, sizes: make([]uint64, (n+grain-1)/grain)}
+		inner := body
+		body = func(w, lo, hi int) {
+			h.claim(lo)
+			inner(w, lo, hi)
+		}
+	}
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for w := range workers {
@@ -252,7 +302,19 @@ func (e *Engine) edgeMapDense(frontier Subset, update func(s, d uint32) bool, co
 	out := make([]bool, n)
 	counts := make([]int, e.workers)
 	read := make([]uint64, e.workers)
-	e.parallel(n, func(w, lo, hi int) {
+	e.parallelHinted(n, func(lo, hi int) []fmap.Extent {
+		// A dense step streams the in-edges of the vertices whose Cond
+		// holds (it may stop early in a vertex: then the hint overshoots).
+		var ext []fmap.Extent
+		for d := lo; d < hi; d++ {
+			if !cond(uint32(d)) {
+				continue
+			}
+			a, b := e.span(e.g.in, uint32(d))
+			ext = e.addEdges(ext, e.g.inAt, a, b)
+		}
+		return ext
+	}, func(w, lo, hi int) {
 		for d := lo; d < hi; d++ {
 			v := uint32(d)
 			if !cond(v) {
@@ -296,7 +358,16 @@ func (e *Engine) edgeMapSparse(ids []uint32, update func(s, d uint32) bool, cond
 	round := e.round
 	outs := make([][]uint32, e.workers)
 	read := make([]uint64, e.workers)
-	e.parallel(len(ids), func(w, lo, hi int) {
+	e.parallelHinted(len(ids), func(lo, hi int) []fmap.Extent {
+		// A sparse step knows its frontier: the out-edges of ids[lo:hi]
+		// are offsets[s]..offsets[s+1] of the edge array.
+		var ext []fmap.Extent
+		for _, s := range ids[lo:hi] {
+			a, b := e.span(e.g.out, s)
+			ext = e.addEdges(ext, e.g.outAt, a, b)
+		}
+		return ext
+	}, func(w, lo, hi int) {
 		for _, s := range ids[lo:hi] {
 			a, b := e.span(e.g.out, s)
 			for i := a; i < b; i++ {
@@ -341,6 +412,25 @@ func (e *Engine) VertexMap(s Subset, f func(v uint32)) {
 	})
 }
 
+// vertexMapEdges is VertexMap for an f that reads each vertex's edges in
+// a, whose edge array starts at byte at of the image (BC's pulls): with a
+// Hinter, those ranges are hinted ahead as in EdgeMap.
+func (e *Engine) vertexMapEdges(s Subset, a adj, at uint64, f func(v uint32)) {
+	ids := s.IDs()
+	e.parallelHinted(len(ids), func(lo, hi int) []fmap.Extent {
+		var ext []fmap.Extent
+		for _, v := range ids[lo:hi] {
+			x, y := e.span(a, v)
+			ext = e.addEdges(ext, at, x, y)
+		}
+		return ext
+	}, func(_, lo, hi int) {
+		for _, v := range ids[lo:hi] {
+			f(v)
+		}
+	})
+}
+
 // ForRange calls f for each vertex ID in [0, n), in parallel: a
 // VertexMap over all vertices without building the subset.
 func (e *Engine) ForRange(f func(v uint32)) {
@@ -349,4 +439,87 @@ func (e *Engine) ForRange(f func(v uint32)) {
 			f(uint32(v))
 		}
 	})
+}
+
+// hintAhead runs one step's hints ahead of its workers: when a worker
+// claims a block, the blocks after the furthest one claimed are hinted
+// until the hinted blocks not yet claimed touch HintAhead bytes of far
+// cache entries. Blocks are claimed in increasing order (an atomic
+// counter), so that is how far the far cache is asked to run ahead of the
+// reads.
+type hintAhead struct {
+	e       *Engine
+	n       int
+	grain   int
+	extents func(lo, hi int) []fmap.Extent
+
+	mu    sync.Mutex
+	front int      // blocks below front are claimed (being read or done)
+	next  int      // first block not hinted
+	sizes []uint64 // entry bytes hinted per block (one entry while computed)
+}
+
+func (h *hintAhead) claim(lo int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.front = max(h.front, lo/h.grain+1)
+	// A block claimed before it was hinted is read now: too late to hint.
+	h.next = max(h.next, h.front)
+	for h.next < len(h.sizes) && h.outstanding() < h.e.ahead {
+		nb := h.next
+		h.next++
+		h.sizes[nb] = h.e.grain
+		// The extents read offsets, which may fault: not under the lock
+		// that the other workers' claims wait on.
+		h.mu.Unlock()
+		lo := nb * h.grain
+		ext := h.extents(lo, min(lo+h.grain, h.n))
+		bytes := h.e.entryBytes(ext)
+		if len(ext) > 0 {
+			h.e.hints.Hint(ext)
+		}
+		h.mu.Lock()
+		h.sizes[nb] = bytes
+	}
+}
+
+// outstanding is the entry bytes hinted for blocks not yet claimed.
+func (h *hintAhead) outstanding() uint64 {
+	var n uint64
+	for b := h.front; b < h.next; b++ {
+		n += h.sizes[b]
+	}
+	return n
+}
+
+// addEdges appends the bytes of edges [a, b) of the edge array at byte
+// offset at of the image, merging with the last extent when they touch.
+func (e *Engine) addEdges(ext []fmap.Extent, at, a, b uint64) []fmap.Extent {
+	if a >= b {
+		return ext
+	}
+	off, size := int64(at+4*a), int64(4*(b-a))
+	if k := len(ext) - 1; k >= 0 && ext[k].Offset+ext[k].Size == off {
+		ext[k].Size += size
+		return ext
+	}
+	return append(ext, fmap.Extent{Offset: off, Size: size})
+}
+
+// entryBytes is the size of the far cache entries (HintGrain) that ext
+// touches, counting an entry once when consecutive extents share it.
+func (e *Engine) entryBytes(ext []fmap.Extent) uint64 {
+	var n uint64
+	last := ^uint64(0)
+	for _, x := range ext {
+		lo, hi := uint64(x.Offset)/e.grain, uint64(x.Offset+x.Size-1)/e.grain
+		if lo == last {
+			lo++
+		}
+		if hi >= lo {
+			n += hi - lo + 1
+		}
+		last = hi
+	}
+	return n * e.grain
 }

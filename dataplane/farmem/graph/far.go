@@ -2,6 +2,7 @@ package graph
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/farmem"
@@ -49,4 +50,79 @@ func MapRegion(ctx context.Context, socket string, id uint64, opts fmap.Options)
 		return nil, nil, fmt.Errorf("graph: region %d: %w", id, err)
 	}
 	return g, m, nil
+}
+
+// Caching is how a run over far memory uses the DPU agent's caches
+// (docs/farmem.md, DPU caches), SODA's two options: the vertex data (the
+// offset arrays) in the static cache, or the edges served by the dynamic
+// cache with a prefetcher.
+type Caching struct {
+	// Static loads the graph's offset arrays into the static cache.
+	Static bool
+	// Prefetcher is the region's prefetcher on the agent: "off" keeps the
+	// region out of the dynamic cache; "adjacent" (SODA's), "stride" or
+	// "hints" (the engine's hints: Hints reports it) use it.
+	Prefetcher string
+}
+
+// ParseCaching reads lovelock graph run's --cache (off, static, dynamic)
+// and --prefetch (adjacent, stride, hints, off; "" for the mode's default:
+// off for static, adjacent for dynamic). static with a prefetcher uses
+// both caches.
+func ParseCaching(cache, prefetch string) (Caching, error) {
+	switch prefetch {
+	case "", "adjacent", "stride", "hints", "off":
+	default:
+		return Caching{}, fmt.Errorf("graph: prefetcher %q: want adjacent, stride, hints or off", prefetch)
+	}
+	switch cache {
+	case "off", "":
+		if prefetch != "" && prefetch != "off" {
+			return Caching{}, fmt.Errorf("graph: --prefetch %s needs the dynamic cache (--cache dynamic)", prefetch)
+		}
+		return Caching{Prefetcher: "off"}, nil
+	case "static":
+		if prefetch == "" {
+			prefetch = "off"
+		}
+		return Caching{Static: true, Prefetcher: prefetch}, nil
+	case "dynamic":
+		switch prefetch {
+		case "":
+			prefetch = "adjacent"
+		case "off":
+			return Caching{}, errors.New("graph: --cache dynamic with --prefetch off would cache nothing; use --cache off")
+		}
+		return Caching{Prefetcher: prefetch}, nil
+	}
+	return Caching{}, fmt.Errorf("graph: cache mode %q: want off, static or dynamic", cache)
+}
+
+// Hints reports whether the engine should send hints (MappingHinter).
+func (c Caching) Hints() bool { return c.Prefetcher == "hints" }
+
+// Apply sets the caching of the region behind m, a mapping of g's image,
+// through the host agent (fmap Advise → farmem.Region: SetPrefetcher, then
+// LoadStatic of g's offsets, which returns once they are on the DPU). The
+// prefetcher is the agent's, for every host reading the region. It fails
+// when caching is asked for and the far end cannot give it (a host agent
+// whose backend takes no advice, or a region served by a memory node
+// directly, which has no cache); Caching{Prefetcher: "off"} then succeeds.
+func (c Caching) Apply(ctx context.Context, m Advisor, g *Graph) (fmap.AdviceResult, error) {
+	a := fmap.Advice{Prefetcher: c.Prefetcher}
+	if c.Static {
+		a.Static = g.Offsets()
+	}
+	res, err := m.Advise(ctx, a)
+	if err != nil {
+		return res, fmt.Errorf("graph: set the DPU caches (%+v): %w", c, err)
+	}
+	wantsCache := c.Static || (c.Prefetcher != "off" && c.Prefetcher != "")
+	switch {
+	case wantsCache && !res.Supported:
+		return res, errors.New("graph: the host agent's backend takes no cache advice (not a far-memory region)")
+	case c.Static && !res.Static:
+		return res, errors.New("graph: the region's far end has no static cache (the host agent reaches a memory node directly, not a DPU agent)")
+	}
+	return res, nil
 }

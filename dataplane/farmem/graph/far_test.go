@@ -2,6 +2,7 @@ package graph
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -64,8 +65,20 @@ func TestHelperProcess(t *testing.T) {
 	}
 }
 
+// helperCache is the helper's DPU agent's cache: small entries, an arena
+// of three of them (well below the test graphs, so entries are evicted),
+// regions out of the dynamic cache until a test
+// advises otherwise, and bandwidths that keep the adaptive switch on (a
+// threshold of ~0), so that each prefetcher really serves the reads.
+var helperCache = farmem.CacheConfig{
+	Size: 192 << 10, EntrySize: 64 << 10, Prefetcher: farmem.PrefetchOff,
+	BNet: 1, BIntra: 1 << 40,
+}
+
 // startFabric starts a memory server and a DPU agent on loopback and
-// returns a client of the agent; DIR/agent.addr gets the agent's address.
+// returns a client of the agent; DIR/agent.addr gets the agent's address,
+// and DIR/stats.sock answers each connection with the agent's AgentStats
+// in JSON.
 func startFabric(ctx context.Context, dir string) (*farmem.Client, error) {
 	server, err := farmem.NewServer(farmem.ServerOptions{
 		StateDir: filepath.Join(dir, "mem-state"), Capacity: 1 << 30, Addr: netip.MustParseAddrPort("127.0.0.1:0"),
@@ -77,11 +90,27 @@ func startFabric(ctx context.Context, dir string) (*farmem.Client, error) {
 	agent, err := farmem.NewAgent(farmem.AgentConfig{
 		Listen:  netip.MustParseAddrPort("127.0.0.1:0"),
 		Servers: []farmem.ServerSpec{{Addr: server.Addr()}},
+		Cache:   helperCache,
 	}, farmem.AgentOptions{})
 	if err != nil {
 		return nil, err
 	}
 	go agent.Run(ctx)
+	sl, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(dir, "stats.sock"), Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
+	context.AfterFunc(ctx, func() { sl.Close() })
+	go func() {
+		for {
+			c, err := sl.Accept()
+			if err != nil {
+				return
+			}
+			json.NewEncoder(c).Encode(agent.Stats())
+			c.Close()
+		}
+	}()
 	client, err := farmem.NewClient(farmem.ClientOptions{Server: agent.Addr()})
 	if err != nil {
 		return nil, err
@@ -286,5 +315,118 @@ func TestFarMemoryFabric(t *testing.T) {
 	t.Logf("%d bytes in region %d: %+v", len(img), id, st)
 	if st.Evictions == 0 {
 		t.Errorf("stats %+v: no evictions with a buffer of a third of the footprint", st)
+	}
+}
+
+// agentStats asks the fabric helper for its DPU agent's counters.
+func (a *farAgent) agentStats(t *testing.T) farmem.AgentStats {
+	t.Helper()
+	c, err := net.Dial("unix", filepath.Join(a.dir, "stats.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var st farmem.AgentStats
+	if err := json.NewDecoder(c).Decode(&st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func regionCache(st farmem.AgentStats, id uint32) farmem.RegionCacheStats {
+	for _, r := range st.Cache.Regions {
+		if r.Region == id {
+			return r
+		}
+	}
+	return farmem.RegionCacheStats{}
+}
+
+// TestFarMemoryCaches runs every app over a graph uploaded through a DPU
+// agent with caches, mapped with a host buffer of a third of the
+// footprint, once per caching option of lovelock graph run: the offsets
+// in the static cache, the dynamic cache with each prefetcher (hints: the
+// engine's, through MappingHinter and fmap's advise op), and both. Each
+// answer equals the in-memory one, and the agent's counters show that the
+// option served reads: static hits, dynamic hits, prefetches, hints.
+func TestFarMemoryCaches(t *testing.T) {
+	a := startAgent(t, "fabric")
+	addr, err := os.ReadFile(filepath.Join(a.dir, "agent.addr"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := farmem.NewClient(farmem.ClientOptions{Server: netip.MustParseAddrPort(string(addr))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	n, edges, _ := RMAT(13, 8, 23)
+	local, img := build(t, n, edges, true)
+	p := Params{Source: -1, Samples: 16, BCSources: 2, Seed: 3, Iterations: 5}
+	for _, mode := range []struct{ cache, prefetch string }{
+		{"static", ""}, {"dynamic", "adjacent"}, {"dynamic", "stride"}, {"dynamic", "hints"}, {"static", "hints"},
+	} {
+		t.Run(mode.cache+"/"+mode.prefetch, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), 120*time.Second)
+			defer cancel()
+			caching, err := ParseCaching(mode.cache, mode.prefetch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			id, err := Upload(ctx, client, img)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer client.Free(context.Background(), id)
+			far, m, err := MapRegion(ctx, a.sock, uint64(id), fmap.Options{ChunkSize: 16 << 10, BufferBytes: int64(len(img)) / 3})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			if _, err := caching.Apply(ctx, m, far); err != nil {
+				t.Fatal(err)
+			}
+			o := Options{Workers: 4, HintAhead: 128 << 10, HintGrain: uint64(helperCache.EntrySize)}
+			var h *MappingHinter
+			if caching.Hints() {
+				h = NewMappingHinter(ctx, m, 16<<10)
+				o.Hints = h
+			}
+			for _, app := range Apps {
+				want, err := Run(ctx, NewEngine(local, Options{Workers: 2}), app, p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := Run(ctx, NewEngine(far, o), app, p)
+				if err != nil {
+					t.Fatalf("%s through far memory: %v", app, err)
+				}
+				if err := Compare(got, want, DefaultTolerance); err != nil {
+					t.Errorf("%+v: through far memory: %v", caching, err)
+				}
+			}
+			st, err := m.Stats(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rc := regionCache(a.agentStats(t), id)
+			t.Logf("%+v: mapping %+v; agent cache %+v", caching, st, rc)
+			if st.Evictions == 0 {
+				t.Errorf("no evictions with a buffer of a third of the footprint: %+v", st)
+			}
+			if caching.Static && (rc.StaticHits == 0 || rc.StaticBytes != uint64(far.Offsets()[0].Size)) {
+				t.Errorf("static offsets: %+v, want static hits and %d static bytes", rc, far.Offsets()[0].Size)
+			}
+			if caching.Prefetcher != "off" && (rc.Hits == 0 || rc.PrefetchIssued == 0 || rc.Prefetcher != caching.Prefetcher) {
+				t.Errorf("dynamic cache with %s: %+v, want hits and prefetches", caching.Prefetcher, rc)
+			}
+			if h != nil {
+				hs := h.Close()
+				t.Logf("hints: %+v", hs)
+				if hs.Errors != 0 || hs.Batches == 0 || rc.Hinted == 0 {
+					t.Errorf("hints: %+v, agent %+v: want hints sent without errors and entries loaded for them", hs, rc)
+				}
+			}
+		})
 	}
 }
