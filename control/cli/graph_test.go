@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -89,18 +90,27 @@ func TestGraphFiles(t *testing.T) {
 	}
 }
 
-// TestGraphHelperProcess is the host agent of TestGraphRunFar: it serves
-// region N from the file DIR/N until SIGTERM.
-func TestGraphHelperProcess(t *testing.T) {
-	if os.Getenv("CLI_GRAPH_HELPER") != "agent" {
-		t.Skip("helper for TestGraphRunFar")
+// TestMain runs the host agent of TestGraphRunFar instead of the tests when
+// the test binary is started as one (CLI_GRAPH_HELPER=agent).
+func TestMain(m *testing.M) {
+	if os.Getenv("CLI_GRAPH_HELPER") == "agent" {
+		if err := graphHelperAgent(); err != nil {
+			fmt.Fprintln(os.Stderr, "helper:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
 	}
+	os.Exit(m.Run())
+}
+
+// graphHelperAgent serves region N from the file DIR/N until SIGTERM.
+func graphHelperAgent() error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	dir := os.Getenv("CLI_GRAPH_DIR")
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(dir, "agent.sock"), Net: "unix"})
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	agent := &fmap.Agent{Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))}
 	err = agent.Serve(ctx, ln, func(_ context.Context, r fmap.RegionRef) (fmap.Backend, error) {
@@ -111,9 +121,7 @@ func TestGraphHelperProcess(t *testing.T) {
 		st, _ := f.Stat()
 		return roFile{f, st.Size()}, nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	return err
 }
 
 type roFile struct {
@@ -142,7 +150,7 @@ func TestGraphRunFar(t *testing.T) {
 		b, _ := os.ReadFile(f)
 		os.WriteFile(filepath.Join(dir, id), b, 0o600)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestGraphHelperProcess$", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.count=1")
 	cmd.Env = append(os.Environ(), "CLI_GRAPH_HELPER=agent", "CLI_GRAPH_DIR="+dir)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {

@@ -20,8 +20,8 @@ import (
 )
 
 // The tests run the host agent in the test process and each program in a
-// child process: the test binary re-executed with -test.run=TestHelperProcess
-// and FMAP_HELPER naming what the child does. That way the faults are served
+// child process: the test binary re-executed with FMAP_HELPER naming what
+// the child does (TestMain runs it instead of the tests). That way the faults are served
 // by another process, as in production.
 const helperEnv = "FMAP_HELPER"
 
@@ -109,7 +109,7 @@ func (a *testAgent) open(_ context.Context, r RegionRef) (Backend, error) {
 // t with its output if it fails.
 func runHelper(t testing.TB, ctx context.Context, role string, env ...string) string {
 	t.Helper()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1", "-test.v")
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.count=1", "-test.v")
 	cmd.Env = append(append(os.Environ(), helperEnv+"="+role), env...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -118,13 +118,21 @@ func runHelper(t testing.TB, ctx context.Context, role string, env ...string) st
 	return string(out)
 }
 
-// TestHelperProcess is the program side of the tests; it does nothing unless
+// TestMain runs the program side of the tests instead of the tests when
 // started by runHelper.
-func TestHelperProcess(t *testing.T) {
-	role := os.Getenv(helperEnv)
-	if role == "" {
-		t.Skip("helper for the other tests")
+func TestMain(m *testing.M) {
+	if role := os.Getenv(helperEnv); role != "" {
+		if err := helperProcess(role); err != nil {
+			fmt.Fprintln(os.Stderr, "helper:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
 	}
+	os.Exit(m.Run())
+}
+
+// helperProcess runs the program side named by role.
+func helperProcess(role string) error {
 	var err error
 	switch role {
 	case "write", "write-noclose", "verify":
@@ -140,9 +148,7 @@ func TestHelperProcess(t *testing.T) {
 	default:
 		err = fmt.Errorf("unknown role %q", role)
 	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	return err
 }
 
 func envInt(name string) int64 {

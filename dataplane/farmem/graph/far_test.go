@@ -24,22 +24,33 @@ import (
 
 // The far-memory tests run the engine in the test process over a
 // transparent mapping whose faults are served by a host agent in another
-// process (the test binary re-executed as TestHelperProcess), as in
+// process (the test binary re-executed with GRAPH_HELPER set: TestMain), as in
 // production: a fault handler inside the faulting process can deadlock it
 // (docs/farmem-mapping.md). The agent serves region N from the file DIR/N.
 const helperEnv = "GRAPH_HELPER"
 
-// TestHelperProcess is the host agent of the far-memory tests; it does
-// nothing unless started by startAgent.
+// TestMain runs the host agent of the far-memory tests instead of the tests
+// when started by startAgent.
 //
 // With GRAPH_HELPER=fabric the helper also runs a memory server and a DPU
 // agent on loopback and serves each mapping from a far-memory client's
 // region through that agent, the path of the testbed in one process; it
 // writes the agent's address to DIR/agent.addr.
-func TestHelperProcess(t *testing.T) {
-	role := os.Getenv(helperEnv)
+func TestMain(m *testing.M) {
+	if role := os.Getenv(helperEnv); role != "" {
+		if err := helperAgent(role); err != nil {
+			fmt.Fprintln(os.Stderr, "helper:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// helperAgent serves mappings as role ("agent" or "fabric") until SIGTERM.
+func helperAgent(role string) error {
 	if role != "agent" && role != "fabric" {
-		t.Skip("helper for the other tests")
+		return fmt.Errorf("unknown role %q", role)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
@@ -48,7 +59,7 @@ func TestHelperProcess(t *testing.T) {
 	if role == "fabric" {
 		client, err := startFabric(ctx, dir)
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
 		defer client.Close()
 		open = func(ctx context.Context, r fmap.RegionRef) (fmap.Backend, error) {
@@ -57,12 +68,10 @@ func TestHelperProcess(t *testing.T) {
 	}
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: os.Getenv("GRAPH_SOCK"), Net: "unix"})
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	agent := &fmap.Agent{Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))}
-	if err := agent.Serve(ctx, ln, open); err != nil {
-		t.Fatal(err)
-	}
+	return agent.Serve(ctx, ln, open)
 }
 
 // helperCache is the helper's DPU agent's cache: small entries, an arena
@@ -158,7 +167,7 @@ func startAgent(t *testing.T, role string) *farAgent {
 	testenv.RequirePriv(t)
 	dir := t.TempDir()
 	a := &farAgent{sock: filepath.Join(dir, "agent.sock"), dir: dir}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.count=1")
 	cmd.Env = append(os.Environ(), helperEnv+"="+role, "GRAPH_SOCK="+a.sock, "GRAPH_DIR="+dir)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
