@@ -1,0 +1,157 @@
+package ingest
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
+)
+
+// The host/DPU control protocol (type 0x22) between the GPU host's agent
+// and its DPU's ingest agent. One layout serves every operation:
+//
+//	0  u8  op (CtrlOp)
+//	1  u8  status (Status; completions and acks)
+//	2  u8  GPU index
+//	3  u8  slot (memory slice) index
+//	4  u32 length: input bytes (doorbell) or output bytes (completion)
+//	8  u64 epoch: the host agent's registration it refers to
+//	16 u64 request: the DPU's number for the request (doorbell, completion)
+//	24 u32 µs on the device (completion)
+//	28 u16 text length T
+//	30 u16 tenant (doorbell)
+//	32 T bytes text: the handle socket (register), the model (doorbell),
+//	   an error message (completion, ack)
+//
+// The host announces itself with Register every heartbeat interval; a new
+// epoch means new buffers: the DPU fetches their handles from the host's
+// handle socket (unix, descriptors passed with SCM_RIGHTS; on a BlueField
+// a DOCA mmap export descriptor), drops every mapping of the old epoch, and
+// answers RegisterAck. The DPU rings with Doorbell once the input is in the
+// slot's buffer; the host answers Complete once the output is in the
+// slot's output buffer. A lost doorbell or completion is repaired by the
+// DPU ringing again: the host remembers what it completed and answers
+// again without running the model twice.
+const CtrlHeaderLen = 32
+
+// CtrlOp is a control operation.
+type CtrlOp uint8
+
+// The control operations.
+const (
+	OpRegister    CtrlOp = 1
+	OpRegisterAck CtrlOp = 2
+	OpDoorbell    CtrlOp = 3
+	OpComplete    CtrlOp = 4
+)
+
+func (o CtrlOp) String() string {
+	switch o {
+	case OpRegister:
+		return "register"
+	case OpRegisterAck:
+		return "register-ack"
+	case OpDoorbell:
+		return "doorbell"
+	case OpComplete:
+		return "complete"
+	}
+	return fmt.Sprintf("op(%d)", uint8(o))
+}
+
+// Ctrl is one control message.
+type Ctrl struct {
+	Op       CtrlOp
+	Status   Status
+	GPU      uint8
+	Slot     uint8
+	Length   uint32
+	Epoch    uint64
+	Request  uint64
+	DeviceUs uint32
+	Tenant   uint16
+	Text     string
+}
+
+// AppendCtrl appends a control datagram to b.
+func AppendCtrl(b []byte, c *Ctrl) []byte {
+	text := c.Text
+	if len(text) > maxText {
+		text = text[:maxText]
+	}
+	h := wire.Header{Version: wire.Version, Type: wire.TypeIngestCtrl, Length: uint32(CtrlHeaderLen + len(text))}
+	start := len(b)
+	b = append(b, make([]byte, wire.HeaderLen+CtrlHeaderLen)...)
+	h.Put(b[start:])
+	p := b[start+wire.HeaderLen:]
+	p[0], p[1], p[2], p[3] = uint8(c.Op), uint8(c.Status), c.GPU, c.Slot
+	binary.BigEndian.PutUint32(p[4:], c.Length)
+	binary.BigEndian.PutUint64(p[8:], c.Epoch)
+	binary.BigEndian.PutUint64(p[16:], c.Request)
+	binary.BigEndian.PutUint32(p[24:], c.DeviceUs)
+	binary.BigEndian.PutUint16(p[28:], uint16(len(text)))
+	binary.BigEndian.PutUint16(p[30:], c.Tenant)
+	return append(b, text...)
+}
+
+// DecodeCtrl decodes a control datagram's payload.
+func DecodeCtrl(p []byte) (Ctrl, error) {
+	var c Ctrl
+	if len(p) < CtrlHeaderLen {
+		return c, fmt.Errorf("%w: control message of %d bytes, header alone is %d", ErrMalformed, len(p), CtrlHeaderLen)
+	}
+	c.Op, c.Status, c.GPU, c.Slot = CtrlOp(p[0]), Status(p[1]), p[2], p[3]
+	if c.Op < OpRegister || c.Op > OpComplete {
+		return c, fmt.Errorf("%w: unknown control op %d", ErrMalformed, p[0])
+	}
+	c.Length = binary.BigEndian.Uint32(p[4:])
+	c.Epoch = binary.BigEndian.Uint64(p[8:])
+	c.Request = binary.BigEndian.Uint64(p[16:])
+	c.DeviceUs = binary.BigEndian.Uint32(p[24:])
+	t := int(binary.BigEndian.Uint16(p[28:]))
+	c.Tenant = binary.BigEndian.Uint16(p[30:])
+	if len(p) < CtrlHeaderLen+t {
+		return c, fmt.Errorf("%w: control text runs past the datagram", ErrMalformed)
+	}
+	c.Text = string(p[CtrlHeaderLen : CtrlHeaderLen+t])
+	return c, nil
+}
+
+// The handle socket's exchange (package fdpass frames): the DPU asks for
+// the layout of an epoch, the host answers with the layout and, in the same
+// frame, one descriptor per buffer in Layout order (each slot's input, then
+// its output), or with Err.
+type LayoutRequest struct {
+	Epoch uint64 `json:"epoch"`
+}
+
+// Layout is a host's registered GPUs and their slot buffers.
+type Layout struct {
+	Epoch uint64      `json:"epoch"`
+	GPUs  []GPULayout `json:"gpus"`
+	// Models are the models the host runs (built-in or attached).
+	Models []string `json:"models"`
+	Err    string   `json:"err,omitempty"`
+}
+
+// GPULayout is one GPU's slots.
+type GPULayout struct {
+	Index int    `json:"index"`
+	Kind  string `json:"kind"` // devmem.Kind
+	Name  string `json:"name"`
+	Card  string `json:"card"` // MIG card model, e.g. "H100-80GB"
+	// HandleKind is how its buffers import (devmem.HandleKind).
+	HandleKind string `json:"handle_kind"`
+	// Slots are indexed by MIG memory slice: work placed on an instance
+	// starting at memory slice s uses slot s's buffers.
+	Slots []SlotLayout `json:"slots"`
+}
+
+// SlotLayout is one slot's buffers.
+type SlotLayout struct {
+	Slot     int    `json:"slot"`
+	InBytes  int    `json:"in_bytes"`
+	OutBytes int    `json:"out_bytes"`
+	InIPC    []byte `json:"in_ipc,omitempty"`  // legacy CUDA IPC handles, when the
+	OutIPC   []byte `json:"out_ipc,omitempty"` // buffers have no descriptor
+}
