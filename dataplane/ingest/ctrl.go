@@ -31,7 +31,8 @@ import (
 // slot's buffer; the host answers Complete once the output is in the
 // slot's output buffer. A lost doorbell or completion is repaired by the
 // DPU ringing again: the host remembers what it completed and answers
-// again without running the model twice.
+// again without running the model twice, and answers Running for what it
+// is still running.
 const CtrlHeaderLen = 32
 
 // CtrlOp is a control operation.
@@ -43,6 +44,9 @@ const (
 	OpRegisterAck CtrlOp = 2
 	OpDoorbell    CtrlOp = 3
 	OpComplete    CtrlOp = 4
+	// OpRunning answers a doorbell rung again for a request the host is
+	// still running: the host is alive, the model slow.
+	OpRunning CtrlOp = 5
 )
 
 func (o CtrlOp) String() string {
@@ -55,6 +59,8 @@ func (o CtrlOp) String() string {
 		return "doorbell"
 	case OpComplete:
 		return "complete"
+	case OpRunning:
+		return "running"
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
@@ -101,7 +107,7 @@ func DecodeCtrl(p []byte) (Ctrl, error) {
 		return c, fmt.Errorf("%w: control message of %d bytes, header alone is %d", ErrMalformed, len(p), CtrlHeaderLen)
 	}
 	c.Op, c.Status, c.GPU, c.Slot = CtrlOp(p[0]), Status(p[1]), p[2], p[3]
-	if c.Op < OpRegister || c.Op > OpComplete {
+	if c.Op < OpRegister || c.Op > OpRunning {
 		return c, fmt.Errorf("%w: unknown control op %d", ErrMalformed, p[0])
 	}
 	c.Length = binary.BigEndian.Uint32(p[4:])

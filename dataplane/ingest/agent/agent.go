@@ -1,0 +1,764 @@
+// Package agent is the DPU's side of accelerator ingest (Conspirator): it
+// receives clients' inputs, reassembles and validates them in DPU memory,
+// asks the MIG scheduler (package sched) for a slice, writes the bytes
+// straight into that slice's buffer on the GPU host, rings the host's
+// doorbell, and returns the output when the host says it is ready. Two
+// front ends feed it: the Lovelock protocol on its client transport (this
+// package) and anything that calls Infer (the KServe v2 gRPC server).
+//
+// One mutex guards the agent's state (requests, the host's registration,
+// the pools' schedulers); copies into and out of the host's buffers run
+// outside it, in a goroutine per placed request.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest"
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/hostagent"
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/model"
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/sched"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
+)
+
+// Agent is a DPU's ingest agent.
+type Agent struct {
+	cfg    Config
+	models map[string]*modelState
+	start  time.Time
+
+	mu       sync.Mutex
+	host     *host
+	fetching uint64 // epoch whose layout is being fetched
+	reqs     map[reqKey]*request
+	bySeq    map[uint64]*request
+	results  map[reqKey]*doneResult
+	resultQ  []reqKey // results in expiry order
+	nextSeq  uint64
+	bufUsed  int
+
+	stats counters
+	lat   latencies
+}
+
+type modelState struct {
+	cfg      ModelConfig
+	info     ingest.ModelInfo
+	builtin  *model.Model  // nil for a model the host attaches
+	duration time.Duration // EWMA of device time, the scheduler's estimate
+}
+
+// reqKey names a request: the client's address and its ID. Requests from
+// Infer have no address and the agent's own ID.
+type reqKey struct {
+	addr netip.AddrPort
+	id   uint64
+}
+
+type reqState int
+
+const (
+	receiving reqState = iota
+	queued             // waiting for a slice
+	writing            // placed; input being copied to the slot
+	running            // doorbell rung
+)
+
+type request struct {
+	key     reqKey
+	seq     uint64
+	tenant  uint32
+	model   *modelState
+	pool    *pool
+	host    *host
+	state   reqState
+	arrived time.Time
+	placed  time.Time
+	// deadline is zero for none.
+	deadline time.Time
+
+	buf  []byte // the input, in DPU memory until written to the slot
+	have ranges
+	last time.Time // last fragment
+
+	gpu, slot int
+	sliceName string
+	rungAt    time.Time
+	rings     int
+
+	// done is set for requests from Infer; UDP requests answer their key's
+	// address.
+	done chan *outcome
+}
+
+type outcome struct {
+	res *ingest.Result
+	err error
+}
+
+// doneResult is a finished request kept to answer retransmissions.
+type doneResult struct {
+	tenant  uint32
+	frags   [][]byte // encoded result datagrams
+	expires time.Time
+}
+
+// New returns an agent; Run starts it.
+func New(cfg Config) (*Agent, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	a := &Agent{cfg: cfg, models: map[string]*modelState{}, start: time.Now(),
+		reqs: map[reqKey]*request{}, bySeq: map[uint64]*request{}, results: map[reqKey]*doneResult{}}
+	for _, m := range cfg.Models {
+		ms := &modelState{cfg: m, info: modelInfo(m), duration: m.Duration}
+		ms.builtin, _ = model.Builtin(m.Name)
+		a.models[m.Name] = ms
+	}
+	a.lat.init(4096)
+	return a, nil
+}
+
+// Run serves until ctx ends; requests still open then fail as
+// host-unavailable. The transports are the caller's to close.
+func (a *Agent) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errc := make(chan error, 2)
+	wg.Add(3)
+	go func() { defer wg.Done(); errc <- a.receiveClients(ctx) }()
+	go func() { defer wg.Done(); errc <- a.receiveHost(ctx) }()
+	go func() { defer wg.Done(); a.timers(ctx) }()
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+		cancel()
+	}
+	wg.Wait()
+	a.mu.Lock()
+	for _, r := range a.reqs {
+		a.failLocked(r, ingest.Errorf(ingest.StatusHostUnavailable, "the DPU ingest agent stopped: send the request again"))
+	}
+	h := a.host
+	a.host = nil
+	a.mu.Unlock()
+	if h != nil {
+		h.unmap()
+	}
+	if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
+		return nil
+	}
+	return err
+}
+
+func (a *Agent) now() time.Duration { return time.Since(a.start) }
+
+// receiveClients reads inputs from clients.
+func (a *Agent) receiveClients(ctx context.Context) error {
+	pkts := makePackets(32, a.cfg.Clients.MaxPayload())
+	for {
+		resetPackets(pkts)
+		n, err := a.cfg.Clients.Recv(ctx, pkts)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("ingest agent: receive from clients: %w", err)
+		}
+		now := time.Now()
+		a.mu.Lock()
+		var out []transport.Packet
+		for _, p := range pkts[:n] {
+			out = a.inputLocked(now, p.Addr, p.Data, out)
+		}
+		a.mu.Unlock()
+		a.sendClients(out)
+	}
+}
+
+func makePackets(n, size int) []transport.Packet {
+	pkts := make([]transport.Packet, n)
+	for i := range pkts {
+		pkts[i].Data = make([]byte, size)
+	}
+	return pkts
+}
+
+func resetPackets(pkts []transport.Packet) {
+	for i := range pkts {
+		pkts[i].Data = pkts[i].Data[:cap(pkts[i].Data)]
+	}
+}
+
+func (a *Agent) sendClients(out []transport.Packet) {
+	for len(out) > 0 {
+		n, err := a.cfg.Clients.Send(out)
+		a.stats.resultDatagrams.Add(uint64(n))
+		if err == nil {
+			return
+		}
+		a.stats.sendErrors.Add(1)
+		a.cfg.Logger.Debug("send to client", "to", out[n].Addr, "err", err)
+		if errors.Is(err, transport.ErrClosed) {
+			return
+		}
+		out = out[n+1:]
+	}
+}
+
+// inputLocked takes one input datagram; replies go to out.
+func (a *Agent) inputLocked(now time.Time, from netip.AddrPort, b []byte, out []transport.Packet) []transport.Packet {
+	h, payload, err := wire.Decode(b)
+	if err != nil || h.Type != wire.TypeIngestInput {
+		a.stats.malformed.Add(1)
+		return out
+	}
+	in, err := ingest.DecodeInput(payload)
+	if err != nil {
+		a.stats.malformed.Add(1)
+		return out
+	}
+	a.stats.fragments.Add(1)
+	a.stats.bytesIn.Add(uint64(len(in.Data)))
+	key := reqKey{addr: from, id: in.ID}
+	if d, ok := a.results[key]; ok {
+		// A retransmission of a request already answered: the answer was
+		// lost. Send it again; run nothing.
+		a.stats.resent.Add(1)
+		for _, f := range d.frags {
+			out = append(out, transport.Packet{Addr: from, Data: f})
+		}
+		return out
+	}
+	r, ok := a.reqs[key]
+	if !ok {
+		r, err = a.openLocked(now, key, h.Tenant, in)
+		if err != nil {
+			a.countRefusal(err)
+			return a.refuseLocked(now, key, h.Tenant, err, out)
+		}
+	}
+	if r.state != receiving {
+		a.stats.duplicates.Add(1)
+		return out
+	}
+	if in.Total != uint32(len(r.buf)) || in.Model != r.model.cfg.Name || h.Tenant != r.tenant {
+		a.stats.malformed.Add(1)
+		return out
+	}
+	if !r.have.add(int(in.Offset), int(in.Offset)+len(in.Data)) {
+		a.stats.duplicates.Add(1)
+		return out
+	}
+	copy(r.buf[in.Offset:], in.Data)
+	r.last = now
+	if r.have.covers(len(r.buf)) {
+		a.stats.received.Add(1)
+		if err := a.arriveLocked(now, r); err != nil {
+			a.failLocked(r, err)
+		}
+	}
+	return out
+}
+
+// openLocked validates a new request and gives it a buffer.
+func (a *Agent) openLocked(now time.Time, key reqKey, tenant uint32, in ingest.Input) (*request, error) {
+	m, pl, err := a.admitLocked(tenant, in.Model, int(in.Total))
+	if err != nil {
+		return nil, err
+	}
+	if a.bufUsed+int(in.Total) > a.cfg.BufferBytes {
+		return nil, ingest.Errorf(ingest.StatusOverloaded, "the DPU holds %d of %d bytes of inputs: retry shortly", a.bufUsed, a.cfg.BufferBytes)
+	}
+	a.bufUsed += int(in.Total)
+	r := &request{key: key, tenant: tenant, model: m, pool: pl, host: a.host, arrived: now, last: now, buf: make([]byte, in.Total)}
+	if in.BudgetUs > 0 {
+		r.deadline = now.Add(time.Duration(in.BudgetUs) * time.Microsecond)
+	}
+	a.nextSeq++
+	r.seq = a.nextSeq
+	a.reqs[key] = r
+	a.bySeq[r.seq] = r
+	return r, nil
+}
+
+// admitLocked checks a request's model, grant and size against the
+// configuration and the registered host.
+func (a *Agent) admitLocked(tenant uint32, mdl string, size int) (*modelState, *pool, error) {
+	m, ok := a.models[mdl]
+	if !ok {
+		return nil, nil, ingest.Errorf(ingest.StatusUnknownModel, "this DPU serves no model %q (it serves %v)", mdl, a.modelNames())
+	}
+	poolName, err := a.cfg.tenantGrant(tenant, mdl)
+	if err != nil {
+		return nil, nil, err
+	}
+	h := a.host
+	if h == nil {
+		return nil, nil, ingest.Errorf(ingest.StatusHostUnavailable, "no GPU host is registered with this DPU: start the host agent (ingest_host on the GPU host)")
+	}
+	if !h.models[mdl] {
+		return nil, nil, ingest.Errorf(ingest.StatusUnknownModel, "the GPU host does not run model %q (it runs %v)", mdl, h.layout.Models)
+	}
+	pl := h.pools[poolName]
+	if m.builtin != nil {
+		if err := m.builtin.Check(size); err != nil {
+			return nil, nil, ingest.Errorf(ingest.StatusBadRequest, "%v", err)
+		}
+	}
+	if max := a.maxInput(m, h); size > max {
+		return nil, nil, ingest.Errorf(ingest.StatusTooLarge, "input of %d bytes: model %s takes at most %d", size, mdl, max)
+	}
+	return m, pl, nil
+}
+
+func (a *Agent) maxInput(m *modelState, h *host) int {
+	max := h.slotIn(0)
+	if m.cfg.MaxInput > 0 && m.cfg.MaxInput < max {
+		max = m.cfg.MaxInput
+	}
+	return max
+}
+
+func (a *Agent) modelNames() []string {
+	var out []string
+	for _, m := range a.cfg.Models {
+		out = append(out, m.Name)
+	}
+	return out
+}
+
+// refuseLocked answers a request that was refused before it was opened,
+// and remembers the answer so its other fragments get the same one.
+func (a *Agent) refuseLocked(now time.Time, key reqKey, tenant uint32, err error, out []transport.Packet) []transport.Packet {
+	frags := a.encodeResult(tenant, key.id, nil, err)
+	a.rememberLocked(now, key, tenant, frags)
+	for _, f := range frags {
+		out = append(out, transport.Packet{Addr: key.addr, Data: f})
+	}
+	return out
+}
+
+// arriveLocked hands a whole input to its pool's scheduler.
+func (a *Agent) arriveLocked(now time.Time, r *request) error {
+	if !r.deadline.IsZero() && now.After(r.deadline) {
+		return ingest.Errorf(ingest.StatusDeadline, "deadline passed %v before the input was complete", now.Sub(r.deadline).Round(time.Microsecond))
+	}
+	if r.host != a.host || r.pool == nil {
+		return ingest.Errorf(ingest.StatusHostUnavailable, "the GPU host re-registered while the input arrived: send it again")
+	}
+	if r.pool.queued >= a.cfg.QueueLimit {
+		return ingest.Errorf(ingest.StatusOverloaded, "%d requests wait for a slice in pool %s: retry shortly", r.pool.queued, r.pool.name)
+	}
+	sr := &sched.Request{ID: r.seq, Compute: r.model.cfg.Compute, MemGB: r.model.cfg.MemGB, Profile: r.model.cfg.Profile,
+		Arrival: now.Sub(a.start), Duration: r.model.duration}
+	if !r.deadline.IsZero() {
+		sr.Deadline = r.deadline.Sub(a.start)
+	}
+	r.state = queued
+	r.pool.queued++
+	t0 := time.Now()
+	errs, err := r.pool.disp.Arrive(now.Sub(a.start), []*sched.Request{sr}, a.placer(r.pool))
+	a.stats.decisionNs.Add(uint64(time.Since(t0)))
+	a.stats.decisions.Add(1)
+	if err != nil || (len(errs) > 0 && errs[0] != nil) {
+		if r.state == queued {
+			r.pool.queued--
+			r.state = receiving
+		}
+	}
+	if err != nil {
+		return ingest.Errorf(ingest.StatusInternal, "scheduler: %v", err)
+	}
+	if len(errs) > 0 && errs[0] != nil {
+		return ingest.Errorf(ingest.StatusTooLarge, "no GPU slice in pool %s fits model %s: %v", r.pool.name, r.model.cfg.Name, errs[0])
+	}
+	return nil
+}
+
+// placer returns the callback through which pl's scheduler reports
+// placements. It runs inside the scheduler's call, which must not be
+// re-entered, so anything that would call the scheduler again (giving a
+// slice back) runs afterwards, in a goroutine of its own.
+func (a *Agent) placer(pl *pool) func(sched.Placed) {
+	return func(p sched.Placed) { a.placedLocked(pl, p) }
+}
+
+// placedLocked starts the copy of a request that got a slice.
+func (a *Agent) placedLocked(pl *pool, p sched.Placed) {
+	r, ok := a.bySeq[p.Request.ID]
+	if !ok || r.state != queued || r.pool != pl {
+		// Gone meanwhile: give the slice back.
+		go func() {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			if a.host != nil && a.host.pools[pl.name] == pl {
+				pl.disp.Complete(a.now(), p.Request.ID, a.placer(pl))
+			}
+		}()
+		return
+	}
+	r.pool.queued--
+	r.state = writing
+	r.placed = time.Now()
+	r.gpu = r.pool.gpus[p.Assignment.GPU]
+	r.slot = p.Assignment.Placement.Start
+	if !r.deadline.IsZero() && r.placed.After(r.deadline) {
+		err := ingest.Errorf(ingest.StatusDeadline, "deadline passed while waiting %v for a slice", r.placed.Sub(r.arrived).Round(time.Microsecond))
+		go func() {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			a.failLocked(r, err)
+		}()
+		return
+	}
+	slice := fmt.Sprintf("%s@%d", p.Assignment.Profile, p.Assignment.Placement.Start)
+	go a.write(r, slice)
+}
+
+// releaseLocked gives a request's slice back to its pool's scheduler,
+// which may place waiting requests on it.
+func (a *Agent) releaseLocked(r *request) {
+	pl := r.pool
+	if pl == nil || a.host == nil || pl != a.host.pools[pl.name] {
+		return // the pool went with an old registration
+	}
+	if err := pl.disp.Complete(a.now(), r.seq, a.placer(pl)); err != nil {
+		a.cfg.Logger.Debug("release slice", "seq", r.seq, "err", err)
+	}
+}
+
+// write copies the input into the slot and rings the doorbell.
+func (a *Agent) write(r *request, slice string) {
+	err := r.host.write(r.gpu, r.slot, r.buf)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.bySeq[r.seq] != r || r.state != writing {
+		return
+	}
+	if err != nil {
+		a.failLocked(r, err)
+		return
+	}
+	a.stats.bytesToDevice.Add(uint64(len(r.buf)))
+	a.bufUsed -= len(r.buf)
+	r.buf = r.buf[:len(r.buf):len(r.buf)] // length kept for the doorbell
+	r.state = running
+	r.sliceName = slice
+	a.ringLocked(r)
+}
+
+func (a *Agent) ringLocked(r *request) {
+	r.rungAt = time.Now()
+	r.rings++
+	c := ingest.Ctrl{Op: ingest.OpDoorbell, Epoch: r.host.epoch, Request: r.seq, GPU: uint8(r.gpu), Slot: uint8(r.slot),
+		Length: uint32(len(r.buf)), Tenant: uint16(r.tenant), Text: r.model.cfg.Name}
+	a.sendHost(r.host.addr, &c)
+	a.stats.doorbells.Add(1)
+}
+
+func (a *Agent) sendHost(to netip.AddrPort, c *ingest.Ctrl) {
+	b := ingest.AppendCtrl(make([]byte, 0, 96), c)
+	if _, err := a.cfg.Host.Send([]transport.Packet{{Addr: to, Data: b}}); err != nil {
+		a.stats.sendErrors.Add(1)
+		a.cfg.Logger.Debug("send to host", "op", c.Op, "err", err)
+	}
+}
+
+// receiveHost reads registrations and completions from the host agent.
+func (a *Agent) receiveHost(ctx context.Context) error {
+	pkts := makePackets(16, a.cfg.Host.MaxPayload())
+	for {
+		resetPackets(pkts)
+		n, err := a.cfg.Host.Recv(ctx, pkts)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("ingest agent: receive from the host: %w", err)
+		}
+		for _, p := range pkts[:n] {
+			a.control(ctx, p.Addr, p.Data)
+		}
+	}
+}
+
+func (a *Agent) control(ctx context.Context, from netip.AddrPort, b []byte) {
+	h, payload, err := wire.Decode(b)
+	if err != nil || h.Type != wire.TypeIngestCtrl {
+		a.stats.malformed.Add(1)
+		return
+	}
+	c, err := ingest.DecodeCtrl(payload)
+	if err != nil {
+		a.stats.malformed.Add(1)
+		return
+	}
+	switch c.Op {
+	case ingest.OpRegister:
+		a.register(ctx, from, c)
+	case ingest.OpComplete:
+		a.complete(c)
+	case ingest.OpRunning:
+		a.mu.Lock()
+		if r, ok := a.bySeq[c.Request]; ok && r.state == running && r.host.epoch == c.Epoch {
+			r.rings = 1 // alive: the retry budget starts again
+		}
+		a.mu.Unlock()
+	default:
+		a.stats.malformed.Add(1)
+	}
+}
+
+// register answers a host's heartbeat, and maps a new epoch's buffers.
+func (a *Agent) register(ctx context.Context, from netip.AddrPort, c ingest.Ctrl) {
+	a.mu.Lock()
+	if a.host != nil && a.host.epoch == c.Epoch {
+		a.host.lastSeen = time.Now()
+		a.host.addr = from
+		a.mu.Unlock()
+		a.sendHost(from, &ingest.Ctrl{Op: ingest.OpRegisterAck, Epoch: c.Epoch})
+		return
+	}
+	if a.fetching == c.Epoch {
+		a.mu.Unlock()
+		return
+	}
+	a.fetching = c.Epoch
+	a.mu.Unlock()
+	go a.adopt(ctx, from, c)
+}
+
+// adopt fetches and maps a new registration, then swaps it in: requests
+// on the old one's slots fail as host-unavailable (clients send them
+// again); requests still waiting for a slice move to the new schedulers.
+func (a *Agent) adopt(ctx context.Context, from netip.AddrPort, c ingest.Ctrl) {
+	fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	l, hs, err := hostagent.FetchLayout(fctx, c.Text, c.Epoch)
+	cancel()
+	var h *host
+	if err == nil {
+		h, err = newHost(&a.cfg, l, hs, from, c.Text)
+	}
+	a.mu.Lock()
+	a.fetching = 0
+	if err != nil {
+		a.mu.Unlock()
+		a.stats.registerFailed.Add(1)
+		a.cfg.Logger.Warn("GPU host registration failed", "host", from, "epoch", fmt.Sprintf("%016x", c.Epoch), "err", err)
+		a.sendHost(from, &ingest.Ctrl{Op: ingest.OpRegisterAck, Epoch: c.Epoch, Status: ingest.StatusInternal, Text: err.Error()})
+		return
+	}
+	h.lastSeen = time.Now()
+	old := a.host
+	a.host = h
+	a.stats.registrations.Add(1)
+	var requeue []*request
+	for _, r := range a.reqs {
+		switch r.state {
+		case writing, running:
+			a.failLocked(r, ingest.Errorf(ingest.StatusHostUnavailable, "the GPU host agent restarted while the request ran: send it again"))
+		case queued:
+			r.pool.disp.Withdraw(r.seq)
+			r.pool.queued--
+			requeue = append(requeue, r)
+		case receiving:
+			r.host = h
+			r.pool = h.pools[r.pool.name]
+		}
+	}
+	now := time.Now()
+	for _, r := range requeue {
+		r.host, r.pool = h, h.pools[r.pool.name]
+		r.state = receiving
+		if err := a.arriveLocked(now, r); err != nil {
+			a.failLocked(r, err)
+		}
+	}
+	a.mu.Unlock()
+	if old != nil {
+		old.unmap()
+		a.cfg.Logger.Info("GPU host re-registered; old buffers dropped", "old_epoch", fmt.Sprintf("%016x", old.epoch), "epoch", fmt.Sprintf("%016x", h.epoch))
+	} else {
+		a.cfg.Logger.Info("GPU host registered", "host", from, "epoch", fmt.Sprintf("%016x", h.epoch), "gpus", len(l.GPUs))
+	}
+	a.sendHost(from, &ingest.Ctrl{Op: ingest.OpRegisterAck, Epoch: c.Epoch})
+}
+
+// complete takes the host's word that a request's output is ready.
+func (a *Agent) complete(c ingest.Ctrl) {
+	a.mu.Lock()
+	r, ok := a.bySeq[c.Request]
+	if !ok || r.state != running || r.host.epoch != c.Epoch {
+		a.mu.Unlock()
+		a.stats.staleCompletions.Add(1)
+		return
+	}
+	a.mu.Unlock()
+	var res *ingest.Result
+	var err error
+	if c.Status != ingest.StatusOK {
+		err = &ingest.Error{Status: c.Status, Msg: c.Text}
+	} else if int(c.Length) > r.host.slotOut(r.gpu) {
+		err = ingest.Errorf(ingest.StatusInternal, "the host reports %d output bytes in a %d-byte buffer", c.Length, r.host.slotOut(r.gpu))
+	} else {
+		out := make([]byte, c.Length)
+		if err = r.host.read(r.gpu, r.slot, out); err == nil {
+			res = &ingest.Result{Output: out, GPU: r.gpu, Slice: r.sliceName, Queued: r.placed.Sub(r.arrived), Device: time.Duration(c.DeviceUs) * time.Microsecond}
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.bySeq[r.seq] != r || r.state != running {
+		return // failed meanwhile (host re-registered)
+	}
+	d := time.Duration(c.DeviceUs) * time.Microsecond
+	r.model.duration = (7*r.model.duration + d) / 8
+	a.stats.bytesFromDevice.Add(uint64(c.Length))
+	if err != nil {
+		a.failLocked(r, err)
+		return
+	}
+	a.finishLocked(r, res, nil)
+}
+
+// failLocked ends a request with err.
+func (a *Agent) failLocked(r *request, err error) {
+	a.countRefusal(err)
+	a.finishLocked(r, nil, err)
+}
+
+// finishLocked ends a request: its slice goes back to the scheduler, the
+// answer to its client.
+func (a *Agent) finishLocked(r *request, res *ingest.Result, err error) {
+	if a.bySeq[r.seq] != r {
+		return
+	}
+	delete(a.bySeq, r.seq)
+	delete(a.reqs, r.key)
+	switch r.state {
+	case receiving, queued, writing:
+		a.bufUsed -= len(r.buf)
+	}
+	if r.state == queued && r.pool != nil {
+		r.pool.disp.Withdraw(r.seq)
+		r.pool.queued--
+	}
+	if r.state == writing || r.state == running {
+		a.releaseLocked(r)
+	}
+	now := time.Now()
+	if err == nil {
+		a.stats.completed.Add(1)
+		a.lat.add(now.Sub(r.arrived))
+		if !r.deadline.IsZero() && now.After(r.deadline) {
+			a.stats.lateResults.Add(1)
+		}
+	}
+	if r.done != nil {
+		r.done <- &outcome{res: res, err: err}
+		return
+	}
+	frags := a.encodeResult(r.tenant, r.key.id, res, err)
+	a.rememberLocked(now, r.key, r.tenant, frags)
+	out := make([]transport.Packet, 0, len(frags))
+	for _, f := range frags {
+		out = append(out, transport.Packet{Addr: r.key.addr, Data: f})
+	}
+	go a.sendClients(out)
+}
+
+// encodeResult cuts a result (or error) into datagrams.
+func (a *Agent) encodeResult(tenant uint32, id uint64, res *ingest.Result, err error) [][]byte {
+	f := ingest.ResultFragment{ID: id}
+	var data []byte
+	if err != nil {
+		f.Status, f.Text = ingest.StatusOf(err), errText(err)
+	} else {
+		f.GPU, f.Text = uint8(res.GPU), res.Slice
+		f.QueuedUs, f.DeviceUs = uint32(res.Queued.Microseconds()), uint32(res.Device.Microseconds())
+		data = res.Output
+		f.Total = uint32(len(data))
+	}
+	step := ingest.MaxResultFragment(a.cfg.Clients.MaxPayload(), f.Text)
+	var frags [][]byte
+	for off := 0; ; off += step {
+		end := min(off+step, len(data))
+		f.Offset, f.Data = uint32(off), data[off:end]
+		frags = append(frags, ingest.AppendResult(nil, tenant, &f))
+		if end >= len(data) {
+			return frags
+		}
+	}
+}
+
+func errText(err error) string {
+	var e *ingest.Error
+	if errors.As(err, &e) {
+		return e.Msg
+	}
+	return err.Error()
+}
+
+// rememberLocked keeps a result for retransmissions until it expires.
+func (a *Agent) rememberLocked(now time.Time, key reqKey, tenant uint32, frags [][]byte) {
+	a.results[key] = &doneResult{tenant: tenant, frags: frags, expires: now.Add(a.cfg.ResultTTL)}
+	a.resultQ = append(a.resultQ, key)
+}
+
+// Infer implements ingest.Submitter: a whole request from a front end
+// that received it itself (the gRPC server).
+func (a *Agent) Infer(ctx context.Context, req *ingest.Request) (*ingest.Result, error) {
+	now := time.Now()
+	a.mu.Lock()
+	a.stats.fragments.Add(1)
+	a.stats.bytesIn.Add(uint64(len(req.Input)))
+	m, pl, err := a.admitLocked(req.Tenant, req.Model, len(req.Input))
+	if err == nil && a.bufUsed+len(req.Input) > a.cfg.BufferBytes {
+		err = ingest.Errorf(ingest.StatusOverloaded, "the DPU holds %d of %d bytes of inputs: retry shortly", a.bufUsed, a.cfg.BufferBytes)
+	}
+	if err != nil {
+		a.countRefusal(err)
+		a.mu.Unlock()
+		return nil, err
+	}
+	a.nextSeq++
+	r := &request{key: reqKey{id: a.nextSeq}, seq: a.nextSeq, tenant: req.Tenant, model: m, pool: pl, host: a.host,
+		arrived: now, last: now, buf: append([]byte(nil), req.Input...), deadline: req.Deadline, done: make(chan *outcome, 1)}
+	if dl, ok := ctx.Deadline(); ok && (r.deadline.IsZero() || dl.Before(r.deadline)) {
+		r.deadline = dl
+	}
+	a.bufUsed += len(r.buf)
+	a.reqs[r.key] = r
+	a.bySeq[r.seq] = r
+	a.stats.received.Add(1)
+	if err := a.arriveLocked(now, r); err != nil {
+		a.failLocked(r, err)
+	}
+	a.mu.Unlock()
+	select {
+	case o := <-r.done:
+		return o.res, o.err
+	case <-ctx.Done():
+		a.mu.Lock()
+		if a.bySeq[r.seq] == r {
+			a.failLocked(r, ingest.Errorf(ingest.StatusDeadline, "the caller gave up: %v", ctx.Err()))
+		}
+		a.mu.Unlock()
+		o := <-r.done
+		if o.err == nil {
+			return o.res, nil
+		}
+		return nil, o.err
+	}
+}
+
+var _ ingest.Submitter = (*Agent)(nil)

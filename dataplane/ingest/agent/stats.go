@@ -1,0 +1,202 @@
+package agent
+
+import (
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest"
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/model"
+)
+
+type counters struct {
+	fragments, bytesIn, malformed, duplicates, resent           atomic.Uint64
+	received, completed, lateResults                            atomic.Uint64
+	decisions, decisionNs                                       atomic.Uint64
+	doorbells, rerings, staleCompletions                        atomic.Uint64
+	bytesToDevice, bytesFromDevice, resultDatagrams, sendErrors atomic.Uint64
+	registrations, registerFailed, hostLost, reassemblyTimeouts atomic.Uint64
+	refused                                                     [16]atomic.Uint64 // by ingest.Status
+}
+
+func (a *Agent) countRefusal(err error) {
+	s := ingest.StatusOf(err)
+	if int(s) < len(a.stats.refused) {
+		a.stats.refused[s].Add(1)
+	}
+}
+
+// latencies keeps the most recent request latencies for percentiles.
+type latencies struct {
+	mu   sync.Mutex
+	ring []time.Duration
+	n    int
+}
+
+func (l *latencies) init(size int) { l.ring = make([]time.Duration, size) }
+
+func (l *latencies) add(d time.Duration) {
+	l.mu.Lock()
+	l.ring[l.n%len(l.ring)] = d
+	l.n++
+	l.mu.Unlock()
+}
+
+func (l *latencies) percentiles(ps ...float64) []time.Duration {
+	l.mu.Lock()
+	s := slices.Clone(l.ring[:min(l.n, len(l.ring))])
+	l.mu.Unlock()
+	out := make([]time.Duration, len(ps))
+	if len(s) == 0 {
+		return out
+	}
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	for i, p := range ps {
+		out[i] = s[min(len(s)-1, int(p*float64(len(s))))]
+	}
+	return out
+}
+
+// Stats are a DPU ingest agent's counters.
+type Stats struct {
+	// Host is the registered GPU host, empty when none is.
+	Host *HostStatus `json:"host,omitempty"`
+	// Fragments and BytesIn count input datagrams and their bytes;
+	// Received requests whose input was complete; Completed those
+	// answered with a result; Refused those answered with an error, by
+	// status.
+	Fragments  uint64            `json:"fragments"`
+	BytesIn    uint64            `json:"bytes_in"`
+	Received   uint64            `json:"received"`
+	Completed  uint64            `json:"completed"`
+	Refused    map[string]uint64 `json:"refused"`
+	Malformed  uint64            `json:"malformed"`
+	Duplicates uint64            `json:"duplicate_fragments"`
+	// Resent counts results sent again for a retransmitted request.
+	Resent uint64 `json:"results_resent"`
+	// LateResults are results delivered after their deadline (the
+	// deadline passed while the model ran).
+	LateResults        uint64 `json:"late_results"`
+	ReassemblyTimeouts uint64 `json:"reassembly_timeouts"`
+	BytesToDevice      uint64 `json:"bytes_to_device"`
+	BytesFromDevice    uint64 `json:"bytes_from_device"`
+	Doorbells          uint64 `json:"doorbells"`
+	Rerings            uint64 `json:"doorbells_rerung"`
+	StaleCompletions   uint64 `json:"stale_completions"`
+	Registrations      uint64 `json:"registrations"`
+	RegisterFailed     uint64 `json:"registrations_failed"`
+	HostLost           uint64 `json:"host_lost"`
+	SendErrors         uint64 `json:"send_errors"`
+	// InFlight are requests open now; Queued those waiting for a slice;
+	// BufferBytes the DPU memory their inputs hold.
+	InFlight    int `json:"in_flight"`
+	Queued      int `json:"queued"`
+	BufferBytes int `json:"buffer_bytes"`
+	// Latency percentiles from the input's first fragment to the result,
+	// over the last 4096 results.
+	P50 time.Duration `json:"p50_ns"`
+	P99 time.Duration `json:"p99_ns"`
+	// Decision is the scheduler's mean decision time per arrival.
+	Decision time.Duration `json:"decision_ns"`
+	// GPUsInUse is the GPUs the scheduler has work on, per pool.
+	GPUsInUse map[string]int `json:"gpus_in_use,omitempty"`
+}
+
+// HostStatus is the registered GPU host.
+type HostStatus struct {
+	Addr   string             `json:"addr"`
+	Epoch  string             `json:"epoch"`
+	Socket string             `json:"socket"`
+	GPUs   []ingest.GPULayout `json:"gpus"`
+	Models []string           `json:"models"`
+	// Seen is how long ago its last heartbeat arrived.
+	Seen time.Duration `json:"seen_ns"`
+}
+
+// Stats returns the agent's counters.
+func (a *Agent) Stats() Stats {
+	s := Stats{
+		Fragments: a.stats.fragments.Load(), BytesIn: a.stats.bytesIn.Load(), Received: a.stats.received.Load(),
+		Completed: a.stats.completed.Load(), Malformed: a.stats.malformed.Load(), Duplicates: a.stats.duplicates.Load(),
+		Resent: a.stats.resent.Load(), LateResults: a.stats.lateResults.Load(), ReassemblyTimeouts: a.stats.reassemblyTimeouts.Load(),
+		BytesToDevice: a.stats.bytesToDevice.Load(), BytesFromDevice: a.stats.bytesFromDevice.Load(),
+		Doorbells: a.stats.doorbells.Load(), Rerings: a.stats.rerings.Load(), StaleCompletions: a.stats.staleCompletions.Load(),
+		Registrations: a.stats.registrations.Load(), RegisterFailed: a.stats.registerFailed.Load(), HostLost: a.stats.hostLost.Load(),
+		SendErrors: a.stats.sendErrors.Load(), Refused: map[string]uint64{},
+	}
+	for i := range a.stats.refused {
+		if v := a.stats.refused[i].Load(); v > 0 {
+			s.Refused[ingest.Status(i).String()] = v
+		}
+	}
+	if n := a.stats.decisions.Load(); n > 0 {
+		s.Decision = time.Duration(a.stats.decisionNs.Load() / n)
+	}
+	p := a.lat.percentiles(0.5, 0.99)
+	s.P50, s.P99 = p[0], p[1]
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s.InFlight, s.BufferBytes = len(a.reqs), a.bufUsed
+	if h := a.host; h != nil {
+		s.Host = &HostStatus{Addr: h.addr.String(), Epoch: hex16(h.epoch), Socket: h.socket, GPUs: h.layout.GPUs, Models: h.layout.Models, Seen: time.Since(h.lastSeen)}
+		s.GPUsInUse = map[string]int{}
+		for name, pl := range h.pools {
+			s.Queued += pl.queued
+			s.GPUsInUse[name] = pl.disp.Scheduler().InUse()
+		}
+	}
+	return s
+}
+
+func hex16(v uint64) string {
+	const digits = "0123456789abcdef"
+	var b [16]byte
+	for i := 15; i >= 0; i-- {
+		b[i] = digits[v&0xf]
+		v >>= 4
+	}
+	return string(b[:])
+}
+
+// Models implements ingest.Catalog.
+func (a *Agent) Models() []ingest.ModelInfo {
+	var out []ingest.ModelInfo
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, mc := range a.cfg.Models {
+		info := a.models[mc.Name].info
+		if a.host != nil {
+			info.MaxInput = a.maxInput(a.models[mc.Name], a.host)
+		}
+		for _, t := range a.cfg.Tenants {
+			if slices.Contains(t.Models, mc.Name) {
+				info.Tenants = append(info.Tenants, t.ID)
+			}
+		}
+		out = append(out, info)
+	}
+	return out
+}
+
+// modelInfo describes a configured model as tensors: the built-in ones as
+// they are, others as rows of bytes.
+func modelInfo(mc ModelConfig) ingest.ModelInfo {
+	info := ingest.ModelInfo{Name: mc.Name, RowBytes: 1, Datatype: "UINT8", RowShape: []int64{1}, OutDatatype: "UINT8", OutRowShape: []int64{1}, OutPerRow: true, Profile: mc.Profile}
+	m, err := model.Builtin(mc.Name)
+	if err != nil {
+		return info
+	}
+	info.Doc = m.Doc
+	switch m.Name {
+	case "checksum":
+		info.OutDatatype, info.OutRowShape, info.OutPerRow = "UINT32", []int64{2}, false
+	case "mlp":
+		info.RowBytes, info.Datatype, info.RowShape = m.Multiple, "FP32", []int64{model.MLPIn}
+		info.OutDatatype, info.OutRowShape = "FP32", []int64{model.MLPOut}
+	}
+	return info
+}
+
+var _ ingest.Catalog = (*Agent)(nil)

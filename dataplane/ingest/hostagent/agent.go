@@ -1,0 +1,337 @@
+// Package hostagent is the GPU host's side of accelerator ingest: it
+// allocates each GPU's slot buffers (an input and an output buffer per MIG
+// memory slice), registers them with its DPU (control type 0x22, buffer
+// handles over a unix socket), and when the DPU rings a slot's doorbell it
+// launches the model on the bytes the DPU wrote there and tells the DPU the
+// output is ready. It never touches the input bytes itself: that is
+// Conspirator's point, and what bench-ingest measures.
+package hostagent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest"
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/devmem"
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/model"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
+)
+
+// Agent is a GPU host's ingest agent.
+type Agent struct {
+	cfg    Config
+	epoch  uint64
+	gpus   []*gpu
+	models map[string]*model.Model
+
+	mu sync.Mutex
+	// done remembers recent completions by request, so a doorbell rung
+	// again (its completion was lost) is answered without running the
+	// model twice; running holds the requests being run now.
+	done    map[uint64]ingest.Ctrl
+	doneLog []uint64
+	running map[uint64]bool
+
+	registered atomic.Bool
+	stats      counters
+	// runs are the models running now; Run waits for them before it
+	// frees the buffers they use.
+	runs sync.WaitGroup
+}
+
+type gpu struct {
+	index int
+	dev   devmem.Device
+	card  string
+	slots []slot
+}
+
+type slot struct {
+	in, out devmem.Buffer
+	busy    atomic.Bool
+}
+
+// remembered is how many completions the agent keeps for repeated
+// doorbells; the DPU rings again within a second, so a few thousand is
+// ample.
+const remembered = 4096
+
+// New allocates every slot buffer and returns the agent, with a new epoch.
+func New(cfg Config) (*Agent, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	a := &Agent{cfg: cfg, models: map[string]*model.Model{}, done: map[uint64]ingest.Ctrl{}, running: map[uint64]bool{}}
+	for _, m := range cfg.Models {
+		a.models[m.Name] = m
+	}
+	var e [8]byte
+	if _, err := rand.Read(e[:]); err != nil {
+		return nil, fmt.Errorf("host agent: epoch: %w", err)
+	}
+	a.epoch = binary.BigEndian.Uint64(e[:]) | 1 // never 0
+	for i, d := range cfg.Devices {
+		g := &gpu{index: i, dev: d, card: cfg.card(i)}
+		for s := 0; s < cfg.Slots; s++ {
+			in, err := d.Alloc(cfg.SlotInput)
+			if err != nil {
+				a.free()
+				return nil, fmt.Errorf("host agent: GPU %d slot %d: input buffer of %d bytes: %w", i, s, cfg.SlotInput, err)
+			}
+			out, err := d.Alloc(cfg.SlotOutput)
+			if err != nil {
+				in.Free()
+				a.free()
+				return nil, fmt.Errorf("host agent: GPU %d slot %d: output buffer of %d bytes: %w", i, s, cfg.SlotOutput, err)
+			}
+			g.slots = append(g.slots, slot{in: in, out: out})
+		}
+		a.gpus = append(a.gpus, g)
+	}
+	return a, nil
+}
+
+func (a *Agent) free() {
+	for _, g := range a.gpus {
+		for i := range g.slots {
+			g.slots[i].in.Free()
+			g.slots[i].out.Free()
+		}
+	}
+}
+
+// Epoch is this agent's registration: it changes with every start, and
+// the DPU drops every mapping of an older one.
+func (a *Agent) Epoch() uint64 { return a.epoch }
+
+// Registered reports whether the DPU has acknowledged the current epoch.
+func (a *Agent) Registered() bool { return a.registered.Load() }
+
+// Run registers with the DPU, serves handles and doorbells until ctx ends,
+// then frees the buffers. The transport is the caller's to close.
+func (a *Agent) Run(ctx context.Context) error {
+	defer a.free()
+	ln, err := listenHandles(a.cfg.HandleSocket)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() { defer wg.Done(); a.serveHandles(ctx, ln) }()
+	go func() { defer wg.Done(); a.heartbeat(ctx) }()
+	var runErr error
+	go func() {
+		defer wg.Done()
+		runErr = a.receive(ctx)
+		cancel()
+	}()
+	<-ctx.Done()
+	ln.Close()
+	wg.Wait()
+	a.runs.Wait()
+	if runErr != nil && !errors.Is(runErr, context.Canceled) {
+		return runErr
+	}
+	return nil
+}
+
+func (a *Agent) heartbeat(ctx context.Context) {
+	t := time.NewTicker(a.cfg.Heartbeat)
+	defer t.Stop()
+	for {
+		a.send(&ingest.Ctrl{Op: ingest.OpRegister, Epoch: a.epoch, Length: uint32(len(a.gpus)), Text: a.cfg.HandleSocket})
+		a.stats.registers.Add(1)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (a *Agent) send(c *ingest.Ctrl) {
+	b := ingest.AppendCtrl(make([]byte, 0, 128), c)
+	if _, err := a.cfg.Transport.Send([]transport.Packet{{Addr: a.cfg.DPU, Data: b}}); err != nil {
+		a.stats.sendErrors.Add(1)
+		a.cfg.Logger.Debug("send to DPU", "op", c.Op, "err", err)
+	}
+}
+
+func (a *Agent) receive(ctx context.Context) error {
+	pkts := make([]transport.Packet, 16)
+	for i := range pkts {
+		pkts[i].Data = make([]byte, a.cfg.Transport.MaxPayload())
+	}
+	for {
+		for i := range pkts {
+			pkts[i].Data = pkts[i].Data[:cap(pkts[i].Data)]
+		}
+		n, err := a.cfg.Transport.Recv(ctx, pkts)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("host agent: receive from DPU: %w", err)
+		}
+		for _, p := range pkts[:n] {
+			a.handle(ctx, p.Addr, p.Data)
+		}
+	}
+}
+
+func (a *Agent) handle(ctx context.Context, from netip.AddrPort, b []byte) {
+	c, err := decode(b)
+	if err != nil {
+		a.stats.malformed.Add(1)
+		a.cfg.Logger.Debug("malformed control datagram", "from", from, "err", err)
+		return
+	}
+	switch c.Op {
+	case ingest.OpRegisterAck:
+		if c.Epoch != a.epoch {
+			a.stats.stale.Add(1)
+			return
+		}
+		if c.Status != ingest.StatusOK {
+			a.registered.Store(false)
+			a.cfg.Logger.Warn("DPU refused registration", "err", c.Text)
+			return
+		}
+		if !a.registered.Swap(true) {
+			a.cfg.Logger.Info("registered with DPU", "dpu", from, "epoch", fmt.Sprintf("%016x", a.epoch))
+		}
+	case ingest.OpDoorbell:
+		a.doorbell(ctx, c)
+	default:
+		a.stats.malformed.Add(1)
+	}
+}
+
+// doorbell runs one request, or answers again for one already run.
+func (a *Agent) doorbell(ctx context.Context, c ingest.Ctrl) {
+	a.stats.doorbells.Add(1)
+	if c.Epoch != a.epoch {
+		// The DPU rang an old registration's slot: the buffers are gone.
+		a.stats.stale.Add(1)
+		a.send(&ingest.Ctrl{Op: ingest.OpComplete, Epoch: c.Epoch, Request: c.Request, Status: ingest.StatusHostUnavailable,
+			Text: "the host agent restarted since this slot was registered: send the request again"})
+		return
+	}
+	a.mu.Lock()
+	if done, ok := a.done[c.Request]; ok {
+		a.mu.Unlock()
+		a.stats.repeats.Add(1)
+		a.send(&done)
+		return
+	}
+	if a.running[c.Request] {
+		a.mu.Unlock()
+		a.stats.repeats.Add(1)
+		a.send(&ingest.Ctrl{Op: ingest.OpRunning, Epoch: a.epoch, Request: c.Request, GPU: c.GPU, Slot: c.Slot})
+		return
+	}
+	a.running[c.Request] = true
+	a.runs.Add(1)
+	a.mu.Unlock()
+	go func() {
+		defer a.runs.Done()
+		a.run(ctx, c)
+	}()
+}
+
+func (a *Agent) run(ctx context.Context, c ingest.Ctrl) {
+	start := time.Now()
+	outLen, err := a.launch(c)
+	reply := ingest.Ctrl{Op: ingest.OpComplete, Epoch: a.epoch, Request: c.Request, GPU: c.GPU, Slot: c.Slot,
+		Length: uint32(outLen), DeviceUs: uint32(time.Since(start).Microseconds())}
+	if err != nil {
+		reply.Status, reply.Text, reply.Length = ingest.StatusOf(err), err.Error(), 0
+		a.stats.failed.Add(1)
+	} else {
+		a.stats.completed.Add(1)
+		a.stats.bytesIn.Add(uint64(c.Length))
+		a.stats.bytesOut.Add(uint64(outLen))
+	}
+	a.stats.deviceNs.Add(uint64(time.Since(start)))
+	a.mu.Lock()
+	delete(a.running, c.Request)
+	a.done[c.Request] = reply
+	a.doneLog = append(a.doneLog, c.Request)
+	if len(a.doneLog) > remembered {
+		delete(a.done, a.doneLog[0])
+		a.doneLog = a.doneLog[1:]
+	}
+	a.mu.Unlock()
+	if ctx.Err() == nil {
+		a.send(&reply)
+	}
+}
+
+// launch checks the doorbell against what was registered and runs the
+// model on the slot.
+func (a *Agent) launch(c ingest.Ctrl) (int, error) {
+	if int(c.GPU) >= len(a.gpus) || int(c.Slot) >= len(a.gpus[c.GPU].slots) {
+		return 0, ingest.Errorf(ingest.StatusBadRequest, "doorbell for GPU %d slot %d: this host registered %d GPUs of %d slots", c.GPU, c.Slot, len(a.gpus), a.cfg.Slots)
+	}
+	m, ok := a.models[c.Text]
+	if !ok {
+		return 0, ingest.Errorf(ingest.StatusUnknownModel, "the host runs no model %q", c.Text)
+	}
+	g := a.gpus[c.GPU]
+	s := &g.slots[c.Slot]
+	if int(c.Length) > s.in.Size() {
+		return 0, ingest.Errorf(ingest.StatusTooLarge, "input of %d bytes in a %d-byte slot", c.Length, s.in.Size())
+	}
+	if !s.busy.CompareAndSwap(false, true) {
+		// The DPU's scheduler gives a slot to one request at a time; two
+		// at once means it gave up on a request the host still runs.
+		return 0, ingest.Errorf(ingest.StatusOverloaded, "GPU %d slot %d is still running an earlier request: retry", c.GPU, c.Slot)
+	}
+	defer s.busy.Store(false)
+	n, err := g.dev.Run(m, s.in, int(c.Length), s.out)
+	if err != nil {
+		if errors.Is(err, model.ErrBadInput) {
+			return 0, ingest.Errorf(ingest.StatusBadRequest, "%v", err)
+		}
+		return 0, ingest.Errorf(ingest.StatusModelFailed, "model %s on GPU %d: %v", m.Name, c.GPU, err)
+	}
+	return n, nil
+}
+
+func decode(b []byte) (ingest.Ctrl, error) {
+	h, payload, err := wire.Decode(b)
+	if err != nil {
+		return ingest.Ctrl{}, err
+	}
+	if h.Type != wire.TypeIngestCtrl {
+		return ingest.Ctrl{}, fmt.Errorf("%w: a %s datagram on the control socket", ingest.ErrMalformed, h.Type)
+	}
+	return ingest.DecodeCtrl(payload)
+}
+
+// Layout returns what the agent registers.
+func (a *Agent) Layout() ingest.Layout {
+	l := ingest.Layout{Epoch: a.epoch}
+	for _, g := range a.gpus {
+		info := g.dev.Info()
+		gl := ingest.GPULayout{Index: g.index, Kind: string(info.Kind), Name: info.Name, Card: g.card}
+		for s := range g.slots {
+			gl.Slots = append(gl.Slots, ingest.SlotLayout{Slot: s, InBytes: g.slots[s].in.Size(), OutBytes: g.slots[s].out.Size()})
+		}
+		l.GPUs = append(l.GPUs, gl)
+	}
+	for name := range a.models {
+		l.Models = append(l.Models, name)
+	}
+	return l
+}

@@ -1,0 +1,119 @@
+package hostagent
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"time"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/devmem"
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/mig"
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/model"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+)
+
+// Config sets up a host agent.
+type Config struct {
+	// Transport is the agent's control socket towards its DPU (kernel
+	// UDP on the host's interface to the DPU).
+	Transport transport.Transport
+	// DPU is the DPU ingest agent's control address.
+	DPU netip.AddrPort
+	// Devices are the GPUs to register, in index order.
+	Devices []devmem.Device
+	// Cards give the MIG card model of each device whose Info has none
+	// (the shared-memory device, or a GPU the driver names oddly); an
+	// empty entry keeps Info().Card.
+	Cards []string
+	// SlotInput and SlotOutput are the sizes of each slot's input and
+	// output buffers. Defaults 8 MiB and 1 MiB.
+	SlotInput, SlotOutput int
+	// Slots is the number of slots per GPU, one per MIG memory slice
+	// (default mig.MemorySlices, 8): work placed on an instance that
+	// starts at memory slice s uses slot s.
+	Slots int
+	// HandleSocket is the unix socket the DPU fetches buffer handles
+	// from.
+	HandleSocket string
+	// AllowUIDs are the users whose processes may fetch handles (checked
+	// with SO_PEERCRED). Default: root and the agent's own user.
+	AllowUIDs []uint32
+	// Models are the models the host runs.
+	Models []*model.Model
+	// Heartbeat is how often the agent registers (default 500 ms); the
+	// DPU treats a host it has not heard from for a few heartbeats as
+	// gone.
+	Heartbeat time.Duration
+	Logger    *slog.Logger
+}
+
+func (c *Config) defaults() error {
+	if c.Transport == nil {
+		return errors.New("host agent: no transport: give the control socket towards the DPU")
+	}
+	if !c.DPU.IsValid() {
+		return errors.New("host agent: no DPU address: give the DPU ingest agent's control address (ADDR:PORT)")
+	}
+	if len(c.Devices) == 0 {
+		return errors.New("host agent: no devices: configure at least one GPU (or a shared-memory device)")
+	}
+	if c.HandleSocket == "" {
+		return errors.New("host agent: no handle socket path")
+	}
+	if len(c.Models) == 0 {
+		return errors.New("host agent: no models: give at least one (built in: checksum, mlp)")
+	}
+	if c.SlotInput == 0 {
+		c.SlotInput = 8 << 20
+	}
+	if c.SlotOutput == 0 {
+		c.SlotOutput = 1 << 20
+	}
+	if c.SlotInput < 0 || c.SlotOutput < 0 {
+		return fmt.Errorf("host agent: slot sizes %d/%d: want positive sizes", c.SlotInput, c.SlotOutput)
+	}
+	if c.Slots == 0 {
+		c.Slots = mig.MemorySlices
+	}
+	if c.Slots < 1 || c.Slots > mig.MemorySlices {
+		return fmt.Errorf("host agent: %d slots per GPU: want 1..%d (one per MIG memory slice)", c.Slots, mig.MemorySlices)
+	}
+	if len(c.Devices) > 255 {
+		return fmt.Errorf("host agent: %d devices: at most 255", len(c.Devices))
+	}
+	for i, d := range c.Devices {
+		card := d.Info().Card
+		if i < len(c.Cards) && c.Cards[i] != "" {
+			card = c.Cards[i]
+		}
+		if card == "" {
+			return fmt.Errorf("host agent: device %d (%s): unknown MIG card: name it in the config (one of %v)", i, d.Info().Name, cardNames())
+		}
+		if _, err := mig.CardByName(card); err != nil {
+			return fmt.Errorf("host agent: device %d: %w", i, err)
+		}
+	}
+	if c.Heartbeat == 0 {
+		c.Heartbeat = 500 * time.Millisecond
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+func cardNames() []string {
+	var out []string
+	for _, c := range mig.Cards() {
+		out = append(out, c.Name)
+	}
+	return out
+}
+
+func (c *Config) card(i int) string {
+	if i < len(c.Cards) && c.Cards[i] != "" {
+		return c.Cards[i]
+	}
+	return c.Devices[i].Info().Card
+}

@@ -1,0 +1,84 @@
+package hostagent
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+type counters struct {
+	registers, doorbells, repeats, stale, completed, failed atomic.Uint64
+	bytesIn, bytesOut, deviceNs                             atomic.Uint64
+	malformed, sendErrors, handlesServed, handleRefused     atomic.Uint64
+}
+
+// Stats are a host agent's counters.
+type Stats struct {
+	Epoch      string `json:"epoch"`
+	Registered bool   `json:"registered"`
+	GPUs       int    `json:"gpus"`
+	Slots      int    `json:"slots_per_gpu"`
+	// Doorbells counts doorbells rung; Repeats those rung again for a
+	// request already running or done (answered without running it
+	// twice); Stale those for an older epoch's buffers.
+	Doorbells uint64 `json:"doorbells"`
+	Repeats   uint64 `json:"repeats"`
+	Stale     uint64 `json:"stale"`
+	Completed uint64 `json:"completed"`
+	Failed    uint64 `json:"failed"`
+	BytesIn   uint64 `json:"bytes_in"`
+	BytesOut  uint64 `json:"bytes_out"`
+	// DeviceTime is the total time models ran.
+	DeviceTime    time.Duration `json:"device_time_ns"`
+	Registers     uint64        `json:"registers_sent"`
+	HandlesServed uint64        `json:"handles_served"`
+	HandleRefused uint64        `json:"handles_refused"`
+	Malformed     uint64        `json:"malformed"`
+	SendErrors    uint64        `json:"send_errors"`
+}
+
+// Stats returns the agent's counters.
+func (a *Agent) Stats() Stats {
+	return Stats{
+		Epoch: hex(a.epoch), Registered: a.registered.Load(), GPUs: len(a.gpus), Slots: a.cfg.Slots,
+		Doorbells: a.stats.doorbells.Load(), Repeats: a.stats.repeats.Load(), Stale: a.stats.stale.Load(),
+		Completed: a.stats.completed.Load(), Failed: a.stats.failed.Load(),
+		BytesIn: a.stats.bytesIn.Load(), BytesOut: a.stats.bytesOut.Load(), DeviceTime: time.Duration(a.stats.deviceNs.Load()),
+		Registers: a.stats.registers.Load(), HandlesServed: a.stats.handlesServed.Load(), HandleRefused: a.stats.handleRefused.Load(),
+		Malformed: a.stats.malformed.Load(), SendErrors: a.stats.sendErrors.Load(),
+	}
+}
+
+func hex(v uint64) string {
+	const digits = "0123456789abcdef"
+	var b [16]byte
+	for i := 15; i >= 0; i-- {
+		b[i] = digits[v&0xf]
+		v >>= 4
+	}
+	return string(b[:])
+}
+
+// GPUInfo describes one registered GPU for `lovelock ingest gpus`.
+type GPUInfo struct {
+	Index    int    `json:"index"`
+	Kind     string `json:"kind"`
+	Name     string `json:"name"`
+	UUID     string `json:"uuid,omitempty"`
+	Card     string `json:"card"`
+	MemBytes uint64 `json:"mem_bytes"`
+	MIG      bool   `json:"mig"`
+	Slots    int    `json:"slots"`
+	SlotIn   int    `json:"slot_input_bytes"`
+	SlotOut  int    `json:"slot_output_bytes"`
+}
+
+// GPUs describes the registered GPUs.
+func (a *Agent) GPUs() []GPUInfo {
+	var out []GPUInfo
+	for _, g := range a.gpus {
+		i := g.dev.Info()
+		out = append(out, GPUInfo{Index: g.index, Kind: string(i.Kind), Name: i.Name, UUID: i.UUID, Card: g.card, MemBytes: i.MemBytes, MIG: i.MIG,
+			Slots: len(g.slots), SlotIn: a.cfg.SlotInput, SlotOut: a.cfg.SlotOutput})
+	}
+	return out
+}
