@@ -237,6 +237,40 @@ func TestModelInferResponse(t *testing.T) {
 	}
 }
 
+func TestShapesAccepted(t *testing.T) {
+	conn := serve(t, &fake{}, testCatalog, Options{})
+	c := pb.NewGRPCInferenceServiceClient(conn)
+	mlpIn, _ := mlpInput(2)
+	for _, tc := range []struct {
+		model string
+		shape []int64
+		input []byte
+		out   []int64
+	}{
+		{"checksum", []int64{5}, []byte("hello"), []int64{1, 2}},
+		{"checksum", []int64{5, 1}, []byte("hello"), []int64{1, 2}},
+		{"checksum", []int64{1, 5}, []byte("hello"), []int64{1, 2}},
+		{"checksum", []int64{1, 1, 5}, []byte("hello"), []int64{1, 2}},
+		{"mlp", []int64{2, 64}, mlpIn, []int64{2, 16}},
+		{"mlp", []int64{1, 2, 64}, mlpIn, []int64{2, 16}},
+	} {
+		t.Run(fmt.Sprintf("%s %v", tc.model, tc.shape), func(t *testing.T) {
+			dt := map[string]string{"checksum": "UINT8", "mlp": "FP32"}[tc.model]
+			resp, err := c.ModelInfer(context.Background(), &pb.ModelInferRequest{
+				ModelName:        tc.model,
+				Inputs:           []*pb.ModelInferRequest_InferInputTensor{{Name: "x", Datatype: dt, Shape: tc.shape}},
+				RawInputContents: [][]byte{tc.input},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := resp.GetOutputs()[0].GetShape(); fmt.Sprint(got) != fmt.Sprint(tc.out) {
+				t.Errorf("output shape %v, want %v", got, tc.out)
+			}
+		})
+	}
+}
+
 // rawBytes lays out BYTES elements as Triton's clients send them raw.
 func rawBytes(elems ...[]byte) []byte {
 	var out []byte
@@ -327,6 +361,8 @@ func TestBadInput(t *testing.T) {
 			nil, ingest.StatusBadRequest, "shape [2 64] of FP32 is 512 bytes, the contents are 256"},
 		{"row shape differs", &pb.ModelInferRequest{ModelName: "mlp", Inputs: tensor("FP32", 2, 32), RawInputContents: raw(mlpIn)},
 			nil, ingest.StatusBadRequest, "model mlp takes [rows, 64]"},
+		{"batch dimension other than 1", &pb.ModelInferRequest{ModelName: "mlp", Inputs: tensor("FP32", 2, 1, 64), RawInputContents: raw(append(mlpIn, mlpIn...))},
+			nil, ingest.StatusBadRequest, "takes [rows, 64]"},
 		{"flat shape for a model with wide rows", &pb.ModelInferRequest{ModelName: "mlp", Inputs: tensor("FP32", 64), RawInputContents: raw(mlpIn)},
 			nil, ingest.StatusBadRequest, "takes [rows, 64]"},
 		{"negative dimension", &pb.ModelInferRequest{ModelName: "checksum", Inputs: tensor("UINT8", -1), RawInputContents: raw([]byte{1})},

@@ -178,9 +178,11 @@ func putUint(b []byte, size int, v uint64) {
 
 // checkInput checks an input tensor's datatype and shape, and its data's
 // length, against the model, and returns the number of rows. The shape is
-// [rows, RowShape...]; a model whose row is one element also takes
-// [rows]. A UINT8 model also takes a BYTES tensor of any shape: its
-// elements are concatenated and the total must be whole rows.
+// [rows, RowShape...], optionally after dimensions of 1 (a batch of one,
+// as clients of batching servers send). A model whose row is one element
+// takes any shape: every arrangement of its elements is whole rows. A
+// UINT8 model also takes a BYTES tensor of any shape: its elements are
+// concatenated and the total must be whole rows.
 func checkInput(info *ingest.ModelInfo, in *pb.ModelInferRequest_InferInputTensor, n int, bytesElems int64) (int, error) {
 	dt, shape := in.GetDatatype(), in.GetShape()
 	rowBytes := max(info.RowBytes, 1)
@@ -213,8 +215,7 @@ func checkInput(info *ingest.ModelInfo, in *pb.ModelInferRequest_InferInputTenso
 	if int64(n) != elems*int64(size) {
 		return 0, badRequest("input %q: shape %v of %s is %d bytes, the contents are %d", in.GetName(), shape, dt, elems*int64(size), n)
 	}
-	rowElems, _ := product(info.RowShape)
-	if !rowShapeMatches(shape[1:], info.RowShape, rowElems) {
+	if !rowShapeMatches(shape, info.RowShape) {
 		return 0, badRequest("input %q has shape %v; model %s takes [rows%s]", in.GetName(), shape, info.Name, dimsString(info.RowShape))
 	}
 	if n%rowBytes != 0 {
@@ -223,15 +224,18 @@ func checkInput(info *ingest.ModelInfo, in *pb.ModelInferRequest_InferInputTenso
 	return n / rowBytes, nil
 }
 
-func rowShapeMatches(got, want []int64, wantElems int64) bool {
-	if len(got) == 0 && wantElems == 1 {
+func rowShapeMatches(shape, row []int64) bool {
+	if n, _ := product(row); n == 1 {
 		return true
 	}
-	if len(got) != len(want) {
+	for len(shape) > len(row)+1 && shape[0] == 1 {
+		shape = shape[1:]
+	}
+	if len(shape) != len(row)+1 {
 		return false
 	}
-	for i := range got {
-		if got[i] != want[i] {
+	for i, d := range row {
+		if shape[i+1] != d {
 			return false
 		}
 	}
