@@ -1,0 +1,252 @@
+package kserve
+
+import (
+	"context"
+	"sort"
+	"strconv"
+	"strings"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest"
+	pb "github.com/lovelock-dpu/lovelock/dataplane/ingest/kserve/inferencepb"
+)
+
+// TenantHeader is the gRPC metadata key that carries the caller's tenant,
+// in decimal. A call without it is tenant 0 (DefaultTenant): stock clients
+// that know nothing of tenants are tenant 0, and whether tenant 0 may use
+// a model is the DPU agent's grant to decide like any other.
+const TenantHeader = "lovelock-tenant"
+
+// DefaultTenant is the tenant of a call without TenantHeader.
+const DefaultTenant uint32 = 0
+
+// DefaultMaxRecvMsgSize is the largest request message the server takes
+// when Options leaves it zero: 64 MiB, above gRPC's own default of 4 MiB,
+// which is too small for the inputs accelerator ingest carries.
+const DefaultMaxRecvMsgSize = 64 << 20
+
+// The names the server gives things: the one input and output tensor in
+// ModelMetadata (a request's input may have any name), the single model
+// version, and the platform.
+const (
+	InputName    = "input"
+	OutputName   = "output"
+	ModelVersion = "1"
+	Platform     = "lovelock"
+	ServerName   = "lovelock"
+)
+
+// Options configure the front end.
+type Options struct {
+	// Version is the server version ServerMetadata reports: the
+	// caller's build version (dataplane cannot import control/buildinfo).
+	// Empty reports "unknown".
+	Version string
+	// MaxRecvMsgSize bounds a request message, input included, in bytes;
+	// zero means DefaultMaxRecvMsgSize. gRPC fixes it when the server is
+	// made, so it applies only through NewGRPCServer or ServerOptions,
+	// not Register. Clients must allow as much on their side (Triton's
+	// Python client does; Infer does up to DefaultMaxRecvMsgSize).
+	MaxRecvMsgSize int
+}
+
+func (o Options) maxRecv() int {
+	if o.MaxRecvMsgSize > 0 {
+		return o.MaxRecvMsgSize
+	}
+	return DefaultMaxRecvMsgSize
+}
+
+// ServerOptions returns the grpc.ServerOptions the front end needs, for a
+// caller that makes its own grpc.Server and then calls Register.
+func (o Options) ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.MaxRecvMsgSize(o.maxRecv())}
+}
+
+// Server is the KServe v2 GRPCInferenceService over a Submitter and a
+// Catalog. It keeps no state of its own: the catalog is read on each call.
+type Server struct {
+	pb.UnimplementedGRPCInferenceServiceServer
+	sub  ingest.Submitter
+	cat  ingest.Catalog
+	opts Options
+}
+
+var _ pb.GRPCInferenceServiceServer = (*Server)(nil)
+
+// NewServer returns the service, to be registered on a grpc.Server with
+// inferencepb.RegisterGRPCInferenceServiceServer (Register does both).
+func NewServer(sub ingest.Submitter, cat ingest.Catalog, opts Options) *Server {
+	return &Server{sub: sub, cat: cat, opts: opts}
+}
+
+// Register registers the service on s and returns it. s should have been
+// made with opts.ServerOptions(), or inputs over gRPC's 4 MiB default are
+// refused.
+func Register(s *grpc.Server, sub ingest.Submitter, cat ingest.Catalog, opts Options) *Server {
+	srv := NewServer(sub, cat, opts)
+	pb.RegisterGRPCInferenceServiceServer(s, srv)
+	return srv
+}
+
+// NewGRPCServer returns a grpc.Server with the front end's options,
+// extra's after them, and the service registered.
+func NewGRPCServer(sub ingest.Submitter, cat ingest.Catalog, opts Options, extra ...grpc.ServerOption) *grpc.Server {
+	s := grpc.NewServer(append(opts.ServerOptions(), extra...)...)
+	Register(s, sub, cat, opts)
+	return s
+}
+
+// ServerLive answers true while the process serves gRPC at all.
+func (s *Server) ServerLive(context.Context, *pb.ServerLiveRequest) (*pb.ServerLiveResponse, error) {
+	return &pb.ServerLiveResponse{Live: true}, nil
+}
+
+// ServerReady answers true when the catalog offers at least one model.
+func (s *Server) ServerReady(context.Context, *pb.ServerReadyRequest) (*pb.ServerReadyResponse, error) {
+	return &pb.ServerReadyResponse{Ready: len(s.cat.Models()) > 0}, nil
+}
+
+// ModelReady answers whether the catalog offers the model (in the version
+// asked for, if any); an unknown model is not ready, not an error.
+func (s *Server) ModelReady(_ context.Context, r *pb.ModelReadyRequest) (*pb.ModelReadyResponse, error) {
+	_, err := s.lookup(r.GetName(), r.GetVersion())
+	return &pb.ModelReadyResponse{Ready: err == nil}, nil
+}
+
+// ServerMetadata reports ServerName and Options.Version. It lists no
+// extensions: the protocol's optional extensions (repository, statistics,
+// shared memory) are not served.
+func (s *Server) ServerMetadata(context.Context, *pb.ServerMetadataRequest) (*pb.ServerMetadataResponse, error) {
+	v := s.opts.Version
+	if v == "" {
+		v = "unknown"
+	}
+	return &pb.ServerMetadataResponse{Name: ServerName, Version: v, Extensions: []string{}}, nil
+}
+
+// ModelMetadata describes a model from its ModelInfo: one input and one
+// output tensor, their first dimension the row count (-1: any; an output
+// of one row whatever the input has 1).
+func (s *Server) ModelMetadata(ctx context.Context, r *pb.ModelMetadataRequest) (*pb.ModelMetadataResponse, error) {
+	info, err := s.lookup(r.GetName(), r.GetVersion())
+	if err != nil {
+		return nil, toGRPC(ctx, err)
+	}
+	outFirst := int64(1)
+	if info.OutPerRow {
+		outFirst = -1
+	}
+	return &pb.ModelMetadataResponse{
+		Name:     info.Name,
+		Versions: []string{ModelVersion},
+		Platform: Platform,
+		Inputs: []*pb.ModelMetadataResponse_TensorMetadata{{
+			Name: InputName, Datatype: info.Datatype, Shape: append([]int64{-1}, info.RowShape...),
+		}},
+		Outputs: []*pb.ModelMetadataResponse_TensorMetadata{{
+			Name: OutputName, Datatype: info.OutDatatype, Shape: append([]int64{outFirst}, info.OutRowShape...),
+		}},
+	}, nil
+}
+
+// ModelInfer checks the request against the model's ModelInfo, hands it to
+// the Submitter with the tenant from TenantHeader and the call's deadline,
+// and returns the output as one raw tensor named OutputName. Failures are
+// gRPC statuses whose code is Code(status), with an ErrorInfo detail
+// naming the ingest status (see ErrorDomain).
+func (s *Server) ModelInfer(ctx context.Context, r *pb.ModelInferRequest) (*pb.ModelInferResponse, error) {
+	resp, err := s.infer(ctx, r)
+	return resp, toGRPC(ctx, err)
+}
+
+func (s *Server) infer(ctx context.Context, r *pb.ModelInferRequest) (*pb.ModelInferResponse, error) {
+	info, err := s.lookup(r.GetModelName(), r.GetModelVersion())
+	if err != nil {
+		return nil, err
+	}
+	tenant, err := tenantOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, o := range r.GetOutputs() {
+		if o.GetName() != OutputName {
+			return nil, badRequest("model %s has one output, %q; the request asks for %q", info.Name, OutputName, o.GetName())
+		}
+	}
+	data, bytesElems, err := inputBytes(r)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := checkInput(info, r.GetInputs()[0], len(data), bytesElems)
+	if err != nil {
+		return nil, err
+	}
+	req := &ingest.Request{Tenant: tenant, Model: info.Name, Input: data}
+	if d, ok := ctx.Deadline(); ok {
+		req.Deadline = d
+	}
+	res, err := s.sub.Infer(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	shape := outputShape(info, rows)
+	if n, ok := product(shape); !ok || elemSize(info.OutDatatype) == 0 || n*int64(elemSize(info.OutDatatype)) != int64(len(res.Output)) {
+		return nil, ingest.Errorf(ingest.StatusInternal, "model %s returned %d bytes, but its metadata says an output of shape %v of %s; the model's catalog entry is wrong", info.Name, len(res.Output), shape, info.OutDatatype)
+	}
+	return &pb.ModelInferResponse{
+		ModelName:    info.Name,
+		ModelVersion: ModelVersion,
+		Id:           r.GetId(),
+		Parameters: map[string]*pb.InferParameter{
+			"lovelock_gpu":       {ParameterChoice: &pb.InferParameter_Int64Param{Int64Param: int64(res.GPU)}},
+			"lovelock_slice":     {ParameterChoice: &pb.InferParameter_StringParam{StringParam: res.Slice}},
+			"lovelock_queued_ns": {ParameterChoice: &pb.InferParameter_Int64Param{Int64Param: res.Queued.Nanoseconds()}},
+			"lovelock_device_ns": {ParameterChoice: &pb.InferParameter_Int64Param{Int64Param: res.Device.Nanoseconds()}},
+		},
+		Outputs: []*pb.ModelInferResponse_InferOutputTensor{{
+			Name: OutputName, Datatype: info.OutDatatype, Shape: shape,
+		}},
+		RawOutputContents: [][]byte{res.Output},
+	}, nil
+}
+
+// lookup finds a model in the catalog. Models have the one version
+// ModelVersion; an empty version means it.
+func (s *Server) lookup(name, version string) (*ingest.ModelInfo, error) {
+	models := s.cat.Models()
+	for i := range models {
+		if models[i].Name != name {
+			continue
+		}
+		if version != "" && version != ModelVersion {
+			return nil, ingest.Errorf(ingest.StatusUnknownModel, "model %s has only version %q, not %q; leave the version empty", name, ModelVersion, version)
+		}
+		return &models[i], nil
+	}
+	names := make([]string, len(models))
+	for i, m := range models {
+		names[i] = m.Name
+	}
+	sort.Strings(names)
+	return nil, ingest.Errorf(ingest.StatusUnknownModel, "no model %q here; the models are %s", name, strings.Join(names, ", "))
+}
+
+// tenantOf reads TenantHeader from the call's metadata.
+func tenantOf(ctx context.Context) (uint32, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	vals := md.Get(TenantHeader)
+	switch len(vals) {
+	case 0:
+		return DefaultTenant, nil
+	case 1:
+		t, err := strconv.ParseUint(strings.TrimSpace(vals[0]), 10, 32)
+		if err != nil {
+			return 0, badRequest("metadata %s: %q is not a tenant number; send it in decimal", TenantHeader, vals[0])
+		}
+		return uint32(t), nil
+	}
+	return 0, badRequest("metadata %s given %d times; send it once", TenantHeader, len(vals))
+}
