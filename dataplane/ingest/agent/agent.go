@@ -111,6 +111,12 @@ type doneResult struct {
 
 // New returns an agent; Run starts it.
 func New(cfg Config) (*Agent, error) {
+	if cfg.Clients == nil || cfg.Host == nil {
+		return nil, errors.New("ingest agent: need a client transport and a host control transport")
+	}
+	if cfg.Importer == nil {
+		return nil, errors.New("ingest agent: no importer for the host's buffers")
+	}
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}

@@ -89,13 +89,10 @@ type TenantConfig struct {
 // DefaultPool is the pool of all GPUs when no pools are configured.
 const DefaultPool = "default"
 
+// Validate checks the settings (not the transports), as New will.
+func (c Config) Validate() error { return c.defaults() }
+
 func (c *Config) defaults() error {
-	if c.Clients == nil || c.Host == nil {
-		return errors.New("ingest agent: need a client transport and a host control transport")
-	}
-	if c.Importer == nil {
-		return errors.New("ingest agent: no importer for the host's buffers")
-	}
 	if len(c.Models) == 0 {
 		return fmt.Errorf("ingest agent: no models: configure at least one (built in: %v)", model.BuiltinNames())
 	}
