@@ -34,6 +34,7 @@ func App(stdout, stderr io.Writer) *ucli.App {
 			servicesCommand(),
 			memCommand(),
 			graphCommand(),
+			inferCommand(),
 			statusCommand(),
 			imageCommand(),
 			testbedCommand(),

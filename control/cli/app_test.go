@@ -32,6 +32,7 @@ func TestHelp(t *testing.T) {
 		{"capture", "--help"},
 		{"image", "--help"},
 		{"msg", "stats", "--help"},
+		{"infer", "--help"},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			var out bytes.Buffer

@@ -1,0 +1,147 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest"
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/client/clienttest"
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/model"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
+)
+
+// fakeIngestDPU serves a stand-in ingest agent on a loopback UDP socket
+// and returns its address.
+func fakeIngestDPU(t *testing.T, handle func(*clienttest.Request) clienttest.Answer) string {
+	t.Helper()
+	tr, err := udp.Listen(netip.MustParseAddrPort("127.0.0.1:0"), udp.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := clienttest.Start(tr, clienttest.Options{Handle: handle})
+	t.Cleanup(func() {
+		d.Close()
+		tr.Close()
+	})
+	return tr.LocalAddr().String()
+}
+
+func runInfer(dpu string, args ...string) (string, error) {
+	var out bytes.Buffer
+	err := Run(context.Background(), App(&out, &out), append([]string{"lovelock", "infer", "--dpu", dpu, "--bind", "127.0.0.1"}, args...))
+	return out.String(), err
+}
+
+func TestInfer(t *testing.T) {
+	dpu := fakeIngestDPU(t, nil)
+	in := filepath.Join(t.TempDir(), "in.bin")
+	os.WriteFile(in, []byte("hello, gpu"), 0o600)
+	sum := model.Checksum([]byte("hello, gpu"))
+	for _, tc := range []struct {
+		name string
+		args []string
+		want []string // regexps
+	}{
+		{"one request", []string{"--size", "100KiB", "--check"},
+			[]string{`model checksum, tenant 0, 102400-byte input`, `output: +[0-9a-f]{16}\n`, `slice ref@0`, `check: +ok`}},
+		{"file input", []string{"--input", in, "--check"}, []string{`output: +` + regexp.QuoteMeta(string(hexOf(sum[:])))}},
+		{"mlp", []string{"--model", "mlp", "--size", "2560", "--check"}, []string{`\(640 bytes\)`, `check: +ok`}},
+		{"closed loop", []string{"--size", "3000", "--count", "40", "--concurrency", "4", "--check"},
+			[]string{`SENT +OK +FAILED .* P50 +P90 +P99 +MAX`, `\n40 +40 +0 +0 +0 +0 `, `check: +ok`}},
+		{"open loop", []string{"--size", "64", "--rate", "2000", "--count", "20", "--deadline", "1h"}, []string{`\n20 +20 +0 +0 +0 +0 `}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := runInfer(dpu, tc.args...)
+			if err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			for _, re := range tc.want {
+				if !regexp.MustCompile(re).MatchString(out) {
+					t.Errorf("output does not match %q:\n%s", re, out)
+				}
+			}
+		})
+	}
+}
+
+func hexOf(b []byte) string {
+	const digits = "0123456789abcdef"
+	var s strings.Builder
+	for _, v := range b {
+		s.WriteByte(digits[v>>4])
+		s.WriteByte(digits[v&15])
+	}
+	return s.String()
+}
+
+func TestInferJSON(t *testing.T) {
+	dpu := fakeIngestDPU(t, nil)
+	out, err := runInfer(dpu, "--size", "5000", "--count", "10", "--check", "-o", "json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var rep inferReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if rep.Load == nil || rep.Load.OK != 10 || rep.Check != "ok" || rep.Size != 5000 || rep.Client.Requests != 10 {
+		t.Errorf("report %+v", rep)
+	}
+}
+
+// TestInferFailures: failures and wrong outputs make the command fail,
+// with the reason.
+func TestInferFailures(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		handle func(*clienttest.Request) clienttest.Answer
+		args   []string
+		want   string // in the error
+		out    string // in the output
+	}{
+		{"wrong output", func(r *clienttest.Request) clienttest.Answer {
+			a := clienttest.Reference(r)
+			a.Output[0] ^= 1
+			return a
+		}, []string{"--size", "100", "--check"}, "output wrong", "check:   wrong"},
+		{"wrong in a load", func(r *clienttest.Request) clienttest.Answer {
+			a := clienttest.Reference(r)
+			a.Output[0] ^= 1
+			return a
+		}, []string{"--size", "100", "--count", "5", "--check"}, "5 of 5 outputs wrong", "check:   wrong: 5 outputs"},
+		{"not granted", func(*clienttest.Request) clienttest.Answer {
+			return clienttest.Answer{Status: ingest.StatusNotGranted, Text: "tenant 0 may not use checksum"}
+		}, []string{"--size", "100"}, "check --tenant", "error:   not-granted: tenant 0 may not use checksum"},
+		{"overloaded load", func(*clienttest.Request) clienttest.Answer {
+			return clienttest.Answer{Status: ingest.StatusOverloaded, Text: "queue full"}
+		}, []string{"--size", "100", "--count", "3", "--retries", "0"}, "3 of 3 requests failed", "failed overloaded: 3"},
+		{"unknown model", nil, []string{"--model", "resnet", "--size", "100"}, "unknown-model", ""},
+		{"no input", nil, nil, "give an input", ""},
+		{"both inputs", nil, []string{"--size", "1", "--input", "x"}, "not both", ""},
+		{"mlp rows", nil, []string{"--model", "mlp", "--size", "100"}, "not a whole number", ""},
+		{"check unknown model", nil, []string{"--model", "resnet", "--size", "1", "--check"}, "--check", ""},
+		{"bad size", nil, []string{"--size", "lots"}, "--size", ""},
+		{"load without end", nil, []string{"--size", "1", "--rate", "10"}, "--count or --duration", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dpu := fakeIngestDPU(t, tc.handle)
+			out, err := runInfer(dpu, tc.args...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err = %v, want it to say %q\n%s", err, tc.want, out)
+			}
+			if !strings.Contains(out, tc.out) {
+				t.Errorf("output does not say %q:\n%s", tc.out, out)
+			}
+		})
+	}
+	if _, err := runInfer("dpu2"); err == nil || !strings.Contains(err.Error(), "ADDR:PORT") {
+		t.Errorf("--dpu dpu2: %v", err)
+	}
+}
