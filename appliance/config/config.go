@@ -10,6 +10,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/lovelock-dpu/lovelock/appliance/service/ingestservice"
 	"github.com/lovelock-dpu/lovelock/appliance/service/memservice"
 	"github.com/lovelock-dpu/lovelock/appliance/service/msgservice"
 	"github.com/lovelock-dpu/lovelock/control/api"
@@ -49,6 +50,12 @@ type Config struct {
 	// FarMemoryHost runs a host's far-memory host agent, which serves the
 	// transparent mappings of the host's programs (docs/farmem-mapping.md).
 	FarMemoryHost *memservice.HostConfig `json:"far_memory_host,omitempty"`
+	// Ingest runs a DPU's accelerator ingest agent (Conspirator) in front
+	// of a GPU host: docs/ingest.md.
+	Ingest *ingestservice.Config `json:"ingest,omitempty"`
+	// IngestHost runs a GPU host's ingest agent, which registers its GPUs'
+	// slot buffers with its DPU and launches the models.
+	IngestHost *ingestservice.HostConfig `json:"ingest_host,omitempty"`
 }
 
 // Messaging is the messaging service's section (msgservice.Config).
@@ -109,6 +116,12 @@ func (c Config) Validate() error {
 	}
 	if c.FarMemoryHost != nil {
 		sections = append(sections, c.FarMemoryHost)
+	}
+	if c.Ingest != nil {
+		sections = append(sections, c.Ingest)
+	}
+	if c.IngestHost != nil {
+		sections = append(sections, c.IngestHost)
 	}
 	for _, s := range sections {
 		if err := s.Validate(); err != nil {

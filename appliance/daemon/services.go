@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/lovelock-dpu/lovelock/appliance/service"
+	"github.com/lovelock-dpu/lovelock/appliance/service/ingestservice"
 	"github.com/lovelock-dpu/lovelock/appliance/service/memservice"
 	"github.com/lovelock-dpu/lovelock/appliance/service/msgservice"
 	"github.com/lovelock-dpu/lovelock/control/api"
@@ -30,6 +31,12 @@ func services(d *Daemon) []service.Service {
 	}
 	if c := d.cfg.FarMemoryHost; c != nil {
 		out = append(out, memservice.NewHost(*c, d.log))
+	}
+	if c := d.cfg.Ingest; c != nil {
+		out = append(out, ingestservice.New(*c, d.cfg.Port, d.log))
+	}
+	if c := d.cfg.IngestHost; c != nil {
+		out = append(out, ingestservice.NewHost(*c, d.log))
 	}
 	return out
 }

@@ -5,8 +5,9 @@
 # mixed traffic from host0 into dpu0 and checks each class at its rule's
 # counter and at its destination, runs Histogram between host0 and host1
 # through the DPUs' agents, maps far
-# memory on mem0 from host1 through dpu1 and checks every byte, runs the
-# planner on the paper's scenarios, and tears everything down again (also
+# memory on mem0 from host1 through dpu1 and checks every byte, sends
+# inference inputs from client through dpu2 into gpu0's (shared-memory) GPU
+# slots and checks every result, runs the planner on the paper's scenarios, and tears everything down again (also
 # when a step fails).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -148,6 +149,75 @@ done
 say "far memory: mem0's memory server and dpu1's agent"
 "$lovelock" --socket "$RUN/mem0.sock" mem stats
 "$lovelock" --socket "$RUN/dpu1.sock" mem stats
+
+say "accelerator ingest (Conspirator): clients send inputs to dpu2, which writes them straight into gpu0's (shared-memory) GPU slots"
+# dpu2's lovelockd runs the ingest agent on an AF_XDP socket on p0 and a
+# KServe v2 gRPC front end; gpu0's runs the GPU host agent with two
+# shared-memory GPUs standing in for an H100 and an A100 (docs/ingest.md).
+cat >"$RUN/dpu2.yaml" <<YAML
+ingest:
+  listen: "10.77.0.12:61440"
+  host_listen: "10.77.12.2:61441"
+  grpc: "10.77.0.12:8001"
+  transport: xdp
+  interfaces: [p0]
+  models: [{name: checksum}, {name: mlp}]
+  tenants: [{id: 1, models: [checksum, mlp]}, {id: 2, models: [checksum]}]
+YAML
+cat >"$RUN/gpu0.yaml" <<YAML
+ingest_host:
+  listen: "10.77.12.1:61441"
+  dpu: "10.77.12.2:61441"
+  device: shm
+  gpus: [{card: H100-80GB}, {card: A100-40GB}]
+  socket: "$RUN/ingest.sock"
+  models: [checksum, mlp]
+YAML
+for node in dpu2 gpu0; do
+	mkdir -p "/sys/fs/bpf/lovelock-demo-$node"
+	xdp=()
+	[ "$node" = dpu2 ] && xdp=(--xdp p0)
+	"$lovelock" testbed exec --prefix "$PREFIX" "$node" -- "$BIN/lovelockd" \
+		--config "$RUN/$node.yaml" --pin-dir "/sys/fs/bpf/lovelock-demo-$node/lovelock" \
+		--state "$RUN/$node.state.json" --socket "$RUN/$node.sock" --metrics off "${xdp[@]}" >"$RUN/$node.log" 2>&1 &
+	pids+=($!)
+done
+for node in dpu2 gpu0; do
+	for _ in $(seq 100); do
+		"$lovelock" --socket "$RUN/$node.sock" services >/dev/null 2>&1 && break
+		sleep 0.1
+	done
+	if ! "$lovelock" --socket "$RUN/$node.sock" services; then
+		echo "a service on $node is not running; its log:"
+		cat "$RUN/$node.log"
+		exit 1
+	fi
+done
+# The host registers its slot buffers with the DPU (heartbeat, handle socket).
+for _ in $(seq 100); do
+	"$lovelock" --socket "$RUN/gpu0.sock" ingest stats | grep -q ', registered' && break
+	sleep 0.1
+done
+"$lovelock" --socket "$RUN/gpu0.sock" ingest gpus
+"$lovelock" --socket "$RUN/dpu2.sock" ingest models
+infer() { "$lovelock" testbed exec --prefix "$PREFIX" client -- "$lovelock" infer --dpu 10.77.0.12:61440 "$@"; }
+echo "-- one 1 MiB input, checksummed where it landed on the GPU side; --check compares with the client's own"
+infer --tenant 1 --size 1MiB --check
+echo "-- the MLP on 256 rows, checked against its CPU reference"
+infer --tenant 1 --model mlp --size 64KiB --check
+echo "-- the same through the KServe v2 gRPC front end (ModelInfer), as a Triton client sends it"
+infer --tenant 1 --model mlp --size 16KiB --check --grpc 10.77.0.12:8001
+echo "-- tenant 2 is not granted the MLP: refused, and nothing else harmed"
+if infer --tenant 2 --model mlp --size 4KiB; then echo "tenant 2 ran a model it was not granted"; exit 1; fi
+echo "-- a load: 2000 requests of 4 KiB, 16 outstanding, every output checked; host CPU per request from gpu0's lovelockd"
+gpu_pid=$(pgrep -f -- "--socket $RUN/gpu0.sock" | head -1)
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+before=$(cpu_ticks "$gpu_pid")
+infer --tenant 1 --size 4KiB --count 2000 --concurrency 16 --check
+after=$(cpu_ticks "$gpu_pid")
+awk -v t=$((after - before)) -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "gpu0 lovelockd CPU: %.3f s for 2000 requests = %.1f us per request (doorbell, launch, completion; the shm device runs the model on this CPU too)\n", t/hz, t/hz/2000*1e6 }'
+"$lovelock" --socket "$RUN/dpu2.sock" ingest stats
+"$lovelock" --socket "$RUN/gpu0.sock" ingest stats
 
 say "the cost and energy model of SmartNIC-hosted clusters (the Lovelock paper)"
 "$lovelock" plan --scenario paper

@@ -35,6 +35,7 @@ func App(stdout, stderr io.Writer) *ucli.App {
 			memCommand(),
 			graphCommand(),
 			inferCommand(),
+			ingestCommand(),
 			statusCommand(),
 			imageCommand(),
 			testbedCommand(),

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -14,11 +15,15 @@ import (
 	"time"
 
 	ucli "github.com/urfave/cli/v2"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/lovelock-dpu/lovelock/control/testbed"
 	"github.com/lovelock-dpu/lovelock/dataplane/farmem"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest"
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/agent"
 	ingestclient "github.com/lovelock-dpu/lovelock/dataplane/ingest/client"
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/kserve"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/model"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
 	"github.com/lovelock-dpu/lovelock/dataplane/wire"
@@ -55,10 +60,8 @@ func inferCommand() *ucli.Command {
 			"   lovelock infer --rate 500 --duration 10s --deadline 20ms     open loop at 500 req/s\n" +
 			"   lovelock infer --input tensor.bin --tenant 3 -o json\n\n" +
 			"From the testbed's client node: lovelock testbed exec client -- lovelock infer --size 4KiB",
-		// The KServe v2 front end (dataplane/ingest/kserve, gRPC) gets a
-		// --grpc ADDR flag here once that package is merged: the same
-		// requests through ModelInfer instead of the Lovelock protocol.
 		Flags: []ucli.Flag{
+			&ucli.StringFlag{Name: "grpc", Usage: "send one request through the DPU's KServe v2 gRPC front end at `ADDR:PORT` (ModelInfer) instead of the Lovelock protocol"},
 			&ucli.StringFlag{Name: "dpu", Value: defaultIngestDPU(), Usage: "the `ADDR:PORT` of the DPU's ingest agent; the default is the testbed's dpu2"},
 			&ucli.StringFlag{Name: "bind", Usage: "local `ADDR[:PORT]` to send from; unset: any address, an ephemeral port"},
 			&ucli.UintFlag{Name: "tenant", Usage: "the tenant the requests belong to"},
@@ -133,6 +136,12 @@ func infer(c *ucli.Context) error {
 		if check, err = ingestclient.Verify(name); err != nil {
 			return fmt.Errorf("--check: %w", err)
 		}
+	}
+	if addr := c.String("grpc"); addr != "" {
+		if load {
+			return errors.New("infer: --grpc sends one request; a load goes over the Lovelock protocol (drop --grpc)")
+		}
+		return inferGRPC(c, addr, name, input, check, asJSON)
 	}
 
 	maxPayload := 0
@@ -294,7 +303,9 @@ func printInfer(w io.Writer, r *inferReport) {
 			out, more = out[:32], fmt.Sprintf("... (%d bytes)", len(res.Output))
 		}
 		fmt.Fprintf(w, "output:  %x%s\n", out, more)
-		fmt.Fprintf(w, "ran on:  GPU %d, slice %s; queued %v on the DPU, %v on the device\n", res.GPU, dash(res.Slice), res.Queued, res.Device)
+		if res.GPU >= 0 { // the gRPC front end does not say where it ran
+			fmt.Fprintf(w, "ran on:  GPU %d, slice %s; queued %v on the DPU, %v on the device\n", res.GPU, dash(res.Slice), res.Queued, res.Device)
+		}
 		fmt.Fprintf(w, "latency: %v (%d retransmissions)\n", res.Latency.Round(time.Microsecond), st.Retransmissions)
 	}
 	if r.Error != "" {
@@ -321,4 +332,46 @@ func printInfer(w io.Writer, r *inferReport) {
 	if st.Malformed+st.Stale+st.Ignored > 0 {
 		fmt.Fprintf(w, "datagrams ignored: %d malformed, %d stale, %d other\n", st.Malformed, st.Stale, st.Ignored)
 	}
+}
+
+// inferGRPC sends one request through the KServe v2 front end, as a stock
+// Triton or KServe client would.
+func inferGRPC(c *ucli.Context, addr, name string, input []byte, check func(in, out []byte) error, asJSON bool) error {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(kserve.DefaultMaxRecvMsgSize), grpc.MaxCallRecvMsgSize(kserve.DefaultMaxRecvMsgSize)))
+	if err != nil {
+		return fmt.Errorf("infer: --grpc %s: %w", addr, err)
+	}
+	defer conn.Close()
+	ctx := c.Context
+	if d := c.Duration("deadline"); d > 0 {
+		var cancel func()
+		ctx, cancel = context.WithTimeout(ctx, d)
+		defer cancel()
+	}
+	rep := inferReport{DPU: addr, Model: name, Tenant: uint32(c.Uint("tenant")), Size: len(input)}
+	t0 := time.Now()
+	out, err := kserve.Infer(ctx, conn, name, uint32(c.Uint("tenant")), input, agent.ModelInfo(name))
+	var failure error
+	if err != nil {
+		rep.Error = err.Error()
+		failure = fmt.Errorf("infer: %w", inferExplain(err))
+	} else {
+		rep.Result = &inferResult{Output: out, GPU: -1, Latency: time.Since(t0)}
+		if check != nil {
+			rep.Check = "ok"
+			if err := check(input, out); err != nil {
+				rep.Check = "wrong: " + err.Error()
+				failure = fmt.Errorf("infer: output wrong: %w", err)
+			}
+		}
+	}
+	if asJSON {
+		if err := writeJSON(c.App.Writer, rep); err != nil {
+			return err
+		}
+	} else {
+		printInfer(c.App.Writer, &rep)
+	}
+	return failure
 }

@@ -180,8 +180,13 @@ func (a *Agent) Models() []ingest.ModelInfo {
 	return out
 }
 
-// modelInfo describes a configured model as tensors: the built-in ones as
-// they are, others as rows of bytes.
+// ModelInfo describes a model as tensors, as the agent publishes it: the
+// built-in ones as they are, others as rows of bytes. Clients of the gRPC
+// front end use it to shape their requests.
+func ModelInfo(name string) ingest.ModelInfo {
+	return modelInfo(ModelConfig{Name: name})
+}
+
 func modelInfo(mc ModelConfig) ingest.ModelInfo {
 	info := ingest.ModelInfo{Name: mc.Name, RowBytes: 1, Datatype: "UINT8", RowShape: []int64{1}, OutDatatype: "UINT8", OutRowShape: []int64{1}, OutPerRow: true, Profile: mc.Profile}
 	m, err := model.Builtin(mc.Name)

@@ -1,0 +1,119 @@
+package ingestservice
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync/atomic"
+
+	"github.com/lovelock-dpu/lovelock/appliance/service"
+	"github.com/lovelock-dpu/lovelock/control/api"
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/devmem"
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/hostagent"
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/model"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
+)
+
+// HostName is the GPU host agent's service name.
+const HostName = "ingest_host"
+
+// HostService runs a GPU host's ingest agent.
+type HostService struct {
+	cfg   HostConfig
+	log   *slog.Logger
+	agent atomic.Pointer[hostagent.Agent]
+	mux   *http.ServeMux
+}
+
+// NewHost returns the GPU host agent of cfg (validated by the caller).
+func NewHost(cfg HostConfig, log *slog.Logger) *HostService {
+	s := &HostService{cfg: cfg, log: log.With("service", HostName)}
+	s.mux = http.NewServeMux()
+	s.mux.HandleFunc("GET /gpus", s.gpus)
+	return s
+}
+
+// Name implements service.Service.
+func (s *HostService) Name() string { return HostName }
+
+// Interfaces implements service.Service: the host agent talks to its DPU
+// through a kernel socket.
+func (s *HostService) Interfaces() []string { return nil }
+
+// Plan implements service.Service.
+func (s *HostService) Plan() (service.Needs, error) { return service.Needs{}, s.cfg.Validate() }
+
+// Run implements service.Service: it allocates the slot buffers on the
+// devices, registers them with the DPU and serves doorbells until ctx
+// ends. A restart registers a new epoch: the DPU drops the old buffers.
+func (s *HostService) Run(ctx context.Context, _ *service.Binding) error {
+	devs, cards, err := s.devices()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		for _, d := range devs {
+			d.Close()
+		}
+	}()
+	tr, err := udp.Listen(s.cfg.Listen, udp.Options{ReadBuffer: 1 << 20, WriteBuffer: 1 << 20})
+	if err != nil {
+		return fmt.Errorf("ingest_host: listen on %v: %w", s.cfg.Listen, err)
+	}
+	defer tr.Close()
+	var models []*model.Model
+	for _, name := range s.cfg.Models {
+		m, err := model.Builtin(name)
+		if err != nil {
+			return err
+		}
+		models = append(models, m)
+	}
+	a, err := hostagent.New(hostagent.Config{Transport: tr, DPU: s.cfg.DPU, Devices: devs, Cards: cards, HandleSocket: s.cfg.Socket,
+		Models: models, SlotInput: int(s.cfg.SlotInput), SlotOutput: int(s.cfg.SlotOutput), Heartbeat: s.cfg.Heartbeat.D(), Logger: s.log})
+	if err != nil {
+		return err
+	}
+	s.agent.Store(a)
+	defer s.agent.Store(nil)
+	s.log.Info("GPU host agent", "listen", s.cfg.Listen, "dpu", s.cfg.DPU, "device", s.cfg.device(), "gpus", len(devs), "socket", s.cfg.Socket)
+	return a.Run(ctx)
+}
+
+// devices opens the configured devices and says each one's MIG card.
+func (s *HostService) devices() ([]devmem.Device, []string, error) {
+	var devs []devmem.Device
+	var cards []string
+	switch s.cfg.device() {
+	case "shm":
+		for i, g := range s.cfg.GPUs {
+			devs = append(devs, devmem.NewShm(devmem.Info{Index: i, Name: "shm (" + g.Card + ")", Card: g.Card}))
+			cards = append(cards, g.Card)
+		}
+		return devs, cards, nil
+	}
+	return nil, nil, fmt.Errorf("ingest_host: device %s is not wired into lovelockd yet: use device shm", s.cfg.device())
+}
+
+// Stats implements service.Service: hostagent.Stats.
+func (s *HostService) Stats() any {
+	if a := s.agent.Load(); a != nil {
+		return a.Stats()
+	}
+	return nil
+}
+
+// ServeHTTP serves the service's calls under /v1/services/ingest_host/.
+func (s *HostService) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+func (s *HostService) gpus(w http.ResponseWriter, r *http.Request) {
+	a := s.agent.Load()
+	if a == nil {
+		api.Reply(w, nil, fmt.Errorf("the GPU host agent is not running (see lovelock services)"))
+		return
+	}
+	api.Reply(w, a.GPUs(), nil)
+}
+
+var _ service.Service = (*HostService)(nil)

@@ -1,0 +1,77 @@
+package ingestservice
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+var (
+	agentReqs     = prometheus.NewDesc("lovelock_ingest_requests_total", "Inference requests the DPU ingest agent finished, by outcome (ok or the refusal's status).", []string{"outcome"}, nil)
+	agentBytes    = prometheus.NewDesc("lovelock_ingest_bytes_total", "Bytes the DPU ingest agent moved, by direction (in: from clients; to_device, from_device: the host's slot buffers).", []string{"dir"}, nil)
+	agentInFlight = prometheus.NewDesc("lovelock_ingest_in_flight", "Requests open on the DPU ingest agent.", nil, nil)
+	agentQueued   = prometheus.NewDesc("lovelock_ingest_queued", "Requests waiting for a GPU slice.", nil, nil)
+	agentLatency  = prometheus.NewDesc("lovelock_ingest_latency_seconds", "Latency from an input's first fragment to its result, by quantile, over the last 4096 results.", []string{"quantile"}, nil)
+	agentHost     = prometheus.NewDesc("lovelock_ingest_host_registered", "1 while a GPU host is registered with the DPU ingest agent.", nil, nil)
+	hostRuns      = prometheus.NewDesc("lovelock_ingest_host_runs_total", "Models the GPU host agent ran, by outcome.", []string{"outcome"}, nil)
+	hostDoorbells = prometheus.NewDesc("lovelock_ingest_host_doorbells_total", "Doorbells the GPU host agent took, by kind (new, repeat, stale).", []string{"kind"}, nil)
+)
+
+// Describe implements prometheus.Collector.
+func (s *Service) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{agentReqs, agentBytes, agentInFlight, agentQueued, agentLatency, agentHost} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (s *Service) Collect(ch chan<- prometheus.Metric) {
+	a := s.agent.Load()
+	if a == nil {
+		return
+	}
+	st := a.Stats()
+	counter := func(d *prometheus.Desc, v uint64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), l...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
+	}
+	counter(agentReqs, st.Completed, "ok")
+	for k, v := range st.Refused {
+		counter(agentReqs, v, k)
+	}
+	counter(agentBytes, st.BytesIn, "in")
+	counter(agentBytes, st.BytesToDevice, "to_device")
+	counter(agentBytes, st.BytesFromDevice, "from_device")
+	gauge(agentInFlight, float64(st.InFlight))
+	gauge(agentQueued, float64(st.Queued))
+	gauge(agentLatency, st.P50.Seconds(), "0.5")
+	gauge(agentLatency, st.P99.Seconds(), "0.99")
+	reg := 0.0
+	if st.Host != nil {
+		reg = 1
+	}
+	gauge(agentHost, reg)
+}
+
+// Describe implements prometheus.Collector.
+func (s *HostService) Describe(ch chan<- *prometheus.Desc) {
+	ch <- hostRuns
+	ch <- hostDoorbells
+}
+
+// Collect implements prometheus.Collector.
+func (s *HostService) Collect(ch chan<- prometheus.Metric) {
+	a := s.agent.Load()
+	if a == nil {
+		return
+	}
+	st := a.Stats()
+	counter := func(d *prometheus.Desc, v uint64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), l...)
+	}
+	counter(hostRuns, st.Completed, "ok")
+	counter(hostRuns, st.Failed, "failed")
+	counter(hostDoorbells, st.Doorbells-st.Repeats-st.Stale, "new")
+	counter(hostDoorbells, st.Repeats, "repeat")
+	counter(hostDoorbells, st.Stale, "stale")
+}

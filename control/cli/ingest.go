@@ -1,0 +1,170 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	ucli "github.com/urfave/cli/v2"
+
+	"github.com/lovelock-dpu/lovelock/control/api"
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest"
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/agent"
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/hostagent"
+)
+
+// The ingest services' names in lovelockd (appliance/service/ingestservice).
+const (
+	ingestAgent = "ingest"
+	ingestHost  = "ingest_host"
+)
+
+func ingestCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:  "ingest",
+		Usage: "accelerator ingest (Conspirator): the DPU's ingest agent and the GPU host's agent",
+		Description: "On a DPU running the ingest service, stats shows what its agent received, where it placed\n" +
+			"it and how long it took, and models what it serves; on a GPU host running ingest_host, stats\n" +
+			"shows the doorbells it took and gpus the GPUs it registered. Send requests with 'lovelock infer'.",
+		Subcommands: []*ucli.Command{
+			{Name: "stats", Usage: "counters of the node's ingest agents", Flags: []ucli.Flag{outputFlag()}, Action: ingestStats},
+			{Name: "gpus", Usage: "the GPUs a GPU host's agent registered with its DPU", Flags: []ucli.Flag{outputFlag()}, Action: ingestGPUs},
+			{Name: "models", Usage: "the models a DPU's ingest agent serves, as tensors", Flags: []ucli.Flag{outputFlag()}, Action: ingestModels},
+		},
+	}
+}
+
+type ingestStatsReport struct {
+	Agent *agent.Stats     `json:"ingest,omitempty"`
+	Host  *hostagent.Stats `json:"ingest_host,omitempty"`
+}
+
+func ingestStats(c *ucli.Context) error {
+	asJSON, err := wantJSON(c)
+	if err != nil {
+		return err
+	}
+	cl := client(c)
+	svcs, err := cl.Services(c.Context)
+	if err != nil {
+		return err
+	}
+	var rep ingestStatsReport
+	for _, s := range svcs {
+		var v any
+		switch s.Name {
+		case ingestAgent:
+			rep.Agent = &agent.Stats{}
+			v = rep.Agent
+		case ingestHost:
+			rep.Host = &hostagent.Stats{}
+			v = rep.Host
+		default:
+			continue
+		}
+		if err := cl.ServiceStats(c.Context, s.Name, v); err != nil {
+			return err
+		}
+	}
+	if rep.Agent == nil && rep.Host == nil {
+		return errors.New("the node's lovelockd runs no ingest service (ingest or ingest_host in its config)")
+	}
+	if asJSON {
+		return writeJSON(c.App.Writer, rep)
+	}
+	w := c.App.Writer
+	if a := rep.Agent; a != nil {
+		if h := a.Host; h != nil {
+			fmt.Fprintf(w, "ingest agent: GPU host %s, epoch %s, %d GPUs, models %s; last heartbeat %v ago\n", h.Addr, h.Epoch, len(h.GPUs),
+				strings.Join(h.Models, ","), h.Seen.Round(time.Millisecond))
+		} else {
+			fmt.Fprintln(w, "ingest agent: no GPU host registered (start ingest_host on the GPU host)")
+		}
+		fmt.Fprintf(w, "  requests: %d received, %d completed, %d late; refused %s\n", a.Received, a.Completed, a.LateResults, refusals(a.Refused))
+		fmt.Fprintf(w, "  now: %d in flight, %d waiting for a slice, %d bytes held; GPUs in use %v\n", a.InFlight, a.Queued, a.BufferBytes, a.GPUsInUse)
+		fmt.Fprintf(w, "  bytes: %d from clients, %d written to slots, %d read from slots; %d fragments (%d duplicate, %d malformed)\n",
+			a.BytesIn, a.BytesToDevice, a.BytesFromDevice, a.Fragments, a.Duplicates, a.Malformed)
+		fmt.Fprintf(w, "  latency p50 %v, p99 %v; scheduler %v per decision; doorbells %d (%d rung again), results resent %d\n",
+			a.P50.Round(time.Microsecond), a.P99.Round(time.Microsecond), a.Decision, a.Doorbells, a.Rerings, a.Resent)
+		fmt.Fprintf(w, "  host registrations %d (%d failed), host lost %d, reassembly timeouts %d\n", a.Registrations, a.RegisterFailed, a.HostLost, a.ReassemblyTimeouts)
+	}
+	if h := rep.Host; h != nil {
+		reg := "registered"
+		if !h.Registered {
+			reg = "NOT registered"
+		}
+		fmt.Fprintf(w, "GPU host agent: epoch %s, %s with its DPU; %d GPUs of %d slots\n", h.Epoch, reg, h.GPUs, h.Slots)
+		fmt.Fprintf(w, "  doorbells %d (%d repeated, %d stale); ran %d, failed %d; %d bytes in, %d out; device time %v\n",
+			h.Doorbells, h.Repeats, h.Stale, h.Completed, h.Failed, h.BytesIn, h.BytesOut, h.DeviceTime.Round(time.Microsecond))
+		fmt.Fprintf(w, "  handles served %d, refused %d\n", h.HandlesServed, h.HandleRefused)
+	}
+	return nil
+}
+
+func refusals(m map[string]uint64) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	var parts []string
+	for _, s := range []ingest.Status{ingest.StatusBadRequest, ingest.StatusUnknownModel, ingest.StatusNotGranted, ingest.StatusTooLarge,
+		ingest.StatusDeadline, ingest.StatusOverloaded, ingest.StatusHostUnavailable, ingest.StatusModelFailed, ingest.StatusInternal} {
+		if v := m[s.String()]; v > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", s, v))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+func ingestGPUs(c *ucli.Context) error {
+	asJSON, err := wantJSON(c)
+	if err != nil {
+		return err
+	}
+	var gpus []hostagent.GPUInfo
+	if err := client(c).ServiceCall(c.Context, http.MethodGet, ingestHost, "gpus", nil, &gpus); err != nil {
+		return noIngest(err, ingestHost)
+	}
+	if asJSON {
+		return writeJSON(c.App.Writer, gpus)
+	}
+	tw := newTable(c.App.Writer)
+	fmt.Fprintln(tw, "GPU\tKIND\tNAME\tCARD\tMIG\tMEMORY\tSLOTS\tSLOT IN\tSLOT OUT")
+	for _, g := range gpus {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%v\t%d\t%d\t%d\t%d\n", g.Index, g.Kind, g.Name, g.Card, g.MIG, g.MemBytes, g.Slots, g.SlotIn, g.SlotOut)
+	}
+	return tw.Flush()
+}
+
+func ingestModels(c *ucli.Context) error {
+	asJSON, err := wantJSON(c)
+	if err != nil {
+		return err
+	}
+	var models []ingest.ModelInfo
+	if err := client(c).ServiceCall(c.Context, http.MethodGet, ingestAgent, "models", nil, &models); err != nil {
+		return noIngest(err, ingestAgent)
+	}
+	if asJSON {
+		return writeJSON(c.App.Writer, models)
+	}
+	tw := newTable(c.App.Writer)
+	fmt.Fprintln(tw, "MODEL\tINPUT ROW\tOUTPUT ROW\tMAX INPUT\tTENANTS")
+	for _, m := range models {
+		tenants := "all"
+		if len(m.Tenants) > 0 {
+			tenants = fmt.Sprint(m.Tenants)
+		}
+		fmt.Fprintf(tw, "%s\t%s%v\t%s%v\t%d\t%s\n", m.Name, m.Datatype, m.RowShape, m.OutDatatype, m.OutRowShape, m.MaxInput, tenants)
+	}
+	return tw.Flush()
+}
+
+func noIngest(err error, svc string) error {
+	var nf *api.NotFoundError
+	if errors.As(err, &nf) {
+		return fmt.Errorf("%w (the node's lovelockd runs no %s service: see its config)", err, svc)
+	}
+	return err
+}
