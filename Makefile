@@ -58,8 +58,8 @@ deps: ## install every apt package and Go module the project needs (idempotent)
 	@$(GO) version
 
 .PHONY: generate
-generate: ## regenerate the BPF objects and Go bindings from bpf/*.c (needs clang)
-	$(GO) generate ./bpf/...
+generate: ## regenerate the BPF objects and Go bindings from bpf/*.c and the CUDA kernels' PTX (needs clang)
+	$(GO) generate ./bpf/... ./dataplane/ingest/devmem/cuda/
 
 .PHONY: build
 build: ## build static lovelock and lovelockd for amd64 and arm64 into bin/
@@ -127,11 +127,22 @@ bench-steer: ## per-packet cost of the steering classifier against an XDP_PASS f
 bench-steer-throughput: ## packets/s through a veth testbed: floor, classifier, redirect, xsk (root, ~1 min)
 	$(GO) run ./control/cmd/bench-steer -throughput
 
+# The CUDA device's GPU tests against a fake libcuda built from C (ABI and
+# flows without a GPU; docs/ingest-cuda.md). On a GPU machine run the real
+# ones: go test -tags gpu -c -o cuda.test ./dataplane/ingest/devmem/cuda/
+.PHONY: test-cuda-fake
+test-cuda-fake: ## the CUDA device's GPU tests against a fake libcuda.so.1 (needs clang; no GPU)
+	@dir=$$(mktemp -d) && trap 'rm -rf "$$dir"' EXIT && \
+	clang -O1 -Wall -shared -fPIC -o $$dir/libcuda.so.1 dataplane/ingest/devmem/cuda/testdata/fakecuda.c && \
+	CGO_ENABLED=0 $(GO) test -tags gpu -c -o $$dir/cuda.test ./dataplane/ingest/devmem/cuda/ && \
+	cd $$dir && LD_LIBRARY_PATH=$$dir ./cuda.test -test.count=1 -test.v | grep -E '^(---|ok|PASS|FAIL)|GB/s'
+
 .PHONY: lint
 lint: ## gofmt, go vet, the layer test and staticcheck
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$bad" ]; then echo "gofmt would change:"; echo "$$bad"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags gpu ./dataplane/ingest/devmem/cuda/
 	$(GO) test -count=1 -run '^TestLayers' ./appliance/
 	$(GO) tool staticcheck ./...
 

@@ -1,0 +1,282 @@
+package cuda
+
+import (
+	"fmt"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/devmem"
+)
+
+// Options configure Open.
+type Options struct {
+	// Index is the CUDA device ordinal.
+	Index int
+	// Library is the driver library's file name; "" means DriverLibrary.
+	Library string
+	// NVML is NVML's file name; "" means NVMLLibrary. NVML is optional:
+	// without it Info says MIG false and GPUInstances fails.
+	NVML string
+	// LegacyIPC makes Alloc use cuMemAlloc and export legacy CUDA IPC
+	// handles, as on a driver that refuses POSIX descriptors: the fallback
+	// path, on demand.
+	LegacyIPC bool
+	// Staging is the page-locked staging buffer's size in bytes for
+	// ReadAt and WriteAt; 0 means DefaultStaging, negative none (copies
+	// from pageable memory).
+	Staging int
+}
+
+// Device is one GPU, implementing devmem.Device. Its methods may be called
+// from any goroutine; all its driver calls run on its own locked thread.
+type Device struct {
+	cu   *driver
+	nv   *nvml      // nil without NVML
+	gpu  nvmlDevice // the whole GPU in NVML, when nv is not nil
+	t    *thread
+	info devmem.Info
+	opts Options
+
+	// Set at open on the thread and read-only after.
+	dev  cuDevice
+	ctx  cuContext
+	gran uintptr
+	sms  int
+
+	// Touched only on the thread.
+	fd      bool   // allocate with cuMemCreate and export POSIX descriptors
+	noFD    string // why not, when !fd
+	stage   *stage
+	kernels *kernels
+	buffers map[*buffer]struct{}
+}
+
+var _ devmem.Device = (*Device)(nil)
+
+// Open loads the driver, makes device opts.Index's primary context
+// current on a new locked thread, loads the kernels and copies the MLP's
+// weights to the device. Without an NVIDIA driver the error wraps
+// ErrNoDriver and says to use the shm device; with no such GPU it wraps
+// ErrNoDevice.
+func Open(opts Options) (*Device, error) {
+	cu, err := loadDriver(opts.Library)
+	if err != nil {
+		return nil, fmt.Errorf("cuda: %w", err)
+	}
+	if opts.Staging == 0 {
+		opts.Staging = DefaultStaging
+	}
+	d := &Device{cu: cu, opts: opts, buffers: map[*buffer]struct{}{}}
+	d.t, err = startThread(d.init, d.fini)
+	if err != nil {
+		return nil, fmt.Errorf("cuda: device %d: %w", opts.Index, err)
+	}
+	d.describeMIG()
+	return d, nil
+}
+
+// init runs first on the thread: it leaves the context current, or
+// undoes everything and fails.
+func (d *Device) init() error {
+	cu := d.cu
+	if err := cu.check("cuInit", cu.cuInit(0)); err != nil {
+		return err
+	}
+	var n int32
+	if err := cu.check("cuDeviceGetCount", cu.cuDeviceGetCount(&n)); err != nil {
+		return err
+	}
+	if d.opts.Index < 0 || d.opts.Index >= int(n) {
+		return fmt.Errorf("%w: index %d, the driver sees %d GPUs", ErrNoDevice, d.opts.Index, n)
+	}
+	if err := cu.check("cuDeviceGet", cu.cuDeviceGet(&d.dev, int32(d.opts.Index))); err != nil {
+		return err
+	}
+	if err := cu.check("cuDevicePrimaryCtxRetain", cu.cuDevicePrimaryCtxRetain(&d.ctx, d.dev)); err != nil {
+		return err
+	}
+	if err := cu.check("cuCtxPushCurrent_v2", cu.cuCtxPushCurrent(d.ctx)); err != nil {
+		cu.cuDevicePrimaryCtxRelease(d.dev)
+		return err
+	}
+	if err := d.setup(); err != nil {
+		d.fini()
+		return err
+	}
+	return nil
+}
+
+// setup describes the device and allocates what every Run needs.
+func (d *Device) setup() error {
+	cu := d.cu
+	var name [256]byte
+	if err := cu.check("cuDeviceGetName", cu.cuDeviceGetName(&name[0], int32(len(name)), d.dev)); err != nil {
+		return err
+	}
+	var uuid [16]byte
+	if err := cu.check("cuDeviceGetUuid", cu.cuDeviceGetUuid(&uuid, d.dev)); err != nil {
+		return err
+	}
+	var mem uintptr
+	if err := cu.check("cuDeviceTotalMem_v2", cu.cuDeviceTotalMem(&mem, d.dev)); err != nil {
+		return err
+	}
+	d.info = devmem.Info{Index: d.opts.Index, Kind: devmem.KindCUDA, Name: cString(name[:]),
+		UUID: formatUUID(uuid), MemBytes: uint64(mem)}
+	d.info.Card = CardName(d.info.Name, d.info.MemBytes)
+	sms, err := d.attr(attrMultiprocessorCount)
+	if err != nil {
+		return err
+	}
+	d.sms = sms
+	d.fd, d.noFD = d.fdSupport()
+	if d.fd {
+		if d.gran, err = granularity(cu, d.dev); err != nil {
+			return err
+		}
+	}
+	if d.stage, err = newStage(cu, d.opts.Staging); err != nil {
+		return err
+	}
+	d.kernels, err = loadKernels(cu)
+	return err
+}
+
+// fdSupport says whether Alloc can make exportable cuMemCreate
+// allocations, and if not why.
+func (d *Device) fdSupport() (bool, string) {
+	switch {
+	case d.opts.LegacyIPC:
+		return false, "legacy IPC handles requested (Options.LegacyIPC)"
+	case !d.cu.hasVMM():
+		return false, "the driver lacks the virtual memory management calls"
+	}
+	for _, a := range []struct {
+		attr int32
+		what string
+	}{{attrVMM, "virtual memory management"}, {attrPOSIXFD, "POSIX file descriptor handles"}} {
+		v, err := d.attr(a.attr)
+		if err != nil {
+			return false, err.Error()
+		}
+		if v == 0 {
+			return false, "the device does not support " + a.what
+		}
+	}
+	return true, ""
+}
+
+func (d *Device) attr(a int32) (int, error) {
+	var v int32
+	err := d.cu.check("cuDeviceGetAttribute", d.cu.cuDeviceGetAttribute(&v, a, d.dev))
+	return int(v), err
+}
+
+// fini runs last on the thread: everything the device holds is released
+// and the context popped.
+func (d *Device) fini() {
+	cu := d.cu
+	for b := range d.buffers {
+		b.release()
+	}
+	d.buffers = nil
+	if d.kernels != nil {
+		d.kernels.unload(cu)
+	}
+	if d.stage != nil {
+		d.stage.free(cu)
+	}
+	var ctx cuContext
+	cu.cuCtxPopCurrent(&ctx)
+	cu.cuDevicePrimaryCtxRelease(d.dev)
+}
+
+// describeMIG fills in MIG mode and, when the driver's name is a MIG
+// device's, the card from the whole GPU's name; a missing NVML leaves
+// them as the driver API alone can say.
+func (d *Device) describeMIG() {
+	nv, err := loadNVML(d.opts.NVML)
+	if err != nil {
+		return
+	}
+	gpu, err := nv.gpu(d.info.UUID, d.info.Index)
+	if err != nil {
+		nv.close()
+		return
+	}
+	d.nv, d.gpu = nv, gpu
+	d.info.MIG, _ = nv.migEnabled(gpu)
+	if name, err := nv.name(gpu); err == nil && d.info.Card == "" {
+		d.info.Card = CardName(name, d.info.MemBytes)
+	}
+}
+
+// formatUUID writes a device UUID as nvidia-smi does.
+func formatUUID(u [16]byte) string {
+	return fmt.Sprintf("GPU-%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
+}
+
+// Info implements devmem.Device.
+func (d *Device) Info() devmem.Info { return d.info }
+
+// ExportKind returns the handle kind Alloc's buffers export now, and for
+// HandleCUDAIPC why the descriptor path is off.
+func (d *Device) ExportKind() (kind devmem.HandleKind, why string) {
+	err := d.t.do(func() error {
+		kind, why = devmem.HandleCUDAFD, ""
+		if !d.fd {
+			kind, why = devmem.HandleCUDAIPC, d.noFD
+		}
+		return nil
+	})
+	if err != nil {
+		return "", err.Error()
+	}
+	return kind, why
+}
+
+// GPUInstance is one MIG GPU instance on the device's GPU, as NVML lists
+// it: what the scheduler's placements correspond to.
+type GPUInstance struct {
+	ID        int `json:"id"`
+	ProfileID int `json:"profile_id"` // NVML's profile ID, as mig.Profile.ID
+	// Profile is the mig profile's name (e.g. "3g.40gb") when the card is
+	// one of mig.Cards().
+	Profile string `json:"profile,omitempty"`
+	Start   int    `json:"start"` // first memory slice
+	Size    int    `json:"size"`  // memory slices
+}
+
+// GPUInstances lists the MIG GPU instances of the device's GPU. It needs
+// NVML and MIG mode, and NVML may require root to list instances.
+func (d *Device) GPUInstances() ([]GPUInstance, error) {
+	if d.nv == nil {
+		return nil, fmt.Errorf("cuda: gpu instances: %w: %s not loaded", ErrNotSupported, NVMLLibrary)
+	}
+	if !d.info.MIG {
+		return nil, fmt.Errorf("cuda: gpu instances: MIG mode is off on %s", d.info.Name)
+	}
+	gis, err := d.nv.gpuInstances(d.gpu)
+	if err != nil {
+		return nil, fmt.Errorf("cuda: gpu instances: %w", err)
+	}
+	names := profileNames(d.info.Card)
+	out := make([]GPUInstance, len(gis))
+	for i, gi := range gis {
+		out[i] = GPUInstance{ID: int(gi.ID), ProfileID: int(gi.ProfileID), Profile: names[int(gi.ProfileID)],
+			Start: int(gi.Start), Size: int(gi.Size)}
+	}
+	return out, nil
+}
+
+// Close implements devmem.Device: it frees every buffer, the kernels and
+// the staging memory and releases the primary context. Mappings other
+// processes hold of exported buffers keep their memory until they close.
+func (d *Device) Close() error {
+	d.t.close()
+	if d.nv != nil {
+		d.nv.close()
+		d.nv = nil
+	}
+	// libcuda stays loaded: unloading the driver under its own helper
+	// threads is not safe, and the process loads it once anyway.
+	return nil
+}

@@ -1,0 +1,467 @@
+//go:build gpu
+
+// The GPU tests: built with -tags gpu (CI compiles them with `go test -tags
+// gpu -c`), run on a machine with an NVIDIA GPU and driver, where every one
+// must pass; none skips.
+
+package cuda
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/devmem"
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/model"
+)
+
+// The child process: TestMain re-executes the test binary with these set,
+// and the child plays the DPU-side writer (childImport) instead of running
+// tests.
+const (
+	envChild  = "LOVELOCK_CUDA_CHILD"
+	envHandle = "LOVELOCK_CUDA_HANDLE"
+	childFD   = 3 // the exported descriptor, as cmd.ExtraFiles[0]
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envChild) != "" {
+		if err := childImport(); err != nil {
+			fmt.Fprintln(os.Stderr, "child:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// pattern returns n bytes that seed determines.
+func pattern(seed uint64, n int) []byte {
+	r := rand.New(rand.NewPCG(seed, 0x10fe10c))
+	p := make([]byte, n)
+	for i := range p {
+		p[i] = byte(r.Uint32())
+	}
+	return p
+}
+
+// childImport imports the handle, checks the parent's bytes (pattern 1),
+// writes pattern 2 for the parent to check, and closes.
+func childImport() error {
+	var h devmem.Handle
+	if err := json.Unmarshal([]byte(os.Getenv(envHandle)), &h); err != nil {
+		return err
+	}
+	h.FD = -1
+	if h.Kind == devmem.HandleCUDAFD {
+		h.FD = childFD
+	}
+	im, err := NewImporter(ImporterOptions{})
+	if err != nil {
+		return err
+	}
+	defer im.Close()
+	m, err := im.Import(h)
+	if err != nil {
+		return err
+	}
+	got := make([]byte, h.Size)
+	if err := m.ReadAt(got, 0); err != nil {
+		return err
+	}
+	if !bytes.Equal(got, pattern(1, h.Size)) {
+		return fmt.Errorf("the parent's %d bytes differ in the child's mapping", h.Size)
+	}
+	if err := m.WriteAt(pattern(2, h.Size), 0); err != nil {
+		return err
+	}
+	return m.Close()
+}
+
+func openDevice(t *testing.T, opts Options) *Device {
+	t.Helper()
+	d, err := Open(opts)
+	if err != nil {
+		t.Fatalf("Open(%+v): %v", opts, err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+func alloc(t *testing.T, d *Device, size int) devmem.Buffer {
+	t.Helper()
+	b, err := d.Alloc(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Free() })
+	return b
+}
+
+func TestGPUInfo(t *testing.T) {
+	d := openDevice(t, Options{})
+	info := d.Info()
+	kind, why := d.ExportKind()
+	t.Logf("device: %+v; buffers export %s %s", info, kind, why)
+	if info.Kind != devmem.KindCUDA || info.Name == "" || !strings.HasPrefix(info.UUID, "GPU-") || info.MemBytes == 0 {
+		t.Errorf("incomplete info %+v", info)
+	}
+	if strings.Contains(info.Name, "H100 80GB") && info.Card != "H100-80GB" {
+		t.Errorf("card %q for %q", info.Card, info.Name)
+	}
+	gis, err := d.GPUInstances()
+	t.Logf("gpu instances: %+v, %v", gis, err)
+	if info.MIG && err != nil && !strings.Contains(err.Error(), "Permission") {
+		t.Errorf("MIG on but no instances listed: %v", err)
+	}
+}
+
+var sizes = []int{1, 3, 4, 255, 4095, 4096, 65535, 65536, 65537, 1<<20 + 7, 8 << 20}
+
+// TestGPUCopy: bytes written are the bytes read, at every size from 1 B to
+// 8 MiB, at offsets, with and without the staging buffer, on both kinds of
+// allocation.
+func TestGPUCopy(t *testing.T) {
+	for _, opts := range []Options{{}, {Staging: -1}, {LegacyIPC: true}, {Staging: 4096}} {
+		t.Run(fmt.Sprintf("staging=%d,legacy=%v", opts.Staging, opts.LegacyIPC), func(t *testing.T) {
+			d := openDevice(t, opts)
+			for i, n := range sizes {
+				b := alloc(t, d, n+13)
+				zero := make([]byte, n+13)
+				if err := b.ReadAt(zero, 0); err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(zero, make([]byte, n+13)) {
+					t.Fatalf("%d B: a new buffer is not zeroed", n)
+				}
+				want := pattern(uint64(i), n)
+				if err := b.WriteAt(want, 13); err != nil {
+					t.Fatal(err)
+				}
+				got := make([]byte, n)
+				if err := b.ReadAt(got, 13); err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(got, want) {
+					t.Fatalf("%d B at offset 13: read differs from written", n)
+				}
+				if err := b.WriteAt([]byte{1}, n+13); !errors.Is(err, devmem.ErrRange) {
+					t.Errorf("write past the end: %v", err)
+				}
+			}
+		})
+	}
+}
+
+// TestGPUImportInProcess: a descriptor exported and imported in the same
+// process maps the same memory.
+func TestGPUImportInProcess(t *testing.T) {
+	d := openDevice(t, Options{})
+	if kind, why := d.ExportKind(); kind != devmem.HandleCUDAFD {
+		t.Fatalf("buffers export %s (%s), want %s on this GPU", kind, why, devmem.HandleCUDAFD)
+	}
+	im, err := NewImporter(ImporterOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer im.Close()
+	for _, n := range []int{1, 4096, 3<<20 + 1} {
+		b := alloc(t, d, n)
+		h, err := b.Export()
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := im.Import(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.WriteAt(pattern(7, n), 0); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, n)
+		if err := b.ReadAt(got, 0); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, pattern(7, n)) {
+			t.Fatalf("%d B written through the mapping differ in the buffer", n)
+		}
+		if err := b.WriteAt(pattern(8, n), 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.ReadAt(got, 0); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, pattern(8, n)) {
+			t.Fatalf("%d B written to the buffer differ in the mapping", n)
+		}
+		if err := m.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.WriteAt([]byte{1}, 0); !errors.Is(err, ErrClosed) {
+			t.Errorf("write after Close: %v, want ErrClosed", err)
+		}
+	}
+}
+
+// TestGPUImportChild: another process imports the exported buffer, reads
+// what this one wrote and writes back (descriptor and IPC fallback).
+func TestGPUImportChild(t *testing.T) {
+	for _, opts := range []Options{{}, {LegacyIPC: true}} {
+		t.Run(fmt.Sprintf("legacy=%v", opts.LegacyIPC), func(t *testing.T) {
+			d := openDevice(t, opts)
+			const n = 3<<20 + 5
+			b := alloc(t, d, n)
+			if err := b.WriteAt(pattern(1, n), 0); err != nil {
+				t.Fatal(err)
+			}
+			h, err := b.Export()
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := devmem.HandleCUDAFD
+			if opts.LegacyIPC {
+				want = devmem.HandleCUDAIPC
+			}
+			if h.Kind != want {
+				t.Fatalf("exported a %s handle, want %s", h.Kind, want)
+			}
+			js, err := json.Marshal(h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command(os.Args[0], "-test.run=^$")
+			cmd.Env = append(os.Environ(), envChild+"=1", envHandle+"="+string(js))
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			if h.Kind == devmem.HandleCUDAFD {
+				f := os.NewFile(uintptr(h.FD), "cuda-fd")
+				defer f.Close()
+				cmd.ExtraFiles = []*os.File{f}
+			}
+			if err := cmd.Run(); err != nil {
+				t.Fatalf("child: %v: %s", err, stderr.String())
+			}
+			got := make([]byte, n)
+			if err := b.ReadAt(got, 0); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, pattern(2, n)) {
+				t.Fatal("the child's bytes differ in the buffer")
+			}
+		})
+	}
+}
+
+// TestGPUChecksum: the kernel's checksum equals model.Checksum bit for bit.
+func TestGPUChecksum(t *testing.T) {
+	m, err := model.Builtin("checksum")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := openDevice(t, Options{})
+	out := alloc(t, d, 64)
+	for i, n := range append(sizes, 5, 6, 7, 1000, 100<<20+3) {
+		in := alloc(t, d, n)
+		data := pattern(uint64(100+i), n)
+		if i == 0 {
+			data[0] = 0xff
+		}
+		if err := in.WriteAt(data, 0); err != nil {
+			t.Fatal(err)
+		}
+		k, err := d.Run(m, in, n, out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, k)
+		if err := out.ReadAt(got, 0); err != nil {
+			t.Fatal(err)
+		}
+		if want := model.Checksum(data); !bytes.Equal(got, want[:]) {
+			t.Errorf("%d B: GPU checksum %x, CPU %x", n, got, want)
+		}
+		in.Free()
+	}
+	// A prefix of the buffer: the bytes past inLen must not count.
+	in := alloc(t, d, 4096)
+	data := pattern(9, 4096)
+	if err := in.WriteAt(data, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Run(m, in, 1001, out); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, model.ChecksumLen)
+	if err := out.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if want := model.Checksum(data[:1001]); !bytes.Equal(got, want[:]) {
+		t.Errorf("prefix of 1001 B: GPU %x, CPU %x", got, want)
+	}
+}
+
+// TestGPUMLP: the kernel's output is within model.Close of the reference.
+func TestGPUMLP(t *testing.T) {
+	m, err := model.Builtin("mlp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := openDevice(t, Options{})
+	for _, rows := range []int{1, 7, 255, 256, 257, 5000} {
+		n := rows * m.Multiple
+		r := rand.New(rand.NewPCG(uint64(rows), 1))
+		data := make([]byte, n)
+		for i := 0; i < n; i += 4 {
+			binary.LittleEndian.PutUint32(data[i:], math.Float32bits(r.Float32()*4-2))
+		}
+		in, out := alloc(t, d, n), alloc(t, d, m.OutputSize(n))
+		if err := in.WriteAt(data, 0); err != nil {
+			t.Fatal(err)
+		}
+		k, err := d.Run(m, in, n, out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, k)
+		if err := out.ReadAt(got, 0); err != nil {
+			t.Fatal(err)
+		}
+		want := make([]byte, m.OutputSize(n))
+		want = want[:m.Reference(data, want)]
+		if !model.Close(got, want) {
+			t.Errorf("%d rows: GPU output differs from the CPU reference beyond tolerance", rows)
+		}
+	}
+	in, out := alloc(t, d, 100), alloc(t, d, 100)
+	if _, err := d.Run(m, in, 100, out); !errors.Is(err, model.ErrBadInput) {
+		t.Errorf("100 B (not whole rows): %v, want ErrBadInput", err)
+	}
+	ext := model.NewExternal("user", 1, func(n int) int { return n })
+	if _, err := d.Run(ext, in, 10, out); err == nil || !strings.Contains(err.Error(), "not supported by the CUDA runner") {
+		t.Errorf("external model: %v", err)
+	}
+}
+
+// TestGPUConcurrent: goroutines writing and reading disjoint ranges of one
+// buffer and of its mapping.
+func TestGPUConcurrent(t *testing.T) {
+	d := openDevice(t, Options{})
+	const part, parts = 256 << 10, 8
+	b := alloc(t, d, part*parts)
+	var wg sync.WaitGroup
+	errs := make(chan error, parts)
+	for i := range parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			want := pattern(uint64(i), part)
+			got := make([]byte, part)
+			for range 10 {
+				if err := b.WriteAt(want, i*part); err != nil {
+					errs <- err
+					return
+				}
+				if err := b.ReadAt(got, i*part); err != nil {
+					errs <- err
+					return
+				}
+				if !bytes.Equal(got, want) {
+					errs <- fmt.Errorf("part %d differs", i)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// TestGPULifetime: freed buffers and closed devices refuse use.
+func TestGPULifetime(t *testing.T) {
+	d, err := Open(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := d.Alloc(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Free(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.WriteAt([]byte{1}, 0); !errors.Is(err, ErrClosed) {
+		t.Errorf("write after Free: %v", err)
+	}
+	if _, err := d.Alloc(4096); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Alloc(4096); !errors.Is(err, ErrClosed) {
+		t.Errorf("Alloc after Close: %v", err)
+	}
+}
+
+// TestGPUBandwidth prints copy bandwidth: host to device and back, through
+// the staging buffer and from pageable memory, on the device and through
+// an imported mapping.
+func TestGPUBandwidth(t *testing.T) {
+	const n, rounds = 64 << 20, 8
+	data := pattern(3, n)
+	for _, opts := range []Options{{}, {Staging: -1}} {
+		d := openDevice(t, opts)
+		b := alloc(t, d, n)
+		what := "staged"
+		if opts.Staging < 0 {
+			what = "pageable"
+		}
+		t.Logf("device %s, %s: HtoD %.1f GB/s, DtoH %.1f GB/s", d.Info().Name, what,
+			rate(t, n, rounds, func() error { return b.WriteAt(data, 0) }),
+			rate(t, n, rounds, func() error { return b.ReadAt(data, 0) }))
+		h, err := b.Export()
+		if err != nil {
+			t.Fatal(err)
+		}
+		im, err := NewImporter(ImporterOptions{Staging: opts.Staging})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := im.Import(h)
+		if err != nil {
+			im.Close()
+			t.Fatal(err)
+		}
+		t.Logf("mapping (%s handle), %s: HtoD %.1f GB/s, DtoH %.1f GB/s", h.Kind, what,
+			rate(t, n, rounds, func() error { return m.WriteAt(data, 0) }),
+			rate(t, n, rounds, func() error { return m.ReadAt(data, 0) }))
+		im.Close()
+	}
+}
+
+func rate(t *testing.T, n, rounds int, f func() error) float64 {
+	t.Helper()
+	if err := f(); err != nil { // warm up
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for range rounds {
+		if err := f(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return float64(n*rounds) / time.Since(start).Seconds() / 1e9
+}
