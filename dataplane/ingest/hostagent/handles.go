@@ -51,8 +51,7 @@ func (a *Agent) serveHandles(ctx context.Context, ln *net.UnixListener) {
 		go func() {
 			defer c.Close()
 			if err := a.serveHandle(c); err != nil {
-				a.stats.handleRefused.Add(1)
-				a.cfg.Logger.Warn("handle request refused", "err", err)
+				a.cfg.Logger.Warn("handle request failed", "err", err)
 			}
 		}()
 	}
@@ -74,9 +73,11 @@ func (a *Agent) serveHandle(c *net.UnixConn) error {
 		allowed = []uint32{0, uint32(os.Getuid())}
 	}
 	if !slices.Contains(allowed, uid) {
+		a.stats.handleRefused.Add(1)
 		return fdpass.Write(c, ingest.Layout{Err: fmt.Sprintf("user %d may not map this host's GPU buffers (allowed: %v)", uid, allowed)})
 	}
 	if req.Epoch != a.epoch {
+		a.stats.handleRefused.Add(1)
 		return fdpass.Write(c, ingest.Layout{Epoch: a.epoch, Err: fmt.Sprintf("epoch %016x is stale: the host agent registered %016x since; use the new one", req.Epoch, a.epoch)})
 	}
 	l := a.Layout()
