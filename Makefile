@@ -85,6 +85,7 @@ test: deps ## run every test (privileged ones need root), the race detector over
 	$(GO) tool gotestsum --format testname -- -count=1 ./...
 	GOTESTSUM_JSONFILE=$${GOTESTSUM_JSONFILE:+$$GOTESTSUM_JSONFILE.race} \
 		$(GO) tool gotestsum --format testname -- -race -count=1 $(RACE_PKGS)
+	@$(MAKE) --no-print-directory test-cuda-fake
 	@$(MAKE) --no-print-directory fuzz
 
 .PHONY: fuzz
@@ -138,12 +139,23 @@ test-cuda-fake: ## the CUDA device's GPU tests against a fake libcuda.so.1 (need
 	CGO_ENABLED=0 $(GO) test -tags gpu -c -o $$dir/cuda.test ./dataplane/ingest/devmem/cuda/ && \
 	cd $$dir && LD_LIBRARY_PATH=$$dir ./cuda.test -test.count=1 -test.v | grep -E '^(---|ok|PASS|FAIL)|GB/s'
 
+# lovelockd for GPU hosts: the same daemon with the CUDA backend of
+# ingest_host (device: cuda). purego loads libcuda through the system's
+# dynamic loader, so this binary is dynamically linked against glibc; the
+# DPU image ships the static build without it.
+.PHONY: lovelockd-cuda
+lovelockd-cuda: ## lovelockd with the CUDA backend for GPU hosts (dynamically linked) into bin/
+	CGO_ENABLED=0 $(GO) build -tags cuda -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/lovelockd-cuda ./appliance/cmd/lovelockd
+
 .PHONY: lint
 lint: ## gofmt, go vet, the layer test and staticcheck
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$bad" ]; then echo "gofmt would change:"; echo "$$bad"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags gpu ./dataplane/ingest/devmem/cuda/
+	@# The GPU tests run where a GPU is lent; here they are compiled, not run or skipped.
+	CGO_ENABLED=0 $(GO) test -tags gpu -c -o /dev/null ./dataplane/ingest/devmem/cuda/
+	$(GO) vet -tags cuda ./appliance/service/ingestservice/ ./appliance/cmd/lovelockd/
 	$(GO) test -count=1 -run '^TestLayers' ./appliance/
 	$(GO) tool staticcheck ./...
 

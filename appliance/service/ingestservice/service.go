@@ -22,7 +22,6 @@ import (
 	"github.com/lovelock-dpu/lovelock/control/buildinfo"
 	"github.com/lovelock-dpu/lovelock/control/rules"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/agent"
-	"github.com/lovelock-dpu/lovelock/dataplane/ingest/devmem"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/kserve"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
@@ -147,7 +146,9 @@ func (s *Service) Run(ctx context.Context, b *service.Binding) error {
 	}
 	defer host.Close()
 	cfg := s.cfg.agentConfig()
-	cfg.Clients, cfg.Host, cfg.Importer, cfg.Logger = clients, host, devmem.ShmImporter{}, s.log
+	imp := newImporter()
+	defer imp.Close()
+	cfg.Clients, cfg.Host, cfg.Importer, cfg.Logger = clients, host, imp, s.log
 	a, err := agent.New(cfg)
 	if err != nil {
 		return err

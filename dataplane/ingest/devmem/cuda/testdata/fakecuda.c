@@ -42,7 +42,7 @@ CUresult cuGetErrorName(CUresult r, const char **s) { *s = r == 801 ? "CUDA_ERRO
 CUresult cuGetErrorString(CUresult r, const char **s) { *s = "fake error text"; return 0; }
 CUresult cuDeviceGetCount(int *n) { *n = 1; return 0; }
 CUresult cuDeviceGet(CUdevice *d, int o) { if (o != 0) return 101; *d = 0; return 0; }
-CUresult cuDeviceGetName(char *n, int len, CUdevice d) { snprintf(n, len, "NVIDIA H100 80GB HBM3"); return 0; }
+CUresult cuDeviceGetName(char *n, int len, CUdevice d) { snprintf(n, len, "fake libcuda (testdata/fakecuda.c) as NVIDIA H100 80GB HBM3"); return 0; }
 CUresult cuDeviceGetUuid_v2(unsigned char *u, CUdevice d) { for (int i = 0; i < 16; i++) u[i] = i * 17; return 0; }
 CUresult cuDeviceTotalMem_v2(size_t *b, CUdevice d) { *b = 81559ull << 20; return 0; }
 CUresult cuDeviceGetAttribute(int *v, int a, CUdevice d) {
