@@ -3,6 +3,7 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"unsafe"
 
@@ -222,10 +223,18 @@ func loadDriver(path string) (*driver, error) {
 func openLibrary(path, hint string) (uintptr, error) {
 	lib, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_GLOBAL)
 	if err != nil {
-		if strings.Contains(err.Error(), "No such file") {
+		// dlerror's text is process-wide and may be empty or another
+		// call's, so whether the file is there is asked of the file
+		// system where the path names one.
+		missing := strings.Contains(err.Error(), "No such file")
+		if strings.Contains(path, "/") {
+			_, serr := os.Stat(path)
+			missing = errors.Is(serr, os.ErrNotExist)
+		}
+		if missing || err.Error() == "" {
 			return 0, fmt.Errorf("%w: %s not found: %s (dlopen: %v)", ErrNoDriver, path, hint, err)
 		}
-		return 0, fmt.Errorf("%w: cannot load %s: %v", ErrNoDriver, path, err)
+		return 0, fmt.Errorf("%w: cannot load %s: %v (%s)", ErrNoDriver, path, err, hint)
 	}
 	return lib, nil
 }
