@@ -1,0 +1,107 @@
+package ingestservice
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/lovelock-dpu/lovelock/control/api"
+	"github.com/lovelock-dpu/lovelock/control/rules"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
+)
+
+func validAgent() Config {
+	return Config{Listen: netip.MustParseAddrPort("10.77.0.12:61440"), HostListen: netip.MustParseAddrPort("10.77.12.2:61441"),
+		Models: []ModelConfig{{Name: "checksum"}, {Name: "mlp"}}}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for name, tc := range map[string]struct {
+		f    func(*Config)
+		want string // "" for valid
+	}{
+		"valid":           {func(*Config) {}, ""},
+		"xdp":             {func(c *Config) { c.Transport, c.Interfaces = "xdp", []string{"p0"} }, ""},
+		"no listen":       {func(c *Config) { c.Listen = netip.AddrPort{} }, "listen"},
+		"same addresses":  {func(c *Config) { c.HostListen = c.Listen }, "host_listen equals listen"},
+		"bad transport":   {func(c *Config) { c.Transport = "rdma" }, "want udp or xdp"},
+		"xdp, no ifaces":  {func(c *Config) { c.Transport = "xdp" }, "needs interfaces"},
+		"no models":       {func(c *Config) { c.Models = nil }, "no models"},
+		"bad policy":      {func(c *Config) { c.Policy = "random" }, "unknown policy"},
+		"unknown pool":    {func(c *Config) { c.Tenants = []TenantConfig{{ID: 1, Models: []string{"mlp"}, Pool: "x"}} }, `no pool "x"`},
+		"ungranted model": {func(c *Config) { c.Tenants = []TenantConfig{{ID: 1, Models: []string{"resnet"}}} }, "not configured"},
+		"model twice":     {func(c *Config) { c.Models = append(c.Models, ModelConfig{Name: "mlp"}) }, "twice"},
+	} {
+		c := validAgent()
+		tc.f(&c)
+		err := c.Validate()
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%s: %v, want %q", name, err, tc.want)
+		}
+	}
+}
+
+func TestHostConfigValidate(t *testing.T) {
+	valid := func() HostConfig {
+		return HostConfig{Listen: netip.MustParseAddrPort("10.77.12.1:61441"), DPU: netip.MustParseAddrPort("10.77.12.2:61441"),
+			GPUs: []GPUConfig{{Card: "H100-80GB"}}, Socket: "/run/x.sock", Models: []string{"checksum"}}
+	}
+	for name, tc := range map[string]struct {
+		f    func(*HostConfig)
+		want string
+	}{
+		"valid":         {func(*HostConfig) {}, ""},
+		"cuda, no gpus": {func(c *HostConfig) { c.Device, c.GPUs = "cuda", nil }, ""},
+		"no dpu":        {func(c *HostConfig) { c.DPU = netip.AddrPort{} }, "dpu"},
+		"bad device":    {func(c *HostConfig) { c.Device = "tpu" }, "want shm or cuda"},
+		"shm, no gpus":  {func(c *HostConfig) { c.GPUs = nil }, "needs gpus"},
+		"bad card":      {func(c *HostConfig) { c.GPUs = []GPUConfig{{Card: "V100"}} }, "V100"},
+		"no socket":     {func(c *HostConfig) { c.Socket = "" }, "socket is empty"},
+		"unknown model": {func(c *HostConfig) { c.Models = []string{"resnet"} }, "resnet"},
+	} {
+		c := valid()
+		tc.f(&c)
+		err := c.Validate()
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%s: %v, want %q", name, err, tc.want)
+		}
+	}
+}
+
+// TestRules: inputs to the agent's address go to its AF_XDP socket (xdp)
+// or the kernel (udp), the host's control traffic to the kernel, all at
+// lovelockd's reserved priority, and they compile with an empty operator
+// set.
+func TestRules(t *testing.T) {
+	in := wire.TypeIngestInput
+	for _, tc := range []struct {
+		name   string
+		f      func(*Config)
+		action rules.Action
+	}{
+		{"udp", func(*Config) {}, rules.Pass()},
+		{"xdp", func(c *Config) { c.Transport, c.Interfaces = "xdp", []string{"p0"} }, rules.XSK(0)},
+	} {
+		c := validAgent()
+		tc.f(&c)
+		rs := Rules(c, wire.DefaultPort)
+		if len(rs) != 2 {
+			t.Fatalf("%s: %d rules, want 2", tc.name, len(rs))
+		}
+		for _, r := range rs {
+			if !strings.HasPrefix(r.Name, api.OwnedRulePrefix) || r.Priority != api.OwnedPriority {
+				t.Errorf("%s: rule %s not lovelockd's reserved", tc.name, r.Name)
+			}
+		}
+		if m := rs[0].Match; m.Type == nil || *m.Type != in || m.Dst != netip.MustParsePrefix("10.77.0.12/32") || rs[0].Action != tc.action {
+			t.Errorf("%s: input rule %+v", tc.name, rs[0])
+		}
+		if rs[1].Action != rules.Pass() || rs[1].Match.Dst != netip.MustParsePrefix("10.77.12.2/32") {
+			t.Errorf("%s: host rule %+v", tc.name, rs[1])
+		}
+		set := rules.Set{Default: rules.Drop(), Rules: rs}
+		if _, err := rules.Compile(&set, func(string) (int, error) { return 2, nil }, wire.DefaultPort); err != nil {
+			t.Errorf("%s: rules do not compile: %v", tc.name, err)
+		}
+	}
+}
