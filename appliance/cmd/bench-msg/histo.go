@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -59,6 +61,24 @@ func (b *bench) histo(ctx context.Context) error {
 			rows = append(rows, &histoRow{name: fmt.Sprintf("dpu ≤%d", xt), mode: messaging.ModeDPU, tsize: xt})
 		}
 	}
+	if *histoModes != "" {
+		keep := strings.Split(*histoModes, ",")
+		rows = slices.DeleteFunc(rows, func(r *histoRow) bool { return !slices.Contains(keep, r.name) })
+		if len(rows) == 0 {
+			return fmt.Errorf("-histo-modes %q: no such mode (none, host, dpu, dpu AF_XDP)", *histoModes)
+		}
+	}
+	if *cpuProf != "" && *histoAll {
+		f, err := os.Create(*cpuProf)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	fmt.Printf("\nHistogram: %d ranks on host0 and %d on host1, %d inserts per rank of %d B, 4096 keys per rank, %d agent workers (AF_XDP: %d), %d runs per row, totals checked exactly\n",
 		*histoRanks, *histoRanks, *histoN, 9+*histoPad, *workers, *xdpW, *histoRuns)
 	for run := range *histoRuns {
@@ -74,7 +94,7 @@ func (b *bench) histo(ctx context.Context) error {
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "mode\ttransfer_size\tmin M/s\tmedian M/s\tmax M/s\t× none (median)\tbundle B\tretx\t")
-	_, none, _ := rows[0].stats()
+	_, none, _ := rows[0].stats() // the first row: none, unless -histo-modes left it out
 	for _, r := range rows {
 		lo, med, hi := r.stats()
 		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.0f\t%d\t\n", r.name, r.tsize, lo/1e6, med/1e6, hi/1e6, med/none, r.bundle, r.retx)

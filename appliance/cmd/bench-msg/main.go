@@ -57,7 +57,8 @@ var (
 	histoRuns  = flag.Int("histo-runs", 3, "Histogram table: runs per mode")
 	histoPad   = flag.Int("histo-pad", 0, "Histogram table: bytes added to every 9-byte insert")
 	histoXDP   = flag.Bool("histo-xdp", true, "Histogram table: include the DPU agents on AF_XDP")
-	cpuProf    = flag.String("cpuprofile", "", "write a CPU profile of the AF_XDP comparison to this file")
+	histoModes = flag.String("histo-modes", "", "Histogram table: only these rows, comma-separated (none, host, dpu, dpu AF_XDP)")
+	cpuProf    = flag.String("cpuprofile", "", "write a CPU profile of the AF_XDP comparison (with -histo-only: of the Histogram runs) to this file")
 	clusterF   = flag.String("cluster", "", "-demo: run the clients of this messaging cluster file on the hosts of the existing testbed -prefix, "+
 		"against agents that run elsewhere (lovelockd on the DPUs); no testbed of its own")
 )
