@@ -146,10 +146,10 @@ func (c *Client) next(ctx context.Context) (rxMsg, error) {
 					c.ctr.drop(dropUnknownRank, 1)
 					continue
 				}
-				c.ctr.messages.Add(1)
-				c.ctr.delivered.Add(1)
+				c.rcount++ // added to the counters per bundle, not per message
 				return m, nil
 			}
+			c.countDelivered()
 			c.consumed(d)
 			c.rcur = nil
 		}
@@ -164,6 +164,17 @@ func (c *Client) next(ctx context.Context) (rxMsg, error) {
 		case <-c.ctx.Done():
 			return rxMsg{}, ErrClosed
 		}
+	}
+}
+
+// countDelivered adds the messages the consumer took from the bundle it
+// finished to the counters: two atomic adds a bundle rather than a
+// message. The consumer lock must be held.
+func (c *Client) countDelivered() {
+	if c.rcount > 0 {
+		c.ctr.messages.Add(c.rcount)
+		c.ctr.delivered.Add(c.rcount)
+		c.rcount = 0
 	}
 }
 
