@@ -140,6 +140,17 @@ func (c *Client) credit(h wire.Header, cr bundle.Credit, _ netip.AddrPort, _ []b
 func (c *Client) next(ctx context.Context) (rxMsg, error) {
 	for {
 		if d := c.rcur; d != nil {
+			// A whole record behind a whole record, the usual case, is
+			// read in place; everything else (the first record,
+			// fragments, resets) goes through nextMessage.
+			if r := &d.item.r; !d.item.reset {
+				if rank, size, ok := r.PeekWhole(); ok && c.mine.Contains(rank) {
+					at := r.Offset() + bundle.RecordHeaderLen
+					r.SkipWhole(size)
+					c.rcount++
+					return rxMsg{rank: rank, data: r.Bytes()[at : at+int(size) : at+int(size)], active: true}, nil
+				}
+			}
 			m, ok := d.l.nextMessage(&d.item, c.cfg.MaxMessageSize, &c.ctr)
 			if ok {
 				if !c.mine.Contains(m.rank) {
