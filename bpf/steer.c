@@ -22,6 +22,11 @@ volatile const __u16 ll_port = LL_DEFAULT_PORT;
  * maps that pair to a slot of xsks. */
 #define MAX_XSK_SLOTS 256
 
+/* A slot in xsk_slots with this bit set holds a socket bound with
+ * XDP_USE_SG, which takes multi-buffer frames (one frame in several UMEM
+ * frames); the bit is not part of the slot number. */
+#define XSK_SLOT_SG (1u << 31)
+
 struct xsk_key {
 	__u32 ifindex;
 	__u32 queue;
@@ -206,20 +211,23 @@ int xdp_steer(struct xdp_md *ctx)
 		count_stat(ic, STAT_REDIRECT, len);
 		return bpf_redirect(v.arg, 0);
 	case ACT_XSK:
-		/* A multi-buffer frame would need a socket bound with XDP_USE_SG;
-		 * the kernel drops it at any other, so it goes to the stack. */
-		if (ctx->rx_queue_index == v.arg && len == (__u64)(data_end - data)) {
+		/* A multi-buffer frame needs a socket bound with XDP_USE_SG
+		 * (XSK_SLOT_SG); the kernel drops it at any other, so there it
+		 * goes to the stack. The headers were parsed from the first
+		 * buffer, which holds them whole (parse needs them there). */
+		if (ctx->rx_queue_index == v.arg) {
 			struct xsk_key k = { .ifindex = ctx->ingress_ifindex, .queue = ctx->rx_queue_index };
 			__u32 *slot = bpf_map_lookup_elem(&xsk_slots, &k);
 
-			if (slot) {
+			if (slot && (len == (__u64)(data_end - data) || (*slot & XSK_SLOT_SG))) {
 				count_stat(ic, STAT_XSK, len);
-				return bpf_redirect_map(&xsks, *slot, XDP_PASS);
+				return bpf_redirect_map(&xsks, *slot & ~XSK_SLOT_SG, XDP_PASS);
 			}
 		}
 		/* No socket for the queue the packet arrived on (the kernel could
 		 * not deliver it to another queue's socket), or a multi-buffer
-		 * frame: the stack gets it, nothing is lost. */
+		 * frame for a socket without XDP_USE_SG: the stack gets it,
+		 * nothing is lost. */
 		count_stat(ic, STAT_XSK_MISS, len);
 		break;
 	}

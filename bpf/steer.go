@@ -342,16 +342,37 @@ type xskKey = steerXskKey
 // ifindex, for rules with action xsk:<queue> on that interface. It replaces
 // a socket registered for the same interface and queue.
 func (s *Steer) SetXSK(ifindex int, queue uint32, fd int) error {
+	return s.setXSK(ifindex, queue, fd, false)
+}
+
+// SetXSKMultiBuffer is SetXSK for a socket bound with XDP_USE_SG
+// (xsk.SocketConfig.MultiBuffer): the steering program hands it
+// multi-buffer frames too (frames longer than the driver's first XDP
+// buffer, such as jumbo frames on veth), which it passes to the stack for
+// other sockets, where the kernel would drop them.
+func (s *Steer) SetXSKMultiBuffer(ifindex int, queue uint32, fd int) error {
+	return s.setXSK(ifindex, queue, fd, true)
+}
+
+// xskSlotSG marks a slot whose socket takes multi-buffer frames
+// (XSK_SLOT_SG in steer.c).
+const xskSlotSG = 1 << 31
+
+func (s *Steer) setXSK(ifindex int, queue uint32, fd int, multiBuffer bool) error {
 	key := xskKey{Ifindex: uint32(ifindex), Queue: queue}
 	slot, err := s.xskSlot(key)
 	if err != nil {
 		return err
 	}
+	val := slot
+	if multiBuffer {
+		val |= xskSlotSG
+	}
 	// Socket first, then the slot: a packet never finds a slot without one.
 	if err := s.xsks.Update(slot, uint32(fd), ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("steer: register AF_XDP socket for ifindex %d queue %d: %w", ifindex, queue, err)
 	}
-	if err := s.xskSlots.Update(&key, slot, ebpf.UpdateAny); err != nil {
+	if err := s.xskSlots.Update(&key, val, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("steer: register AF_XDP socket for ifindex %d queue %d: %w", ifindex, queue, err)
 	}
 	return nil
@@ -364,6 +385,7 @@ func (s *Steer) xskSlot(key xskKey) (uint32, error) {
 	var slot uint32
 	it := s.xskSlots.Iterate()
 	for it.Next(&k, &slot) {
+		slot &^= xskSlotSG
 		if k == key {
 			return slot, nil
 		}
@@ -390,6 +412,7 @@ func (s *Steer) ClearXSK(ifindex int, queue uint32) error {
 		}
 		return fmt.Errorf("steer: unregister AF_XDP socket: %w", err)
 	}
+	slot &^= xskSlotSG
 	// Slot first, then the socket: a packet never finds a slot without one.
 	if err := s.xskSlots.Delete(&key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("steer: unregister AF_XDP socket: %w", err)

@@ -64,6 +64,12 @@ func (s steering) SetXSK(ifindex int, queue uint32, fd int) error {
 	return s.d.node.Steer.SetXSK(ifindex, queue, fd)
 }
 
+func (s steering) SetXSKMultiBuffer(ifindex int, queue uint32, fd int) error {
+	s.d.mu.Lock()
+	defer s.d.mu.Unlock()
+	return s.d.node.Steer.SetXSKMultiBuffer(ifindex, queue, fd)
+}
+
 func (s steering) ClearXSK(ifindex int, queue uint32) error {
 	s.d.mu.Lock()
 	defer s.d.mu.Unlock()

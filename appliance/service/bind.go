@@ -24,6 +24,9 @@ type Steering interface {
 	// SetXSK and ClearXSK register and unregister the AF_XDP socket fd
 	// for queue of ifindex (the program's xsk action).
 	SetXSK(ifindex int, queue uint32, fd int) error
+	// SetXSKMultiBuffer is SetXSK for a socket bound with XDP_USE_SG,
+	// which takes multi-buffer frames too.
+	SetXSKMultiBuffer(ifindex int, queue uint32, fd int) error
 	ClearXSK(ifindex int, queue uint32) error
 	// Reserve makes rs the reserved rules of the named service and swaps
 	// the rule set in; nil removes them. It returns warnings about
@@ -82,13 +85,17 @@ func Bind(st Steering, log *slog.Logger, name string, n Needs) (_ *Binding, err 
 		if err := checkXDP(st, x); err != nil {
 			return nil, fmt.Errorf("%s: transport xdp: %w", name, err)
 		}
-		b.Groups, err = xdp.OpenGroups(xdp.GroupOptions{Interfaces: x.Interfaces, Addr: x.Addr}, x.Workers, x.Kernel)
+		b.Groups, err = xdp.OpenGroups(xdp.GroupOptions{Interfaces: x.Interfaces, Addr: x.Addr, MultiBuffer: x.MultiBuffer}, x.Workers, x.Kernel)
 		if err != nil {
 			return nil, fmt.Errorf("%s: transport xdp on %v: %w", name, x.Interfaces, err)
 		}
 		for _, g := range b.Groups {
 			for _, t := range g.Transports() {
-				if err := st.SetXSK(t.Ifindex(), t.Queue(), t.FD()); err != nil {
+				set := st.SetXSK
+				if t.MultiBuffer() {
+					set = st.SetXSKMultiBuffer
+				}
+				if err := set(t.Ifindex(), t.Queue(), t.FD()); err != nil {
 					return nil, fmt.Errorf("%s: register AF_XDP socket on %s queue %d: %w", name, t.Interface(), t.Queue(), err)
 				}
 				b.registered = append(b.registered, xskSlot{t.Ifindex(), t.Queue()})

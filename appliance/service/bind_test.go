@@ -27,10 +27,11 @@ type fakeSteering struct {
 	failRule bool
 }
 
-func (f *fakeSteering) Port() uint16                     { return f.port }
-func (f *fakeSteering) XDPAttached(string) (bool, error) { return true, nil }
-func (f *fakeSteering) SetXSK(int, uint32, int) error    { return nil }
-func (f *fakeSteering) ClearXSK(int, uint32) error       { return nil }
+func (f *fakeSteering) Port() uint16                             { return f.port }
+func (f *fakeSteering) XDPAttached(string) (bool, error)         { return true, nil }
+func (f *fakeSteering) SetXSK(int, uint32, int) error            { return nil }
+func (f *fakeSteering) SetXSKMultiBuffer(int, uint32, int) error { return nil }
+func (f *fakeSteering) ClearXSK(int, uint32) error               { return nil }
 func (f *fakeSteering) Reserve(name string, rs []rules.Rule) ([]string, error) {
 	if f.failRule && rs != nil {
 		return nil, errorString("rules do not compile")

@@ -48,6 +48,11 @@ func (p *Program) SetXSK(ifindex int, queue uint32, fd int) error {
 	return p.Steer.SetXSK(ifindex, queue, fd)
 }
 
+// SetXSKMultiBuffer implements Steering.
+func (p *Program) SetXSKMultiBuffer(ifindex int, queue uint32, fd int) error {
+	return p.Steer.SetXSKMultiBuffer(ifindex, queue, fd)
+}
+
 // ClearXSK implements Steering.
 func (p *Program) ClearXSK(ifindex int, queue uint32) error {
 	return p.Steer.ClearXSK(ifindex, queue)

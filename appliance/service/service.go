@@ -80,4 +80,8 @@ type XDPNeeds struct {
 	// Kernel configures the kernel sockets (buffers; Steer must pick
 	// socket w for worker w's datagrams, as the rules do).
 	Kernel udp.Options
+	// MultiBuffer binds the AF_XDP sockets with XDP_USE_SG and registers
+	// them as taking multi-buffer frames: datagrams up to the MTU on the
+	// AF_XDP path (xdp.GroupOptions.MultiBuffer).
+	MultiBuffer bool
 }

@@ -75,9 +75,10 @@ type Client struct {
 	rxSize int
 	bufs   sync.Pool // of receive buffers handed to the delivery queue
 
-	q     deliveryQueue
-	rlock chan struct{} // the consumer lock (Recv or the handler goroutine), usable with a context
-	rcur  *delivery     // the bundle being consumed
+	q      deliveryQueue
+	rlock  chan struct{} // the consumer lock (Recv or the handler goroutine), usable with a context
+	rcur   *delivery     // the bundle being consumed
+	rcount uint64        // messages taken from rcur, not yet counted
 
 	ctr    counters
 	kick   chan struct{}

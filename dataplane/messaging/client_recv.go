@@ -140,16 +140,27 @@ func (c *Client) credit(h wire.Header, cr bundle.Credit, _ netip.AddrPort, _ []b
 func (c *Client) next(ctx context.Context) (rxMsg, error) {
 	for {
 		if d := c.rcur; d != nil {
+			// A whole record behind a whole record, the usual case, is
+			// read in place; everything else (the first record,
+			// fragments, resets) goes through nextMessage.
+			if r := &d.item.r; !d.item.reset {
+				if rank, size, ok := r.PeekWhole(); ok && c.mine.Contains(rank) {
+					at := r.Offset() + bundle.RecordHeaderLen
+					r.SkipWhole(size)
+					c.rcount++
+					return rxMsg{rank: rank, data: r.Bytes()[at : at+int(size) : at+int(size)], active: true}, nil
+				}
+			}
 			m, ok := d.l.nextMessage(&d.item, c.cfg.MaxMessageSize, &c.ctr)
 			if ok {
 				if !c.mine.Contains(m.rank) {
 					c.ctr.drop(dropUnknownRank, 1)
 					continue
 				}
-				c.ctr.messages.Add(1)
-				c.ctr.delivered.Add(1)
+				c.rcount++ // added to the counters per bundle, not per message
 				return m, nil
 			}
+			c.countDelivered()
 			c.consumed(d)
 			c.rcur = nil
 		}
@@ -164,6 +175,17 @@ func (c *Client) next(ctx context.Context) (rxMsg, error) {
 		case <-c.ctx.Done():
 			return rxMsg{}, ErrClosed
 		}
+	}
+}
+
+// countDelivered adds the messages the consumer took from the bundle it
+// finished to the counters: two atomic adds a bundle rather than a
+// message. The consumer lock must be held.
+func (c *Client) countDelivered() {
+	if c.rcount > 0 {
+		c.ctr.messages.Add(c.rcount)
+		c.ctr.delivered.Add(c.rcount)
+		c.rcount = 0
 	}
 }
 

@@ -21,7 +21,9 @@ type shard struct {
 	byPeer   map[uint32]*outLink
 	dirty    []*outLink
 	out      []transport.Packet
-	lastSend int64
+	lastSend int64          // the time of the last Send the timer goroutine knows of
+	sends    uint64         // Sends so far; the fast path counts, it reads no clock
+	seen     uint64         // sends when the timer goroutine last looked
 	waitCh   chan struct{}  // closed and replaced when buffers free up
 	dirtyF   func(*outLink) // s.addDirty, bound once
 }
@@ -134,6 +136,25 @@ func (c *Client) send(ctx context.Context, rank uint32, payload []byte, try bool
 		return fmt.Errorf("messaging: send to rank %d: %w", rank, ErrUnknownRank)
 	}
 	s := c.pick()
+	// The fast path: a message that fits the buffer being filled towards
+	// its next hop goes in with one bounds check for the whole record, no
+	// clock read (the timer goroutine dates the shard's sends, see
+	// timers), no allocation and no call that could fragment or flush.
+	if l := s.links[h]; l != nil && !l.dead && !c.hopDead[h].Load() && l.appendFast(rank, payload) {
+		s.sends++
+		c.put(s)
+		return nil
+	}
+	return c.sendSlow(ctx, s, h, rank, payload, try)
+}
+
+// sendSlow writes a message that does not fit the current buffer, or meets
+// a link in any state but filling: a new buffer, fragmentation, a closed
+// window, a dead peer. s is locked and is unlocked on return. Its progress
+// escapes to the heap (a fragmented message's owner is a pointer to it),
+// so it lives here, off the fast path: one allocation per bundle, not per
+// message.
+func (c *Client) sendSlow(ctx context.Context, s *shard, h int32, rank uint32, payload []byte, try bool) error {
 	var p progress
 	waited := false
 	for {
@@ -154,6 +175,8 @@ func (c *Client) send(ctx context.Context, rank uint32, payload []byte, try bool
 		}
 		now := c.clock()
 		s.lastSend = now
+		s.sends++
+		s.seen = s.sends
 		ok := l.write(rank, payload, &p, now, &s.out, s.dirtyF)
 		s.send()
 		if ok {
@@ -311,6 +334,12 @@ func (c *Client) timers(ctx context.Context) {
 		}
 		for _, s := range c.shards {
 			s.mu.Lock()
+			if s.sends != s.seen {
+				// Sends on the fast path since the last look: the last
+				// of them was no later than now. An idle flush therefore
+				// comes at most one idle timeout late, after a burst.
+				s.seen, s.lastSend = s.sends, now
+			}
 			keep := s.dirty[:0]
 			for _, l := range s.dirty {
 				switch {

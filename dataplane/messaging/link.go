@@ -156,6 +156,29 @@ func (l *outLink) settle() int {
 	return n
 }
 
+// appendFast appends a whole record to the buffer being filled when it
+// fits there and the link is in the plain filling state (a buffer with
+// records, no fragmented message in progress), and reports whether it did.
+// One check covers the record's bounds: the buffer's capacity is tsize.
+func (l *outLink) appendFast(rank uint32, payload []byte) bool {
+	c := l.cur
+	if c == nil || l.fragOwner != nil {
+		return false
+	}
+	n := len(c.b)
+	end := n + bundle.RecordHeaderLen + len(payload)
+	if n == bundle.Overhead || end > l.tsize || end > cap(c.b) {
+		return false
+	}
+	b := c.b[:end]
+	binary.BigEndian.PutUint32(b[n:], uint32(len(payload)))
+	binary.BigEndian.PutUint32(b[n+4:], rank)
+	copy(b[n+bundle.RecordHeaderLen:], payload)
+	c.b = b
+	c.msgs++
+	return true
+}
+
 // write appends message (rank, payload) from p onwards. It returns true
 // when the whole message is written (or dropped because the link was reset
 // since it began), false when it must wait for a free buffer; p records how

@@ -175,6 +175,15 @@ type SocketConfig struct {
 	// veth), so a worker that closes and reopens its socket would otherwise
 	// fail. Default 1 s; negative: no retry.
 	BusyTimeout time.Duration
+	// MultiBuffer binds with XDP_USE_SG: the socket receives frames longer
+	// than one UMEM frame (or than the driver's first XDP buffer) as
+	// several descriptors, each but the last flagged XDP_PKT_CONTD, and
+	// Transmit sends a frame longer than one UMEM frame the same way. The
+	// steering program hands such frames only to sockets registered with
+	// Steer.SetXSKMultiBuffer. A socket that shares its UMEM with an
+	// earlier one binds without it (the kernel refuses the flag on a
+	// shared bind); Socket.MultiBuffer says what the bind got.
+	MultiBuffer bool
 }
 
 func (c *SocketConfig) normalise() (SocketConfig, error) {

@@ -121,6 +121,10 @@ func (r *ring[T]) peek(n uint32) (idx, got uint32) {
 
 // release hands every peeked entry back to the kernel. The atomic store
 // orders the entry reads before the new consumer index.
+// unpeek gives back the last n entries peek returned, unread: the next
+// peek returns them again.
+func (r *ring[T]) unpeek(n uint32) { r.cachedCons -= n }
+
 func (r *ring[T]) release() { atomic.StoreUint32(r.consumer, r.cachedCons) }
 
 // present reports whether a consumer ring has entries not yet released.

@@ -32,6 +32,8 @@ type Socket struct {
 	mode       Mode
 	zcErr      error
 	needWakeup bool
+	sg         bool               // bound with XDP_USE_SG
+	txFrags    [MaxTXFrags]uint32 // transmitMulti: the UMEM frames of one packet
 	maxKicks   int
 	idleSpin   time.Duration
 
@@ -194,6 +196,7 @@ func (u *UMEM) open(key queueKey, name string, c SocketConfig) (_ *Socket, err e
 			return nil, err
 		}
 	}
+	s.sg = c.MultiBuffer
 	if err := s.bind(c.Mode, u.peer(key, first, share), c.BusyTimeout); err != nil {
 		return nil, err
 	}
@@ -249,6 +252,7 @@ func (s *Socket) bind(want Mode, peer int, busy time.Duration) error {
 		// socket inherits them from the pool it joins.
 		sa.Flags = unix.XDP_SHARED_UMEM
 		sa.SharedUmemFD = uint32(peer)
+		s.sg = false
 		if err := bindRetry(s.fd, sa, busy); err != nil {
 			return fmt.Errorf("bind sharing a UMEM: %w", err)
 		}
@@ -256,6 +260,9 @@ func (s *Socket) bind(want Mode, peer int, busy time.Duration) error {
 		var base uint16
 		if s.needWakeup {
 			base = unix.XDP_USE_NEED_WAKEUP
+		}
+		if s.sg {
+			base |= unix.XDP_USE_SG
 		}
 		switch want {
 		case ModeCopy:
@@ -322,6 +329,10 @@ func (s *Socket) Ifindex() int { return s.key.ifindex }
 // Queue returns the queue the socket is bound to: the XSKMAP slot it
 // belongs in.
 func (s *Socket) Queue() uint32 { return s.key.queue }
+
+// MultiBuffer reports whether the socket was bound with XDP_USE_SG
+// (SocketConfig.MultiBuffer; never on a socket that shares its UMEM).
+func (s *Socket) MultiBuffer() bool { return s.sg }
 
 // Mode returns ModeCopy or ModeZeroCopy, as the kernel reported after the
 // bind (XDP_OPTIONS).

@@ -11,6 +11,12 @@ import (
 // into descs and returns how many. The frames now belong to the caller:
 // read them with Frame, then give them back with Recycle or send them with
 // TransmitDescs. It never blocks; 0 means the ring is empty (see Poll).
+//
+// On a MultiBuffer socket a packet may take several descriptors, each but
+// the last with Options&unix.XDP_PKT_CONTD. RecvBatch returns whole
+// packets only: descriptors of a packet that does not fit descs are left
+// on the ring for the next call, unless descs cannot hold even one whole
+// packet, in which case it returns what fits and the rest follows.
 func (s *Socket) RecvBatch(descs []Desc) (int, error) {
 	if err := s.enter(); err != nil {
 		return 0, err
@@ -21,12 +27,46 @@ func (s *Socket) RecvBatch(descs []Desc) (int, error) {
 	}
 	s.rxMu.Lock()
 	defer s.rxMu.Unlock()
-	return s.recvLocked(descs), nil
+	return s.recvLocked(descs, len(descs)), nil
 }
 
-func (s *Socket) recvLocked(descs []Desc) int {
+// RecvPackets is RecvBatch that returns the descriptors of at most packets
+// packets (on a MultiBuffer socket a packet may take several descriptors;
+// elsewhere it is RecvBatch with descs cut to packets).
+func (s *Socket) RecvPackets(descs []Desc, packets int) (int, error) {
+	if err := s.enter(); err != nil {
+		return 0, err
+	}
+	defer s.exit()
+	if s.rx == nil {
+		return 0, s.errNoRX
+	}
+	if !s.sg {
+		descs = descs[:min(len(descs), packets)]
+	}
+	s.rxMu.Lock()
+	defer s.rxMu.Unlock()
+	return s.recvLocked(descs, packets), nil
+}
+
+func (s *Socket) recvLocked(descs []Desc, maxPkts int) int {
 	u, q := s.umem, s.q
 	idx, got := s.rx.peek(uint32(min(len(descs), 1<<31)))
+	if s.sg && got > 0 {
+		// Whole packets only, at most maxPkts: descriptors after the
+		// last of them stay on the ring for the next call, which then
+		// starts at a packet's first one.
+		whole, pkts := uint32(0), 0
+		for i := uint32(0); i < got && pkts < maxPkts; i++ {
+			if s.rx.at(idx+i).Options&unix.XDP_PKT_CONTD == 0 {
+				whole, pkts = i+1, pkts+1
+			}
+		}
+		if whole > 0 && whole < got {
+			s.rx.unpeek(got - whole)
+			got = whole
+		}
+	}
 	n := 0
 	if got > 0 {
 		want := kernelState(frameFill, q.id)
@@ -136,7 +176,7 @@ func (s *Socket) TryReceive(fn func(frame []byte)) (int, error) {
 	}
 	s.rxMu.Lock()
 	defer s.rxMu.Unlock()
-	n := s.recvLocked(s.rxDescs)
+	n := s.recvLocked(s.rxDescs, len(s.rxDescs))
 	recycled := false
 	defer func() {
 		// Keep the frame accounting exact even if fn panics.

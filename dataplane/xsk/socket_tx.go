@@ -26,8 +26,15 @@ func (s *Socket) unlockTX() {
 	s.exit()
 }
 
+// MaxTXFrags is how many descriptors Transmit gives one frame on a
+// MultiBuffer socket: the kernel builds a copy-mode frame as an skb with at
+// most MAX_SKB_FRAGS (17) fragments.
+const MaxTXFrags = 16
+
 // Transmit copies frames into free UMEM frames and submits them to the TX
-// ring, first taking back completed frames. It returns how many frames it
+// ring, first taking back completed frames. On a MultiBuffer socket a frame
+// longer than one UMEM frame (FrameSize-Headroom) takes several, up to
+// MaxTXFrags, as one packet of descriptors chained by XDP_PKT_CONTD. It returns how many frames it
 // queued; when that is fewer than len(frames) the error says why:
 // ErrRingFull (TX ring full), ErrNoFrames (no free frame), or
 // ErrFrameTooLarge (frames[n] is empty or longer than FrameSize-Headroom).
@@ -41,6 +48,9 @@ func (s *Socket) Transmit(frames [][]byte) (int, error) {
 	}
 	defer s.unlockTX()
 
+	if s.sg {
+		return s.transmitMulti(frames)
+	}
 	u, q := s.umem, s.q
 	limit := u.cfg.FrameSize - u.cfg.Headroom
 	st := kernelState(frameTX, q.id)
@@ -82,6 +92,63 @@ func (s *Socket) Transmit(frames [][]byte) (int, error) {
 		}
 	}
 	if sent > 0 {
+		s.txPackets.Add(uint64(sent))
+		if kerr := s.kick(); kerr != nil {
+			return sent, kerr
+		}
+	}
+	return sent, err
+}
+
+// transmitMulti is Transmit on a MultiBuffer socket: each frame takes as
+// many UMEM frames as it needs, all reserved and submitted together, so the
+// kernel never sees part of a packet.
+func (s *Socket) transmitMulti(frames [][]byte) (int, error) {
+	u, q := s.umem, s.q
+	limit := u.cfg.FrameSize - u.cfg.Headroom
+	st := kernelState(frameTX, q.id)
+	sent, queued := 0, 0
+	var err error
+	for sent < len(frames) {
+		f := frames[sent]
+		if len(f) == 0 || len(f) > MaxTXFrags*limit {
+			err = fmt.Errorf("xsk %s: TX: frame %d is %d bytes, want 1..%d: %w", s.name, sent, len(f), MaxTXFrags*limit, ErrFrameTooLarge)
+			break
+		}
+		parts := uint32((len(f) + limit - 1) / limit)
+		idx, got := s.tx.reserve(parts)
+		if got < parts {
+			s.tx.cancel(got)
+			err = s.errRingFull
+			break
+		}
+		fr := u.alloc(s.txFrags[:0:parts], st)
+		if uint32(len(fr)) < parts {
+			for _, fi := range fr {
+				u.state[fi].Store(frameFree)
+			}
+			u.release(fr)
+			s.tx.cancel(got)
+			err = s.errNoFrames
+			break
+		}
+		for i, fi := range fr {
+			addr := uint64(fi)<<u.shift + uint64(u.cfg.Headroom)
+			l := copy(u.area[addr:addr+uint64(limit)], f[i*limit:])
+			d := Desc{Addr: addr, Len: uint32(l)}
+			if i < len(fr)-1 {
+				d.Options = unix.XDP_PKT_CONTD
+			}
+			*s.tx.at(idx + uint32(i)) = d
+		}
+		sent++
+		if queued++; queued == cap(s.txScratch) {
+			s.tx.submit()
+			queued = 0
+		}
+	}
+	if sent > 0 {
+		s.tx.submit()
 		s.txPackets.Add(uint64(sent))
 		if kerr := s.kick(); kerr != nil {
 			return sent, kerr

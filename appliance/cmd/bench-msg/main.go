@@ -6,6 +6,8 @@
 // program in XDP on pf0hpf and p0, lovelockd's rules, xdp.Group transports),
 // at the same MTU, then a transfer-size sweep and a workers sweep. It brings
 // up a testbed of its own, under a unique prefix, and tears it down on exit.
+// Last, it runs Histogram in the modes none, host, dpu and dpu on AF_XDP,
+// repeated, and prints inserts/s as min/median/max (-histo-only: just that).
 // With -demo it runs Histogram across host0 and host1 through their DPUs
 // instead (over AF_XDP with -demo-xdp). Needs root.
 package main
@@ -35,21 +37,30 @@ import (
 )
 
 var (
-	prefix   = flag.String("prefix", fmt.Sprintf("bm%d-", os.Getpid()%100000), "namespace prefix of the testbed this run brings up (and removes)")
-	duration = flag.Duration("duration", time.Second, "measured time per configuration (after a 200ms warm-up)")
-	sizes    = flag.String("sizes", "8,16,64,256", "message sizes, bytes")
-	mtu      = flag.Int("mtu", 1500, "MTU of the testbed's veths (9000 lets bundles reach 8972 bytes)")
-	ranks    = flag.Int("ranks", 4, "ranks per host")
-	senders  = flag.Int("senders", 2, "sending goroutines on host0")
-	workers  = flag.Int("workers", 2, "agent workers")
-	sweep    = flag.Bool("sweep", true, "run the transfer-size and workers sweeps")
-	demo     = flag.Bool("demo", false, "run Histogram across host0 and host1 through their DPUs, print throughput and bundle sizes, and exit")
-	inserts  = flag.Int("inserts", 200000, "-demo: inserts per rank")
-	xdpRows  = flag.Bool("xdp", true, "compare the baseline, the DPU agents on kernel UDP and the same agents on AF_XDP")
-	xdpW     = flag.Int("xdp-workers", 1, "agent workers in the AF_XDP comparison (each needs a queue on pf0hpf and p0; the testbed's veths have one)")
-	demoXDP  = flag.Bool("demo-xdp", false, "-demo: run the DPU agents on AF_XDP")
-	cpuProf  = flag.String("cpuprofile", "", "write a CPU profile of the AF_XDP comparison to this file")
-	clusterF = flag.String("cluster", "", "-demo: run the clients of this messaging cluster file on the hosts of the existing testbed -prefix, "+
+	prefix     = flag.String("prefix", fmt.Sprintf("bm%d-", os.Getpid()%100000), "namespace prefix of the testbed this run brings up (and removes)")
+	duration   = flag.Duration("duration", time.Second, "measured time per configuration (after a 200ms warm-up)")
+	sizes      = flag.String("sizes", "8,16,64,256", "message sizes, bytes")
+	mtu        = flag.Int("mtu", 1500, "MTU of the testbed's veths (9000 lets bundles reach 8972 bytes)")
+	ranks      = flag.Int("ranks", 4, "ranks per host")
+	senders    = flag.Int("senders", 2, "sending goroutines on host0")
+	workers    = flag.Int("workers", 2, "agent workers")
+	sweep      = flag.Bool("sweep", true, "run the transfer-size and workers sweeps")
+	demo       = flag.Bool("demo", false, "run Histogram across host0 and host1 through their DPUs, print throughput and bundle sizes, and exit")
+	inserts    = flag.Int("inserts", 200000, "-demo: inserts per rank")
+	xdpRows    = flag.Bool("xdp", true, "compare the baseline, the DPU agents on kernel UDP and the same agents on AF_XDP")
+	xdpW       = flag.Int("xdp-workers", 1, "agent workers in the AF_XDP comparison (each needs a queue on pf0hpf and p0; the testbed's veths have one)")
+	xdpSG      = flag.Bool("xdp-sg", true, "bind the DPU agents' AF_XDP sockets with XDP_USE_SG (multi-buffer): bundles up to the MTU on AF_XDP; false: one XDP buffer (3478 B at MTU 9000)")
+	demoXDP    = flag.Bool("demo-xdp", false, "-demo: run the DPU agents on AF_XDP")
+	histoOn    = flag.Bool("histo", true, "run Histogram in the modes none, host, dpu and dpu on AF_XDP (issue 15's table) after the other tables")
+	histoAll   = flag.Bool("histo-only", false, "run only the Histogram table")
+	histoN     = flag.Int("histo-inserts", 1000000, "Histogram table: inserts per rank")
+	histoRanks = flag.Int("histo-ranks", 1, "Histogram table: ranks per host")
+	histoRuns  = flag.Int("histo-runs", 3, "Histogram table: runs per mode")
+	histoPad   = flag.Int("histo-pad", 0, "Histogram table: bytes added to every 9-byte insert")
+	histoXDP   = flag.Bool("histo-xdp", true, "Histogram table: include the DPU agents on AF_XDP")
+	histoModes = flag.String("histo-modes", "", "Histogram table: only these rows, comma-separated (none, host, dpu, dpu AF_XDP)")
+	cpuProf    = flag.String("cpuprofile", "", "write a CPU profile of the AF_XDP comparison (with -histo-only: of the Histogram runs) to this file")
+	clusterF   = flag.String("cluster", "", "-demo: run the clients of this messaging cluster file on the hosts of the existing testbed -prefix, "+
 		"against agents that run elsewhere (lovelockd on the DPUs); no testbed of its own")
 )
 
@@ -61,7 +72,7 @@ func main() {
 	}
 }
 
-func run() error {
+func run() (err error) {
 	spec := testbed.DefaultSpec()
 	spec.Prefix = *prefix
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -105,6 +116,9 @@ func run() error {
 	}
 	if *demo {
 		return b.demo(ctx)
+	}
+	if *histoAll {
+		return b.histo(ctx)
 	}
 	var msgSizes []int
 	for _, f := range strings.Split(*sizes, ",") {
@@ -162,6 +176,13 @@ func run() error {
 		if err := b.transports(ctx, msgSizes, base); err != nil {
 			return err
 		}
+	}
+	if *histoOn {
+		defer func() {
+			if err == nil {
+				err = b.histo(ctx)
+			}
+		}()
 	}
 	if !*sweep {
 		return nil
@@ -221,7 +242,14 @@ type point struct {
 // xdp.SingleBufferFrame). The clients, on kernel UDP, keep to it too, so
 // that their bundles reach the agents' AF_XDP sockets rather than pass to
 // the stack as multi-buffer frames (xsk_miss).
+//
+// With -xdp-sg (the default) the sockets are bound with XDP_USE_SG and take
+// multi-buffer frames, and the bundles reach the MTU less 28, as on kernel
+// UDP (xdp.MaxPayloadForMTUMulti).
 func (b *bench) xdpTransferSize() int {
+	if *xdpSG {
+		return min(messaging.DefaultTransferSize, b.maxPayload, xdp.MaxPayloadForMTUMulti(*mtu))
+	}
 	return min(messaging.DefaultTransferSize, b.maxPayload, xdp.MaxPayloadForMTU(*mtu))
 }
 

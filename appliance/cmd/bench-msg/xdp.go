@@ -63,7 +63,7 @@ func (b *bench) openXDP(n int, opts udp.Options, workers int) ([]transport.Trans
 		eps[w] = messaging.AgentEndpoint(n, w)
 	}
 	needs := service.Needs{
-		XDP:   &service.XDPNeeds{Interfaces: xdpIfaces, Addr: addr, Workers: workers, Kernel: opts},
+		XDP:   &service.XDPNeeds{Interfaces: xdpIfaces, Addr: addr, Workers: workers, Kernel: opts, MultiBuffer: *xdpSG},
 		Rules: msgservice.Rules(addr, 0, eps, xdpIfaces),
 	}
 	var bound *service.Binding

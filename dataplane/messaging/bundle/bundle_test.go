@@ -221,3 +221,60 @@ func TestSplitOnlyWhenNeeded(t *testing.T) {
 		t.Fatalf("wrote into a full bundle")
 	}
 }
+
+// TestPeekWhole: PeekWhole reports a record exactly when Next would return
+// it as a whole record following a whole record or a finished message, and
+// SkipWhole leaves the Reader where Next would.
+func TestPeekWhole(t *testing.T) {
+	head := AppendHead(nil, 9, 10, []byte("abc"))
+	tests := []struct {
+		name    string
+		records []byte
+		more    bool
+		pending uint32
+		want    []bool // PeekWhole's ok before each Next after the first
+	}{
+		{"wholes", cat(rec(1, "a"), rec(2, ""), rec(3, "ccc")), false, 0, []bool{true, true, false}},
+		{"then a head", cat(rec(1, "a"), head), true, 0, []bool{false, false}},
+		{"after a finished continuation", cat(AppendContinuation(nil, []byte("xy")), rec(4, "d")), false, 2, []bool{true, false}},
+		{"after an orphan", cat(AppendContinuation(nil, []byte("xy")), rec(4, "d")), false, Unknown, []bool{true, false}},
+		{"overrun", cat(rec(1, "a"), []byte{0, 0, 0, 9, 0, 0, 0, 1, 'x'}), false, 0, []bool{false}},
+		{"truncated header", cat(rec(1, "a"), []byte{0, 0, 0}), false, 0, []bool{false}},
+		{"continuation rank", cat(rec(1, "a"), rec(ContinuationRank, "z")), false, 0, []bool{false}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// Next alone, for the reference.
+			ref := NewReader(tt.records, tt.more, tt.pending)
+			var refRecs []Record
+			for {
+				r, ok := ref.Next()
+				if !ok {
+					break
+				}
+				refRecs = append(refRecs, r)
+			}
+			r := NewReader(tt.records, tt.more, tt.pending)
+			if _, _, ok := r.PeekWhole(); ok {
+				t.Fatal("PeekWhole before the first Next reported a record")
+			}
+			if _, ok := r.Next(); !ok {
+				t.Fatalf("no first record: %v", r.Err())
+			}
+			for i, want := range tt.want {
+				rank, size, ok := r.PeekWhole()
+				if ok != want {
+					t.Fatalf("record %d: PeekWhole ok %v, want %v", i+1, ok, want)
+				}
+				if !ok {
+					break
+				}
+				next := refRecs[i+1]
+				if next.Kind != Whole || next.Rank != rank || next.Size != size || next.Offset != r.Offset() {
+					t.Fatalf("record %d: PeekWhole (%d, %d) at %d, Next gave %+v", i+1, rank, size, r.Offset(), next)
+				}
+				r.SkipWhole(size)
+			}
+		})
+	}
+}

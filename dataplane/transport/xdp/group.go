@@ -63,6 +63,10 @@ type GroupOptions struct {
 	SendWait time.Duration
 	// NoUDPChecksum sends UDP checksum 0 on the AF_XDP path.
 	NoUDPChecksum bool
+	// MultiBuffer binds every AF_XDP socket with XDP_USE_SG (see
+	// Options.MultiBuffer): datagrams up to the MTU less 28 on the AF_XDP
+	// path. Register the sockets with Steer.SetXSKMultiBuffer.
+	MultiBuffer bool
 }
 
 // Group is the transport of one messaging agent worker on a DPU: an AF_XDP
@@ -256,7 +260,7 @@ func OpenGroup(opts GroupOptions) (_ *Group, err error) {
 		t, err := Open(Options{
 			Ifindex: l.Attrs().Index, Interface: name, Queue: opts.Queue, Addr: g.local,
 			UMEM: opts.UMEM, Socket: opts.Socket, NeighbourTTL: opts.NeighbourTTL, SendWait: opts.SendWait,
-			NoFallback: true, NoUDPChecksum: opts.NoUDPChecksum,
+			NoFallback: true, NoUDPChecksum: opts.NoUDPChecksum, MultiBuffer: opts.MultiBuffer,
 		})
 		if err != nil {
 			if errors.Is(err, unix.EINVAL) {

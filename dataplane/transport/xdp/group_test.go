@@ -147,7 +147,11 @@ func (tr *trio) open(t *testing.T, opts GroupOptions) *Group {
 	g := gs[0]
 	t.Cleanup(func() { g.Close() })
 	for _, x := range g.Transports() {
-		if err := tr.steer.SetXSK(x.Ifindex(), x.Queue(), x.FD()); err != nil {
+		set := tr.steer.SetXSK
+		if x.MultiBuffer() {
+			set = tr.steer.SetXSKMultiBuffer
+		}
+		if err := set(x.Ifindex(), x.Queue(), x.FD()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -578,5 +582,140 @@ func TestGroupJumboMTU(t *testing.T) {
 	}
 	if st := g.Stats(); st.KernelRX != before.KernelRX+1 || missCount(t, tr.steer) != miss+1 {
 		t.Errorf("%d bytes: kernel socket +%d, xsk_miss +%d; want 1 and 1", want+1, st.KernelRX-before.KernelRX, missCount(t, tr.steer)-miss)
+	}
+}
+
+// TestGroupMultiBuffer: at MTU 9000, Groups whose sockets are bound with
+// XDP_USE_SG (GroupOptions.MultiBuffer) and registered as taking
+// multi-buffer frames carry datagrams up to the MTU less 28 on the AF_XDP
+// path both ways, in several UMEM frames and XDP buffers, with nothing on
+// the kernel sockets and no xsk_miss; so do datagrams from a kernel socket.
+func TestGroupMultiBuffer(t *testing.T) {
+	if got := MaxPayloadForMTUMulti(9000); got != 8972 {
+		t.Errorf("MaxPayloadForMTUMulti(9000) = %d, want 8972", got)
+	}
+	if got := MaxPayloadForMTUMulti(1500); got != 1472 {
+		t.Errorf("MaxPayloadForMTUMulti(1500) = %d, want 1472", got)
+	}
+	tr := newTrio(t)
+	for _, n := range []struct {
+		ns   netns.NsHandle
+		devs []string
+	}{{tr.dpu, []string{"xa", "ya"}}, {tr.host, []string{"xb"}}, {tr.far, []string{"yb"}}} {
+		testenv.InNetNS(t, n.ns, func() error {
+			for _, d := range n.devs {
+				l, err := netlink.LinkByName(d)
+				if err != nil {
+					return err
+				}
+				if err := netlink.LinkSetMTU(l, 9000); err != nil {
+					return fmt.Errorf("%s: MTU 9000: %w", d, err)
+				}
+			}
+			return nil
+		})
+	}
+	const want = 9000 - Overhead // 8972
+	g := tr.open(t, GroupOptions{MultiBuffer: true})
+	if g.MaxPayload() != want {
+		t.Fatalf("Group MaxPayload %d at MTU 9000, want %d", g.MaxPayload(), want)
+	}
+	for _, x := range g.Transports() {
+		if !x.MultiBuffer() || x.MaxPayload() != want {
+			t.Errorf("%s: multi-buffer %v, MaxPayload %d; want true, %d", x.ifname, x.MultiBuffer(), x.MaxPayload(), want)
+		}
+	}
+
+	fs, err := bpf.Load(bpf.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fs.Close() })
+	var k bpf.RuleKey
+	k.Flow.Proto, k.Flow.Dport = 17, testPort
+	if err := fs.Apply(&bpf.Ruleset{
+		Shapes:  []bpf.Shape{{Fields: bpf.FieldProto | bpf.FieldDport, MaxPrio: 10}},
+		Entries: []bpf.Entry{{Key: k, Val: bpf.RuleVal{Prio: 10, Id: 1, Action: uint16(bpf.ActionXSK), Arg: 0}}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var fg *Group
+	testenv.InNetNS(t, tr.far, func() error {
+		l, err := netlink.LinkByName("yb")
+		if err != nil {
+			return err
+		}
+		xl, err := fs.AttachXDP(l.Attrs().Index, link.XDPDriverMode)
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { xl.Close() })
+		gs, err := OpenGroups(GroupOptions{Interfaces: []string{"yb"}, Addr: netip.AddrPortFrom(netip.MustParseAddr(farIP), testPort),
+			Socket: &xsk.SocketConfig{Mode: xsk.ModeCopy}, MultiBuffer: true}, 1, udp.Options{})
+		if err != nil {
+			return err
+		}
+		fg = gs[0]
+		return nil
+	})
+	t.Cleanup(func() { fg.Close() })
+	fx := fg.Transports()[0]
+	if err := fs.SetXSKMultiBuffer(fx.Ifindex(), fx.Queue(), fx.FD()); err != nil {
+		t.Fatal(err)
+	}
+
+	// exactly sends a batch of datagrams of the given sizes from one Group
+	// to the other and checks that they arrived whole, in order, on the
+	// receiver's AF_XDP socket on iface.
+	exactly := func(from, to *Group, toSteer *bpf.Steer, iface int, sizes []int) {
+		t.Helper()
+		before, miss := to.Stats(), missCount(t, toSteer)
+		var out []transport.Packet
+		for i, n := range sizes {
+			out = append(out, transport.Packet{Addr: to.LocalAddr(), Data: payload(i+1, n)})
+		}
+		if n, err := from.Send(out); n != len(out) || err != nil {
+			t.Fatalf("Send %v: %d, %v", sizes, n, err)
+		}
+		for i := range out {
+			pkts := []transport.Packet{{Data: make([]byte, 9000)}}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			n, err := to.Recv(ctx, pkts)
+			cancel()
+			if n != 1 || err != nil || pkts[0].Addr != from.LocalAddr() || string(pkts[0].Data) != string(out[i].Data) {
+				t.Fatalf("datagram %d (%d bytes): Recv %d, %v (%d bytes from %v)", i, sizes[i], n, err, len(pkts[0].Data), pkts[0].Addr)
+			}
+		}
+		after := to.Stats()
+		if d := after.Sockets[iface].Transport.RXPackets - before.Sockets[iface].Transport.RXPackets; d != uint64(len(sizes)) ||
+			after.KernelRX != before.KernelRX || missCount(t, toSteer) != miss {
+			t.Errorf("%v bytes to %v: AF_XDP %s +%d, kernel socket +%d, xsk_miss +%d; want %d, 0, 0", sizes, to.LocalAddr(),
+				after.Sockets[iface].Interface, d, after.KernelRX-before.KernelRX, missCount(t, toSteer)-miss, len(sizes))
+		}
+	}
+	sizes := []int{1, 3478, 3479, 4000, 8000, want}
+	exactly(g, fg, fs, 0, sizes)       // dpu → far: out of ya's AF_XDP socket, into yb's
+	exactly(fg, g, tr.steer, 1, sizes) // far → dpu: out of yb's, into ya's
+	if st := g.Stats(); st.Sockets[1].Transport.TXPackets != uint64(len(sizes)) || st.KernelTX+st.KernelFallback != 0 {
+		t.Errorf("the dpu Group sent through %+v, want ya's AF_XDP socket", st)
+	}
+	if n, err := g.Send([]transport.Packet{{Addr: fg.LocalAddr(), Data: make([]byte, want+1)}}); n != 0 || !errors.Is(err, transport.ErrTooBig) {
+		t.Errorf("%d bytes: %d, %v; want ErrTooBig", want+1, n, err)
+	}
+
+	// From a kernel socket in far: a jumbo frame in three XDP buffers,
+	// handed to the multi-buffer socket, not passed to the stack.
+	c := conn(t, tr.far, farIP)
+	before, miss := g.Stats(), missCount(t, tr.steer)
+	if _, err := c.WriteToUDPAddrPort(payload(9, want), g.LocalAddr()); err != nil {
+		t.Fatal(err)
+	}
+	if got := recvN(t, g, 1); got[addrOf(c)] != 1 {
+		t.Fatalf("%d bytes: got %v", want, got)
+	}
+	if st := g.Stats(); st.KernelRX != before.KernelRX || missCount(t, tr.steer) != miss ||
+		st.Sockets[1].Transport.RXPackets != before.Sockets[1].Transport.RXPackets+1 {
+		t.Errorf("%d bytes from a kernel socket: kernel socket +%d, xsk_miss +%d, AF_XDP +%d; want 0, 0, 1", want,
+			st.KernelRX-before.KernelRX, missCount(t, tr.steer)-miss, st.Sockets[1].Transport.RXPackets-before.Sockets[1].Transport.RXPackets)
 	}
 }

@@ -132,6 +132,20 @@ func MaxPayloadForMTU(mtu int) int {
 	return maxPayload(mtu, xsk.DefaultFrameSize-xsk.PacketHeadroom-ethLen)
 }
 
+// MaxPayloadForMTUMulti returns the MaxPayload of a MultiBuffer Transport
+// on an interface of the given MTU with the default UMEM frames: the MTU
+// less 28, as on a kernel UDP socket (xsk.MaxTXFrags UMEM frames, 61 KiB,
+// cap nothing an Ethernet MTU allows).
+func MaxPayloadForMTUMulti(mtu int) int {
+	return maxPayloadMulti(mtu, xsk.DefaultFrameSize) // the default UMEM has no headroom
+}
+
+// maxPayloadMulti is MaxPayload on a MultiBuffer socket whose UMEM frames
+// hold txRoom bytes of a frame to send.
+func maxPayloadMulti(mtu, txRoom int) int {
+	return min(mtu, xsk.MaxTXFrags*txRoom-ethLen, 65535) - Overhead
+}
+
 // maxPayload is MaxPayload for an interface MTU and the room one UMEM frame
 // has for a received frame (its size less headroom, the kernel's receive
 // headroom and the Ethernet header).
@@ -169,6 +183,14 @@ type Options struct {
 	NoFallback bool
 	// NoUDPChecksum sends UDP checksum 0 (allowed for IPv4).
 	NoUDPChecksum bool
+	// MultiBuffer binds the socket with XDP_USE_SG (multi-buffer AF_XDP):
+	// a datagram may then take several UMEM frames both ways, and
+	// MaxPayload is the MTU less 28 (MaxPayloadForMTUMulti) instead of
+	// what one XDP buffer holds. Register the socket with
+	// Steer.SetXSKMultiBuffer so that the steering program hands it
+	// multi-buffer frames. Its peers must take such frames too: kernel
+	// sockets do, and so do AF_XDP sockets with MultiBuffer.
+	MultiBuffer bool
 }
 
 // Stats count a transport's datagrams. RX drops are frames the steering
@@ -210,8 +232,9 @@ type Transport struct {
 	nl      *netlink.Handle
 	neigh   map[netip.Addr]neighEntry
 
-	recvMu  sync.Mutex // one Recv at a time: rxDescs
+	recvMu  sync.Mutex // one Recv at a time: rxDescs, rxJumbo
 	rxDescs []xsk.Desc
+	rxJumbo []byte // a multi-buffer datagram's frames, joined
 
 	txPool sync.Pool // of *txScratch
 	ipID   atomic.Uint32
@@ -313,15 +336,29 @@ func Open(opts Options) (_ *Transport, err error) {
 		// stack sees them; keep the few that slip past (xsk_miss) small.
 		_ = t.fallback.SetReadBuffer(4096)
 	}
-	if t.sock, err = xsk.Open(a.Index, opts.Queue, opts.UMEM, opts.Socket); err != nil {
+	scfg := opts.Socket
+	if opts.MultiBuffer {
+		c := xsk.SocketConfig{}
+		if scfg != nil {
+			c = *scfg
+		}
+		c.MultiBuffer = true
+		scfg = &c
+	}
+	if t.sock, err = xsk.Open(a.Index, opts.Queue, opts.UMEM, scfg); err != nil {
 		return nil, fmt.Errorf("xdp: %w", err)
 	}
 	u := t.sock.UMEM()
 	// A received packet starts after the UMEM and kernel headroom; a sent
 	// frame after the UMEM headroom. The smaller room bounds the MTU, and so
-	// does the receiver's first XDP buffer (SingleBufferFrame).
+	// does the receiver's first XDP buffer (SingleBufferFrame). A
+	// multi-buffer socket takes a datagram in several frames both ways.
 	room := u.FrameSize() - u.Headroom() - xsk.PacketHeadroom - ethLen
 	t.maxPayload = maxPayload(t.mtu, room)
+	if t.sock.MultiBuffer() {
+		t.maxPayload = maxPayloadMulti(t.mtu, u.FrameSize()-u.Headroom())
+		t.rxJumbo = make([]byte, 0, t.mtu+ethLen+vlanLen)
+	}
 	if t.maxPayload < 1 {
 		return nil, fmt.Errorf("%s: MTU %d and UMEM frames of %d bytes leave no payload", name, t.mtu, u.FrameSize())
 	}
@@ -345,7 +382,8 @@ func Open(opts Options) (_ *Transport, err error) {
 func (t *Transport) LocalAddr() netip.AddrPort { return t.local }
 
 // MaxPayload returns the interface MTU less 28, capped by the UMEM frame
-// and by SingleBufferFrame: at most 3478.
+// and by SingleBufferFrame: at most 3478; with Options.MultiBuffer the MTU
+// less 28 (MaxPayloadForMTUMulti).
 func (t *Transport) MaxPayload() int { return t.maxPayload }
 
 // FD returns the AF_XDP socket's descriptor, for Steer.SetXSK.
@@ -359,6 +397,10 @@ func (t *Transport) Interface() string { return t.ifname }
 
 // Queue returns the queue the socket is bound to.
 func (t *Transport) Queue() uint32 { return t.sock.Queue() }
+
+// MultiBuffer reports whether the socket is bound with XDP_USE_SG
+// (Options.MultiBuffer): register it with Steer.SetXSKMultiBuffer.
+func (t *Transport) MultiBuffer() bool { return t.sock.MultiBuffer() }
 
 // Mode returns the AF_XDP socket's mode (copy or zero-copy).
 func (t *Transport) Mode() xsk.Mode { return t.sock.Mode() }
@@ -422,17 +464,19 @@ func (t *Transport) Recv(ctx context.Context, pkts []transport.Packet) (int, err
 		if t.closed.Load() {
 			return 0, t.errClosed()
 		}
-		descs := t.rxDescs[:min(len(pkts), len(t.rxDescs))]
-		got, err := t.sock.RecvBatch(descs)
+		descs := t.rxDescs
+		got, err := t.sock.RecvPackets(descs, min(len(pkts), len(descs)))
 		if err != nil {
 			return 0, t.wrapErr("receive", err)
 		}
 		if got > 0 {
 			n := 0
-			for _, d := range descs[:got] {
-				if t.parse(t.sock.Frame(d), &pkts[n]) {
+			for i := 0; i < got; {
+				f, next := t.frame(descs[:got], i)
+				if f != nil && t.parse(f, &pkts[n]) {
 					n++
 				}
+				i = next
 			}
 			if err := t.sock.Recycle(descs[:got]); err != nil {
 				return n, t.wrapErr("recycle", err)
@@ -452,6 +496,36 @@ func (t *Transport) Recv(ctx context.Context, pkts []transport.Packet) (int, err
 			return 0, t.wrapErr("poll", err)
 		}
 	}
+}
+
+// frame returns the frame that starts at descs[i] and the index of the
+// next one: the descriptor's own bytes, or on a multi-buffer socket the
+// bytes of the descriptors it chains with XDP_PKT_CONTD, joined in rxJumbo
+// (the headers are parsed across the whole frame; one copy of a
+// bundle-sized datagram is cheap beside what it carries). A chain that the
+// batch cuts short (only when one packet has more descriptors than the
+// batch holds) is nil, counted as malformed.
+func (t *Transport) frame(descs []xsk.Desc, i int) ([]byte, int) {
+	d := descs[i]
+	if d.Options&unix.XDP_PKT_CONTD == 0 {
+		return t.sock.Frame(d), i + 1
+	}
+	b := t.rxJumbo[:0]
+	j := i
+	for ; j < len(descs); j++ {
+		b = append(b, t.sock.Frame(descs[j])...)
+		if descs[j].Options&unix.XDP_PKT_CONTD == 0 {
+			break
+		}
+	}
+	if cap(b) <= 1<<16 {
+		t.rxJumbo = b[:0]
+	}
+	if j == len(descs) {
+		t.rxMalformed.Add(1)
+		return nil, j
+	}
+	return b, j + 1
 }
 
 func (t *Transport) wrapErr(op string, err error) error {

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/messaging"
+	"github.com/lovelock-dpu/lovelock/dataplane/messaging/apps"
+)
+
+// histoRow is one row of the Histogram table: a mode, its transport, and
+// the inserts per second of each repeated run.
+type histoRow struct {
+	name   string
+	mode   messaging.Mode
+	xdp    bool
+	tsize  int
+	rates  []float64 // inserts/s, one per run
+	bundle float64   // host0 client's average bundle bytes, last run
+	retx   uint64    // retransmitted bundles, all runs, clients and agents
+}
+
+func (r histoRow) stats() (lo, med, hi float64) {
+	s := slices.Clone(r.rates)
+	slices.Sort(s)
+	return s[0], s[len(s)/2], s[len(s)-1]
+}
+
+// histo runs Histogram in the shape of issue 15's table: -histo-ranks ranks
+// on each of host0 and host1, every rank sending -inserts inserts of 9 B
+// (tag and key; -histo-pad adds bytes) to the owners of random keys of a
+// table of 4096 keys per rank, in the modes none, host, dpu and dpu on
+// AF_XDP, -histo-runs times each, round-robin over the modes so that a
+// slow spell of the shared machine spreads over them. Every run checks the
+// table exactly (apps.Histogram.Verify). It prints inserts/s as min, median
+// and max, and the median's ratio to none's.
+func (b *bench) histo(ctx context.Context) error {
+	tsize := min(messaging.DefaultTransferSize, b.maxPayload)
+	rows := []*histoRow{
+		{name: "none", mode: messaging.ModeNone, tsize: tsize},
+		{name: "host", mode: messaging.ModeHost, tsize: tsize},
+		{name: "dpu", mode: messaging.ModeDPU, tsize: tsize},
+	}
+	if *histoXDP {
+		stop, err := b.steering()
+		if err != nil {
+			return err
+		}
+		defer stop()
+		xt := b.xdpTransferSize()
+		rows = append(rows, &histoRow{name: "dpu AF_XDP", mode: messaging.ModeDPU, xdp: true, tsize: xt})
+		if xt != tsize {
+			// The kernel-UDP agents at the AF_XDP transport's bundle size:
+			// the transports compared at equal bundle sizes.
+			rows = append(rows, &histoRow{name: fmt.Sprintf("dpu ≤%d", xt), mode: messaging.ModeDPU, tsize: xt})
+		}
+	}
+	if *histoModes != "" {
+		keep := strings.Split(*histoModes, ",")
+		rows = slices.DeleteFunc(rows, func(r *histoRow) bool { return !slices.Contains(keep, r.name) })
+		if len(rows) == 0 {
+			return fmt.Errorf("-histo-modes %q: no such mode (none, host, dpu, dpu AF_XDP)", *histoModes)
+		}
+	}
+	if *cpuProf != "" && *histoAll {
+		f, err := os.Create(*cpuProf)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	fmt.Printf("\nHistogram: %d ranks on host0 and %d on host1, %d inserts per rank of %d B, 4096 keys per rank, %d agent workers (AF_XDP: %d), %d runs per row, totals checked exactly\n",
+		*histoRanks, *histoRanks, *histoN, 9+*histoPad, *workers, *xdpW, *histoRuns)
+	for run := range *histoRuns {
+		for _, r := range rows {
+			res, st, err := b.histoRun(ctx, r)
+			if err != nil {
+				return fmt.Errorf("histogram %s run %d: %w", r.name, run+1, err)
+			}
+			r.rates = append(r.rates, res.Rate())
+			r.bundle = st.bundle
+			r.retx += st.retx
+		}
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "mode\ttransfer_size\tmin M/s\tmedian M/s\tmax M/s\t× none (median)\tbundle B\tretx\t")
+	_, none, _ := rows[0].stats() // the first row: none, unless -histo-modes left it out
+	for _, r := range rows {
+		lo, med, hi := r.stats()
+		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.0f\t%d\t\n", r.name, r.tsize, lo/1e6, med/1e6, hi/1e6, med/none, r.bundle, r.retx)
+	}
+	return tw.Flush()
+}
+
+type histoStats struct {
+	bundle float64
+	retx   uint64
+}
+
+// histoRun runs Histogram once in r's configuration.
+func (b *bench) histoRun(ctx context.Context, r *histoRow) (apps.Result, histoStats, error) {
+	w := *workers
+	if r.xdp {
+		w = *xdpW
+	}
+	l := b.layout(r.mode, r.tsize, w)
+	l.RanksPerClient = *histoRanks
+	if r.xdp {
+		l.OpenAgent = b.openXDP
+		defer b.closeXDP()
+	}
+	h := apps.NewHistogram(l.Ranks(), apps.HistogramParams{InsertsPerRank: *histoN, KeysPerRank: 4096, Seed: 1, Pad: *histoPad})
+	cl, err := apps.StartCluster(l, h.Handle)
+	if err != nil {
+		return apps.Result{}, histoStats{}, err
+	}
+	defer cl.Close()
+	rctx, cancel := context.WithTimeout(ctx, 120*time.Second)
+	defer cancel()
+	res, err := h.Run(rctx, cl)
+	if err != nil {
+		return apps.Result{}, histoStats{}, err
+	}
+	st := histoStats{bundle: cl.Clients[0].Stats().Sent().AvgBundleBytes}
+	clients, agents := cl.Stats()
+	for _, s := range append(clients, agents...) {
+		st.retx += s.Sent().Retransmits
+	}
+	return res, st, nil
+}
