@@ -136,6 +136,12 @@ func run(ctx context.Context) error {
 	}
 	fmt.Println()
 	fmt.Print(formatTable(rows))
+	if c, err := modelCost(); err == nil {
+		fmt.Printf("the model alone (%s on %s, CPU reference on CPU %d, input hot in cache, unloaded): %.1f µs per input; the shm device computes on the host, so every path's host CPU includes it\n",
+			*modelName, farmem.Size(*size), hostCPU, float64(c)/float64(time.Microsecond))
+	} else {
+		fmt.Printf("the model alone: not measured: %v\n", err)
+	}
 	wrong := 0
 	for _, r := range rows {
 		wrong += r.wrong
