@@ -112,6 +112,10 @@ bench-mem: ## far memory on its own netns testbed (root): chunk reads and writes
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/lovelockd ./appliance/cmd/lovelockd
 	$(GO) run ./appliance/cmd/bench-mem -lovelockd $(BIN)/lovelockd $(BENCH_MEM_FLAGS)
 
+.PHONY: bench-ingest
+bench-ingest: ## accelerator ingest on its own netns testbed (root): Conspirator's TCP server vs host UDP vs through the DPU agent, host CPU per request, unloaded and with 80% host load
+	$(GO) run ./appliance/cmd/bench-ingest $(BENCH_INGEST_FLAGS)
+
 .PHONY: bench-graph
 bench-graph: ## graph apps (BFS, PageRank, CC, Radii, BC) over far memory on its own netns testbed (root): time and fabric bytes direct vs through the DPU agent
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/lovelockd ./appliance/cmd/lovelockd

@@ -1,0 +1,172 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lovelock-dpu/lovelock/control/testbed"
+)
+
+// child is the bench binary re-executed in one role, in one node, pinned to
+// one CPU: a process of its own, so that its CPU time is the role's.
+type child struct {
+	role string
+	cmd  *exec.Cmd
+	log  string
+}
+
+// startChild re-executes this binary as role inside node's namespace (or
+// the root one when node is empty), pinned to cpu, and waits until it says
+// it is ready. The child inherits the namespace and the affinity of the
+// locked thread that forks it, so its whole runtime is pinned from the
+// first instruction.
+func startChild(ctx context.Context, spec testbed.Spec, dir, node string, cpu int, role string, args ...string) (*child, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	c := &child{role: role, log: filepath.Join(dir, role+".log")}
+	logf, err := os.OpenFile(c.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	c.cmd = exec.Command(self, append([]string{"-role", role}, args...)...)
+	c.cmd.Stderr = logf
+	out, err := c.cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	start := func() error { return withAffinity(cpu, c.cmd.Start) }
+	if node == "" {
+		err = start()
+	} else {
+		err = spec.Run(node, start)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("start %s: %w", role, err)
+	}
+	ready := make(chan error, 1)
+	go func() {
+		line, err := bufio.NewReader(out).ReadString('\n')
+		if err == nil && strings.TrimSpace(line) != "ready" {
+			err = fmt.Errorf("said %q", line)
+		}
+		ready <- err
+	}()
+	select {
+	case err = <-ready:
+	case <-time.After(20 * time.Second):
+		err = errors.New("not ready after 20s")
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	if err != nil {
+		c.stop()
+		b, _ := os.ReadFile(c.log)
+		return nil, fmt.Errorf("%s: %w (its log: %s)", role, err, strings.TrimSpace(string(b)))
+	}
+	return c, nil
+}
+
+// withAffinity runs fn on the calling goroutine's thread pinned to cpu,
+// then restores the thread's mask.
+func withAffinity(cpu int, fn func() error) error {
+	var old, set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &old); err != nil {
+		return fmt.Errorf("sched_getaffinity: %w", err)
+	}
+	set.Set(cpu)
+	if err := unix.SchedSetaffinity(0, &set); err != nil {
+		return fmt.Errorf("pin to CPU %d: %w", cpu, err)
+	}
+	defer unix.SchedSetaffinity(0, &old)
+	return fn()
+}
+
+// pinSelf pins every thread of this process to cpu; threads started later
+// inherit the mask of the thread that starts them.
+func pinSelf(cpu int) error {
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return err
+	}
+	var set unix.CPUSet
+	set.Set(cpu)
+	for _, t := range tasks {
+		tid, err := strconv.Atoi(t.Name())
+		if err != nil {
+			continue
+		}
+		if err := unix.SchedSetaffinity(tid, &set); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("pin thread %d to CPU %d: %w", tid, cpu, err)
+		}
+	}
+	return nil
+}
+
+// cpu returns the CPU time the child has used so far.
+func (c *child) cpu() (time.Duration, error) { return procCPU(c.cmd.Process.Pid) }
+
+// stop ends the child (SIGTERM, then SIGKILL after 5 s) and waits for it.
+func (c *child) stop() {
+	if c == nil || c.cmd.Process == nil {
+		return
+	}
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = c.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-done
+	}
+}
+
+// procCPU returns the user and system CPU time of process pid, all its
+// threads, from /proc/PID/stat.
+func procCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	return parseStatCPU(b)
+}
+
+// clockTick is USER_HZ: /proc reports CPU times in ticks of 10 ms on Linux
+// whatever the kernel's HZ.
+const clockTick = 10 * time.Millisecond
+
+// parseStatCPU returns utime+stime of a /proc/PID/stat line. The command
+// name, field 2, is in parentheses and may hold spaces and parentheses, so
+// fields are counted from the last ')': utime and stime are fields 14 and
+// 15 of the line, the 12th and 13th after it.
+func parseStatCPU(stat []byte) (time.Duration, error) {
+	s := string(stat)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, errors.New("proc stat: no command name")
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("proc stat: %d fields after the command name, want at least 13", len(f))
+	}
+	ut, err1 := strconv.ParseUint(f[11], 10, 64)
+	st, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, fmt.Errorf("proc stat: %w", err)
+	}
+	return time.Duration(ut+st) * clockTick, nil
+}

@@ -1,0 +1,99 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// formatTable renders the rows and the ratios the targets are
+// stated in, all from this run: (4)'s host CPU per request against (1)'s,
+// and each path's loaded throughput against its unloaded one.
+func formatTable(rows []row) string {
+	var sb strings.Builder
+	tw := tabwriter.NewWriter(&sb, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "path\thost load\treq/s\tp50 µs\tp99 µs\thost CPU µs/req\tDPU CPU µs/req\tloaded/unloaded req/s\t(1)/this host CPU\twrong\tfailed\tretrans\t")
+	find := func(num int, loaded bool) (row, bool) {
+		for _, r := range rows {
+			if r.path.num == num && r.loaded == loaded && r.measured() {
+				return r, true
+			}
+		}
+		return row{}, false
+	}
+	var notes []string
+	for _, r := range rows {
+		load := "none"
+		if r.loaded {
+			load = "80%"
+		}
+		name := fmt.Sprintf("(%d) %s", r.path.num, r.path.name)
+		if !r.measured() {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t\t\t\t\t\t\t\t\t\t\n", name, load, "not measured")
+			notes = append(notes, fmt.Sprintf("(%d) with host load %s: %s", r.path.num, load, r.note))
+			continue
+		}
+		dpu := "-"
+		if r.path.num == 4 {
+			dpu = us(r.perReq(r.dpuCPU))
+		}
+		ratio := "-"
+		if r.loaded {
+			if u, ok := find(r.path.num, false); ok && u.rps > 0 {
+				ratio = fmt.Sprintf("%.0f%%", 100*r.rps/u.rps)
+			}
+		}
+		vs1 := "-"
+		if one, ok := find(1, r.loaded); ok && r.hostCPU > 0 {
+			vs1 = fmt.Sprintf("%.1fx", float64(one.perReq(one.hostCPU))/float64(r.perReq(r.hostCPU)))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t\n", name, load, r.rps, us(r.p50), us(r.p99),
+			us(r.perReq(r.hostCPU)), dpu, ratio, vs1, r.wrong, r.failed, r.retrans)
+		if r.loaded {
+			notes = append(notes, fmt.Sprintf("(%d) with host load: the busy loop got %.0f%% of CPU %d", r.path.num, 100*r.busy, hostCPU))
+		}
+	}
+	_ = tw.Flush()
+	for _, loaded := range []bool{false, true} {
+		one, ok1 := find(1, loaded)
+		four, ok4 := find(4, loaded)
+		load := "unloaded"
+		if loaded {
+			load = "80% host load"
+		}
+		if !ok1 || !ok4 || four.hostCPU == 0 {
+			fmt.Fprintf(&sb, "target (4) host CPU per request ≥ 5x less than (1), %s: not measured\n", load)
+			continue
+		}
+		x := float64(one.perReq(one.hostCPU)) / float64(four.perReq(four.hostCPU))
+		fmt.Fprintf(&sb, "target (4) host CPU per request ≥ 5x less than (1), %s: %.1fx (%s)\n", load, x, met(x >= 5))
+	}
+	for _, num := range []int{1, 3, 4} {
+		u, oku := find(num, false)
+		l, okl := find(num, true)
+		if !oku || !okl || u.rps == 0 {
+			fmt.Fprintf(&sb, "(%d) throughput kept under 80%% host load: not measured\n", num)
+			continue
+		}
+		k := l.rps / u.rps
+		if num == 4 {
+			fmt.Fprintf(&sb, "target (4) keeps ≥ 90%% of its unloaded throughput under load: %.0f%% (%s)\n", 100*k, met(k >= 0.9))
+		} else {
+			fmt.Fprintf(&sb, "(%d) keeps %.0f%% of its unloaded throughput under load\n", num, 100*k)
+		}
+	}
+	for _, n := range notes {
+		fmt.Fprintln(&sb, n)
+	}
+	return sb.String()
+}
+
+func us(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d)/float64(time.Microsecond)) }
+
+func met(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "not met"
+}
