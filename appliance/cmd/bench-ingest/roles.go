@@ -11,6 +11,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
+	"runtime/pprof"
 	"time"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest"
@@ -24,6 +26,19 @@ import (
 
 // runRole runs this process as one role of the bench, until SIGTERM.
 func runRole(ctx context.Context, role string) error {
+	// BENCH_INGEST_PROFILE=DIR writes each role's CPU profile to
+	// DIR/ROLE-PID.pprof, to see where a request's host or DPU CPU goes.
+	if dir := os.Getenv("BENCH_INGEST_PROFILE"); dir != "" {
+		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("%s-%d.pprof", role, os.Getpid())))
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	switch role {
 	case "tcp-server":
 		return roleTCPServer(ctx)
