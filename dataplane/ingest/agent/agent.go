@@ -45,6 +45,8 @@ type Agent struct {
 
 	stats counters
 	lat   latencies
+
+	toClients, toHost *outbox
 }
 
 type modelState struct {
@@ -128,6 +130,8 @@ func New(cfg Config) (*Agent, error) {
 		a.models[m.Name] = ms
 	}
 	a.lat.init(4096)
+	a.toClients = newOutbox(cfg.Clients, "clients", cfg.Logger, &a.stats.resultDatagrams, &a.stats.sendErrors)
+	a.toHost = newOutbox(cfg.Host, "host", cfg.Logger, nil, &a.stats.sendErrors)
 	return a, nil
 }
 
@@ -138,6 +142,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	errc := make(chan error, 2)
+	senders, stopSenders := context.WithCancel(context.Background())
+	var swg sync.WaitGroup
+	swg.Add(2)
+	go func() { defer swg.Done(); a.toClients.run(senders) }()
+	go func() { defer swg.Done(); a.toHost.run(senders) }()
+	defer func() { stopSenders(); swg.Wait() }()
 	wg.Add(3)
 	go func() { defer wg.Done(); errc <- a.receiveClients(ctx) }()
 	go func() { defer wg.Done(); errc <- a.receiveHost(ctx) }()
@@ -186,7 +196,9 @@ func (a *Agent) receiveClients(ctx context.Context) error {
 			out = a.inputLocked(now, p.Addr, p.Data, out)
 		}
 		a.mu.Unlock()
-		a.sendClients(out)
+		if len(out) > 0 {
+			a.toClients.push(out...)
+		}
 	}
 }
 
@@ -201,22 +213,6 @@ func makePackets(n, size int) []transport.Packet {
 func resetPackets(pkts []transport.Packet) {
 	for i := range pkts {
 		pkts[i].Data = pkts[i].Data[:cap(pkts[i].Data)]
-	}
-}
-
-func (a *Agent) sendClients(out []transport.Packet) {
-	for len(out) > 0 {
-		n, err := a.cfg.Clients.Send(out)
-		a.stats.resultDatagrams.Add(uint64(n))
-		if err == nil {
-			return
-		}
-		a.stats.sendErrors.Add(1)
-		a.cfg.Logger.Debug("send to client", "to", out[n].Addr, "err", err)
-		if errors.Is(err, transport.ErrClosed) {
-			return
-		}
-		out = out[n+1:]
 	}
 }
 
@@ -472,11 +468,7 @@ func (a *Agent) ringLocked(r *request) {
 }
 
 func (a *Agent) sendHost(to netip.AddrPort, c *ingest.Ctrl) {
-	b := ingest.AppendCtrl(make([]byte, 0, 96), c)
-	if _, err := a.cfg.Host.Send([]transport.Packet{{Addr: to, Data: b}}); err != nil {
-		a.stats.sendErrors.Add(1)
-		a.cfg.Logger.Debug("send to host", "op", c.Op, "err", err)
-	}
+	a.toHost.push(transport.Packet{Addr: to, Data: ingest.AppendCtrl(make([]byte, 0, 96), c)})
 }
 
 // receiveHost reads registrations and completions from the host agent.
@@ -679,7 +671,7 @@ func (a *Agent) finishLocked(r *request, res *ingest.Result, err error) {
 	for _, f := range frags {
 		out = append(out, transport.Packet{Addr: r.key.addr, Data: f})
 	}
-	go a.sendClients(out)
+	a.toClients.push(out...)
 }
 
 // encodeResult cuts a result (or error) into datagrams.
