@@ -43,6 +43,7 @@ var (
 	concurrency  = flag.Int("concurrency", 8, "closed-loop requests outstanding (TCP: connections)")
 	role         = flag.String("role", "", "internal: run as one role of the bench (set by the bench itself)")
 	handleSocket = flag.String("handle-socket", "", "internal: the host agent's handle socket")
+	executor     = flag.String("executor", "", "internal: the executor's socket (set by the bench)")
 	size         = new(int)
 )
 
@@ -63,6 +64,15 @@ const (
 	hostCPU = 0
 	dpuCPU  = 1
 )
+
+// gpuCPU is where the executor, the GPU's stand-in, computes: a CPU of its
+// own where the machine has a third, else the DPU's.
+func gpuCPU() int {
+	if runtime.NumCPU() >= 3 {
+		return 2
+	}
+	return dpuCPU
+}
 
 func main() {
 	flag.Parse()
@@ -116,10 +126,14 @@ func run(ctx context.Context) error {
 	if err := testbed.SetMTU(spec, mtu); err != nil {
 		return err
 	}
+	if err := steerReceive(spec, map[string]int{"gpu0": hostCPU, "dpu2": dpuCPU, "client": dpuCPU}); err != nil {
+		return err
+	}
 	host, _ := os.Hostname()
 	fmt.Printf("testbed %q, MTU %d, on %s (%d CPUs, %s/%s); model %s, %s inputs, %d outstanding, %v per row\n",
 		spec.Prefix, mtu, host, runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, *modelName, farmem.Size(*size), *concurrency, *duration)
-	fmt.Printf("CPU %d: gpu0's processes (TCP server, UDP receiver, host agent) and the background load; CPU %d: dpu2's agent and the client\n", hostCPU, dpuCPU)
+	fmt.Printf("CPU %d: gpu0's processes (TCP server, UDP receiver, host agent), its network receive work (RPS) and the background load; CPU %d: dpu2's agent and the client; CPU %d: the executor that runs the models (the GPU's stand-in)\n", hostCPU, dpuCPU, gpuCPU())
+	fmt.Println("host CPU per request: CPU 0's busy time (soft interrupts included) less the background load's, per completed request; the machine must be otherwise quiet")
 	b := &bench{spec: spec, dir: dir}
 	var rows []row
 	for _, p := range paths {
@@ -137,7 +151,7 @@ func run(ctx context.Context) error {
 	fmt.Println()
 	fmt.Print(formatTable(rows))
 	if c, err := modelCost(); err == nil {
-		fmt.Printf("the model alone (%s on %s, CPU reference on CPU %d, input hot in cache, unloaded): %.1f µs per input; the shm device computes on the host, so every path's host CPU includes it\n",
+		fmt.Printf("the model alone (%s on %s, CPU reference on CPU %d, input hot in cache, unloaded): %.1f µs per input; it runs in the executor (the GPU's stand-in), not on the host CPU\n",
 			*modelName, farmem.Size(*size), hostCPU, float64(c)/float64(time.Microsecond))
 	} else {
 		fmt.Printf("the model alone: not measured: %v\n", err)

@@ -170,3 +170,54 @@ func parseStatCPU(stat []byte) (time.Duration, error) {
 	}
 	return time.Duration(ut+st) * clockTick, nil
 }
+
+// steerReceive makes each node's kernel receive work run on that node's
+// CPU. On veth the stack's receive path runs on the sending CPU, so the
+// GPU host's TCP and UDP receive work would be charged to the client's CPU
+// and the DPU's to the host's. Receive packet steering (RPS) on every
+// interface of a node moves that work onto the node's CPU, as a NIC's
+// interrupt on the receiving host would.
+func steerReceive(spec testbed.Spec, cpus map[string]int) error {
+	for node, cpu := range cpus {
+		ns := spec.Namespace(node)
+		script := fmt.Sprintf(`for q in /sys/class/net/*/queues/rx-*/rps_cpus; do case $q in */lo/*) ;; *) echo %x > $q ;; esac; done`, 1<<cpu)
+		if out, err := exec.Command("ip", "netns", "exec", ns, "sh", "-c", script).CombinedOutput(); err != nil {
+			return fmt.Errorf("RPS in %s: %v: %s", node, err, out)
+		}
+	}
+	return nil
+}
+
+// cpuBusy is how long cpu has been busy since boot (/proc/stat: user,
+// nice, system, irq, softirq and steal), soft interrupts included, which
+// per-process times leave out.
+func cpuBusy(cpu int) (time.Duration, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, err
+	}
+	return parseCPUBusy(string(b), cpu)
+}
+
+func parseCPUBusy(stat string, cpu int) (time.Duration, error) {
+	want := fmt.Sprintf("cpu%d ", cpu)
+	for _, line := range strings.Split(stat, "\n") {
+		if !strings.HasPrefix(line, want) {
+			continue
+		}
+		f := strings.Fields(line)
+		if len(f) < 9 {
+			return 0, fmt.Errorf("/proc/stat: short line %q", line)
+		}
+		var ticks uint64
+		for _, i := range []int{1, 2, 3, 6, 7, 8} { // user nice system irq softirq steal
+			v, err := strconv.ParseUint(f[i], 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("/proc/stat: %q: %w", line, err)
+			}
+			ticks += v
+		}
+		return time.Duration(ticks) * clockTick, nil
+	}
+	return 0, fmt.Errorf("/proc/stat has no line for CPU %d", cpu)
+}

@@ -50,6 +50,8 @@ func runRole(ctx context.Context, role string) error {
 		return roleHostAgent(ctx)
 	case "busy":
 		return roleBusy(ctx)
+	case "executor":
+		return roleExecutor(ctx)
 	}
 	return fmt.Errorf("unknown role %q", role)
 }
@@ -83,7 +85,7 @@ func roleTCPServer(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	dev := devmem.NewShm(devmem.Info{})
+	dev := devmem.NewShmWith(devmem.Info{}, devmem.ShmOptions{Executor: *executor})
 	defer dev.Close()
 	ready()
 	go func() { <-ctx.Done(); ln.Close() }()
@@ -179,7 +181,7 @@ func roleUDPHost(ctx context.Context) error {
 		return err
 	}
 	defer tr.Close()
-	dev := devmem.NewShm(devmem.Info{})
+	dev := devmem.NewShmWith(devmem.Info{}, devmem.ShmOptions{Executor: *executor})
 	defer dev.Close()
 	in, err := dev.Alloc(*size)
 	if err != nil {
@@ -244,7 +246,7 @@ func roleHostAgent(ctx context.Context) error {
 	}
 	defer tr.Close()
 	h, err := hostagent.New(hostagent.Config{Transport: tr, DPU: netip.MustParseAddrPort(dpuHostAddr),
-		Devices: []devmem.Device{devmem.NewShm(devmem.Info{Index: 0})}, Cards: []string{"H100-80GB"},
+		Devices: []devmem.Device{devmem.NewShmWith(devmem.Info{Index: 0}, devmem.ShmOptions{Executor: *executor})}, Cards: []string{"H100-80GB"},
 		HandleSocket: *handleSocket, Models: []*model.Model{m}, Logger: stderrLogger()})
 	if err != nil {
 		return err
@@ -287,4 +289,21 @@ const (
 
 func stderrLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+// roleExecutor runs the models for the host side's shared-memory devices,
+// as a GPU's engines would: its CPU time is the device's, not the host's.
+func roleExecutor(ctx context.Context) error {
+	os.Remove(*executor)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: *executor, Net: "unix"})
+	if err != nil {
+		return err
+	}
+	var models []*model.Model
+	for _, name := range model.BuiltinNames() {
+		m, _ := model.Builtin(name)
+		models = append(models, m)
+	}
+	ready()
+	return devmem.ServeExecutor(ctx, ln, models)
 }

@@ -67,3 +67,14 @@ func TestFormatTable(t *testing.T) {
 		}
 	}
 }
+
+func TestParseCPUBusy(t *testing.T) {
+	stat := "cpu  10 0 5 100 0 0 0 0 0 0\ncpu0 100 2 30 900 7 1 4 3 0 0\ncpu1 1 1 1 1 1 1 1 1 0 0\n"
+	got, err := parseCPUBusy(stat, 0)
+	if want := 140 * clockTick; err != nil || got != want { // 100+2+30+1+4+3
+		t.Errorf("cpu0: %v %v, want %v", got, err, want)
+	}
+	if _, err := parseCPUBusy(stat, 2); err == nil {
+		t.Error("cpu2: no error for a CPU /proc/stat does not list")
+	}
+}

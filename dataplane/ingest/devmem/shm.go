@@ -16,6 +16,8 @@ import (
 // It stands in for a GPU on the testbed and in CI.
 type Shm struct {
 	info Info
+	exec *executorConn // nil: models run in this process
+	ids  uint32
 
 	mu      sync.Mutex
 	buffers map[*shmBuffer]struct{}
@@ -25,11 +27,28 @@ type Shm struct {
 // NewShm returns a shared-memory device described by info (Kind is set to
 // KindShm; Name defaults to "shm").
 func NewShm(info Info) *Shm {
+	return NewShmWith(info, ShmOptions{})
+}
+
+// ShmOptions configure a shared-memory device.
+type ShmOptions struct {
+	// Executor is the unix socket of an executor process (ServeExecutor)
+	// that runs the models, as a GPU's engines would, off the CPU of the
+	// process that calls Run. "": Run computes in the caller.
+	Executor string
+}
+
+// NewShmWith returns a shared-memory device with options.
+func NewShmWith(info Info, opts ShmOptions) *Shm {
 	info.Kind = KindShm
 	if info.Name == "" {
 		info.Name = "shm"
 	}
-	return &Shm{info: info, buffers: map[*shmBuffer]struct{}{}}
+	d := &Shm{info: info, buffers: map[*shmBuffer]struct{}{}}
+	if opts.Executor != "" {
+		d.exec = &executorConn{path: opts.Executor}
+	}
+	return d
 }
 
 // Info implements Device.
@@ -58,7 +77,8 @@ func (d *Shm) Alloc(size int) (Buffer, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("shm alloc: mmap %d bytes: %w", size, err)
 	}
-	b := &shmBuffer{dev: d, fd: fd, mem: mem}
+	d.ids++
+	b := &shmBuffer{dev: d, fd: fd, mem: mem, id: d.ids}
 	d.buffers[b] = struct{}{}
 	return b, nil
 }
@@ -83,6 +103,9 @@ func (d *Shm) Run(m *model.Model, in Buffer, inLen int, out Buffer) (int, error)
 	if n := m.OutputSize(inLen); n > len(ob.mem) {
 		return 0, fmt.Errorf("shm run %s: output of %d bytes does not fit the %d-byte output buffer", m.Name, n, len(ob.mem))
 	}
+	if d.exec != nil {
+		return d.exec.run(m, ib, ob, inLen)
+	}
 	return m.Reference(ib.mem[:inLen], ob.mem), nil
 }
 
@@ -92,6 +115,9 @@ func (d *Shm) Close() error {
 	bufs := d.buffers
 	d.buffers, d.closed = nil, true
 	d.mu.Unlock()
+	if d.exec != nil {
+		d.exec.close()
+	}
 	for b := range bufs {
 		b.release()
 	}
@@ -100,6 +126,7 @@ func (d *Shm) Close() error {
 
 type shmBuffer struct {
 	dev  *Shm
+	id   uint32 // the executor's name for it
 	fd   int
 	mem  []byte
 	once sync.Once
