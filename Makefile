@@ -113,8 +113,9 @@ bench-mem: ## far memory on its own netns testbed (root): chunk reads and writes
 	$(GO) run ./appliance/cmd/bench-mem -lovelockd $(BIN)/lovelockd $(BENCH_MEM_FLAGS)
 
 .PHONY: bench-ingest
-bench-ingest: ## accelerator ingest on its own netns testbed (root): Conspirator's TCP server vs host UDP vs through the DPU agent, host CPU per request, unloaded and with 80% host load
-	$(GO) run ./appliance/cmd/bench-ingest $(BENCH_INGEST_FLAGS)
+bench-ingest: ## accelerator ingest on its own netns testbed (root): Conspirator's TCP server vs host UDP vs through the DPU agent, host CPU per request, unloaded and with 80% host load, 64 KiB and 1 MiB inputs
+	$(GO) run ./appliance/cmd/bench-ingest -size 64KiB $(BENCH_INGEST_FLAGS)
+	$(GO) run ./appliance/cmd/bench-ingest -size 1MiB $(BENCH_INGEST_FLAGS)
 
 .PHONY: bench-graph
 bench-graph: ## graph apps (BFS, PageRank, CC, Radii, BC) over far memory on its own netns testbed (root): time and fabric bytes direct vs through the DPU agent
