@@ -20,9 +20,19 @@ var ErrBudget = errors.New("exact solver: node budget exhausted")
 // so a job opens only the lowest-numbered unused one. The bound is the cost so
 // far plus the misses no start can avoid any more. maxNodes bounds the search
 // (0: 50 million); the error then wraps ErrBudget.
+//
+// GPUs already open cost nothing to use; a job starts also when fixed
+// occupancy (Instance.Busy) in its way ends, and the lowest-numbered unused
+// GPU it may open is the first one after them.
 func Solve(in *Instance, maxNodes int) (int, []Slot, error) {
+	cost, sched, _, err := solve(in, maxNodes)
+	return cost, sched, err
+}
+
+// solve is Solve, also returning the nodes it searched.
+func solve(in *Instance, maxNodes int) (int, []Slot, int, error) {
 	if err := in.check(); err != nil {
-		return 0, nil, err
+		return 0, nil, 0, err
 	}
 	if maxNodes <= 0 {
 		maxNodes = 50_000_000
@@ -38,14 +48,17 @@ func Solve(in *Instance, maxNodes int) (int, []Slot, error) {
 			b.mask[i] = append(b.mask[i], p.Mask(s))
 		}
 	}
-	b.search(0, 0, -1, 0, 0)
+	width := n + len(in.Busy)
+	b.times = make([]int, (n+1)*width)
+	b.width = width
+	b.search(0, 0, -1, in.Open, 0)
 	if b.nodes > maxNodes {
-		return 0, nil, fmt.Errorf("%d jobs, %d GPUs: %w", n, in.GPUs, ErrBudget)
+		return 0, nil, b.nodes, fmt.Errorf("%d jobs, %d GPUs: %w", n, in.GPUs, ErrBudget)
 	}
 	if b.bestSched == nil {
-		return 0, nil, fmt.Errorf("exact solver: no schedule found")
+		return 0, nil, b.nodes, fmt.Errorf("exact solver: no schedule found")
 	}
-	return b.best, b.bestSched, nil
+	return b.best, b.bestSched, b.nodes, nil
 }
 
 type bnb struct {
@@ -58,6 +71,8 @@ type bnb struct {
 	size      []int
 	nodes     int
 	maxNodes  int
+	times     []int // candidate start times, width per depth
+	width     int
 }
 
 // free reports whether job i fits on GPU g at start index si from time t.
@@ -69,6 +84,11 @@ func (b *bnb) free(i, g, si, t int) bool {
 			continue
 		}
 		if b.mask[k][a.Start]&m != 0 && t < a.Time+b.in.Jobs[k].Duration && a.Time < end {
+			return false
+		}
+	}
+	for _, bz := range b.in.Busy {
+		if bz.GPU == g && bz.Mask&m != 0 && t < bz.Until {
 			return false
 		}
 	}
@@ -104,7 +124,7 @@ func (b *bnb) search(depth, lastT, lastJob, used, cost int) {
 		return
 	}
 	// Candidate start times: releases and ends, not before lastT.
-	var times [64]int
+	times := b.times[depth*b.width : (depth+1)*b.width]
 	nt := 0
 	add := func(t int) {
 		if t < lastT {
@@ -115,10 +135,11 @@ func (b *bnb) search(depth, lastT, lastJob, used, cost int) {
 				return
 			}
 		}
-		if nt < len(times) {
-			times[nt] = t
-			nt++
-		}
+		times[nt] = t
+		nt++
+	}
+	for _, bz := range in.Busy {
+		add(bz.Until)
 	}
 	for i, j := range in.Jobs {
 		if !b.placed[i] {
@@ -145,7 +166,7 @@ func (b *bnb) search(depth, lastT, lastJob, used, cost int) {
 			}
 			for g := 0; g <= used && g < in.GPUs; g++ {
 				open := 0
-				if g == used {
+				if g == used { // used ≥ in.Open: a GPU not open yet
 					open = in.Weights.GPU
 				}
 				if cost+miss+open >= b.best {
