@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/mig"
 )
 
 // ErrBudget is returned when the exact solver runs out of its node budget.
@@ -25,12 +27,16 @@ var ErrBudget = errors.New("exact solver: node budget exhausted")
 // occupancy (Instance.Busy) in its way ends, and the lowest-numbered unused
 // GPU it may open is the first one after them.
 func Solve(in *Instance, maxNodes int) (int, []Slot, error) {
-	cost, sched, _, err := solve(in, maxNodes)
+	cost, sched, _, err := solve(in, maxNodes, nil)
 	return cost, sched, err
 }
 
-// solve is Solve, also returning the nodes it searched.
-func solve(in *Instance, maxNodes int) (int, []Slot, int, error) {
+// solve is Solve, also returning the nodes it searched. If frag is not nil
+// (fragmentation per GPU state, fragTable), it tries a job's start slots
+// least fragmenting first: the cost found is the same, but among optima the
+// one found first, and kept, leaves GPUs less fragmented for the requests
+// that have not arrived yet.
+func solve(in *Instance, maxNodes int, frag *[numStates]float64) (int, []Slot, int, error) {
 	if err := in.check(); err != nil {
 		return 0, nil, 0, err
 	}
@@ -38,7 +44,7 @@ func solve(in *Instance, maxNodes int) (int, []Slot, int, error) {
 		maxNodes = 50_000_000
 	}
 	n := len(in.Jobs)
-	b := &bnb{in: in, best: math.MaxInt, cur: make([]Slot, n), placed: make([]bool, n), maxNodes: maxNodes}
+	b := &bnb{in: in, best: math.MaxInt, cur: make([]Slot, n), placed: make([]bool, n), maxNodes: maxNodes, frag: frag}
 	b.mask = make([][]uint8, n)
 	b.size = make([]int, n)
 	for i, j := range in.Jobs {
@@ -73,6 +79,38 @@ type bnb struct {
 	maxNodes  int
 	times     []int // candidate start times, width per depth
 	width     int
+	frag      *[numStates]float64
+}
+
+// order returns job i's start indices on GPU g at time t, least fragmenting
+// first when b.frag is set (slot order otherwise).
+func (b *bnb) order(i, g, t int, out *[mig.MemorySlices]int) []int {
+	ms := b.mask[i]
+	o := out[:len(ms)]
+	for k := range o {
+		o[k] = k
+	}
+	if b.frag == nil || len(o) < 2 {
+		return o
+	}
+	var occ uint8 // slices of g taken at t
+	for k, a := range b.cur {
+		if b.placed[k] && a.GPU == g && a.Time <= t && t < a.Time+b.in.Jobs[k].Duration {
+			occ |= b.mask[k][a.Start]
+		}
+	}
+	for _, bz := range b.in.Busy {
+		if bz.GPU == g && t < bz.Until {
+			occ |= bz.Mask
+		}
+	}
+	f := func(k int) float64 { return b.frag[occ|ms[k]] }
+	for x := 1; x < len(o); x++ {
+		for y := x; y > 0 && f(o[y]) < f(o[y-1])-1e-9; y-- {
+			o[y], o[y-1] = o[y-1], o[y]
+		}
+	}
+	return o
 }
 
 // free reports whether job i fits on GPU g at start index si from time t.
@@ -172,7 +210,8 @@ func (b *bnb) search(depth, lastT, lastJob, used, cost int) {
 				if cost+miss+open >= b.best {
 					continue
 				}
-				for si := range b.mask[i] {
+				var buf [mig.MemorySlices]int
+				for _, si := range b.order(i, g, t, &buf) {
 					if !b.free(i, g, si, t) {
 						continue
 					}

@@ -146,27 +146,36 @@ func (in *Instance) Requests() []Request {
 // Heuristic runs the instance through the simulator with policy p and
 // returns its schedule, checked and costed by Cost.
 func (in *Instance) Heuristic(p Policy) (int, []Slot, error) {
-	res, err := Simulate(Config{Policy: p, Fleet: []Fleet{{Card: in.Card.Name, Count: in.GPUs}}},
-		in.Requests(), SimOptions{Assignments: true, Weights: in.Weights})
+	cost, sched, _, err := in.Run(Config{Policy: p}, SimOptions{})
+	return cost, sched, err
+}
+
+// Run is Heuristic with a whole configuration (its fleet is the instance's)
+// and simulator options; it also returns the simulator's result.
+func (in *Instance) Run(cfg Config, opt SimOptions) (int, []Slot, Result, error) {
+	p := cfg.Policy
+	cfg.Fleet = []Fleet{{Card: in.Card.Name, Count: in.GPUs}}
+	opt.Assignments, opt.Weights = true, in.Weights
+	res, err := Simulate(cfg, in.Requests(), opt)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, res, err
 	}
 	sched := make([]Slot, len(in.Jobs))
 	for i := range in.Jobs {
 		a, ok := res.Assignment[uint64(i+1)]
 		if !ok {
-			return 0, nil, fmt.Errorf("%s left job %d unplaced", p, i)
+			return 0, nil, res, fmt.Errorf("%s left job %d unplaced", p, i)
 		}
 		if p == Naive {
-			return 0, nil, fmt.Errorf("naive changes the jobs' profiles; its schedule is not one of the instance")
+			return 0, nil, res, fmt.Errorf("naive changes the jobs' profiles; its schedule is not one of the instance")
 		}
 		sched[i] = Slot{GPU: a.GPU, Start: a.Placement.Start, Time: int(a.Start / time.Second)}
 	}
 	cost, err := in.Cost(sched)
 	if err != nil {
-		return 0, nil, fmt.Errorf("%s: infeasible schedule: %w", p, err)
+		return 0, nil, res, fmt.Errorf("%s: infeasible schedule: %w", p, err)
 	}
-	return cost, sched, nil
+	return cost, sched, res, nil
 }
 
 // GenOptions shape random small instances.

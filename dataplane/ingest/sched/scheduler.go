@@ -44,6 +44,9 @@ type reservation struct {
 	at     time.Duration // expected start
 	end    time.Duration // expected end
 	latest time.Duration // its latest start: it may yield to backfill until then
+	// planned by the windowed planner: it waits for this slot even past its
+	// latest start (the plan priced that miss) instead of deciding anew.
+	planned bool
 }
 
 type gpuState struct {
@@ -82,6 +85,8 @@ type Scheduler struct {
 
 	waiting  map[uint64]reservation // told to wait (ErrWait), not placed since
 	resvGPUs bucket                 // GPUs with reserved slices
+
+	plans PlanStats
 
 	learn     bool
 	mixCount  []float64
@@ -245,7 +250,7 @@ func (s *Scheduler) Place(r *Request, now time.Duration) (Assignment, error) {
 		// Its slot must be free of instances and of requests queued on it
 		// before this one.
 		busy := s.gpus[rv.gpu].st.Used()&rv.mask != 0 || s.queuedAhead(r.ID, rv)
-		if busy && s.LatestStart(r, now) > now {
+		if busy && (rv.planned || s.LatestStart(r, now) > now) {
 			return Assignment{}, fmt.Errorf("request %d: its slot on GPU %d is still busy: %w", r.ID, rv.gpu, ErrWait)
 		}
 		s.unreserve(r.ID)
