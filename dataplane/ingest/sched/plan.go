@@ -55,6 +55,14 @@ type PlanStats struct {
 // Plans returns what the windowed planner did so far.
 func (s *Scheduler) Plans() PlanStats { return s.plans }
 
+// canPlan reports, in O(1), whether a window of n requests is within the
+// planner's bounds now: the Dispatcher asks before it builds one.
+func (s *Scheduler) canPlan(n int) bool {
+	maxReqs, maxGPUs, _ := s.cfg.Window.limits()
+	return s.cfg.Policy == Lovelock && maxReqs >= 0 && n > 0 && n <= maxReqs && s.inUse <= maxGPUs &&
+		len(s.cards) == 1 && len(s.waiting) <= n
+}
+
 // plan places reqs, which have all arrived by now, with the exact solver
 // against the running instances. ok is false, and nothing changed, when the
 // window is out of the planner's bounds (Config.Window), a request is not
@@ -64,9 +72,8 @@ func (s *Scheduler) Plans() PlanStats { return s.plans }
 // those free. Existing reservations must all belong to requests in reqs,
 // which are planned afresh.
 func (s *Scheduler) plan(reqs []*Request, now time.Duration) (placed []Placed, ok bool, err error) {
-	maxReqs, maxGPUs, maxNodes := s.cfg.Window.limits()
-	if s.cfg.Policy != Lovelock || maxReqs < 0 || len(reqs) == 0 || len(reqs) > maxReqs ||
-		s.inUse > maxGPUs || len(s.cards) != 1 || len(s.waiting) > len(reqs) {
+	_, _, maxNodes := s.cfg.Window.limits()
+	if !s.canPlan(len(reqs)) {
 		return nil, false, nil
 	}
 	cs := &s.cards[0]
