@@ -9,8 +9,9 @@ import (
 
 // Placer is the scheduler's decision interface: Place for each arrival,
 // Release for each completion. *Scheduler implements it. The ingest agent
-// (not built yet) should drive a Dispatcher, which adds the queue of
-// requests that found no room or were told to wait, and retries them.
+// drives a Dispatcher (one per pool), which adds the queue of requests that
+// found no room or were told to wait, retries them, and plans small windows
+// exactly.
 type Placer interface {
 	Place(r *Request, now time.Duration) (Assignment, error)
 	Release(id uint64) error
