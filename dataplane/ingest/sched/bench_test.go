@@ -4,6 +4,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/mig"
 )
 
 // BenchmarkPlace measures one arrival and one completion on a fleet of 1000
@@ -40,4 +42,45 @@ func BenchmarkPlace(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkPlanWindow measures the windowed planner on a batch of six
+// requests arriving together at three empty H100s (the gap table's window
+// class): one op is one batch, planned or, over budget, placed one by one.
+func BenchmarkPlanWindow(b *testing.B) {
+	rng := rand.New(rand.NewPCG(2, 2026))
+	var batches [][]Request
+	for range 64 {
+		in, err := Generate(rng, GenOptions{Card: "H100-80GB", Jobs: 6, GPUs: 3, Releases: 0, MaxDur: 4, MaxSlack: 4})
+		if err != nil {
+			b.Fatal(err)
+		}
+		batches = append(batches, in.Requests())
+	}
+	card, err := mig.CardByName("H100-80GB")
+	if err != nil {
+		b.Fatal(err)
+	}
+	// A fixed mix: the learned one is recomputed at the first arrivals.
+	cfg := Config{Policy: Lovelock, Fleet: []Fleet{{"H100-80GB", 3}}, Mix: uniformMix(&card)}
+	nodes := 0
+	b.ResetTimer()
+	for i := range b.N {
+		b.StopTimer()
+		d, err := NewDispatcher(cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		reqs := batches[i%len(batches)]
+		batch := make([]*Request, len(reqs))
+		for k := range reqs {
+			batch[k] = &reqs[k]
+		}
+		b.StartTimer()
+		if _, err := d.Arrive(0, batch, nil); err != nil {
+			b.Fatal(err)
+		}
+		nodes += d.Scheduler().Plans().Nodes
+	}
+	b.ReportMetric(float64(nodes)/float64(b.N), "nodes/op")
 }

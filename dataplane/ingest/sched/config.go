@@ -106,4 +106,8 @@ type Config struct {
 	// on every card), the target workload of the fragmentation measure. Nil:
 	// learned from the arrivals.
 	Mix []float64
+	// Window bounds Lovelock's windowed planner: requests that wait together
+	// are planned exactly while they and the GPUs in use are few. The zero
+	// value is the default; Window{Requests: -1} turns it off.
+	Window Window
 }

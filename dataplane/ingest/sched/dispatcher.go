@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 )
@@ -27,8 +28,10 @@ type Dispatcher struct {
 	full  []int
 	round int
 
-	// OnDecision, if set, gets the duration of every Place on an arrival.
+	// OnDecision, if set, gets the decision time of every arrival: its
+	// Place, or the windowed plan that placed it.
 	OnDecision func(time.Duration)
+	pending    time.Duration // a plan given up, counted with the next Place
 }
 
 // Placed reports one request that got an instance.
@@ -69,6 +72,13 @@ func (d *Dispatcher) NextTimer() (time.Duration, bool) {
 // or are told to wait, are queued; those no card can ever serve are
 // returned, with the error saying why (wrapping ErrUnfit).
 func (d *Dispatcher) Arrive(now time.Duration, batch []*Request, placed func(Placed)) ([]error, error) {
+	var refused []error
+	if d.s.cfg.Policy == Lovelock && len(batch) > 0 && len(batch)+len(d.queue) > 1 {
+		var err error
+		if batch, refused, err = d.planWindow(now, batch, placed); err != nil || batch == nil {
+			return refused, err
+		}
+	}
 	if d.s.cfg.Policy == Lovelock && len(batch) > 1 {
 		// Tightest deadline first (a request with slack can wait for one
 		// without), largest first among equals (first-fit decreasing).
@@ -80,13 +90,13 @@ func (d *Dispatcher) Arrive(now time.Duration, batch []*Request, placed func(Pla
 			return d.s.size(batch[a]) > d.s.size(batch[b])
 		})
 	}
-	var refused []error
 	for _, r := range batch {
 		t0 := time.Now()
 		a, err := d.s.Place(r, now)
 		if d.OnDecision != nil {
-			d.OnDecision(time.Since(t0))
+			d.OnDecision(time.Since(t0) + d.pending)
 		}
+		d.pending = 0
 		switch {
 		case err == nil:
 			if placed != nil {
@@ -104,12 +114,77 @@ func (d *Dispatcher) Arrive(now time.Duration, batch []*Request, placed func(Pla
 	return refused, nil
 }
 
+// planWindow plans the queue and the fitting arrivals together with the
+// exact solver (Scheduler.plan), when the window is small enough. It returns
+// the arrivals left to the heuristic: nil if the plan took them all.
+// OnDecision hears the whole planning time once per arrival (each waited for
+// all of it), and a failed attempt's time with the first heuristic decision.
+func (d *Dispatcher) planWindow(now time.Duration, batch []*Request, placed func(Placed)) ([]*Request, []error, error) {
+	if !d.s.canPlan(len(batch) + len(d.queue)) {
+		return batch, nil, nil // most arrivals on a busy fleet: O(1)
+	}
+	t0 := time.Now()
+	var refused []error
+	fit := make([]*Request, 0, len(batch))
+	for _, r := range batch {
+		if _, err := d.s.resolve(r); err != nil {
+			refused = append(refused, err)
+			continue
+		}
+		fit = append(fit, r)
+	}
+	// Several arrivals, or one arrival and requests already waiting: the
+	// queue is planned afresh with it (a cheap lookahead for the online
+	// case). A lone arrival with nothing waiting is the heuristic's.
+	if len(fit) == 0 || len(fit)+len(d.queue) < 2 {
+		return fit, refused, nil
+	}
+	win := append(slices.Clone(d.queue), fit...)
+	got, ok, err := d.s.plan(win, now)
+	if err != nil || !ok {
+		d.pending = time.Since(t0)
+		return fit, refused, err
+	}
+	for _, r := range fit {
+		if prof, err := d.s.resolve(r); err == nil {
+			d.s.observe(prof)
+		}
+	}
+	d.queue = d.queue[:0]
+	for _, r := range win {
+		if d.s.Waiting(r.ID) {
+			d.queue = append(d.queue, r)
+			d.timer(r, now, ErrWait)
+		} else {
+			delete(d.timed, r.ID)
+		}
+	}
+	dt := time.Since(t0)
+	if d.OnDecision != nil {
+		for range fit {
+			d.OnDecision(dt)
+		}
+	}
+	if placed != nil {
+		for _, p := range got {
+			placed(p)
+		}
+	}
+	return nil, refused, nil
+}
+
 // timer makes sure a request told to wait is retried by its latest start.
 func (d *Dispatcher) timer(r *Request, now time.Duration, err error) {
 	if !errors.Is(err, ErrWait) {
 		return
 	}
 	t := d.s.LatestStart(r, now)
+	if rv, ok := d.s.waiting[r.ID]; ok && rv.planned && t <= now {
+		// Its plan, not its latest start, decides now: it keeps waiting
+		// for its slot (Place), so a timer would only fire again.
+		delete(d.timed, r.ID)
+		return
+	}
 	if old, ok := d.timed[r.ID]; ok && old == t {
 		return
 	}

@@ -15,11 +15,26 @@ import (
 // memory slices. The cost is Weights.GPU per GPU used at all plus
 // Weights.MissPerSlice per memory slice of every job finishing after its
 // deadline.
+//
+// An instance can start from a fleet already at work, as the Dispatcher's
+// windowed planner does: GPUs 0 to Open−1 are in use already (eq. 1 charged
+// them when they were opened, so Cost does not charge them again) and Busy
+// lists the memory slices their running instances hold from time 0.
 type Instance struct {
 	Card    mig.Card
 	GPUs    int
 	Jobs    []Job
 	Weights Weights
+	Open    int
+	Busy    []Busy
+}
+
+// Busy is fixed occupancy: memory slices Mask of GPU GPU are taken from time
+// 0 until Until (a running instance and when it is expected to end).
+type Busy struct {
+	GPU   int
+	Mask  uint8
+	Until int
 }
 
 // Job is one request of an Instance.
@@ -42,6 +57,9 @@ func (in *Instance) horizon() int {
 	for _, j := range in.Jobs {
 		h = max(h, j.Release)
 	}
+	for _, b := range in.Busy {
+		h = max(h, b.Until)
+	}
 	for _, j := range in.Jobs {
 		h += j.Duration
 	}
@@ -51,6 +69,14 @@ func (in *Instance) horizon() int {
 func (in *Instance) check() error {
 	if in.GPUs <= 0 || in.GPUs > 64 {
 		return fmt.Errorf("instance: %d GPUs, want 1..64", in.GPUs)
+	}
+	if in.Open < 0 || in.Open > in.GPUs {
+		return fmt.Errorf("instance: %d GPUs open of %d", in.Open, in.GPUs)
+	}
+	for k, b := range in.Busy {
+		if b.GPU < 0 || b.GPU >= in.Open || b.Mask == 0 || b.Until < 1 {
+			return fmt.Errorf("instance: busy %d: GPU %d, slices %08b until %d: want an open GPU, slices, until ≥ 1", k, b.GPU, b.Mask, b.Until)
+		}
 	}
 	for i, j := range in.Jobs {
 		if j.Profile < 0 || j.Profile >= len(in.Card.Profiles) {
@@ -66,8 +92,8 @@ func (in *Instance) check() error {
 	return nil
 }
 
-// Cost returns the objective of a schedule, and an error if it breaks a
-// constraint. It is the one judge of the exact solver, CBC's answer and the
+// Cost returns the objective of a schedule (GPUs already open are not
+// charged), and an error if it breaks a constraint. It is the one judge of the exact solver, CBC's answer and the
 // heuristic.
 func (in *Instance) Cost(sched []Slot) (int, error) {
 	if len(sched) != len(in.Jobs) {
@@ -91,7 +117,14 @@ func (in *Instance) Cost(sched []Slot) (int, error) {
 				return 0, fmt.Errorf("jobs %d and %d overlap on GPU %d", k, i, a.GPU)
 			}
 		}
-		used[a.GPU] = true
+		for _, b := range in.Busy {
+			if b.GPU == a.GPU && p.Mask(a.Start)&b.Mask != 0 && a.Time < b.Until {
+				return 0, fmt.Errorf("job %d overlaps running work on GPU %d until %d", i, a.GPU, b.Until)
+			}
+		}
+		if a.GPU >= in.Open {
+			used[a.GPU] = true
+		}
 		if a.Time+j.Duration > j.Deadline {
 			cost += in.Weights.MissPerSlice * p.MemSlices
 		}
@@ -113,27 +146,36 @@ func (in *Instance) Requests() []Request {
 // Heuristic runs the instance through the simulator with policy p and
 // returns its schedule, checked and costed by Cost.
 func (in *Instance) Heuristic(p Policy) (int, []Slot, error) {
-	res, err := Simulate(Config{Policy: p, Fleet: []Fleet{{Card: in.Card.Name, Count: in.GPUs}}},
-		in.Requests(), SimOptions{Assignments: true, Weights: in.Weights})
+	cost, sched, _, err := in.Run(Config{Policy: p}, SimOptions{})
+	return cost, sched, err
+}
+
+// Run is Heuristic with a whole configuration (its fleet is the instance's)
+// and simulator options; it also returns the simulator's result.
+func (in *Instance) Run(cfg Config, opt SimOptions) (int, []Slot, Result, error) {
+	p := cfg.Policy
+	cfg.Fleet = []Fleet{{Card: in.Card.Name, Count: in.GPUs}}
+	opt.Assignments, opt.Weights = true, in.Weights
+	res, err := Simulate(cfg, in.Requests(), opt)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, res, err
 	}
 	sched := make([]Slot, len(in.Jobs))
 	for i := range in.Jobs {
 		a, ok := res.Assignment[uint64(i+1)]
 		if !ok {
-			return 0, nil, fmt.Errorf("%s left job %d unplaced", p, i)
+			return 0, nil, res, fmt.Errorf("%s left job %d unplaced", p, i)
 		}
 		if p == Naive {
-			return 0, nil, fmt.Errorf("naive changes the jobs' profiles; its schedule is not one of the instance")
+			return 0, nil, res, fmt.Errorf("naive changes the jobs' profiles; its schedule is not one of the instance")
 		}
 		sched[i] = Slot{GPU: a.GPU, Start: a.Placement.Start, Time: int(a.Start / time.Second)}
 	}
 	cost, err := in.Cost(sched)
 	if err != nil {
-		return 0, nil, fmt.Errorf("%s: infeasible schedule: %w", p, err)
+		return 0, nil, res, fmt.Errorf("%s: infeasible schedule: %w", p, err)
 	}
-	return cost, sched, nil
+	return cost, sched, res, nil
 }
 
 // GenOptions shape random small instances.
@@ -144,6 +186,10 @@ type GenOptions struct {
 	Releases int // releases uniform in [0, Releases]
 	MaxDur   int // durations uniform in [1, MaxDur]
 	MaxSlack int // deadline = release + duration + uniform [0, MaxSlack]
+	// Open GPUs already run work (Instance.Open, Busy): up to three random
+	// instances each, ending uniform in [1, MaxDur]. Drawn after the jobs,
+	// so instances without are the same as before.
+	Open int
 }
 
 // Generate returns a random instance, deterministic in rng.
@@ -163,6 +209,22 @@ func Generate(rng *rand.Rand, o GenOptions) (Instance, error) {
 		j := Job{Profile: profs[rng.IntN(len(profs))], Release: rng.IntN(o.Releases + 1), Duration: 1 + rng.IntN(o.MaxDur)}
 		j.Deadline = j.Release + j.Duration + rng.IntN(o.MaxSlack+1)
 		in.Jobs = append(in.Jobs, j)
+	}
+	in.Open = o.Open
+	for g := range o.Open {
+		gpu := mig.NewGPU(&in.Card)
+		for range 1 + rng.IntN(3) {
+			p := profs[rng.IntN(len(profs))]
+			pr := in.Card.Profiles[p]
+			st := pr.Starts[rng.IntN(len(pr.Starts))]
+			if gpu.Place(mig.Placement{Profile: p, Start: st}) == nil {
+				in.Busy = append(in.Busy, Busy{GPU: g, Mask: pr.Mask(st), Until: 1 + rng.IntN(o.MaxDur)})
+			}
+		}
+		if gpu.Instances() == 0 { // an open GPU runs something
+			pr := in.Card.Profiles[profs[0]]
+			in.Busy = append(in.Busy, Busy{GPU: g, Mask: pr.Mask(pr.Starts[0]), Until: 1})
+		}
 	}
 	return in, nil
 }

@@ -14,7 +14,9 @@ import (
 // when GPU g is used. Each job runs once (eq. 1a); in every time unit every
 // memory slice of every GPU holds at most one job, which replaces the paper's
 // capacity sum (1c, 1d) by the real geometry; y_g ≥ each x on g (1e); a job
-// finishing after its deadline costs its memory slices (1f).
+// finishing after its deadline costs its memory slices (1f). Running work
+// (Instance.Busy) removes the variables that would overlap it, and open GPUs
+// cost nothing.
 func WriteLP(w io.Writer, in *Instance) error {
 	if err := in.check(); err != nil {
 		return err
@@ -29,13 +31,16 @@ func WriteLP(w io.Writer, in *Instance) error {
 		for g := 0; g < in.GPUs; g++ {
 			for _, s := range p.Starts {
 				for t := j.Release; t+j.Duration <= h; t++ {
+					if in.busyAt(g, p.Mask(s), t) {
+						continue // running work holds a slice
+					}
 					vars = append(vars, v{i, g, s, t})
 				}
 			}
 		}
 	}
 	var obj []string
-	for g := 0; g < in.GPUs; g++ {
+	for g := in.Open; g < in.GPUs; g++ { // open GPUs are paid for
 		obj = append(obj, fmt.Sprintf("%d y_%d", in.Weights.GPU, g))
 	}
 	for _, x := range vars {
@@ -93,6 +98,17 @@ func WriteLP(w io.Writer, in *Instance) error {
 	}
 	fmt.Fprintln(bw, "End")
 	return bw.Flush()
+}
+
+// busyAt reports whether fixed occupancy holds a slice of mask m on GPU g at
+// time t (it starts at 0, so a job starting at t meets it only if t < Until).
+func (in *Instance) busyAt(g int, m uint8, t int) bool {
+	for _, b := range in.Busy {
+		if b.GPU == g && b.Mask&m != 0 && t < b.Until {
+			return true
+		}
+	}
+	return false
 }
 
 // writeSum writes terms joined by " + ", wrapping long lines (LP readers

@@ -9,8 +9,9 @@ import (
 
 // Placer is the scheduler's decision interface: Place for each arrival,
 // Release for each completion. *Scheduler implements it. The ingest agent
-// (not built yet) should drive a Dispatcher, which adds the queue of
-// requests that found no room or were told to wait, and retries them.
+// drives a Dispatcher (one per pool), which adds the queue of requests that
+// found no room or were told to wait, retries them, and plans small windows
+// exactly.
 type Placer interface {
 	Place(r *Request, now time.Duration) (Assignment, error)
 	Release(id uint64) error
@@ -44,6 +45,9 @@ type reservation struct {
 	at     time.Duration // expected start
 	end    time.Duration // expected end
 	latest time.Duration // its latest start: it may yield to backfill until then
+	// planned by the windowed planner: it waits for this slot even past its
+	// latest start (the plan priced that miss) instead of deciding anew.
+	planned bool
 }
 
 type gpuState struct {
@@ -82,6 +86,8 @@ type Scheduler struct {
 
 	waiting  map[uint64]reservation // told to wait (ErrWait), not placed since
 	resvGPUs bucket                 // GPUs with reserved slices
+
+	plans PlanStats
 
 	learn     bool
 	mixCount  []float64
@@ -245,7 +251,7 @@ func (s *Scheduler) Place(r *Request, now time.Duration) (Assignment, error) {
 		// Its slot must be free of instances and of requests queued on it
 		// before this one.
 		busy := s.gpus[rv.gpu].st.Used()&rv.mask != 0 || s.queuedAhead(r.ID, rv)
-		if busy && s.LatestStart(r, now) > now {
+		if busy && (rv.planned || s.LatestStart(r, now) > now) {
 			return Assignment{}, fmt.Errorf("request %d: its slot on GPU %d is still busy: %w", r.ID, rv.gpu, ErrWait)
 		}
 		s.unreserve(r.ID)

@@ -30,9 +30,13 @@ type Result struct {
 	// in use that a typical request cannot use.
 	Frag float64
 	// Decision latency of Place on arrivals.
-	Decisions  int
-	MeanNs     float64
-	P99Ns      float64
+	Decisions int
+	MeanNs    float64
+	P50Ns     float64
+	P99Ns     float64
+	Latency   []int64 `json:"-"` // every decision, ns, with SimOptions.Latencies
+	// Plans is what Lovelock's windowed planner did.
+	Plans      PlanStats
 	Series     []Point               `json:"-"`
 	Objective  int                   // eq. 1 with the given weights: GPU·GPUsUsed + MissPerSlice·MissSize
 	Assignment map[uint64]Assignment `json:"-"`
@@ -49,6 +53,7 @@ type SimOptions struct {
 	Series      bool    // record GPUs in use over time
 	Assignments bool    // record every assignment (for checks)
 	Weights     Weights // for Result.Objective; zero: DefaultWeights
+	Latencies   bool    // keep every decision's latency in Result.Latency
 }
 
 type event struct {
@@ -192,7 +197,11 @@ func Simulate(cfg Config, reqs []Request, opt SimOptions) (Result, error) {
 		res.Frag = fragTime / gpuTime
 	}
 	res.Decisions = len(lat)
-	res.MeanNs, res.P99Ns = latencyStats(lat)
+	res.MeanNs, res.P50Ns, res.P99Ns = latencyStats(lat)
+	if opt.Latencies {
+		res.Latency = lat
+	}
+	res.Plans = s.Plans()
 	res.Objective = opt.Weights.GPU*res.GPUsUsed + opt.Weights.MissPerSlice*res.MissSize
 	return res, nil
 }
@@ -205,16 +214,17 @@ type requestKey struct {
 	media      bool
 }
 
-func latencyStats(lat []int64) (mean, p99 float64) {
+// latencyStats sorts lat and returns its mean, median and 99th percentile.
+func latencyStats(lat []int64) (mean, p50, p99 float64) {
 	if len(lat) == 0 {
-		return 0, 0
+		return 0, 0, 0
 	}
 	var sum int64
 	for _, l := range lat {
 		sum += l
 	}
 	slices.Sort(lat)
-	return float64(sum) / float64(len(lat)), float64(lat[len(lat)*99/100])
+	return float64(sum) / float64(len(lat)), float64(lat[len(lat)/2]), float64(lat[len(lat)*99/100])
 }
 
 // Fill places reqs in order, without departures, until their requested share
@@ -266,6 +276,6 @@ func Fill(cfg Config, reqs []Request, target float64) (Result, error) {
 		res.Frag = s.Fragmentation() / 8 / float64(s.InUse())
 	}
 	res.Decisions = len(lat)
-	res.MeanNs, res.P99Ns = latencyStats(lat)
+	res.MeanNs, res.P50Ns, res.P99Ns = latencyStats(lat)
 	return res, nil
 }
