@@ -133,7 +133,11 @@ func newPool(cfg *Config, name string, members []int, l ingest.Layout) (*pool, e
 		fleet = append(fleet, sched.Fleet{Card: c, Count: len(byCard[c])})
 		p.gpus = append(p.gpus, byCard[c]...)
 	}
-	d, err := sched.NewDispatcher(sched.Config{Policy: cfg.Policy, Fleet: fleet, Reconfig: cfg.Reconfig})
+	win := sched.Window{Nodes: cfg.PlanNodes}
+	if cfg.PlanNodes < 0 {
+		win = sched.Window{Requests: -1}
+	}
+	d, err := sched.NewDispatcher(sched.Config{Policy: cfg.Policy, Fleet: fleet, Reconfig: cfg.Reconfig, Window: win})
 	if err != nil {
 		return nil, fmt.Errorf("pool %s: %w", name, err)
 	}
