@@ -544,3 +544,30 @@ func TestPythonUnittest(t *testing.T) {
 	}
 	t.Logf("%s", p.Output())
 }
+
+// TestExternalSeveralWorkers: two workers of one model share its
+// requests; when one dies, the other serves them all.
+func TestExternalSeveralWorkers(t *testing.T) {
+	r := newExtRig(t, nil)
+	first := r.worker("affine", 1)
+	r.worker("affine", 2)
+	for round := range 4 {
+		in0, in1 := affineInput(30+round, round), affineInput(60+round, round+1)
+		id0, id1 := r.ring(0, "affine", in0), r.ring(1, "affine", in1)
+		wantOK(t, r.complete(id0), len(in0))
+		wantOK(t, r.complete(id1), len(in1))
+		if !bytes.Equal(r.read(0, 1, len(in0)), affineWant(in0)) || !bytes.Equal(r.read(1, 1, len(in1)), affineWant(in1)) {
+			t.Fatalf("round %d: wrong output", round)
+		}
+	}
+	first.Cmd.Process.Kill()
+	first.Wait(10 * time.Second)
+	r.waitWorkers("affine", 1, nil)
+	for slot := range 2 {
+		in := affineInput(9, slot)
+		wantOK(t, r.run(slot, "affine", in), len(in))
+	}
+	if s := r.agent.Stats(); s.ExternalRuns != 10 || s.ExternalFailed != 0 || s.WorkerAttaches != 2 {
+		t.Fatalf("stats: %+v", s)
+	}
+}

@@ -114,6 +114,15 @@ func (w *worker) close(why error) {
 	})
 }
 
+func (w *worker) isClosed() bool {
+	select {
+	case <-w.closed:
+		return true
+	default:
+		return false
+	}
+}
+
 func (e *extModel) signalLocked() {
 	close(e.wake)
 	e.wake = make(chan struct{})
@@ -137,7 +146,9 @@ func (e *extModel) detach(w *worker) {
 
 func (e *extModel) release(w *worker) {
 	e.mu.Lock()
-	if e.workers[w] {
+	// A worker closed during its run is detached by its reader
+	// goroutine, maybe not yet: it must not become idle meanwhile.
+	if e.workers[w] && !w.isClosed() {
 		e.idle = append(e.idle, w)
 		e.signalLocked()
 	}
