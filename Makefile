@@ -29,9 +29,10 @@ GO_BOOTSTRAP := go1.26.8
 # Debian packages the project needs: clang/llvm/libbpf-dev/linux-libc-dev
 # build the BPF objects; iproute2, bpftool and tcpdump are for people
 # inspecting the testbed; git and ca-certificates fetch Go modules;
-# coinor-cbc is the MILP solver the scheduler's exact solver is checked against.
+# coinor-cbc is the MILP solver the scheduler's exact solver is checked against;
+# python3-numpy (with python3) runs the ingest Python hand-off's worker in tests.
 APT_PACKAGES := clang llvm libbpf-dev linux-libc-dev iproute2 bpftool tcpdump \
-	iputils-ping git make ca-certificates coinor-cbc
+	iputils-ping git make ca-certificates coinor-cbc python3-numpy
 
 .PHONY: help
 help: ## list the targets

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sort"
 	"strings"
 	"time"
 
@@ -99,6 +100,19 @@ func ingestStats(c *ucli.Context) error {
 		fmt.Fprintf(w, "  doorbells %d (%d repeated, %d stale); ran %d, failed %d; %d bytes in, %d out; device time %v\n",
 			h.Doorbells, h.Repeats, h.Stale, h.Completed, h.Failed, h.BytesIn, h.BytesOut, h.DeviceTime.Round(time.Microsecond))
 		fmt.Fprintf(w, "  handles served %d, refused %d\n", h.HandlesServed, h.HandleRefused)
+		if len(h.Workers) > 0 {
+			names := make([]string, 0, len(h.Workers))
+			for n := range h.Workers {
+				names = append(names, n)
+			}
+			sort.Strings(names)
+			var ws []string
+			for _, n := range names {
+				ws = append(ws, fmt.Sprintf("%s %d", n, h.Workers[n]))
+			}
+			fmt.Fprintf(w, "  external models: workers attached: %s; ran %d, failed %d; attaches %d, refused %d, lost mid-run %d\n",
+				strings.Join(ws, ", "), h.ExternalRuns, h.ExternalFailed, h.WorkerAttaches, h.WorkerRefused, h.WorkerLost)
+		}
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/farmem"
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/agent"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/mig"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/model"
@@ -121,7 +122,9 @@ func (c *Config) agentConfig() agent.Config {
 //	  device: shm                      # or cuda
 //	  gpus: [{card: H100-80GB}]        # shm: the GPUs to stand in for
 //	  socket: /run/lovelock/ingest.sock
-//	  models: [checksum, mlp]
+//	  models: [checksum, mlp, mymodel]
+//	  worker_socket: /run/lovelock/ingest-workers.sock
+//	  external_models: [{name: mymodel, row_bytes: 256, out_bytes_per_row: 64}]
 type HostConfig struct {
 	Listen netip.AddrPort `json:"listen"`
 	DPU    netip.AddrPort `json:"dpu"`
@@ -137,6 +140,52 @@ type HostConfig struct {
 	SlotOutput farmem.Size `json:"slot_output,omitempty"`
 	// Heartbeat is how often the host agent registers with its DPU.
 	Heartbeat farmem.Duration `json:"heartbeat,omitempty"`
+	// ExternalModels are models a user's own process serves (the Python
+	// hand-off, dataplane/ingest/python): listed in Models like built-in
+	// ones, they need WorkerSocket, where their workers attach.
+	ExternalModels []ExternalModelConfig `json:"external_models,omitempty"`
+	WorkerSocket   string                `json:"worker_socket,omitempty"`
+	// RunTimeout bounds one run of an external model (default 30s);
+	// WorkerWait is how long a request waits for a worker to attach when
+	// none is (default 0: it fails at once).
+	RunTimeout farmem.Duration `json:"run_timeout,omitempty"`
+	WorkerWait farmem.Duration `json:"worker_wait,omitempty"`
+}
+
+// ExternalModelConfig is one external model: inputs are whole rows of
+// RowBytes, and the output is either OutBytes whatever the input, or
+// OutBytesPerRow per input row.
+type ExternalModelConfig struct {
+	Name           string `json:"name"`
+	RowBytes       int    `json:"row_bytes"`
+	OutBytes       int    `json:"out_bytes,omitempty"`
+	OutBytesPerRow int    `json:"out_bytes_per_row,omitempty"`
+}
+
+// Model returns the external model e describes.
+func (e ExternalModelConfig) Model() *model.Model {
+	out := func(int) int { return e.OutBytes }
+	if e.OutBytesPerRow > 0 {
+		out = func(n int) int { return n / e.RowBytes * e.OutBytesPerRow }
+	}
+	return model.NewExternal(e.Name, e.RowBytes, out)
+}
+
+func (e ExternalModelConfig) validate() error {
+	switch {
+	case e.Name == "" || len(e.Name) > ingest.MaxModelName:
+		return fmt.Errorf("name %q: want 1..%d bytes", e.Name, ingest.MaxModelName)
+	case e.RowBytes < 1:
+		return fmt.Errorf("%s: row_bytes %d: want the size of one input row in bytes (a float32 row of 64 values: 256)", e.Name, e.RowBytes)
+	case e.OutBytes < 0 || e.OutBytesPerRow < 0:
+		return fmt.Errorf("%s: negative output size", e.Name)
+	case (e.OutBytes > 0) == (e.OutBytesPerRow > 0):
+		return fmt.Errorf("%s: give exactly one of out_bytes (the output's size whatever the input) and out_bytes_per_row", e.Name)
+	}
+	if _, err := model.Builtin(e.Name); err == nil {
+		return fmt.Errorf("%s: the name of a built-in model: give your model another", e.Name)
+	}
+	return nil
 }
 
 // GPUConfig is one GPU of the host.
@@ -168,12 +217,62 @@ func (c *HostConfig) Validate() error {
 			return fmt.Errorf("config: ingest_host: gpus[%d]: %w", i, err)
 		}
 	}
+	external := map[string]bool{}
+	for i, e := range c.ExternalModels {
+		if err := e.validate(); err != nil {
+			return fmt.Errorf("config: ingest_host: external_models[%d]: %w", i, err)
+		}
+		if external[e.Name] {
+			return fmt.Errorf("config: ingest_host: external model %s defined twice", e.Name)
+		}
+		external[e.Name] = true
+	}
+	switch {
+	case len(c.ExternalModels) > 0 && c.WorkerSocket == "":
+		return errors.New("config: ingest_host: external_models need worker_socket: the unix socket their workers attach to, e.g. /run/lovelock/ingest-workers.sock")
+	case len(c.ExternalModels) == 0 && c.WorkerSocket != "":
+		return errors.New("config: ingest_host: worker_socket without external_models: define the models workers serve, or drop it")
+	case c.WorkerSocket != "" && c.WorkerSocket == c.Socket:
+		return fmt.Errorf("config: ingest_host: worker_socket %s is also socket (the DPU's handle socket): give each its own path", c.WorkerSocket)
+	case c.RunTimeout < 0 || c.WorkerWait < 0:
+		return errors.New("config: ingest_host: run_timeout and worker_wait must not be negative")
+	}
+	listed := map[string]bool{}
 	for _, m := range c.Models {
+		if listed[m] {
+			return fmt.Errorf("config: ingest_host: model %s listed twice", m)
+		}
+		listed[m] = true
+		if external[m] {
+			continue
+		}
 		if _, err := model.Builtin(m); err != nil {
-			return fmt.Errorf("config: ingest_host: %w", err)
+			return fmt.Errorf("config: ingest_host: model %q is neither built in (%v) nor in external_models", m, model.BuiltinNames())
+		}
+	}
+	for _, e := range c.ExternalModels {
+		if !listed[e.Name] {
+			return fmt.Errorf("config: ingest_host: external model %s is not in models: list it there to serve it", e.Name)
 		}
 	}
 	return nil
+}
+
+// models returns the models the host runs, built-in and external.
+func (c *HostConfig) models() []*model.Model {
+	var out []*model.Model
+	for _, name := range c.Models {
+		if m, err := model.Builtin(name); err == nil {
+			out = append(out, m)
+			continue
+		}
+		for _, e := range c.ExternalModels {
+			if e.Name == name {
+				out = append(out, e.Model())
+			}
+		}
+	}
+	return out
 }
 
 func (c *HostConfig) device() string {

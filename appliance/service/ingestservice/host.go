@@ -11,7 +11,6 @@ import (
 	"github.com/lovelock-dpu/lovelock/control/api"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/devmem"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/hostagent"
-	"github.com/lovelock-dpu/lovelock/dataplane/ingest/model"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
 )
 
@@ -62,22 +61,16 @@ func (s *HostService) Run(ctx context.Context, _ *service.Binding) error {
 		return fmt.Errorf("ingest_host: listen on %v: %w", s.cfg.Listen, err)
 	}
 	defer tr.Close()
-	var models []*model.Model
-	for _, name := range s.cfg.Models {
-		m, err := model.Builtin(name)
-		if err != nil {
-			return err
-		}
-		models = append(models, m)
-	}
 	a, err := hostagent.New(hostagent.Config{Transport: tr, DPU: s.cfg.DPU, Devices: devs, Cards: cards, HandleSocket: s.cfg.Socket,
-		Models: models, SlotInput: int(s.cfg.SlotInput), SlotOutput: int(s.cfg.SlotOutput), Heartbeat: s.cfg.Heartbeat.D(), Logger: s.log})
+		Models: s.cfg.models(), SlotInput: int(s.cfg.SlotInput), SlotOutput: int(s.cfg.SlotOutput), Heartbeat: s.cfg.Heartbeat.D(), Logger: s.log,
+		WorkerSocket: s.cfg.WorkerSocket, RunTimeout: s.cfg.RunTimeout.D(), WorkerWait: s.cfg.WorkerWait.D()})
 	if err != nil {
 		return err
 	}
 	s.agent.Store(a)
 	defer s.agent.Store(nil)
-	s.log.Info("GPU host agent", "listen", s.cfg.Listen, "dpu", s.cfg.DPU, "device", s.cfg.device(), "gpus", len(devs), "socket", s.cfg.Socket)
+	s.log.Info("GPU host agent", "listen", s.cfg.Listen, "dpu", s.cfg.DPU, "device", s.cfg.device(), "gpus", len(devs), "socket", s.cfg.Socket,
+		"worker_socket", s.cfg.WorkerSocket)
 	return a.Run(ctx)
 }
 

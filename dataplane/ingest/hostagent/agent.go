@@ -13,6 +13,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -31,6 +32,8 @@ type Agent struct {
 	epoch  uint64
 	gpus   []*gpu
 	models map[string]*model.Model
+	// ext are the external models, served by workers (workers.go).
+	ext map[string]*extModel
 
 	mu sync.Mutex
 	// done remembers recent completions by request, so a doorbell rung
@@ -39,6 +42,9 @@ type Agent struct {
 	done    map[uint64]ingest.Ctrl
 	doneLog []uint64
 	running map[uint64]bool
+	// conns are the worker socket's connections; the worker once
+	// attached.
+	conns map[*net.UnixConn]*worker
 
 	registered atomic.Bool
 	stats      counters
@@ -69,9 +75,13 @@ func New(cfg Config) (*Agent, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, models: map[string]*model.Model{}, done: map[uint64]ingest.Ctrl{}, running: map[uint64]bool{}}
+	a := &Agent{cfg: cfg, models: map[string]*model.Model{}, ext: map[string]*extModel{}, done: map[uint64]ingest.Ctrl{}, running: map[uint64]bool{},
+		conns: map[*net.UnixConn]*worker{}}
 	for _, m := range cfg.Models {
 		a.models[m.Name] = m
+		if m.External {
+			a.ext[m.Name] = &extModel{m: m, workers: map[*worker]bool{}, wake: make(chan struct{})}
+		}
 	}
 	var e [8]byte
 	if _, err := rand.Read(e[:]); err != nil {
@@ -115,17 +125,29 @@ func (a *Agent) Epoch() uint64 { return a.epoch }
 // Registered reports whether the DPU has acknowledged the current epoch.
 func (a *Agent) Registered() bool { return a.registered.Load() }
 
-// Run registers with the DPU, serves handles and doorbells until ctx ends,
-// then frees the buffers. The transport is the caller's to close.
+// Run registers with the DPU, serves handles, workers and doorbells until
+// ctx ends, then disconnects the workers and frees the buffers. The
+// transport is the caller's to close.
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.free()
 	ln, err := listenHandles(a.cfg.HandleSocket)
 	if err != nil {
 		return err
 	}
+	var wln *net.UnixListener
+	if len(a.ext) > 0 {
+		if wln, err = listenUnix(a.cfg.WorkerSocket, "worker"); err != nil {
+			ln.Close()
+			return err
+		}
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
+	if wln != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); a.serveWorkers(ctx, wln, &wg) }()
+	}
 	wg.Add(3)
 	go func() { defer wg.Done(); a.serveHandles(ctx, ln) }()
 	go func() { defer wg.Done(); a.heartbeat(ctx) }()
@@ -137,6 +159,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	}()
 	<-ctx.Done()
 	ln.Close()
+	if wln != nil {
+		wln.Close()
+	}
+	a.closeWorkers()
 	wg.Wait()
 	a.runs.Wait()
 	if runErr != nil && !errors.Is(runErr, context.Canceled) {
@@ -251,7 +277,7 @@ func (a *Agent) doorbell(ctx context.Context, c ingest.Ctrl) {
 
 func (a *Agent) run(ctx context.Context, c ingest.Ctrl) {
 	start := time.Now()
-	outLen, err := a.launch(c)
+	outLen, err := a.launch(ctx, c)
 	reply := ingest.Ctrl{Op: ingest.OpComplete, Epoch: a.epoch, Request: c.Request, GPU: c.GPU, Slot: c.Slot,
 		Length: uint32(outLen), DeviceUs: uint32(time.Since(start).Microseconds())}
 	if err != nil {
@@ -279,7 +305,7 @@ func (a *Agent) run(ctx context.Context, c ingest.Ctrl) {
 
 // launch checks the doorbell against what was registered and runs the
 // model on the slot.
-func (a *Agent) launch(c ingest.Ctrl) (int, error) {
+func (a *Agent) launch(ctx context.Context, c ingest.Ctrl) (int, error) {
 	if int(c.GPU) >= len(a.gpus) || int(c.Slot) >= len(a.gpus[c.GPU].slots) {
 		return 0, ingest.Errorf(ingest.StatusBadRequest, "doorbell for GPU %d slot %d: this host registered %d GPUs of %d slots", c.GPU, c.Slot, len(a.gpus), a.cfg.Slots)
 	}
@@ -298,6 +324,9 @@ func (a *Agent) launch(c ingest.Ctrl) (int, error) {
 		return 0, ingest.Errorf(ingest.StatusOverloaded, "GPU %d slot %d is still running an earlier request: retry", c.GPU, c.Slot)
 	}
 	defer s.busy.Store(false)
+	if m.External {
+		return a.runExternal(ctx, m, c, s)
+	}
 	n, err := g.dev.Run(m, s.in, int(c.Length), s.out)
 	if err != nil {
 		if errors.Is(err, model.ErrBadInput) {

@@ -36,11 +36,25 @@ type Config struct {
 	// HandleSocket is the unix socket the DPU fetches buffer handles
 	// from.
 	HandleSocket string
-	// AllowUIDs are the users whose processes may fetch handles (checked
-	// with SO_PEERCRED). Default: root and the agent's own user.
+	// AllowUIDs are the users whose processes may fetch handles or attach
+	// workers (checked with SO_PEERCRED). Default: root and the agent's
+	// own user.
 	AllowUIDs []uint32
-	// Models are the models the host runs.
+	// Models are the models the host runs: built-in ones, and external
+	// ones (model.NewExternal) that a user's worker process serves.
 	Models []*model.Model
+	// WorkerSocket is the unix socket workers attach to, to serve the
+	// external models (workers.go has the protocol); required when a
+	// model is external.
+	WorkerSocket string
+	// RunTimeout bounds one run of an external model, and a request's
+	// wait for a busy worker (default 30 s). A worker that overruns it
+	// is disconnected.
+	RunTimeout time.Duration
+	// WorkerWait is how long a request for an external model with no
+	// worker attached waits for one to attach (default 0: it fails at
+	// once, as model-failed, saying how to start the worker).
+	WorkerWait time.Duration
 	// Heartbeat is how often the agent registers (default 500 ms); the
 	// DPU treats a host it has not heard from for a few heartbeats as
 	// gone.
@@ -63,6 +77,36 @@ func (c *Config) defaults() error {
 	}
 	if len(c.Models) == 0 {
 		return errors.New("host agent: no models: give at least one (built in: checksum, mlp)")
+	}
+	seen := map[string]bool{}
+	external := 0
+	for i, m := range c.Models {
+		switch {
+		case m == nil || m.Name == "":
+			return fmt.Errorf("host agent: model %d has no name", i)
+		case seen[m.Name]:
+			return fmt.Errorf("host agent: model %s given twice", m.Name)
+		case m.External && (m.Multiple < 1 || m.OutputSize == nil):
+			return fmt.Errorf("host agent: external model %s: want a row size of at least 1 byte and an output size", m.Name)
+		case !m.External && m.Reference == nil:
+			return fmt.Errorf("host agent: model %s has no implementation and is not external", m.Name)
+		}
+		seen[m.Name] = true
+		if m.External {
+			external++
+		}
+	}
+	if external > 0 && c.WorkerSocket == "" {
+		return errors.New("host agent: external models need a worker socket: give WorkerSocket, the unix socket their workers attach to")
+	}
+	if c.WorkerSocket != "" && c.WorkerSocket == c.HandleSocket {
+		return fmt.Errorf("host agent: worker socket %s is also the handle socket: give each its own path", c.WorkerSocket)
+	}
+	if c.RunTimeout == 0 {
+		c.RunTimeout = 30 * time.Second
+	}
+	if c.RunTimeout < 0 || c.WorkerWait < 0 {
+		return fmt.Errorf("host agent: run timeout %v, worker wait %v: want positive durations", c.RunTimeout, c.WorkerWait)
 	}
 	if c.SlotInput == 0 {
 		c.SlotInput = 8 << 20

@@ -19,19 +19,25 @@ import (
 // listenHandles opens the handle socket, replacing a stale one left by a
 // crashed agent, readable by its owner only.
 func listenHandles(path string) (*net.UnixListener, error) {
+	return listenUnix(path, "handle")
+}
+
+// listenUnix opens a unix socket readable by its owner only, replacing a
+// stale one left by a crashed agent.
+func listenUnix(path, what string) (*net.UnixListener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("host agent: handle socket directory: %w", err)
+		return nil, fmt.Errorf("host agent: %s socket directory: %w", what, err)
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("host agent: remove stale handle socket: %w", err)
+		return nil, fmt.Errorf("host agent: remove stale %s socket: %w", what, err)
 	}
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
-		return nil, fmt.Errorf("host agent: listen on handle socket %s: %w", path, err)
+		return nil, fmt.Errorf("host agent: listen on %s socket %s: %w", what, path, err)
 	}
 	if err := os.Chmod(path, 0o600); err != nil {
 		ln.Close()
-		return nil, fmt.Errorf("host agent: handle socket permissions: %w", err)
+		return nil, fmt.Errorf("host agent: %s socket permissions: %w", what, err)
 	}
 	return ln, nil
 }
@@ -117,19 +123,9 @@ func (a *Agent) serveHandle(c *net.UnixConn) error {
 }
 
 func peerUID(c *net.UnixConn) (uint32, error) {
-	rc, err := c.SyscallConn()
+	cred, err := peerCred(c)
 	if err != nil {
 		return 0, err
-	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := rc.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return 0, err
-	}
-	if cerr != nil {
-		return 0, fmt.Errorf("peer credentials: %w", cerr)
 	}
 	return cred.Uid, nil
 }

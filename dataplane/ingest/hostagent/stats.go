@@ -9,6 +9,8 @@ type counters struct {
 	registers, doorbells, repeats, stale, completed, failed atomic.Uint64
 	bytesIn, bytesOut, deviceNs                             atomic.Uint64
 	malformed, sendErrors, handlesServed, handleRefused     atomic.Uint64
+	externalRuns, externalFailed, workerAttaches            atomic.Uint64
+	workerRefused, workerLost                               atomic.Uint64
 }
 
 // Stats are a host agent's counters.
@@ -34,10 +36,29 @@ type Stats struct {
 	HandleRefused uint64        `json:"handles_refused"`
 	Malformed     uint64        `json:"malformed"`
 	SendErrors    uint64        `json:"send_errors"`
+	// ExternalRuns counts external models' runs a worker completed,
+	// ExternalFailed those that failed (no worker, a worker's error, a
+	// wrong output size, a worker lost or timed out). Workers is the
+	// number attached now, per model; WorkerAttaches counts attaches,
+	// WorkerRefused refused ones (user, model, protocol), WorkerLost
+	// workers that disconnected or timed out mid-request.
+	ExternalRuns   uint64         `json:"external_runs"`
+	ExternalFailed uint64         `json:"external_failed"`
+	Workers        map[string]int `json:"workers,omitempty"`
+	WorkerAttaches uint64         `json:"worker_attaches"`
+	WorkerRefused  uint64         `json:"worker_refused"`
+	WorkerLost     uint64         `json:"worker_lost"`
 }
 
 // Stats returns the agent's counters.
 func (a *Agent) Stats() Stats {
+	var workers map[string]int
+	for name, e := range a.ext {
+		if workers == nil {
+			workers = map[string]int{}
+		}
+		workers[name] = e.count()
+	}
 	return Stats{
 		Epoch: hex(a.epoch), Registered: a.registered.Load(), GPUs: len(a.gpus), Slots: a.cfg.Slots,
 		Doorbells: a.stats.doorbells.Load(), Repeats: a.stats.repeats.Load(), Stale: a.stats.stale.Load(),
@@ -45,6 +66,8 @@ func (a *Agent) Stats() Stats {
 		BytesIn: a.stats.bytesIn.Load(), BytesOut: a.stats.bytesOut.Load(), DeviceTime: time.Duration(a.stats.deviceNs.Load()),
 		Registers: a.stats.registers.Load(), HandlesServed: a.stats.handlesServed.Load(), HandleRefused: a.stats.handleRefused.Load(),
 		Malformed: a.stats.malformed.Load(), SendErrors: a.stats.sendErrors.Load(),
+		ExternalRuns: a.stats.externalRuns.Load(), ExternalFailed: a.stats.externalFailed.Load(), Workers: workers,
+		WorkerAttaches: a.stats.workerAttaches.Load(), WorkerRefused: a.stats.workerRefused.Load(), WorkerLost: a.stats.workerLost.Load(),
 	}
 }
 

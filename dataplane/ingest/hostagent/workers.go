@@ -1,0 +1,452 @@
+package hostagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest"
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/devmem"
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/model"
+	"github.com/lovelock-dpu/lovelock/dataplane/internal/fdpass"
+)
+
+// The worker protocol: how a user's own process (a "worker", e.g. Python
+// through dataplane/ingest/python/lovelock_ingest.py) serves an external
+// model. Frames are package fdpass's (a 4-byte big-endian length, JSON,
+// descriptors by SCM_RIGHTS) on the agent's worker socket.
+//
+//	worker → agent  WorkerAttach   {op: attach, version, model}
+//	agent → worker  WorkerAttached {op: attached, version, model, row_bytes, epoch, gpus}
+//	                + one descriptor per slot buffer, in layout order (each
+//	                slot's input, then its output) for memfd and cuda-fd
+//	                handles; cuda-ipc handles ride in gpus[].slots[].in_ipc
+//	                and out_ipc (64 bytes, base64 in JSON); or {err} and close
+//	then, for each doorbell of the model:
+//	agent → worker  WorkerRun      {op: run, request, gpu, slot, len, out_len}
+//	worker → agent  WorkerDone     {op: done, request, len} or {op: done, request, err}
+//
+// The worker reads len input bytes at the start of the slot's input buffer
+// and writes its output at the start of the slot's output buffer; len in
+// done must equal out_len, the output size the model was configured with
+// for this input. A worker gets one run at a time: several workers may
+// attach to one model, and the agent gives each request to an idle one. A
+// worker that overruns the run timeout is disconnected, so that its late
+// output cannot be mistaken for a later request's in the same slot.
+//
+// Workers are trusted code: a worker's mapping of the buffers cannot be
+// revoked, which is why the socket is 0600 and the peer's user is checked.
+const WorkerProtocol = 1
+
+// WorkerAttach is a worker's first frame.
+type WorkerAttach struct {
+	Op      string `json:"op"` // "attach"
+	Version int    `json:"version"`
+	Model   string `json:"model"`
+}
+
+// WorkerAttached answers WorkerAttach.
+type WorkerAttached struct {
+	Op       string `json:"op"` // "attached"
+	Version  int    `json:"version"`
+	Model    string `json:"model,omitempty"`
+	RowBytes int    `json:"row_bytes,omitempty"`
+	// Epoch is the host agent's registration; the buffers live as long as
+	// it does, and the connection closes when the agent stops.
+	Epoch uint64             `json:"epoch,omitempty"`
+	GPUs  []ingest.GPULayout `json:"gpus,omitempty"`
+	Err   string             `json:"err,omitempty"`
+}
+
+// WorkerRun asks a worker to run its model on one slot.
+type WorkerRun struct {
+	Op      string `json:"op"` // "run"
+	Request uint64 `json:"request"`
+	GPU     int    `json:"gpu"`
+	Slot    int    `json:"slot"`
+	Len     int    `json:"len"`
+	OutLen  int    `json:"out_len"`
+}
+
+// WorkerDone is a worker's answer to WorkerRun.
+type WorkerDone struct {
+	Op      string `json:"op"` // "done"
+	Request uint64 `json:"request"`
+	Len     int    `json:"len"`
+	Err     string `json:"err,omitempty"`
+}
+
+// extModel is an external model and the workers attached to it.
+type extModel struct {
+	m *model.Model
+
+	mu      sync.Mutex
+	workers map[*worker]bool
+	idle    []*worker
+	// wake is closed, and replaced, whenever a worker attaches, detaches
+	// or becomes idle.
+	wake chan struct{}
+}
+
+type worker struct {
+	conn *net.UnixConn
+	pid  int32
+	// done carries the worker's answers from its reader goroutine.
+	done   chan WorkerDone
+	closed chan struct{}
+	once   sync.Once
+	why    error // set before closed is closed
+}
+
+func (w *worker) close(why error) {
+	w.once.Do(func() {
+		w.why = why
+		close(w.closed)
+		w.conn.Close()
+	})
+}
+
+func (w *worker) isClosed() bool {
+	select {
+	case <-w.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+func (e *extModel) signalLocked() {
+	close(e.wake)
+	e.wake = make(chan struct{})
+}
+
+func (e *extModel) attach(w *worker) {
+	e.mu.Lock()
+	e.workers[w] = true
+	e.idle = append(e.idle, w)
+	e.signalLocked()
+	e.mu.Unlock()
+}
+
+func (e *extModel) detach(w *worker) {
+	e.mu.Lock()
+	delete(e.workers, w)
+	e.idle = slices.DeleteFunc(e.idle, func(x *worker) bool { return x == w })
+	e.signalLocked()
+	e.mu.Unlock()
+}
+
+func (e *extModel) release(w *worker) {
+	e.mu.Lock()
+	// A worker closed during its run is detached by its reader
+	// goroutine, maybe not yet: it must not become idle meanwhile.
+	if e.workers[w] && !w.isClosed() {
+		e.idle = append(e.idle, w)
+		e.signalLocked()
+	}
+	e.mu.Unlock()
+}
+
+func (e *extModel) count() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.workers)
+}
+
+// errNoWorker is returned by acquire when no worker is attached.
+var errNoWorker = errors.New("no worker attached")
+
+// acquire returns an idle worker. With none attached it waits up to
+// attachWait for one to attach; with all busy, up to busyWait.
+func (e *extModel) acquire(ctx context.Context, attachWait, busyWait time.Duration) (*worker, error) {
+	start := time.Now()
+	for {
+		e.mu.Lock()
+		if n := len(e.idle); n > 0 {
+			w := e.idle[n-1]
+			e.idle = e.idle[:n-1]
+			e.mu.Unlock()
+			return w, nil
+		}
+		wait := busyWait
+		if len(e.workers) == 0 {
+			wait = attachWait
+		}
+		none := len(e.workers) == 0
+		wake := e.wake
+		e.mu.Unlock()
+		left := wait - time.Since(start)
+		if left <= 0 {
+			if none {
+				return nil, errNoWorker
+			}
+			return nil, fmt.Errorf("every worker of model %s stayed busy for %v", e.m.Name, busyWait)
+		}
+		t := time.NewTimer(left)
+		select {
+		case <-wake:
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		}
+		t.Stop()
+	}
+}
+
+// serveWorkers accepts workers until the listener closes.
+func (a *Agent) serveWorkers(ctx context.Context, ln *net.UnixListener, wg *sync.WaitGroup) {
+	for {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			if ctx.Err() == nil {
+				a.cfg.Logger.Warn("worker socket", "err", err)
+			}
+			return
+		}
+		a.mu.Lock()
+		if ctx.Err() != nil {
+			a.mu.Unlock()
+			c.Close()
+			return
+		}
+		// Tracked from the start, so that shutdown also ends a worker
+		// still attaching.
+		a.conns[c] = nil
+		a.mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() {
+				a.mu.Lock()
+				delete(a.conns, c)
+				a.mu.Unlock()
+				c.Close()
+			}()
+			a.serveWorker(c)
+		}()
+	}
+}
+
+// serveWorker attaches one worker and reads its answers until it leaves.
+func (a *Agent) serveWorker(c *net.UnixConn) {
+	cred, err := peerCred(c)
+	if err != nil {
+		a.refuseWorker(c, err)
+		return
+	}
+	allowed := a.cfg.AllowUIDs
+	if len(allowed) == 0 {
+		allowed = []uint32{0, uint32(os.Getuid())}
+	}
+	if !slices.Contains(allowed, cred.Uid) {
+		a.refuseWorker(c, fmt.Errorf("user %d may not attach workers to this host's GPU buffers (allowed: %v)", cred.Uid, allowed))
+		return
+	}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var req WorkerAttach
+	fds, err := fdpass.Read(c, &req)
+	if err != nil {
+		a.refuseWorker(c, fmt.Errorf("read attach request: %w", err))
+		return
+	}
+	fdpass.CloseAll(fds)
+	c.SetReadDeadline(time.Time{})
+	e, err := a.externalModel(req)
+	if err != nil {
+		a.refuseWorker(c, err)
+		return
+	}
+	w := &worker{conn: c, pid: cred.Pid, done: make(chan WorkerDone), closed: make(chan struct{})}
+	if err := a.sendAttached(c, e.m); err != nil {
+		a.refuseWorker(c, err)
+		return
+	}
+	a.mu.Lock()
+	a.conns[c] = w
+	a.mu.Unlock()
+	e.attach(w)
+	a.stats.workerAttaches.Add(1)
+	a.cfg.Logger.Info("worker attached", "model", e.m.Name, "pid", w.pid)
+	defer func() {
+		e.detach(w)
+		a.cfg.Logger.Info("worker detached", "model", e.m.Name, "pid", w.pid, "why", w.why)
+	}()
+	for {
+		var d WorkerDone
+		fds, err := fdpass.Read(c, &d)
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = errors.New("the worker closed its connection")
+			}
+			w.close(err)
+			return
+		}
+		fdpass.CloseAll(fds)
+		select {
+		case w.done <- d:
+		case <-w.closed:
+			return
+		}
+	}
+}
+
+func (a *Agent) refuseWorker(c *net.UnixConn, err error) {
+	a.stats.workerRefused.Add(1)
+	a.cfg.Logger.Warn("worker refused", "err", err)
+	c.SetWriteDeadline(time.Now().Add(time.Second))
+	fdpass.Write(c, WorkerAttached{Op: "attached", Version: WorkerProtocol, Err: err.Error()})
+}
+
+func (a *Agent) externalModel(req WorkerAttach) (*extModel, error) {
+	if req.Op != "attach" {
+		return nil, fmt.Errorf("first frame is %q: want attach", req.Op)
+	}
+	if req.Version != WorkerProtocol {
+		return nil, fmt.Errorf("worker protocol version %d: this host agent speaks %d (update lovelock_ingest.py from the same release)", req.Version, WorkerProtocol)
+	}
+	if e, ok := a.ext[req.Model]; ok {
+		return e, nil
+	}
+	var names []string
+	for n := range a.ext {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	if _, ok := a.models[req.Model]; ok {
+		return nil, fmt.Errorf("model %s is built in, not served by a worker (external models: %v)", req.Model, names)
+	}
+	return nil, fmt.Errorf("this host agent has no external model %q (external models: %v; add it to ingest_host's external_models)", req.Model, names)
+}
+
+// sendAttached sends the slot layout and one descriptor per buffer.
+func (a *Agent) sendAttached(c *net.UnixConn, m *model.Model) error {
+	l := a.Layout()
+	var fds []int
+	defer func() { fdpass.CloseAll(fds) }()
+	for gi, g := range a.gpus {
+		for si := range g.slots {
+			for k, b := range []devmem.Buffer{g.slots[si].in, g.slots[si].out} {
+				h, err := b.Export()
+				if err != nil {
+					return fmt.Errorf("export GPU %d slot %d: %w", gi, si, err)
+				}
+				l.GPUs[gi].HandleKind = string(h.Kind)
+				switch {
+				case h.FD >= 0:
+					fds = append(fds, h.FD)
+				case k == 0:
+					l.GPUs[gi].Slots[si].InIPC = h.IPC
+				default:
+					l.GPUs[gi].Slots[si].OutIPC = h.IPC
+				}
+			}
+		}
+	}
+	if len(fds) > fdpass.MaxFDs {
+		return fmt.Errorf("%d slot buffers: more than the %d descriptors one frame carries (use fewer GPUs or slots)", len(fds), fdpass.MaxFDs)
+	}
+	c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	defer c.SetWriteDeadline(time.Time{})
+	return fdpass.Write(c, WorkerAttached{Op: "attached", Version: WorkerProtocol, Model: m.Name, RowBytes: m.Multiple, Epoch: a.epoch, GPUs: l.GPUs}, fds...)
+}
+
+// runExternal hands one request to a worker of an external model and
+// waits for its answer.
+func (a *Agent) runExternal(ctx context.Context, m *model.Model, c ingest.Ctrl, s *slot) (n int, err error) {
+	defer func() {
+		if err != nil {
+			a.stats.externalFailed.Add(1)
+		} else {
+			a.stats.externalRuns.Add(1)
+		}
+	}()
+	inLen := int(c.Length)
+	if err := m.Check(inLen); err != nil {
+		return 0, ingest.Errorf(ingest.StatusBadRequest, "%v", err)
+	}
+	outLen := m.OutputSize(inLen)
+	if outLen < 0 || outLen > s.out.Size() {
+		return 0, ingest.Errorf(ingest.StatusTooLarge, "model %s: an input of %d bytes makes %d bytes of output, more than the %d-byte output buffer", m.Name, inLen, outLen, s.out.Size())
+	}
+	e := a.ext[m.Name]
+	w, err := e.acquire(ctx, a.cfg.WorkerWait, a.cfg.RunTimeout)
+	if errors.Is(err, errNoWorker) {
+		return 0, ingest.Errorf(ingest.StatusModelFailed, "no worker serves model %s on this GPU host: start one there, e.g. in Python: for req in lovelock_ingest.serve(%q, socket=%q): ... (docs/ingest.md, \"Your own model (Python)\")", m.Name, m.Name, a.cfg.WorkerSocket)
+	}
+	if err != nil {
+		return 0, ingest.Errorf(ingest.StatusModelFailed, "model %s: %v", m.Name, err)
+	}
+	defer e.release(w)
+	run := WorkerRun{Op: "run", Request: c.Request, GPU: int(c.GPU), Slot: int(c.Slot), Len: inLen, OutLen: outLen}
+	w.conn.SetWriteDeadline(time.Now().Add(a.cfg.RunTimeout))
+	if err := fdpass.Write(w.conn, run); err != nil {
+		w.close(fmt.Errorf("send run: %w", err))
+		a.stats.workerLost.Add(1)
+		return 0, ingest.Errorf(ingest.StatusModelFailed, "model %s: the worker (pid %d) is gone: %v", m.Name, w.pid, err)
+	}
+	t := time.NewTimer(a.cfg.RunTimeout)
+	defer t.Stop()
+	select {
+	case d := <-w.done:
+		switch {
+		case d.Op != "done" || d.Request != c.Request:
+			w.close(fmt.Errorf("protocol: answered %q for request %d while running %d", d.Op, d.Request, c.Request))
+			a.stats.workerLost.Add(1)
+			return 0, ingest.Errorf(ingest.StatusModelFailed, "model %s: the worker (pid %d) answered %q for request %d, not done for %d: disconnected it", m.Name, w.pid, d.Op, d.Request, c.Request)
+		case d.Err != "":
+			return 0, ingest.Errorf(ingest.StatusModelFailed, "model %s (worker pid %d): %s", m.Name, w.pid, d.Err)
+		case d.Len != outLen:
+			return 0, ingest.Errorf(ingest.StatusModelFailed, "model %s (worker pid %d) returned %d bytes of output: for an input of %d bytes it must return %d (its configured output size)", m.Name, w.pid, d.Len, inLen, outLen)
+		}
+		return d.Len, nil
+	case <-w.closed:
+		a.stats.workerLost.Add(1)
+		return 0, ingest.Errorf(ingest.StatusModelFailed, "model %s: the worker (pid %d) disconnected while running this request (%v): start it again", m.Name, w.pid, w.why)
+	case <-t.C:
+		w.close(fmt.Errorf("run timeout: no answer for request %d in %v", c.Request, a.cfg.RunTimeout))
+		a.stats.workerLost.Add(1)
+		return 0, ingest.Errorf(ingest.StatusModelFailed, "model %s: the worker (pid %d) did not answer within %v; it was disconnected: start it again", m.Name, w.pid, a.cfg.RunTimeout)
+	case <-ctx.Done():
+		return 0, ingest.Errorf(ingest.StatusHostUnavailable, "the host agent is stopping")
+	}
+}
+
+// closeWorkers disconnects every worker, attached or attaching; Run calls
+// it once ctx is done.
+func (a *Agent) closeWorkers() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for c, w := range a.conns {
+		if w != nil {
+			w.close(errors.New("the host agent stopped"))
+		}
+		c.Close()
+	}
+}
+
+func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return nil, err
+	}
+	if cerr != nil {
+		return nil, fmt.Errorf("peer credentials: %w", cerr)
+	}
+	return cred, nil
+}
