@@ -161,8 +161,8 @@ ingest:
   grpc: "10.77.0.12:8001"
   transport: xdp
   interfaces: [p0]
-  models: [{name: checksum}, {name: mlp}]
-  tenants: [{id: 1, models: [checksum, mlp]}, {id: 2, models: [checksum]}]
+  models: [{name: checksum}, {name: mlp}, {name: affine}]
+  tenants: [{id: 1, models: [checksum, mlp, affine]}, {id: 2, models: [checksum]}]
 YAML
 cat >"$RUN/gpu0.yaml" <<YAML
 ingest_host:
@@ -171,7 +171,10 @@ ingest_host:
   device: shm
   gpus: [{card: H100-80GB}, {card: A100-40GB}]
   socket: "$RUN/ingest.sock"
-  models: [checksum, mlp]
+  models: [checksum, mlp, affine]
+  # affine is the user's own model: a Python worker serves it (below).
+  worker_socket: "$RUN/ingest-workers.sock"
+  external_models: [{name: affine, row_bytes: 256, out_bytes_per_row: 256}]
 YAML
 for node in dpu2 gpu0; do
 	mkdir -p "/sys/fs/bpf/lovelock-demo-$node"
@@ -207,6 +210,27 @@ echo "-- the MLP on 256 rows, checked against its CPU reference"
 infer --tenant 1 --model mlp --size 64KiB --check
 echo "-- the same through the KServe v2 gRPC front end (ModelInfer), as a Triton client sends it"
 infer --tenant 1 --model mlp --size 16KiB --check --grpc 10.77.0.12:8001
+echo "-- a user's own model in Python: the worker's one changed line views the bytes dpu2 wrote as a NumPy array, no copy"
+PYTHONPATH=dataplane/ingest/python /usr/bin/python3 -c '
+import sys, numpy as np, lovelock_ingest
+for req in lovelock_ingest.serve("affine", socket=sys.argv[1]):
+    x = req.numpy(np.float32, (-1, 64))   # the one changed line
+    req.reply(2 * x + 1)                  # the user model, unchanged
+' "$RUN/ingest-workers.sock" &
+pids+=($!)
+for _ in $(seq 100); do
+	"$lovelock" --socket "$RUN/gpu0.sock" ingest stats | grep -q 'workers attached: affine 1' && break
+	sleep 0.1
+done
+/usr/bin/python3 -c 'import numpy as np, sys; np.arange(64*64, dtype=np.float32).tofile(sys.argv[1])' "$RUN/affine.in"
+infer --tenant 1 --model affine --input "$RUN/affine.in" -o json >"$RUN/affine.json"
+/usr/bin/python3 -c '
+import base64, json, sys, numpy as np
+out = np.frombuffer(base64.b64decode(json.load(open(sys.argv[1]))["result"]["output"]), dtype=np.float32)
+x = np.arange(64*64, dtype=np.float32)
+assert np.array_equal(out, 2 * x + 1), "the Python model'"'"'s output is wrong"
+print("affine over 64 rows through the Python worker: every output equals 2x+1")
+' "$RUN/affine.json"
 echo "-- tenant 2 is not granted the MLP: refused, and nothing else harmed"
 if infer --tenant 2 --model mlp --size 4KiB; then echo "tenant 2 ran a model it was not granted"; exit 1; fi
 echo "-- a load: 2000 requests of 4 KiB, 16 outstanding, every output checked; host CPU per request from gpu0's lovelockd"
