@@ -48,7 +48,7 @@ type Advisor interface {
 }
 
 // maxExtents bounds an Advice's ranges so that its frame stays well below
-// maxFrame (an extent is at most about 50 bytes of JSON).
+// fdpass.MaxFrame (an extent is at most about 50 bytes of JSON).
 const maxExtents = 1000
 
 // ErrTooMuchAdvice is returned by Advise for more than 1000 ranges in one

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"fmt"
 	"slices"
 	"sort"
 	"sync"
@@ -140,7 +141,7 @@ func (a *Agent) Stats() Stats {
 	defer a.mu.Unlock()
 	s.InFlight, s.BufferBytes = len(a.reqs), a.bufUsed
 	if h := a.host; h != nil {
-		s.Host = &HostStatus{Addr: h.addr.String(), Epoch: hex16(h.epoch), Socket: h.socket, GPUs: h.layout.GPUs, Models: h.layout.Models, Seen: time.Since(h.lastSeen)}
+		s.Host = &HostStatus{Addr: h.addr.String(), Epoch: fmt.Sprintf("%016x", h.epoch), Socket: h.socket, GPUs: h.layout.GPUs, Models: h.layout.Models, Seen: time.Since(h.lastSeen)}
 		s.GPUsInUse = map[string]int{}
 		for name, pl := range h.pools {
 			s.Queued += pl.queued
@@ -148,16 +149,6 @@ func (a *Agent) Stats() Stats {
 		}
 	}
 	return s
-}
-
-func hex16(v uint64) string {
-	const digits = "0123456789abcdef"
-	var b [16]byte
-	for i := 15; i >= 0; i-- {
-		b[i] = digits[v&0xf]
-		v >>= 4
-	}
-	return string(b[:])
 }
 
 // Models implements ingest.Catalog.

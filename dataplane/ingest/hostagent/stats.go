@@ -1,6 +1,7 @@
 package hostagent
 
 import (
+	"fmt"
 	"sync/atomic"
 	"time"
 )
@@ -60,7 +61,7 @@ func (a *Agent) Stats() Stats {
 		workers[name] = e.count()
 	}
 	return Stats{
-		Epoch: hex(a.epoch), Registered: a.registered.Load(), GPUs: len(a.gpus), Slots: a.cfg.Slots,
+		Epoch: fmt.Sprintf("%016x", a.epoch), Registered: a.registered.Load(), GPUs: len(a.gpus), Slots: a.cfg.Slots,
 		Doorbells: a.stats.doorbells.Load(), Repeats: a.stats.repeats.Load(), Stale: a.stats.stale.Load(),
 		Completed: a.stats.completed.Load(), Failed: a.stats.failed.Load(),
 		BytesIn: a.stats.bytesIn.Load(), BytesOut: a.stats.bytesOut.Load(), DeviceTime: time.Duration(a.stats.deviceNs.Load()),
@@ -69,16 +70,6 @@ func (a *Agent) Stats() Stats {
 		ExternalRuns: a.stats.externalRuns.Load(), ExternalFailed: a.stats.externalFailed.Load(), Workers: workers,
 		WorkerAttaches: a.stats.workerAttaches.Load(), WorkerRefused: a.stats.workerRefused.Load(), WorkerLost: a.stats.workerLost.Load(),
 	}
-}
-
-func hex(v uint64) string {
-	const digits = "0123456789abcdef"
-	var b [16]byte
-	for i := 15; i >= 0; i-- {
-		b[i] = digits[v&0xf]
-		v >>= 4
-	}
-	return string(b[:])
 }
 
 // GPUInfo describes one registered GPU for `lovelock ingest gpus`.
