@@ -39,9 +39,12 @@ type Agent struct {
 	reqs     map[reqKey]*request
 	bySeq    map[uint64]*request
 	results  map[reqKey]*doneResult
-	resultQ  []reqKey // results in expiry order
-	nextSeq  uint64
-	bufUsed  int
+	resultQ  []*doneResult // results in expiry order
+	// resultBytes is what the kept results hold, at most
+	// Config.ResultBytes: the oldest go first beyond it.
+	resultBytes int
+	nextSeq     uint64
+	bufUsed     int
 
 	stats counters
 	lat   latencies
@@ -106,8 +109,10 @@ type outcome struct {
 
 // doneResult is a finished request kept to answer retransmissions.
 type doneResult struct {
+	key     reqKey
 	tenant  uint32
 	frags   [][]byte // encoded result datagrams
+	bytes   int
 	expires time.Time
 }
 
@@ -706,10 +711,31 @@ func errText(err error) string {
 	return err.Error()
 }
 
-// rememberLocked keeps a result for retransmissions until it expires.
+// rememberLocked keeps a result for retransmissions until it expires or
+// the kept results exceed their byte budget, oldest first. A client whose
+// result was forgotten and lost gets its request run again.
 func (a *Agent) rememberLocked(now time.Time, key reqKey, tenant uint32, frags [][]byte) {
-	a.results[key] = &doneResult{tenant: tenant, frags: frags, expires: now.Add(a.cfg.ResultTTL)}
-	a.resultQ = append(a.resultQ, key)
+	d := &doneResult{key: key, tenant: tenant, frags: frags, expires: now.Add(a.cfg.ResultTTL)}
+	for _, f := range frags {
+		d.bytes += len(f)
+	}
+	a.forgetLocked(a.results[key])
+	a.results[key] = d
+	a.resultQ = append(a.resultQ, d)
+	a.resultBytes += d.bytes
+	for a.resultBytes > a.cfg.ResultBytes && len(a.resultQ) > 0 {
+		a.forgetLocked(a.resultQ[0])
+		a.resultQ = a.resultQ[1:]
+		a.stats.resultsForgotten.Add(1)
+	}
+}
+
+// forgetLocked drops d if it is still the kept result of its key.
+func (a *Agent) forgetLocked(d *doneResult) {
+	if d != nil && a.results[d.key] == d {
+		delete(a.results, d.key)
+		a.resultBytes -= d.bytes
+	}
 }
 
 // Infer implements ingest.Submitter: a whole request from a front end

@@ -65,7 +65,9 @@ type Config struct {
 	// ResultTTL is how long a result is kept to answer a retransmitted
 	// request (default 3 s).
 	ResultTTL time.Duration
-	Logger    *slog.Logger
+	// ResultBytes bounds the memory of kept results (default 64 MiB).
+	ResultBytes int
+	Logger      *slog.Logger
 }
 
 // ModelConfig is one model the agent serves.
@@ -166,6 +168,9 @@ func (c *Config) defaults() error {
 	}
 	if c.ResultTTL == 0 {
 		c.ResultTTL = 3 * time.Second
+	}
+	if c.ResultBytes == 0 {
+		c.ResultBytes = 64 << 20
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -19,6 +19,7 @@ type counters struct {
 	doorbells, rerings, staleCompletions                        atomic.Uint64
 	bytesToDevice, bytesFromDevice, resultDatagrams, sendErrors atomic.Uint64
 	registrations, registerFailed, hostLost, reassemblyTimeouts atomic.Uint64
+	resultsForgotten                                            atomic.Uint64
 	refused                                                     [16]atomic.Uint64 // by ingest.Status
 }
 
@@ -77,6 +78,9 @@ type Stats struct {
 	Duplicates uint64            `json:"duplicate_fragments"`
 	// Resent counts results sent again for a retransmitted request.
 	Resent uint64 `json:"results_resent"`
+	// ResultsForgotten are results dropped before their time to keep the
+	// kept results within their byte budget.
+	ResultsForgotten uint64 `json:"results_forgotten"`
 	// LateResults are results delivered after their deadline (the
 	// deadline passed while the model ran).
 	LateResults        uint64 `json:"late_results"`
@@ -121,7 +125,7 @@ func (a *Agent) Stats() Stats {
 	s := Stats{
 		Fragments: a.stats.fragments.Load(), BytesIn: a.stats.bytesIn.Load(), Received: a.stats.received.Load(),
 		Completed: a.stats.completed.Load(), Malformed: a.stats.malformed.Load(), Duplicates: a.stats.duplicates.Load(),
-		Resent: a.stats.resent.Load(), LateResults: a.stats.lateResults.Load(), ReassemblyTimeouts: a.stats.reassemblyTimeouts.Load(),
+		Resent: a.stats.resent.Load(), ResultsForgotten: a.stats.resultsForgotten.Load(), LateResults: a.stats.lateResults.Load(), ReassemblyTimeouts: a.stats.reassemblyTimeouts.Load(),
 		BytesToDevice: a.stats.bytesToDevice.Load(), BytesFromDevice: a.stats.bytesFromDevice.Load(),
 		Doorbells: a.stats.doorbells.Load(), Rerings: a.stats.rerings.Load(), StaleCompletions: a.stats.staleCompletions.Load(),
 		Registrations: a.stats.registrations.Load(), RegisterFailed: a.stats.registerFailed.Load(), HostLost: a.stats.hostLost.Load(),

@@ -75,14 +75,8 @@ func (a *Agent) expireLocked(now time.Time) {
 			}
 		}
 	}
-	for len(a.resultQ) > 0 {
-		d, ok := a.results[a.resultQ[0]]
-		if ok && !now.After(d.expires) {
-			break
-		}
-		if ok {
-			delete(a.results, a.resultQ[0])
-		}
+	for len(a.resultQ) > 0 && now.After(a.resultQ[0].expires) {
+		a.forgetLocked(a.resultQ[0])
 		a.resultQ = a.resultQ[1:]
 	}
 }
