@@ -20,6 +20,36 @@ pids=()
 
 say() { if [ -t 1 ]; then printf '\n\033[1m== %s\033[0m\n' "$*"; else printf '\n== %s\n' "$*"; fi; }
 
+# start_node NODE [FLAGS...] runs lovelockd in NODE with $RUN/NODE.yaml; each
+# daemon locks its pin directory's parent, so one parent per node.
+start_node() {
+	local node=$1
+	shift
+	mkdir -p "/sys/fs/bpf/lovelock-demo-$node"
+	"$lovelock" testbed exec --prefix "$PREFIX" "$node" -- "$BIN/lovelockd" \
+		--config "$RUN/$node.yaml" --pin-dir "/sys/fs/bpf/lovelock-demo-$node/lovelock" \
+		--state "$RUN/$node.state.json" --socket "$RUN/$node.sock" --metrics off "$@" >"$RUN/$node.log" 2>&1 &
+	pids+=($!)
+}
+
+# services_up NODE... waits until every service of each node runs (lovelock
+# services exits non-zero until then) and fails the demo with the node's log
+# otherwise.
+services_up() {
+	local node
+	for node in "$@"; do
+		for _ in $(seq 100); do
+			"$lovelock" --socket "$RUN/$node.sock" services >/dev/null 2>&1 && break
+			sleep 0.1
+		done
+		if ! "$lovelock" --socket "$RUN/$node.sock" services; then
+			echo "a service on $node is not running; its log:"
+			cat "$RUN/$node.log"
+			exit 1
+		fi
+	done
+}
+
 cleanup() {
 	for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
 	wait 2>/dev/null || true
@@ -41,16 +71,10 @@ echo '{}' >"$RUN/dpu0.yaml"
 # dpu1 also runs the far-memory agent for host1 (the far-memory step below).
 echo 'far_memory: {listen: "10.77.0.11:61440", servers: [{addr: "10.77.0.20:61440"}]}' >"$RUN/dpu1.yaml"
 for dpu in dpu0 dpu1; do
-	# Each daemon locks its pin directory's parent: one parent per node.
-	mkdir -p "/sys/fs/bpf/lovelock-demo-$dpu"
 	say "lovelockd on $dpu: XDP on pf0hpf (from the host) and p0 (from the fabric); the messaging agent on AF_XDP"
-	"$lovelock" testbed exec --prefix "$PREFIX" "$dpu" -- "$BIN/lovelockd" \
-		--config "$RUN/$dpu.yaml" --pin-dir "/sys/fs/bpf/lovelock-demo-$dpu/lovelock" \
-		--state "$RUN/$dpu.state.json" --socket "$RUN/$dpu.sock" --metrics off \
-		--xdp pf0hpf --xdp p0 \
+	start_node "$dpu" --xdp pf0hpf --xdp p0 \
 		--msg-cluster appliance/examples/cluster.yaml --msg-node "$dpu" \
-		--msg-transport xdp --msg-iface pf0hpf --msg-iface p0 >"$RUN/$dpu.log" 2>&1 &
-	pids+=($!)
+		--msg-transport xdp --msg-iface pf0hpf --msg-iface p0
 done
 for dpu in dpu0 dpu1; do
 	for _ in $(seq 100); do
@@ -124,25 +148,8 @@ YAML
 cat >"$RUN/host1.yaml" <<YAML
 far_memory_host: {agent: "10.77.0.11:61440", socket: "$RUN/farmem.sock"}
 YAML
-for node in mem0 host1; do
-	mkdir -p "/sys/fs/bpf/lovelock-demo-$node"
-	"$lovelock" testbed exec --prefix "$PREFIX" "$node" -- "$BIN/lovelockd" \
-		--config "$RUN/$node.yaml" --pin-dir "/sys/fs/bpf/lovelock-demo-$node/lovelock" \
-		--state "$RUN/$node.state.json" --socket "$RUN/$node.sock" --metrics off >"$RUN/$node.log" 2>&1 &
-	pids+=($!)
-done
-for node in mem0 dpu1 host1; do
-	# lovelock services exits non-zero until every service of the node runs.
-	for _ in $(seq 100); do
-		"$lovelock" --socket "$RUN/$node.sock" services >/dev/null 2>&1 && break
-		sleep 0.1
-	done
-	if ! "$lovelock" --socket "$RUN/$node.sock" services; then
-		echo "a service on $node is not running; its log:"
-		cat "$RUN/$node.log"
-		exit 1
-	fi
-done
+for node in mem0 host1; do start_node "$node"; done
+services_up mem0 dpu1 host1
 "$lovelock" testbed exec --prefix "$PREFIX" host1 -- "$BIN/bench-mem" -demo \
 	-mem-socket "$RUN/mem0.sock" -dpu-socket "$RUN/dpu1.sock" -host-socket "$RUN/farmem.sock"
 
@@ -176,26 +183,9 @@ ingest_host:
   worker_socket: "$RUN/ingest-workers.sock"
   external_models: [{name: affine, row_bytes: 256, out_bytes_per_row: 256}]
 YAML
-for node in dpu2 gpu0; do
-	mkdir -p "/sys/fs/bpf/lovelock-demo-$node"
-	xdp=()
-	[ "$node" = dpu2 ] && xdp=(--xdp p0)
-	"$lovelock" testbed exec --prefix "$PREFIX" "$node" -- "$BIN/lovelockd" \
-		--config "$RUN/$node.yaml" --pin-dir "/sys/fs/bpf/lovelock-demo-$node/lovelock" \
-		--state "$RUN/$node.state.json" --socket "$RUN/$node.sock" --metrics off "${xdp[@]}" >"$RUN/$node.log" 2>&1 &
-	pids+=($!)
-done
-for node in dpu2 gpu0; do
-	for _ in $(seq 100); do
-		"$lovelock" --socket "$RUN/$node.sock" services >/dev/null 2>&1 && break
-		sleep 0.1
-	done
-	if ! "$lovelock" --socket "$RUN/$node.sock" services; then
-		echo "a service on $node is not running; its log:"
-		cat "$RUN/$node.log"
-		exit 1
-	fi
-done
+start_node dpu2 --xdp p0
+start_node gpu0
+services_up dpu2 gpu0
 # The host registers its slot buffers with the DPU (heartbeat, handle socket).
 for _ in $(seq 100); do
 	"$lovelock" --socket "$RUN/gpu0.sock" ingest stats | grep -q ', registered' && break

@@ -47,30 +47,20 @@ func ingestStats(c *ucli.Context) error {
 	if err != nil {
 		return err
 	}
-	cl := client(c)
-	svcs, err := cl.Services(c.Context)
+	rep := ingestStatsReport{Agent: &agent.Stats{}, Host: &hostagent.Stats{}}
+	found, err := fetchStats(c, map[string]any{ingestAgent: rep.Agent, ingestHost: rep.Host})
 	if err != nil {
 		return err
 	}
-	var rep ingestStatsReport
-	for _, s := range svcs {
-		var v any
-		switch s.Name {
-		case ingestAgent:
-			rep.Agent = &agent.Stats{}
-			v = rep.Agent
-		case ingestHost:
-			rep.Host = &hostagent.Stats{}
-			v = rep.Host
-		default:
-			continue
-		}
-		if err := cl.ServiceStats(c.Context, s.Name, v); err != nil {
-			return err
-		}
-	}
-	if rep.Agent == nil && rep.Host == nil {
+	if len(found) == 0 {
 		return errors.New("the node's lovelockd runs no ingest service (ingest or ingest_host in its config)")
+	}
+	// What the node does not run stays out of the report.
+	if !found[ingestAgent] {
+		rep.Agent = nil
+	}
+	if !found[ingestHost] {
+		rep.Host = nil
 	}
 	if asJSON {
 		return writeJSON(c.App.Writer, rep)

@@ -147,33 +147,23 @@ func memStats(c *ucli.Context) error {
 	if err != nil {
 		return err
 	}
-	cl := client(c)
-	svcs, err := cl.Services(c.Context)
+	rep := memStatsReport{Server: &farmem.ServerStats{}, Agent: &farmem.AgentStats{}, Host: &api.MemHostStats{}}
+	found, err := fetchStats(c, map[string]any{memServer: rep.Server, memAgent: rep.Agent, memHost: rep.Host})
 	if err != nil {
 		return err
 	}
-	var rep memStatsReport
-	for _, s := range svcs {
-		var v any
-		switch s.Name {
-		case memServer:
-			rep.Server = &farmem.ServerStats{}
-			v = rep.Server
-		case memAgent:
-			rep.Agent = &farmem.AgentStats{}
-			v = rep.Agent
-		case memHost:
-			rep.Host = &api.MemHostStats{}
-			v = rep.Host
-		default:
-			continue
-		}
-		if err := cl.ServiceStats(c.Context, s.Name, v); err != nil {
-			return err
-		}
-	}
-	if rep.Server == nil && rep.Agent == nil && rep.Host == nil {
+	if len(found) == 0 {
 		return errors.New("the node's lovelockd runs no far-memory service (memory_server, far_memory or far_memory_host in its config)")
+	}
+	// What the node does not run stays out of the report.
+	if !found[memServer] {
+		rep.Server = nil
+	}
+	if !found[memAgent] {
+		rep.Agent = nil
+	}
+	if !found[memHost] {
+		rep.Host = nil
 	}
 	if asJSON {
 		return writeJSON(c.App.Writer, rep)

@@ -74,3 +74,26 @@ func dash(s string) string {
 	}
 	return s
 }
+
+// fetchStats fills, for each service the node runs whose name is a key of
+// into, the value there with the service's stats, and returns the names
+// it filled.
+func fetchStats(c *ucli.Context, into map[string]any) (map[string]bool, error) {
+	cl := client(c)
+	svcs, err := cl.Services(c.Context)
+	if err != nil {
+		return nil, err
+	}
+	found := map[string]bool{}
+	for _, s := range svcs {
+		v, ok := into[s.Name]
+		if !ok {
+			continue
+		}
+		if err := cl.ServiceStats(c.Context, s.Name, v); err != nil {
+			return nil, err
+		}
+		found[s.Name] = true
+	}
+	return found, nil
+}
