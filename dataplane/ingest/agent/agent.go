@@ -88,9 +88,10 @@ type request struct {
 	// deadline is zero for none.
 	deadline time.Time
 
-	buf  []byte // the input, in DPU memory until written to the slot
-	have ranges
-	last time.Time // last fragment
+	buf   []byte // the input, in DPU memory until written to the slot
+	inLen int    // its length, once written
+	have  ranges
+	last  time.Time // last fragment
 
 	gpu, slot int
 	sliceName string
@@ -457,7 +458,8 @@ func (a *Agent) write(r *request, slice string) {
 	}
 	a.stats.bytesToDevice.Add(uint64(len(r.buf)))
 	a.bufUsed -= len(r.buf)
-	r.buf = r.buf[:len(r.buf):len(r.buf)] // length kept for the doorbell
+	// The input lives in the slot now: DPU memory goes back with it.
+	r.inLen, r.buf = len(r.buf), nil
 	r.state = running
 	r.sliceName = slice
 	a.ringLocked(r)
@@ -467,7 +469,7 @@ func (a *Agent) ringLocked(r *request) {
 	r.rungAt = time.Now()
 	r.rings++
 	c := ingest.Ctrl{Op: ingest.OpDoorbell, Epoch: r.host.epoch, Request: r.seq, GPU: uint8(r.gpu), Slot: uint8(r.slot),
-		Length: uint32(len(r.buf)), Tenant: uint16(r.tenant), Text: r.model.cfg.Name}
+		Length: uint32(r.inLen), Tenant: uint16(r.tenant), Text: r.model.cfg.Name}
 	a.sendHost(r.host.addr, &c)
 	a.stats.doorbells.Add(1)
 }
