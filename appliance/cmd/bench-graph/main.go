@@ -60,6 +60,7 @@ var (
 	bcSources  = flag.Int("bc-sources", 2, "BC sources")
 	samples    = flag.Int("samples", 64, "Radii samples")
 	dpuCache   = flag.String("dpu-cache", "8MiB", "dpu0's dynamic cache arena")
+	dpuEntry   = flag.String("dpu-entry", "1MiB", "dpu0's dynamic cache entry size (SODA's is 1 MiB): the unit every prefetcher loads and evicts")
 	rowsFlag   = flag.String("rows", "a,b,c,d,e", "rows to run")
 )
 
@@ -181,7 +182,7 @@ func run(ctx context.Context) error {
 			Name: "host1-direct", Node: "host1",
 			Config: fmt.Sprintf("far_memory_host: {agent: %q, socket: \"{{dir}}/direct.sock\"}\n", memcluster.MemAddr),
 		}},
-		AgentCache: fmt.Sprintf(`{size: %s, entry_size: 1MiB, static_size: 64MiB, prefetcher: "off"}`, *dpuCache),
+		AgentCache: fmt.Sprintf(`{size: %s, entry_size: %s, static_size: 64MiB, prefetcher: "off"}`, *dpuCache, *dpuEntry),
 	})
 	if err != nil {
 		return err
@@ -191,7 +192,11 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("-dpu-cache: %w", err)
 	}
-	fmt.Printf("testbed %q: MTU 9000; lovelockd: memory server on mem0, far-memory agent on dpu0 (dynamic cache %s in 1 MiB entries, static up to 64 MiB), host agents on host0 (through dpu0) and host1 (to mem0 directly)\n", spec.Prefix, *dpuCache)
+	entry, err := farmem.ParseSize(*dpuEntry)
+	if err != nil {
+		return fmt.Errorf("-dpu-entry: %w", err)
+	}
+	fmt.Printf("testbed %q: MTU 9000; lovelockd: memory server on mem0, far-memory agent on dpu0 (dynamic cache %s in %s entries, static up to 64 MiB), host agents on host0 (through dpu0) and host1 (to mem0 directly)\n", spec.Prefix, *dpuCache, *dpuEntry)
 
 	// Regions are created and freed through dpu0's agent by a client in
 	// host0's namespace, so that a free drops the agent's cache state.
@@ -221,7 +226,7 @@ func run(ctx context.Context) error {
 		}
 	}
 	p := graph.Params{Source: -1, Iterations: *iterations, BCSources: *bcSources, Samples: *samples, Seed: *seed}
-	o := graph.Options{Workers: *workers, HintAhead: uint64(arena) / 4, HintGrain: 1 << 20}
+	o := graph.Options{Workers: *workers, HintAhead: uint64(arena) / 4, HintGrain: uint64(entry)}
 	mo := fmap.Options{ChunkSize: int(chunkSize), BufferBytes: buffer}
 
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -275,7 +280,7 @@ func run(ctx context.Context) error {
 		tw.Flush()
 	}
 	tw.Flush()
-	fmt.Println("mem0 link: the memory server's datagram bytes in and out (the fabric, the same measure on every path); prefetch: the agent's entry fills (entries issued × 1 MiB, without headers), on-demand the rest (with the static load for (c)).")
+	fmt.Println("mem0 link: the memory server's datagram bytes in and out (the fabric, the same measure on every path); prefetch: the agent's entry fills (entries issued × the entry size, without headers), on-demand the rest (with the static load for (c)).")
 	fmt.Println("hit rate: (static + dynamic hits) / the region's reads at dpu0 (at least one per fault); accuracy: prefetched entries used / issued; switch turns: the adaptive switch's events during the run.")
 	fmt.Println("check: the far-memory run against the same app on the in-memory copy (exact for bfs, cc, radii; relative 1e-9 for pagerank, bc).")
 	for _, r := range rows {
