@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"os"
+	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -88,8 +90,10 @@ type point struct {
 }
 
 // chunks runs n requesters doing 64 KiB reads (or writes) at random
-// chunk offsets of the region through server for the bench's duration.
-func (b *bench) chunks(ctx context.Context, server string, n int, write bool) (point, error) {
+// chunk offsets of the region through server for the bench's duration,
+// each as fast as it can or, with rate > 0 (bytes/s for all together),
+// paced so that they offer that load.
+func (b *bench) chunks(ctx context.Context, server string, n int, write bool, rate float64) (point, error) {
 	cl, err := b.client(server)
 	if err != nil {
 		return point{}, err
@@ -116,6 +120,11 @@ func (b *bench) chunks(ctx context.Context, server string, n int, write bool) (p
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(w), 7))
 			buf := make([]byte, chunk)
+			var pace time.Duration
+			if rate > 0 {
+				pace = time.Duration(float64(n*chunk) / rate * float64(time.Second))
+			}
+			next := time.Now().Add(time.Duration(w) * pace / time.Duration(n)) // spread the requesters out
 			var mine []time.Duration
 			var bytes int64
 			bad := 0
@@ -127,6 +136,14 @@ func (b *bench) chunks(ctx context.Context, server string, n int, write bool) (p
 					mu.Unlock()
 					return
 				default:
+				}
+				if pace > 0 {
+					if d := time.Until(next); d > 0 {
+						time.Sleep(d)
+					} else if d < -pace {
+						next = time.Now() // behind: do not catch up in a burst
+					}
+					next = next.Add(pace)
 				}
 				off := int64(rng.IntN(nchunks)) * chunk
 				start := time.Now()
@@ -252,11 +269,11 @@ func (b *bench) report(ctx context.Context, counts []int) error {
 			op = "write"
 		}
 		for _, n := range counts {
-			d, err := b.chunks(ctx, memAddr, n, write)
+			d, err := b.chunks(ctx, memAddr, n, write, 0)
 			if err != nil {
 				return err
 			}
-			a, err := b.chunks(ctx, agentAddr, n, write)
+			a, err := b.chunks(ctx, agentAddr, n, write, 0)
 			if err != nil {
 				return err
 			}
@@ -271,6 +288,11 @@ func (b *bench) report(ctx context.Context, counts []int) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if *rate > 0 {
+		if err := b.equalLoad(ctx, counts[len(counts)-1]); err != nil {
+			return err
+		}
 	}
 	m, e, err := b.faultIn(ctx)
 	if err != nil {
@@ -295,4 +317,50 @@ func (b *bench) report(ctx context.Context, counts []int) error {
 		return b.xdpCompare(ctx, counts[len(counts)-1])
 	}
 	return nil
+}
+
+// equalLoad measures host CPU per GiB with both paths offered the same
+// load (-rate), below what either sustains: CPU per byte taken at
+// different throughputs also differs by the idle time each leaves (wakeups
+// and the Go scheduler's spinning between requests), which is not the
+// path's cost.
+func (b *bench) equalLoad(ctx context.Context, n int) error {
+	fmt.Printf("\nequal offered load: %d requesters paced to %.0f MB/s together, on both paths\n", n, *rate/1e6)
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "op\tdirect MB/s\tp50 µs\tCPU s/GiB\tvia agent MB/s\tp50 µs\tCPU s/GiB\tCPU ×direct\terrors\t")
+	for _, write := range []bool{false, true} {
+		op := "read"
+		if write {
+			op = "write"
+		}
+		d, err := b.profiled("direct-"+op, func() (point, error) { return b.chunks(ctx, memAddr, n, write, *rate) })
+		if err != nil {
+			return err
+		}
+		a, err := b.profiled("agent-"+op, func() (point, error) { return b.chunks(ctx, agentAddr, n, write, *rate) })
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(tw, "%s\t%.0f\t%d\t%.2f\t%.0f\t%d\t%.2f\t%.2f\t%d\t\n", op, d.mbps, d.p50.Microseconds(), d.cpuPerGB,
+			a.mbps, a.p50.Microseconds(), a.cpuPerGB, a.cpuPerGB/d.cpuPerGB, d.errors+a.errors)
+	}
+	return tw.Flush()
+}
+
+// profiled runs f under a CPU profile written to -profile/name.pprof when
+// -profile names a directory.
+func (b *bench) profiled(name string, f func() (point, error)) (point, error) {
+	if *profileDir == "" {
+		return f()
+	}
+	out, err := os.Create(filepath.Join(*profileDir, name+".pprof"))
+	if err != nil {
+		return point{}, err
+	}
+	defer out.Close()
+	if err := pprof.StartCPUProfile(out); err != nil {
+		return point{}, err
+	}
+	defer pprof.StopCPUProfile()
+	return f()
 }

@@ -39,6 +39,8 @@ var (
 	duration   = flag.Duration("duration", 2*time.Second, "measured time per point (after a 200ms warm-up)")
 	regionSize = flag.String("region", "256MiB", "region size")
 	requesters = flag.String("requesters", "1,4,16", "requester counts")
+	profileDir = flag.String("profile", "", "write CPU profiles of this process (the requesters) during the equal-load points to this directory")
+	rate       = flag.Float64("rate", 100e6, "also measure both paths at this equal offered load in bytes/s (the most requesters, paced; 0: skip)")
 	xdpRows    = flag.Bool("xdp", true, "also compare the DPU agent on AF_XDP with the same agent on kernel UDP, at equal datagram sizes")
 	demo       = flag.Bool("demo", false, "map a region from host0 through dpu0 on a running testbed, write and verify it, print throughput, and exit")
 	demoSize   = flag.String("demo-size", "64MiB", "-demo: region size")

@@ -61,11 +61,11 @@ func (b *bench) xdpCompare(ctx context.Context, n int) error {
 		x.xdpMode, x.max, n)
 	fmt.Println("  op     kernel UDP MB/s  AF_XDP MB/s  AF_XDP/kernel  p50 µs (kernel / xdp)")
 	for _, write := range []bool{false, true} {
-		k, err := b.chunks(ctx, kernelHost+":61440", n, write)
+		k, err := b.chunks(ctx, kernelHost+":61440", n, write, 0)
 		if err != nil {
 			return err
 		}
-		a, err := b.chunks(ctx, xdpHost+":61440", n, write)
+		a, err := b.chunks(ctx, xdpHost+":61440", n, write, 0)
 		if err != nil {
 			return err
 		}
