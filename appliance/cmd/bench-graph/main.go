@@ -218,6 +218,7 @@ func run(ctx context.Context) error {
 		{id: "d", label: "(d) DPU + dynamic, adjacent (SODA)", socket: cl.HostSocket, caching: graph.Caching{Prefetcher: "adjacent"}},
 		{id: "e", label: "(e) DPU + dynamic, stride", socket: cl.HostSocket, caching: graph.Caching{Prefetcher: "stride"}},
 		{id: "e", label: "(e) DPU + dynamic, hints", socket: cl.HostSocket, caching: graph.Caching{Prefetcher: "hints"}},
+		{id: "e", label: "(e) DPU + static offsets + dynamic, hints", socket: cl.HostSocket, caching: graph.Caching{Static: true, Prefetcher: "hints"}},
 	}
 	var paths []path
 	for _, pa := range all {
