@@ -63,6 +63,7 @@ type slot struct {
 	dead       bool // out of the index; freed when the last reference goes
 	used       bool // a read hit it
 	prefetched bool
+	hinted     bool // loaded for a hint: spared by eviction until read
 	refs       int32
 	gen        uint64 // the region's write generation when the fill started
 	n          int    // valid bytes (an entry at the region's end is short)
@@ -438,7 +439,8 @@ func (c *cache) freeLocked(i int32) {
 }
 
 // allocLocked returns a free slot, evicting a random unreferenced valid
-// entry when none is free; false when every entry is in use or filling.
+// entry when none is free, one that is not an unread hinted entry if it
+// can; false when every entry is in use or filling.
 func (c *cache) allocLocked() (int32, bool) {
 	if n := len(c.free); n > 0 {
 		i := c.free[n-1]
@@ -447,10 +449,12 @@ func (c *cache) allocLocked() (int32, bool) {
 	}
 	n := len(c.slots)
 	start := c.rng.IntN(n)
-	for j := range n {
+	for j := range 2 * n {
 		i := int32((start + j) % n)
 		s := &c.slots[i]
-		if s.state != slotValid || s.refs != 0 || s.dead {
+		// First pass: spare hinted entries not read yet (the program named
+		// them as about to be read); the second takes any.
+		if s.state != slotValid || s.refs != 0 || s.dead || j < n && s.hinted && !s.used {
 			continue
 		}
 		delete(c.index, s.key)
@@ -692,6 +696,7 @@ func (c *cache) hint(tenant, region uint32, ranges []Range, pf *Prefetcher) (int
 		}
 		for e := r.Offset / c.esz; e*c.esz < end && started < len(c.slots); e++ {
 			if c.startFillLocked(region, rc, e, true) {
+				c.slots[c.index[entryKey{region, e}]].hinted = true
 				started++
 				rc.ctr.Hinted++
 			}

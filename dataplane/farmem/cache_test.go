@@ -107,6 +107,45 @@ func TestCacheEvictionHoldsReferences(t *testing.T) {
 	}
 }
 
+// TestEvictionSparesUnreadHints: with the arena full, new fills evict
+// entries already read before hinted ones not read yet, and only when
+// none is left any entry.
+func TestEvictionSparesUnreadHints(t *testing.T) {
+	const esz, entries = 4096, 4
+	c := newCache(CacheConfig{Size: esz * entries, EntrySize: esz, BNet: 1, BIntra: 2, Prefetcher: PrefetchHints, Window: 1 << 20}, esz)
+	c.learn(1, 64*esz, 0, true)
+	pat := func(k entryKey, i int) byte { return byte(k.idx) }
+	read := func(e int) bool {
+		data, ref, hit := c.read(0, &Record{Op: OpRead, Region: 1, Offset: uint64(e * esz), Size: 16})
+		c.release(ref)
+		return hit && data[0] == byte(e)
+	}
+	for trial := range 20 { // eviction is random: repeat
+		c.forget(1)
+		c.learn(1, 64*esz, 0, true)
+		c.hint(0, 1, []Range{{0, entries * esz}}, nil)
+		fillAll(t, c, pat)
+		if !read(0) || !read(1) {
+			t.Fatal("entries 0 and 1: miss after fill")
+		}
+		// Two new hints must evict the read entries 0 and 1.
+		if n, _ := c.hint(0, 1, []Range{{8 * esz, 2 * esz}}, nil); n != 2 {
+			t.Fatalf("trial %d: hint started %d fills, want 2", trial, n)
+		}
+		fillAll(t, c, pat)
+		for _, e := range []int{2, 3, 8, 9} {
+			if !read(e) {
+				t.Fatalf("trial %d: entry %d evicted, want the read entries 0 and 1 evicted first", trial, e)
+			}
+		}
+		// Now every entry has been read: a hint evicts any.
+		if n, _ := c.hint(0, 1, []Range{{16 * esz, esz}}, nil); n != 1 {
+			t.Fatalf("trial %d: hint with a full arena of read entries started %d fills", trial, n)
+		}
+		fillAll(t, c, pat)
+	}
+}
+
 // TestStrideDetector feeds strided reads and checks the prefetched entries
 // follow the majority delta, also with noise in between.
 func TestStrideDetector(t *testing.T) {
