@@ -260,6 +260,10 @@ func Fill(cfg Config, reqs []Request, target float64) (Result, error) {
 		case errors.Is(err, ErrUnfit):
 			res.Rejected++
 		case errors.Is(err, ErrNoCapacity):
+			// Skipped for good: Lovelock may have queued it behind the
+			// soonest slot, and with no departures that reservation would
+			// hold its slices against every later request.
+			s.Withdraw(r.ID)
 			res.Unserved++
 		default:
 			return res, err

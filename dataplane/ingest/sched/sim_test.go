@@ -93,3 +93,31 @@ func TestReconfigDelaysStart(t *testing.T) {
 		t.Fatalf("%.6f GPU-hours, want %.6f (the instances exist while they are created)", res.GPUHours, want)
 	}
 }
+
+// TestFillWithdrawsSkipped: a request Fill skips leaves nothing behind. On one
+// H100 holding a 4g.40gb, a 7g.80gb finds no room; Lovelock queues it behind
+// the 4g (a reservation of all eight slices), and unless Fill withdraws it the
+// 3g.40gb that fits at slot 4 is refused too.
+func TestFillWithdrawsSkipped(t *testing.T) {
+	reqs := []Request{
+		{ID: 1, Profile: "4g.40gb", Share: 500, Arrival: 0, Duration: time.Minute},
+		{ID: 2, Profile: "7g.80gb", Share: 1000, Arrival: time.Second, Duration: time.Minute},
+		{ID: 3, Profile: "3g.40gb", Share: 400, Arrival: 2 * time.Second, Duration: time.Minute},
+	}
+	for _, p := range Policies() {
+		res, err := Fill(Config{Policy: p, Fleet: []Fleet{{"H100-80GB", 1}}}, reqs, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := struct{ placed, unserved int }{2, 1}
+		if p == Naive {
+			want.placed, want.unserved = 1, 2 // a whole GPU each
+		}
+		if res.Placed != want.placed || res.Unserved != want.unserved {
+			t.Errorf("%s: %d placed, %d skipped; want %d, %d", p, res.Placed, res.Unserved, want.placed, want.unserved)
+		}
+		if want.placed == 2 && math.Abs(res.AllocRate-0.9) > 1e-9 {
+			t.Errorf("%s: allocation rate %.3f, want 0.9", p, res.AllocRate)
+		}
+	}
+}
