@@ -144,7 +144,7 @@ func schedSimulateCommand() *ucli.Command {
 	return &ucli.Command{
 		Name:      "simulate",
 		Usage:     "replay a pod trace through the placement policies: GPU-hours, allocation, fragmentation, misses, latency",
-		UsageText: "lovelock sched simulate --trace PODS.csv [--nodes NODES.csv [--card CARD] | --gpus 64xH100-80GB] [--policy all] [--slack 2] [--plot gpus.svg] [--output table|json]",
+		UsageText: "lovelock sched simulate --trace PODS.csv [--nodes NODES.csv [--card CARD] | --gpus 64xH100-80GB] [--policy all] [--slack 2] [--frag next|stranded] [--plot gpus.svg] [--output table|json]",
 		Description: "Reads an openb_pod_list_*.csv of Alibaba's cluster-trace-gpu-v2023 (or one written by\n" +
 			"'lovelock sched synth'), maps each pod's gpu_milli to the smallest MIG profile whose speed\n" +
 			"reaches it (docs/scheduling.md), and replays arrivals and completions through each policy:\n" +
@@ -163,6 +163,7 @@ func schedSimulateCommand() *ucli.Command {
 			&ucli.Float64Flag{Name: "slack", Value: 2, Usage: "deadline = arrival + slack × run time; 0: none (start on arrival or count late)"},
 			&ucli.DurationFlag{Name: "reconfig", Usage: "time to create a MIG instance on idle slices, added before each request's work"},
 			&ucli.Float64Flag{Name: "wait-margin", Usage: "lovelock: share of a request's slack kept in reserve when it waits for a slot instead of opening a GPU (0: wait up to the latest start)"},
+			&ucli.StringFlag{Name: "frag", Value: sched.FragDefault.String(), Usage: "lovelock's fragmentation tie-breaker: next (FGD: free slices the next request cannot use) or stranded (free slices no expected profile can use)"},
 			&ucli.StringFlag{Name: "plot", Usage: "write an SVG plot of GPUs in use over time, one line per policy, to this file"},
 			outputFlag(),
 		},
@@ -179,6 +180,10 @@ func schedSimulateCommand() *ucli.Command {
 			if err != nil {
 				return err
 			}
+			frag, err := sched.ParseFrag(c.String("frag"))
+			if err != nil {
+				return fmt.Errorf("--frag: %w", err)
+			}
 			pods, err := trace.LoadPods(c.String("trace"))
 			if err != nil {
 				return fmt.Errorf("--trace: %w", err)
@@ -193,7 +198,7 @@ func schedSimulateCommand() *ucli.Command {
 			var results []sched.Result
 			var curves []sched.Curve
 			for _, p := range policies {
-				r, err := sched.Simulate(sched.Config{Policy: p, Fleet: fleet, Reconfig: c.Duration("reconfig"), WaitMargin: c.Float64("wait-margin")}, reqs,
+				r, err := sched.Simulate(sched.Config{Policy: p, Fleet: fleet, Reconfig: c.Duration("reconfig"), WaitMargin: c.Float64("wait-margin"), Frag: frag}, reqs,
 					sched.SimOptions{Series: c.String("plot") != ""})
 				if err != nil {
 					return fmt.Errorf("simulate %s: %w", p, err)

@@ -106,8 +106,58 @@ type Config struct {
 	// on every card), the target workload of the fragmentation measure. Nil:
 	// learned from the arrivals.
 	Mix []float64
+	// Frag is the fragmentation measure Lovelock breaks ties with (and its
+	// planner orders slots by); the zero value is the default, FragNext.
+	Frag FragMeasure
 	// Window bounds Lovelock's windowed planner: requests that wait together
 	// are planned exactly while they and the GPUs in use are few. The zero
 	// value is the default; Window{Requests: -1} turns it off.
 	Window Window
+}
+
+// FragMeasure names the fragmentation measure Lovelock uses as its
+// tie-breaker (see fragTable and strandedTable).
+type FragMeasure int
+
+// The measures. FragNext is FGD's: the expected number of free memory slices
+// the next request, drawn from the mix, cannot use. FragStranded counts the
+// free memory slices that no profile of the mix can use any more (stranded),
+// and breaks its ties with FragNext.
+const (
+	FragDefault FragMeasure = iota
+	FragNext
+	FragStranded
+)
+
+// FragMeasures lists the measures by name, the default first.
+func FragMeasures() []FragMeasure { return []FragMeasure{FragNext, FragStranded} }
+
+func (f FragMeasure) resolve() FragMeasure {
+	if f == FragDefault {
+		return FragNext
+	}
+	return f
+}
+
+func (f FragMeasure) String() string {
+	switch f.resolve() {
+	case FragNext:
+		return "next"
+	case FragStranded:
+		return "stranded"
+	}
+	return fmt.Sprintf("frag(%d)", int(f))
+}
+
+// ParseFrag reads a measure name as String writes it ("" is the default).
+func ParseFrag(s string) (FragMeasure, error) {
+	if s == "" {
+		return FragDefault, nil
+	}
+	for _, f := range FragMeasures() {
+		if strings.EqualFold(s, f.String()) {
+			return f, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown fragmentation measure %q: want next or stranded", s)
 }

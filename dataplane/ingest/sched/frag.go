@@ -36,6 +36,45 @@ func fragTable(c *mig.Card, mix []float64) [numStates]float64 {
 	return t
 }
 
+// strandedTable returns, for every state, its stranded memory slices: free
+// slices that no profile the workload asks for (a mix weight of at least a
+// quarter of the even share) can use, because every start of every such
+// profile that covers the slice is taken. Unlike fragTable, which charges a
+// slice to each profile that cannot use it, a slice some expected profile
+// can still use costs nothing: on an H100 serving 1g, 2g and 3g requests, a
+// 1g at slot 4 strands slice 7 (only 3g@4 reaches it) while a 1g at slot 0
+// strands none, which fragTable rates alike. Ties are broken by fragTable,
+// scaled below one slice: next is fragTable(c, mix).
+func strandedTable(c *mig.Card, mix []float64, next *[numStates]float64) [numStates]float64 {
+	n := 0
+	for _, w := range mix {
+		if w > 0 {
+			n++
+		}
+	}
+	var t [numStates]float64
+	for s := 0; s < numStates; s++ {
+		used := uint8(s)
+		var cover uint8
+		for k, w := range mix {
+			if w == 0 || w < 0.25/float64(n) || k >= len(c.Profiles) {
+				continue
+			}
+			p := &c.Profiles[k]
+			if s&meBit != 0 && p.Max == 1 && p.MemSlices == 1 {
+				continue
+			}
+			for _, st := range p.Starts {
+				if m := p.Mask(st); m&used == 0 {
+					cover |= m
+				}
+			}
+		}
+		t[s] = float64(bits.OnesCount8(^used&^cover)) + next[s]/16
+	}
+	return t
+}
+
 // fitTable returns, for every state, the free start slots of profile p.
 func fitTable(c *mig.Card, p int) [numStates]uint8 {
 	var t [numStates]uint8

@@ -134,7 +134,7 @@ func (s *Scheduler) plan(reqs []*Request, now time.Duration) (placed []Placed, o
 		until := max(int(gs.ends[rn.pl.Start]-now), 1)
 		in.Busy = append(in.Busy, Busy{GPU: slices.Index(gpus, rn.gpu), Mask: m, Until: until})
 	}
-	_, sched, nodes, err := solve(&in, maxNodes, &cs.frag)
+	_, sched, nodes, err := solve(&in, maxNodes, &cs.tie)
 	s.plans.Nodes += nodes
 	if errors.Is(err, ErrBudget) {
 		s.plans.OverNodes++

@@ -46,7 +46,7 @@ func (s *Scheduler) leastFrag(cs *cardState, p, state int, fit uint8) (int, floa
 		if pr.Max == 1 && pr.MemSlices == 1 {
 			nw |= meBit
 		}
-		d := cs.frag[nw] - cs.frag[state]
+		d := cs.tie[nw] - cs.tie[state]
 		if best < 0 || d < bestD-1e-9 {
 			best, bestD = st, d
 		}

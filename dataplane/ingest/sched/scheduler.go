@@ -30,7 +30,8 @@ type Assignment struct {
 type cardState struct {
 	card    mig.Card
 	buckets [numStates]bucket
-	frag    [numStates]float64
+	frag    [numStates]float64 // fragTable: what Fragmentation reports
+	tie     [numStates]float64 // Config.Frag's measure: Lovelock's tie-breaker
 	fit     [][numStates]uint8 // per profile
 	gpus    []int              // fleet index of each of the card's GPUs
 	soon    []*soonest         // per profile, Lovelock only
@@ -166,7 +167,12 @@ func New(cfg Config) (*Scheduler, error) {
 
 func (s *Scheduler) setMix(mix []float64) {
 	for i := range s.cards {
-		s.cards[i].frag = fragTable(&s.cards[i].card, mix)
+		cs := &s.cards[i]
+		cs.frag = fragTable(&cs.card, mix)
+		cs.tie = cs.frag
+		if s.cfg.Frag.resolve() == FragStranded {
+			cs.tie = strandedTable(&cs.card, mix, &cs.frag)
+		}
 	}
 	s.fragSum = 0
 	for g := range s.gpus {

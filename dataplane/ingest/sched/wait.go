@@ -270,7 +270,7 @@ func (s *Scheduler) quietStart(g, p int, t time.Duration) int {
 		if tt != t {
 			continue
 		}
-		if f := cs.frag[state|int(pr.Mask(st))]; best < 0 || f < bestF-1e-9 {
+		if f := cs.tie[state|int(pr.Mask(st))]; best < 0 || f < bestF-1e-9 {
 			best, bestF = st, f
 		}
 	}

@@ -31,6 +31,7 @@ func main() {
 		instances = flag.Int("instances", 1000, "random small instances per class for the gap to the optimum")
 		quick     = flag.Bool("quick", false, "a fast pass: 2000 pods, 2 seeds, 100 instances")
 		sections  = flag.String("sections", "replay,fill,gap,rate", "which tables to print")
+		frags     = flag.String("frag", "next,stranded", "fragmentation measures for lovelock's rows (Config.Frag), comma-separated; the first is the default's place")
 	)
 	flag.Parse()
 	if *quick {
@@ -39,6 +40,13 @@ func main() {
 	f, err := sched.ParseFleet(*fleet)
 	if err != nil {
 		fail(err)
+	}
+	for _, name := range strings.Split(*frags, ",") {
+		m, err := sched.ParseFrag(strings.TrimSpace(name))
+		if err != nil {
+			fail(err)
+		}
+		measures = append(measures, m)
 	}
 	mixes := []string{"small", "mixed", "large", "whole"}
 	want := map[string]bool{}
@@ -57,6 +65,30 @@ func main() {
 	if want["rate"] {
 		rate()
 	}
+}
+
+// measures are the fragmentation measures lovelock runs with (-frag).
+var measures []sched.FragMeasure
+
+// configs returns one configuration per policy, lovelock once per measure,
+// and each row's name: lovelock's carries its measure when there are several.
+func configs(f []sched.Fleet) ([]sched.Config, []string) {
+	var cfgs []sched.Config
+	var names []string
+	for _, p := range sched.Policies() {
+		if p != sched.Lovelock {
+			cfgs, names = append(cfgs, sched.Config{Policy: p, Fleet: f}), append(names, p.String())
+			continue
+		}
+		for _, m := range measures {
+			name := p.String()
+			if len(measures) > 1 {
+				name += " " + m.String()
+			}
+			cfgs, names = append(cfgs, sched.Config{Policy: p, Fleet: f, Frag: m}), append(names, name)
+		}
+	}
+	return cfgs, names
 }
 
 func fail(err error) {
@@ -89,12 +121,10 @@ func replay(f []sched.Fleet, mixes []string, pods int, slack float64) {
 	for _, mix := range mixes {
 		reqs := synth(mix, pods, 1, slack)
 		var naive float64
-		var cfgs []sched.Config
-		for _, p := range sched.Policies() {
-			cfgs = append(cfgs, sched.Config{Policy: p, Fleet: f})
-		}
-		cfgs = append(cfgs, sched.Config{Policy: sched.Lovelock, Fleet: f, WaitMargin: 0.5})
-		for _, cfg := range cfgs {
+		cfgs, names := configs(f)
+		cfgs, names = append(cfgs, sched.Config{Policy: sched.Lovelock, Fleet: f, WaitMargin: 0.5, Frag: measures[0]}), append(names, names[len(names)-len(measures)])
+		for k, cfg := range cfgs {
+			name := names[k]
 			r, err := sched.Simulate(cfg, reqs, sched.SimOptions{})
 			if err != nil {
 				fail(err)
@@ -103,9 +133,9 @@ func replay(f []sched.Fleet, mixes []string, pods int, slack float64) {
 				naive = r.GPUHours
 			}
 			if cfg.WaitMargin != 0 {
-				r.Policy += fmt.Sprintf(" (margin %.1f)", cfg.WaitMargin)
+				name += fmt.Sprintf(" (margin %.1f)", cfg.WaitMargin)
 			}
-			fmt.Fprintf(w, "%s\t%s\t%.1f\t%+.1f%%\t%.3f\t%.3f\t%d\t%d\t%d\t%.2f\t%.2f\t\n", mix, r.Policy, r.GPUHours,
+			fmt.Fprintf(w, "%s\t%s\t%.1f\t%+.1f%%\t%.3f\t%.3f\t%d\t%d\t%d\t%.2f\t%.2f\t\n", mix, name, r.GPUHours,
 				100*(r.GPUHours/naive-1), r.AllocRate, r.Frag, r.Misses, r.Unserved, r.GPUsUsed, r.MeanNs/1000, r.P99Ns/1000)
 		}
 	}
@@ -119,26 +149,31 @@ func fill(f []sched.Fleet, mixes []string, seeds int) {
 	w := table()
 	fmt.Fprintln(w, "mix\tpolicy\talloc\t± sd\tvs bestfit\tfrag\tmean µs\t")
 	for _, mix := range mixes {
-		vals := map[sched.Policy][]float64{}
-		frag := map[sched.Policy]float64{}
-		lat := map[sched.Policy]float64{}
+		cfgs, names := configs(f)
+		vals := make([][]float64, len(cfgs))
+		frag := make([]float64, len(cfgs))
+		lat := make([]float64, len(cfgs))
+		bestfit := 0
 		for seed := range seeds {
 			// Enough pods to pass 130 % of capacity whatever the mix.
 			reqs := synth(mix, 2*f[0].Count*7, uint64(100+seed), 0)
-			for _, p := range sched.Policies() {
-				r, err := sched.Fill(sched.Config{Policy: p, Fleet: f}, reqs, 1.3)
+			for k, cfg := range cfgs {
+				if cfg.Policy == sched.BestFit {
+					bestfit = k
+				}
+				r, err := sched.Fill(cfg, reqs, 1.3)
 				if err != nil {
 					fail(err)
 				}
-				vals[p] = append(vals[p], r.AllocRate)
-				frag[p] += r.Frag / float64(seeds)
-				lat[p] += r.MeanNs / float64(seeds)
+				vals[k] = append(vals[k], r.AllocRate)
+				frag[k] += r.Frag / float64(seeds)
+				lat[k] += r.MeanNs / float64(seeds)
 			}
 		}
-		bf, _ := meanSD(vals[sched.BestFit])
-		for _, p := range sched.Policies() {
-			m, sd := meanSD(vals[p])
-			fmt.Fprintf(w, "%s\t%s\t%.4f\t%.4f\t%+.2f%%\t%.3f\t%.2f\t\n", mix, p, m, sd, 100*(m/bf-1), frag[p], lat[p]/1000)
+		bf, _ := meanSD(vals[bestfit])
+		for k := range cfgs {
+			m, sd := meanSD(vals[k])
+			fmt.Fprintf(w, "%s\t%s\t%.4f\t%.4f\t%+.2f%%\t%.3f\t%.2f\t\n", mix, names[k], m, sd, 100*(m/bf-1), frag[k], lat[k]/1000)
 		}
 	}
 	w.Flush()
@@ -174,8 +209,17 @@ func gap(n int) {
 	}{
 		{"firstfit", sched.Config{Policy: sched.FirstFit}},
 		{"bestfit", sched.Config{Policy: sched.BestFit}},
-		{"lovelock heuristic", sched.Config{Policy: sched.Lovelock, Window: sched.Window{Requests: -1}}},
-		{"lovelock", sched.Config{Policy: sched.Lovelock}},
+		{"lovelock heuristic", sched.Config{Policy: sched.Lovelock, Window: sched.Window{Requests: -1}, Frag: measures[0]}},
+	}
+	for _, m := range measures {
+		name := "lovelock"
+		if len(measures) > 1 {
+			name += " " + m.String()
+		}
+		runs = append(runs, struct {
+			name string
+			cfg  sched.Config
+		}{name, sched.Config{Policy: sched.Lovelock, Frag: m}})
 	}
 	fmt.Printf("== Gap to the optimum (exact branch and bound, checked against CBC in the tests): %d random instances per class,\n", n)
 	fmt.Println("   6 jobs, durations 1-4, deadline slack 0-4, cost = 8·GPUs used + 8·memory slices of missed jobs (eq. 1)")
@@ -242,8 +286,10 @@ func rate() {
 	profiles := []string{"1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"}
 	w := table()
 	fmt.Fprintln(w, "policy\tsteps\tsteps/s\tns/step\t")
-	for _, p := range sched.Policies() {
-		s, err := sched.New(sched.Config{Policy: p, Fleet: []sched.Fleet{{Card: "H100-80GB", Count: gpus}}})
+	cfgs, names := configs([]sched.Fleet{{Card: "H100-80GB", Count: gpus}})
+	for k, cfg := range cfgs {
+		p := names[k]
+		s, err := sched.New(cfg)
 		if err != nil {
 			fail(err)
 		}
