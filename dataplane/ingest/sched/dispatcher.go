@@ -79,6 +79,14 @@ func (d *Dispatcher) Arrive(now time.Duration, batch []*Request, placed func(Pla
 			return refused, err
 		}
 	}
+	more, err := d.placeEach(now, batch, placed)
+	return append(refused, more...), err
+}
+
+// placeEach places arrivals one by one with the policy, tightest deadline
+// first for Lovelock; see Arrive.
+func (d *Dispatcher) placeEach(now time.Duration, batch []*Request, placed func(Placed)) ([]error, error) {
+	var refused []error
 	if d.s.cfg.Policy == Lovelock && len(batch) > 1 {
 		// Tightest deadline first (a request with slack can wait for one
 		// without), largest first among equals (first-fit decreasing).
@@ -203,7 +211,16 @@ func (d *Dispatcher) Complete(now time.Duration, id uint64, placed func(Placed))
 
 // Tick retries the waiting requests whose latest start has come.
 func (d *Dispatcher) Tick(now time.Duration, placed func(Placed)) error {
-	due := map[uint64]bool{}
+	due := d.due(now)
+	if len(due) == 0 {
+		return nil
+	}
+	return d.retry(now, due, placed)
+}
+
+// due pops the timers that have come by now and returns their requests.
+func (d *Dispatcher) due(now time.Duration) map[uint64]bool {
+	var due map[uint64]bool
 	for {
 		t, ok := d.NextTimer()
 		if !ok || t > now {
@@ -211,12 +228,44 @@ func (d *Dispatcher) Tick(now time.Duration, placed func(Placed)) error {
 		}
 		e := heap.Pop(&d.timers).(event)
 		delete(d.timed, e.id)
+		if due == nil {
+			due = map[uint64]bool{}
+		}
 		due[e.id] = true
 	}
-	if len(due) == 0 {
-		return nil
+	return due
+}
+
+// Step is one decision step at now, everything that happened at that
+// instant at once: the requests in done completed, the timers due by now
+// fire, and batch arrived. It is Complete for each of done, Tick and Arrive,
+// except that nothing is decided before all of it is known: the slices of
+// every completion are free before any waiting request is retried, and for
+// Lovelock the queue and the arrivals are planned together as one window
+// (Complete would place the queue one by one at the first completion,
+// before the arrivals of the same instant were seen). The result is
+// Arrive's.
+func (d *Dispatcher) Step(now time.Duration, done []uint64, batch []*Request, placed func(Placed)) ([]error, error) {
+	for _, id := range done {
+		if err := d.s.Release(id); err != nil {
+			return nil, err
+		}
 	}
-	return d.retry(now, due, placed)
+	due := d.due(now)
+	var refused []error
+	if d.s.cfg.Policy == Lovelock && len(batch) > 0 && len(batch)+len(d.queue) > 1 {
+		// The queue planned with the arrivals: nothing left to retry.
+		var err error
+		if batch, refused, err = d.planWindow(now, batch, placed); err != nil || batch == nil {
+			return refused, err
+		}
+	}
+	// No plan: the queue first, in arrival order, then the arrivals.
+	if err := d.retry(now, due, placed); err != nil {
+		return refused, err
+	}
+	more, err := d.placeEach(now, batch, placed)
+	return append(refused, more...), err
 }
 
 func (d *Dispatcher) key(r *Request) int {

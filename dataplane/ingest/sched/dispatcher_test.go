@@ -59,3 +59,82 @@ func TestDispatcherRequestPath(t *testing.T) {
 		t.Fatal("withdrew request 4 twice")
 	}
 }
+
+// TestStepDecidesAfterEverything: at 3 s a 3g.40gb completes and a 4g.40gb
+// arrives while a 7g.80gb waits for the GPU. Complete, then Arrive, starts
+// the 7g at once (it alone is known at the completion) and the 4g, due by
+// 5 s, must open a second GPU; Step sees both and plans them together: the
+// 4g from 3 s to 4 s, the 7g from 4 s, still by its deadline, on one GPU.
+func TestStepDecidesAfterEverything(t *testing.T) {
+	sec := func(n int) time.Duration { return time.Duration(n) * time.Second }
+	for _, tc := range []struct {
+		name string
+		step bool
+		gpus int // GPUs used
+	}{
+		{"complete then arrive", false, 2},
+		{"step", true, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := NewDispatcher(Config{Policy: Lovelock, Fleet: []Fleet{{"H100-80GB", 2}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			reqs := map[uint64]*Request{
+				1: {ID: 1, Profile: "3g.40gb", Arrival: sec(1), Duration: sec(2), Deadline: sec(6)},
+				2: {ID: 2, Profile: "7g.80gb", Arrival: sec(2), Duration: sec(3), Deadline: sec(7)},
+				3: {ID: 3, Profile: "4g.40gb", Arrival: sec(3), Duration: sec(1), Deadline: sec(6)},
+			}
+			got := map[uint64]Assignment{}
+			placed := func(p Placed) { got[p.Request.ID] = p.Assignment }
+			for now := sec(1); now <= sec(10); now += time.Second {
+				var done []uint64
+				for id, a := range got {
+					if a.End == now {
+						done = append(done, id)
+					}
+				}
+				var batch []*Request
+				for _, r := range reqs {
+					if r.Arrival == now {
+						batch = append(batch, r)
+					}
+				}
+				if tc.step {
+					if _, err := d.Step(now, done, batch, placed); err != nil {
+						t.Fatal(err)
+					}
+					continue
+				}
+				for _, id := range done {
+					if err := d.Complete(now, id, placed); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := d.Tick(now, placed); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := d.Arrive(now, batch, placed); err != nil {
+					t.Fatal(err)
+				}
+			}
+			used := map[int]bool{}
+			for id, r := range reqs {
+				a, ok := got[id]
+				if !ok {
+					t.Fatalf("request %d never placed", id)
+				}
+				if a.End > r.Deadline {
+					t.Errorf("request %d ends %v, after its deadline %v", id, a.End, r.Deadline)
+				}
+				used[a.GPU] = true
+			}
+			if len(used) != tc.gpus {
+				t.Errorf("%d GPUs used, want %d (%v)", len(used), tc.gpus, got)
+			}
+			if tc.step && (got[3].Start != sec(3) || got[2].Start != sec(4)) {
+				t.Errorf("4g at %v, 7g at %v; want 3s and 4s", got[3].Start, got[2].Start)
+			}
+		})
+	}
+}

@@ -98,6 +98,7 @@ func Simulate(cfg Config, reqs []Request, opt SimOptions) (Result, error) {
 	var (
 		done      eventHeap
 		batch     []*Request
+		ended     []uint64
 		lat       []int64
 		used      = make([]bool, s.GPUs())
 		last      time.Duration
@@ -151,21 +152,16 @@ func Simulate(cfg Config, reqs []Request, opt SimOptions) (Result, error) {
 			break
 		}
 		advance(t)
+		ended = ended[:0]
 		for done.Len() > 0 && done[0].t <= t {
-			e := heap.Pop(&done).(event)
-			if err := d.Complete(t, e.id, placed); err != nil {
-				return res, err
-			}
-		}
-		if err := d.Tick(t, placed); err != nil {
-			return res, err
+			ended = append(ended, heap.Pop(&done).(event).id)
 		}
 		batch = batch[:0]
 		for next < len(rs) && rs[next].Arrival <= t {
 			batch = append(batch, &rs[next])
 			next++
 		}
-		refused, err := d.Arrive(t, batch, placed)
+		refused, err := d.Step(t, ended, batch, placed)
 		if err != nil {
 			return res, err
 		}
