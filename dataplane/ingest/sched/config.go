@@ -107,7 +107,7 @@ type Config struct {
 	// learned from the arrivals.
 	Mix []float64
 	// Frag is the fragmentation measure Lovelock breaks ties with (and its
-	// planner orders slots by); the zero value is the default, FragNext.
+	// planner orders slots by); the zero value is the default, FragStranded.
 	Frag FragMeasure
 	// Window bounds Lovelock's windowed planner: requests that wait together
 	// are planned exactly while they and the GPUs in use are few. The zero
@@ -120,9 +120,10 @@ type Config struct {
 type FragMeasure int
 
 // The measures. FragNext is FGD's: the expected number of free memory slices
-// the next request, drawn from the mix, cannot use. FragStranded counts the
-// free memory slices that no profile of the mix can use any more (stranded),
-// and breaks its ties with FragNext.
+// the next request, drawn from the mix, cannot use. FragStranded, the
+// default, counts the free memory slices that no profile of the mix can use
+// any more (stranded), and breaks its ties with FragNext; with a learned mix
+// it starts after 64 arrivals (FragNext before).
 const (
 	FragDefault FragMeasure = iota
 	FragNext
@@ -130,11 +131,11 @@ const (
 )
 
 // FragMeasures lists the measures by name, the default first.
-func FragMeasures() []FragMeasure { return []FragMeasure{FragNext, FragStranded} }
+func FragMeasures() []FragMeasure { return []FragMeasure{FragStranded, FragNext} }
 
 func (f FragMeasure) resolve() FragMeasure {
 	if f == FragDefault {
-		return FragNext
+		return FragStranded
 	}
 	return f
 }

@@ -114,10 +114,11 @@ func TestParseFrag(t *testing.T) {
 		{"", FragDefault, false},
 		{"next", FragNext, false},
 		{"Stranded", FragStranded, false},
+		{"", FragStranded, false}, // the default
 		{"fgd", 0, true},
 	} {
 		got, err := ParseFrag(tc.in)
-		if (err != nil) != tc.err || (!tc.err && got != tc.want) {
+		if (err != nil) != tc.err || (!tc.err && got.resolve() != tc.want.resolve()) {
 			t.Errorf("ParseFrag(%q) = %v, %v; want %v, error %v", tc.in, got, err, tc.want, tc.err)
 		}
 		if !tc.err && tc.in != "" && !strings.EqualFold(got.String(), tc.in) {
@@ -157,6 +158,57 @@ func TestStrandedKeepsSlotsForTheMix(t *testing.T) {
 		}
 		if res.Placed != tc.placed {
 			t.Errorf("%s: %d of 4 placed, want %d", tc.frag, res.Placed, tc.placed)
+		}
+	}
+}
+
+// TestStrandedWaitsForTheMix: with a learned mix, the stranded measure
+// starts once 64 requests have arrived (before, the even prior dominates the
+// mix and FGD's measure decides); with a given mix at once. The default
+// measure is the stranded one.
+func TestStrandedWaitsForTheMix(t *testing.T) {
+	c, err := mig.CardByName("H100-80GB")
+	if err != nil {
+		t.Fatal(err)
+	}
+	given := uniformMix(&c)
+	for _, tc := range []struct {
+		name     string
+		frag     FragMeasure
+		mix      []float64
+		arrivals int
+		stranded bool
+	}{
+		{"default, learning, 0 arrivals", FragDefault, nil, 0, false},
+		{"default, learning, 63 arrivals", FragDefault, nil, 63, false},
+		{"default, learning, 64 arrivals", FragDefault, nil, 64, true},
+		{"stranded, given mix", FragStranded, given, 0, true},
+		{"next, learning, 64 arrivals", FragNext, nil, 64, false},
+	} {
+		s, err := New(Config{Policy: Lovelock, Fleet: []Fleet{{"H100-80GB", 1}}, Mix: tc.mix, Frag: tc.frag})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range tc.arrivals {
+			r := &Request{ID: uint64(i + 1), Profile: "1g.10gb", Duration: time.Second}
+			if _, err := s.Place(r, 0); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Release(r.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cs := &s.cards[0]
+		want := cs.frag
+		if tc.stranded {
+			mix := tc.mix
+			if mix == nil {
+				mix = s.mixCount // relearned at the 64th arrival
+			}
+			want = strandedTable(&cs.card, normalise(mix), &cs.frag)
+		}
+		if cs.tie != want {
+			t.Errorf("%s: tie-break table is not the %s one", tc.name, map[bool]string{true: "stranded", false: "FGD"}[tc.stranded])
 		}
 	}
 }

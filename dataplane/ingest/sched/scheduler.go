@@ -165,12 +165,19 @@ func New(cfg Config) (*Scheduler, error) {
 	return s, nil
 }
 
+// strandedAfter is the number of arrivals after which a learned mix drives
+// the stranded measure: four times the prior's 16 requests.
+const strandedAfter = 64
+
 func (s *Scheduler) setMix(mix []float64) {
 	for i := range s.cards {
 		cs := &s.cards[i]
 		cs.frag = fragTable(&cs.card, mix)
 		cs.tie = cs.frag
-		if s.cfg.Frag.resolve() == FragStranded {
+		// Stranding is relative to the workload's profiles: while the
+		// learned mix is mostly its even prior, nothing is known to be
+		// stranded, and FGD's measure decides.
+		if s.cfg.Frag.resolve() == FragStranded && (!s.learn || s.arrivals >= strandedAfter) {
 			cs.tie = strandedTable(&cs.card, mix, &cs.frag)
 		}
 	}

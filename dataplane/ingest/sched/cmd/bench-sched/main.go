@@ -31,7 +31,7 @@ func main() {
 		instances = flag.Int("instances", 1000, "random small instances per class for the gap to the optimum")
 		quick     = flag.Bool("quick", false, "a fast pass: 2000 pods, 2 seeds, 100 instances")
 		sections  = flag.String("sections", "replay,fill,gap,rate", "which tables to print")
-		frags     = flag.String("frag", "next,stranded", "fragmentation measures for lovelock's rows (Config.Frag), comma-separated; the first is the default's place")
+		frags     = flag.String("frag", "stranded,next", "fragmentation measures for lovelock's rows (Config.Frag), comma-separated; the first also for the heuristic-only and margin rows")
 	)
 	flag.Parse()
 	if *quick {
