@@ -9,12 +9,29 @@ import (
 )
 
 // BenchmarkPlace measures one arrival and one completion on a fleet of 1000
-// H100s kept about 70 % full, per policy.
+// H100s kept about 70 % full, per policy (lovelock with each fragmentation
+// measure).
 func BenchmarkPlace(b *testing.B) {
 	profiles := []string{"1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"}
+	type run struct {
+		name string
+		cfg  Config
+	}
+	var runs []run
 	for _, p := range Policies() {
-		b.Run(p.String(), func(b *testing.B) {
-			s, err := New(Config{Policy: p, Fleet: []Fleet{{"H100-80GB", 1000}}})
+		if p != Lovelock {
+			runs = append(runs, run{p.String(), Config{Policy: p}})
+			continue
+		}
+		for _, f := range FragMeasures() {
+			runs = append(runs, run{p.String() + "-" + f.String(), Config{Policy: p, Frag: f}})
+		}
+	}
+	for _, r := range runs {
+		b.Run(r.name, func(b *testing.B) {
+			cfg := r.cfg
+			cfg.Fleet = []Fleet{{"H100-80GB", 1000}}
+			s, err := New(cfg)
 			if err != nil {
 				b.Fatal(err)
 			}
