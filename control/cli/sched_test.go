@@ -101,6 +101,12 @@ func TestSchedSimulate(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &res); err != nil || len(res.Results) != 1 || res.Results[0].GPUHours <= 0 {
 		t.Fatalf("json: %v %+v\n%s", err, res, out)
 	}
+	for _, frag := range []string{"next", "stranded"} {
+		out, err = runSchedCmd(t, "simulate", "--trace", pods, "--policy", "lovelock", "--frag", frag)
+		if err != nil || !strings.Contains(out, "lovelock") {
+			t.Fatalf("--frag %s: %v\n%s", frag, err, out)
+		}
+	}
 }
 
 func TestSchedSimulateErrors(t *testing.T) {
@@ -118,6 +124,7 @@ func TestSchedSimulateErrors(t *testing.T) {
 		{[]string{"simulate", "--trace", bad, "--gpus", "lots"}, "want COUNTxCARD"},
 		{[]string{"simulate", "--trace", bad, "--gpus", "8xH100-80GB", "--nodes", nodes}, "not both"},
 		{[]string{"simulate", "--trace", bad, "--policy", "random"}, "unknown policy"},
+		{[]string{"simulate", "--trace", bad, "--frag", "fgd"}, "--frag: unknown fragmentation measure"},
 		{[]string{"simulate", "--trace", filepath.Join(dir, "none.csv")}, "no such file"},
 		{[]string{"synth", "--out", "-", "--mix", "abc"}, "--mix"},
 	} {
