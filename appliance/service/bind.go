@@ -11,7 +11,11 @@ import (
 	"github.com/lovelock-dpu/lovelock/control/rules"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport/xdp"
+	"github.com/lovelock-dpu/lovelock/dataplane/xsk"
 )
+
+// openGroups opens the AF_XDP groups; tests replace it.
+var openGroups = xdp.OpenGroups
 
 // Steering is the node's steering program as a service binding sees it:
 // lovelockd's data plane, with the operator's rules beside the services'
@@ -85,7 +89,17 @@ func Bind(st Steering, log *slog.Logger, name string, n Needs) (_ *Binding, err 
 		if err := checkXDP(st, x); err != nil {
 			return nil, fmt.Errorf("%s: transport xdp: %w", name, err)
 		}
-		b.Groups, err = xdp.OpenGroups(xdp.GroupOptions{Interfaces: x.Interfaces, Addr: x.Addr, MultiBuffer: x.MultiBuffer}, x.Workers, x.Kernel)
+		b.Groups, err = openGroups(xdp.GroupOptions{Interfaces: x.Interfaces, Addr: x.Addr, MultiBuffer: x.MultiBuffer}, x.Workers, x.Kernel)
+		if err != nil && x.MultiBuffer && errors.Is(err, xsk.ErrMultiBuffer) {
+			// Single-buffer sockets carry the same traffic with bundles
+			// of one XDP buffer; larger datagrams take the kernel path.
+			// The service runs, short of what it asked for, and says so.
+			sgErr := err
+			b.Groups, err = openGroups(xdp.GroupOptions{Interfaces: x.Interfaces, Addr: x.Addr}, x.Workers, x.Kernel)
+			if err == nil {
+				b.degrade(fmt.Sprintf("multi-buffer AF_XDP refused (%v): single-buffer sockets, datagrams up to %d bytes on the AF_XDP path", sgErr, b.Groups[0].MaxPayload()))
+			}
+		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: transport xdp on %v: %w", name, x.Interfaces, err)
 		}
@@ -201,5 +215,9 @@ func (b *Binding) String() string {
 	for _, t := range b.Groups[0].Transports() {
 		ifaces = append(ifaces, t.Interface())
 	}
-	return fmt.Sprintf("AF_XDP on %s, %d workers, %s mode, max payload %d", strings.Join(ifaces, ","), len(b.Groups), t.Mode(), b.Groups[0].MaxPayload())
+	buffers := "single-buffer"
+	if t.MultiBuffer() {
+		buffers = "multi-buffer"
+	}
+	return fmt.Sprintf("AF_XDP on %s, %d workers, %s mode, %s, max payload %d", strings.Join(ifaces, ","), len(b.Groups), t.Mode(), buffers, b.Groups[0].MaxPayload())
 }

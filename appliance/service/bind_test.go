@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -11,13 +12,17 @@ import (
 
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/lovelock-dpu/lovelock/bpf"
 	"github.com/lovelock-dpu/lovelock/control/api"
 	"github.com/lovelock-dpu/lovelock/control/rules"
 	"github.com/lovelock-dpu/lovelock/control/testenv"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/xdp"
 	"github.com/lovelock-dpu/lovelock/dataplane/wire"
+	"github.com/lovelock-dpu/lovelock/dataplane/xsk"
 )
 
 // fakeSteering records what Bind asked of it.
@@ -233,5 +238,63 @@ func TestBindDegraded(t *testing.T) {
 	}
 	if len(p.prog.reserved) != 0 {
 		t.Errorf("rules reserved though they did not compile: %v", p.prog.reserved)
+	}
+}
+
+// TestBindMultiBufferFallback: XDPNeeds.MultiBuffer binds the sockets with
+// XDP_USE_SG; where the kernel or driver refuses it, Bind opens
+// single-buffer sockets instead and says so in Degraded and String, and
+// the service's datagrams still reach its socket.
+func TestBindMultiBufferFallback(t *testing.T) {
+	p := newDPUPair(t, true)
+	needs := xdpNeeds()
+	needs.XDP.MultiBuffer = true
+	b, err := p.bind(t, needs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b.Degraded) != 0 || !b.Groups[0].Transports()[0].MultiBuffer() || !strings.Contains(b.String(), "multi-buffer") {
+		t.Fatalf("binding %s, degraded %v: want multi-buffer sockets", b, b.Degraded)
+	}
+	if paths := b.Paths(); !paths[0].MultiBuffer {
+		t.Errorf("paths %+v: want the socket shown as multi-buffer", paths)
+	}
+	b.Close()
+
+	refusals := 0
+	openGroups = func(opts xdp.GroupOptions, n int, kernel udp.Options) ([]*xdp.Group, error) {
+		if opts.MultiBuffer {
+			refusals++
+			return nil, fmt.Errorf("xdp: xsk pf0hpf/0: bind in copy mode: %w: %w", xsk.ErrMultiBuffer, unix.EOPNOTSUPP)
+		}
+		return xdp.OpenGroups(opts, n, kernel)
+	}
+	t.Cleanup(func() { openGroups = xdp.OpenGroups })
+	b, err = p.bind(t, needs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if refusals != 1 || len(b.Degraded) != 1 || !strings.Contains(b.Degraded[0], "multi-buffer AF_XDP refused") ||
+		!strings.Contains(b.Degraded[0], "up to 1472 bytes") || !strings.Contains(b.String(), "single-buffer") ||
+		b.Groups[0].Transports()[0].MultiBuffer() {
+		t.Fatalf("binding %s, degraded %q after %d refusals: want single-buffer sockets, said", b, b.Degraded, refusals)
+	}
+	p.send(t, wire.TypeBundle, "to the socket")
+	pkts := []transport.Packet{{Data: make([]byte, 2048)}}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if n, err := b.Transports()[0].Recv(ctx, pkts); err != nil || n != 1 || !strings.HasSuffix(string(pkts[0].Data), "to the socket") {
+		t.Fatalf("recv: %d, %v, %q", n, err, pkts[0].Data)
+	}
+	// Other errors are not retried.
+	calls := 0
+	openGroups = func(opts xdp.GroupOptions, n int, kernel udp.Options) ([]*xdp.Group, error) {
+		calls++
+		return xdp.OpenGroups(opts, n, kernel)
+	}
+	needs.XDP.Interfaces = []string{"nope0"}
+	if _, err := p.bind(t, needs); err == nil || calls != 1 {
+		t.Errorf("bind on nope0: %v after %d opens, want an error after 1", err, calls)
 	}
 }

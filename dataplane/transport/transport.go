@@ -79,6 +79,9 @@ type PathStats struct {
 	Interface string `json:"interface,omitempty"`
 	Queue     int    `json:"queue"`
 	Mode      string `json:"mode,omitempty"`
+	// MultiBuffer: the AF_XDP socket is bound with XDP_USE_SG and takes
+	// datagrams up to the MTU in several frames.
+	MultiBuffer bool `json:"multi_buffer,omitempty"`
 	// RX and TX count datagrams received and sent. On the kernel path RX
 	// counts what XDP passed to the stack instead of an AF_XDP socket, TX
 	// what no AF_XDP socket could send.

@@ -45,6 +45,11 @@ var (
 	// ErrNoRing is returned for RX calls on a socket created without an RX
 	// ring, and TX calls on one without a TX ring.
 	ErrNoRing = errors.New("socket has no such ring")
+	// ErrMultiBuffer wraps the bind error of a SocketConfig.MultiBuffer
+	// socket that the kernel or driver refused with XDP_USE_SG (EINVAL
+	// from a kernel before 6.6, EOPNOTSUPP from a driver without
+	// multi-buffer support): the caller may open it again without.
+	ErrMultiBuffer = errors.New("multi-buffer AF_XDP (XDP_USE_SG) refused")
 )
 
 // Mode is how a socket moves packets between the driver and the UMEM.
@@ -182,7 +187,9 @@ type SocketConfig struct {
 	// steering program hands such frames only to sockets registered with
 	// Steer.SetXSKMultiBuffer. A socket that shares its UMEM with an
 	// earlier one binds without it (the kernel refuses the flag on a
-	// shared bind); Socket.MultiBuffer says what the bind got.
+	// shared bind); Socket.MultiBuffer says what the bind got. A kernel
+	// or driver that refuses the flag fails Open with an error wrapping
+	// ErrMultiBuffer.
 	MultiBuffer bool
 }
 

@@ -279,6 +279,9 @@ func (s *Socket) bind(want Mode, peer int, busy time.Duration) error {
 			err = bindRetry(s.fd, sa, busy)
 		}
 		if err != nil {
+			if s.sg && (errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EOPNOTSUPP)) {
+				err = fmt.Errorf("%w: %w", ErrMultiBuffer, err)
+			}
 			if s.zcErr != nil {
 				return fmt.Errorf("bind: zero-copy: %v; copy: %w", s.zcErr, err)
 			}

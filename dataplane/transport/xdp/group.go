@@ -375,10 +375,11 @@ func (g *Group) Stats() GroupStats {
 func (g *Group) Paths(worker int) []transport.PathStats {
 	st := g.Stats()
 	var out []transport.PathStats
-	for _, s := range st.Sockets {
+	for i, s := range st.Sockets {
 		out = append(out, transport.PathStats{
 			Worker: worker, Path: "xsk", Interface: s.Interface, Queue: int(s.Queue), Mode: s.Mode.String(),
-			RX: s.Transport.RXPackets, TX: s.Transport.TXPackets,
+			MultiBuffer: i < len(g.xs) && g.xs[i].MultiBuffer(),
+			RX:          s.Transport.RXPackets, TX: s.Transport.TXPackets,
 			Dropped: s.Socket.RXDropped + s.Socket.RXRingFull,
 		})
 	}
