@@ -38,7 +38,13 @@ func TestLoad(t *testing.T) {
 		{"messaging udp by default", write("g.yaml", "messaging: {cluster: c.yaml, node: dpu0}\n"), true, "",
 			func(c Config) bool { return c.Messaging != nil && !c.Messaging.XDP() }},
 		{"messaging xdp", write("h.yaml", "messaging: {cluster: c.yaml, node: dpu0, transport: xdp, interfaces: [pf0hpf, p0]}\n"), true, "",
-			func(c Config) bool { return c.Messaging.XDP() && len(c.Messaging.Interfaces) == 2 }},
+			func(c Config) bool {
+				return c.Messaging.XDP() && len(c.Messaging.Interfaces) == 2 && c.Messaging.MultiBufferOn()
+			}},
+		{"messaging xdp single-buffer", write("h2.yaml", "messaging: {cluster: c.yaml, node: dpu0, transport: xdp, interfaces: [p0], multi_buffer: false}\n"), true, "",
+			func(c Config) bool { return c.Messaging.XDP() && !c.Messaging.MultiBufferOn() }},
+		{"messaging multi_buffer with udp", write("j2.yaml", "messaging: {cluster: c.yaml, node: dpu0, multi_buffer: true}\n"), true,
+			"multi_buffer applies to transport xdp only", nil},
 		{"messaging xdp without interfaces", write("i.yaml", "messaging: {cluster: c.yaml, node: dpu0, transport: xdp}\n"), true,
 			"transport xdp needs interfaces", nil},
 		{"messaging interfaces with udp", write("j.yaml", "messaging: {cluster: c.yaml, node: dpu0, interfaces: [p0]}\n"), true,

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/lovelock-dpu/lovelock/control/api"
+	"github.com/lovelock-dpu/lovelock/control/testbed"
 	"github.com/lovelock-dpu/lovelock/dataplane/messaging"
 )
 
@@ -24,16 +25,22 @@ import (
 // transport counters show the traffic went through AF_XDP, not the kernel.
 // Along the way an operator applies a rule set that overlaps the agent's
 // traffic: lovelockd warns, keeps its own rules out of the state file, and
-// refuses to let them be deleted or imitated.
+// refuses to let them be deleted or imitated. The testbed runs at MTU
+// 9000 and the sockets are multi-buffer (messaging.multi_buffer, on by
+// default): bundles of up to 8972 bytes, more than one XDP buffer holds
+// (3478 bytes of payload on veth), go through the AF_XDP sockets.
 func TestMessagingAgentXDP(t *testing.T) {
 	spec := bed(t)
+	if err := testbed.SetMTU(spec, 9000); err != nil {
+		t.Fatal(err)
+	}
 	cluster := filepath.Join(t.TempDir(), "cluster.yaml")
 	// One worker: the testbed's veths have one queue each. Bundles fit a
-	// 1500-byte frame: XDP passes IP fragments to the stack.
+	// 9000-byte frame: XDP passes IP fragments to the stack.
 	if err := os.WriteFile(cluster, []byte(`
 mode: dpu
 workers: 1
-transfer_size: 1472
+transfer_size: 8972
 retransmit_timeout: 5ms
 nodes:
   - name: dpu0
@@ -76,7 +83,8 @@ nodes:
 	}
 	bad.stop(syscall.SIGTERM)
 	if svcs, err := d0.client().Services(ctx); err != nil || len(svcs) != 1 || svcs[0].Name != "messaging" || svcs[0].State != api.ServiceRunning ||
-		!strings.HasPrefix(svcs[0].Binding, "AF_XDP on pf0hpf,p0, 1 workers") || len(svcs[0].Degraded) != 0 {
+		!strings.HasPrefix(svcs[0].Binding, "AF_XDP on pf0hpf,p0, 1 workers") || !strings.Contains(svcs[0].Binding, "multi-buffer, max payload 8972") ||
+		len(svcs[0].Degraded) != 0 {
 		t.Errorf("dpu0's services: %+v, %v; want messaging running on AF_XDP", svcs, err)
 	}
 
@@ -137,20 +145,29 @@ rules:
 			if err != nil {
 				return
 			}
+			// A padded message is "msg N|" and pad bytes of 'p'.
+			key, pad, padded := strings.Cut(string(m.Payload), "|")
+			if padded && strings.Trim(pad, "p") != "" {
+				key += " (corrupt)"
+			}
 			mu.Lock()
-			seen[string(m.Payload)]++
+			seen[key]++
 			mu.Unlock()
 		}
 	}()
 	// send sends messages first..first+n-1 from host0 (pacing them, so
-	// that during runs in the middle of the stream) and waits until host1
-	// received each exactly once.
-	send := func(first, n int, during func()) {
+	// that during runs in the middle of the stream), each padded with pad
+	// bytes, and waits until host1 received each exactly once.
+	send := func(first, n, pad int, during func()) {
 		t.Helper()
 		errc := make(chan error, 1)
 		go func() {
 			for i := first; i < first+n; i++ {
-				if err := clients["host0"].SendContext(ctx, uint32(4+i%4), []byte(fmt.Sprintf("msg %d", i))); err != nil {
+				p := []byte(fmt.Sprintf("msg %d", i))
+				if pad > 0 {
+					p = append(append(p, '|'), strings.Repeat("p", pad)...)
+				}
+				if err := clients["host0"].SendContext(ctx, uint32(4+i%4), p); err != nil {
 					errc <- err
 					return
 				}
@@ -205,7 +222,7 @@ rules:
 		}
 	}
 	const n = 4000
-	send(0, n, restarts)
+	send(0, n, 0, restarts)
 	for _, d := range daemons {
 		eventually(t, d.node+"'s agent back on AF_XDP", agentUp(d))
 	}
@@ -218,71 +235,105 @@ rules:
 		t.Errorf("state file: %s", state)
 	}
 
-	// Left alone, the agents carry everything through AF_XDP.
-	before := map[string]messaging.Stats{}
-	for _, d := range daemons {
-		if before[d.node], err = d.client().MsgStats(ctx); err != nil {
-			t.Fatal(err)
+	// Left alone, the agents carry everything through AF_XDP: 2000 short
+	// messages, then 600 of 1500 bytes, whose bundles (5 messages, about
+	// 7.5 KB) only multi-buffer sockets take.
+	const m, big = 2000, 600
+	phase := func(first, count, pad int) {
+		t.Helper()
+		before := map[string]messaging.Stats{}
+		for _, d := range daemons {
+			var err error
+			if before[d.node], err = d.client().MsgStats(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		send(first, count, pad, nil)
+		for _, d := range daemons {
+			checkXDPPhase(t, ctx, spec, d, before[d.node], count, pad)
 		}
 	}
-	const m = 2000
-	send(n, m, nil)
-	for _, d := range daemons {
-		st, err := d.client().MsgStats(ctx)
-		if err != nil {
-			t.Fatal(err)
+	phase(n, m, 0)
+	phase(n+m, big, 1500)
+}
+
+// checkXDPPhase checks what daemon d's agent counted while count messages
+// padded with pad bytes flowed, from its counters before: no drops, all of
+// it through the AF_XDP sockets both ways, none through the kernel socket,
+// the steering and Prometheus counters; with pad, bundles above one XDP
+// buffer (3478 bytes) both sent and received.
+func checkXDPPhase(t *testing.T, ctx context.Context, spec testbed.Spec, d *daemonProc, before messaging.Stats, count, pad int) {
+	t.Helper()
+	st, err := d.client().MsgStats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Drops.Total() != 0 {
+		t.Errorf("%s: drops %+v", d.node, st.Drops)
+	}
+	delta := map[string][2]uint64{}
+	for i, p := range st.Transport {
+		b := before.Transport[i]
+		delta[p.Path+" "+p.Interface] = [2]uint64{p.RX - b.RX, p.TX - b.TX}
+		if p.Path == "xsk" && (p.Mode != "copy" || p.Dropped != 0 || !p.MultiBuffer) {
+			t.Errorf("%s: socket %+v: want copy mode, multi-buffer, nothing dropped", d.node, p)
 		}
-		if st.Drops.Total() != 0 {
-			t.Errorf("%s: drops %+v", d.node, st.Drops)
+	}
+	t.Logf("%s: datagrams [rx tx] by path while %d messages flowed: %v", d.node, count, delta)
+	// dpu0 receives bundles from host0 on pf0hpf and credits from
+	// dpu1 on p0, and sends the other way; dpu1 mirrors it.
+	in, out := "xsk pf0hpf", "xsk p0"
+	if d.node == "dpu1" {
+		in, out = out, in
+	}
+	if delta[in][0] == 0 || delta[out][0] == 0 || delta[in][1] == 0 || delta[out][1] == 0 {
+		t.Errorf("%s: the AF_XDP sockets did not carry the traffic both ways: %v", d.node, delta)
+	}
+	if k := delta["kernel "]; k[0] != 0 || k[1] != 0 {
+		t.Errorf("%s: %d datagrams received and %d sent through the kernel socket, want none", d.node, k[0], k[1])
+	}
+	if pad > 0 {
+		// Both agents receive and send this phase's bundles on the
+		// AF_XDP sockets alone (above): their average size shows
+		// multi-buffer frames went through them.
+		sent, bundles := 0.0, 0.0
+		for i, ds := range st.Destinations {
+			sent += float64(ds.Bytes - before.Destinations[i].Bytes)
+			bundles += float64(ds.Bundles - before.Destinations[i].Bundles)
 		}
-		delta := map[string][2]uint64{}
-		for i, p := range st.Transport {
-			b := before[d.node].Transport[i]
-			delta[p.Path+" "+p.Interface] = [2]uint64{p.RX - b.RX, p.TX - b.TX}
-			if p.Path == "xsk" && (p.Mode != "copy" || p.Dropped != 0) {
-				t.Errorf("%s: socket %+v: want copy mode, nothing dropped", d.node, p)
-			}
+		rb := float64(st.Received.Bytes - before.Received.Bytes)
+		rn := float64(st.Received.Bundles - before.Received.Bundles)
+		t.Logf("%s: %d messages of %d B: sent %.0f bundles of %.0f B on average, received %.0f of %.0f B", d.node, count, pad, bundles, sent/bundles, rn, rb/rn)
+		if bundles == 0 || sent/bundles <= 3478 || rn == 0 || rb/rn <= 3478 {
+			t.Errorf("%s: bundles sent %.0f B, received %.0f B on average: want more than 3478 (one XDP buffer) both ways", d.node, sent/bundles, rb/rn)
 		}
-		t.Logf("%s: datagrams [rx tx] by path while %d messages flowed: %v", d.node, m, delta)
-		// dpu0 receives bundles from host0 on pf0hpf and credits from
-		// dpu1 on p0, and sends the other way; dpu1 mirrors it.
-		in, out := "xsk pf0hpf", "xsk p0"
-		if d.node == "dpu1" {
-			in, out = out, in
+	}
+	stats, err := d.client().Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats.Verdicts["xsk"].Packets == 0 {
+		t.Errorf("%s: steering counted no xsk verdict", d.node)
+	}
+	for _, r := range stats.Rules {
+		if r.Name == "lovelockd:msg/"+strings.Fields(in)[1]+"/w0/bundle" && r.Counter.Packets == 0 {
+			t.Errorf("%s: rule %s counted nothing", d.node, r.Name)
 		}
-		if delta[in][0] == 0 || delta[out][0] == 0 || delta[in][1] == 0 || delta[out][1] == 0 {
-			t.Errorf("%s: the AF_XDP sockets did not carry the traffic both ways: %v", d.node, delta)
-		}
-		if k := delta["kernel "]; k[0] != 0 || k[1] != 0 {
-			t.Errorf("%s: %d datagrams received and %d sent through the kernel socket, want none", d.node, k[0], k[1])
-		}
-		stats, err := d.client().Stats(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if stats.Verdicts["xsk"].Packets == 0 {
-			t.Errorf("%s: steering counted no xsk verdict", d.node)
-		}
-		for _, r := range stats.Rules {
-			if r.Name == "lovelockd:msg/"+strings.Fields(in)[1]+"/w0/bundle" && r.Counter.Packets == 0 {
-				t.Errorf("%s: rule %s counted nothing", d.node, r.Name)
-			}
-		}
-		t.Logf("%s: steering xsk %d, xsk_miss %d packets", d.node, stats.Verdicts["xsk"].Packets, stats.Verdicts["xsk_miss"].Packets)
-		for _, r := range stats.Rules {
-			t.Logf("%s: rule %s id %d prio %d %s: %d", d.node, r.Name, r.ID, r.Priority, r.Action, r.Counter.Packets)
-		}
-		t.Logf("%s: verdicts %v default %d", d.node, stats.Verdicts, stats.Default.Packets)
-		// The same counters in Prometheus' text format.
-		metrics := scrapeMetrics(t, spec, d.node, "127.0.0.1:19478")
-		for _, want := range []string{
-			`lovelock_msg_transport_datagrams_total{dir="rx",iface="pf0hpf",path="xsk",worker="0"}`,
-			`lovelock_msg_xsk_dropped_total{iface="p0",worker="0"} 0`,
-			`lovelock_rule_packets_total{action="xsk:0",id=`,
-		} {
-			if !strings.Contains(string(metrics), want) {
-				t.Errorf("%s: metrics lack %q", d.node, want)
-			}
+	}
+	t.Logf("%s: steering xsk %d, xsk_miss %d packets", d.node, stats.Verdicts["xsk"].Packets, stats.Verdicts["xsk_miss"].Packets)
+	for _, r := range stats.Rules {
+		t.Logf("%s: rule %s id %d prio %d %s: %d", d.node, r.Name, r.ID, r.Priority, r.Action, r.Counter.Packets)
+	}
+	t.Logf("%s: verdicts %v default %d", d.node, stats.Verdicts, stats.Default.Packets)
+	// The same counters in Prometheus' text format.
+	metrics := scrapeMetrics(t, spec, d.node, "127.0.0.1:19478")
+	for _, want := range []string{
+		`lovelock_msg_transport_datagrams_total{dir="rx",iface="pf0hpf",path="xsk",worker="0"}`,
+		`lovelock_msg_xsk_dropped_total{iface="p0",worker="0"} 0`,
+		`lovelock_rule_packets_total{action="xsk:0",id=`,
+	} {
+		if !strings.Contains(string(metrics), want) {
+			t.Errorf("%s: metrics lack %q", d.node, want)
 		}
 	}
 }

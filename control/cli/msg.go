@@ -62,12 +62,20 @@ func msgCommand() *ucli.Command {
 					fmt.Fprintln(tw, "WORKER\tPATH\tIFACE\tQUEUE\tMODE\tRX\tTX\tTX FALLBACK\tDROPPED")
 					for _, p := range st.Transport {
 						iface, queue, mode := p.Interface, strconv.Itoa(p.Queue), p.Mode
+						if p.MultiBuffer {
+							mode += "+sg" // XDP_USE_SG: datagrams up to the MTU
+						}
 						if p.Path != "xsk" {
 							iface, queue, mode = "-", "-", "-"
 						}
 						fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\n", p.Worker, p.Path, iface, queue, mode, p.RX, p.TX, p.TXFallback, p.Dropped)
 					}
-					return tw.Flush()
+					if err := tw.Flush(); err != nil {
+						return err
+					}
+				}
+				for _, d := range st.TransportDegraded {
+					fmt.Fprintf(w, "transport degraded: %s\n", d)
 				}
 				return nil
 			},

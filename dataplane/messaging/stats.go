@@ -31,6 +31,10 @@ type Stats struct {
 	// and path, where the transports keep counters of their own (AF_XDP on
 	// a DPU). The agent leaves it empty; lovelockd fills it in.
 	Transport []PathStats `json:"transport,omitempty"`
+	// TransportDegraded says, one line each, where lovelockd bound the
+	// agent's transport short of its configuration (e.g. multi-buffer
+	// AF_XDP refused by the driver: single-buffer sockets).
+	TransportDegraded []string `json:"transport_degraded,omitempty"`
 }
 
 // PathStats count one agent worker's datagrams on one path: an AF_XDP

@@ -53,6 +53,8 @@ func app() *ucli.App {
 			&ucli.StringFlag{Name: "msg-node", Usage: "this node's name in the messaging cluster file"},
 			&ucli.StringFlag{Name: "msg-transport", Usage: "the agent's transport: udp (kernel sockets, the default) or xdp (AF_XDP on --msg-iface)"},
 			&ucli.StringSliceFlag{Name: "msg-iface", Usage: "with --msg-transport xdp: an interface the agent receives on (repeatable)"},
+			&ucli.BoolFlag{Name: "msg-multi-buffer", Value: true, Usage: "with --msg-transport xdp: bind the AF_XDP sockets with XDP_USE_SG, so bundles up to the MTU take the AF_XDP path " +
+				"(false: one XDP buffer, 3478 B on veth); where the driver refuses it, single-buffer sockets and the service reports degraded"},
 			&ucli.BoolFlag{Name: "json-log", Usage: "log as JSON instead of text"},
 		},
 		Action: run,
@@ -79,7 +81,7 @@ func run(c *ucli.Context) error {
 		cfg.Metrics = ""
 	}
 	cfg.Interfaces = append(cfg.Interfaces, interfaceFlags(c)...)
-	if c.IsSet("msg-cluster") || c.IsSet("msg-node") || c.IsSet("msg-transport") || c.IsSet("msg-iface") {
+	if c.IsSet("msg-cluster") || c.IsSet("msg-node") || c.IsSet("msg-transport") || c.IsSet("msg-iface") || c.IsSet("msg-multi-buffer") {
 		m := config.Messaging{}
 		if cfg.Messaging != nil {
 			m = *cfg.Messaging
@@ -91,6 +93,10 @@ func run(c *ucli.Context) error {
 		}
 		if c.IsSet("msg-iface") {
 			m.Interfaces = c.StringSlice("msg-iface")
+		}
+		if c.IsSet("msg-multi-buffer") {
+			on := c.Bool("msg-multi-buffer")
+			m.MultiBuffer = &on
 		}
 		cfg.Messaging = &m
 	}

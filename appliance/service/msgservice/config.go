@@ -22,7 +22,18 @@ type Config struct {
 	// least workers queues. lovelockd attaches XDP to them if nothing
 	// else did.
 	Interfaces []string `json:"interfaces,omitempty"`
+	// MultiBuffer binds the AF_XDP sockets with XDP_USE_SG (transport
+	// xdp): bundles up to the MTU less 28 on the AF_XDP path, as on
+	// kernel UDP. Unset means on. Where the kernel or driver refuses
+	// it, the agent runs on single-buffer sockets (bundles of one XDP
+	// buffer, 3478 bytes on veth) and the service reports itself
+	// degraded. false asks for single-buffer sockets.
+	MultiBuffer *bool `json:"multi_buffer,omitempty"`
 }
+
+// MultiBufferOn reports whether the AF_XDP sockets are to be bound with
+// XDP_USE_SG: unless multi_buffer is false.
+func (c *Config) MultiBufferOn() bool { return c == nil || c.MultiBuffer == nil || *c.MultiBuffer }
 
 // Messaging transports.
 const (
@@ -48,6 +59,9 @@ func (c *Config) Validate() error {
 	case "", TransportUDP:
 		if len(c.Interfaces) > 0 {
 			return fmt.Errorf("config: messaging: interfaces %v apply to transport xdp only (transport is %q)", c.Interfaces, c.transport())
+		}
+		if c.MultiBuffer != nil {
+			return fmt.Errorf("config: messaging: multi_buffer applies to transport xdp only (transport is %q)", c.transport())
 		}
 	case TransportXDP:
 		if len(c.Interfaces) == 0 {

@@ -59,7 +59,11 @@ func (s *Service) Plan() (service.Needs, error) {
 	if err != nil || !s.cfg.XDP() {
 		return service.Needs{}, err
 	}
-	return Needs(cluster, s.cfg.Node, s.cfg.Interfaces)
+	n, err := Needs(cluster, s.cfg.Node, s.cfg.Interfaces)
+	if err == nil {
+		n.XDP.MultiBuffer = s.cfg.MultiBufferOn()
+	}
+	return n, err
 }
 
 // Needs is what an agent of node in cluster needs on AF_XDP on ifaces; the
@@ -111,7 +115,7 @@ func (s *Service) Run(ctx context.Context, b *service.Binding) error {
 	s.agent.Store(a)
 	defer s.agent.Store(nil)
 	s.log.Info("messaging agent", "node", s.cfg.Node, "addr", a.Addr(), "mode", cluster.Mode, "workers", cluster.Workers,
-		"transfer_size", a.TransferSize(), "transport", s.cfg.transport())
+		"transfer_size", a.TransferSize(), "transport", s.cfg.transport(), "binding", b.String())
 	return a.Run(ctx)
 }
 
@@ -134,6 +138,7 @@ func (s *Service) AgentStats() (messaging.Stats, bool) {
 	st := a.Stats()
 	if b := s.binding.Load(); b != nil {
 		st.Transport = b.Paths()
+		st.TransportDegraded = b.Degraded
 	}
 	return st, true
 }
