@@ -506,7 +506,8 @@ type inLink struct {
 // rxWork is an in-order bundle awaiting processing.
 type rxWork struct {
 	r     bundle.Reader
-	data  []byte // owned copy, when not processed in place
+	data  []byte // owned bytes, when not processed in place
+	buf   []byte // an agent worker's receive buffer the bundle kept (data), to give back when done
 	reset bool   // a malformed bundle: drop any partial message, nothing else
 }
 

@@ -37,8 +37,10 @@ type worker struct {
 	spare   []*inLink
 	dirty   []*outLink // links with a buffer being filled
 
-	rx  []transport.Packet
-	out []transport.Packet
+	rx     []transport.Packet
+	rxSize int      // the size of a receive buffer
+	free   [][]byte // receive buffers back from parked bundles
+	out    []transport.Packet
 
 	now, lastRecv                int64
 	nextFlush, nextMaint, nextGC int64
@@ -75,10 +77,10 @@ func newWorker(a *Agent, idx int, tr transport.Transport, maxLinks int) *worker 
 		w.byPeer[uint32(dst)] = l
 	}
 	w.recv = newReceiver(&w.a.cfg, maxLinks, &w.ctr, w, &w.out)
-	rxSize := max(cfg.TransferSize, 2048)
+	w.rxSize = max(cfg.TransferSize, 2048)
 	w.rx = make([]transport.Packet, batchSize)
 	for i := range w.rx {
-		w.rx[i].Data = make([]byte, rxSize)
+		w.rx[i].Data = make([]byte, w.rxSize)
 	}
 	return w
 }
@@ -220,26 +222,36 @@ func (w *worker) admit(l *inLink, seq uint32) bool {
 
 // inOrder implements rxOwner: it routes the bundle in place when nothing of
 // l waits, or queues it behind what does.
-func (w *worker) inOrder(l *inLink, item rxWork, _ *transport.Packet) {
+func (w *worker) inOrder(l *inLink, item rxWork, p *transport.Packet) {
 	if len(l.work) == 0 {
 		if w.runItem(l, &item) {
 			w.consume(l)
 			return
 		}
-		w.own(l, &item, true)
+		w.own(l, &item, p, true)
 		l.work = append(l.work, item)
 		w.block(l)
 		return
 	}
-	w.own(l, &item, false)
+	w.own(l, &item, p, false)
 	l.work = append(l.work, item)
 }
 
-// own makes a queued bundle independent of the receive buffer it came in:
-// it copies the records and rebases the reader, and the message being
-// routed (curHere: it came from this bundle) when it aliases them.
-func (w *worker) own(l *inLink, item *rxWork, curHere bool) {
+// own makes a queued bundle independent of the next Recv. It keeps the
+// receive buffer the bundle came in, p's, and gives p another: the reader
+// and the message being routed already point into it, and a parked bundle
+// costs no copy. The buffer comes back when the bundle is done (runLink).
+// Without a worker's receive buffer (a fuzzed datagram) it copies the
+// records and rebases the reader, and the message being routed (curHere:
+// it came from this bundle) when it aliases them.
+func (w *worker) own(l *inLink, item *rxWork, p *transport.Packet, curHere bool) {
 	if item.data != nil || item.reset {
+		return
+	}
+	if p != nil && cap(p.Data) >= w.rxSize {
+		item.buf = p.Data[:cap(p.Data)]
+		item.data = item.buf
+		p.Data = w.rxBuf()
 		return
 	}
 	records := append([]byte(nil), item.r.Bytes()...)
@@ -255,6 +267,18 @@ func (w *worker) own(l *inLink, item *rxWork, curHere bool) {
 func (w *worker) consume(l *inLink) {
 	l.consumed.Add(1)
 	w.recv.creditDue(l)
+}
+
+// rxBuf returns a receive buffer: one a finished parked bundle gave back,
+// or a new one.
+func (w *worker) rxBuf() []byte {
+	if n := len(w.free); n > 0 {
+		b := w.free[n-1]
+		w.free[n-1] = nil
+		w.free = w.free[:n-1]
+		return b
+	}
+	return make([]byte, w.rxSize)
 }
 
 func (w *worker) block(l *inLink) {
@@ -369,6 +393,9 @@ func (w *worker) runLink(l *inLink) bool {
 	for len(l.work) > 0 {
 		if !w.runItem(l, &l.work[0]) {
 			return false
+		}
+		if b := l.work[0].buf; b != nil {
+			w.free = append(w.free, b)
 		}
 		l.work[0] = rxWork{}
 		l.work = l.work[1:]
