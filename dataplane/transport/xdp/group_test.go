@@ -699,6 +699,21 @@ func TestGroupMultiBuffer(t *testing.T) {
 	if st := g.Stats(); st.Sockets[1].Transport.TXPackets != uint64(len(sizes)) || st.KernelTX+st.KernelFallback != 0 {
 		t.Errorf("the dpu Group sent through %+v, want ya's AF_XDP socket", st)
 	}
+	// A chained datagram's payload is copied from its buffers straight
+	// into the caller's, and cut to its capacity there.
+	big := payload(7, 8000)
+	if n, err := g.Send([]transport.Packet{{Addr: fg.LocalAddr(), Data: big}}); n != 1 || err != nil {
+		t.Fatalf("Send 8000: %d, %v", n, err)
+	}
+	trunc := fg.Stats().Sockets[0].Transport.RXTrunc
+	pkts := []transport.Packet{{Data: make([]byte, 5000)}}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	n, err := fg.Recv(ctx, pkts)
+	cancel()
+	if n != 1 || err != nil || string(pkts[0].Data) != string(big[:5000]) || fg.Stats().Sockets[0].Transport.RXTrunc != trunc+1 {
+		t.Errorf("8000 bytes into 5000: %d, %v, %d bytes, truncations +%d; want the first 5000, one truncation", n, err, len(pkts[0].Data),
+			fg.Stats().Sockets[0].Transport.RXTrunc-trunc)
+	}
 	if n, err := g.Send([]transport.Packet{{Addr: fg.LocalAddr(), Data: make([]byte, want+1)}}); n != 0 || !errors.Is(err, transport.ErrTooBig) {
 		t.Errorf("%d bytes: %d, %v; want ErrTooBig", want+1, n, err)
 	}

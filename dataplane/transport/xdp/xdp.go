@@ -234,7 +234,7 @@ type Transport struct {
 
 	recvMu  sync.Mutex // one Recv at a time: rxDescs, rxJumbo
 	rxDescs []xsk.Desc
-	rxJumbo []byte // a multi-buffer datagram's frames, joined
+	rxJumbo []byte // a multi-buffer datagram's frames, joined when its first is too short for the headers
 
 	txPool sync.Pool // of *txScratch
 	ipID   atomic.Uint32
@@ -472,11 +472,16 @@ func (t *Transport) Recv(ctx context.Context, pkts []transport.Packet) (int, err
 		if got > 0 {
 			n := 0
 			for i := 0; i < got; {
-				f, next := t.frame(descs[:got], i)
-				if f != nil && t.parse(f, &pkts[n]) {
+				var ok bool
+				if descs[i].Options&unix.XDP_PKT_CONTD == 0 {
+					ok = t.parse(t.sock.Frame(descs[i]), &pkts[n])
+					i++
+				} else {
+					ok, i = t.parseChain(descs[:got], i, &pkts[n])
+				}
+				if ok {
 					n++
 				}
-				i = next
 			}
 			if err := t.sock.Recycle(descs[:got]); err != nil {
 				return n, t.wrapErr("recycle", err)
@@ -498,34 +503,52 @@ func (t *Transport) Recv(ctx context.Context, pkts []transport.Packet) (int, err
 	}
 }
 
-// frame returns the frame that starts at descs[i] and the index of the
-// next one: the descriptor's own bytes, or on a multi-buffer socket the
-// bytes of the descriptors it chains with XDP_PKT_CONTD, joined in rxJumbo
-// (the headers are parsed across the whole frame; one copy of a
-// bundle-sized datagram is cheap beside what it carries). A chain that the
-// batch cuts short (only when one packet has more descriptors than the
-// batch holds) is nil, counted as malformed.
-func (t *Transport) frame(descs []xsk.Desc, i int) ([]byte, int) {
-	d := descs[i]
-	if d.Options&unix.XDP_PKT_CONTD == 0 {
-		return t.sock.Frame(d), i + 1
-	}
-	b := t.rxJumbo[:0]
-	j := i
+// parseChain takes the multi-buffer frame that starts at descs[i] (the
+// descriptors it chains with XDP_PKT_CONTD) into p and returns whether it
+// was delivered and the index of the next frame. The headers are parsed
+// in the first buffer, which holds them (the kernel's first XDP buffer is
+// far longer than any headers), and the payload is copied from each
+// buffer straight into p: one copy, as for a single-buffer frame. A first
+// buffer too short for the headers has the chain joined in rxJumbo first.
+// A chain that the batch cuts short (only when one packet has more
+// descriptors than the batch holds) is counted as malformed.
+func (t *Transport) parseChain(descs []xsk.Desc, i int, p *transport.Packet) (bool, int) {
+	j, flen := i, 0
 	for ; j < len(descs); j++ {
-		b = append(b, t.sock.Frame(descs[j])...)
+		flen += int(descs[j].Len)
 		if descs[j].Options&unix.XDP_PKT_CONTD == 0 {
 			break
 		}
 	}
-	if cap(b) <= 1<<16 {
-		t.rxJumbo = b[:0]
-	}
 	if j == len(descs) {
 		t.rxMalformed.Add(1)
-		return nil, j
+		return false, j
 	}
-	return b, j + 1
+	off, end, src, r := t.parseHeaders(t.sock.Frame(descs[i]), flen)
+	switch r {
+	case hdrDrop:
+		return false, j + 1
+	case hdrShort:
+		b := t.rxJumbo[:0]
+		for d := i; d <= j; d++ {
+			b = append(b, t.sock.Frame(descs[d])...)
+		}
+		if cap(b) <= 1<<16 {
+			t.rxJumbo = b[:0]
+		}
+		return t.parse(b, p), j + 1
+	}
+	b := p.Data[:cap(p.Data)]
+	k, pos := 0, 0
+	for d := i; d <= j && k < len(b); d++ {
+		f := t.sock.Frame(descs[d])
+		if lo, hi := max(off-pos, 0), min(end-pos, len(f)); lo < hi {
+			k += copy(b[k:], f[lo:hi])
+		}
+		pos += len(f)
+	}
+	t.deliver(p, b, k, end-off, src)
+	return true, j + 1
 }
 
 func (t *Transport) wrapErr(op string, err error) error {
@@ -539,67 +562,113 @@ func (t *Transport) wrapErr(op string, err error) error {
 // local address and port, copies its payload into p. It counts what it
 // drops.
 func (t *Transport) parse(f []byte, p *transport.Packet) bool {
-	if len(f) < ethLen {
-		t.rxMalformed.Add(1)
+	off, end, src, r := t.parseHeaders(f, len(f))
+	if r != hdrOK {
 		return false
 	}
-	off := ethLen
+	b := p.Data[:cap(p.Data)]
+	t.deliver(p, b, copy(b, f[off:end]), end-off, src)
+	return true
+}
+
+// deliver completes p: k bytes of a payload of size bytes were copied
+// into b, from src.
+func (t *Transport) deliver(p *transport.Packet, b []byte, k, size int, src netip.AddrPort) {
+	if k < size {
+		t.rxTrunc.Add(1)
+	}
+	p.Data = b[:k]
+	p.Addr = src
+	t.rxPackets.Add(1)
+}
+
+// hdrResult is what parseHeaders found.
+type hdrResult int
+
+const (
+	hdrOK    hdrResult = iota // an IPv4 UDP datagram to the transport
+	hdrDrop                   // anything else, counted
+	hdrShort                  // the headers run past f, within the frame: join the buffers first
+)
+
+// parseHeaders checks the headers of a received frame of flen bytes, of
+// which f holds the first (all of them on a single-buffer frame). For an
+// IPv4 UDP datagram to the local address and port it returns the
+// payload's offset and end in the frame and the datagram's source. It
+// counts what it drops.
+func (t *Transport) parseHeaders(f []byte, flen int) (off, end int, src netip.AddrPort, r hdrResult) {
+	// short is the verdict when the headers need k bytes and f has fewer.
+	short := func(k int) hdrResult {
+		if k > flen {
+			t.rxMalformed.Add(1)
+			return hdrDrop
+		}
+		return hdrShort
+	}
+	if len(f) < ethLen {
+		return 0, 0, src, short(ethLen)
+	}
+	off = ethLen
 	et := binary.BigEndian.Uint16(f[12:14])
 	// One 802.1Q tag, as the steering parser walks (docs/wire.md): an
 	// 802.1ad tag there makes the frame NOT_LOVELOCK, so the receiver does
 	// not walk one either and the two never disagree on a frame.
 	if et == 0x8100 {
 		if len(f) < ethLen+vlanLen {
-			t.rxMalformed.Add(1)
-			return false
+			return 0, 0, src, short(ethLen + vlanLen)
 		}
 		et = binary.BigEndian.Uint16(f[16:18])
 		off += vlanLen
 	}
 	if et != 0x0800 {
 		t.rxNotUDP.Add(1)
-		return false
+		return 0, 0, src, hdrDrop
+	}
+	if len(f) < off+ipv4Len {
+		return 0, 0, src, short(off + ipv4Len)
 	}
 	ip := f[off:]
-	if len(ip) < ipv4Len || ip[0]>>4 != 4 {
+	if ip[0]>>4 != 4 {
 		t.rxMalformed.Add(1)
-		return false
+		return 0, 0, src, hdrDrop
 	}
 	ihl := int(ip[0]&0x0f) * 4
 	total := int(binary.BigEndian.Uint16(ip[2:4]))
-	if ihl < ipv4Len || total < ihl || total > len(ip) || checksum(ip[:ihl], 0) != 0xffff {
+	if ihl < ipv4Len || total < ihl || total > flen-off {
 		t.rxMalformed.Add(1)
-		return false
+		return 0, 0, src, hdrDrop
+	}
+	if len(ip) < ihl {
+		return 0, 0, src, short(off + ihl)
+	}
+	if checksum(ip[:ihl], 0) != 0xffff {
+		t.rxMalformed.Add(1)
+		return 0, 0, src, hdrDrop
 	}
 	if ip[9] != unix.IPPROTO_UDP || binary.BigEndian.Uint16(ip[6:8])&0x3fff != 0 {
 		t.rxNotUDP.Add(1) // another protocol, or a fragment (MF or offset)
-		return false
+		return 0, 0, src, hdrDrop
 	}
-	u := ip[ihl:total]
-	if len(u) < udpLen {
+	if total-ihl < udpLen {
 		t.rxMalformed.Add(1)
-		return false
+		return 0, 0, src, hdrDrop
 	}
+	if len(ip) < ihl+udpLen {
+		return 0, 0, src, short(off + ihl + udpLen)
+	}
+	u := ip[ihl:]
 	ulen := int(binary.BigEndian.Uint16(u[4:6]))
-	if ulen < udpLen || ulen > len(u) {
+	if ulen < udpLen || ulen > total-ihl {
 		t.rxMalformed.Add(1)
-		return false
+		return 0, 0, src, hdrDrop
 	}
 	dst := netip.AddrFrom4([4]byte(ip[16:20]))
 	if dst != t.local.Addr() || binary.BigEndian.Uint16(u[2:4]) != t.local.Port() {
 		t.rxWrongDest.Add(1)
-		return false
+		return 0, 0, src, hdrDrop
 	}
-	payload := u[udpLen:ulen]
-	b := p.Data[:cap(p.Data)]
-	k := copy(b, payload)
-	if k < len(payload) {
-		t.rxTrunc.Add(1)
-	}
-	p.Data = b[:k]
-	p.Addr = netip.AddrPortFrom(netip.AddrFrom4([4]byte(ip[12:16])), binary.BigEndian.Uint16(u[0:2]))
-	t.rxPackets.Add(1)
-	return true
+	src = netip.AddrPortFrom(netip.AddrFrom4([4]byte(ip[12:16])), binary.BigEndian.Uint16(u[0:2]))
+	return off + ihl + udpLen, off + ihl + ulen, src, hdrOK
 }
 
 // Send implements transport.Transport. It builds a frame per datagram,

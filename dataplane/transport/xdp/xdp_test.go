@@ -74,6 +74,22 @@ func TestBuildParse(t *testing.T) {
 					t.Fatalf("size %d: frame cut to %d bytes delivered", size, n)
 				}
 			}
+			// A multi-buffer frame's headers are parsed in its first
+			// buffer: any first buffer gives the whole frame's verdict,
+			// or asks for the buffers joined when the headers run past it.
+			off, end, src, r := rx.parseHeaders(f, len(f))
+			if r != hdrOK || src != a || !bytes.Equal(f[off:end], data) {
+				t.Fatalf("size %d: parseHeaders %d..%d from %v: %v", size, off, end, src, r)
+			}
+			for n := 1; n < len(f); n++ {
+				o, e, s, r := rx.parseHeaders(f[:n], len(f))
+				if r != hdrShort && (r != hdrOK || o != off || e != end || s != src) {
+					t.Fatalf("size %d: headers in a first buffer of %d bytes: %d..%d from %v: %v", size, n, o, e, s, r)
+				}
+				if r == hdrShort && n >= off {
+					t.Fatalf("size %d: a first buffer of %d bytes holds the %d bytes of headers, yet short", size, n, off)
+				}
+			}
 			// Ethernet padding after the datagram is ignored.
 			if !rx.parse(append(bytes.Clone(f), 0, 0, 0, 0), &p) || !bytes.Equal(p.Data, data) {
 				t.Errorf("size %d: padded frame not delivered intact", size)
