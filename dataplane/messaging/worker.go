@@ -334,35 +334,48 @@ func (w *worker) route(l *inLink, r *bundle.Reader) bool {
 	return true
 }
 
-// routeRun moves the whole records that follow in r, as long as they go to
-// next hop h and fit the buffer out is filling, in one copy: records have
-// the same bytes in every bundle, so a run needs no re-encoding. It costs
-// a header read and a table lookup per message, and one bounds check and
-// one copy per run.
+// routeRun moves the whole records that follow in r into the buffers
+// their next hops are filling, a run of records for one next hop in one
+// copy: records have the same bytes in every bundle, so a run needs no
+// re-encoding. A run ends at a record for another next hop, and the next
+// run goes on into that hop's buffer, as long as it is being filled
+// (neither empty, nor fragmenting, nor towards a dead peer) and has room.
+// Anything else (a fragment, a full buffer, an unknown rank) is left to
+// the record-at-a-time path. It costs a header read and a table lookup per
+// message, and one bounds check and one copy per run.
 func (w *worker) routeRun(out *outLink, h int32, r *bundle.Reader) {
-	c := out.cur
-	if c == nil || out.fragOwner != nil || out.dead || len(c.b) == bundle.Overhead {
-		return
-	}
-	start := r.Offset()
-	room := min(out.tsize, cap(c.b)) - len(c.b)
-	n := 0
 	for {
-		rank, size, ok := r.PeekWhole()
-		if !ok || r.Offset()-start+bundle.RecordHeaderLen+int(size) > room || w.a.table.lookup(rank) != h {
-			break
+		c := out.cur
+		if c == nil || out.fragOwner != nil || out.dead || len(c.b) == bundle.Overhead {
+			return
 		}
-		r.SkipWhole(size)
-		n++
-	}
-	if n == 0 {
-		return
-	}
-	c.b = append(c.b, r.Bytes()[start:r.Offset()]...)
-	c.msgs += n
-	w.msgs += uint64(n)
-	if out.isClientHop {
-		w.delivered += uint64(n)
+		start := r.Offset()
+		room := min(out.tsize, cap(c.b)) - len(c.b)
+		n, next := 0, int32(-1)
+		for {
+			rank, size, ok := r.PeekWhole()
+			if !ok || r.Offset()-start+bundle.RecordHeaderLen+int(size) > room {
+				break
+			}
+			if hh := w.a.table.lookup(rank); hh != h {
+				next = hh
+				break
+			}
+			r.SkipWhole(size)
+			n++
+		}
+		if n > 0 {
+			c.b = append(c.b, r.Bytes()[start:r.Offset()]...)
+			c.msgs += n
+			w.msgs += uint64(n)
+			if out.isClientHop {
+				w.delivered += uint64(n)
+			}
+		}
+		if next < 0 {
+			return
+		}
+		h, out = next, w.links[next]
 	}
 }
 
