@@ -1,6 +1,7 @@
 package devmem
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -34,6 +36,20 @@ import (
 // answered with
 //
 //	u32 output length, u16 error length, error text (empty on success).
+//
+// A Launcher's runs (launcher.go) go on a connection of their own, without
+// waiting: each is 'L' and
+//
+//	u64 run id, u32 input buffer id, u32 output buffer id, u32 input length, u8 model name length, name
+//
+// and its answer is
+//
+//	u64 run id, u32 output length, u16 error length, error text.
+//
+// The executor runs them in order and holds an answer back while more runs
+// are waiting on the connection, for at most holdRuns of run time, so that
+// runs that finish together are answered in one write (the host wakes once
+// for them, as it would for a batch of a stream's completion events).
 
 type executorFrame struct {
 	Op   string `json:"op"`
@@ -70,6 +86,10 @@ func ServeExecutor(ctx context.Context, ln *net.UnixListener, models []*model.Mo
 	}
 }
 
+// holdRuns is how much run time an executor's answer to a launch may be
+// held back for, to go out with the answers of the runs after it.
+const holdRuns = 200 * time.Microsecond
+
 func serveExecutorConn(c *net.UnixConn, models map[string]*model.Model) {
 	bufs := map[uint32][]byte{}
 	defer func() {
@@ -78,6 +98,27 @@ func serveExecutorConn(c *net.UnixConn, models map[string]*model.Model) {
 		}
 	}()
 	var hdr [13]byte
+	var lhdr [21]byte
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return
+	}
+	// held are launches' answers not written yet, since heldAt.
+	var held []byte
+	var heldAt time.Time
+	flush := func() bool {
+		if len(held) == 0 {
+			return true
+		}
+		_, err := c.Write(held)
+		held = held[:0]
+		return err == nil
+	}
+	waiting := func() bool {
+		n := 0
+		rc.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+		return n > 0
+	}
 	for {
 		// Each frame starts with a tag: 'B' introduces a buffer, 'R' a run.
 		var tag [1]byte
@@ -86,6 +127,9 @@ func serveExecutorConn(c *net.UnixConn, models map[string]*model.Model) {
 		}
 		switch tag[0] {
 		case 'B':
+			if !flush() {
+				return
+			}
 			var f executorFrame
 			fds, err := fdpass.Read(c, &f)
 			if err != nil || len(fds) != 1 || f.Size <= 0 {
@@ -98,7 +142,38 @@ func serveExecutorConn(c *net.UnixConn, models map[string]*model.Model) {
 				return
 			}
 			bufs[f.ID] = mem
+		case 'L':
+			if _, err := io.ReadFull(c, lhdr[:]); err != nil {
+				return
+			}
+			id := binary.BigEndian.Uint64(lhdr[0:])
+			in, out, n := binary.BigEndian.Uint32(lhdr[8:]), binary.BigEndian.Uint32(lhdr[12:]), int(binary.BigEndian.Uint32(lhdr[16:]))
+			name := make([]byte, lhdr[20])
+			if _, err := io.ReadFull(c, name); err != nil {
+				return
+			}
+			if len(held) == 0 {
+				heldAt = time.Now()
+			}
+			outLen, err := executorRun(models[string(name)], string(name), bufs[in], bufs[out], n)
+			msg := ""
+			if err != nil {
+				msg = err.Error()
+			}
+			held = binary.BigEndian.AppendUint64(held, id)
+			held = binary.BigEndian.AppendUint32(held, uint32(outLen))
+			held = binary.BigEndian.AppendUint16(held, uint16(len(msg)))
+			held = append(held, msg...)
+			if time.Since(heldAt) < holdRuns && waiting() {
+				continue
+			}
+			if !flush() {
+				return
+			}
 		case 'R':
+			if !flush() {
+				return
+			}
 			if _, err := io.ReadFull(c, hdr[:]); err != nil {
 				return
 			}
@@ -211,4 +286,172 @@ func (e *executorConn) close() {
 		e.c.Close()
 		e.c = nil
 	}
+}
+
+// execQueue is a Launcher's queue on a shared-memory device's executor:
+// launches are written to it without waiting, one write for all of a
+// Launch call's runs, and a reader goroutine reports its answers, all that
+// came in one read at once.
+type execQueue struct {
+	path string
+	done func([]Completion)
+
+	mu      sync.Mutex
+	link    *execLink // nil: dial on the next launch
+	nextID  uint64
+	buf     []byte
+	closed  bool
+	readers sync.WaitGroup
+}
+
+// execLink is one connection to the executor and the runs in flight on
+// it: their run ids to the callers' tags.
+type execLink struct {
+	c       *net.UnixConn
+	known   map[*shmBuffer]bool
+	pending map[uint64]uint64
+}
+
+func (q *execQueue) launch(ls []Launch) {
+	var failed []Completion
+	defer func() {
+		if len(failed) > 0 {
+			q.done(failed)
+		}
+	}()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	fail := func(err error, from int) {
+		for _, x := range ls[from:] {
+			failed = append(failed, Completion{Tag: x.Tag, Err: err})
+		}
+	}
+	if q.closed {
+		fail(ErrLauncherClosed, 0)
+		return
+	}
+	if q.link == nil {
+		c, err := net.Dial("unix", q.path)
+		if err != nil {
+			fail(fmt.Errorf("shm executor %s: %w (is it running?)", q.path, err), 0)
+			return
+		}
+		q.link = &execLink{c: c.(*net.UnixConn), known: map[*shmBuffer]bool{}, pending: map[uint64]uint64{}}
+		q.readers.Add(1)
+		go q.read(q.link)
+	}
+	lk := q.link
+	q.buf = q.buf[:0]
+	for i, x := range ls {
+		ib, ob, err := checkRun(x.Model, x.In, x.InLen, x.Out)
+		if err != nil {
+			failed = append(failed, Completion{Tag: x.Tag, Err: err})
+			continue
+		}
+		for _, b := range []*shmBuffer{ib, ob} {
+			if lk.known[b] {
+				continue
+			}
+			// Buffers are introduced once, with their memfd: what is
+			// queued goes first, so the stream stays in order.
+			if err := q.write(lk); err == nil {
+				if _, err = lk.c.Write([]byte{'B'}); err == nil {
+					err = fdpass.Write(lk.c, executorFrame{Op: "buffer", ID: b.id, Size: len(b.mem)}, b.fd)
+				}
+			}
+			if err != nil {
+				// The reader fails what is pending on the link once it
+				// sees the connection closed; the rest fail here.
+				lk.c.Close()
+				fail(fmt.Errorf("shm executor %s: %w", q.path, err), i)
+				return
+			}
+			lk.known[b] = true
+		}
+		q.nextID++
+		id := q.nextID
+		lk.pending[id] = x.Tag
+		q.buf = append(q.buf, 'L')
+		q.buf = binary.BigEndian.AppendUint64(q.buf, id)
+		q.buf = binary.BigEndian.AppendUint32(q.buf, ib.id)
+		q.buf = binary.BigEndian.AppendUint32(q.buf, ob.id)
+		q.buf = binary.BigEndian.AppendUint32(q.buf, uint32(x.InLen))
+		q.buf = append(q.buf, uint8(len(x.Model.Name)))
+		q.buf = append(q.buf, x.Model.Name...)
+	}
+	if err := q.write(lk); err != nil {
+		lk.c.Close() // the reader fails the link's pending runs
+	}
+}
+
+// write sends the launches queued in q.buf.
+func (q *execQueue) write(lk *execLink) error {
+	if len(q.buf) == 0 {
+		return nil
+	}
+	_, err := lk.c.Write(q.buf)
+	q.buf = q.buf[:0]
+	return err
+}
+
+// read reports the executor's answers on lk until the connection ends,
+// then fails the runs still pending on it.
+func (q *execQueue) read(lk *execLink) {
+	defer q.readers.Done()
+	r := bufio.NewReaderSize(lk.c, 16<<10)
+	var batch []Completion
+	var hdr [14]byte
+	for {
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			break
+		}
+		id, outLen := binary.BigEndian.Uint64(hdr[0:]), int(binary.BigEndian.Uint32(hdr[8:]))
+		var runErr error
+		if l := int(binary.BigEndian.Uint16(hdr[12:])); l > 0 {
+			msg := make([]byte, l)
+			if _, err := io.ReadFull(r, msg); err != nil {
+				break
+			}
+			runErr, outLen = fmt.Errorf("shm executor: %s: %w", msg, model.ErrBadInput), 0
+		}
+		q.mu.Lock()
+		tag, ok := lk.pending[id]
+		delete(lk.pending, id)
+		q.mu.Unlock()
+		if !ok {
+			break // not a run of ours: the stream is out of step
+		}
+		batch = append(batch, Completion{Tag: tag, OutLen: outLen, Err: runErr})
+		if r.Buffered() == 0 {
+			q.done(batch)
+			batch = batch[:0]
+		}
+	}
+	lk.c.Close()
+	q.mu.Lock()
+	if q.link == lk {
+		q.link = nil
+	}
+	err := fmt.Errorf("shm executor %s: connection lost while the run was queued", q.path)
+	if q.closed {
+		err = ErrLauncherClosed
+	}
+	for id, tag := range lk.pending {
+		batch = append(batch, Completion{Tag: tag, Err: err})
+		delete(lk.pending, id)
+	}
+	q.mu.Unlock()
+	if len(batch) > 0 {
+		q.done(batch)
+	}
+}
+
+func (q *execQueue) close() {
+	q.mu.Lock()
+	q.closed = true
+	if q.link != nil {
+		q.link.c.Close()
+	}
+	q.mu.Unlock()
+	q.readers.Wait()
 }

@@ -86,27 +86,46 @@ func (d *Shm) Alloc(size int) (Buffer, error) {
 // Run implements Device: the model's CPU reference, on the buffers' own
 // pages, without a copy.
 func (d *Shm) Run(m *model.Model, in Buffer, inLen int, out Buffer) (int, error) {
-	ib, ok1 := in.(*shmBuffer)
-	ob, ok2 := out.(*shmBuffer)
-	if !ok1 || !ok2 {
-		return 0, fmt.Errorf("shm run: buffers of another device")
-	}
-	if m.Reference == nil {
-		return 0, fmt.Errorf("shm run: model %s has no built-in implementation", m.Name)
-	}
-	if err := CheckRange(0, inLen, len(ib.mem)); err != nil {
-		return 0, fmt.Errorf("shm run %s: input: %w", m.Name, err)
-	}
-	if err := m.Check(inLen); err != nil {
+	ib, ob, err := checkRun(m, in, inLen, out)
+	if err != nil {
 		return 0, err
-	}
-	if n := m.OutputSize(inLen); n > len(ob.mem) {
-		return 0, fmt.Errorf("shm run %s: output of %d bytes does not fit the %d-byte output buffer", m.Name, n, len(ob.mem))
 	}
 	if d.exec != nil {
 		return d.exec.run(m, ib, ob, inLen)
 	}
 	return m.Reference(ib.mem[:inLen], ob.mem), nil
+}
+
+// checkRun checks Run's arguments.
+func checkRun(m *model.Model, in Buffer, inLen int, out Buffer) (*shmBuffer, *shmBuffer, error) {
+	ib, ok1 := in.(*shmBuffer)
+	ob, ok2 := out.(*shmBuffer)
+	if !ok1 || !ok2 {
+		return nil, nil, fmt.Errorf("shm run: buffers of another device")
+	}
+	if m.Reference == nil {
+		return nil, nil, fmt.Errorf("shm run: model %s has no built-in implementation", m.Name)
+	}
+	if err := CheckRange(0, inLen, len(ib.mem)); err != nil {
+		return nil, nil, fmt.Errorf("shm run %s: input: %w", m.Name, err)
+	}
+	if err := m.Check(inLen); err != nil {
+		return nil, nil, err
+	}
+	if n := m.OutputSize(inLen); n > len(ob.mem) {
+		return nil, nil, fmt.Errorf("shm run %s: output of %d bytes does not fit the %d-byte output buffer", m.Name, n, len(ob.mem))
+	}
+	return ib, ob, nil
+}
+
+// newQueue implements queuer: with an executor, launches go to it on a
+// connection of their own and come back batched; without one, nil (the
+// Launcher runs them in goroutines of this process).
+func (d *Shm) newQueue(done func([]Completion)) launchQueue {
+	if d.exec == nil {
+		return nil
+	}
+	return &execQueue{path: d.exec.path, done: done}
 }
 
 // Close implements Device.
