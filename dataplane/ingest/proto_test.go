@@ -2,8 +2,10 @@ package ingest
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/wire"
@@ -104,6 +106,8 @@ func FuzzDecode(f *testing.F) {
 	f.Add(AppendInput(nil, 1, &Input{ID: 1, Total: 4, Model: "m", Data: []byte{1, 2, 3, 4}})[wire.HeaderLen:])
 	f.Add(AppendResult(nil, 1, &ResultFragment{ID: 1, Total: 2, Text: "t", Data: []byte{1, 2}})[wire.HeaderLen:])
 	f.Add(AppendCtrl(nil, &Ctrl{Op: OpComplete, Text: "e"})[wire.HeaderLen:])
+	b, _ := AppendCtrls(nil, []Ctrl{{Op: OpDoorbell, Request: 1, Text: "checksum"}, {Op: OpComplete, Request: 2}, {Op: OpRunning, Request: 3}}, 9000, true)
+	f.Add(b[wire.HeaderLen:])
 	f.Fuzz(func(t *testing.T, p []byte) {
 		if in, err := DecodeInput(p); err == nil {
 			again, err := DecodeInput(AppendInput(nil, 0, &in)[wire.HeaderLen:])
@@ -119,5 +123,118 @@ func FuzzDecode(f *testing.F) {
 		if c, err := DecodeCtrl(p); err == nil && len(c.Text) > len(p) {
 			t.Fatalf("control text longer than the datagram")
 		}
+		if cs, err := DecodeCtrls(p, nil); err == nil {
+			size, long := 0, false
+			for _, c := range cs {
+				size += CtrlHeaderLen + len(c.Text)
+				long = long || len(c.Text) > maxText
+			}
+			if size > len(p) {
+				t.Fatalf("%d control messages of %d bytes in %d", len(cs), size, len(p))
+			}
+			if len(cs) > 1 && !long {
+				b, n := AppendCtrls(nil, cs, len(p)+wire.HeaderLen+CtrlHeaderLen, true)
+				_, payload, _ := wire.Decode(b)
+				again, err := DecodeCtrls(payload, nil)
+				if n != len(cs) || err != nil || !reflect.DeepEqual(again, cs) {
+					t.Fatalf("batch does not re-encode: %d of %d, %v", n, len(cs), err)
+				}
+			}
+		}
 	})
+}
+
+// TestCtrlBatch: version 2's batches round-trip, split at the payload
+// limit, leave out what may not be batched, and are refused whole when
+// malformed; the version rides in register and register-ack.
+func TestCtrlBatch(t *testing.T) {
+	var cs []Ctrl
+	for i := range 40 {
+		op := []CtrlOp{OpDoorbell, OpComplete, OpRunning}[i%3]
+		cs = append(cs, Ctrl{Op: op, Status: Status(i % 2), GPU: uint8(i % 3), Slot: uint8(i % 8), Length: uint32(i << 10),
+			Epoch: 77, Request: uint64(1000 + i), DeviceUs: uint32(i), Tenant: uint16(i), Text: strings.Repeat("m", i%5)})
+	}
+	decodeAll := func(b []byte) []Ctrl {
+		t.Helper()
+		_, payload, err := wire.Decode(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := DecodeCtrls(payload, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	// All in one datagram, then split at 300 bytes.
+	b, n := AppendCtrls(nil, cs, 9000, true)
+	if n != len(cs) || !reflect.DeepEqual(decodeAll(b), cs) {
+		t.Fatalf("one batch: %d messages, want %d, or fields differ", n, len(cs))
+	}
+	var got []Ctrl
+	datagrams := 0
+	for rest := cs; len(rest) > 0; datagrams++ {
+		b, n := AppendCtrls(nil, rest, 300, true)
+		if len(b) > 300 {
+			t.Fatalf("datagram of %d bytes, limit 300", len(b))
+		}
+		got = append(got, decodeAll(b)...)
+		rest = rest[n:]
+	}
+	if !reflect.DeepEqual(got, cs) || datagrams < 5 {
+		t.Fatalf("split: %d datagrams, fields equal %v", datagrams, reflect.DeepEqual(got, cs))
+	}
+	// To a version 1 peer: one plain message per datagram, which
+	// DecodeCtrl (version 1's decoder) reads.
+	b, n = AppendCtrls(nil, cs, 9000, false)
+	if _, payload, _ := wire.Decode(b); n != 1 {
+		t.Fatalf("unbatched: %d messages", n)
+	} else if c, err := DecodeCtrl(payload); err != nil || !reflect.DeepEqual(c, cs[0]) {
+		t.Fatalf("unbatched: %+v %v", c, err)
+	}
+	// Register is never batched: it goes alone, and ends a batch.
+	reg := Ctrl{Op: OpRegister, Epoch: 5, Length: 2, Version: CtrlVersion, Text: "/run/x.sock"}
+	mixed := []Ctrl{cs[0], cs[1], reg, cs[2]}
+	b, n = AppendCtrls(nil, mixed, 9000, true)
+	if n != 2 || !reflect.DeepEqual(decodeAll(b), mixed[:2]) {
+		t.Fatalf("batch before a register: %d", n)
+	}
+	b, n = AppendCtrls(nil, mixed[2:], 9000, true)
+	if n != 1 || !reflect.DeepEqual(decodeAll(b), []Ctrl{reg}) {
+		t.Fatalf("register: %d %+v", n, decodeAll(b))
+	}
+	// A version 1 register (nothing at offset 30) reads as version 0.
+	_, payload, _ := wire.Decode(AppendCtrl(nil, &reg))
+	payload[30], payload[31] = 0, 0
+	if c, err := DecodeCtrl(payload); err != nil || c.Version != 0 || c.Tenant != 0 {
+		t.Fatalf("v1 register: %+v %v", c, err)
+	}
+	// DecodeCtrl refuses a batch.
+	b, _ = AppendCtrls(nil, cs[:3], 9000, true)
+	_, payload, _ = wire.Decode(b)
+	if _, err := DecodeCtrl(payload); !errors.Is(err, ErrMalformed) {
+		t.Errorf("DecodeCtrl of a batch: %v", err)
+	}
+	// Malformed batches yield nothing.
+	bad := map[string][]byte{}
+	bad["truncated"] = payload[:len(payload)-3]
+	bad["trailing bytes"] = append(append([]byte(nil), payload...), 0, 0)
+	more := append([]byte(nil), payload...)
+	binary.BigEndian.PutUint32(more[4:], 4)
+	bad["count past the end"] = more
+	zero := append([]byte(nil), payload...)
+	binary.BigEndian.PutUint32(zero[4:], 0)
+	bad["empty"] = zero
+	nested := append([]byte(nil), payload...)
+	nested[CtrlHeaderLen] = uint8(OpBatch)
+	bad["nested batch"] = nested
+	withReg := AppendCtrl(nil, &Ctrl{Op: OpBatch, Length: 2})[wire.HeaderLen:]
+	withReg = appendCtrlBody(withReg, &cs[0])
+	withReg = appendCtrlBody(withReg, &reg)
+	bad["register inside"] = withReg
+	for name, p := range bad {
+		if got, err := DecodeCtrls(p, []Ctrl{cs[9]}); !errors.Is(err, ErrMalformed) || len(got) != 1 {
+			t.Errorf("%s: %d messages, %v", name, len(got), err)
+		}
+	}
 }
