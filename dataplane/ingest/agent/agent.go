@@ -470,12 +470,14 @@ func (a *Agent) ringLocked(r *request) {
 	r.rings++
 	c := ingest.Ctrl{Op: ingest.OpDoorbell, Epoch: r.host.epoch, Request: r.seq, GPU: uint8(r.gpu), Slot: uint8(r.slot),
 		Length: uint32(r.inLen), Tenant: uint16(r.tenant), Text: r.model.cfg.Name}
-	a.sendHost(r.host.addr, &c)
+	a.toHost.pushCtrl(r.host.addr, &c, r.host.version >= 2)
 	a.stats.doorbells.Add(1)
 }
 
+// sendHost queues a message to the host that goes alone (register-ack).
 func (a *Agent) sendHost(to netip.AddrPort, c *ingest.Ctrl) {
-	a.toHost.push(transport.Packet{Addr: to, Data: ingest.AppendCtrl(make([]byte, 0, 96), c)})
+	c.Version = ingest.CtrlVersion
+	a.toHost.pushCtrl(to, c, false)
 }
 
 // receiveHost reads registrations and completions from the host agent.
@@ -502,11 +504,17 @@ func (a *Agent) control(ctx context.Context, from netip.AddrPort, b []byte) {
 		a.stats.malformed.Add(1)
 		return
 	}
-	c, err := ingest.DecodeCtrl(payload)
+	cs, err := ingest.DecodeCtrls(payload, nil)
 	if err != nil {
 		a.stats.malformed.Add(1)
 		return
 	}
+	for _, c := range cs {
+		a.controlOne(ctx, from, c)
+	}
+}
+
+func (a *Agent) controlOne(ctx context.Context, from netip.AddrPort, c ingest.Ctrl) {
 	switch c.Op {
 	case ingest.OpRegister:
 		a.register(ctx, from, c)
@@ -529,6 +537,7 @@ func (a *Agent) register(ctx context.Context, from netip.AddrPort, c ingest.Ctrl
 	if a.host != nil && a.host.epoch == c.Epoch {
 		a.host.lastSeen = time.Now()
 		a.host.addr = from
+		a.host.version = c.Version
 		a.mu.Unlock()
 		a.sendHost(from, &ingest.Ctrl{Op: ingest.OpRegisterAck, Epoch: c.Epoch})
 		return
@@ -552,6 +561,9 @@ func (a *Agent) adopt(ctx context.Context, from netip.AddrPort, c ingest.Ctrl) {
 	var h *host
 	if err == nil {
 		h, err = newHost(&a.cfg, l, hs, from, c.Text)
+	}
+	if err == nil {
+		h.version = c.Version
 	}
 	a.mu.Lock()
 	a.fetching = 0

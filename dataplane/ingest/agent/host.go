@@ -24,6 +24,10 @@ type host struct {
 	lastSeen time.Time
 	layout   ingest.Layout
 	models   map[string]bool
+	// version is the control protocol version the host said in its
+	// register (0: version 1): doorbells go to it batched from 2 on.
+	// Under the agent's lock.
+	version uint16
 
 	// maps[gpu][slot] are the slot buffers. Copies into and out of them
 	// hold mapMu for reading; retiring the host takes it for writing

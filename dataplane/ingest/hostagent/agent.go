@@ -42,11 +42,17 @@ type Agent struct {
 	done    map[uint64]ingest.Ctrl
 	doneLog []uint64
 	running map[uint64]bool
+	// launched are the built-in models' runs handed to a GPU's launcher,
+	// by request.
+	launched map[uint64]launched
 	// conns are the worker socket's connections; the worker once
 	// attached.
 	conns map[*net.UnixConn]*worker
 
 	registered atomic.Bool
+	// dpuVersion is the control protocol version the DPU said in its
+	// register-ack: batches go to it only from 2 on.
+	dpuVersion atomic.Uint32
 	stats      counters
 	// runs are the models running now; Run waits for them before it
 	// frees the buffers they use.
@@ -58,6 +64,16 @@ type gpu struct {
 	dev   devmem.Device
 	card  string
 	slots []slot
+	// launcher takes the built-in models' runs without a round trip
+	// each (set while Run runs).
+	launcher *devmem.Launcher
+}
+
+// launched is a run on a GPU's launcher.
+type launched struct {
+	c     ingest.Ctrl
+	start time.Time
+	s     *slot
 }
 
 type slot struct {
@@ -76,7 +92,7 @@ func New(cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a := &Agent{cfg: cfg, models: map[string]*model.Model{}, ext: map[string]*extModel{}, done: map[uint64]ingest.Ctrl{}, running: map[uint64]bool{},
-		conns: map[*net.UnixConn]*worker{}}
+		launched: map[uint64]launched{}, conns: map[*net.UnixConn]*worker{}}
 	for _, m := range cfg.Models {
 		a.models[m.Name] = m
 		if m.External {
@@ -143,6 +159,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	for _, g := range a.gpus {
+		g.launcher = devmem.NewLauncher(g.dev, func(cs []devmem.Completion) { a.completed(ctx, cs) })
+	}
 	var wg sync.WaitGroup
 	if wln != nil {
 		wg.Add(1)
@@ -164,6 +183,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.closeWorkers()
 	wg.Wait()
+	// Nothing launches now: the launchers report what they still hold.
+	for _, g := range a.gpus {
+		g.launcher.Close()
+	}
 	a.runs.Wait()
 	if runErr != nil && !errors.Is(runErr, context.Canceled) {
 		return runErr
@@ -175,7 +198,7 @@ func (a *Agent) heartbeat(ctx context.Context) {
 	t := time.NewTicker(a.cfg.Heartbeat)
 	defer t.Stop()
 	for {
-		a.send(&ingest.Ctrl{Op: ingest.OpRegister, Epoch: a.epoch, Length: uint32(len(a.gpus)), Text: a.cfg.HandleSocket})
+		a.send(ingest.Ctrl{Op: ingest.OpRegister, Epoch: a.epoch, Length: uint32(len(a.gpus)), Version: ingest.CtrlVersion, Text: a.cfg.HandleSocket})
 		a.stats.registers.Add(1)
 		select {
 		case <-ctx.Done():
@@ -185,12 +208,41 @@ func (a *Agent) heartbeat(ctx context.Context) {
 	}
 }
 
-func (a *Agent) send(c *ingest.Ctrl) {
-	b := ingest.AppendCtrl(make([]byte, 0, 128), c)
-	if _, err := a.cfg.Transport.Send([]transport.Packet{{Addr: a.cfg.DPU, Data: b}}); err != nil {
-		a.stats.sendErrors.Add(1)
-		a.cfg.Logger.Debug("send to DPU", "op", c.Op, "err", err)
+// send sends one message to the DPU.
+func (a *Agent) send(c ingest.Ctrl) { a.sendCtrls([]ingest.Ctrl{c}) }
+
+// sendCtrls sends messages to the DPU in one system call: as few batches
+// as hold them to a DPU that speaks version 2, one datagram each to an
+// older one.
+func (a *Agent) sendCtrls(cs []ingest.Ctrl) {
+	batch := a.dpuVersion.Load() >= 2
+	var one [1]transport.Packet
+	pkts := one[:0]
+	for rest := cs; len(rest) > 0; {
+		b, n := ingest.AppendCtrls(make([]byte, 0, 64+48*len(rest)), rest, a.cfg.Transport.MaxPayload(), batch)
+		pkts = append(pkts, transport.Packet{Addr: a.cfg.DPU, Data: b})
+		rest = rest[n:]
 	}
+	for len(pkts) > 0 {
+		n, err := a.cfg.Transport.Send(pkts)
+		if err == nil {
+			return
+		}
+		a.stats.sendErrors.Add(1)
+		a.cfg.Logger.Debug("send to DPU", "datagrams", len(pkts), "err", err)
+		if errors.Is(err, transport.ErrClosed) {
+			return
+		}
+		pkts = pkts[n+1:]
+	}
+}
+
+// rx is what one receive's datagrams ask for: answers to send and runs to
+// launch, each in one go once every datagram is read.
+type rx struct {
+	msgs     []ingest.Ctrl
+	replies  []ingest.Ctrl
+	launches [][]devmem.Launch // by GPU
 }
 
 func (a *Agent) receive(ctx context.Context) error {
@@ -198,6 +250,7 @@ func (a *Agent) receive(ctx context.Context) error {
 	for i := range pkts {
 		pkts[i].Data = make([]byte, a.cfg.Transport.MaxPayload())
 	}
+	b := &rx{launches: make([][]devmem.Launch, len(a.gpus))}
 	for {
 		for i := range pkts {
 			pkts[i].Data = pkts[i].Data[:cap(pkts[i].Data)]
@@ -210,24 +263,44 @@ func (a *Agent) receive(ctx context.Context) error {
 			return fmt.Errorf("host agent: receive from DPU: %w", err)
 		}
 		for _, p := range pkts[:n] {
-			a.handle(ctx, p.Addr, p.Data)
+			a.handle(ctx, p.Addr, p.Data, b)
+		}
+		for i, ls := range b.launches {
+			if len(ls) > 0 {
+				a.gpus[i].launcher.Launch(ls...)
+				clear(ls)
+				b.launches[i] = ls[:0]
+			}
+		}
+		if len(b.replies) > 0 {
+			a.sendCtrls(b.replies)
+			clear(b.replies)
+			b.replies = b.replies[:0]
 		}
 	}
 }
 
-func (a *Agent) handle(ctx context.Context, from netip.AddrPort, b []byte) {
-	c, err := decode(b)
+func (a *Agent) handle(ctx context.Context, from netip.AddrPort, d []byte, b *rx) {
+	var err error
+	b.msgs, err = decode(d, b.msgs[:0])
 	if err != nil {
 		a.stats.malformed.Add(1)
 		a.cfg.Logger.Debug("malformed control datagram", "from", from, "err", err)
 		return
 	}
+	for _, c := range b.msgs {
+		a.handleOne(ctx, from, c, b)
+	}
+}
+
+func (a *Agent) handleOne(ctx context.Context, from netip.AddrPort, c ingest.Ctrl, b *rx) {
 	switch c.Op {
 	case ingest.OpRegisterAck:
 		if c.Epoch != a.epoch {
 			a.stats.stale.Add(1)
 			return
 		}
+		a.dpuVersion.Store(uint32(c.Version))
 		if c.Status != ingest.StatusOK {
 			a.registered.Store(false)
 			a.cfg.Logger.Warn("DPU refused registration", "err", c.Text)
@@ -237,19 +310,21 @@ func (a *Agent) handle(ctx context.Context, from netip.AddrPort, b []byte) {
 			a.cfg.Logger.Info("registered with DPU", "dpu", from, "epoch", fmt.Sprintf("%016x", a.epoch))
 		}
 	case ingest.OpDoorbell:
-		a.doorbell(ctx, c)
+		a.doorbell(ctx, c, b)
 	default:
 		a.stats.malformed.Add(1)
 	}
 }
 
-// doorbell runs one request, or answers again for one already run.
-func (a *Agent) doorbell(ctx context.Context, c ingest.Ctrl) {
+// doorbell starts one request, or answers again for one already run. A
+// built-in model's run joins b's launches, and an answer b's replies; an
+// external model's run goes to a worker in a goroutine of its own.
+func (a *Agent) doorbell(ctx context.Context, c ingest.Ctrl, b *rx) {
 	a.stats.doorbells.Add(1)
 	if c.Epoch != a.epoch {
 		// The DPU rang an old registration's slot: the buffers are gone.
 		a.stats.stale.Add(1)
-		a.send(&ingest.Ctrl{Op: ingest.OpComplete, Epoch: c.Epoch, Request: c.Request, Status: ingest.StatusHostUnavailable,
+		b.replies = append(b.replies, ingest.Ctrl{Op: ingest.OpComplete, Epoch: c.Epoch, Request: c.Request, Status: ingest.StatusHostUnavailable,
 			Text: "the host agent restarted since this slot was registered: send the request again"})
 		return
 	}
@@ -257,29 +332,79 @@ func (a *Agent) doorbell(ctx context.Context, c ingest.Ctrl) {
 	if done, ok := a.done[c.Request]; ok {
 		a.mu.Unlock()
 		a.stats.repeats.Add(1)
-		a.send(&done)
+		b.replies = append(b.replies, done)
 		return
 	}
 	if a.running[c.Request] {
 		a.mu.Unlock()
 		a.stats.repeats.Add(1)
-		a.send(&ingest.Ctrl{Op: ingest.OpRunning, Epoch: a.epoch, Request: c.Request, GPU: c.GPU, Slot: c.Slot})
+		b.replies = append(b.replies, ingest.Ctrl{Op: ingest.OpRunning, Epoch: a.epoch, Request: c.Request, GPU: c.GPU, Slot: c.Slot})
+		return
+	}
+	start := time.Now()
+	g, s, m, err := a.check(c)
+	if err != nil {
+		b.replies = append(b.replies, a.finishLocked(c, start, 0, err))
+		a.mu.Unlock()
 		return
 	}
 	a.running[c.Request] = true
 	a.runs.Add(1)
+	if !m.External {
+		a.launched[c.Request] = launched{c: c, start: start, s: s}
+		a.mu.Unlock()
+		b.launches[g.index] = append(b.launches[g.index], devmem.Launch{Model: m, In: s.in, InLen: int(c.Length), Out: s.out, Tag: c.Request})
+		return
+	}
 	a.mu.Unlock()
 	go func() {
 		defer a.runs.Done()
-		a.run(ctx, c)
+		n, err := a.runExternal(ctx, m, c, s)
+		s.busy.Store(false)
+		a.mu.Lock()
+		reply := a.finishLocked(c, start, n, err)
+		a.mu.Unlock()
+		if ctx.Err() == nil {
+			a.send(reply)
+		}
 	}()
 }
 
-func (a *Agent) run(ctx context.Context, c ingest.Ctrl) {
-	start := time.Now()
-	outLen, err := a.launch(ctx, c)
+// completed takes a launcher's finished runs and answers them all in one
+// send.
+func (a *Agent) completed(ctx context.Context, cs []devmem.Completion) {
+	replies := make([]ingest.Ctrl, 0, len(cs))
+	a.mu.Lock()
+	for _, x := range cs {
+		l, ok := a.launched[x.Tag]
+		if !ok {
+			continue
+		}
+		delete(a.launched, x.Tag)
+		l.s.busy.Store(false)
+		err := x.Err
+		if err != nil {
+			if errors.Is(err, model.ErrBadInput) {
+				err = ingest.Errorf(ingest.StatusBadRequest, "%v", err)
+			} else {
+				err = ingest.Errorf(ingest.StatusModelFailed, "model %s on GPU %d: %v", l.c.Text, l.c.GPU, err)
+			}
+		}
+		replies = append(replies, a.finishLocked(l.c, l.start, x.OutLen, err))
+		a.runs.Done()
+	}
+	a.mu.Unlock()
+	if ctx.Err() == nil && len(replies) > 0 {
+		a.sendCtrls(replies)
+	}
+}
+
+// finishLocked counts a finished run, remembers its answer for a doorbell
+// rung again, and returns it.
+func (a *Agent) finishLocked(c ingest.Ctrl, start time.Time, outLen int, err error) ingest.Ctrl {
+	took := time.Since(start)
 	reply := ingest.Ctrl{Op: ingest.OpComplete, Epoch: a.epoch, Request: c.Request, GPU: c.GPU, Slot: c.Slot,
-		Length: uint32(outLen), DeviceUs: uint32(time.Since(start).Microseconds())}
+		Length: uint32(outLen), DeviceUs: uint32(took.Microseconds())}
 	if err != nil {
 		reply.Status, reply.Text, reply.Length = ingest.StatusOf(err), err.Error(), 0
 		a.stats.failed.Add(1)
@@ -288,8 +413,7 @@ func (a *Agent) run(ctx context.Context, c ingest.Ctrl) {
 		a.stats.bytesIn.Add(uint64(c.Length))
 		a.stats.bytesOut.Add(uint64(outLen))
 	}
-	a.stats.deviceNs.Add(uint64(time.Since(start)))
-	a.mu.Lock()
+	a.stats.deviceNs.Add(uint64(took))
 	delete(a.running, c.Request)
 	a.done[c.Request] = reply
 	a.doneLog = append(a.doneLog, c.Request)
@@ -297,55 +421,42 @@ func (a *Agent) run(ctx context.Context, c ingest.Ctrl) {
 		delete(a.done, a.doneLog[0])
 		a.doneLog = a.doneLog[1:]
 	}
-	a.mu.Unlock()
-	if ctx.Err() == nil {
-		a.send(&reply)
-	}
+	return reply
 }
 
-// launch checks the doorbell against what was registered and runs the
-// model on the slot.
-func (a *Agent) launch(ctx context.Context, c ingest.Ctrl) (int, error) {
+// check checks a doorbell against what was registered and takes its
+// slot.
+func (a *Agent) check(c ingest.Ctrl) (*gpu, *slot, *model.Model, error) {
 	if int(c.GPU) >= len(a.gpus) || int(c.Slot) >= len(a.gpus[c.GPU].slots) {
-		return 0, ingest.Errorf(ingest.StatusBadRequest, "doorbell for GPU %d slot %d: this host registered %d GPUs of %d slots", c.GPU, c.Slot, len(a.gpus), a.cfg.Slots)
+		return nil, nil, nil, ingest.Errorf(ingest.StatusBadRequest, "doorbell for GPU %d slot %d: this host registered %d GPUs of %d slots", c.GPU, c.Slot, len(a.gpus), a.cfg.Slots)
 	}
 	m, ok := a.models[c.Text]
 	if !ok {
-		return 0, ingest.Errorf(ingest.StatusUnknownModel, "the host runs no model %q", c.Text)
+		return nil, nil, nil, ingest.Errorf(ingest.StatusUnknownModel, "the host runs no model %q", c.Text)
 	}
 	g := a.gpus[c.GPU]
 	s := &g.slots[c.Slot]
 	if int(c.Length) > s.in.Size() {
-		return 0, ingest.Errorf(ingest.StatusTooLarge, "input of %d bytes in a %d-byte slot", c.Length, s.in.Size())
+		return nil, nil, nil, ingest.Errorf(ingest.StatusTooLarge, "input of %d bytes in a %d-byte slot", c.Length, s.in.Size())
 	}
 	if !s.busy.CompareAndSwap(false, true) {
 		// The DPU's scheduler gives a slot to one request at a time; two
 		// at once means it gave up on a request the host still runs.
-		return 0, ingest.Errorf(ingest.StatusOverloaded, "GPU %d slot %d is still running an earlier request: retry", c.GPU, c.Slot)
+		return nil, nil, nil, ingest.Errorf(ingest.StatusOverloaded, "GPU %d slot %d is still running an earlier request: retry", c.GPU, c.Slot)
 	}
-	defer s.busy.Store(false)
-	if m.External {
-		return a.runExternal(ctx, m, c, s)
-	}
-	n, err := g.dev.Run(m, s.in, int(c.Length), s.out)
-	if err != nil {
-		if errors.Is(err, model.ErrBadInput) {
-			return 0, ingest.Errorf(ingest.StatusBadRequest, "%v", err)
-		}
-		return 0, ingest.Errorf(ingest.StatusModelFailed, "model %s on GPU %d: %v", m.Name, c.GPU, err)
-	}
-	return n, nil
+	return g, s, m, nil
 }
 
-func decode(b []byte) (ingest.Ctrl, error) {
+// decode appends a control datagram's messages (one, or a batch's) to dst.
+func decode(b []byte, dst []ingest.Ctrl) ([]ingest.Ctrl, error) {
 	h, payload, err := wire.Decode(b)
 	if err != nil {
-		return ingest.Ctrl{}, err
+		return dst, err
 	}
 	if h.Type != wire.TypeIngestCtrl {
-		return ingest.Ctrl{}, fmt.Errorf("%w: a %s datagram on the control socket", ingest.ErrMalformed, h.Type)
+		return dst, fmt.Errorf("%w: a %s datagram on the control socket", ingest.ErrMalformed, h.Type)
 	}
-	return ingest.DecodeCtrl(payload)
+	return ingest.DecodeCtrls(payload, dst)
 }
 
 // Layout returns what the agent registers.
