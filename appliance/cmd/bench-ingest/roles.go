@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -264,7 +265,15 @@ func roleHostAgent(ctx context.Context) error {
 		}
 	}
 	ready()
-	return <-done
+	err = <-done
+	if dir := os.Getenv("BENCH_INGEST_PROFILE"); dir != "" {
+		// With the profile, the agent's counters: how many doorbells
+		// shared a wake-up.
+		if b, jerr := json.MarshalIndent(h.Stats(), "", "  "); jerr == nil {
+			os.WriteFile(filepath.Join(dir, fmt.Sprintf("host-agent-%d.json", os.Getpid())), b, 0o644)
+		}
+	}
+	return err
 }
 
 // roleBusy is the background load on the host's CPU: busy for busyOn, then

@@ -262,6 +262,7 @@ func (a *Agent) receive(ctx context.Context) error {
 			}
 			return fmt.Errorf("host agent: receive from DPU: %w", err)
 		}
+		a.stats.receives.Add(1)
 		for _, p := range pkts[:n] {
 			a.handle(ctx, p.Addr, p.Data, b)
 		}
@@ -395,6 +396,7 @@ func (a *Agent) completed(ctx context.Context, cs []devmem.Completion) {
 	}
 	a.mu.Unlock()
 	if ctx.Err() == nil && len(replies) > 0 {
+		a.stats.completionSends.Add(1)
 		a.sendCtrls(replies)
 	}
 }

@@ -12,6 +12,7 @@ type counters struct {
 	malformed, sendErrors, handlesServed, handleRefused     atomic.Uint64
 	externalRuns, externalFailed, workerAttaches            atomic.Uint64
 	workerRefused, workerLost                               atomic.Uint64
+	receives, completionSends                               atomic.Uint64
 }
 
 // Stats are a host agent's counters.
@@ -49,6 +50,13 @@ type Stats struct {
 	WorkerAttaches uint64         `json:"worker_attaches"`
 	WorkerRefused  uint64         `json:"worker_refused"`
 	WorkerLost     uint64         `json:"worker_lost"`
+	// Receives counts the receives from the DPU that returned datagrams
+	// (each drains what is waiting), CompletionSends the sends of
+	// launched runs' completions (each carries all that finished
+	// together): against Doorbells and Completed, how much the host's
+	// wake-ups are shared.
+	Receives        uint64 `json:"receives"`
+	CompletionSends uint64 `json:"completion_sends"`
 }
 
 // Stats returns the agent's counters.
@@ -69,6 +77,7 @@ func (a *Agent) Stats() Stats {
 		Malformed: a.stats.malformed.Load(), SendErrors: a.stats.sendErrors.Load(),
 		ExternalRuns: a.stats.externalRuns.Load(), ExternalFailed: a.stats.externalFailed.Load(), Workers: workers,
 		WorkerAttaches: a.stats.workerAttaches.Load(), WorkerRefused: a.stats.workerRefused.Load(), WorkerLost: a.stats.workerLost.Load(),
+		Receives: a.stats.receives.Load(), CompletionSends: a.stats.completionSends.Load(),
 	}
 }
 
