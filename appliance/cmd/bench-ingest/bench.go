@@ -40,11 +40,14 @@ type row struct {
 	p50, p99 time.Duration
 	hostCPU  time.Duration // host-side processes, over the window
 	dpuCPU   time.Duration // the DPU agent, over the window (path 4)
-	busy     float64       // the background load's share of the host CPU
-	wrong    int
-	failed   int
-	retrans  uint64
-	note     string // set when the row was not measured
+	// procCPU is the host-side process's own utime+stime over the
+	// window: a diagnostic beside hostCPU, which it is part of.
+	procCPU time.Duration
+	busy    float64 // the background load's share of the host CPU
+	wrong   int
+	failed  int
+	retrans uint64
+	note    string // set when the row was not measured
 }
 
 func (r row) measured() bool { return r.note == "" }
@@ -127,6 +130,7 @@ func (b *bench) measure(ctx context.Context, p path, loaded bool) (row, error) {
 	if dpu != nil {
 		d0, _ = dpu.cpu()
 	}
+	p0, _ := hostSide.cpu()
 	if busy != nil {
 		b0, _ = busy.cpu()
 	}
@@ -142,6 +146,9 @@ func (b *bench) measure(ctx context.Context, p path, loaded bool) (row, error) {
 	// (its share of the network stack) included, less the background
 	// load's.
 	r.hostCPU = h1 - h0
+	if p1, err := hostSide.cpu(); err == nil {
+		r.procCPU = p1 - p0
+	}
 	if dpu != nil {
 		d1, _ := dpu.cpu()
 		r.dpuCPU = d1 - d0

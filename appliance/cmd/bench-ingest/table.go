@@ -83,6 +83,21 @@ func formatTable(rows []row) string {
 			fmt.Fprintf(&sb, "(%d) keeps %.0f%% of its unloaded throughput under load\n", num, 100*k)
 		}
 	}
+	// The host-side process alone, for diagnosis: no soft interrupts, but
+	// no one else's work on CPU 0 either.
+	var procs []string
+	for _, r := range rows {
+		if r.measured() && r.procCPU > 0 {
+			load := "unloaded"
+			if r.loaded {
+				load = "loaded"
+			}
+			procs = append(procs, fmt.Sprintf("(%d) %s %s", r.path.num, load, us(r.perReq(r.procCPU))))
+		}
+	}
+	if len(procs) > 0 {
+		fmt.Fprintf(&sb, "host-side process alone, utime+stime µs/req (part of host CPU; 10 ms ticks): %s\n", strings.Join(procs, ", "))
+	}
 	for _, n := range notes {
 		fmt.Fprintln(&sb, n)
 	}
