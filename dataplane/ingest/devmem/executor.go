@@ -354,7 +354,8 @@ func (q *execQueue) launch(ls []Launch) {
 			}
 			// Buffers are introduced once, with their memfd: what is
 			// queued goes first, so the stream stays in order.
-			if err := q.write(lk); err == nil {
+			err := q.write(lk)
+			if err == nil {
 				if _, err = lk.c.Write([]byte{'B'}); err == nil {
 					err = fdpass.Write(lk.c, executorFrame{Op: "buffer", ID: b.id, Size: len(b.mem)}, b.fd)
 				}
