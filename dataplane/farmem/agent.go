@@ -401,6 +401,7 @@ func (w *hostWorker) run(ctx context.Context) error {
 			}
 			return fmt.Errorf("farmem: agent: %w", err)
 		}
+		a.hctr.receives.Add(1)
 		calls = calls[:0]
 		arrived := time.Now()
 		w.mu.Lock()
@@ -472,8 +473,7 @@ func (w *hostWorker) replyLocked(hr *hostReq, reply Record, data []byte) {
 
 func (w *hostWorker) flushLocked() {
 	n, b, _ := w.pk.flush(w.tr)
-	w.a.hctr.txDgrams.Add(uint64(n))
-	w.a.hctr.txBytes.Add(uint64(b))
+	w.a.hctr.sent(n, b)
 }
 
 // complete is the completion loop's handler: it answers the hosts of a

@@ -135,8 +135,7 @@ func (r *requester) issue(ctx context.Context, calls []*call) error {
 	r.batches += uint64(groups(calls))
 	r.mu.Unlock()
 	r.ctr.requests.Add(uint64(len(calls)))
-	r.ctr.txDgrams.Add(uint64(n))
-	r.ctr.txBytes.Add(uint64(b))
+	r.ctr.sent(n, b)
 	if err == nil {
 		err = ferr
 	}
@@ -196,8 +195,7 @@ func (r *requester) retransmit(now time.Time) {
 	r.mu.Unlock()
 	r.ctr.retransmits.Add(uint64(resent))
 	r.ctr.timeouts.Add(uint64(len(failed)))
-	r.ctr.txDgrams.Add(uint64(n))
-	r.ctr.txBytes.Add(uint64(b))
+	r.ctr.sent(n, b)
 	if len(failed) > 0 {
 		r.complete(failed)
 	}
@@ -265,6 +263,7 @@ func (r *requester) recvLoop(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		r.ctr.receives.Add(1)
 		done = done[:0]
 		for _, p := range pkts[:n] {
 			r.ctr.rxDgrams.Add(1)

@@ -178,6 +178,7 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 			return fmt.Errorf("farmem: server: %w", err)
 		}
+		s.ctr.receives.Add(1)
 		for _, p := range pkts[:n] {
 			s.ctr.rxDgrams.Add(1)
 			s.ctr.rxBytes.Add(uint64(len(p.Data)))
@@ -213,8 +214,7 @@ func (s *Server) Run(ctx context.Context) error {
 
 func (s *Server) flush(pk *packer) {
 	np, nb, _ := pk.flush(s.tr)
-	s.ctr.txDgrams.Add(uint64(np))
-	s.ctr.txBytes.Add(uint64(nb))
+	s.ctr.sent(np, nb)
 }
 
 // execute runs one request and packs its reply.

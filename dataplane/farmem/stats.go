@@ -137,12 +137,19 @@ type LinkStats struct {
 	// records and replies to no outstanding request.
 	Malformed uint64 `json:"malformed"`
 	Orphans   uint64 `json:"orphans"`
+	// Receives counts the receive calls that returned datagrams (a
+	// blocking receive loop's wake-ups), Sends the batches of datagrams
+	// handed to the transport: RXDatagrams / Receives and TXDatagrams /
+	// Sends are how many datagrams share one.
+	Receives uint64 `json:"receives"`
+	Sends    uint64 `json:"sends"`
 }
 
 type linkCounters struct {
 	requests, txDgrams, txBytes, rxDgrams, rxBytes atomic.Uint64
 	retransmits, timeouts, duplicates, stale       atomic.Uint64
 	evicted, malformed, orphans                    atomic.Uint64
+	receives, sends                                atomic.Uint64
 }
 
 func (c *linkCounters) snapshot() LinkStats {
@@ -151,5 +158,15 @@ func (c *linkCounters) snapshot() LinkStats {
 		RXDatagrams: c.rxDgrams.Load(), RXBytes: c.rxBytes.Load(), Retransmits: c.retransmits.Load(),
 		Timeouts: c.timeouts.Load(), Duplicates: c.duplicates.Load(), Stale: c.stale.Load(),
 		Evicted: c.evicted.Load(), Malformed: c.malformed.Load(), Orphans: c.orphans.Load(),
+		Receives: c.receives.Load(), Sends: c.sends.Load(),
 	}
+}
+
+// sent counts one batch of datagrams handed to the transport.
+func (c *linkCounters) sent(pkts, bytes int) {
+	if pkts > 0 {
+		c.sends.Add(1)
+	}
+	c.txDgrams.Add(uint64(pkts))
+	c.txBytes.Add(uint64(bytes))
 }

@@ -87,6 +87,9 @@ type point struct {
 	p50, p99 time.Duration
 	cpuPerGB float64 // host CPU seconds per GiB moved
 	errors   int
+	// perRecv is the requesters' datagrams received per receive call
+	// (how many replies share a wake-up of the client's receive loop).
+	perRecv float64
 }
 
 // chunks runs n requesters doing 64 KiB reads (or writes) at random
@@ -167,6 +170,7 @@ func (b *bench) chunks(ctx context.Context, server string, n int, write bool, ra
 	}
 	time.Sleep(200 * time.Millisecond) // warm-up
 	cpu0 := selfCPU()
+	st0 := cl.Stats().Link
 	start := time.Now()
 	measuring.Store(true)
 	time.Sleep(*duration)
@@ -174,7 +178,12 @@ func (b *bench) chunks(ctx context.Context, server string, n int, write bool, ra
 	elapsed := time.Since(start)
 	wg.Wait()
 	cpu := selfCPU() - cpu0
-	return summarize(lats, moved, elapsed, cpu, errs), nil
+	st1 := cl.Stats().Link
+	p := summarize(lats, moved, elapsed, cpu, errs)
+	if rc := st1.Receives - st0.Receives; rc > 0 {
+		p.perRecv = float64(st1.RXDatagrams-st0.RXDatagrams) / float64(rc)
+	}
+	return p, nil
 }
 
 func summarize(lats []time.Duration, moved int64, elapsed, cpu time.Duration, errs int) point {
@@ -257,7 +266,7 @@ func (b *bench) report(ctx context.Context, counts []int) error {
 	fmt.Printf("\nregion %s, %d KiB chunks at random offsets, %v per point; host CPU: this process (the requesters, in host0)\n",
 		farmem.Size(b.region.Size), chunk>>10, *duration)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "op\trequesters\tdirect MB/s\tp50 µs\tp99 µs\tCPU s/GiB\tvia agent MB/s\tp50 µs\tp99 µs\tCPU s/GiB\t×direct\tCPU ×direct\terrors\t")
+	fmt.Fprintln(tw, "op\trequesters\tdirect MB/s\tp50 µs\tp99 µs\tCPU s/GiB\trx/recv\tvia agent MB/s\tp50 µs\tp99 µs\tCPU s/GiB\trx/recv\t×direct\tCPU ×direct\terrors\t")
 	type verdict struct {
 		op        string
 		ratio, cr float64
@@ -278,9 +287,9 @@ func (b *bench) report(ctx context.Context, counts []int) error {
 				return err
 			}
 			ratio, cr := a.mbps/d.mbps, a.cpuPerGB/d.cpuPerGB
-			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%d\t%d\t%.2f\t%.0f\t%d\t%d\t%.2f\t%.2f\t%.2f\t%d\t\n", op, n,
-				d.mbps, d.p50.Microseconds(), d.p99.Microseconds(), d.cpuPerGB,
-				a.mbps, a.p50.Microseconds(), a.p99.Microseconds(), a.cpuPerGB, ratio, cr, d.errors+a.errors)
+			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%d\t%d\t%.2f\t%.1f\t%.0f\t%d\t%d\t%.2f\t%.1f\t%.2f\t%.2f\t%d\t\n", op, n,
+				d.mbps, d.p50.Microseconds(), d.p99.Microseconds(), d.cpuPerGB, d.perRecv,
+				a.mbps, a.p50.Microseconds(), a.p99.Microseconds(), a.cpuPerGB, a.perRecv, ratio, cr, d.errors+a.errors)
 			if n == counts[len(counts)-1] {
 				at16 = append(at16, verdict{op, ratio, cr})
 			}
@@ -311,6 +320,8 @@ func (b *bench) report(ctx context.Context, counts []int) error {
 		defer func() {
 			fmt.Printf("dpu0's lovelockd agent: %d host requests in %d task batches (%.1f per batch), fabric retransmits %d, timeouts %d\n",
 				st.HostRequests, st.Batches, st.AvgBatch, st.Fabric.Retransmits, st.Fabric.Timeouts)
+			fmt.Printf("dpu0's lovelockd agent: datagrams per receive call %.1f from the memory nodes, %.1f from hosts; per send %.1f to hosts\n",
+				ratio(st.Fabric.RXDatagrams, st.Fabric.Receives), ratio(st.Host.RXDatagrams, st.Host.Receives), ratio(st.Host.TXDatagrams, st.Host.Sends))
 		}()
 	}
 	if *xdpRows {
@@ -327,7 +338,7 @@ func (b *bench) report(ctx context.Context, counts []int) error {
 func (b *bench) equalLoad(ctx context.Context, n int) error {
 	fmt.Printf("\nequal offered load: %d requesters paced to %.0f MB/s together, on both paths\n", n, *rate/1e6)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "op\tdirect MB/s\tp50 µs\tCPU s/GiB\tvia agent MB/s\tp50 µs\tCPU s/GiB\tCPU ×direct\terrors\t")
+	fmt.Fprintln(tw, "op\tdirect MB/s\tp50 µs\tCPU s/GiB\trx/recv\tvia agent MB/s\tp50 µs\tCPU s/GiB\trx/recv\tCPU ×direct\terrors\t")
 	for _, write := range []bool{false, true} {
 		op := "read"
 		if write {
@@ -341,8 +352,8 @@ func (b *bench) equalLoad(ctx context.Context, n int) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%d\t%.2f\t%.0f\t%d\t%.2f\t%.2f\t%d\t\n", op, d.mbps, d.p50.Microseconds(), d.cpuPerGB,
-			a.mbps, a.p50.Microseconds(), a.cpuPerGB, a.cpuPerGB/d.cpuPerGB, d.errors+a.errors)
+		fmt.Fprintf(tw, "%s\t%.0f\t%d\t%.2f\t%.1f\t%.0f\t%d\t%.2f\t%.1f\t%.2f\t%d\t\n", op, d.mbps, d.p50.Microseconds(), d.cpuPerGB, d.perRecv,
+			a.mbps, a.p50.Microseconds(), a.cpuPerGB, a.perRecv, a.cpuPerGB/d.cpuPerGB, d.errors+a.errors)
 	}
 	return tw.Flush()
 }
@@ -363,4 +374,12 @@ func (b *bench) profiled(name string, f func() (point, error)) (point, error) {
 	}
 	defer pprof.StopCPUProfile()
 	return f()
+}
+
+// ratio is a/b, 0 when b is.
+func ratio(a, b uint64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
 }
