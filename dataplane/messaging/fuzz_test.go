@@ -17,20 +17,9 @@ import (
 // never panic, and the worker's invariants hold. The seed corpus is in
 // testdata/fuzz/FuzzAgent.
 func FuzzAgent(f *testing.F) {
-	cfg := Defaults()
-	cfg.Mode = ModeHost
-	cfg.Workers = 1
-	cfg.TransferSize = 256
+	cfg := oneWorkerConfig()
 	cfg.BuffersPerDest = 2
 	cfg.MaxMessageSize = 4096
-	cfg.Nodes = []Node{
-		{Name: "n0", Agent: netip.MustParseAddrPort("127.0.0.1:9"), Clients: []ClientSpec{
-			{Name: "c0", Addr: netip.MustParseAddrPort("127.0.0.1:10"), Ranks: Range(0, 3)},
-		}},
-		{Name: "n1", Agent: netip.MustParseAddrPort("127.0.0.1:11"), Clients: []ClientSpec{
-			{Name: "c0", Addr: netip.MustParseAddrPort("127.0.0.1:12"), Ranks: Range(4, 7)},
-		}},
-	}
 	tr, err := udp.Listen(netip.MustParseAddrPort("127.0.0.1:0"), udp.Options{})
 	if err != nil {
 		f.Fatal(err)
@@ -120,3 +109,22 @@ func FuzzAgent(f *testing.F) {
 type nopClose struct{ transport.Transport }
 
 func (nopClose) Close() error { return nil }
+
+// oneWorkerConfig is a host-mode cluster of two nodes, n0 (ranks 0-3) and
+// n1 (ranks 4-7), with one worker and 256-byte transfers, for tests that
+// drive agent n0's worker by hand; the addresses are never dialled.
+func oneWorkerConfig() Config {
+	cfg := Defaults()
+	cfg.Mode = ModeHost
+	cfg.Workers = 1
+	cfg.TransferSize = 256
+	cfg.Nodes = []Node{
+		{Name: "n0", Agent: netip.MustParseAddrPort("127.0.0.1:9"), Clients: []ClientSpec{
+			{Name: "c0", Addr: netip.MustParseAddrPort("127.0.0.1:10"), Ranks: Range(0, 3)},
+		}},
+		{Name: "n1", Agent: netip.MustParseAddrPort("127.0.0.1:11"), Clients: []ClientSpec{
+			{Name: "c0", Addr: netip.MustParseAddrPort("127.0.0.1:12"), Ranks: Range(4, 7)},
+		}},
+	}
+	return cfg
+}

@@ -17,19 +17,8 @@ import (
 // receive slot gets another buffer, and once a credit frees the next hop
 // the parked messages go out intact and the buffer comes back for reuse.
 func TestParkedBundleKeepsBuffer(t *testing.T) {
-	cfg := Defaults()
-	cfg.Mode = ModeHost
-	cfg.Workers = 1
-	cfg.TransferSize = 256
+	cfg := oneWorkerConfig()
 	cfg.BuffersPerDest = 1
-	cfg.Nodes = []Node{
-		{Name: "n0", Agent: netip.MustParseAddrPort("127.0.0.1:9"), Clients: []ClientSpec{
-			{Name: "c0", Addr: netip.MustParseAddrPort("127.0.0.1:10"), Ranks: Range(0, 3)},
-		}},
-		{Name: "n1", Agent: netip.MustParseAddrPort("127.0.0.1:11"), Clients: []ClientSpec{
-			{Name: "c0", Addr: netip.MustParseAddrPort("127.0.0.1:12"), Ranks: Range(4, 7)},
-		}},
-	}
 	tr, err := udp.Listen(netip.MustParseAddrPort("127.0.0.1:0"), udp.Options{})
 	if err != nil {
 		t.Fatal(err)
