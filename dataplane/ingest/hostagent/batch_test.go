@@ -122,15 +122,7 @@ func testBatches(t *testing.T, dpuVersion uint16) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var maps []devmem.Mapping
-	for _, h := range hs {
-		m, err := devmem.ShmImporter{}.Import(h)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer m.Close()
-		maps = append(maps, m)
-	}
+	maps := importAll(t, hs)
 	slots := len(l.GPUs[0].Slots)
 	// Every slot's input, and a doorbell for each in one datagram, with
 	// one for an old epoch.

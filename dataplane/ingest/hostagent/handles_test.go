@@ -59,15 +59,7 @@ func TestHandles(t *testing.T) {
 	if len(l.GPUs) != 1 || len(l.GPUs[0].Slots) != 8 || len(hs) != 16 {
 		t.Fatalf("layout: %d GPUs, %d handles", len(l.GPUs), len(hs))
 	}
-	var maps []devmem.Mapping
-	for _, h := range hs {
-		m, err := devmem.ShmImporter{}.Import(h)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer m.Close()
-		maps = append(maps, m)
-	}
+	maps := importAll(t, hs)
 	// Slot 3's input, seen from the host.
 	if err := maps[6].WriteAt([]byte("dpu wrote this"), 0); err != nil {
 		t.Fatal(err)
@@ -117,4 +109,20 @@ func TestConfigErrors(t *testing.T) {
 			t.Errorf("%s: %v, want an error about %q", name, err, tc.want)
 		}
 	}
+}
+
+// importAll maps every handle as the DPU would; the mappings close when
+// the test ends.
+func importAll(t *testing.T, hs []devmem.Handle) []devmem.Mapping {
+	t.Helper()
+	var maps []devmem.Mapping
+	for _, h := range hs {
+		m, err := devmem.ShmImporter{}.Import(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		maps = append(maps, m)
+	}
+	return maps
 }
