@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/transport"
 )
 
 // fakeClock is an injectable clock for leases.
@@ -75,6 +77,65 @@ func TestLeaseExpiry(t *testing.T) {
 	got := make([]byte, 3)
 	if _, err := r2.ReadAt(got, 0); err != nil || string(got) != "new" {
 		t.Fatalf("got %q, %v", got, err)
+	}
+}
+
+// TestLeaseAfterRestart: a lease granted before a restart holds for one
+// TTL after it (expiry times are not written, renewals extend it); a
+// writer that died before the restart frees the region after that TTL,
+// and a released lease is not restored.
+func TestLeaseAfterRestart(t *testing.T) {
+	clock := &fakeClock{now: time.Unix(1e9, 0)}
+	cfg := testConfig()
+	cfg.LeaseTTL = Duration(time.Hour)
+	dir := t.TempDir()
+	start := func(tr transport.Transport) (*Server, *running) {
+		t.Helper()
+		s, err := NewServer(ServerOptions{Config: cfg, StateDir: dir, Capacity: 1 << 20, Transport: tr, Now: clock.Now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s, run(t, s.Run)
+	}
+	s, r1 := start(listen(t, loopback))
+	addr := s.Addr()
+	ctx := context.Background()
+	gone := newClient(t, addr, 2)
+	held, err := gone.Alloc(ctx, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed, err := gone.Alloc(ctx, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := closed.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r1.stop()
+	clock.Advance(50 * time.Minute) // the old expiry is 10 minutes away
+	s2, _ := start(listen(t, addr))
+	if w := s2.Stats().Writers; w != 1 {
+		t.Fatalf("%d writer leases after the restart, want 1 (the closed region's was released)", w)
+	}
+	next := newClient(t, addr, 2)
+	if _, err := next.Open(ctx, held.ID(), true); !errors.Is(err, ErrWriterBusy) {
+		t.Fatalf("after the restart: %v, want ErrWriterBusy", err)
+	}
+	if _, err := next.Open(ctx, closed.ID(), true); err != nil {
+		t.Fatalf("the released region after the restart: %v", err)
+	}
+	clock.Advance(time.Hour - time.Second) // past the old expiry, inside the restored TTL
+	if _, err := next.Open(ctx, held.ID(), true); !errors.Is(err, ErrWriterBusy) {
+		t.Fatalf("a second before the restored lease expires: %v, want ErrWriterBusy", err)
+	}
+	clock.Advance(2 * time.Second)
+	r, err := next.Open(ctx, held.ID(), true)
+	if err != nil {
+		t.Fatalf("once the restored lease expired: %v", err)
+	}
+	if _, err := r.WriteAt([]byte("new"), 0); err != nil {
+		t.Fatal(err)
 	}
 }
 

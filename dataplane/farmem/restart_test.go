@@ -12,8 +12,9 @@ import (
 )
 
 // TestServerRestart: every acknowledged write is read back exactly after
-// the memory node restarts on the same state directory and address; the
-// writer's lease, lost with the old process, is taken again transparently.
+// the memory node restarts on the same state directory and address, and
+// the writer's lease survives the restart: the writer goes on writing, a
+// second writer is refused until the first closes.
 func TestServerRestart(t *testing.T) {
 	dir := t.TempDir()
 	srv, run1 := startServer(t, dir, listen(t, loopback))
@@ -47,9 +48,23 @@ func TestServerRestart(t *testing.T) {
 		t.Fatalf("after restart the server lists %+v", got)
 	}
 	checkRegion(t, r, shadow)
-	write(20) // the lease died with the old process: taken again
+	other := newClient(t, agent.Addr(), 4)
+	if _, err := other.Open(ctx, r.ID(), true); !errors.Is(err, ErrWriterBusy) {
+		t.Fatalf("a second writer after the restart: %v, want ErrWriterBusy", err)
+	}
+	write(20)
 	checkRegion(t, r, shadow)
 	if err := r.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r2, err := other.Open(ctx, r.ID(), true)
+	if err != nil {
+		t.Fatalf("the second writer once the first closed: %v", err)
+	}
+	if _, err := r2.WriteAt([]byte{1}, 0); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -89,7 +89,7 @@ func NewServer(opts ServerOptions) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	st, err := openStore(opts.StateDir, opts.Capacity, opts.IDBase)
+	st, err := openStore(opts.StateDir, opts.Capacity, opts.IDBase, opts.Now().Add(opts.LeaseTTL.D()))
 	if err != nil {
 		return nil, err
 	}
@@ -125,7 +125,7 @@ func (s *Server) Create(tenant uint32, size uint64, writable bool, preload strin
 func (s *Server) Free(tenant, id uint32) error { return s.st.free(tenant, id) }
 
 // List returns tenant's regions (0: every region) in ID order.
-func (s *Server) List(tenant uint32) []RegionInfo { return s.st.list(tenant, 0) }
+func (s *Server) List(tenant uint32) []RegionInfo { return s.st.list(tenant, 0, s.opts.Now()) }
 
 // Stats returns a snapshot of the counters.
 func (s *Server) Stats() ServerStats {
@@ -235,7 +235,7 @@ func (s *Server) execute(pk *packer, q *request, buf []byte) {
 			reply.Region, reply.Offset = ri.ID, ri.Size
 			return err
 		case OpList:
-			infos := s.st.list(q.tenant, rec.Region)
+			infos := s.st.list(q.tenant, rec.Region, now)
 			room := pk.room() / listEntryLen
 			if len(infos) > room {
 				infos, reply.Aux = infos[:room], 1

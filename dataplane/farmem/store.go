@@ -25,7 +25,7 @@ type RegionInfo struct {
 	// Source is the file the region was preloaded from, empty for an
 	// anonymous (zero-filled) region.
 	Source string `json:"source,omitempty"`
-	// Writer reports whether a writer lease is held (not persisted).
+	// Writer reports whether a writer lease is held.
 	Writer bool `json:"writer,omitempty"`
 }
 
@@ -65,6 +65,14 @@ func parseInfos(b []byte) ([]RegionInfo, error) {
 // rename, fsync of the directory). A write is acknowledged once pwrite(2)
 // returned, so it survives a restart of the server process (it is in the
 // page cache); OpSync fsyncs the backing file for power loss.
+//
+// The writer leases held are written the same way (leases.json) whenever
+// one is granted or released, so that a restart does not hand a region to
+// a second writer while the first still writes: a restored lease is good
+// for one TTL from the restart, which its holder's renewals extend. Expiry
+// times are not written (renewals would cost an fsync each); a holder that
+// died holds its region for at most one TTL after a restart, as it would
+// without one.
 type store struct {
 	dir      string
 	capacity uint64
@@ -74,11 +82,17 @@ type store struct {
 	reserved map[uint32]bool // IDs of regions being created
 	used     uint64          // bytes of regions and reservations
 	nextID   uint32
+
+	// leaseMu orders the writes of leases.json; leases is what it holds,
+	// by region. Lock order: a region's mu, then leaseMu.
+	leaseMu sync.Mutex
+	leases  map[uint32]uint32
 }
 
 type region struct {
 	info  RegionInfo
 	f     *os.File
+	st    *store
 	mu    sync.Mutex // lease
 	lease uint32
 	exp   time.Time
@@ -89,19 +103,29 @@ type metaFile struct {
 	Regions []RegionInfo `json:"regions"`
 }
 
-const metaName = "regions.json"
+const (
+	metaName   = "regions.json"
+	leasesName = "leases.json"
+)
+
+// leaseFile is leases.json: the writer lease of each region that has one.
+type leaseFile struct {
+	Leases map[uint32]uint32 `json:"leases"`
+}
 
 func regionFile(dir string, id uint32) string {
 	return filepath.Join(dir, fmt.Sprintf("region-%08x.mem", id))
 }
 
 // openStore loads the state directory (creating it), reopening every region
-// the metadata lists.
-func openStore(dir string, capacity uint64, idBase uint32) (*store, error) {
+// the metadata lists and restoring the writer leases held, each good until
+// leaseUntil.
+func openStore(dir string, capacity uint64, idBase uint32, leaseUntil time.Time) (*store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("farmem: state dir: %w", err)
 	}
-	s := &store{dir: dir, capacity: capacity, regions: make(map[uint32]*region), reserved: make(map[uint32]bool), nextID: max(idBase, 1)}
+	s := &store{dir: dir, capacity: capacity, regions: make(map[uint32]*region), reserved: make(map[uint32]bool), nextID: max(idBase, 1),
+		leases: make(map[uint32]uint32)}
 	data, err := os.ReadFile(filepath.Join(dir, metaName))
 	if errors.Is(err, os.ErrNotExist) {
 		return s, nil
@@ -111,7 +135,17 @@ func openStore(dir string, capacity uint64, idBase uint32) (*store, error) {
 	}
 	var m metaFile
 	if err := json.Unmarshal(data, &m); err != nil {
-		return nil, fmt.Errorf("farmem: state %s: %w", metaName, err)
+		return nil, fmt.Errorf("farmem: state %s: %w (the file is written atomically, so something else changed it: restore it from a backup, or move the state directory away to start empty)", metaName, err)
+	}
+	var lf leaseFile
+	switch data, err := os.ReadFile(filepath.Join(dir, leasesName)); {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return nil, fmt.Errorf("farmem: state: %w", err)
+	default:
+		if err := json.Unmarshal(data, &lf); err != nil {
+			return nil, fmt.Errorf("farmem: state %s: %w (delete it to start with no writer leases: writers then take theirs again)", leasesName, err)
+		}
 	}
 	s.nextID = max(s.nextID, m.NextID)
 	for _, ri := range m.Regions {
@@ -121,10 +155,43 @@ func openStore(dir string, capacity uint64, idBase uint32) (*store, error) {
 			return nil, fmt.Errorf("farmem: state: region %d: %w", ri.ID, err)
 		}
 		ri.Writer = false
-		s.regions[ri.ID] = &region{info: ri, f: f}
+		r := &region{info: ri, f: f, st: s}
+		if lease := lf.Leases[ri.ID]; lease != 0 && ri.Writable {
+			r.lease, r.exp = lease, leaseUntil
+			s.leases[ri.ID] = lease
+		}
+		s.regions[ri.ID] = r
 		s.used += ri.Size
 	}
 	return s, nil
+}
+
+// recordLease writes region id's lease (0: none) to leases.json.
+func (s *store) recordLease(id, lease uint32) error {
+	s.leaseMu.Lock()
+	defer s.leaseMu.Unlock()
+	old, had := s.leases[id]
+	if lease == 0 {
+		if !had {
+			return nil
+		}
+		delete(s.leases, id)
+	} else {
+		s.leases[id] = lease
+	}
+	data, err := json.MarshalIndent(leaseFile{Leases: s.leases}, "", "  ")
+	if err == nil {
+		err = writeAtomic(s.dir, leasesName, data)
+	}
+	if err != nil {
+		if had {
+			s.leases[id] = old
+		} else {
+			delete(s.leases, id)
+		}
+		return fmt.Errorf("%w: recording the writer lease of region %d: %v", ErrIO, id, err)
+	}
+	return nil
 }
 
 func (s *store) close() {
@@ -264,7 +331,7 @@ func (s *store) create(tenant uint32, size uint64, writable bool, preload string
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.reserved, id)
-	s.regions[id] = &region{info: ri, f: f}
+	s.regions[id] = &region{info: ri, f: f, st: s}
 	if err := s.saveMeta(); err != nil {
 		delete(s.regions, id)
 		s.used -= size
@@ -308,19 +375,23 @@ func (s *store) free(tenant, id uint32) error {
 	s.used -= r.info.Size
 	_ = r.f.Close()
 	_ = os.Remove(regionFile(s.dir, id))
+	// A lease of a region that is gone blocks nothing: a failure to
+	// forget it only leaves a line in leases.json that the next start
+	// ignores.
+	_ = s.recordLease(id, 0)
 	return nil
 }
 
 // list returns tenant's regions (all for tenant 0) with IDs from first on,
-// in ID order.
-func (s *store) list(tenant, first uint32) []RegionInfo {
+// in ID order; a lease counts as held if it is unexpired at now.
+func (s *store) list(tenant, first uint32, now time.Time) []RegionInfo {
 	s.mu.RLock()
 	var out []RegionInfo
 	for _, r := range s.regions {
 		if r.info.ID >= first && (tenant == 0 || r.info.Tenant == tenant) {
 			ri := r.info
 			r.mu.Lock()
-			ri.Writer = r.lease != 0 && time.Now().Before(r.exp)
+			ri.Writer = r.lease != 0 && now.Before(r.exp)
 			r.mu.Unlock()
 			out = append(out, ri)
 		}
@@ -347,6 +418,11 @@ func (r *region) acquire(now time.Time, ttl time.Duration) (uint32, error) {
 		_, _ = rand.Read(b[:])
 		lease = binary.BigEndian.Uint32(b[:])
 	}
+	// Recorded before it is granted: a lease the server would forget in a
+	// restart is not one writer at a time.
+	if err := r.st.recordLease(r.info.ID, lease); err != nil {
+		return 0, err
+	}
 	r.lease = lease
 	r.exp = now.Add(ttl)
 	return r.lease, nil
@@ -362,6 +438,10 @@ func (r *region) holds(lease uint32, now time.Time, renew, release bool, ttl tim
 	switch {
 	case release:
 		r.lease = 0
+		// If this write fails the lease stays in leases.json, where a
+		// restart would restore it for one TTL: a delay for the next
+		// writer, never a second writer, so the release stands.
+		_ = r.st.recordLease(r.info.ID, 0)
 	case renew:
 		r.exp = now.Add(ttl)
 	}
