@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/netip"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,7 +32,10 @@ type AgentConfig struct {
 	// Listen is the host-facing address when the agent opens its own
 	// kernel UDP socket.
 	Listen netip.AddrPort `json:"listen,omitzero"`
-	// Servers are the memory nodes; creates go to the first.
+	// Servers are the memory nodes. Creates take turns over them, and a
+	// create a full node refuses goes on to the next; a list asks every
+	// node and merges the answers in region ID order. Give each node its
+	// own ServerOptions.IDBase so that their region IDs differ.
 	Servers []ServerSpec `json:"servers"`
 	// Cache configures the static and dynamic caches (docs/farmem.md,
 	// "DPU caches"); the zero value has a static cache only.
@@ -89,7 +94,12 @@ type Agent struct {
 	readBytes  atomic.Uint64
 	writeBytes atomic.Uint64
 	cache      *cache
-	fillRR     int // fabric transport of the next fill; fill loop only
+	fillRR     int           // fabric transport of the next fill; fill loop only
+	createRR   atomic.Uint32 // the memory node the next create asks first
+
+	// ctx is Run's context, for the creates that the completion loop
+	// sends on to the next memory node.
+	ctx context.Context
 
 	mu      sync.RWMutex
 	regions map[uint32]int // region → index in cfg.Servers
@@ -116,6 +126,24 @@ type hostReq struct {
 	src    netip.AddrPort
 	tenant uint32
 	id     uint64
+	server int
+	// asked counts the memory nodes a create has asked.
+	asked int
+	// list collects a list's answers, one per memory node.
+	list *listMerge
+}
+
+// listMerge is a host's list request asked of every memory node.
+type listMerge struct {
+	parts  [][]RegionInfo
+	more   []bool // the node's answer was cut: it has more regions
+	left   int
+	failed Status
+}
+
+// listPart is the call of one memory node's part of a list.
+type listPart struct {
+	hr     *hostReq
 	server int
 }
 
@@ -232,6 +260,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer a.Close()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	a.ctx = ctx
 	var wg sync.WaitGroup
 	errs := make([]error, len(a.hosts)+len(a.fabric))
 	for i, f := range a.fabric {
@@ -314,9 +343,13 @@ func (a *Agent) refresh(ctx context.Context, since time.Time) {
 	}
 }
 
-// route returns the memory node of a request.
+// route returns the memory node of a request; a create's is the first it
+// asks.
 func (a *Agent) route(rec *Record) (int, bool) {
-	if rec.Op == OpCreate || rec.Op == OpList {
+	switch rec.Op {
+	case OpCreate:
+		return int(a.createRR.Add(1)-1) % len(a.cfg.Servers), true
+	case OpList:
 		return 0, true
 	}
 	a.mu.RLock()
@@ -429,6 +462,10 @@ func (w *hostWorker) run(ctx context.Context) error {
 					w.replyLocked(hr, Record{Op: q.rec.Op, Region: q.rec.Region, Size: q.rec.Size, Status: q.rec.Status}, nil)
 					continue
 				}
+				if q.rec.Op == OpList && len(a.cfg.Servers) > 1 {
+					calls = a.listAll(hr, q, calls)
+					continue
+				}
 				k := &call{rec: q.rec, tenant: q.tenant, user: hr}
 				k.rec.Data, k.data = nil, q.rec.Data
 				if q.rec.Op == OpRead {
@@ -489,7 +526,16 @@ func (a *Agent) complete(calls []*call) {
 			f.part(a.cache, k)
 			continue
 		}
+		if lp, ok := k.user.(*listPart); ok {
+			if w := a.listDone(lp, k); w != nil {
+				touched = touch(touched, w)
+			}
+			continue
+		}
 		hr := k.user.(*hostReq)
+		if a.placeElsewhere(hr, k) {
+			continue
+		}
 		if k.rec.Op == OpWrite {
 			// Before the host hears of it: fills of the region may start
 			// again once the node has applied the write.
@@ -534,17 +580,137 @@ func (a *Agent) complete(calls []*call) {
 		hr.w.mu.Lock()
 		hr.w.replyLocked(hr, reply, data)
 		hr.w.mu.Unlock()
-		seen := false
-		for _, w := range touched {
-			seen = seen || w == hr.w
-		}
-		if !seen {
-			touched = append(touched, hr.w)
-		}
+		touched = touch(touched, hr.w)
 	}
 	for _, w := range touched {
 		w.mu.Lock()
 		w.flushLocked()
 		w.mu.Unlock()
 	}
+}
+
+// touch adds w to the workers whose replies need a flush.
+func touch(ws []*hostWorker, w *hostWorker) []*hostWorker {
+	for _, o := range ws {
+		if o == w {
+			return ws
+		}
+	}
+	return append(ws, w)
+}
+
+// placeElsewhere sends a create that a full memory node refused on to the
+// next node it has not asked, and reports whether it did; the host hears
+// ErrNoSpace only when every node is full.
+func (a *Agent) placeElsewhere(hr *hostReq, k *call) bool {
+	hr.asked++
+	if k.rec.Op != OpCreate || k.err != nil || k.reply.Status != StatusNoSpace || hr.asked >= len(a.cfg.Servers) {
+		return false
+	}
+	hr.server = (hr.server + 1) % len(a.cfg.Servers)
+	next := &call{rec: k.rec, data: k.data, tenant: k.tenant, user: hr, dst: a.cfg.Servers[hr.server].Addr}
+	// Not from here: issue may wait for room in the window that only
+	// this completion loop frees.
+	go func() { _ = hr.w.fab.issue(a.ctx, []*call{next}) }()
+	return true
+}
+
+// listAll asks every memory node for its part of a host's list request and
+// appends the calls to calls.
+func (a *Agent) listAll(hr *hostReq, q request, calls []*call) []*call {
+	n := len(a.cfg.Servers)
+	hr.list = &listMerge{parts: make([][]RegionInfo, n), more: make([]bool, n), left: n}
+	for i, srv := range a.cfg.Servers {
+		k := &call{rec: q.rec, tenant: q.tenant, user: &listPart{hr: hr, server: i}, dst: srv.Addr}
+		k.rec.Data = nil
+		calls = append(calls, k)
+	}
+	return calls
+}
+
+// listDone takes one memory node's answer to a list; with the last one it
+// answers the host with the merged list and returns the worker to flush.
+// Called from the completion loops; the parts of one list may complete on
+// different loops, so the merge is under the worker's lock.
+func (a *Agent) listDone(lp *listPart, k *call) *hostWorker {
+	hr, m := lp.hr, lp.hr.list
+	w := hr.w
+	var infos []RegionInfo
+	status := StatusOK
+	switch {
+	case errors.Is(k.err, ErrClosed) || errors.Is(k.err, context.Canceled):
+		status = StatusUnavailable // the agent is stopping; no answer is sent
+	case k.err != nil:
+		status = StatusUnavailable
+	case k.reply.Status != StatusOK:
+		status = k.reply.Status
+	default:
+		var err error
+		if infos, err = parseInfos(k.rdata); err != nil {
+			status = StatusUnavailable
+		}
+	}
+	if status == StatusOK {
+		a.mu.Lock()
+		for _, ri := range infos {
+			a.regions[ri.ID] = lp.server
+		}
+		a.mu.Unlock()
+		for _, ri := range infos {
+			a.cache.learn(ri.ID, ri.Size, ri.Tenant, true)
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if status != StatusOK && m.failed == StatusOK {
+		m.failed = status
+	}
+	m.parts[lp.server], m.more[lp.server] = infos, k.reply.Aux != 0
+	if m.left--; m.left > 0 {
+		return nil
+	}
+	if errors.Is(k.err, ErrClosed) || errors.Is(k.err, context.Canceled) {
+		return nil
+	}
+	if m.failed != StatusOK {
+		// A list without one node's regions would say less than is
+		// there: the host gets the failure and asks again.
+		w.replyLocked(hr, Record{Op: OpList, Region: k.rec.Region, Status: m.failed}, nil)
+		return w
+	}
+	merged, more := mergeLists(m.parts, m.more, w.pk.room()/listEntryLen)
+	var data []byte
+	for _, ri := range merged {
+		data = appendInfo(data, ri)
+	}
+	reply := Record{Op: OpList, Region: k.rec.Region}
+	if more {
+		reply.Aux = 1
+	}
+	w.replyLocked(hr, reply, data)
+	return w
+}
+
+// mergeLists merges the memory nodes' list answers (each in ID order, more
+// set where a node cut its answer) into one answer of at most room
+// entries in ID order, and reports whether the host must ask again from
+// the last ID on. A node that cut its answer may hold IDs above its last
+// one, so nothing above the lowest such last ID is answered yet: the next
+// request finds them without a gap.
+func mergeLists(parts [][]RegionInfo, more []bool, room int) ([]RegionInfo, bool) {
+	var all []RegionInfo
+	limit, cut := uint32(math.MaxUint32), false
+	for i, p := range parts {
+		all = append(all, p...)
+		if more[i] && len(p) > 0 {
+			limit, cut = min(limit, p[len(p)-1].ID), true
+		}
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].ID < all[j].ID })
+	n := sort.Search(len(all), func(i int) bool { return all[i].ID > limit })
+	all = all[:n]
+	if len(all) > room {
+		all, cut = all[:room], true
+	}
+	return all, cut
 }

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -234,5 +235,145 @@ func TestAgentLearnsRegions(t *testing.T) {
 	}
 	if st := agent.Stats(); st.Regions != 2 || st.Errors.UnknownRegion != 1 {
 		t.Fatalf("agent knows %d regions, unknown %d", st.Regions, st.Errors.UnknownRegion)
+	}
+}
+
+// TestAgentPlacesCreates: with two memory nodes, creates through the agent
+// take turns over them, a create that a full node refuses lands on the
+// other, and only when both are full does the host get ErrNoSpace.
+func TestAgentPlacesCreates(t *testing.T) {
+	small, err := NewServer(ServerOptions{Config: testConfig(), StateDir: t.TempDir(), Capacity: 512 << 10, Transport: listen(t, loopback)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, small.Run)
+	big, err := NewServer(ServerOptions{Config: testConfig(), StateDir: t.TempDir(), Capacity: 2 << 20, IDBase: 1000, Transport: listen(t, loopback)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, big.Run)
+	agent, _ := startAgent(t, listen(t, loopback), []netip.AddrPort{small.Addr(), big.Addr()}, nil)
+	ctx := context.Background()
+	c := newClient(t, agent.Addr(), 3)
+	// 384 KiB each: one fits the small node, five the big one.
+	var made []RegionInfo
+	for {
+		ri, err := c.Create(ctx, 384<<10, CreateOptions{Writable: true})
+		if errors.Is(err, ErrNoSpace) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		made = append(made, ri)
+		if len(made) > 6 {
+			t.Fatalf("%d regions of 384 KiB on 2.5 MiB of nodes", len(made))
+		}
+	}
+	if len(made) != 6 || len(small.List(0)) != 1 || len(big.List(0)) != 5 {
+		t.Fatalf("%d creates succeeded, %d on the small node and %d on the big one; want 6, 1 and 5", len(made), len(small.List(0)), len(big.List(0)))
+	}
+	// Each region is routed to the node that holds it.
+	for i, ri := range made {
+		r, err := c.Open(ctx, ri.ID, true)
+		if err != nil {
+			t.Fatalf("region %d: %v", ri.ID, err)
+		}
+		if _, err := r.WriteAt([]byte{byte(i)}, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := small.Stats().WriteBytes + big.Stats().WriteBytes; got != 6 {
+		t.Fatalf("%d bytes written on the nodes, want 6", got)
+	}
+	if st := agent.Stats(); st.Errors.NoSpace != 1 {
+		t.Fatalf("agent counted %d ErrNoSpace answers, want 1 (the create both nodes refused)", st.Errors.NoSpace)
+	}
+}
+
+// TestAgentListsAllNodes: a list through the agent holds every node's
+// regions in ID order, each once, across pages cut both by the nodes and
+// by the agent's smaller datagrams.
+func TestAgentListsAllNodes(t *testing.T) {
+	nodeCfg := testConfig()
+	nodeCfg.MaxDatagram = MinDatagram + 100 // 30 entries a page
+	var nodes []*Server
+	var want []uint32
+	for i, base := range []uint32{1, 1000} {
+		s, err := NewServer(ServerOptions{Config: nodeCfg, StateDir: t.TempDir(), Capacity: 1 << 20, IDBase: base, Transport: listen(t, loopback)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		run(t, s.Run)
+		nodes = append(nodes, s)
+		for range 45 - 10*i {
+			ri, err := s.Create(3, 4096, false, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, ri.ID)
+		}
+		if _, err := s.Create(4, 4096, false, ""); err != nil { // another tenant's
+			t.Fatal(err)
+		}
+	}
+	for _, maxDatagram := range []int{MinDatagram, DefaultMaxDatagram} { // 25 entries a page, and more than a node's
+		agentCfg := AgentConfig{Config: testConfig()}
+		agentCfg.MaxDatagram = maxDatagram
+		for _, s := range nodes {
+			agentCfg.Servers = append(agentCfg.Servers, ServerSpec{Addr: s.Addr()})
+		}
+		a, err := NewAgent(agentCfg, AgentOptions{HostTransports: []transport.Transport{listen(t, loopback)}, FabricTransports: []transport.Transport{listen(t, loopback)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		run(t, a.Run)
+		c := newClient(t, a.Addr(), 3)
+		got, err := c.List(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []uint32
+		for _, ri := range got {
+			ids = append(ids, ri.ID)
+		}
+		if !slices.Equal(ids, want) {
+			t.Fatalf("agent datagrams of %d bytes: listed %d regions %v\nwant %d %v", maxDatagram, len(ids), ids, len(want), want)
+		}
+	}
+}
+
+func TestMergeLists(t *testing.T) {
+	infos := func(ids ...uint32) []RegionInfo {
+		var out []RegionInfo
+		for _, id := range ids {
+			out = append(out, RegionInfo{ID: id})
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name  string
+		parts [][]RegionInfo
+		more  []bool
+		room  int
+		want  []uint32
+		cut   bool
+	}{
+		{"all whole", [][]RegionInfo{infos(1, 5), infos(3, 9)}, []bool{false, false}, 10, []uint32{1, 3, 5, 9}, false},
+		{"empty nodes", [][]RegionInfo{nil, nil}, []bool{false, false}, 10, nil, false},
+		{"agent's room cuts", [][]RegionInfo{infos(1, 5), infos(3, 9)}, []bool{false, false}, 3, []uint32{1, 3, 5}, true},
+		{"a node's cut holds back higher IDs", [][]RegionInfo{infos(1, 2, 4), infos(3, 9)}, []bool{true, false}, 10, []uint32{1, 2, 3, 4}, true},
+		{"the lowest cut wins", [][]RegionInfo{infos(1, 6), infos(3, 5)}, []bool{true, true}, 10, []uint32{1, 3, 5}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, cut := mergeLists(tc.parts, tc.more, tc.room)
+			var ids []uint32
+			for _, ri := range got {
+				ids = append(ids, ri.ID)
+			}
+			if !slices.Equal(ids, tc.want) || cut != tc.cut {
+				t.Fatalf("got %v cut %v, want %v cut %v", ids, cut, tc.want, tc.cut)
+			}
+		})
 	}
 }
