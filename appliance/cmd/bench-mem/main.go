@@ -42,6 +42,7 @@ var (
 	profileDir = flag.String("profile", "", "write CPU profiles of this process (the requesters) during the equal-load points to this directory")
 	rate       = flag.Float64("rate", 100e6, "also measure both paths at this equal offered load in bytes/s (the most requesters, paced; 0: skip)")
 	xdpRows    = flag.Bool("xdp", true, "also compare the DPU agent on AF_XDP with the same agent on kernel UDP, at equal datagram sizes")
+	xdpSG      = flag.Bool("xdp-sg", true, "-xdp: bind the AF_XDP sockets with XDP_USE_SG (multi-buffer) and use datagrams up to the MTU, as on kernel UDP; false: one XDP buffer each (3478 B at MTU 9000)")
 	demo       = flag.Bool("demo", false, "map a region from host0 through dpu0 on a running testbed, write and verify it, print throughput, and exit")
 	demoSize   = flag.String("demo-size", "64MiB", "-demo: region size")
 	memSock    = flag.String("mem-socket", "", "-demo: API socket of mem0's lovelockd")

@@ -20,12 +20,16 @@ import (
 	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 )
 
-// The AF_XDP comparison runs far-memory agents in this process, in dpu0:
+// The AF_XDP comparison runs far-memory agents in this process, in dpu0
+// (so, unlike the main table's lovelockd roles, requesters, agents and
+// memory server share one process, and the steering program is attached
+// to dpu0's interfaces for every row, the direct row too):
 // one on AF_XDP sockets (host side on pf0hpf at xdpHost, fabric side on p0
 // at xdpFabric: two addresses, as each side needs its own socket on the
 // Lovelock port) and, for the same datagram size, one on kernel UDP
 // (kernelHost). A memory server in this process, in mem0, on memPortXDP,
-// answers both with datagrams that fit one AF_XDP frame.
+// answers both with datagrams of that size: up to the MTU on multi-buffer
+// sockets (-xdp-sg), else one AF_XDP frame.
 const (
 	xdpHost    = "10.77.0.110"
 	xdpFabric  = "10.77.0.111"
@@ -33,10 +37,13 @@ const (
 	memPortXDP = 7000
 )
 
+// memIP is mem0's address.
+var memIP = netip.MustParseAddr("10.77.0.20")
+
 // xdpRun is the comparison's setup.
 type xdpRun struct {
 	b        *bench
-	max      int // datagram size every party uses: one AF_XDP frame
+	max      int // datagram size every party uses
 	region   farmem.RegionInfo
 	server   *farmem.Server
 	stop     []func()
@@ -49,6 +56,10 @@ type xdpRun struct {
 
 func (b *bench) xdpCompare(ctx context.Context, n int) error {
 	x := &xdpRun{b: b, max: xdp.MaxPayloadForMTU(9000)}
+	sizeNote := "one AF_XDP frame on veth"
+	if *xdpSG {
+		x.max, sizeNote = xdp.MaxPayloadForMTUMulti(9000), "multi-buffer AF_XDP sockets"
+	}
 	defer x.close()
 	if err := x.setup(ctx); err != nil {
 		return fmt.Errorf("AF_XDP comparison: %w", err)
@@ -57,10 +68,15 @@ func (b *bench) xdpCompare(ctx context.Context, n int) error {
 	b.region = x.region
 	b.maxDatagram = x.max
 	defer func() { b.region, b.maxDatagram = saved, 0 }()
-	fmt.Printf("\nthe DPU agent on AF_XDP (%s mode) vs on kernel UDP, both in this process in dpu0, every party at %d-byte datagrams (one AF_XDP frame on veth); %d requesters\n",
-		x.xdpMode, x.max, n)
-	fmt.Println("  op     kernel UDP MB/s  AF_XDP MB/s  AF_XDP/kernel  p50 µs (kernel / xdp)")
+	fmt.Printf("\nthe DPU agent on AF_XDP (%s mode) vs on kernel UDP, both in this process in dpu0, every party at %d-byte datagrams (%s); %d requesters\n",
+		x.xdpMode, x.max, sizeNote, n)
+	fmt.Println("  op     direct MB/s  kernel UDP agent MB/s  AF_XDP agent MB/s  kernel/direct  AF_XDP/kernel  AF_XDP/direct  p50 µs (direct / kernel / xdp)")
+	direct := netip.AddrPortFrom(memIP, memPortXDP).String()
 	for _, write := range []bool{false, true} {
+		d, err := b.chunks(ctx, direct, n, write, 0)
+		if err != nil {
+			return err
+		}
 		k, err := b.chunks(ctx, kernelHost+":61440", n, write, 0)
 		if err != nil {
 			return err
@@ -73,7 +89,8 @@ func (b *bench) xdpCompare(ctx context.Context, n int) error {
 		if write {
 			op = "write"
 		}
-		fmt.Printf("  %-5s  %15.0f  %11.0f  %13.2f  %d / %d\n", op, k.mbps, a.mbps, a.mbps/k.mbps, k.p50.Microseconds(), a.p50.Microseconds())
+		fmt.Printf("  %-5s  %11.0f  %21.0f  %17.0f  %13.2f  %13.2f  %13.2f  %d / %d / %d\n", op, d.mbps, k.mbps, a.mbps, k.mbps/d.mbps, a.mbps/k.mbps, a.mbps/d.mbps,
+			d.p50.Microseconds(), k.p50.Microseconds(), a.p50.Microseconds())
 	}
 	if st, err := x.steer.Steer.Stats(); err == nil {
 		fmt.Printf("  xsk_miss on dpu0 (AF_XDP-bound datagrams the steering program passed to the stack): %d\n", st[bpf.StatXSKMiss].Packets-x.xskMiss0)
@@ -93,7 +110,7 @@ func (x *xdpRun) setup(ctx context.Context) error {
 	err = spec.Run("mem0", func() error {
 		var err error
 		x.server, err = farmem.NewServer(farmem.ServerOptions{Config: cfg, StateDir: filepath.Join(dir, "state"), Capacity: 1 << 32,
-			Addr: netip.AddrPortFrom(netip.MustParseAddr("10.77.0.20"), memPortXDP)})
+			Addr: netip.AddrPortFrom(memIP, memPortXDP)})
 		return err
 	})
 	if err != nil {
@@ -140,7 +157,7 @@ func (x *xdpRun) setup(ctx context.Context) error {
 		return err
 	}
 	x.xdpMode = host.Groups[0].Transports()[0].Mode().String()
-	server := farmem.ServerSpec{Addr: netip.AddrPortFrom(netip.MustParseAddr("10.77.0.20"), memPortXDP)}
+	server := farmem.ServerSpec{Addr: netip.AddrPortFrom(memIP, memPortXDP)}
 	agentCfg := farmem.AgentConfig{Config: cfg, Servers: []farmem.ServerSpec{server}}
 	xa, err := farmem.NewAgent(agentCfg, farmem.AgentOptions{HostTransports: host.Transports(), FabricTransports: fabric.Transports()})
 	if err != nil {
@@ -167,7 +184,7 @@ func (x *xdpRun) setup(ctx context.Context) error {
 // sends the side's datagrams there.
 func (x *xdpRun) bind(name, iface, addr string, types []wire.Type) (*service.Binding, error) {
 	ap := netip.AddrPortFrom(netip.MustParseAddr(addr), wire.DefaultPort)
-	needs := service.Needs{XDP: &service.XDPNeeds{Interfaces: []string{iface}, Addr: ap, Workers: 1}}
+	needs := service.Needs{XDP: &service.XDPNeeds{Interfaces: []string{iface}, Addr: ap, Workers: 1, MultiBuffer: *xdpSG}}
 	for _, typ := range types {
 		typ := typ
 		needs.Rules = append(needs.Rules, rules.Rule{Name: fmt.Sprintf("%s%s/%s", api.OwnedRulePrefix, name, typ), Priority: api.OwnedPriority,

@@ -20,9 +20,8 @@ const AgentName = "farmem"
 // AgentService runs a DPU's far-memory agent on kernel UDP sockets: one
 // on its listen address for the host's processes, one towards the memory
 // nodes. (AF_XDP sockets would need a second local address on the Lovelock
-// port for the memory nodes' replies, beside the messaging agent's; and
-// on veth they carry 3478-byte frames against kernel UDP's 8972, so a
-// 64 KiB chunk takes 19 datagrams instead of 8: docs/farmem.md.)
+// port for the memory nodes' replies, beside the messaging agent's, and
+// bench-mem found them no faster at equal datagram sizes: docs/farmem.md.)
 type AgentService struct {
 	cfg   AgentConfig
 	port  uint16
