@@ -96,6 +96,9 @@ type Agent struct {
 	cache      *cache
 	fillRR     int           // fabric transport of the next fill; fill loop only
 	createRR   atomic.Uint32 // the memory node the next create asks first
+	// readBufs are chunk-sized buffers for forwarded reads, reused once
+	// the reply is packed (a read's reply is not kept for duplicates).
+	readBufs sync.Pool
 
 	// ctx is Run's context, for the creates that the completion loop
 	// sends on to the next memory node.
@@ -469,7 +472,7 @@ func (w *hostWorker) run(ctx context.Context) error {
 				k := &call{rec: q.rec, tenant: q.tenant, user: hr}
 				k.rec.Data, k.data = nil, q.rec.Data
 				if q.rec.Op == OpRead {
-					k.buf = make([]byte, q.rec.Size)
+					k.buf = a.readBuf(int(q.rec.Size))
 				}
 				if q.rec.Op == OpWrite {
 					a.writeBytes.Add(uint64(len(k.data)))
@@ -581,6 +584,13 @@ func (a *Agent) complete(calls []*call) {
 		hr.w.replyLocked(hr, reply, data)
 		hr.w.mu.Unlock()
 		touched = touch(touched, hr.w)
+		if k.rec.Op == OpRead {
+			// Packed (copied) into the reply's datagrams; the call is out
+			// of the requester's table, so no late fragment writes it.
+			buf := k.buf
+			k.buf = nil
+			a.readBufs.Put(&buf)
+		}
 	}
 	for _, w := range touched {
 		w.mu.Lock()
@@ -713,4 +723,14 @@ func mergeLists(parts [][]RegionInfo, more []bool, room int) ([]RegionInfo, bool
 		all, cut = all[:room], true
 	}
 	return all, cut
+}
+
+// readBuf returns a buffer of n bytes (at most the chunk size) for a
+// forwarded read. Its bytes are stale: the reply's fragments overwrite all
+// of them before the call completes.
+func (a *Agent) readBuf(n int) []byte {
+	if p, ok := a.readBufs.Get().(*[]byte); ok && cap(*p) >= n {
+		return (*p)[:n]
+	}
+	return make([]byte, n, a.cfg.ChunkSize)
 }
