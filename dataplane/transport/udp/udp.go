@@ -6,6 +6,15 @@
 // and can open a group of SO_REUSEPORT sockets on one port whose datagrams a
 // classic BPF program spreads by a field of the payload: the stand-in, on
 // kernel sockets, for XDP steering to one AF_XDP socket per worker.
+//
+// With Options.GSO, Send hands each run of equal-sized datagrams to one
+// address to the kernel as one UDP_SEGMENT message (generic segmentation
+// offload): one socket buffer per run instead of one per datagram, split at
+// the egress device, in software before a veth peer's XDP program, or at the
+// receiving socket. It is off by default because a run can reach a
+// receiving reuseport group in one piece, which a payload steering program
+// would then send to one socket; a kernel or route that refuses it turns it
+// off for the Conn, and the datagrams go without it.
 package udp
 
 import (
@@ -44,6 +53,16 @@ const DefaultBuffer = 4 << 20
 // arrays are this long, and longer batches are split.
 const batch = 64
 
+// Limits on one UDP_SEGMENT (GSO) message: at most gsoMaxSegs datagrams
+// (the kernel's UDP_MAX_SEGMENTS is 64 on older kernels, 128 on newer ones)
+// and at most gsoMaxBytes of payload in all, the IPv4 limit on one UDP
+// datagram, which the kernel checks against the whole message; it is also
+// below the IPv6 one.
+const (
+	gsoMaxSegs  = 64
+	gsoMaxBytes = MaxPayloadIPv4
+)
+
 // MaxPayloadForMTU returns the largest UDP payload that fits one IP packet on
 // a link with the given MTU, so that it is never fragmented: MTU less 28
 // bytes for IPv4, 48 for IPv6 (without extension headers).
@@ -70,6 +89,20 @@ type Options struct {
 	// each datagram. Nil leaves the choice to the kernel's hash of the
 	// addresses and ports.
 	Steer *Steer
+	// GSO turns on UDP generic segmentation offload on send: Send hands
+	// each run of consecutive datagrams to one address with one length
+	// (the last of a run may be shorter) to the kernel as one message with
+	// a UDP_SEGMENT control message, so the kernel builds one buffer for
+	// the run instead of one per datagram and segments it at the egress
+	// device, in software where the device cannot (a veth whose peer has
+	// XDP attached), or at the receiving socket. Receivers see the same
+	// datagrams, with one exception that keeps it off by default: on
+	// loopback and veth the run reaches the receiving host in one piece, and
+	// a reuseport group's steering program (Options.Steer of ListenGroup)
+	// picks one socket for all of it by the first datagram's payload. Turn
+	// it on only towards receivers that do not steer by payload. A Conn
+	// whose kernel or route refuses it turns it off by itself (see GSO).
+	GSO bool
 }
 
 // Steer picks, in a group of n sockets, the socket that receives a datagram
@@ -110,6 +143,7 @@ type Conn struct {
 
 	txPool sync.Pool // of *scratch, one per concurrent Send
 	closed atomic.Bool
+	gso    atomic.Bool // coalesce runs into UDP_SEGMENT messages; cleared for good on a refusal
 }
 
 var _ transport.Transport = (*Conn)(nil)
@@ -251,6 +285,7 @@ func listen(addr netip.AddrPort, opts Options, reuse, hold bool) (*Conn, error) 
 	local := uc.LocalAddr().(*net.UDPAddr).AddrPort()
 	local = netip.AddrPortFrom(local.Addr().Unmap(), local.Port())
 	c := &Conn{pc: uc, rc: rc, v6: v6, local: local, maxPayload: maxPayload, rx: newScratch()}
+	c.gso.Store(opts.GSO)
 	c.txPool.New = func() any { return newScratch() }
 	_ = rc.Control(func(fd uintptr) {
 		c.rbuf, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF)
@@ -295,13 +330,25 @@ func (c *Conn) Close() error {
 	return c.pc.Close()
 }
 
+// GSO reports whether Send coalesces runs of datagrams into UDP_SEGMENT
+// messages: Options.GSO, until the kernel refuses one; then false for good.
+func (c *Conn) GSO() bool { return c.gso.Load() }
+
+// cmsgSpace is the room of one UDP_SEGMENT control message (a uint16): 24
+// bytes on 64-bit Linux, 16 on 32-bit.
+var cmsgSpace = unix.CmsgSpace(2)
+
 // scratch holds the system call arguments of one batch: message headers,
-// one iovec and one socket address per datagram. The kernel reads and
-// writes them; they live on the heap, which the Go collector never moves.
+// one iovec per datagram, and per message one socket address, the index of
+// its first datagram and room for a UDP_SEGMENT control message. On receive
+// and without GSO a message is one datagram. The kernel reads and writes
+// them; they live on the heap, which the Go collector never moves.
 type scratch struct {
 	hdrs  [batch]unix.Mmsghdr
 	iovs  [batch]unix.Iovec
 	names [batch]unix.RawSockaddrInet6 // large enough for either family
+	first [batch]int                   // send: index in the batch of message i's first datagram
+	cmsgs [batch][3]uint64             // send: message i's UDP_SEGMENT, 8-byte aligned (cmsgSpace is 24)
 
 	n, got int
 	errno  unix.Errno
@@ -350,7 +397,9 @@ func (s *scratch) send(fd uintptr) bool {
 	}
 }
 
-// Send implements transport.Transport: sendmmsg(2) in batches of up to 64.
+// Send implements transport.Transport: sendmmsg(2) of up to 64 datagrams a
+// call, with Options.GSO each run of datagrams that GSO can carry in one
+// message.
 func (c *Conn) Send(pkts []transport.Packet) (int, error) {
 	if c.closed.Load() {
 		return 0, fmt.Errorf("udp %s: %w", c.local, transport.ErrClosed)
@@ -360,45 +409,35 @@ func (c *Conn) Send(pkts []transport.Packet) (int, error) {
 	sent := 0
 	for sent < len(pkts) {
 		chunk := pkts[sent:min(len(pkts), sent+batch)]
-		k := 0
-		var bad error
-		for ; k < len(chunk); k++ {
-			p := &chunk[k]
-			if len(p.Data) > c.maxPayload {
-				bad = fmt.Errorf("udp %s: %d bytes to %s: %w", c.local, len(p.Data), p.Addr, transport.ErrTooBig)
-				break
-			}
-			nl, ok := c.putName(&s.names[k], p.Addr)
-			if !ok {
-				bad = fmt.Errorf("udp %s: send to %s: %w", c.local, p.Addr, transport.ErrAddr)
-				break
-			}
-			s.iovs[k] = unix.Iovec{}
-			if len(p.Data) > 0 {
-				s.iovs[k].Base = &p.Data[0]
-			}
-			s.iovs[k].SetLen(len(p.Data))
-			h := &s.hdrs[k]
-			h.Hdr = unix.Msghdr{Name: (*byte)(unsafe.Pointer(&s.names[k])), Namelen: nl, Iov: &s.iovs[k]}
-			h.Hdr.SetIovlen(1)
-			h.Len = 0
-		}
-		if k > 0 {
-			s.n = k
+		gso := c.gso.Load()
+		k, m, bad := c.fill(s, chunk, gso)
+		if m > 0 {
+			s.n = m
 			err := c.rc.Write(s.sendF)
 			got, errno := s.got, s.errno
 			clear(s.iovs[:k]) // do not keep the caller's buffers alive in the pool
-			sent += got
+			if got < m {
+				sent += s.first[got] // the kernel counts messages; the caller, datagrams
+			} else {
+				sent += k
+			}
 			if err != nil {
 				return sent, c.wrapErr("sendmmsg", err)
 			}
 			if errno != 0 {
+				if gso && s.hdrs[0].Hdr.Controllen != 0 && gsoRefused(errno) {
+					// The kernel or the route refuses GSO (sendmmsg
+					// fails only on its first message): turn it off
+					// and send the same datagrams one by one.
+					c.gso.Store(false)
+					continue
+				}
 				return sent, fmt.Errorf("udp %s: sendmmsg to %s: %w", c.local, pkts[sent].Addr, errno)
 			}
 			if got == 0 {
 				return sent, fmt.Errorf("udp %s: sendmmsg sent nothing", c.local)
 			}
-			if got < k {
+			if got < m {
 				continue // the kernel took part of the batch; send the rest
 			}
 		}
@@ -407,6 +446,80 @@ func (c *Conn) Send(pkts []transport.Packet) (int, error) {
 		}
 	}
 	return sent, nil
+}
+
+// gsoRefused tells the errors with which the kernel refuses a UDP_SEGMENT
+// message that it would have sent as separate datagrams: no checksum
+// offload on the route or SO_NO_CHECK (EIO, EINVAL), a segment larger than
+// the path's MTU (EINVAL), no UDP_SEGMENT in this kernel (EINVAL,
+// ENOPROTOOPT), a message over a limit of this kernel (EMSGSIZE).
+func gsoRefused(e unix.Errno) bool {
+	return e == unix.EIO || e == unix.EINVAL || e == unix.ENOPROTOOPT || e == unix.EMSGSIZE
+}
+
+// fill prepares the system call arguments for chunk (at most batch
+// datagrams) in s: k datagrams in m messages, stopping before the first
+// datagram that cannot be sent, which bad then describes. With gso, a
+// datagram joins the message before it when it goes to the same address,
+// is no longer than that message's first (gso_size) and that message has
+// no shorter one yet, and the message stays within gsoMaxSegs datagrams and
+// gsoMaxBytes; a message of two or more datagrams carries a UDP_SEGMENT
+// control message.
+func (c *Conn) fill(s *scratch, chunk []transport.Packet, gso bool) (k, m int, bad error) {
+	var (
+		seg, total, segs int  // the open message's gso_size, bytes and datagrams
+		closed           bool // it has a shorter last datagram
+	)
+	for ; k < len(chunk); k++ {
+		p := &chunk[k]
+		n := len(p.Data)
+		if n > c.maxPayload {
+			bad = fmt.Errorf("udp %s: %d bytes to %s: %w", c.local, n, p.Addr, transport.ErrTooBig)
+			break
+		}
+		if gso && m > 0 && !closed && n > 0 && n <= seg && segs < gsoMaxSegs && total+n <= gsoMaxBytes &&
+			p.Addr == chunk[s.first[m-1]].Addr {
+			s.setIov(k, p.Data)
+			h := &s.hdrs[m-1]
+			segs++
+			total += n
+			closed = n < seg
+			h.Hdr.SetIovlen(segs)
+			if segs == 2 {
+				cm := unsafe.Slice((*byte)(unsafe.Pointer(&s.cmsgs[m-1])), cmsgSpace)
+				ch := (*unix.Cmsghdr)(unsafe.Pointer(&cm[0]))
+				ch.Level, ch.Type = unix.SOL_UDP, unix.UDP_SEGMENT
+				ch.SetLen(unix.CmsgLen(2))
+				*(*uint16)(unsafe.Pointer(&cm[unix.CmsgLen(0)])) = uint16(seg)
+				h.Hdr.Control = &cm[0]
+				h.Hdr.SetControllen(cmsgSpace)
+			}
+			continue
+		}
+		nl, ok := c.putName(&s.names[m], p.Addr)
+		if !ok {
+			bad = fmt.Errorf("udp %s: send to %s: %w", c.local, p.Addr, transport.ErrAddr)
+			break
+		}
+		s.setIov(k, p.Data)
+		h := &s.hdrs[m]
+		h.Hdr = unix.Msghdr{Name: (*byte)(unsafe.Pointer(&s.names[m])), Namelen: nl, Iov: &s.iovs[k]}
+		h.Hdr.SetIovlen(1)
+		h.Len = 0
+		s.first[m] = k
+		m++
+		seg, total, segs, closed = n, n, 1, false
+	}
+	return k, m, bad
+}
+
+// setIov points iovec i at b.
+func (s *scratch) setIov(i int, b []byte) {
+	s.iovs[i] = unix.Iovec{}
+	if len(b) > 0 {
+		s.iovs[i].Base = &b[0]
+	}
+	s.iovs[i].SetLen(len(b))
 }
 
 // putName writes the socket address of a into sa and returns its length.
