@@ -200,7 +200,7 @@ func NewAgent(cfg AgentConfig, opts AgentOptions) (*Agent, error) {
 		return nil, fmt.Errorf("farmem: agent: %w", err)
 	}
 	if hosts == nil {
-		c, err := udp.Listen(cfg.Listen, udp.Options{})
+		c, err := udp.Listen(cfg.Listen, kernelUDP)
 		if err != nil {
 			return fail(err)
 		}
@@ -208,7 +208,7 @@ func NewAgent(cfg AgentConfig, opts AgentOptions) (*Agent, error) {
 	}
 	if fabric == nil {
 		for range hosts {
-			c, err := udp.Listen(netip.AddrPortFrom(netip.IPv4Unspecified(), 0), udp.Options{})
+			c, err := udp.Listen(netip.AddrPortFrom(netip.IPv4Unspecified(), 0), kernelUDP)
 			if err != nil {
 				return fail(err)
 			}

@@ -14,6 +14,13 @@ import (
 	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
 )
 
+// kernelUDP are the options of the kernel UDP sockets that the client, the
+// server and the agent open for themselves. GSO hands a chunk's equal-sized
+// datagrams to the kernel as one buffer per run (a 64 KiB chunk's eight
+// jumbo datagrams exceed one run's 65507 bytes: a run of seven and one);
+// no far-memory receiver steers by payload, which is what GSO would upset.
+var kernelUDP = udp.Options{GSO: true}
+
 // ClientOptions configure a host client.
 type ClientOptions struct {
 	Config
@@ -66,7 +73,7 @@ func NewClient(opts ClientOptions) (*Client, error) {
 				local = netip.AddrPortFrom(netip.IPv6Unspecified(), 0)
 			}
 		}
-		c, err := udp.Listen(local, udp.Options{})
+		c, err := udp.Listen(local, kernelUDP)
 		if err != nil {
 			return nil, fmt.Errorf("farmem: client: %w", err)
 		}

@@ -95,7 +95,7 @@ func NewServer(opts ServerOptions) (*Server, error) {
 	}
 	tr := opts.Transport
 	if tr == nil {
-		c, err := udp.Listen(opts.Addr, udp.Options{})
+		c, err := udp.Listen(opts.Addr, kernelUDP)
 		if err != nil {
 			st.close()
 			return nil, fmt.Errorf("farmem: server: %w", err)
