@@ -176,24 +176,59 @@ var gsoCases = []struct {
 	{"two runs over several calls", []run{{0, 100, 512}, {1, 100, 512}}},
 }
 
-// TestGSOSendRecv sends runs over loopback with GSO on and checks that
-// every datagram arrives whole and separate, that Send counts datagrams,
-// and that the kernel took the UDP_SEGMENT messages (GSO stays on).
+// TestGSOSendRecv sends runs over IPv4 and IPv6 loopback with GSO on and
+// checks that every datagram arrives whole and separate, that Send counts
+// datagrams, and that the kernel took the UDP_SEGMENT messages (GSO stays
+// on).
 func TestGSOSendRecv(t *testing.T) {
-	for _, tc := range gsoCases {
-		t.Run(tc.name, func(t *testing.T) {
-			a := listenT(t, Options{GSO: true})
-			rcv := []*Conn{listenT(t, Options{}), listenT(t, Options{})}
-			pkts := makePkts([]netip.AddrPort{rcv[0].LocalAddr(), rcv[1].LocalAddr()}, tc.runs)
-			n, err := a.Send(pkts)
-			if n != len(pkts) || err != nil {
-				t.Fatalf("Send = %d, %v; want %d", n, err, len(pkts))
+	for _, local := range []string{"127.0.0.1:0", "[::1]:0"} {
+		t.Run(local, func(t *testing.T) {
+			listen := func(opts Options) *Conn {
+				c, err := Listen(netip.MustParseAddrPort(local), opts)
+				if err != nil {
+					if local[0] == '[' {
+						t.Skipf("no IPv6 loopback: %v", err)
+					}
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = c.Close() })
+				return c
 			}
-			if !a.GSO() {
-				t.Error("the kernel refused GSO on loopback")
+			for _, tc := range gsoCases {
+				t.Run(tc.name, func(t *testing.T) {
+					a := listen(Options{GSO: true})
+					rcv := []*Conn{listen(Options{}), listen(Options{})}
+					pkts := makePkts([]netip.AddrPort{rcv[0].LocalAddr(), rcv[1].LocalAddr()}, tc.runs)
+					n, err := a.Send(pkts)
+					if n != len(pkts) || err != nil {
+						t.Fatalf("Send = %d, %v; want %d", n, err, len(pkts))
+					}
+					if !a.GSO() {
+						t.Error("the kernel refused GSO on loopback")
+					}
+					checkArrived(t, a.LocalAddr(), rcv, pkts)
+				})
 			}
-			checkArrived(t, a.LocalAddr(), rcv, pkts)
 		})
+	}
+}
+
+// TestGSOSendAllocs checks that a Send with runs allocates nothing once its
+// scratch is pooled.
+func TestGSOSendAllocs(t *testing.T) {
+	a := listenT(t, Options{GSO: true})
+	b := listenT(t, Options{ReadBuffer: 16 << 20})
+	pkts := makePkts([]netip.AddrPort{b.LocalAddr()}, []run{{0, 7, 1000}, {0, 1, 100}, {0, 4, 500}})
+	allocs := testing.AllocsPerRun(100, func() {
+		if n, err := a.Send(pkts); n != len(pkts) || err != nil {
+			t.Fatalf("Send = %d, %v", n, err)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("%.1f allocations per Send", allocs)
+	}
+	if !a.GSO() {
+		t.Error("the kernel refused GSO on loopback")
 	}
 }
 
