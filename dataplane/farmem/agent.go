@@ -49,10 +49,15 @@ func (c AgentConfig) Validate() error {
 		errs = append(errs, errors.New("farmem: agent config: no servers"))
 	}
 	seen := map[uint32]int{}
+	addrs := map[netip.AddrPort]int{}
 	for i, s := range c.Servers {
 		if !s.Addr.IsValid() || s.Addr.Port() == 0 {
 			errs = append(errs, fmt.Errorf("farmem: agent config: server %d: address %v", i, s.Addr))
 		}
+		if j, ok := addrs[s.Addr]; ok {
+			errs = append(errs, fmt.Errorf("farmem: agent config: servers %d and %d are both %v: list each memory node once", j, i, s.Addr))
+		}
+		addrs[s.Addr] = i
 		for _, r := range s.Regions {
 			if j, ok := seen[r]; ok && j != i {
 				errs = append(errs, fmt.Errorf("farmem: agent config: region %d on servers %d and %d", r, j, i))
@@ -330,14 +335,7 @@ func (a *Agent) refresh(ctx context.Context, since time.Time) {
 			if err != nil {
 				break
 			}
-			a.mu.Lock()
-			for _, ri := range infos {
-				a.regions[ri.ID] = i
-			}
-			a.mu.Unlock()
-			for _, ri := range infos {
-				a.cache.learn(ri.ID, ri.Size, ri.Tenant, true)
-			}
+			a.learnRegions(infos, i)
 			if k.reply.Aux == 0 || len(infos) == 0 {
 				break
 			}
@@ -661,14 +659,7 @@ func (a *Agent) listDone(lp *listPart, k *call) *hostWorker {
 		}
 	}
 	if status == StatusOK {
-		a.mu.Lock()
-		for _, ri := range infos {
-			a.regions[ri.ID] = lp.server
-		}
-		a.mu.Unlock()
-		for _, ri := range infos {
-			a.cache.learn(ri.ID, ri.Size, ri.Tenant, true)
-		}
+		a.learnRegions(infos, lp.server)
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -733,4 +724,23 @@ func (a *Agent) readBuf(n int) []byte {
 		return (*p)[:n]
 	}
 	return make([]byte, n, a.cfg.ChunkSize)
+}
+
+// learnRegions records that memory node server serves the listed regions.
+// A region ID that another node listed as well means two nodes hand out
+// the same IDs: requests for it reach only the last node that listed it,
+// so the agent says so.
+func (a *Agent) learnRegions(infos []RegionInfo, server int) {
+	a.mu.Lock()
+	for _, ri := range infos {
+		if old, ok := a.regions[ri.ID]; ok && old != server {
+			a.log.Warn("farmem: agent: two memory nodes list the same region ID; requests for it go to the second: give each node its own id_base",
+				"region", ri.ID, "first", a.cfg.Servers[old].Addr, "second", a.cfg.Servers[server].Addr)
+		}
+		a.regions[ri.ID] = server
+	}
+	a.mu.Unlock()
+	for _, ri := range infos {
+		a.cache.learn(ri.ID, ri.Size, ri.Tenant, true)
+	}
 }

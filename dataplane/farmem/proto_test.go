@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -107,6 +108,10 @@ func TestConfigValidate(t *testing.T) {
 	}
 	if err := (AgentConfig{}).Validate(); err == nil {
 		t.Fatal("agent config without servers validated")
+	}
+	node := ServerSpec{Addr: netip.MustParseAddrPort("10.0.0.1:7000")}
+	if err := (AgentConfig{Servers: []ServerSpec{node, node}}).Validate(); err == nil || !strings.Contains(err.Error(), "list each memory node once") {
+		t.Fatalf("a memory node listed twice: %v", err)
 	}
 }
 

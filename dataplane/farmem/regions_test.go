@@ -4,14 +4,17 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/lovelock-dpu/lovelock/control/testenv"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport"
 )
 
@@ -375,5 +378,37 @@ func TestMergeLists(t *testing.T) {
 				t.Fatalf("got %v cut %v, want %v cut %v", ids, cut, tc.want, tc.cut)
 			}
 		})
+	}
+}
+
+// TestAgentWarnsOfSharedIDs: two memory nodes with the same id_base hand
+// out the same region IDs; the agent cannot route such an ID to both, and
+// says so in its log.
+func TestAgentWarnsOfSharedIDs(t *testing.T) {
+	var cfg AgentConfig
+	cfg.Config = testConfig()
+	for range 2 {
+		s, err := NewServer(ServerOptions{Config: testConfig(), StateDir: t.TempDir(), Capacity: 1 << 20, Transport: listen(t, loopback)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		run(t, s.Run)
+		if _, err := s.Create(3, 4096, false, ""); err != nil {
+			t.Fatal(err)
+		}
+		cfg.Servers = append(cfg.Servers, ServerSpec{Addr: s.Addr()})
+	}
+	var logged testenv.SyncBuffer
+	a, err := NewAgent(cfg, AgentOptions{HostTransports: []transport.Transport{listen(t, loopback)}, FabricTransports: []transport.Transport{listen(t, loopback)},
+		Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, a.Run)
+	if _, err := newClient(t, a.Addr(), 3).List(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logged.String(), "give each node its own id_base") {
+		t.Fatalf("no warning of region 1 on both nodes; the log:\n%s", logged.String())
 	}
 }

@@ -1,18 +1,18 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
 	"log/slog"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lovelock-dpu/lovelock/control/testenv"
 )
 
 func TestParseCmdline(t *testing.T) {
@@ -77,28 +77,11 @@ func waitStart(cmd *exec.Cmd) (<-chan exitStatus, error) {
 	return ch, nil
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestSupervisorRestarts runs a daemon that reports ready and dies at once:
 // the supervisor must copy its output, see the ready line and restart it.
 func TestSupervisorRestarts(t *testing.T) {
 	ready := make(chan struct{}, 1)
-	var console syncBuffer
+	var console testenv.SyncBuffer
 	s := &supervisor{
 		log:     slog.New(slog.NewTextHandler(io.Discard, nil)),
 		path:    "/bin/sh",
