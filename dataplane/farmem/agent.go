@@ -611,8 +611,11 @@ func touch(ws []*hostWorker, w *hostWorker) []*hostWorker {
 // next node it has not asked, and reports whether it did; the host hears
 // ErrNoSpace only when every node is full.
 func (a *Agent) placeElsewhere(hr *hostReq, k *call) bool {
+	if k.rec.Op != OpCreate {
+		return false
+	}
 	hr.asked++
-	if k.rec.Op != OpCreate || k.err != nil || k.reply.Status != StatusNoSpace || hr.asked >= len(a.cfg.Servers) {
+	if k.err != nil || k.reply.Status != StatusNoSpace || hr.asked >= len(a.cfg.Servers) {
 		return false
 	}
 	hr.server = (hr.server + 1) % len(a.cfg.Servers)
@@ -646,9 +649,7 @@ func (a *Agent) listDone(lp *listPart, k *call) *hostWorker {
 	var infos []RegionInfo
 	status := StatusOK
 	switch {
-	case errors.Is(k.err, ErrClosed) || errors.Is(k.err, context.Canceled):
-		status = StatusUnavailable // the agent is stopping; no answer is sent
-	case k.err != nil:
+	case k.err != nil: // unreachable, or the agent is stopping (then no answer goes out)
 		status = StatusUnavailable
 	case k.reply.Status != StatusOK:
 		status = k.reply.Status
