@@ -214,7 +214,8 @@ func TestGSOSendRecv(t *testing.T) {
 }
 
 // TestGSOSendAllocs checks that a Send with runs allocates nothing once its
-// scratch is pooled.
+// scratch is pooled (not under the race detector, whose sync.Pool drops
+// items at random).
 func TestGSOSendAllocs(t *testing.T) {
 	a := listenT(t, Options{GSO: true})
 	b := listenT(t, Options{ReadBuffer: 16 << 20})
@@ -224,7 +225,7 @@ func TestGSOSendAllocs(t *testing.T) {
 			t.Fatalf("Send = %d, %v", n, err)
 		}
 	})
-	if allocs != 0 {
+	if allocs != 0 && !raceEnabled {
 		t.Errorf("%.1f allocations per Send", allocs)
 	}
 	if !a.GSO() {
