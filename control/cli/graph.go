@@ -258,6 +258,7 @@ func graphRunCommand() *ucli.Command {
 			&ucli.Float64Flag{Name: "tolerance", Value: graph.DefaultTolerance, Usage: "relative tolerance of the PageRank and BC check"},
 			&ucli.StringFlag{Name: "cache", Value: "off", Usage: "DPU cache mode: off, static (the offsets in the DPU's static cache) or dynamic (the DPU's dynamic cache with --prefetch)"},
 			&ucli.StringFlag{Name: "prefetch", Usage: "the DPU's prefetcher for the region: adjacent (SODA's; dynamic's default), stride, hints (the engine's), off (static's default)"},
+			&ucli.StringFlag{Name: "dynamic-scope", Value: "edges", Usage: "what the DPU's dynamic cache holds: edges (the edge arrays, SODA's dynamic edge cache) or region (the offsets too)"},
 			&ucli.StringFlag{Name: "hint-ahead", Usage: "with --prefetch hints: how far the hints run ahead of the reads, in bytes of DPU cache entries (default a quarter of the DPU's arena, or 8MiB)"},
 			outputFlag(),
 		},
@@ -274,7 +275,7 @@ func graphRun(c *ucli.Context) error {
 	if err != nil {
 		return err
 	}
-	caching, err := graph.ParseCaching(c.String("cache"), c.String("prefetch"))
+	caching, err := graph.ParseCaching(c.String("cache"), c.String("prefetch"), c.String("dynamic-scope"))
 	if err != nil {
 		return err
 	}
@@ -475,10 +476,17 @@ func printGraphRun(w io.Writer, r graphRunReport) {
 	case pf != "off":
 		mode = "dynamic, prefetcher " + pf
 	}
+	if pf != "off" {
+		if r.Caching.WholeRegion {
+			mode += ", over the whole region"
+		} else {
+			mode += ", over the edge arrays"
+		}
+	}
 	fmt.Fprintf(w, "DPU caches: %s\n", mode)
 	if d := r.Cache; d != nil {
-		fmt.Fprintf(w, "DPU cache hit rate: %.1f%% of %d reads (%d static hits, %d dynamic hits, %d misses, %d bypassed by the switch)\n",
-			100*d.HitRate, d.Reads, d.StaticHits, d.Hits, d.Misses, d.Bypassed)
+		fmt.Fprintf(w, "DPU cache hit rate: %.1f%% of %d reads (%d static hits, %d dynamic hits, %d misses, %d bypassed by the switch, %d outside the dynamic cache's ranges); dynamic cache alone %.1f%%\n",
+			100*d.HitRate, d.Reads, d.StaticHits, d.Hits, d.Misses, d.Bypassed, d.OutsideDynamic, 100*d.Coverage)
 		fmt.Fprintf(w, "DPU prefetch: %d entries issued (≈ %.1f MiB on the fabric), %d used, accuracy %.2f, %d hinted; switch %s, %d turns\n",
 			d.PrefetchIssued, float64(d.PrefetchBytes)/(1<<20), d.PrefetchUsed, d.Accuracy, d.Hinted, onOff(d.On), d.Switches)
 	} else {
@@ -560,8 +568,9 @@ func regionCacheDelta(before, after *farmem.AgentStats, region uint32, faults ui
 		Bypassed: a.Bypassed - b.Bypassed, PrefetchIssued: a.PrefetchIssued - b.PrefetchIssued,
 		PrefetchUsed: a.PrefetchUsed - b.PrefetchUsed, EvictedUnused: a.EvictedUnused - b.EvictedUnused,
 		Invalidated: a.Invalidated - b.Invalidated, Hinted: a.Hinted - b.Hinted,
+		DynamicRanges: a.DynamicRanges, OutsideDynamic: a.OutsideDynamic - b.OutsideDynamic,
 	}, Switches: after.Cache.Switches - before.Cache.Switches, On: after.Cache.On}
-	d.Reads = max(d.StaticHits+d.Hits+d.Misses+d.Bypassed, faults)
+	d.Reads = max(d.StaticHits+d.Hits+d.Misses+d.Bypassed+d.OutsideDynamic, faults)
 	if d.Reads > 0 {
 		d.HitRate = float64(d.StaticHits+d.Hits) / float64(d.Reads)
 	}

@@ -8,9 +8,10 @@ import (
 
 // Advise implements fmap.Advisor, so a transparent mapping of the region
 // (served by a host agent holding this Region) can reach the DPU agent's
-// caches: the prefetcher is set first (SetPrefetcher), then the static
-// ranges are loaded (LoadStatic, waiting until they are there), then the
-// hints are sent (Hint). A memory node has no cache: Static is then false
+// caches: the prefetcher is set first (SetPrefetcher), then the dynamic
+// cache's ranges (SetDynamicRanges), then the static ranges are loaded
+// (LoadStatic, waiting until they are there), then the hints are sent
+// (Hint). A memory node has no cache: Static is then false
 // and Hinted 0, with no error.
 func (r *Region) Advise(a fmap.Advice) (fmap.AdviceResult, error) {
 	res := fmap.AdviceResult{Supported: true}
@@ -20,6 +21,15 @@ func (r *Region) Advise(a fmap.Advice) (fmap.AdviceResult, error) {
 			return res, err
 		}
 		if err := r.SetPrefetcher(p); err != nil {
+			return res, err
+		}
+	}
+	if len(a.Dynamic) > 0 {
+		rs, err := toRanges(a.Dynamic)
+		if err != nil {
+			return res, err
+		}
+		if err := r.SetDynamicRanges(rs); err != nil {
 			return res, err
 		}
 	}

@@ -41,17 +41,29 @@ func (w *hostWorker) local(ctx context.Context, q *request) bool {
 		reply := Record{Op: OpHint, Region: rec.Region}
 		ranges, err := parseRanges(rec.Data)
 		var pf *Prefetcher
-		if p := Prefetcher(rec.Aux&0xff) - 1; rec.Aux != 0 {
+		if p := Prefetcher(rec.Aux&0xff) - 1; rec.Aux&0xff != 0 {
 			if p >= numPrefetchers {
 				err = fmt.Errorf("%w: prefetcher %d", ErrBadRequest, p)
 			}
 			pf = &p
 		}
-		if err != nil {
-			reply.Status = StatusBadRequest
-		} else {
-			n, _ := a.cache.hint(q.tenant, rec.Region, ranges, pf)
+		if rec.Aux&^(HintDynamic|0xff) != 0 {
+			err = fmt.Errorf("%w: hint flags %#x", ErrBadRequest, rec.Aux)
+		}
+		switch {
+		case err != nil:
+		case rec.Aux&HintDynamic != 0:
+			if err = a.cache.setDynamic(q.tenant, rec.Region, ranges); err == nil && pf != nil {
+				_, err = a.cache.hint(q.tenant, rec.Region, nil, pf)
+			}
+		default:
+			var n int
+			n, err = a.cache.hint(q.tenant, rec.Region, ranges, pf)
 			reply.Aux = uint32(n)
+		}
+		if err != nil {
+			a.log.Info("farmem: agent: hint refused", "region", rec.Region, "err", err)
+			reply.Status = statusOf(err)
 		}
 		w.replyLocked(&hr, reply, nil)
 		return true

@@ -1,6 +1,7 @@
 package farmem
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -84,6 +85,7 @@ type regionCache struct {
 	gen         uint64 // bumped by every write the agent forwards
 	writes      int    // writes forwarded and not yet answered
 	static      []staticRange
+	dynamic     []Range // the ranges the dynamic cache holds, sorted; nil: all of the region
 	ctr         RegionCacheStats
 }
 
@@ -127,6 +129,11 @@ type RegionCacheStats struct {
 	EvictedUnused  uint64 `json:"evicted_unused"`
 	Invalidated    uint64 `json:"invalidated"`
 	Hinted         uint64 `json:"hinted"`
+	// DynamicRanges is the number of ranges the dynamic cache is limited
+	// to (0: all of the region), OutsideDynamic the reads outside them,
+	// which go on to the memory node uncounted by Hits and Misses.
+	DynamicRanges  int    `json:"dynamic_ranges"`
+	OutsideDynamic uint64 `json:"outside_dynamic"`
 	// Accuracy is PrefetchUsed / PrefetchIssued, Coverage Hits / (Hits +
 	// Misses).
 	Accuracy float64 `json:"accuracy"`
@@ -288,6 +295,19 @@ func (rc *regionCache) staticFind(off, n uint64) []byte {
 	return nil
 }
 
+// inDynamic says whether the dynamic cache holds any of [off, off+n).
+func (rc *regionCache) inDynamic(off, n uint64) bool {
+	if rc.dynamic == nil {
+		return true
+	}
+	for _, r := range rc.dynamic {
+		if off < r.Offset+r.Size && r.Offset < off+n {
+			return true
+		}
+	}
+	return false
+}
+
 func (rc *regionCache) staticOverlaps(off, n uint64) bool {
 	for _, s := range rc.static {
 		if off < s.off+uint64(len(s.data)) && s.off < off+n {
@@ -314,6 +334,10 @@ func (c *cache) read(tenant uint32, rec *Record) (data []byte, ref int32, hit bo
 		return b, -1, true
 	}
 	if c.slots == nil || rc.pf == PrefetchOff {
+		return nil, 0, false
+	}
+	if !rc.inDynamic(off, n) {
+		rc.ctr.OutsideDynamic++
 		return nil, 0, false
 	}
 	if !c.on {
@@ -551,8 +575,9 @@ func (c *cache) strideLocked(region uint32) (int64, bool) {
 
 // startFillLocked claims a slot for entry idx of region and queues its
 // fill. Nothing happens when the entry is cached or filling, lies past the
-// region or wholly in a static range, or while writes to the region are in
-// flight (a fill could read bytes the write is about to replace).
+// region, wholly in a static range or wholly outside the dynamic cache's
+// ranges, or while writes to the region are in flight (a fill could read
+// bytes the write is about to replace).
 func (c *cache) startFillLocked(region uint32, rc *regionCache, idx uint64, prefetched bool) bool {
 	if idx*c.esz >= rc.size || rc.writes > 0 || !c.on {
 		return false
@@ -562,7 +587,7 @@ func (c *cache) startFillLocked(region uint32, rc *regionCache, idx uint64, pref
 		return false
 	}
 	n := min(c.esz, rc.size-idx*c.esz)
-	if rc.staticFind(idx*c.esz, n) != nil {
+	if rc.staticFind(idx*c.esz, n) != nil || !rc.inDynamic(idx*c.esz, n) {
 		return false
 	}
 	i, ok := c.allocLocked()
@@ -705,6 +730,34 @@ func (c *cache) hint(tenant, region uint32, ranges []Range, pf *Prefetcher) (int
 	return started, nil
 }
 
+// setDynamic limits region's dynamic cache to ranges (none: all of the
+// region) and drops its entries wholly outside them. Ranges of size 0 or
+// past the region are refused.
+func (c *cache) setDynamic(tenant, region uint32, ranges []Range) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rc := c.regions[region]
+	if rc == nil || rc.size == 0 || !rc.allowed(tenant) {
+		return nil // unknown here: the memory node checks the request
+	}
+	var scope []Range
+	for _, r := range ranges {
+		if r.Size == 0 || r.Offset >= rc.size || r.Size > rc.size-r.Offset {
+			return fmt.Errorf("%w: dynamic cache range %d+%d of region %d (%d bytes)", ErrBadRequest, r.Offset, r.Size, region, rc.size)
+		}
+		scope = append(scope, r)
+	}
+	slices.SortFunc(scope, func(a, b Range) int { return cmp.Compare(a.Offset, b.Offset) })
+	rc.dynamic = scope
+	for k, i := range c.index {
+		if k.region == region && !rc.inDynamic(k.idx*c.esz, c.esz) {
+			delete(c.index, k)
+			c.dropSlotLocked(i, true) // counted as invalidated: no read can use it now
+		}
+	}
+	return nil
+}
+
 // addStatic installs bytes as a static range of region: they are served
 // from here from now on, and writes to them are refused.
 func (c *cache) addStatic(region uint32, off uint64, data []byte) error {
@@ -795,6 +848,7 @@ func (c *cache) stats() CacheStats {
 		r := rc.ctr
 		r.Prefetcher = rc.pf.String()
 		r.StaticRanges = len(rc.static)
+		r.DynamicRanges = len(rc.dynamic)
 		for _, s := range rc.static {
 			r.StaticBytes += uint64(len(s.data))
 		}

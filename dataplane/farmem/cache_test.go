@@ -149,6 +149,69 @@ func TestEvictionSparesUnreadHints(t *testing.T) {
 
 // TestStrideDetector feeds strided reads and checks the prefetched entries
 // follow the majority delta, also with noise in between.
+// TestDynamicScope limits a region's dynamic cache to a range: reads
+// outside it pass without taking an entry or prefetching, counted; the
+// adjacent prefetcher stops at its end; entries outside a new scope are
+// dropped; ranges past the region are refused; no ranges mean all of it.
+func TestDynamicScope(t *testing.T) {
+	const esz = 4096
+	c := newCache(CacheConfig{Size: esz * 8, EntrySize: esz, BNet: 1, BIntra: 2, Prefetcher: PrefetchAdjacent, Depth: 2, Window: 1 << 20}, esz)
+	c.learn(1, 16*esz, 0, true)
+	pat := func(k entryKey, i int) byte { return byte(k.idx*3 + uint64(i)) }
+	read := func(e uint64) bool {
+		t.Helper()
+		data, ref, hit := c.read(0, &Record{Op: OpRead, Region: 1, Offset: e * esz, Size: esz})
+		if hit {
+			for i, b := range data {
+				if b != pat(entryKey{1, e}, i) {
+					t.Fatalf("entry %d: byte %d is %d", e, i, b)
+				}
+			}
+			c.release(ref)
+		}
+		return hit
+	}
+	// A warm-up read fills entries 1 and 2 (adjacent, depth 2).
+	read(0)
+	fillAll(t, c, pat)
+	if err := c.setDynamic(0, 1, []Range{{4 * esz, 4 * esz}}); err != nil {
+		t.Fatal(err)
+	}
+	if st := c.stats(); st.Valid != 0 || st.Regions[0].DynamicRanges != 1 {
+		t.Fatalf("after limiting the scope to entries 4-7: %+v, want entries 1 and 2 dropped, 1 range", st)
+	}
+	if read(1) || read(2) {
+		t.Fatal("hit outside the dynamic cache's range")
+	}
+	if n := fillAll(t, c, pat); n != 0 {
+		t.Fatalf("reads outside the range started %d fills", n)
+	}
+	// Reads inside: entry 6's prefetch may load 7 but not 8.
+	read(6)
+	if n := fillAll(t, c, pat); n != 1 {
+		t.Fatalf("read of entry 6 started %d fills, want 1 (entry 7; 8 is outside)", n)
+	}
+	if !read(7) {
+		t.Fatal("entry 7: miss after its prefetch")
+	}
+	rc := c.stats().Regions[0]
+	if rc.OutsideDynamic != 2 || rc.Hits != 1 || rc.Misses != 2 {
+		t.Fatalf("counters %+v: want 2 reads outside, 1 hit, 2 misses", rc)
+	}
+	for _, bad := range [][]Range{{{0, 0}}, {{15 * esz, 2 * esz}}, {{16 * esz, 1}}} {
+		if err := c.setDynamic(0, 1, bad); !errors.Is(err, ErrBadRequest) {
+			t.Errorf("scope %v: err %v, want ErrBadRequest", bad, err)
+		}
+	}
+	if err := c.setDynamic(0, 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	read(1)
+	if n := fillAll(t, c, pat); n != 2 {
+		t.Fatalf("whole region again: read of entry 1 started %d fills, want 2", n)
+	}
+}
+
 func TestStrideDetector(t *testing.T) {
 	const esz = 4096
 	c := newCache(CacheConfig{Size: 64 * esz, EntrySize: esz, BNet: 1, BIntra: 2, Prefetcher: PrefetchStride, Depth: 2, Window: 1 << 20}, esz)
@@ -408,5 +471,57 @@ func TestAdaptiveSwitch(t *testing.T) {
 	t.Logf("on: %+v", st.Events[len(st.Events)-1])
 	if !bytes.Equal(buf, make([]byte, chunk)) {
 		t.Fatal("anonymous region read back non-zero bytes")
+	}
+}
+
+// TestSetDynamicRanges sets a region's dynamic cache scope through a real
+// agent: a range past the region is refused with ErrBadRequest, a good
+// one shows in the stats, reads outside it are counted apart and still
+// return the server's bytes, and a memory node accepts and ignores it.
+func TestSetDynamicRanges(t *testing.T) {
+	srv, _ := startServer(t, t.TempDir(), listen(t, loopback))
+	const esz, chunk, size = 256 << 10, 64 << 10, 4 << 20
+	a := startCachingAgent(t, srv, CacheConfig{Size: 8 * esz, EntrySize: esz, BNet: 1, BIntra: 2})
+	c := newClient(t, a.Addr(), 3)
+	ctx := context.Background()
+	r, err := c.Alloc(ctx, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.SetDynamicRanges([]Range{{size - chunk, 2 * chunk}}); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("range past the region: %v, want ErrBadRequest", err)
+	}
+	if err := r.SetDynamicRanges([]Range{{size / 2, size / 2}}); err != nil {
+		t.Fatal(err)
+	}
+	want := bytes.Repeat([]byte{0x5a}, chunk)
+	if _, err := r.WriteAt(want, 0); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, chunk)
+	for off := int64(0); off < size; off += chunk {
+		if _, err := r.ReadAt(buf, off); err != nil {
+			t.Fatal(err)
+		}
+		if off == 0 && !bytes.Equal(buf, want) {
+			t.Fatal("chunk 0 read back other bytes than written")
+		}
+	}
+	var rc RegionCacheStats
+	for _, x := range a.Stats().Cache.Regions {
+		if x.Region == r.ID() {
+			rc = x
+		}
+	}
+	if n := uint64(size / chunk / 2); rc.DynamicRanges != 1 || rc.OutsideDynamic != n || rc.Hits+rc.Misses != n {
+		t.Fatalf("stats %+v: want 1 range, %d reads outside it and %d in it", rc, n, n)
+	}
+	direct := newClient(t, srv.Addr(), 3)
+	rd, err := direct.Open(ctx, r.ID(), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rd.SetDynamicRanges([]Range{{0, chunk}}); err != nil {
+		t.Fatalf("a memory node should accept and ignore a dynamic cache scope: %v", err)
 	}
 }

@@ -510,6 +510,25 @@ func (r *Region) SetPrefetcher(p Prefetcher) error {
 	return nil
 }
 
+// SetDynamicRanges limits the DPU agent's dynamic cache, for this region,
+// to the ranges (none: all of the region, the default): reads elsewhere
+// go on to the memory node without taking a cache entry or driving the
+// prefetcher, so a stream that would gain nothing from the cache does not
+// evict one that does (SODA caches the edge arrays of a graph dynamically,
+// its vertex data statically or not at all). The ranges must lie inside
+// the region and fit one request (about 500 ranges at a 9000-byte MTU).
+// A memory node, which has no cache, accepts and ignores it.
+func (r *Region) SetDynamicRanges(ranges []Range) error {
+	if per := r.c.req.pk.room() / RangeLen; len(ranges) > per {
+		return fmt.Errorf("farmem: region %d: %d dynamic cache ranges, at most %d fit one request: merge them", r.id, len(ranges), per)
+	}
+	k := &call{rec: Record{Op: OpHint, Region: r.id, Aux: HintDynamic}, data: appendRanges(nil, ranges)}
+	if err := r.c.do(r.c.ctx, k); err != nil {
+		return fmt.Errorf("farmem: region %d: limit the dynamic cache: %w", r.id, err)
+	}
+	return nil
+}
+
 // LoadStatic asks the DPU agent to load the ranges (Size 0 at Offset 0:
 // the whole region) into its static cache, and returns when they are
 // there: from then on the agent serves their reads without fabric

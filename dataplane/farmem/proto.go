@@ -48,8 +48,9 @@ const (
 	OpSync    Op = 9 // region → status, after the backing file is on disk
 	// OpHint names ranges the application will read soon: data = Range
 	// entries (16 bytes: offset u64, size u64); aux = 0, or a
-	// Prefetcher + 1 to set the region's prefetcher. Reply: aux = entry
-	// fills the DPU agent started (a memory node answers 0).
+	// Prefetcher + 1 to set the region's prefetcher, plus HintDynamic
+	// when data is the dynamic cache's new scope instead of hints. Reply:
+	// aux = entry fills the DPU agent started (a memory node answers 0).
 	OpHint Op = 10
 	// OpStatic loads ranges into the DPU agent's static cache: data =
 	// Range entries (size 0: the whole region). Reply after they are
@@ -58,6 +59,11 @@ const (
 )
 
 func (o Op) known() bool { return o >= OpRead && o <= OpStatic }
+
+// HintDynamic, in an OpHint's aux, makes its ranges the only ones of the
+// region that the DPU agent's dynamic cache holds (no ranges: all of it).
+// The low byte of aux still sets the prefetcher.
+const HintDynamic uint32 = 1 << 8
 
 // String names the op.
 func (o Op) String() string {

@@ -102,7 +102,7 @@ type row struct {
 // reads that meet no cache are counted nowhere but are one per fault.
 func (r row) hitRate() (float64, bool) {
 	c := r.cache
-	reads := max(c.StaticHits+c.Hits+c.Misses+c.Bypassed, r.mapping.Faults)
+	reads := max(c.StaticHits+c.Hits+c.Misses+c.Bypassed+c.OutsideDynamic, r.mapping.Faults)
 	if r.path.caching == (graph.Caching{}) || reads == 0 {
 		return 0, false
 	}
@@ -215,7 +215,8 @@ func run(ctx context.Context) error {
 		{id: "a", label: "(a) MemServer: host → memory node", socket: direct},
 		{id: "b", label: "(b) DPU, no cache", socket: cl.HostSocket, caching: graph.Caching{Prefetcher: "off"}},
 		{id: "c", label: "(c) DPU + static offsets", socket: cl.HostSocket, caching: graph.Caching{Static: true, Prefetcher: "off"}},
-		{id: "d", label: "(d) DPU + dynamic, adjacent (SODA)", socket: cl.HostSocket, caching: graph.Caching{Prefetcher: "adjacent"}},
+		{id: "d", label: "(d) DPU + dynamic edge cache, adjacent (SODA)", socket: cl.HostSocket, caching: graph.Caching{Prefetcher: "adjacent"}},
+		{id: "d", label: "(d) DPU + dynamic, whole region, adjacent", socket: cl.HostSocket, caching: graph.Caching{Prefetcher: "adjacent", WholeRegion: true}},
 		{id: "e", label: "(e) DPU + dynamic, stride", socket: cl.HostSocket, caching: graph.Caching{Prefetcher: "stride"}},
 		{id: "e", label: "(e) DPU + dynamic, hints", socket: cl.HostSocket, caching: graph.Caching{Prefetcher: "hints"}},
 		{id: "e", label: "(e) DPU + static offsets + dynamic, hints", socket: cl.HostSocket, caching: graph.Caching{Static: true, Prefetcher: "hints"}},
@@ -231,7 +232,7 @@ func run(ctx context.Context) error {
 	mo := fmap.Options{ChunkSize: int(chunkSize), BufferBytes: buffer}
 
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "app\trow\ttime\tvs (a)\tin memory\tmem0 link MB\tvs (a)\ton-demand MB\tprefetch MB\thost↔DPU MB\thit rate\taccuracy\tfaults\tswitch turns\tcheck\t")
+	fmt.Fprintln(tw, "app\trow\ttime\tvs (a)\tin memory\tmem0 link MB\tvs (a)\ton-demand MB\tprefetch MB\thost↔DPU MB\thit rate\tdynamic hit rate\taccuracy\tfaults\tswitch turns\tcheck\t")
 	failed := 0
 	var rows []row
 	for _, app := range apps {
@@ -266,23 +267,26 @@ func run(ctx context.Context) error {
 			if !strings.HasPrefix(r.check, "ok") {
 				failed++
 			}
-			hit, acc := "–", "–"
+			hit, dyn, acc := "–", "–", "–"
 			if h, ok := r.hitRate(); ok {
 				hit = fmt.Sprintf("%.1f%%", 100*h)
+			}
+			if n := r.cache.Hits + r.cache.Misses; n > 0 {
+				dyn = fmt.Sprintf("%.1f%%", 100*float64(r.cache.Hits)/float64(n))
 			}
 			if r.cache.PrefetchIssued > 0 {
 				acc = fmt.Sprintf("%.1f%%", 100*float64(r.cache.PrefetchUsed)/float64(r.cache.PrefetchIssued))
 			}
 			pf := r.prefetchBytes()
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f×\t%s\t%.1f\t%.2f×\t%.1f\t%.1f\t%.1f\t%s\t%s\t%d\t%d\t%s\t\n", app, pa.label, r.time.Round(time.Millisecond),
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f×\t%s\t%.1f\t%.2f×\t%.1f\t%.1f\t%.1f\t%s\t%s\t%s\t%d\t%d\t%s\t\n", app, pa.label, r.time.Round(time.Millisecond),
 				float64(r.time)/float64(base.time), refTime.Round(time.Millisecond), mb(r.memBytes), float64(r.memBytes)/float64(max(base.memBytes, 1)),
-				mb(r.memBytes-min(pf, r.memBytes)), mb(pf), mb(r.dpuHost), hit, acc, r.mapping.Faults, r.switches, r.check)
+				mb(r.memBytes-min(pf, r.memBytes)), mb(pf), mb(r.dpuHost), hit, dyn, acc, r.mapping.Faults, r.switches, r.check)
 		}
 		tw.Flush()
 	}
 	tw.Flush()
 	fmt.Println("mem0 link: the memory server's datagram bytes in and out (the fabric, the same measure on every path); prefetch: the agent's entry fills (entries issued × the entry size, without headers), on-demand the rest (with the static load for (c)).")
-	fmt.Println("hit rate: (static + dynamic hits) / the region's reads at dpu0 (at least one per fault); accuracy: prefetched entries used / issued; switch turns: the adaptive switch's events during the run.")
+	fmt.Println("hit rate: (static + dynamic hits) / the region's reads at dpu0 (at least one per fault); dynamic hit rate: the dynamic cache's hits / the reads it holds (SODA's Fig. 10; an edge cache holds the edge arrays' reads only); accuracy: prefetched entries used / issued; switch turns: the adaptive switch's events during the run.")
 	fmt.Println("check: the far-memory run against the same app on the in-memory copy (exact for bfs, cc, radii; relative 1e-9 for pagerank, bc).")
 	for _, r := range rows {
 		if r.hints != nil {
@@ -376,6 +380,7 @@ func measure(ctx context.Context, cl *memcluster.Cluster, region uint32, pa path
 		StaticHits: a.StaticHits - b.StaticHits, Hits: a.Hits - b.Hits, Misses: a.Misses - b.Misses,
 		Bypassed: a.Bypassed - b.Bypassed, PrefetchIssued: a.PrefetchIssued - b.PrefetchIssued,
 		PrefetchUsed: a.PrefetchUsed - b.PrefetchUsed, Hinted: a.Hinted - b.Hinted,
+		DynamicRanges: a.DynamicRanges, OutsideDynamic: a.OutsideDynamic - b.OutsideDynamic,
 	}
 	r.switches = after.agent.Cache.Switches - before.agent.Cache.Switches
 	r.entry = after.agent.Cache.EntrySize

@@ -23,6 +23,9 @@ type Advice struct {
 	// Prefetcher, when not empty, chooses the far cache's prefetcher for
 	// the region ("adjacent", "stride", "hints", "off" for the DPU agent).
 	Prefetcher string `json:"prefetcher,omitempty"`
+	// Dynamic, when not empty, limits the far end's dynamic cache to these
+	// ranges (the rest of the region is read through uncached).
+	Dynamic []Extent `json:"dynamic,omitempty"`
 	// Static asks the far end to load these ranges into its static cache
 	// and to return once they are there.
 	Static []Extent `json:"static,omitempty"`
@@ -60,7 +63,7 @@ var ErrTooMuchAdvice = errors.New("fmap: more than 1000 ranges in one advice")
 // goroutine may call it while others fault; calls are serialised with
 // Sync and Stats on the agent connection.
 func (m *Mapping) Advise(ctx context.Context, a Advice) (AdviceResult, error) {
-	if len(a.Static)+len(a.Hints) > maxExtents {
+	if len(a.Dynamic)+len(a.Static)+len(a.Hints) > maxExtents {
 		return AdviceResult{}, ErrTooMuchAdvice
 	}
 	m.mu.Lock()
@@ -91,7 +94,7 @@ func advise(be Backend, a *Advice) (AdviceResult, error) {
 	if a == nil {
 		return AdviceResult{}, errors.New("fmap agent: advise without advice")
 	}
-	if len(a.Static)+len(a.Hints) > maxExtents {
+	if len(a.Dynamic)+len(a.Static)+len(a.Hints) > maxExtents {
 		return AdviceResult{}, ErrTooMuchAdvice
 	}
 	adv, ok := be.(Advisor)

@@ -63,13 +63,37 @@ type Caching struct {
 	// region out of the dynamic cache; "adjacent" (SODA's), "stride" or
 	// "hints" (the engine's hints: Hints reports it) use it.
 	Prefetcher string
+	// WholeRegion lets the dynamic cache hold the offset arrays too. By
+	// default it holds only the edge arrays, as SODA's dynamic edge cache
+	// does: the offsets' reads then go on to the memory node (or hit the
+	// static cache) and take no entry from the edges.
+	WholeRegion bool
 }
 
-// ParseCaching reads lovelock graph run's --cache (off, static, dynamic)
-// and --prefetch (adjacent, stride, hints, off; "" for the mode's default:
-// off for static, adjacent for dynamic). static with a prefetcher uses
-// both caches.
-func ParseCaching(cache, prefetch string) (Caching, error) {
+// ParseCaching reads lovelock graph run's --cache (off, static, dynamic),
+// --prefetch (adjacent, stride, hints, off; "" for the mode's default:
+// off for static, adjacent for dynamic) and --dynamic-scope (edges, the
+// default, or region: what the dynamic cache holds). static with a
+// prefetcher uses both caches.
+func ParseCaching(cache, prefetch, scope string) (Caching, error) {
+	c, err := parseCaching(cache, prefetch)
+	if err != nil {
+		return c, err
+	}
+	switch scope {
+	case "", "edges":
+	case "region":
+		if c.Prefetcher == "off" {
+			return Caching{}, errors.New("graph: --dynamic-scope region needs the dynamic cache (--cache dynamic, or static with --prefetch)")
+		}
+		c.WholeRegion = true
+	default:
+		return Caching{}, fmt.Errorf("graph: dynamic cache scope %q: want edges or region", scope)
+	}
+	return c, nil
+}
+
+func parseCaching(cache, prefetch string) (Caching, error) {
 	switch prefetch {
 	case "", "adjacent", "stride", "hints", "off":
 	default:
@@ -102,14 +126,21 @@ func ParseCaching(cache, prefetch string) (Caching, error) {
 func (c Caching) Hints() bool { return c.Prefetcher == "hints" }
 
 // Apply sets the caching of the region behind m, a mapping of g's image,
-// through the host agent (fmap Advise → farmem.Region: SetPrefetcher, then
-// LoadStatic of g's offsets, which returns once they are on the DPU). The
-// prefetcher is the agent's, for every host reading the region. It fails
+// through the host agent (fmap Advise → farmem.Region: SetPrefetcher,
+// SetDynamicRanges, then LoadStatic of g's offsets, which returns once
+// they are on the DPU). The prefetcher and the dynamic cache's ranges are
+// the agent's, for every host reading the region. It fails
 // when caching is asked for and the far end cannot give it (a host agent
 // whose backend takes no advice, or a region served by a memory node
 // directly, which has no cache); Caching{Prefetcher: "off"} then succeeds.
 func (c Caching) Apply(ctx context.Context, m Advisor, g *Graph) (fmap.AdviceResult, error) {
 	a := fmap.Advice{Prefetcher: c.Prefetcher}
+	if c.Prefetcher != "off" && c.Prefetcher != "" {
+		a.Dynamic = g.Edges()
+		if c.WholeRegion {
+			a.Dynamic = []fmap.Extent{{Offset: 0, Size: int64(FileSize(uint64(g.n), g.m, g.Symmetric()))}}
+		}
+	}
 	if c.Static {
 		a.Static = g.Offsets()
 	}

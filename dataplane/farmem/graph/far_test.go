@@ -372,13 +372,14 @@ func TestFarMemoryCaches(t *testing.T) {
 	n, edges, _ := RMAT(13, 8, 23)
 	local, img := build(t, n, edges, true)
 	p := Params{Source: -1, Samples: 16, BCSources: 2, Seed: 3, Iterations: 5}
-	for _, mode := range []struct{ cache, prefetch string }{
-		{"static", ""}, {"dynamic", "adjacent"}, {"dynamic", "stride"}, {"dynamic", "hints"}, {"static", "hints"},
+	for _, mode := range []struct{ cache, prefetch, scope string }{
+		{"static", "", ""}, {"dynamic", "adjacent", ""}, {"dynamic", "adjacent", "region"}, {"dynamic", "stride", ""},
+		{"dynamic", "hints", ""}, {"static", "hints", ""},
 	} {
-		t.Run(mode.cache+"/"+mode.prefetch, func(t *testing.T) {
+		t.Run(mode.cache+"/"+mode.prefetch+"/"+mode.scope, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), 120*time.Second)
 			defer cancel()
-			caching, err := ParseCaching(mode.cache, mode.prefetch)
+			caching, err := ParseCaching(mode.cache, mode.prefetch, mode.scope)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -428,6 +429,18 @@ func TestFarMemoryCaches(t *testing.T) {
 			}
 			if caching.Prefetcher != "off" && (rc.Hits == 0 || rc.PrefetchIssued == 0 || rc.Prefetcher != caching.Prefetcher) {
 				t.Errorf("dynamic cache with %s: %+v, want hits and prefetches", caching.Prefetcher, rc)
+			}
+			// The dynamic cache holds the edge arrays only, unless told
+			// the whole region; without the static cache the offsets'
+			// reads then pass it by.
+			switch {
+			case caching.Prefetcher == "off":
+			case caching.WholeRegion && (rc.DynamicRanges != 1 || rc.OutsideDynamic != 0):
+				t.Errorf("dynamic cache over the whole region: %+v, want 1 range and no read outside it", rc)
+			case !caching.WholeRegion && rc.DynamicRanges != len(far.Edges()):
+				t.Errorf("dynamic edge cache: %+v, want %d ranges", rc, len(far.Edges()))
+			case !caching.WholeRegion && !caching.Static && rc.OutsideDynamic == 0:
+				t.Errorf("dynamic edge cache: %+v, want the offsets' reads outside it", rc)
 			}
 			if h != nil {
 				hs := h.Close()

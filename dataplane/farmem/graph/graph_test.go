@@ -401,3 +401,36 @@ func TestRMATDeterministic(t *testing.T) {
 		t.Errorf("largest degree %d, average %d: not skewed", maxd, avg)
 	}
 }
+
+// TestParseCaching reads lovelock graph run's three cache flags.
+func TestParseCaching(t *testing.T) {
+	for _, tc := range []struct {
+		cache, prefetch, scope string
+		want                   Caching
+		err                    string
+	}{
+		{"", "", "", Caching{Prefetcher: "off"}, ""},
+		{"static", "", "", Caching{Static: true, Prefetcher: "off"}, ""},
+		{"dynamic", "", "", Caching{Prefetcher: "adjacent"}, ""},
+		{"dynamic", "stride", "edges", Caching{Prefetcher: "stride"}, ""},
+		{"dynamic", "adjacent", "region", Caching{Prefetcher: "adjacent", WholeRegion: true}, ""},
+		{"static", "hints", "region", Caching{Static: true, Prefetcher: "hints", WholeRegion: true}, ""},
+		{"static", "", "region", Caching{}, "needs the dynamic cache"},
+		{"off", "", "region", Caching{}, "needs the dynamic cache"},
+		{"dynamic", "", "vertices", Caching{}, `scope "vertices"`},
+		{"dynamic", "off", "", Caching{}, "would cache nothing"},
+		{"off", "stride", "", Caching{}, "needs the dynamic cache"},
+		{"lru", "", "", Caching{}, `cache mode "lru"`},
+		{"dynamic", "leap", "", Caching{}, `prefetcher "leap"`},
+	} {
+		got, err := ParseCaching(tc.cache, tc.prefetch, tc.scope)
+		switch {
+		case tc.err == "" && err != nil:
+			t.Errorf("%q %q %q: %v", tc.cache, tc.prefetch, tc.scope, err)
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("%q %q %q: err %v, want one containing %q", tc.cache, tc.prefetch, tc.scope, err, tc.err)
+		case got != tc.want:
+			t.Errorf("%q %q %q: %+v, want %+v", tc.cache, tc.prefetch, tc.scope, got, tc.want)
+		}
+	}
+}
