@@ -69,7 +69,8 @@ say "host0 reaches host1 through dpu0, the fabric and dpu1"
 
 echo '{}' >"$RUN/dpu0.yaml"
 # dpu1 also runs the far-memory agent for host1 (the far-memory step below).
-echo 'far_memory: {listen: "10.77.0.11:61440", servers: [{addr: "10.77.0.20:61440"}]}' >"$RUN/dpu1.yaml"
+# Its 4 MiB dynamic cache serves the graph step's edge reads.
+echo 'far_memory: {listen: "10.77.0.11:61440", servers: [{addr: "10.77.0.20:61440"}], cache: {size: 4MiB}}' >"$RUN/dpu1.yaml"
 for dpu in dpu0 dpu1; do
 	say "lovelockd on $dpu: XDP on pf0hpf (from the host) and p0 (from the fabric); the messaging agent on AF_XDP"
 	start_node "$dpu" --xdp pf0hpf --xdp p0 \
@@ -152,6 +153,15 @@ for node in mem0 host1; do start_node "$node"; done
 services_up mem0 dpu1 host1
 "$lovelock" testbed exec --prefix "$PREFIX" host1 -- "$BIN/bench-mem" -demo \
 	-mem-socket "$RUN/mem0.sock" -dpu-socket "$RUN/dpu1.sock" -host-socket "$RUN/farmem.sock"
+
+say "graph analytics over far memory: PageRank on host1, its CSR on mem0, the edges through dpu1's dynamic cache"
+# The graph (scale 16: 9 MiB) is preloaded by mem0 into a region, mapped on
+# host1 with a buffer of a third of it, and its edge arrays are served by
+# dpu1's dynamic edge cache with SODA's prefetcher; the run is checked
+# against the same app in memory (graph run fails otherwise).
+"$lovelock" graph gen --scale 16 -o "$RUN/g.csr"
+"$lovelock" testbed exec --prefix "$PREFIX" host1 -- "$lovelock" graph run --app pagerank --graph "$RUN/g.csr" \
+	--host-socket "$RUN/farmem.sock" --mem-socket "$RUN/mem0.sock" --dpu-socket "$RUN/dpu1.sock" --cache dynamic
 
 say "far memory: mem0's memory server and dpu1's agent"
 "$lovelock" --socket "$RUN/mem0.sock" mem stats

@@ -522,25 +522,35 @@ func (c *cache) prefetchLocked(region uint32, rc *regionCache, off, idx uint64) 
 	}
 }
 
-// strideLocked is Leap's trend detector over the history: the deltas
-// between the region's consecutive reads, newest first, in windows of 4,
-// 8, 16, … up to the history; the first window with a majority delta
-// (Boyer-Moore vote, then a count) gives the trend.
+// strideLocked is Leap's trend detector over the history, made to see
+// through interleaving: each of the region's newest reads (up to 64)
+// gives one delta, to the nearest of the region's strideLookback reads
+// before it (the smallest |delta|), where Leap takes the read just before
+// it. Two workers that each scan their own block then still show their
+// common stride (Leap's consecutive deltas alternate between the blocks
+// and find no majority). Then, newest first, in windows of 4, 8, 16, …
+// deltas, the first window with a majority delta (Boyer-Moore vote, then a
+// count) gives the trend.
 func (c *cache) strideLocked(region uint32) (int64, bool) {
+	var offs [64 + strideLookback]uint64
+	no := 0
+	for j := 0; j < len(c.hist) && j < c.histN && no < len(offs); j++ {
+		if a := c.hist[(c.histN-1-j)%len(c.hist)]; a.region == region {
+			offs[no] = a.off
+			no++
+		}
+	}
 	var deltas [64]int64
 	nd := 0
-	var prev uint64
-	have := false
-	for j := 0; j < len(c.hist) && j < c.histN && nd < len(deltas); j++ {
-		a := c.hist[(c.histN-1-j)%len(c.hist)]
-		if a.region != region {
-			continue
+	for i := 0; i+1 < no && nd < len(deltas); i++ {
+		var best int64
+		for k := i + 1; k < no && k <= i+strideLookback; k++ {
+			if d := int64(offs[i]) - int64(offs[k]); d != 0 && (best == 0 || absDelta(d) < absDelta(best)) {
+				best = d
+			}
 		}
-		if have {
-			deltas[nd] = int64(prev) - int64(a.off)
-			nd++
-		}
-		prev, have = a.off, true
+		deltas[nd] = best
+		nd++
 	}
 	for w := 4; ; w *= 2 {
 		w = min(w, nd)
@@ -571,6 +581,17 @@ func (c *cache) strideLocked(region uint32) (int64, bool) {
 			return 0, false
 		}
 	}
+}
+
+// strideLookback is how many earlier reads the stride detector compares
+// each read with: enough for a few interleaved streams.
+const strideLookback = 8
+
+func absDelta(d int64) int64 {
+	if d < 0 {
+		return -d
+	}
+	return d
 }
 
 // startFillLocked claims a slot for entry idx of region and queues its

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -212,34 +213,47 @@ func TestDynamicScope(t *testing.T) {
 	}
 }
 
+// TestStrideDetector feeds the trend detector reads (in entries of 4 KiB,
+// each read 512 bytes) and checks that it loads the trend's next entries,
+// and nothing without a trend.
 func TestStrideDetector(t *testing.T) {
 	const esz = 4096
-	c := newCache(CacheConfig{Size: 64 * esz, EntrySize: esz, BNet: 1, BIntra: 2, Prefetcher: PrefetchStride, Depth: 2, Window: 1 << 20}, esz)
-	c.learn(1, 1024*esz, 0, true)
-	offs := []uint64{0, 5, 10, 300, 15, 20} // entries; one outlier
-	for _, o := range offs {
-		c.read(0, &Record{Op: OpRead, Region: 1, Offset: o * esz, Size: 512})
-	}
-	var got []uint64
-	for len(c.fills) > 0 {
-		j := <-c.fills
-		got = append(got, j.key.idx)
-		c.fillDone(j, true)
-	}
-	want := map[uint64]bool{25: true, 30: true}
-	found := 0
-	for _, g := range got {
-		if want[g] {
-			found++
-		}
-	}
-	if found != 2 {
-		t.Fatalf("fills %v: want entries 25 and 30 after a stride of 5 entries", got)
+	for _, tc := range []struct {
+		name string
+		offs []uint64 // entries, oldest first
+		want []uint64 // entries it must have loaded (depth 2)
+	}{
+		{"one stream with an outlier", []uint64{0, 5, 10, 300, 15, 20}, []uint64{25, 30}},
+		// Two workers scanning their own blocks: consecutive deltas
+		// alternate (+500, -499) and have no majority; each read's
+		// nearest earlier read is its own stream's last.
+		{"two interleaved streams", []uint64{0, 500, 1, 501, 2, 502, 3, 503, 4, 504}, []uint64{505, 506}},
+		{"no trend", []uint64{7, 90, 3, 400, 51, 12, 260, 33}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCache(CacheConfig{Size: 64 * esz, EntrySize: esz, BNet: 1, BIntra: 2, Prefetcher: PrefetchStride, Depth: 2, Window: 1 << 20}, esz)
+			c.learn(1, 1024*esz, 0, true)
+			var got []uint64
+			for _, o := range tc.offs {
+				c.read(0, &Record{Op: OpRead, Region: 1, Offset: o * esz, Size: 512})
+				for len(c.fills) > 0 {
+					j := <-c.fills
+					got = append(got, j.key.idx)
+					c.fillDone(j, true)
+				}
+			}
+			for _, w := range tc.want {
+				if !slices.Contains(got, w) {
+					t.Errorf("fills %v: want %d among them", got, w)
+				}
+			}
+			if tc.want == nil && got != nil {
+				t.Errorf("fills %v without a trend", got)
+			}
+		})
 	}
 }
 
-// pattern word i of chunk c at version v: readers recover v from any word
-// and so see a stale word, whichever version tore with which.
 func patWord(c, i int, v uint64) uint64 { return uint64(c)<<40 ^ uint64(i)*0x9e3779b97f4a7c15 + v }
 
 func fillChunk(p []byte, c int, v uint64) {
