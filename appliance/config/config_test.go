@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/lovelock-dpu/lovelock/control/rules"
+	"github.com/lovelock-dpu/lovelock/dataplane/farmem"
 	"github.com/lovelock-dpu/lovelock/dataplane/messaging"
 )
 
@@ -54,6 +55,13 @@ func TestLoad(t *testing.T) {
 		{"messaging interface twice", write("l.yaml", "messaging: {cluster: c.yaml, node: dpu0, transport: xdp, interfaces: [p0, p0]}\n"), true,
 			"p0 listed twice", nil},
 		{"messaging without node", write("m.yaml", "messaging: {cluster: c.yaml}\n"), true, "needs both cluster", nil},
+		// YAML 1.1 reads an unquoted off as false.
+		{"far-memory prefetcher off", write("n.yaml", "far_memory: {listen: \"10.0.0.1:61440\", servers: [{addr: \"10.0.0.2:61440\"}], cache: {size: 4MiB, prefetcher: off}}\n"), true, "",
+			func(c Config) bool { return c.FarMemory != nil && c.FarMemory.Cache.Prefetcher == farmem.PrefetchOff }},
+		{"far-memory prefetcher stride", write("o.yaml", "far_memory: {listen: \"10.0.0.1:61440\", servers: [{addr: \"10.0.0.2:61440\"}], cache: {size: 4MiB, prefetcher: stride}}\n"), true, "",
+			func(c Config) bool { return c.FarMemory.Cache.Prefetcher == farmem.PrefetchStride }},
+		{"far-memory prefetcher unknown", write("p.yaml", "far_memory: {listen: \"10.0.0.1:61440\", servers: [{addr: \"10.0.0.2:61440\"}], cache: {size: 4MiB, prefetcher: true}}\n"), true,
+			"prefetcher true: want adjacent", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := Load(tc.path, tc.explicit)

@@ -69,8 +69,9 @@ say "host0 reaches host1 through dpu0, the fabric and dpu1"
 
 echo '{}' >"$RUN/dpu0.yaml"
 # dpu1 also runs the far-memory agent for host1 (the far-memory step below).
-# Its 4 MiB dynamic cache serves the graph step's edge reads.
-echo 'far_memory: {listen: "10.77.0.11:61440", servers: [{addr: "10.77.0.20:61440"}], cache: {size: 4MiB}}' >"$RUN/dpu1.yaml"
+# Its 4 MiB dynamic cache serves the graph step's edge reads; regions stay out of it unless
+# their program asks (prefetcher off by default), so the bench-mem step below is uncached.
+echo 'far_memory: {listen: "10.77.0.11:61440", servers: [{addr: "10.77.0.20:61440"}], cache: {size: 4MiB, prefetcher: off}}' >"$RUN/dpu1.yaml"
 for dpu in dpu0 dpu1; do
 	say "lovelockd on $dpu: XDP on pf0hpf (from the host) and p0 (from the fabric); the messaging agent on AF_XDP"
 	start_node "$dpu" --xdp pf0hpf --xdp p0 \

@@ -1,6 +1,7 @@
 package farmem
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 )
@@ -47,6 +48,20 @@ func (p *Prefetcher) UnmarshalText(b []byte) error {
 	}
 	*p = v
 	return nil
+}
+
+// UnmarshalJSON takes a name, or false for off: lovelockd's YAML config is
+// read as YAML 1.1, where an unquoted off is the boolean false.
+func (p *Prefetcher) UnmarshalJSON(b []byte) error {
+	if string(b) == "false" {
+		*p = PrefetchOff
+		return nil
+	}
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("prefetcher %s: want adjacent, stride, hints or off", b)
+	}
+	return p.UnmarshalText([]byte(s))
 }
 
 // ParsePrefetcher reads a prefetcher's name.
