@@ -32,7 +32,8 @@ type Config struct {
 	State string `json:"state,omitempty"`
 	// Socket is the API's unix socket.
 	Socket string `json:"socket,omitempty"`
-	// Metrics is the address of the Prometheus endpoint ("" disables it).
+	// Metrics is the address of the Prometheus endpoint ("" or off
+	// disables it).
 	Metrics string `json:"metrics,omitempty"`
 	// Interfaces to attach at start, on top of those in the state file.
 	Interfaces []attach.Attachment `json:"interfaces,omitempty"`
@@ -91,6 +92,11 @@ func Load(path string, explicit bool) (Config, error) {
 	}
 	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
 		return cfg, fmt.Errorf("config %s: %w", path, rules.YAMLError(data, err))
+	}
+	// metrics: off, as lovelockd's --metrics off; YAML 1.1 reads an
+	// unquoted off into a string field as "false".
+	if cfg.Metrics == "off" || cfg.Metrics == "false" {
+		cfg.Metrics = ""
 	}
 	return cfg, cfg.Validate()
 }

@@ -55,6 +55,8 @@ func TestLoad(t *testing.T) {
 		{"messaging interface twice", write("l.yaml", "messaging: {cluster: c.yaml, node: dpu0, transport: xdp, interfaces: [p0, p0]}\n"), true,
 			"p0 listed twice", nil},
 		{"messaging without node", write("m.yaml", "messaging: {cluster: c.yaml}\n"), true, "needs both cluster", nil},
+		{"metrics off", write("q.yaml", "metrics: off\n"), true, "", func(c Config) bool { return c.Metrics == "" }},
+		{"unquoted off where a name is due", write("r.yaml", "far_memory: {listen: off}\n"), true, `quote the value, "off"`, nil},
 		// YAML 1.1 reads an unquoted off as false.
 		{"far-memory prefetcher off", write("n.yaml", "far_memory: {listen: \"10.0.0.1:61440\", servers: [{addr: \"10.0.0.2:61440\"}], cache: {size: 4MiB, prefetcher: off}}\n"), true, "",
 			func(c Config) bool { return c.FarMemory != nil && c.FarMemory.Cache.Prefetcher == farmem.PrefetchOff }},

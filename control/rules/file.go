@@ -246,6 +246,9 @@ func YAMLError(data []byte, err error) error {
 	if err == nil {
 		return nil
 	}
+	if strings.Contains(err.Error(), "cannot unmarshal bool into") {
+		return fmt.Errorf("%w (YAML reads an unquoted on, off, yes or no as true or false: quote the value, \"off\")", err)
+	}
 	m := yamlUnknownField.FindStringSubmatch(err.Error())
 	if m == nil {
 		return err
