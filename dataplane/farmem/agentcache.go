@@ -109,22 +109,26 @@ type fill struct {
 	job     fillJob
 	pending atomic.Int32
 	failed  atomic.Bool
+	tokens  chan struct{} // the fill loop's pacing window: one per chunk read on the fabric
 }
 
 func (f *fill) part(c *cache, k *call) {
 	if k.err != nil || k.reply.Status != StatusOK {
 		f.failed.Store(true)
 	}
+	<-f.tokens
 	if f.pending.Add(-1) == 0 {
 		c.fillDone(f.job, !f.failed.Load())
 	}
 }
 
 // fillLoop issues the entry fills the prefetchers and hints queue, off the
-// workers' loops: the reads of an entry go out together, as the agent's
-// own requests (tenant 0), each straight into the entry's slot.
+// workers' loops: the reads of an entry go out as the agent's own requests
+// (tenant 0), each straight into the entry's slot, at most FillInflight
+// bytes of them on the fabric at once.
 func (a *Agent) fillLoop(ctx context.Context) {
 	chunk := uint64(a.cfg.ChunkSize)
+	tokens := make(chan struct{}, max(1, uint64(a.cfg.Cache.WithDefaults().FillInflight)/chunk))
 	for {
 		var j fillJob
 		select {
@@ -138,7 +142,7 @@ func (a *Agent) fillLoop(ctx context.Context) {
 			a.cache.fillDone(j, false)
 			continue
 		}
-		f := &fill{job: j}
+		f := &fill{job: j, tokens: tokens}
 		buf := a.cache.fillBuf(j)
 		base := j.key.idx * a.cache.esz
 		var calls []*call
@@ -150,7 +154,27 @@ func (a *Agent) fillLoop(ctx context.Context) {
 		f.pending.Store(int32(len(calls)))
 		fab := a.fabric[a.fillRR%len(a.fabric)]
 		a.fillRR++
-		_ = fab.issue(ctx, calls)
+		// Issue the reads as the pacing window lets them go: wait for
+		// room for one, then take what other room there is.
+		for len(calls) > 0 {
+			select {
+			case tokens <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			n := 1
+		room:
+			for n < len(calls) {
+				select {
+				case tokens <- struct{}{}:
+					n++
+				default:
+					break room
+				}
+			}
+			_ = fab.issue(ctx, calls[:n])
+			calls = calls[n:]
+		}
 	}
 }
 

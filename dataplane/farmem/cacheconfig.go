@@ -125,17 +125,23 @@ type CacheConfig struct {
 	// Queue bounds the entry fills waiting to be issued; prefetches
 	// beyond it are dropped (counted).
 	Queue int `json:"queue,omitempty"`
+	// FillInflight bounds the bytes of entry fills on the fabric at once
+	// (whole chunks, at least one): an entry's reads all at once are a
+	// burst of datagrams (720 for 1 MiB at MTU 1500) that overruns
+	// receive rings, and the drops come back as retransmissions.
+	FillInflight Size `json:"fill_inflight,omitempty"`
 }
 
 // Cache defaults.
 const (
-	DefaultEntrySize   = 1 << 20 // SODA's cache entry
-	DefaultStaticSize  = 64 << 20
-	DefaultHistory     = 128
-	DefaultDepth       = 2
-	DefaultCacheWindow = 1024
-	DefaultProbeEvery  = 8 // windows
-	DefaultFillQueue   = 64
+	DefaultEntrySize    = 1 << 20 // SODA's cache entry
+	DefaultStaticSize   = 64 << 20
+	DefaultHistory      = 128
+	DefaultDepth        = 2
+	DefaultCacheWindow  = 1024
+	DefaultProbeEvery   = 8 // windows
+	DefaultFillQueue    = 64
+	DefaultFillInflight = 256 << 10
 )
 
 // WithDefaults returns c with every zero knob at its default.
@@ -160,6 +166,9 @@ func (c CacheConfig) WithDefaults() CacheConfig {
 	}
 	if c.Queue == 0 {
 		c.Queue = DefaultFillQueue
+	}
+	if c.FillInflight == 0 {
+		c.FillInflight = DefaultFillInflight
 	}
 	return c
 }
