@@ -539,3 +539,52 @@ func TestSetDynamicRanges(t *testing.T) {
 		t.Fatalf("a memory node should accept and ignore a dynamic cache scope: %v", err)
 	}
 }
+
+// TestFillPacing loads hinted entries through an agent whose fill window
+// is a single chunk read: every fill completes, one read at a time, and
+// the entries then serve the server's bytes.
+func TestFillPacing(t *testing.T) {
+	srv, _ := startServer(t, t.TempDir(), listen(t, loopback))
+	const chunk, esz, entries = 64 << 10, 4 * 64 << 10, 6 // the default chunk size
+	a := startCachingAgent(t, srv, CacheConfig{Size: Size(entries * esz), EntrySize: Size(esz), BNet: 1, BIntra: 2,
+		Prefetcher: PrefetchHints, FillInflight: Size(chunk)})
+	c := newClient(t, a.Addr(), 3)
+	ctx := context.Background()
+	r, err := c.Alloc(ctx, uint64(entries*esz))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([]byte, entries*esz)
+	for i := range want {
+		want[i] = byte(i*7 + i>>12)
+	}
+	for off := 0; off < len(want); off += chunk {
+		if _, err := r.WriteAt(want[off:off+chunk], int64(off)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := r.Hint([]Range{{0, uint64(len(want))}}); err != nil || n != entries {
+		t.Fatalf("hint: %d fills started, %v; want %d", n, err, entries)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for a.Stats().Cache.Valid < entries {
+		if time.Now().After(deadline) {
+			t.Fatalf("fills did not complete through a one-chunk window: %+v", a.Stats().Cache)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	got := make([]byte, chunk)
+	for off := 0; off < len(want); off += chunk {
+		if _, err := r.ReadAt(got, int64(off)); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want[off:off+chunk]) {
+			t.Fatalf("chunk at %d: other bytes than written", off)
+		}
+	}
+	for _, rc := range a.Stats().Cache.Regions {
+		if rc.Region == r.ID() && (rc.Hits != uint64(len(want)/chunk) || rc.Misses != 0) {
+			t.Fatalf("cache %+v: want every read a hit", rc)
+		}
+	}
+}
