@@ -753,13 +753,18 @@ func (c *cache) hint(tenant, region uint32, ranges []Range, pf *Prefetcher) (int
 
 // setDynamic limits region's dynamic cache to ranges (none: all of the
 // region) and drops its entries wholly outside them. Ranges of size 0 or
-// past the region are refused.
+// past the region are refused, and so is a tenant other than the owner or
+// a region the agent has not learnt: unlike a hint, this is a setting, and
+// an answer of success must mean that it holds.
 func (c *cache) setDynamic(tenant, region uint32, ranges []Range) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	rc := c.regions[region]
-	if rc == nil || rc.size == 0 || !rc.allowed(tenant) {
-		return nil // unknown here: the memory node checks the request
+	switch {
+	case rc == nil || rc.size == 0:
+		return fmt.Errorf("%w: region %d is not known to the agent yet (open it through the agent first)", ErrUnknownRegion, region)
+	case !rc.allowed(tenant):
+		return fmt.Errorf("%w: region %d is not tenant %d's, or the agent has not learnt its owner yet (open it through the agent as that tenant)", ErrWrongTenant, region, tenant)
 	}
 	var scope []Range
 	for _, r := range ranges {

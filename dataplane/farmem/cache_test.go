@@ -204,6 +204,13 @@ func TestDynamicScope(t *testing.T) {
 			t.Errorf("scope %v: err %v, want ErrBadRequest", bad, err)
 		}
 	}
+	c.learn(2, 16*esz, 7, true)
+	if err := c.setDynamic(8, 2, nil); !errors.Is(err, ErrWrongTenant) {
+		t.Errorf("another tenant's region: %v, want ErrWrongTenant", err)
+	}
+	if err := c.setDynamic(0, 3, nil); !errors.Is(err, ErrUnknownRegion) {
+		t.Errorf("a region not learnt: %v, want ErrUnknownRegion", err)
+	}
 	if err := c.setDynamic(0, 1, nil); err != nil {
 		t.Fatal(err)
 	}
