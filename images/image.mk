@@ -60,7 +60,7 @@ image-test: image ## boot the images in QEMU (no KVM) and check lovelockd and it
 image-bpf-test: image-deps ## run the BPF packages' tests inside the image's 6.12 kernel under QEMU (no KVM): the target kernel's verifier
 	@for a in $(IMAGE_BPF_TEST_ARCHES); do \
 		$(GO) run ./images/cmd/bpftest --arch $$a --pkgs '$(IMAGE_BPF_TEST_PKGS)' \
-			--out $(IMAGE_DIR)/bpftest --go $(GO) --timeout 480s || exit 1; \
+			--out $(IMAGE_DIR)/bpftest --go $(GO) --timeout 900s || exit 1; \
 	done
 
 .PHONY: image-lock

@@ -311,7 +311,7 @@ func (r *runner) initramfs(kc *kernel.Contents, bins string, tested *[]string) (
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			return "", err
 		}
-		args := []string{"-test.v", "-test.count=1", "-test.timeout=300s"}
+		args := []string{"-test.v", "-test.count=1", "-test.timeout=480s"}
 		if r.runRe != "" {
 			args = append(args, "-test.run="+r.runRe)
 		}
