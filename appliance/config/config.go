@@ -93,12 +93,17 @@ func Load(path string, explicit bool) (Config, error) {
 	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
 		return cfg, fmt.Errorf("config %s: %w", path, rules.YAMLError(data, err))
 	}
-	// metrics: off, as lovelockd's --metrics off; YAML 1.1 reads an
-	// unquoted off into a string field as "false".
-	if cfg.Metrics == "off" || cfg.Metrics == "false" {
-		cfg.Metrics = ""
-	}
+	cfg.Normalize()
 	return cfg, cfg.Validate()
+}
+
+// Normalize spells settings one way; call it again after overriding
+// fields (lovelockd's flags). metrics: off (or "false", which is how YAML
+// 1.1 reads an unquoted off into a string field) means no endpoint.
+func (c *Config) Normalize() {
+	if c.Metrics == "off" || c.Metrics == "false" {
+		c.Metrics = ""
+	}
 }
 
 // Validate checks the configuration.

@@ -562,23 +562,11 @@ func regionCacheDelta(before, after *farmem.AgentStats, region uint32, faults ui
 		return farmem.RegionCacheStats{}
 	}
 	b, a := find(before), find(after)
-	d := &cacheDelta{RegionCacheStats: farmem.RegionCacheStats{
-		Region: region, Prefetcher: a.Prefetcher, StaticRanges: a.StaticRanges, StaticBytes: a.StaticBytes,
-		StaticHits: a.StaticHits - b.StaticHits, Hits: a.Hits - b.Hits, Misses: a.Misses - b.Misses,
-		Bypassed: a.Bypassed - b.Bypassed, PrefetchIssued: a.PrefetchIssued - b.PrefetchIssued,
-		PrefetchUsed: a.PrefetchUsed - b.PrefetchUsed, EvictedUnused: a.EvictedUnused - b.EvictedUnused,
-		Invalidated: a.Invalidated - b.Invalidated, Hinted: a.Hinted - b.Hinted,
-		DynamicRanges: a.DynamicRanges, OutsideDynamic: a.OutsideDynamic - b.OutsideDynamic,
-	}, Switches: after.Cache.Switches - before.Cache.Switches, On: after.Cache.On}
-	d.Reads = max(d.StaticHits+d.Hits+d.Misses+d.Bypassed+d.OutsideDynamic, faults)
+	d := &cacheDelta{RegionCacheStats: a.Since(b), Switches: after.Cache.Switches - before.Cache.Switches, On: after.Cache.On}
+	d.Region = region
+	d.Reads = max(d.Counted(), faults)
 	if d.Reads > 0 {
 		d.HitRate = float64(d.StaticHits+d.Hits) / float64(d.Reads)
-	}
-	if d.PrefetchIssued > 0 {
-		d.Accuracy = float64(d.PrefetchUsed) / float64(d.PrefetchIssued)
-	}
-	if d.Hits+d.Misses > 0 {
-		d.Coverage = float64(d.Hits) / float64(d.Hits+d.Misses)
 	}
 	d.PrefetchBytes = d.PrefetchIssued * after.Cache.EntrySize
 	return d, ""

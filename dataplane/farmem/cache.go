@@ -140,6 +140,39 @@ type RegionCacheStats struct {
 	Coverage float64 `json:"coverage"`
 }
 
+// Counted is the number of reads the region's counters saw: static hits,
+// dynamic hits and misses, reads bypassed by the switch and reads outside
+// the dynamic cache's ranges. With the prefetcher off, a read outside the
+// static ranges is counted nowhere.
+func (s RegionCacheStats) Counted() uint64 {
+	return s.StaticHits + s.Hits + s.Misses + s.Bypassed + s.OutsideDynamic
+}
+
+// Since returns the counters of s less those of an earlier reading b of
+// the same region (a run's share), with s's settings and its accuracy and
+// coverage computed over the difference.
+func (s RegionCacheStats) Since(b RegionCacheStats) RegionCacheStats {
+	d := s
+	d.StaticHits -= b.StaticHits
+	d.Hits -= b.Hits
+	d.Misses -= b.Misses
+	d.Bypassed -= b.Bypassed
+	d.OutsideDynamic -= b.OutsideDynamic
+	d.PrefetchIssued -= b.PrefetchIssued
+	d.PrefetchUsed -= b.PrefetchUsed
+	d.EvictedUnused -= b.EvictedUnused
+	d.Invalidated -= b.Invalidated
+	d.Hinted -= b.Hinted
+	d.Accuracy, d.Coverage = 0, 0
+	if d.PrefetchIssued > 0 {
+		d.Accuracy = float64(d.PrefetchUsed) / float64(d.PrefetchIssued)
+	}
+	if d.Hits+d.Misses > 0 {
+		d.Coverage = float64(d.Hits) / float64(d.Hits+d.Misses)
+	}
+	return d
+}
+
 // CacheStats are the agent's cache state and counters.
 type CacheStats struct {
 	// Dynamic says whether an arena is configured, On whether the
@@ -878,13 +911,7 @@ func (c *cache) stats() CacheStats {
 		for _, s := range rc.static {
 			r.StaticBytes += uint64(len(s.data))
 		}
-		if r.PrefetchIssued > 0 {
-			r.Accuracy = float64(r.PrefetchUsed) / float64(r.PrefetchIssued)
-		}
-		if r.Hits+r.Misses > 0 {
-			r.Coverage = float64(r.Hits) / float64(r.Hits+r.Misses)
-		}
-		st.Regions = append(st.Regions, r)
+		st.Regions = append(st.Regions, r.Since(RegionCacheStats{}))
 	}
 	slices.SortFunc(st.Regions, func(a, b RegionCacheStats) int { return int(a.Region) - int(b.Region) })
 	return st

@@ -102,7 +102,7 @@ type row struct {
 // reads that meet no cache are counted nowhere but are one per fault.
 func (r row) hitRate() (float64, bool) {
 	c := r.cache
-	reads := max(c.StaticHits+c.Hits+c.Misses+c.Bypassed+c.OutsideDynamic, r.mapping.Faults)
+	reads := max(c.Counted(), r.mapping.Faults)
 	if r.path.caching == (graph.Caching{}) || reads == 0 {
 		return 0, false
 	}
@@ -375,13 +375,8 @@ func measure(ctx context.Context, cl *memcluster.Cluster, region uint32, pa path
 	r.dpuFabric = after.dpuFabric - before.dpuFabric
 	r.dpuHost = after.dpuHost - before.dpuHost
 	b, a := regionStats(before.agent, region), regionStats(after.agent, region)
-	r.cache = farmem.RegionCacheStats{
-		Region: region, Prefetcher: a.Prefetcher, StaticBytes: a.StaticBytes,
-		StaticHits: a.StaticHits - b.StaticHits, Hits: a.Hits - b.Hits, Misses: a.Misses - b.Misses,
-		Bypassed: a.Bypassed - b.Bypassed, PrefetchIssued: a.PrefetchIssued - b.PrefetchIssued,
-		PrefetchUsed: a.PrefetchUsed - b.PrefetchUsed, Hinted: a.Hinted - b.Hinted,
-		DynamicRanges: a.DynamicRanges, OutsideDynamic: a.OutsideDynamic - b.OutsideDynamic,
-	}
+	r.cache = a.Since(b)
+	r.cache.Region = region
 	r.switches = after.agent.Cache.Switches - before.agent.Cache.Switches
 	r.entry = after.agent.Cache.EntrySize
 	r.check = "ok"

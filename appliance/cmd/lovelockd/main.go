@@ -77,9 +77,7 @@ func run(c *ucli.Context) error {
 			*dst = c.String(flag)
 		}
 	}
-	if cfg.Metrics == "off" {
-		cfg.Metrics = ""
-	}
+	cfg.Normalize()
 	cfg.Interfaces = append(cfg.Interfaces, interfaceFlags(c)...)
 	if c.IsSet("msg-cluster") || c.IsSet("msg-node") || c.IsSet("msg-transport") || c.IsSet("msg-iface") || c.IsSet("msg-multi-buffer") {
 		m := config.Messaging{}
