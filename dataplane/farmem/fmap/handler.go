@@ -22,6 +22,7 @@ const (
 	resident                   // installed; on the LRU list
 	flushing                   // resident, being written back by Sync; not evictable
 	evicting                   // being written back and dropped; faults on it wait
+	poisoned                   // its fetch failed for Options.FetchTimeout; a touch raises SIGBUS
 )
 
 // handler serves one mapping inside the host agent. Three goroutines share
@@ -53,6 +54,7 @@ type handler struct {
 	occupied int // chunks not absent
 	stats    Stats
 	err      error // first write-back error since the last Sync reported it
+	poison   error // why the first chunk was poisoned; every Sync reports it
 
 	kick chan struct{}
 }
@@ -66,6 +68,8 @@ type Stats struct {
 	Writebacks uint64 `json:"writebacks"` // dirty chunks written to the backend
 	Background uint64 `json:"background"` // evictions by the cleaner, off the fault path
 	Inline     uint64 `json:"inline"`     // evictions a fault had to wait for
+	Retries    uint64 `json:"retries"`    // failed attempts to serve a fault (a fetch from the backend, mostly), each retried
+	Poisoned   uint64 `json:"poisoned"`   // chunks given up on after Options.FetchTimeout of failed fetches
 	Resident   int    `json:"resident"`   // chunks in the buffer now
 	Capacity   int    `json:"capacity"`   // the buffer's size in chunks
 }
@@ -107,15 +111,30 @@ func (h *handler) faultLoop(ctx context.Context, f *os.File) error {
 			if m.Event != eventPagefault {
 				continue // no other events were asked for
 			}
+			var failing time.Time // since when this fault's service fails
+			warned := false       // a failed poisoning was reported
 			for backoff := time.Millisecond; ; backoff = min(2*backoff, time.Second) {
 				err := h.fault(m, buf)
 				if err == nil {
 					break
 				}
 				// The program's thread stays blocked until this fault is
-				// served; keep trying (a backend may come back) until the
-				// agent stops.
-				h.setErr(err)
+				// served; keep trying (a backend may come back) for
+				// FetchTimeout, then poison the chunk so that the access
+				// fails instead of waiting for ever. A fault served in the
+				// end lost nothing: it is counted, not reported by Sync.
+				h.countRetry()
+				if failing.IsZero() {
+					failing = time.Now()
+				}
+				if h.r.fetchTimeout >= 0 && time.Since(failing) >= h.r.fetchTimeout {
+					if done, perr := h.poisonChunk(m.Address, time.Since(failing), err); done {
+						break
+					} else if perr != nil && !warned {
+						h.setErr(perr) // no poisoning here: Sync says why the fault still waits
+						warned = true
+					}
+				}
 				select {
 				case <-ctx.Done():
 					return nil
@@ -124,6 +143,40 @@ func (h *handler) faultLoop(ctx context.Context, f *os.File) error {
 			}
 		}
 	}
+}
+
+// poisonChunk poisons the chunk at addr, absent after its failed fetch,
+// so that the faulting access and every later one raise SIGBUS. It reports
+// whether the fault is over: poisoned, or outside the mapping. Without
+// UFFD_FEATURE_POISON (the program's kernel is older than 6.6) it fails,
+// and the fault goes on waiting.
+func (h *handler) poisonChunk(addr uint64, after time.Duration, cause error) (bool, error) {
+	if addr < h.base || addr >= h.base+uint64(h.r.mapLen) {
+		return true, nil
+	}
+	ci := int((addr - h.base) / uint64(h.r.chunk))
+	off, n := h.span(ci)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.state[ci] != absent {
+		return false, nil // served or being served meanwhile: retry the fault
+	}
+	if err := uffdPoison(h.uffd, h.base+off, n, h.r.pageSize); err != nil {
+		return false, fmt.Errorf("poison chunk %d after %v of failed fetches: %w", ci, after.Round(time.Millisecond), err)
+	}
+	h.state[ci] = poisoned
+	h.stats.Poisoned++
+	if h.poison == nil {
+		h.poison = fmt.Errorf("chunk %d (bytes %d-%d) poisoned, its accesses raise SIGBUS: its fetch failed for %v: %w",
+			ci, off, off+n-1, after.Round(time.Millisecond), cause)
+	}
+	return true, nil
+}
+
+func (h *handler) countRetry() {
+	h.mu.Lock()
+	h.stats.Retries++
+	h.mu.Unlock()
 }
 
 func (h *handler) setErr(err error) {
@@ -161,6 +214,12 @@ func (h *handler) fault(m uffdMsg, buf []byte) error {
 			}
 			h.stats.Spurious++
 			return wake(h.uffd, h.base+off, n)
+		case poisoned:
+			// The kernel raises SIGBUS on poisoned pages without asking us;
+			// a fault here is on a page that was present when the chunk was
+			// poisoned and has gone since: poison it too.
+			h.stats.Spurious++
+			return uffdPoison(h.uffd, h.base+off, n, h.r.pageSize)
 		case absent:
 			if m.Flags&pagefaultFlagWP != 0 {
 				// A write that hit the protection set before an eviction
@@ -414,6 +473,10 @@ func (h *handler) flush() error {
 		errs = append([]error{h.err}, errs...)
 		h.err = nil
 	}
+	if h.poison != nil {
+		// For as long as the mapping lives: those bytes are lost to it.
+		errs = append([]error{fmt.Errorf("poisoned chunks: %d; the first: %w", h.stats.Poisoned, h.poison)}, errs...)
+	}
 	h.mu.Unlock()
 	if err := h.be.Sync(); err != nil {
 		errs = append(errs, fmt.Errorf("sync backend: %w", err))
@@ -425,7 +488,7 @@ func (h *handler) flush() error {
 		return errs[0]
 	}
 	// One line, not one per chunk: a failing backend fails them all.
-	return fmt.Errorf("%w (and %d more errors; the chunks stay dirty for the next Sync)", errs[0], len(errs)-1)
+	return fmt.Errorf("%w (and %d more errors; chunks whose write-back failed stay dirty for the next Sync)", errs[0], len(errs)-1)
 }
 
 // snapshot returns the handler's counters.

@@ -30,11 +30,15 @@ const helperEnv = "FMAP_HELPER"
 type countingBackend struct {
 	*MemBackend
 	reads, writes atomic.Int64
-	failWrites    atomic.Bool // inject write errors
+	failWrites    atomic.Bool  // inject write errors
+	failReadAt    atomic.Int64 // 1 + an offset whose reads fail; 0 for none
 }
 
 func (c *countingBackend) ReadAt(p []byte, off int64) (int, error) {
 	c.reads.Add(1)
+	if bad := c.failReadAt.Load() - 1; bad >= off && bad < off+int64(len(p)) {
+		return 0, fmt.Errorf("injected read error at %d", bad)
+	}
 	return c.MemBackend.ReadAt(p, off)
 }
 
@@ -145,6 +149,8 @@ func helperProcess(role string) error {
 		err = helperSyncErr()
 	case "touch":
 		err = helperTouch()
+	case "fetchfail":
+		err = helperFetchFail()
 	default:
 		err = fmt.Errorf("unknown role %q", role)
 	}

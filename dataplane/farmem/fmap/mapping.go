@@ -114,7 +114,9 @@ func attach(conn *net.UnixConn, region RegionRef, opts Options) (*Mapping, error
 	if m.uffd, _, err = openUffd(); err != nil {
 		return nil, err
 	}
-	if err := uffdEnable(m.uffd, featureWPHugetlbfsShmem); err != nil {
+	// Poisoning (6.6+) lets the agent end a fault it cannot serve with
+	// SIGBUS (Options.FetchTimeout); without it such a fault waits.
+	if err := uffdEnable(m.uffd, featureWPHugetlbfsShmem|features&featurePoison); err != nil {
 		return nil, err
 	}
 	addr := uintptr(unsafe.Pointer(&m.mem[0]))

@@ -3,6 +3,7 @@ package fmap
 import (
 	"fmt"
 	"os"
+	"time"
 )
 
 // Defaults, from SODA's evaluation: 64 KiB chunks ("page size") and a host
@@ -14,6 +15,12 @@ const (
 	// slot instead of waiting for a write-back. SODA gives no number; 0.8
 	// leaves a fifth of the buffer as headroom.
 	DefaultLoadFactor = 0.8
+	// DefaultFetchTimeout is how long a fault's fetch may keep failing
+	// before the agent poisons the chunk: long enough for a memory node or
+	// a DPU agent to restart (the far-memory client itself gives up on a
+	// silent node after about 5 s and the fault is retried), short enough
+	// that a program whose memory is gone learns it within a minute.
+	DefaultFetchTimeout = time.Minute
 	// minBufferChunks keeps two chunks resident at least: one access may
 	// straddle a chunk boundary, and with one slot two such accesses evict
 	// each other forever.
@@ -32,23 +39,38 @@ type Options struct {
 	// LoadFactor in (0, 1]: above it the agent evicts the least recently
 	// used chunks in the background. Default DefaultLoadFactor.
 	LoadFactor float64 `json:"load_factor,omitempty"`
+	// FetchTimeout bounds how long the agent keeps retrying a fault whose
+	// chunk cannot be read from the backend. Then it poisons the chunk
+	// (UFFDIO_POISON, Linux 6.6+): the faulting access, and every later
+	// access to that chunk, raises SIGBUS, which a goroutine that called
+	// runtime/debug.SetPanicOnFault(true) gets as a panic it can recover
+	// (and otherwise ends the program with "unexpected fault address"), and
+	// Sync and Close report the error. Default DefaultFetchTimeout; a
+	// negative value retries until the agent stops, the faulting thread
+	// blocked all along. Without UFFD_FEATURE_POISON in the kernel the
+	// agent retries as if it were negative.
+	FetchTimeout time.Duration `json:"fetch_timeout,omitempty"`
 }
 
 // resolved is Options made concrete for a region.
 type resolved struct {
-	chunk     int
-	capacity  int // chunks
-	lowWater  int // chunks
-	nchunks   int
-	size      int64 // backend bytes
-	mapLen    int   // mapped bytes: size rounded up to a page
-	pageSize  int
-	loadRatio float64
+	chunk        int
+	capacity     int // chunks
+	lowWater     int // chunks
+	nchunks      int
+	size         int64 // backend bytes
+	mapLen       int   // mapped bytes: size rounded up to a page
+	pageSize     int
+	loadRatio    float64
+	fetchTimeout time.Duration // < 0: retry for ever
 }
 
 func (o Options) resolve(size int64) (resolved, error) {
 	page := os.Getpagesize()
-	r := resolved{chunk: o.ChunkSize, size: size, pageSize: page, loadRatio: o.LoadFactor}
+	r := resolved{chunk: o.ChunkSize, size: size, pageSize: page, loadRatio: o.LoadFactor, fetchTimeout: o.FetchTimeout}
+	if r.fetchTimeout == 0 {
+		r.fetchTimeout = DefaultFetchTimeout
+	}
 	if r.chunk == 0 {
 		r.chunk = DefaultChunkSize
 	}

@@ -27,11 +27,13 @@ const (
 	nrWake         = 0x02
 	nrCopy         = 0x03
 	nrWriteProtect = 0x06
+	nrPoison       = 0x08
 	nrAPI          = 0x3F
 
 	featureMissingShmem     = 1 << 5  // UFFD_FEATURE_MISSING_SHMEM
 	featureWPHugetlbfsShmem = 1 << 12 // UFFD_FEATURE_WP_HUGETLBFS_SHMEM (5.19+)
 	featureWPUnpopulated    = 1 << 13 // UFFD_FEATURE_WP_UNPOPULATED (6.4+)
+	featurePoison           = 1 << 14 // UFFD_FEATURE_POISON (6.6+)
 	featureWPAsync          = 1 << 15 // UFFD_FEATURE_WP_ASYNC (6.7+)
 
 	registerModeMissing = 1 << 0 // UFFDIO_REGISTER_MODE_MISSING
@@ -68,6 +70,12 @@ type uffdioWriteProtect struct {
 	Mode  uint64
 }
 
+type uffdioPoison struct {
+	Range   uffdioRange
+	Mode    uint64
+	Updated int64
+}
+
 const (
 	iocWrite = 1
 	iocRead  = 2
@@ -77,6 +85,7 @@ const (
 	ioctlWake         = iocRead<<30 | uint(unsafe.Sizeof(uffdioRange{}))<<16 | uffdAPI<<8 | nrWake
 	ioctlCopy         = (iocRead|iocWrite)<<30 | uint(unsafe.Sizeof(uffdioCopy{}))<<16 | uffdAPI<<8 | nrCopy
 	ioctlWriteProtect = (iocRead|iocWrite)<<30 | uint(unsafe.Sizeof(uffdioWriteProtect{}))<<16 | uffdAPI<<8 | nrWriteProtect
+	ioctlPoison       = (iocRead|iocWrite)<<30 | uint(unsafe.Sizeof(uffdioPoison{}))<<16 | uffdAPI<<8 | nrPoison
 
 	// USERFAULTFD_IOC_NEW, _IO(0xAA, 0x00) on /dev/userfaultfd (6.1+).
 	ioctlDevNew = uffdAPI << 8 // nr 0x00
@@ -225,4 +234,28 @@ func uffdWriteProtect(fd int, addr, n uint64, wp bool) error {
 func uffdWake(fd int, addr, n uint64) error {
 	r := uffdioRange{Start: addr, Len: n}
 	return ioctl(fd, ioctlWake, unsafe.Pointer(&r))
+}
+
+// uffdPoison marks the missing pages of [addr, addr+n) poisoned and wakes
+// the threads waiting there: an access to them raises SIGBUS from now on
+// (until the pages are zapped), as a memory error would. Pages already
+// present are left as they are. It needs UFFD_FEATURE_POISON on fd.
+func uffdPoison(fd int, addr, n uint64, pageSize int) error {
+	for done := uint64(0); done < n; {
+		p := uffdioPoison{Range: uffdioRange{Start: addr + done, Len: n - done}}
+		err := ioctl(fd, ioctlPoison, unsafe.Pointer(&p))
+		if p.Updated > 0 {
+			done += uint64(p.Updated)
+		}
+		switch {
+		case err == nil:
+		case errors.Is(err, unix.EAGAIN):
+		case errors.Is(err, unix.EEXIST):
+			// A present page: step over it.
+			done += uint64(pageSize) - done%uint64(pageSize)
+		default:
+			return err
+		}
+	}
+	return nil
 }
