@@ -404,7 +404,9 @@ func graphRun(c *ucli.Context) error {
 		rep.Hints = &hs
 	}
 	st, serr := m.Stats(ctx)
-	m.Close()
+	if cerr := m.Close(); err != nil && cerr != nil {
+		return fmt.Errorf("%w; %v", err, cerr) // a lost chunk: Close says which and why
+	}
 	if err != nil {
 		return err
 	}

@@ -95,6 +95,20 @@ func Run(ctx context.Context, e *Engine, app App, p Params) (Result, error) {
 	p = p.Defaults()
 	e.Reset()
 	r := Result{App: app}
+	// The apps read the graph in this goroutine too (degrees, sources),
+	// not only in the engine's workers.
+	err := e.guarded(func() error { return runApp(ctx, e, app, p, &r) })
+	r.DenseSteps, r.SparseSteps = e.DenseSteps, e.SparseSteps
+	r.Steps = r.DenseSteps + r.SparseSteps
+	r.EdgesRead = e.EdgesRead.Load()
+	if err == nil {
+		err = e.Err()
+	}
+	return r, err
+}
+
+// runApp runs app on e into r.
+func runApp(ctx context.Context, e *Engine, app App, p Params, r *Result) error {
 	var err error
 	switch app {
 	case BFS:
@@ -103,7 +117,7 @@ func Run(ctx context.Context, e *Engine, app App, p Params) (Result, error) {
 			src = int64(maxDegreeVertex(e))
 		}
 		if src >= int64(e.g.n) {
-			return r, fmt.Errorf("graph: BFS source %d: the graph has %d vertices", src, e.g.n)
+			return fmt.Errorf("graph: BFS source %d: the graph has %d vertices", src, e.g.n)
 		}
 		r.Ints, err = RunBFS(ctx, e, uint32(src))
 	case PageRank:
@@ -115,15 +129,9 @@ func Run(ctx context.Context, e *Engine, app App, p Params) (Result, error) {
 	case BC:
 		r.Floats, err = RunBC(ctx, e, SampleVertices(e.g, p.BCSources, p.Seed))
 	default:
-		return r, fmt.Errorf("graph: unknown app %q", app)
+		return fmt.Errorf("graph: unknown app %q", app)
 	}
-	r.DenseSteps, r.SparseSteps = e.DenseSteps, e.SparseSteps
-	r.Steps = r.DenseSteps + r.SparseSteps
-	r.EdgesRead = e.EdgesRead.Load()
-	if err == nil {
-		err = e.Err()
-	}
-	return r, err
+	return err
 }
 
 // maxDegreeVertex is the vertex with the most out-edges (lowest ID on a

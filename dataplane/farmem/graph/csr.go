@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"unsafe"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/farmem/fmap"
 )
@@ -37,6 +38,10 @@ const MaxVertices = 1<<32 - 1
 // ErrFormat is wrapped by every error about a malformed CSR file.
 var ErrFormat = errors.New("graph: malformed CSR")
 
+// ErrFarMemory is wrapped by a run's error when the graph's bytes could not
+// be read: far memory whose chunk the host agent poisoned (Engine.Err).
+var ErrFarMemory = errors.New("graph: far memory lost")
+
 // adj is one direction's adjacency: offsets and neighbours, read from bytes
 // (a file image in memory, or a far-memory mapping) on every access.
 type adj struct {
@@ -61,6 +66,15 @@ type Graph struct {
 	outAt, inAt uint64
 	// Byte ranges of the offset arrays.
 	offsets []fmap.Extent
+	// image is the bytes the graph was opened over, to tell a fault on
+	// them (a far-memory chunk lost) from any other.
+	image []byte
+}
+
+// holds reports whether addr is in the bytes the graph was opened over.
+func (g *Graph) holds(addr uintptr) bool {
+	base := uintptr(unsafe.Pointer(unsafe.SliceData(g.image)))
+	return addr >= base && addr-base < uintptr(len(g.image))
 }
 
 // Offsets returns the byte ranges of the image that hold the graph's
@@ -157,7 +171,7 @@ func Open(b []byte) (*Graph, error) {
 	if want := FileSize(h.N, h.M, sym); uint64(len(b)) < want {
 		return nil, fmt.Errorf("%w: %d bytes, want %d for %d vertices and %d edges", ErrFormat, len(b), want, h.N, h.M)
 	}
-	g := &Graph{n: h.N, m: h.M, flags: h.Flags}
+	g := &Graph{n: h.N, m: h.M, flags: h.Flags, image: b}
 	section := func(at uint64) adj {
 		offEnd := at + 8*(h.N+1)
 		return adj{off: b[at:offEnd:offEnd], edges: b[offEnd : offEnd+4*h.M : offEnd+4*h.M]}

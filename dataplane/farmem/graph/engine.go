@@ -1,10 +1,13 @@
 package graph
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/farmem/fmap"
 )
@@ -71,6 +74,7 @@ type Engine struct {
 	stamp []atomic.Uint32
 	round uint32
 	bad   atomic.Pointer[string] // first inconsistency found in the graph's bytes
+	lost  atomic.Pointer[error]  // the first fault on the graph's bytes: far memory that could not be read
 	hints Hinter
 	ahead uint64
 	grain uint64
@@ -110,8 +114,14 @@ func (e *Engine) Reset() {
 
 // Err reports the first out-of-range offset or neighbour an operator met
 // (wrapping ErrFormat), or nil. Such edges are skipped, so a run over a
-// corrupt graph ends, with this error.
+// corrupt graph ends, with this error. A read of the graph's bytes that
+// faulted (far memory whose chunk the host agent poisoned after its fetch
+// kept failing: fmap.Options.FetchTimeout) ends the run early with an
+// error wrapping ErrFarMemory.
 func (e *Engine) Err() error {
+	if p := e.lost.Load(); p != nil {
+		return *p
+	}
 	if p := e.bad.Load(); p != nil {
 		return fmt.Errorf("%w: %s", ErrFormat, *p)
 	}
@@ -134,6 +144,49 @@ func (e *Engine) span(a adj, v uint32) (uint64, uint64) {
 	return lo, hi
 }
 
+// guard runs body under guarded; after a fault, every body is skipped, so
+// the app's loop ends soon.
+func (e *Engine) guard(body func(w, lo, hi int)) func(w, lo, hi int) {
+	return func(w, lo, hi int) {
+		if e.lost.Load() != nil {
+			return
+		}
+		e.guarded(func() error { body(w, lo, hi); return nil })
+	}
+}
+
+// guarded runs f, turning a fault on the graph's bytes into the engine's
+// error (see caught; Err reports it, f's result is then nil).
+func (e *Engine) guarded(f func() error) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			if !e.caught(r) {
+				panic(r)
+			}
+			err = nil
+		}
+	}()
+	return f()
+}
+
+// caught records r, a recovered panic, as the engine's error if it is a
+// fault on the graph's bytes: SIGBUS from a far-memory chunk the host agent
+// poisoned after its fetch kept failing (fmap.Options.FetchTimeout). A
+// fault anywhere else is not the graph's, and caught leaves it alone.
+func (e *Engine) caught(r any) bool {
+	var fault interface{ Addr() uintptr }
+	err, ok := r.(error)
+	if !ok || !errors.As(err, &fault) || !e.g.holds(fault.Addr()) {
+		return false
+	}
+	at := fault.Addr() - uintptr(unsafe.Pointer(unsafe.SliceData(e.g.image)))
+	lost := fmt.Errorf("%w: byte %d of the graph could not be read (the host agent gave up on its chunk; "+
+		"the mapping's Close says why)", ErrFarMemory, at)
+	e.lost.CompareAndSwap(nil, &lost)
+	return true
+}
+
 // parallel runs body over [0, n) in blocks on e.workers goroutines; body
 // gets the worker's index, so it may keep per-worker state.
 func (e *Engine) parallel(n int, body func(w, lo, hi int)) {
@@ -146,6 +199,7 @@ func (e *Engine) parallelHinted(n int, hint func(lo, hi int) []fmap.Extent, body
 	if n == 0 {
 		return
 	}
+	body = e.guard(body)
 	workers := min(e.workers, (n+255)/256)
 	if e.hints == nil {
 		hint = nil

@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -271,6 +272,40 @@ func TestFarMemory(t *testing.T) {
 				t.Errorf("stats %+v over %d chunks: want evictions and refetches with a third of the footprint", st, chunks)
 			}
 		})
+	}
+}
+
+// TestFarMemoryLost truncates a mapped graph's region file on the host
+// agent's side, so that every chunk not resident fails to fetch: with a
+// short fmap.Options.FetchTimeout the agent poisons such a chunk, and each
+// app's run ends with an error wrapping ErrFarMemory (not a crash, not a
+// hang), while the mapping's Close names the poisoned chunks.
+func TestFarMemoryLost(t *testing.T) {
+	a := startAgent(t, "agent")
+	n, edges, _ := RMAT(12, 8, 5)
+	_, img := build(t, n, edges, true)
+	id := a.add(t, img)
+	ctx, cancel := context.WithTimeout(t.Context(), 120*time.Second)
+	defer cancel()
+	far, m, err := MapRegion(ctx, a.sock, id, fmap.Options{ChunkSize: 4 << 10, BufferBytes: int64(len(img)) / 8,
+		FetchTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(filepath.Join(a.dir, strconv.FormatUint(id, 10)), 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, app := range []App{BFS, PageRank} {
+		_, err := Run(ctx, NewEngine(far, Options{Workers: 4}), app, Params{Source: -1})
+		t.Logf("%s: %v", app, err)
+		if !errors.Is(err, ErrFarMemory) {
+			t.Errorf("%s over a lost region: %v, want an error wrapping ErrFarMemory", app, err)
+		}
+	}
+	err = m.Close()
+	t.Logf("Close: %v", err)
+	if err == nil || !strings.Contains(err.Error(), "poisoned") {
+		t.Errorf("Close after poisoned chunks: %v, want them named", err)
 	}
 }
 
