@@ -249,6 +249,7 @@ func uffdPoison(fd int, addr, n uint64, pageSize int) error {
 		}
 		switch {
 		case err == nil:
+			return nil // the rest of the range
 		case errors.Is(err, unix.EAGAIN):
 		case errors.Is(err, unix.EEXIST):
 			// A present page: step over it.
