@@ -56,6 +56,7 @@ var (
 	appsFlag   = flag.String("apps", "bfs,pagerank,cc,radii,bc", "apps to run")
 	chunk      = flag.String("chunk", "64KiB", "mapping chunk size")
 	workers    = flag.Int("workers", 2, "engine goroutines")
+	readAhead  = flag.Int("read-ahead", 0, "the mappings' read-ahead in chunks (fmap.Options.ReadAhead; 0: off, the default)")
 	iterations = flag.Int("iterations", 10, "PageRank iterations")
 	bcSources  = flag.Int("bc-sources", 2, "BC sources")
 	samples    = flag.Int("samples", 64, "Radii samples")
@@ -229,7 +230,7 @@ func run(ctx context.Context) error {
 	}
 	p := graph.Params{Source: -1, Iterations: *iterations, BCSources: *bcSources, Samples: *samples, Seed: *seed}
 	o := graph.Options{Workers: *workers, HintAhead: uint64(arena) / 4, HintGrain: uint64(entry)}
-	mo := fmap.Options{ChunkSize: int(chunkSize), BufferBytes: buffer}
+	mo := fmap.Options{ChunkSize: int(chunkSize), BufferBytes: buffer, ReadAhead: *readAhead}
 
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "app\trow\ttime\tvs (a)\tin memory\tmem0 link MB\tvs (a)\ton-demand MB\tprefetch MB\thost↔DPU MB\thit rate\tdynamic hit rate\taccuracy\tfaults\tswitch turns\tcheck\t")

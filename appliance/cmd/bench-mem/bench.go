@@ -207,19 +207,32 @@ func selfCPU() time.Duration {
 }
 
 // faultIn touches one byte per page of a fresh read-only mapping of the
-// region (buffer: a third of it, SODA's default), against one requester
-// reading it chunk by chunk through the agent. Host CPU counts this process
-// and host0's lovelockd, whose host agent serves the faults.
-func (b *bench) faultIn(ctx context.Context) (mapping, explicit point, err error) {
+// region (buffer: a third of it, SODA's default), without and with
+// read-ahead, against one requester reading it chunk by chunk through the
+// agent. Host CPU counts this process and host0's lovelockd, whose host
+// agent serves the faults.
+func (b *bench) faultIn(ctx context.Context) (mapping, ahead, explicit point, err error) {
+	if mapping, err = b.mapScan(ctx, fmap.Options{}); err != nil {
+		return
+	}
+	if ahead, err = b.mapScan(ctx, fmap.Options{ReadAhead: fmap.SuggestedReadAhead}); err != nil {
+		return
+	}
+	explicit, err = b.explicitScan(ctx)
+	return
+}
+
+// mapScan maps the region with opts and touches one byte per page, in order.
+func (b *bench) mapScan(ctx context.Context, opts fmap.Options) (point, error) {
 	pid0, err := b.cluster.Host.CPU()
 	if err != nil {
-		return point{}, point{}, err
+		return point{}, err
 	}
 	cpu0 := selfCPU()
 	start := time.Now()
-	m, err := fmap.Map(ctx, b.cluster.HostSocket, fmap.RegionRef{ID: uint64(b.region.ID), ReadOnly: true}, fmap.Options{})
+	m, err := fmap.Map(ctx, b.cluster.HostSocket, fmap.RegionRef{ID: uint64(b.region.ID), ReadOnly: true}, opts)
 	if err != nil {
-		return point{}, point{}, err
+		return point{}, err
 	}
 	mem := m.Bytes()
 	page := os.Getpagesize()
@@ -233,33 +246,36 @@ func (b *bench) faultIn(ctx context.Context) (mapping, explicit point, err error
 	pid1, _ := b.cluster.Host.CPU()
 	cpu := selfCPU() - cpu0 + pid1 - pid0
 	if err := m.Close(); err != nil {
-		return point{}, point{}, err
+		return point{}, err
 	}
 	if bad > 0 {
-		return point{}, point{}, fmt.Errorf("%d pages of the mapping do not hold what was written", bad)
+		return point{}, fmt.Errorf("%d pages of the mapping do not hold what was written", bad)
 	}
-	mapping = summarize(nil, int64(len(mem)), elapsed, cpu, 0)
+	return summarize(nil, int64(len(mem)), elapsed, cpu, 0), nil
+}
 
+// explicitScan reads the region chunk after chunk through the agent with
+// one requester.
+func (b *bench) explicitScan(ctx context.Context) (point, error) {
 	cl, err := b.client(agentAddr)
 	if err != nil {
-		return point{}, point{}, err
+		return point{}, err
 	}
 	defer cl.Close()
 	r, err := cl.Open(ctx, b.region.ID, false)
 	if err != nil {
-		return point{}, point{}, err
+		return point{}, err
 	}
 	defer r.Close()
 	buf := make([]byte, chunk)
-	cpu0 = selfCPU()
-	start = time.Now()
+	cpu0 := selfCPU()
+	start := time.Now()
 	for off := int64(0); off < int64(b.region.Size); off += chunk {
 		if _, err := r.ReadAt(buf, off); err != nil {
-			return point{}, point{}, err
+			return point{}, err
 		}
 	}
-	explicit = summarize(nil, int64(b.region.Size), time.Since(start), selfCPU()-cpu0, 0)
-	return mapping, explicit, nil
+	return summarize(nil, int64(b.region.Size), time.Since(start), selfCPU()-cpu0, 0), nil
 }
 
 func (b *bench) report(ctx context.Context, counts []int) error {
@@ -303,12 +319,14 @@ func (b *bench) report(ctx context.Context, counts []int) error {
 			return err
 		}
 	}
-	m, e, err := b.faultIn(ctx)
+	m, ra, e, err := b.faultIn(ctx)
 	if err != nil {
 		return fmt.Errorf("fault-in: %w", err)
 	}
 	fmt.Printf("\nfault-in, one byte per page of a fresh mapping (buffer a third of the region, host0's host agent): %.0f MB/s, host CPU %.2f s/GiB (this process and host0's lovelockd)\n",
 		m.mbps, m.cpuPerGB)
+	fmt.Printf("the same with read-ahead of %d chunks (fmap.SuggestedReadAhead):                         %.0f MB/s, host CPU %.2f s/GiB; with/without %.2f\n",
+		fmap.SuggestedReadAhead, ra.mbps, ra.cpuPerGB, ra.mbps/m.mbps)
 	fmt.Printf("explicit reads, one requester, chunk after chunk through the agent:                        %.0f MB/s, host CPU %.2f s/GiB; mapping/explicit %.2f\n",
 		e.mbps, e.cpuPerGB, m.mbps/e.mbps)
 	for _, v := range at16 {

@@ -7,8 +7,9 @@
 //   - 64 KiB chunk reads and writes with 1, 4 and 16 requesters, from host0
 //     to mem0 directly (SODA's MemServer baseline) and through dpu0's agent:
 //     throughput, p50/p99 latency, host CPU seconds per GiB moved;
-//   - fault-in through the transparent mapping (host0's host agent) against
-//     explicit sequential reads through the agent.
+//   - fault-in through the transparent mapping (host0's host agent), without
+//     and with read-ahead, against explicit sequential reads through the
+//     agent.
 //
 // With -demo it instead uses a running testbed's lovelockds (make demo):
 // it maps a region from host0 through dpu0, writes and verifies a pattern

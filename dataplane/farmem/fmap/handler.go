@@ -57,11 +57,20 @@ type handler struct {
 	poison   error // why the first chunk was poisoned; every Sync reports it
 
 	kick chan struct{}
+
+	// Read-ahead: the chunks of the last faults and the last chunks of the
+	// last read-ahead windows (plus one; 0 is none), and the chunks queued
+	// to be read ahead.
+	recent      [8]int
+	recentAt    int
+	queued      []bool
+	queuedAhead int
 }
 
 // Stats counts what the host agent did for one mapping.
 type Stats struct {
 	Faults     uint64 `json:"faults"`     // missing-page faults that fetched a chunk
+	ReadAhead  uint64 `json:"read_ahead"` // chunks fetched ahead of a sequential run of faults
 	WPFaults   uint64 `json:"wp_faults"`  // write-protect faults that marked a chunk dirty
 	Spurious   uint64 `json:"spurious"`   // faults on a chunk already served or already gone
 	Evictions  uint64 `json:"evictions"`  // chunks dropped
@@ -77,10 +86,11 @@ type Stats struct {
 func newHandler(region RegionRef, be Backend, r resolved, uffd, memfd int, base uint64) *handler {
 	h := &handler{
 		region: region, be: be, r: r, uffd: uffd, memfd: memfd, base: base,
-		state: make([]chunkState, r.nchunks),
-		dirty: make([]bool, r.nchunks),
-		lru:   newLRU(r.nchunks),
-		kick:  make(chan struct{}, 1),
+		state:  make([]chunkState, r.nchunks),
+		dirty:  make([]bool, r.nchunks),
+		lru:    newLRU(r.nchunks),
+		queued: make([]bool, r.nchunks),
+		kick:   make(chan struct{}, 1),
 	}
 	h.cond = sync.NewCond(&h.mu)
 	return h
@@ -92,12 +102,32 @@ func (h *handler) span(ci int) (uint64, uint64) {
 	return off, min(uint64(h.r.chunk), uint64(h.r.mapLen)-off)
 }
 
-// faultLoop reads fault messages until ctx ends.
+// fetchers is the number of goroutines that serve faults and read ahead
+// at once: a fault waits for a fetch (a round trip to the memory node),
+// and several faulting threads, or one thread's read-ahead, keep several
+// fetches in flight instead of one.
+const fetchers = 8
+
+// work is a fault to serve, or a chunk to read ahead (ahead >= 0).
+type work struct {
+	m     uffdMsg
+	ahead int
+}
+
+// faultLoop reads fault messages until ctx ends and hands them to the
+// fetchers; after a fault that continues a sequential run it queues the
+// next Options.ReadAhead chunks too.
 func (h *handler) faultLoop(ctx context.Context, f *os.File) error {
 	stop := context.AfterFunc(ctx, func() { f.SetReadDeadline(time.Unix(1, 0)) })
 	defer stop()
+	queue := make(chan work, 64)
+	var wg sync.WaitGroup
+	for range fetchers {
+		wg.Go(func() { h.fetcher(ctx, queue) })
+	}
+	defer wg.Wait()
+	defer close(queue)
 	msgs := make([]byte, 64*uffdMsgSize)
-	buf := make([]byte, h.r.chunk)
 	for {
 		n, err := f.Read(msgs)
 		if err != nil {
@@ -111,37 +141,151 @@ func (h *handler) faultLoop(ctx context.Context, f *os.File) error {
 			if m.Event != eventPagefault {
 				continue // no other events were asked for
 			}
-			var failing time.Time // since when this fault's service fails
-			warned := false       // a failed poisoning was reported
-			for backoff := time.Millisecond; ; backoff = min(2*backoff, time.Second) {
-				err := h.fault(m, buf)
-				if err == nil {
-					break
-				}
-				// The program's thread stays blocked until this fault is
-				// served; keep trying (a backend may come back) for
-				// FetchTimeout, then poison the chunk so that the access
-				// fails instead of waiting for ever. A fault served in the
-				// end lost nothing: it is counted, not reported by Sync.
-				h.countRetry()
-				if failing.IsZero() {
-					failing = time.Now()
-				}
-				if h.r.fetchTimeout >= 0 && time.Since(failing) >= h.r.fetchTimeout {
-					if done, perr := h.poisonChunk(m.Address, time.Since(failing), err); done {
-						break
-					} else if perr != nil && !warned {
-						h.setErr(perr) // no poisoning here: Sync says why the fault still waits
-						warned = true
-					}
-				}
+			select {
+			case queue <- work{m: m, ahead: -1}:
+			case <-ctx.Done():
+				return nil
+			}
+			for _, ci := range h.readAhead(m) {
 				select {
-				case <-ctx.Done():
-					return nil
-				case <-time.After(backoff):
+				case queue <- work{ahead: ci}:
+				default: // the fetchers are busy with faults: skip it
+					h.unqueue(ci)
 				}
 			}
 		}
+	}
+}
+
+// fetcher serves the queue's faults and read-aheads until it is closed or
+// ctx ends.
+func (h *handler) fetcher(ctx context.Context, queue <-chan work) {
+	buf := make([]byte, h.r.chunk)
+	for w := range queue {
+		if w.ahead >= 0 {
+			h.fetchAhead(w.ahead, buf)
+			continue
+		}
+		if !h.serve(ctx, w.m, buf) {
+			return
+		}
+	}
+}
+
+// serve serves one fault, retrying a failing one; it returns false when ctx
+// ended first.
+func (h *handler) serve(ctx context.Context, m uffdMsg, buf []byte) bool {
+	var failing time.Time // since when this fault's service fails
+	warned := false       // a failed poisoning was reported
+	for backoff := time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+		err := h.fault(m, buf)
+		if err == nil {
+			return true
+		}
+		// The program's thread stays blocked until this fault is served;
+		// keep trying (a backend may come back) for FetchTimeout, then
+		// poison the chunk so that the access fails instead of waiting for
+		// ever. A fault served in the end lost nothing: it is counted, not
+		// reported by Sync.
+		h.countRetry()
+		if failing.IsZero() {
+			failing = time.Now()
+		}
+		if h.r.fetchTimeout >= 0 && time.Since(failing) >= h.r.fetchTimeout {
+			if done, perr := h.poisonChunk(m.Address, time.Since(failing), err); done {
+				return true
+			} else if perr != nil && !warned {
+				h.setErr(perr) // no poisoning here: Sync says why the fault still waits
+				warned = true
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(backoff):
+		}
+	}
+}
+
+// readAhead notes a missing-page fault's chunk among the recent ones and,
+// when the chunk before it is there too, faulted on or the end of a
+// read-ahead window (a sequential run: one thread's scan, or one of several
+// threads' interleaved scans; a random access continues one by chance with
+// a probability of about 8 / the mapping's chunks), returns
+// the next Options.ReadAhead chunks that are absent and not queued yet,
+// marking them queued. It reads ahead only into free slots, one slot always
+// left for a fault. A chunk read ahead is installed clean, so a write scan
+// gains too: its writes then take a write-protect fault, not a fetch.
+func (h *handler) readAhead(m uffdMsg) []int {
+	if m.Address < h.base || m.Address >= h.base+uint64(h.r.mapLen) || m.Flags&pagefaultFlagWP != 0 {
+		return nil
+	}
+	ci := int((m.Address - h.base) / uint64(h.r.chunk))
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	seq := ci > 0 && h.recentLocked(ci-1)
+	h.noteLocked(ci)
+	if !seq || h.r.readAhead <= 0 {
+		return nil
+	}
+	var out []int
+	free := h.r.capacity - 1 - h.occupied - h.queuedAhead
+	for c := ci + 1; c < h.r.nchunks && c <= ci+h.r.readAhead && len(out) < free; c++ {
+		if h.state[c] == absent && !h.queued[c] {
+			h.queued[c] = true
+			h.queuedAhead++
+			out = append(out, c)
+		}
+	}
+	if len(out) > 0 {
+		// The run's next fault comes after the window: it continues the
+		// run if it is on the chunk after the window's last.
+		h.noteLocked(out[len(out)-1])
+	}
+	return out
+}
+
+// recentLocked reports whether chunk ci is among the last fetches noted.
+func (h *handler) recentLocked(ci int) bool {
+	for _, c := range h.recent {
+		if c == ci+1 { // stored plus one, so that the zero value is no chunk
+			return true
+		}
+	}
+	return false
+}
+
+func (h *handler) noteLocked(ci int) {
+	h.recent[h.recentAt] = ci + 1
+	h.recentAt = (h.recentAt + 1) % len(h.recent)
+}
+
+// unqueue forgets that chunk ci was queued for read-ahead.
+func (h *handler) unqueue(ci int) {
+	h.mu.Lock()
+	h.unqueueLocked(ci)
+	h.mu.Unlock()
+}
+
+func (h *handler) unqueueLocked(ci int) {
+	if h.queued[ci] {
+		h.queued[ci] = false
+		h.queuedAhead--
+	}
+}
+
+// fetchAhead reads chunk ci ahead of the program, clean (write-protected),
+// if it is still absent and a slot is free: read-ahead never evicts, and a
+// failed one is dropped (a fault on the chunk fetches it again).
+func (h *handler) fetchAhead(ci int, buf []byte) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.unqueueLocked(ci)
+	if h.state[ci] != absent || h.occupied >= h.r.capacity-1 {
+		return
+	}
+	if h.fetchLocked(ci, false, buf) == nil {
+		h.stats.ReadAhead++
 	}
 }
 
@@ -235,7 +379,7 @@ func (h *handler) fault(m uffdMsg, buf []byte) error {
 						// program blocked (or try every other victim against
 						// a failing backend); the error surfaces at Sync.
 						h.setErrLocked(err)
-						return h.fetchLocked(ci, m.Flags&pagefaultFlagWrite != 0, buf)
+						return h.fetchFaultLocked(ci, m, buf)
 					}
 					continue
 				}
@@ -244,7 +388,7 @@ func (h *handler) fault(m uffdMsg, buf []byte) error {
 					continue
 				}
 			}
-			return h.fetchLocked(ci, m.Flags&pagefaultFlagWrite != 0, buf)
+			return h.fetchFaultLocked(ci, m, buf)
 		}
 	}
 }
@@ -259,6 +403,15 @@ func wake(uffd int, addr, n uint64) error {
 	if err := uffdWake(uffd, addr, n); err != nil {
 		return fmt.Errorf("wake %#x+%d: %w", addr, n, err)
 	}
+	return nil
+}
+
+// fetchFaultLocked fetches chunk ci for fault m and counts it.
+func (h *handler) fetchFaultLocked(ci int, m uffdMsg, buf []byte) error {
+	if err := h.fetchLocked(ci, m.Flags&pagefaultFlagWrite != 0, buf); err != nil {
+		return err
+	}
+	h.stats.Faults++
 	return nil
 }
 
@@ -280,7 +433,6 @@ func (h *handler) fetchLocked(ci int, write bool, buf []byte) error {
 	h.state[ci] = resident
 	h.dirty[ci] = write
 	h.lru.pushFront(ci)
-	h.stats.Faults++
 	if h.occupied > h.r.lowWater {
 		select {
 		case h.kick <- struct{}{}:

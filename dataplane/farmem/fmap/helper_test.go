@@ -151,6 +151,8 @@ func helperProcess(role string) error {
 		err = helperTouch()
 	case "fetchfail":
 		err = helperFetchFail()
+	case "readahead":
+		err = helperReadAhead()
 	default:
 		err = fmt.Errorf("unknown role %q", role)
 	}

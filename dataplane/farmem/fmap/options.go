@@ -21,6 +21,11 @@ const (
 	// silent node after about 5 s and the fault is retried), short enough
 	// that a program whose memory is gone learns it within a minute.
 	DefaultFetchTimeout = time.Minute
+	// SuggestedReadAhead is a read-ahead (Options.ReadAhead) for sequential
+	// work: sixteen 64 KiB chunks keep the fetchers busy over a round trip
+	// of about a millisecond (bench-mem's fault-in: 2.4–3× the bytes per
+	// second without it).
+	SuggestedReadAhead = 16
 	// minBufferChunks keeps two chunks resident at least: one access may
 	// straddle a chunk boundary, and with one slot two such accesses evict
 	// each other forever.
@@ -50,6 +55,14 @@ type Options struct {
 	// blocked all along. Without UFFD_FEATURE_POISON in the kernel the
 	// agent retries as if it were negative.
 	FetchTimeout time.Duration `json:"fetch_timeout,omitempty"`
+	// ReadAhead is how many chunks the agent fetches ahead when a fault
+	// continues a sequential run (the chunk before it was faulted on, or
+	// ended the last read-ahead), into free slots of the buffer only;
+	// SuggestedReadAhead for sequential work. Default 0, off: behind a
+	// DPU agent's dynamic cache it sends many reads of one cache entry at
+	// once, and the cache forwards those that find the entry still filling
+	// (docs/farmem-mapping.md has the numbers).
+	ReadAhead int `json:"read_ahead,omitempty"`
 }
 
 // resolved is Options made concrete for a region.
@@ -63,6 +76,7 @@ type resolved struct {
 	pageSize     int
 	loadRatio    float64
 	fetchTimeout time.Duration // < 0: retry for ever
+	readAhead    int           // chunks; 0: off
 }
 
 func (o Options) resolve(size int64) (resolved, error) {
@@ -71,6 +85,10 @@ func (o Options) resolve(size int64) (resolved, error) {
 	if r.fetchTimeout == 0 {
 		r.fetchTimeout = DefaultFetchTimeout
 	}
+	if o.ReadAhead < 0 {
+		return r, fmt.Errorf("fmap: read-ahead of %d chunks: want 0 (off) or more", o.ReadAhead)
+	}
+	r.readAhead = o.ReadAhead
 	if r.chunk == 0 {
 		r.chunk = DefaultChunkSize
 	}

@@ -96,6 +96,7 @@ func TestOptionsResolve(t *testing.T) {
 		{name: "chunk not a power of two", o: Options{ChunkSize: 3 * page}, size: 1 << 20, wantErr: true},
 		{name: "chunk below a page", o: Options{ChunkSize: page / 2}, size: 1 << 20, wantErr: true},
 		{name: "load factor above 1", o: Options{LoadFactor: 1.5}, size: 1 << 20, wantErr: true},
+		{name: "negative read-ahead", o: Options{ReadAhead: -1}, size: 1 << 20, wantErr: true},
 		{name: "empty region", size: 0, wantErr: true},
 	}
 	for _, tc := range cases {
