@@ -162,25 +162,26 @@ func (h *handler) faultLoop(ctx context.Context, f *os.File) error {
 func (h *handler) fetcher(ctx context.Context, queue <-chan work) {
 	buf := make([]byte, h.r.chunk)
 	for w := range queue {
+		if ctx.Err() != nil {
+			continue // the mapping is ending: drain the queue, serve nothing
+		}
 		if w.ahead >= 0 {
 			h.fetchAhead(w.ahead, buf)
 			continue
 		}
-		if !h.serve(ctx, w.m, buf) {
-			return
-		}
+		h.serve(ctx, w.m, buf)
 	}
 }
 
-// serve serves one fault, retrying a failing one; it returns false when ctx
-// ended first.
-func (h *handler) serve(ctx context.Context, m uffdMsg, buf []byte) bool {
+// serve serves one fault, retrying a failing one until it is served,
+// poisoned, or ctx ends.
+func (h *handler) serve(ctx context.Context, m uffdMsg, buf []byte) {
 	var failing time.Time // since when this fault's service fails
 	warned := false       // a failed poisoning was reported
 	for backoff := time.Millisecond; ; backoff = min(2*backoff, time.Second) {
 		err := h.fault(m, buf)
 		if err == nil {
-			return true
+			return
 		}
 		// The program's thread stays blocked until this fault is served;
 		// keep trying (a backend may come back) for FetchTimeout, then
@@ -193,7 +194,7 @@ func (h *handler) serve(ctx context.Context, m uffdMsg, buf []byte) bool {
 		}
 		if h.r.fetchTimeout >= 0 && time.Since(failing) >= h.r.fetchTimeout {
 			if done, perr := h.poisonChunk(m.Address, time.Since(failing), err); done {
-				return true
+				return
 			} else if perr != nil && !warned {
 				h.setErr(perr) // no poisoning here: Sync says why the fault still waits
 				warned = true
@@ -201,7 +202,7 @@ func (h *handler) serve(ctx context.Context, m uffdMsg, buf []byte) bool {
 		}
 		select {
 		case <-ctx.Done():
-			return false
+			return
 		case <-time.After(backoff):
 		}
 	}
