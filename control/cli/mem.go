@@ -229,9 +229,9 @@ func printMemCache(w io.Writer, c *farmem.CacheStats) {
 		if r.DynamicRanges > 0 {
 			scope = fmt.Sprintf("%d ranges, %d reads outside them", r.DynamicRanges, r.OutsideDynamic)
 		}
-		fmt.Fprintf(w, "  region %d (%s): static %d ranges %s, %d hits; dynamic (%s) hits %d, misses %d, bypassed %d; "+
+		fmt.Fprintf(w, "  region %d (%s): static %d ranges %s, %d hits; dynamic (%s) hits %d (%d waited for a fill), misses %d, bypassed %d; "+
 			"prefetch issued %d, used %d, evicted unused %d, invalidated %d; accuracy %.2f, coverage %.2f\n",
-			r.Region, r.Prefetcher, r.StaticRanges, farmem.Size(r.StaticBytes), r.StaticHits, scope, r.Hits, r.Misses, r.Bypassed,
+			r.Region, r.Prefetcher, r.StaticRanges, farmem.Size(r.StaticBytes), r.StaticHits, scope, r.Hits, r.Waited, r.Misses, r.Bypassed,
 			r.PrefetchIssued, r.PrefetchUsed, r.EvictedUnused, r.Invalidated, r.Accuracy, r.Coverage)
 	}
 }

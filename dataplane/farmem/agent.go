@@ -226,6 +226,7 @@ func NewAgent(cfg AgentConfig, opts AgentOptions) (*Agent, error) {
 		}
 	}
 	a := &Agent{cfg: cfg, log: log, regions: make(map[uint32]int), cache: newCache(cfg.Cache, cfg.ChunkSize)}
+	a.cache.onFill = a.retryWaiters
 	for i, s := range cfg.Servers {
 		for _, r := range s.Regions {
 			a.regions[r] = i
@@ -467,21 +468,7 @@ func (w *hostWorker) run(ctx context.Context) error {
 					calls = a.listAll(hr, q, calls)
 					continue
 				}
-				k := &call{rec: q.rec, tenant: q.tenant, user: hr}
-				k.rec.Data, k.data = nil, q.rec.Data
-				if q.rec.Op == OpRead {
-					k.buf = a.readBuf(int(q.rec.Size))
-				}
-				if q.rec.Op == OpWrite {
-					a.writeBytes.Add(uint64(len(k.data)))
-				}
-				srv, ok := a.route(&q.rec)
-				if !ok {
-					misses = append(misses, k)
-					continue
-				}
-				hr.server, k.dst = srv, a.cfg.Servers[srv].Addr
-				calls = append(calls, k)
+				calls, misses = w.forwardLocked(&q, calls, misses)
 			}
 		}
 		w.flushLocked()
@@ -494,6 +481,28 @@ func (w *hostWorker) run(ctx context.Context) error {
 			_ = w.fab.issue(ctx, calls)
 		}
 	}
+}
+
+// forwardLocked makes the call that sends host request q on to its memory
+// node, and adds it to calls, or to misses when the agent does not know the
+// node of q's region yet (resolve asks the nodes). Call with w.mu held.
+func (w *hostWorker) forwardLocked(q *request, calls, misses []*call) ([]*call, []*call) {
+	a := w.a
+	hr := &hostReq{w: w, src: q.src, tenant: q.tenant, id: q.rec.ID}
+	k := &call{rec: q.rec, tenant: q.tenant, user: hr}
+	k.rec.Data, k.data = nil, q.rec.Data
+	if q.rec.Op == OpRead {
+		k.buf = a.readBuf(int(q.rec.Size))
+	}
+	if q.rec.Op == OpWrite {
+		a.writeBytes.Add(uint64(len(k.data)))
+	}
+	srv, ok := a.route(&q.rec)
+	if !ok {
+		return calls, append(misses, k)
+	}
+	hr.server, k.dst = srv, a.cfg.Servers[srv].Addr
+	return append(calls, k), misses
 }
 
 // replyLocked packs a reply to a host request and records it with the

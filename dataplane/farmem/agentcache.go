@@ -20,15 +20,7 @@ func (w *hostWorker) local(ctx context.Context, q *request) bool {
 	rec := &q.rec
 	switch rec.Op {
 	case OpRead:
-		data, ref, ok := a.cache.read(q.tenant, rec)
-		if !ok {
-			return false
-		}
-		hr := hostReq{w: w, src: q.src, tenant: q.tenant, id: rec.ID}
-		w.replyLocked(&hr, Record{Op: OpRead, Region: rec.Region, Offset: rec.Offset, Size: rec.Size}, data)
-		a.cache.release(ref)
-		a.readBytes.Add(uint64(len(data)))
-		return true
+		return w.readLocked(ctx, q, false)
 	case OpWrite:
 		if a.cache.beginWrite(rec.Region, rec.Offset, uint64(rec.Size)) {
 			return false
@@ -90,6 +82,68 @@ func (w *hostWorker) local(ctx context.Context, q *request) bool {
 		return true
 	}
 	return false
+}
+
+// readLocked answers a read from the caches, or parks it on its entry
+// while the entry fills (true: handled); false sends it on to the memory
+// node. retry is set when a parked read is served again: it waits no more.
+// Call with w.mu held.
+func (w *hostWorker) readLocked(ctx context.Context, q *request, retry bool) bool {
+	a, rec := w.a, &q.rec
+	var wait *fillWaiter
+	if !retry {
+		wait = &fillWaiter{ctx: ctx, w: w, q: *q}
+	}
+	data, ref, hit, waiting := a.cache.lookup(q.tenant, rec, wait, retry)
+	if waiting {
+		return true
+	}
+	if !hit {
+		return false
+	}
+	hr := hostReq{w: w, src: q.src, tenant: q.tenant, id: rec.ID}
+	w.replyLocked(&hr, Record{Op: OpRead, Region: rec.Region, Offset: rec.Offset, Size: rec.Size}, data)
+	a.cache.release(ref)
+	a.readBytes.Add(uint64(len(data)))
+	return true
+}
+
+// retryWaiters serves the reads that waited for a fill, each worker's on a
+// goroutine of its own: the caller is a fill's completion path, which must
+// not wait for a worker's lock or the fabric's window.
+func (a *Agent) retryWaiters(ws []fillWaiter) {
+	byWorker := map[*hostWorker][]fillWaiter{}
+	for _, fw := range ws {
+		byWorker[fw.w] = append(byWorker[fw.w], fw)
+	}
+	for w, ws := range byWorker {
+		go w.retryReads(ws)
+	}
+}
+
+// retryReads serves parked reads again: from their entry now, or from the
+// memory node when the fill failed.
+func (w *hostWorker) retryReads(ws []fillWaiter) {
+	var calls, misses []*call
+	w.mu.Lock()
+	for i := range ws {
+		if w.readLocked(ws[i].ctx, &ws[i].q, true) {
+			continue
+		}
+		calls, misses = w.forwardLocked(&ws[i].q, calls, misses)
+	}
+	w.flushLocked()
+	w.mu.Unlock()
+	if len(ws) == 0 {
+		return
+	}
+	ctx := ws[0].ctx
+	if len(misses) > 0 {
+		go w.resolve(ctx, misses, time.Now())
+	}
+	if len(calls) > 0 {
+		_ = w.fab.issue(ctx, calls)
+	}
 }
 
 // staticMeta is the data of an open reply through the agent: the region's

@@ -2,6 +2,7 @@ package farmem
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -45,6 +46,10 @@ type cache struct {
 	staticUsed uint64
 	dropped    uint64 // prefetches dropped: fill queue full, or no slot free
 	fills      chan fillJob
+	// onFill serves again the reads that waited for a fill (fillWaiter);
+	// the agent sets it. Called without mu, on the fill's completion path:
+	// it must not block.
+	onFill func([]fillWaiter)
 }
 
 type entryKey struct {
@@ -69,6 +74,17 @@ type slot struct {
 	gen        uint64 // the region's write generation when the fill started
 	n          int    // valid bytes (an entry at the region's end is short)
 	started    time.Time
+	waiters    []fillWaiter // reads of the entry that arrived while it filled
+}
+
+// fillWaiter is a host read that found its entry still filling: it waits
+// for the fill instead of going to the memory node a second time, and is
+// served again (retry) when the fill ends, from the entry or, if the fill
+// failed, from the memory node.
+type fillWaiter struct {
+	ctx context.Context
+	w   *hostWorker
+	q   request
 }
 
 type access struct {
@@ -134,6 +150,10 @@ type RegionCacheStats struct {
 	// which go on to the memory node uncounted by Hits and Misses.
 	DynamicRanges  int    `json:"dynamic_ranges"`
 	OutsideDynamic uint64 `json:"outside_dynamic"`
+	// Waited counts reads that found their entry still filling and waited
+	// for it; each is also counted as a hit, or as a miss if the fill
+	// failed, when it is served.
+	Waited uint64 `json:"waited"`
 	// Accuracy is PrefetchUsed / PrefetchIssued, Coverage Hits / (Hits +
 	// Misses).
 	Accuracy float64 `json:"accuracy"`
@@ -158,6 +178,7 @@ func (s RegionCacheStats) Since(b RegionCacheStats) RegionCacheStats {
 	d.Misses -= b.Misses
 	d.Bypassed -= b.Bypassed
 	d.OutsideDynamic -= b.OutsideDynamic
+	d.Waited -= b.Waited
 	d.PrefetchIssued -= b.PrefetchIssued
 	d.PrefetchUsed -= b.PrefetchUsed
 	d.EvictedUnused -= b.EvictedUnused
@@ -355,23 +376,32 @@ func (rc *regionCache) staticOverlaps(off, n uint64) bool {
 // (-1: static bytes, nothing to release). Every read of a region with
 // caching on goes through the history and may start prefetches.
 func (c *cache) read(tenant uint32, rec *Record) (data []byte, ref int32, hit bool) {
+	data, ref, hit, _ = c.lookup(tenant, rec, nil, false)
+	return data, ref, hit
+}
+
+// lookup is read, and more: with wait, a read of an entry still filling is
+// parked on the entry (waiting true) and wait's worker serves it again when
+// the fill ends; such a second call has retry set, and is counted as a hit
+// or a miss but not again as an access (history, prefetch, window).
+func (c *cache) lookup(tenant uint32, rec *Record, wait *fillWaiter, retry bool) (data []byte, ref int32, hit, waiting bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	rc := c.regions[rec.Region]
 	off, n := rec.Offset, uint64(rec.Size)
 	if rc == nil || rc.size == 0 || !rc.allowed(tenant) || off > rc.size || n > rc.size-off || n == 0 {
-		return nil, 0, false // the memory node decides
+		return nil, 0, false, false // the memory node decides
 	}
 	if b := rc.staticFind(off, n); b != nil {
 		rc.ctr.StaticHits++
-		return b, -1, true
+		return b, -1, true, false
 	}
 	if c.slots == nil || rc.pf == PrefetchOff {
-		return nil, 0, false
+		return nil, 0, false, false
 	}
 	if !rc.inDynamic(off, n) {
 		rc.ctr.OutsideDynamic++
-		return nil, 0, false
+		return nil, 0, false, false
 	}
 	if !c.on {
 		rc.ctr.Bypassed++
@@ -381,13 +411,17 @@ func (c *cache) read(tenant uint32, rec *Record) (data []byte, ref int32, hit bo
 			c.winReads, c.winHits = 0, 0
 			c.event(true, c.lastRate, "probe: trying the dynamic cache again for a window")
 		}
-		return nil, 0, false
+		return nil, 0, false, false
 	}
 	idx := off / c.esz
 	ref = -1
 	if (off+n-1)/c.esz == idx {
 		if i, ok := c.index[entryKey{rec.Region, idx}]; ok {
 			s := &c.slots[i]
+			if s.state == slotFilling && !s.dead && wait != nil && off-idx*c.esz+n <= uint64(s.n) {
+				s.waiters = append(s.waiters, *wait)
+				waiting = true
+			}
 			if s.state == slotValid && !s.dead && off-idx*c.esz+n <= uint64(s.n) {
 				s.refs++
 				if !s.used {
@@ -401,11 +435,22 @@ func (c *cache) read(tenant uint32, rec *Record) (data []byte, ref int32, hit bo
 			}
 		}
 	}
-	if hit {
-		rc.ctr.Hits++
+	switch {
+	case waiting:
+		// Counted as a hit or a miss when served; for the switch's window
+		// a hit now (a fill rarely fails), since the retry is no access.
+		rc.ctr.Waited++
 		c.winHits++
-	} else {
+	case hit:
+		rc.ctr.Hits++
+		if !retry {
+			c.winHits++
+		}
+	default:
 		rc.ctr.Misses++
+	}
+	if retry {
+		return data, ref, hit, false
 	}
 	c.winReads++
 	c.hist[c.histN%len(c.hist)] = access{rec.Region, off}
@@ -414,7 +459,7 @@ func (c *cache) read(tenant uint32, rec *Record) (data []byte, ref int32, hit bo
 	if c.winReads >= c.cfg.Window {
 		c.evaluateLocked()
 	}
-	return data, ref, hit
+	return data, ref, hit, waiting
 }
 
 // release drops a reference read returned.
@@ -672,7 +717,17 @@ func (c *cache) fillBuf(j fillJob) []byte {
 // failed or a write to its region arrived meanwhile.
 func (c *cache) fillDone(j fillJob, ok bool) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	s := &c.slots[j.slot]
+	waiters := s.waiters
+	s.waiters = nil
+	c.fillDoneLocked(j, ok)
+	c.mu.Unlock()
+	if len(waiters) > 0 && c.onFill != nil {
+		c.onFill(waiters)
+	}
+}
+
+func (c *cache) fillDoneLocked(j fillJob, ok bool) {
 	s := &c.slots[j.slot]
 	rc := c.regions[j.key.region]
 	if s.dead || !ok || rc == nil || rc.gen != s.gen {

@@ -595,3 +595,136 @@ func TestFillPacing(t *testing.T) {
 		}
 	}
 }
+
+// TestReadWaitsForFill reads an entry while its fill is in flight: the
+// read is parked, not counted as a miss (nor, when served, again as an
+// access), and served again when the fill ends: a hit with the filled
+// bytes, or a miss when the fill failed. A read that cannot wait (the
+// entry spans a boundary, or it is a retry) is a miss as before.
+func TestReadWaitsForFill(t *testing.T) {
+	const esz = 4096
+	for _, tc := range []struct {
+		name   string
+		fillOK bool
+	}{{"fill succeeds", true}, {"fill fails", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCache(CacheConfig{Size: 4 * esz, EntrySize: esz, BNet: 1, BIntra: 2, Prefetcher: PrefetchHints, Window: 1 << 20}, esz)
+			var woken []fillWaiter
+			c.onFill = func(ws []fillWaiter) { woken = append(woken, ws...) }
+			c.learn(1, 16*esz, 0, true)
+			if n, _ := c.hint(0, 1, []Range{{0, esz}}, nil); n != 1 {
+				t.Fatalf("hint started %d fills, want 1", n)
+			}
+			rec := Record{Op: OpRead, Region: 1, Offset: 100, Size: 200}
+			wait := &fillWaiter{q: request{rec: rec}}
+			if _, _, hit, waiting := c.lookup(0, &rec, wait, false); hit || !waiting {
+				t.Fatalf("read of a filling entry: hit %v, waiting %v; want it parked", hit, waiting)
+			}
+			// A read across the entry's end cannot be served by it: a miss.
+			across := Record{Op: OpRead, Region: 1, Offset: esz - 10, Size: 20}
+			if _, _, hit, waiting := c.lookup(0, &across, wait, false); hit || waiting {
+				t.Fatalf("read across entries: hit %v, waiting %v; want a miss", hit, waiting)
+			}
+			histN := c.histN
+			j := <-c.fills
+			b := c.fillBuf(j)
+			for i := range b {
+				b[i] = byte(i * 3)
+			}
+			c.fillDone(j, tc.fillOK)
+			if len(woken) != 1 || woken[0].q.rec.Offset != rec.Offset || woken[0].q.rec.Size != rec.Size {
+				t.Fatalf("fill ended with %d reads served again, want the parked one", len(woken))
+			}
+			data, ref, hit, waiting := c.lookup(0, &woken[0].q.rec, nil, true)
+			if waiting || hit != tc.fillOK {
+				t.Fatalf("served again: hit %v, waiting %v; want hit %v", hit, waiting, tc.fillOK)
+			}
+			if hit {
+				for i, v := range data {
+					if v != byte((100+i)*3) {
+						t.Fatalf("byte %d of the read: %d, want %d", i, v, byte((100+i)*3))
+					}
+				}
+				c.release(ref)
+			}
+			if c.histN != histN {
+				t.Errorf("the retry was recorded as an access again (history %d → %d)", histN, c.histN)
+			}
+			r := c.stats().Regions[0]
+			wantHits, wantMisses := uint64(1), uint64(1) // the parked read; the read across entries
+			if !tc.fillOK {
+				wantHits, wantMisses = 0, 2
+			}
+			if r.Waited != 1 || r.Hits != wantHits || r.Misses != wantMisses {
+				t.Errorf("region stats %+v: want 1 waited, %d hits, %d misses", r, wantHits, wantMisses)
+			}
+		})
+	}
+}
+
+// TestReadsWaitForFills starts the fills of a region's entries through a
+// one-chunk pacing window and at once reads every chunk from several
+// goroutines: the reads that find their entry filling wait for it instead
+// of reading from the memory node again, so the node serves each byte once
+// (plus the writes), and every read returns the written bytes.
+func TestReadsWaitForFills(t *testing.T) {
+	srv, _ := startServer(t, t.TempDir(), listen(t, loopback))
+	const chunk, esz, entries = 64 << 10, 4 * 64 << 10, 6
+	a := startCachingAgent(t, srv, CacheConfig{Size: Size(entries * esz), EntrySize: Size(esz), BNet: 1, BIntra: 2,
+		Prefetcher: PrefetchHints, FillInflight: Size(chunk)})
+	c := newClient(t, a.Addr(), 3)
+	ctx := context.Background()
+	r, err := c.Alloc(ctx, uint64(entries*esz))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([]byte, entries*esz)
+	for i := range want {
+		want[i] = byte(i*5 + i>>13)
+	}
+	for off := 0; off < len(want); off += chunk {
+		if _, err := r.WriteAt(want[off:off+chunk], int64(off)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := srv.Stats().ReadBytes
+	if n, err := r.Hint([]Range{{0, uint64(len(want))}}); err != nil || n != entries {
+		t.Fatalf("hint: %d fills started, %v; want %d", n, err, entries)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, len(want)/chunk)
+	for off := 0; off < len(want); off += chunk {
+		wg.Go(func() {
+			got := make([]byte, chunk)
+			if _, err := r.ReadAt(got, int64(off)); err != nil {
+				errs <- err
+				return
+			}
+			if !bytes.Equal(got, want[off:off+chunk]) {
+				errs <- fmt.Errorf("chunk at %d: other bytes than written", off)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	var rc RegionCacheStats
+	for _, x := range a.Stats().Cache.Regions {
+		if x.Region == r.ID() {
+			rc = x
+		}
+	}
+	read := srv.Stats().ReadBytes - before
+	t.Logf("cache %+v; the memory node read %d bytes for a region of %d", rc, read, len(want))
+	if rc.Waited == 0 {
+		t.Errorf("no read waited for a fill: %+v", rc)
+	}
+	if rc.Hits != uint64(len(want)/chunk) || rc.Misses != 0 {
+		t.Errorf("cache %+v: want every read a hit", rc)
+	}
+	if read != uint64(len(want)) {
+		t.Errorf("the memory node read %d bytes, want the region's %d once", read, len(want))
+	}
+}

@@ -38,6 +38,7 @@ var (
 	cacheEntries = prometheus.NewDesc("lovelock_mem_agent_cache_entries", "Dynamic-cache entries by state.", []string{"state"}, nil)
 	cacheStatic  = prometheus.NewDesc("lovelock_mem_agent_cache_static_bytes", "Bytes held by the static cache.", nil, nil)
 	cacheReads   = prometheus.NewDesc("lovelock_mem_agent_cache_reads_total", "Reads looked up in the caches, per region and outcome (static_hit, hit, miss, bypassed, outside_dynamic: outside the ranges the dynamic cache holds).", []string{"region", "outcome"}, nil)
+	cacheWaited  = prometheus.NewDesc("lovelock_mem_agent_cache_waited_total", "Reads that found their dynamic-cache entry filling and waited for the fill (each also counted as a hit, or a miss if the fill failed), per region.", []string{"region"}, nil)
 	cachePrefet  = prometheus.NewDesc("lovelock_mem_agent_cache_prefetches_total", "Entry fills per region: issued, used, evicted_unused, invalidated.", []string{"region", "prefetcher", "kind"}, nil)
 	agentLatency = prometheus.NewDesc("lovelock_mem_agent_latency_seconds", "Round trip from forwarding to the memory node's reply, by quantile.", []string{"quantile"}, nil)
 )
@@ -77,7 +78,7 @@ func (s *ServerService) Collect(ch chan<- prometheus.Metric) {
 // Describe implements prometheus.Collector.
 func (s *AgentService) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{agentReqs, agentFwd, agentBatches, agentData, agentRetx, agentTimeout, agentErrors, agentLatency,
-		cacheOn, cacheRate, cacheThresh, cacheSwitch, cacheEntries, cacheStatic, cacheReads, cachePrefet} {
+		cacheOn, cacheRate, cacheThresh, cacheSwitch, cacheEntries, cacheStatic, cacheReads, cacheWaited, cachePrefet} {
 		ch <- d
 	}
 }
@@ -127,6 +128,7 @@ func (s *AgentService) Collect(ch chan<- prometheus.Metric) {
 		counter(cacheReads, r.Misses, id, "miss")
 		counter(cacheReads, r.Bypassed, id, "bypassed")
 		counter(cacheReads, r.OutsideDynamic, id, "outside_dynamic")
+		counter(cacheWaited, r.Waited, id)
 		counter(cachePrefet, r.PrefetchIssued, id, r.Prefetcher, "issued")
 		counter(cachePrefet, r.PrefetchUsed, id, r.Prefetcher, "used")
 		counter(cachePrefet, r.EvictedUnused, id, r.Prefetcher, "evicted_unused")
