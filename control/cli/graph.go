@@ -249,7 +249,7 @@ func graphRunCommand() *ucli.Command {
 			&ucli.BoolFlag{Name: "keep", Usage: "keep the region created for the run"},
 			&ucli.StringFlag{Name: "buffer", Usage: "host buffer: bytes or a unit (default a third of the file)"},
 			&ucli.StringFlag{Name: "chunk", Usage: "mapping chunk size (default 64KiB)"},
-			&ucli.IntFlag{Name: "read-ahead", Usage: "chunks the host agent fetches ahead of a sequential run of faults (0: off; 16 suits scans, but behind a DPU dynamic cache it sends many reads of one entry at once)"},
+			&ucli.IntFlag{Name: "read-ahead", Usage: "chunks the host agent fetches ahead of a sequential run of faults (0: off, the default; 16 suits scans)"},
 			&ucli.IntFlag{Name: "workers", Usage: "engine goroutines (default GOMAXPROCS)"},
 			&ucli.Int64Flag{Name: "source", Value: -1, Usage: "BFS source (default the vertex with the most edges)"},
 			&ucli.IntFlag{Name: "iterations", Usage: "PageRank iterations (default 20)"},
