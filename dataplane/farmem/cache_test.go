@@ -547,21 +547,15 @@ func TestSetDynamicRanges(t *testing.T) {
 	}
 }
 
-// TestFillPacing loads hinted entries through an agent whose fill window
-// is a single chunk read: every fill completes, one read at a time, and
-// the entries then serve the server's bytes.
-func TestFillPacing(t *testing.T) {
-	srv, _ := startServer(t, t.TempDir(), listen(t, loopback))
-	const chunk, esz, entries = 64 << 10, 4 * 64 << 10, 6 // the default chunk size
-	a := startCachingAgent(t, srv, CacheConfig{Size: Size(entries * esz), EntrySize: Size(esz), BNet: 1, BIntra: 2,
-		Prefetcher: PrefetchHints, FillInflight: Size(chunk)})
-	c := newClient(t, a.Addr(), 3)
-	ctx := context.Background()
-	r, err := c.Alloc(ctx, uint64(entries*esz))
+// writtenRegion allocates a region of size bytes through c and writes a
+// pattern into it, chunk bytes a write; it returns the region and the bytes.
+func writtenRegion(t *testing.T, c *Client, size, chunk int) (*Region, []byte) {
+	t.Helper()
+	r, err := c.Alloc(context.Background(), uint64(size))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := make([]byte, entries*esz)
+	want := make([]byte, size)
 	for i := range want {
 		want[i] = byte(i*7 + i>>12)
 	}
@@ -570,6 +564,18 @@ func TestFillPacing(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	return r, want
+}
+
+// TestFillPacing loads hinted entries through an agent whose fill window
+// is a single chunk read: every fill completes, one read at a time, and
+// the entries then serve the server's bytes.
+func TestFillPacing(t *testing.T) {
+	srv, _ := startServer(t, t.TempDir(), listen(t, loopback))
+	const chunk, esz, entries = 64 << 10, 4 * 64 << 10, 6 // the default chunk size
+	a := startCachingAgent(t, srv, CacheConfig{Size: Size(entries * esz), EntrySize: Size(esz), BNet: 1, BIntra: 2,
+		Prefetcher: PrefetchHints, FillInflight: Size(chunk)})
+	r, want := writtenRegion(t, newClient(t, a.Addr(), 3), entries*esz, chunk)
 	if n, err := r.Hint([]Range{{0, uint64(len(want))}}); err != nil || n != entries {
 		t.Fatalf("hint: %d fills started, %v; want %d", n, err, entries)
 	}
@@ -673,21 +679,7 @@ func TestReadsWaitForFills(t *testing.T) {
 	const chunk, esz, entries = 64 << 10, 4 * 64 << 10, 6
 	a := startCachingAgent(t, srv, CacheConfig{Size: Size(entries * esz), EntrySize: Size(esz), BNet: 1, BIntra: 2,
 		Prefetcher: PrefetchHints})
-	c := newClient(t, a.Addr(), 3)
-	ctx := context.Background()
-	r, err := c.Alloc(ctx, uint64(entries*esz))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := make([]byte, entries*esz)
-	for i := range want {
-		want[i] = byte(i*5 + i>>13)
-	}
-	for off := 0; off < len(want); off += chunk {
-		if _, err := r.WriteAt(want[off:off+chunk], int64(off)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	r, want := writtenRegion(t, newClient(t, a.Addr(), 3), entries*esz, chunk)
 	region := func() RegionCacheStats {
 		for _, x := range a.Stats().Cache.Regions {
 			if x.Region == r.ID() {
