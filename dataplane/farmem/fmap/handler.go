@@ -218,10 +218,10 @@ func (h *handler) serve(ctx context.Context, m uffdMsg, buf []byte) {
 // left for a fault. A chunk read ahead is installed clean, so a write scan
 // gains too: its writes then take a write-protect fault, not a fetch.
 func (h *handler) readAhead(m uffdMsg) []int {
-	if m.Address < h.base || m.Address >= h.base+uint64(h.r.mapLen) || m.Flags&pagefaultFlagWP != 0 {
+	ci, ok := h.chunkAt(m.Address)
+	if !ok || m.Flags&pagefaultFlagWP != 0 {
 		return nil
 	}
-	ci := int((m.Address - h.base) / uint64(h.r.chunk))
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	seq := ci > 0 && h.recentLocked(ci-1)
@@ -296,10 +296,10 @@ func (h *handler) fetchAhead(ci int, buf []byte) {
 // UFFD_FEATURE_POISON (the program's kernel is older than 6.6) it fails,
 // and the fault goes on waiting.
 func (h *handler) poisonChunk(addr uint64, after time.Duration, cause error) (bool, error) {
-	if addr < h.base || addr >= h.base+uint64(h.r.mapLen) {
+	ci, ok := h.chunkAt(addr)
+	if !ok {
 		return true, nil
 	}
-	ci := int((addr - h.base) / uint64(h.r.chunk))
 	off, n := h.span(ci)
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -332,12 +332,21 @@ func (h *handler) setErr(err error) {
 	h.mu.Unlock()
 }
 
+// chunkAt returns the index of the chunk that holds addr, and false when
+// addr is outside the mapping.
+func (h *handler) chunkAt(addr uint64) (int, bool) {
+	if addr < h.base || addr >= h.base+uint64(h.r.mapLen) {
+		return 0, false
+	}
+	return int((addr - h.base) / uint64(h.r.chunk)), true
+}
+
 // fault serves one page-fault message.
 func (h *handler) fault(m uffdMsg, buf []byte) error {
-	if m.Address < h.base || m.Address >= h.base+uint64(h.r.mapLen) {
-		return nil
+	ci, ok := h.chunkAt(m.Address)
+	if !ok {
+		return nil // outside the mapping: nothing to serve
 	}
-	ci := int((m.Address - h.base) / uint64(h.r.chunk))
 	off, n := h.span(ci)
 	h.mu.Lock()
 	defer h.mu.Unlock()
