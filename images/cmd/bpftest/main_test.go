@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"strings"
 	"testing"
 )
@@ -47,5 +48,46 @@ func TestTestName(t *testing.T) {
 		if got := testName(in); got != want {
 			t.Errorf("testName(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+func TestBootAgain(t *testing.T) {
+	panicked := func(n int) (*result, error) {
+		return &result{panic: "Kernel panic - not syncing: double fault", logFile: "log"}, errors.New("guest: panic")
+	}
+	passed := func(int) (*result, error) { return &result{done: "BPFTEST DONE PASS"}, nil }
+	failed := func(int) (*result, error) { return &result{}, errors.New("tests failed") }
+	for _, tc := range []struct {
+		name      string
+		boots     []func(int) (*result, error)
+		wantBoots int
+		wantErr   string // "" for a pass
+		wantPanic bool   // a panicked boot is reported
+	}{
+		{"pass", []func(int) (*result, error){passed}, 1, "", false},
+		{"fail, no second boot", []func(int) (*result, error){failed}, 1, "tests failed", false},
+		{"panic, then pass", []func(int) (*result, error){panicked, passed}, 2, "", true},
+		{"panic, then fail", []func(int) (*result, error){panicked, failed}, 2, "tests failed (earlier: boot 1:", true},
+		{"panic twice", []func(int) (*result, error){panicked, panicked, passed}, 2, "panicked on all 2 boots", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			boots := 0
+			_, panics, err := bootAgain(t.Logf, func(n int) (*result, error) {
+				if n != boots+1 {
+					t.Fatalf("boot %d after %d boots", n, boots)
+				}
+				boots++
+				return tc.boots[n-1](n)
+			})
+			if boots != tc.wantBoots {
+				t.Errorf("%d boots, want %d", boots, tc.wantBoots)
+			}
+			if (err == nil) != (tc.wantErr == "") || err != nil && !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("error %v, want %q", err, tc.wantErr)
+			}
+			if (panics != "") != tc.wantPanic {
+				t.Errorf("panics %q, want reported: %v", panics, tc.wantPanic)
+			}
+		})
 	}
 }
