@@ -112,10 +112,11 @@ type Agent struct {
 	mu      sync.RWMutex
 	regions map[uint32]int // region → index in cfg.Servers
 
-	refreshMu   sync.Mutex // one refresh at a time
-	lastRefresh time.Time  // when the last refresh started; under refreshMu
-	running     atomic.Bool
-	closeOnce   sync.Once
+	refreshMu    sync.Mutex // one refresh at a time
+	lastRefresh  time.Time  // when the last refresh started; under refreshMu
+	refreshedAll bool       // whether it listed every memory node; under refreshMu
+	running      atomic.Bool
+	closeOnce    sync.Once
 }
 
 type hostWorker struct {
@@ -308,40 +309,58 @@ func (a *Agent) Run(ctx context.Context) error {
 // refresh learns the regions of every memory node from their list
 // answers, unless a refresh started after since (it answers for since as
 // well). Refreshes run one at a time, so a stream of requests for unknown
-// regions costs at most one list round per node at a time.
-func (a *Agent) refresh(ctx context.Context, since time.Time) {
+// regions costs at most one list round per node at a time. It reports
+// whether every node answered its whole list: if one did not, a region
+// not found may be on it.
+func (a *Agent) refresh(ctx context.Context, since time.Time) bool {
 	a.refreshMu.Lock()
 	defer a.refreshMu.Unlock()
 	if a.lastRefresh.After(since) {
-		return
+		return a.refreshedAll
 	}
 	a.lastRefresh = time.Now()
+	a.refreshedAll = false
+	all := true
 	for i, s := range a.cfg.Servers {
-		first := uint32(0)
-		for {
-			k := &call{rec: Record{Op: OpList, Region: first}, dst: s.Addr, done: make(chan struct{})}
-			if err := a.fabric[0].issue(ctx, []*call{k}); err != nil {
-				return
-			}
-			select {
-			case <-k.done:
-			case <-ctx.Done():
-				return
-			}
-			if k.err != nil || k.reply.Status != StatusOK {
-				a.log.Warn("farmem: agent: listing memory node failed", "server", s.Addr, "err", k.err, "status", k.reply.Status)
-				break
-			}
-			infos, err := parseInfos(k.rdata)
-			if err != nil {
-				break
-			}
-			a.learnRegions(infos, i)
-			if k.reply.Aux == 0 || len(infos) == 0 {
-				break
-			}
-			first = infos[len(infos)-1].ID + 1
+		if !a.listServer(ctx, i, s.Addr) {
+			all = false
 		}
+		if ctx.Err() != nil {
+			return false
+		}
+	}
+	a.refreshedAll = all
+	return all
+}
+
+// listServer learns the regions of memory node i, page by page, and
+// reports whether it listed them all.
+func (a *Agent) listServer(ctx context.Context, i int, addr netip.AddrPort) bool {
+	first := uint32(0)
+	for {
+		k := &call{rec: Record{Op: OpList, Region: first}, dst: addr, done: make(chan struct{})}
+		if err := a.fabric[0].issue(ctx, []*call{k}); err != nil {
+			return false
+		}
+		select {
+		case <-k.done:
+		case <-ctx.Done():
+			return false
+		}
+		if k.err != nil || k.reply.Status != StatusOK {
+			a.log.Warn("farmem: agent: listing memory node failed", "server", addr, "err", k.err, "status", k.reply.Status)
+			return false
+		}
+		infos, err := parseInfos(k.rdata)
+		if err != nil {
+			a.log.Warn("farmem: agent: memory node's list is malformed", "server", addr, "err", err)
+			return false
+		}
+		a.learnRegions(infos, i)
+		if k.reply.Aux == 0 || len(infos) == 0 {
+			return true
+		}
+		first = infos[len(infos)-1].ID + 1
 	}
 }
 
@@ -366,11 +385,16 @@ func (a *Agent) route(rec *Record) (int, bool) {
 // resolve handles the requests of one batch whose region the agent does not
 // know: it asks the memory nodes for their regions (a refresh that started
 // after the batch arrived), then forwards those it found and answers the rest
-// StatusUnknownRegion. It runs on a goroutine of its own, so that the
+// StatusUnknownRegion, or StatusUnavailable when a memory node did not
+// answer its list (the region may be on it: the host retries, and does not
+// take the region for gone). It runs on a goroutine of its own, so that the
 // worker's loop keeps receiving meanwhile.
 func (w *hostWorker) resolve(ctx context.Context, misses []*call, arrived time.Time) {
 	a := w.a
-	a.refresh(ctx, arrived)
+	notFound := StatusUnknownRegion
+	if !a.refresh(ctx, arrived) {
+		notFound = StatusUnavailable
+	}
 	var found []*call
 	w.mu.Lock()
 	for _, k := range misses {
@@ -383,7 +407,7 @@ func (w *hostWorker) resolve(ctx context.Context, misses []*call, arrived time.T
 		if k.rec.Op == OpWrite {
 			a.cache.endWrite(k.rec.Region)
 		}
-		w.replyLocked(hr, Record{Op: k.rec.Op, Region: k.rec.Region, Status: StatusUnknownRegion, Size: k.rec.Size}, nil)
+		w.replyLocked(hr, Record{Op: k.rec.Op, Region: k.rec.Region, Status: notFound, Size: k.rec.Size}, nil)
 	}
 	w.flushLocked()
 	w.mu.Unlock()

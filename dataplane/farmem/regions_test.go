@@ -412,3 +412,58 @@ func TestAgentWarnsOfSharedIDs(t *testing.T) {
 		t.Fatalf("no warning of region 1 on both nodes; the log:\n%s", logged.String())
 	}
 }
+
+// TestUnknownRegionNeedsEveryNode: a region on a memory node that is down
+// when the agent looks for it is unavailable, not unknown: the agent did
+// not hear every node's list, so it cannot say the region is gone (the
+// host's mapping poisons a chunk at once on an unknown region). Once the
+// node is back, the region opens, and an ID no node has is unknown.
+func TestUnknownRegionNeedsEveryNode(t *testing.T) {
+	ctx := context.Background()
+	up, _ := startServer(t, t.TempDir(), listen(t, loopback))
+	dir := t.TempDir()
+	s, err := NewServer(ServerOptions{Config: testConfig(), StateDir: dir, Capacity: 1 << 20, IDBase: 1000, Transport: listen(t, loopback)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := run(t, s.Run)
+	ri, err := s.Create(3, 4096, false, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := s.Addr()
+	down.stop()
+
+	// An agent that gives up on the dead node sooner than the client gives
+	// up on the agent, so that the client hears the agent's answer.
+	acfg := AgentConfig{Config: testConfig(), Servers: []ServerSpec{{Addr: up.Addr()}, {Addr: addr}}}
+	acfg.Tries = 8
+	a, err := NewAgent(acfg, AgentOptions{HostTransports: []transport.Transport{listen(t, loopback)}, FabricTransports: []transport.Transport{listen(t, loopback)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, a.Run)
+	c := newClient(t, a.Addr(), 3)
+	for _, id := range []uint32{ri.ID, 5000} {
+		start := time.Now()
+		_, err := c.Open(ctx, id, false)
+		t.Logf("region %d: %v after %v", id, err, time.Since(start))
+		if !errors.Is(err, ErrUnavailable) || errors.Is(err, ErrUnknownRegion) {
+			t.Fatalf("region %d with its node down: %v, want ErrUnavailable", id, err)
+		}
+	}
+
+	s2, err := NewServer(ServerOptions{Config: testConfig(), StateDir: dir, Capacity: 1 << 20, IDBase: 1000, Transport: listen(t, addr)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, s2.Run)
+	r, err := c.Open(ctx, ri.ID, false)
+	if err != nil {
+		t.Fatalf("region %d with its node back: %v", ri.ID, err)
+	}
+	r.Close()
+	if _, err := c.Open(ctx, 5000, false); !errors.Is(err, ErrUnknownRegion) {
+		t.Fatalf("region 5000, on no node: %v, want ErrUnknownRegion", err)
+	}
+}
