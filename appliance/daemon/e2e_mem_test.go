@@ -3,17 +3,21 @@ package daemon_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/lovelock-dpu/lovelock/control/api"
 	"github.com/lovelock-dpu/lovelock/control/cli"
@@ -290,4 +294,56 @@ func TestFarMemoryErrors(t *testing.T) {
 	if err := c.dpu.client().ServiceStats(ctx, "farmem", &errs); err != nil || errs.Errors.UnknownRegion == 0 || errs.Errors.WriterBusy == 0 {
 		t.Errorf("agent error counters %+v, %v", errs.Errors, err)
 	}
+}
+
+// TestFarMemoryRegionFreed: a region freed on mem0 while host0 maps it.
+// The first touch of a chunk not yet fetched raises SIGBUS at once, though
+// the mapping's fetch timeout is an hour: host0's agent learns from the
+// memory node that the region is unknown, which no retry fixes, and
+// poisons the chunk; Close names the chunk and the cause.
+func TestFarMemoryRegionFreed(t *testing.T) {
+	c := startMemCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var info farmem.RegionInfo
+	if err := c.mem.client().ServiceCall(ctx, http.MethodPost, "memserver", "regions", api.MemCreate{Size: 1 << 20}, &info); err != nil {
+		t.Fatal(err)
+	}
+	m, err := fmap.Map(ctx, c.hostSocket, fmap.RegionRef{ID: uint64(info.ID), ReadOnly: true}, fmap.Options{FetchTimeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := m.Bytes()
+	if b[0] != 0 {
+		t.Fatalf("a new region reads %d", b[0])
+	}
+	if err := c.mem.client().ServiceCall(ctx, http.MethodDelete, "memserver", fmt.Sprintf("regions/%d", info.ID), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	v, fault, ok := touchFar(b, len(b)-1)
+	if ok {
+		t.Fatalf("the last byte of a freed region read %d, as if it were there", v)
+	}
+	t.Logf("SIGBUS at offset %d after %v", fault-uintptr(unsafe.Pointer(&b[0])), time.Since(start))
+	err = m.Close()
+	if err == nil || !strings.Contains(err.Error(), "its data is lost") || !strings.Contains(err.Error(), "unknown region") {
+		t.Fatalf("Close: %v, want the poisoned chunk, its data lost: unknown region", err)
+	}
+}
+
+// touchFar reads b[i], returning where a SIGBUS hit instead.
+func touchFar(b []byte, i int) (v byte, fault uintptr, ok bool) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			var ae interface{ Addr() uintptr }
+			if e, isErr := r.(runtime.Error); isErr && errors.As(e, &ae) {
+				fault, ok = ae.Addr(), false
+				return
+			}
+			panic(r)
+		}
+	}()
+	return b[i], 0, true
 }

@@ -3,6 +3,7 @@ package farmem
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -206,5 +207,27 @@ servers:
 	if c.RetransmitTimeout.D() != 20*time.Millisecond || c.LeaseTTL.D() != 15*time.Second || c.ChunkSize != 64<<10 ||
 		len(c.Servers) != 1 || c.Servers[0].Addr != netip.MustParseAddrPort("10.0.9.1:61440") || len(c.Servers[0].Regions) != 2 {
 		t.Fatalf("parsed %+v", c)
+	}
+}
+
+func TestLost(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		lost bool
+	}{
+		{nil, false},
+		{fmt.Errorf("read: %w", ErrUnknownRegion), true},
+		{fmt.Errorf("read: %w", ErrWrongTenant), true},
+		{fmt.Errorf("read: %w", ErrOutOfRange), true},
+		{fmt.Errorf("read: %w", ErrBadRequest), true},
+		{fmt.Errorf("read: %w", ErrUnavailable), false},
+		{fmt.Errorf("read: %w", ErrNoServer), false},
+		{fmt.Errorf("read: %w", ErrIO), false},
+		{fmt.Errorf("read: %w", ErrClosed), false},
+		{errors.New("farmem: unknown region"), false}, // the words alone are not the sentinel
+	} {
+		if got := Lost(tc.err); got != tc.lost {
+			t.Errorf("Lost(%v) = %v, want %v", tc.err, got, tc.lost)
+		}
 	}
 }

@@ -124,6 +124,17 @@ func (r *countedRegion) Close() error {
 	return r.Region.Close()
 }
 
+// ReadAt marks the errors no retry can fix with fmap.ErrLost, so that the
+// mapping poisons the chunk at once instead of retrying for its fetch
+// timeout: the region is gone, or never was this tenant's.
+func (r *countedRegion) ReadAt(p []byte, off int64) (int, error) {
+	n, err := r.Region.ReadAt(p, off)
+	if farmem.Lost(err) {
+		err = fmt.Errorf("%w (%w)", err, fmap.ErrLost)
+	}
+	return n, err
+}
+
 // listenUnix listens on path, mode 0600, replacing a socket nobody answers
 // on and refusing one a live process serves.
 func listenUnix(path string) (*net.UnixListener, error) {

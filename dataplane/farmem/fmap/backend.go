@@ -1,6 +1,7 @@
 package fmap
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"sync"
@@ -27,9 +28,16 @@ func (r RegionRef) String() string {
 	return fmt.Sprintf("region %d", r.ID)
 }
 
+// ErrLost marks a Backend read error that retrying cannot fix: the region
+// was freed, or belongs to another tenant. A fault whose fetch fails with an
+// error wrapping it is not retried for Options.FetchTimeout: its chunk is
+// poisoned at once, whatever the timeout.
+var ErrLost = errors.New("fmap: backend data lost")
+
 // Backend is where a mapping's data lives: the far-memory client's region,
 // or, in tests and examples, a MemBackend. ReadAt of the tail past Size may
-// return io.EOF; the mapping reads zeros there.
+// return io.EOF; the mapping reads zeros there. A ReadAt error that no retry
+// can fix should wrap ErrLost, so that the program learns it at once.
 type Backend interface {
 	io.ReaderAt
 	io.WriterAt

@@ -187,12 +187,16 @@ func (h *handler) serve(ctx context.Context, m uffdMsg, buf []byte) {
 		// keep trying (a backend may come back) for FetchTimeout, then
 		// poison the chunk so that the access fails instead of waiting for
 		// ever. A fault served in the end lost nothing: it is counted, not
-		// reported by Sync.
-		h.countRetry()
+		// reported by Sync. A lost backend (ErrLost) will not come back:
+		// poison at once.
+		lost := errors.Is(err, ErrLost)
+		if !lost {
+			h.countRetry()
+		}
 		if failing.IsZero() {
 			failing = time.Now()
 		}
-		if h.r.fetchTimeout >= 0 && time.Since(failing) >= h.r.fetchTimeout {
+		if lost || h.r.fetchTimeout >= 0 && time.Since(failing) >= h.r.fetchTimeout {
 			if done, perr := h.poisonChunk(m.Address, time.Since(failing), err); done {
 				return
 			} else if perr != nil && !warned {
@@ -312,8 +316,12 @@ func (h *handler) poisonChunk(addr uint64, after time.Duration, cause error) (bo
 	h.state[ci] = poisoned
 	h.stats.Poisoned++
 	if h.poison == nil {
-		h.poison = fmt.Errorf("chunk %d (bytes %d-%d) poisoned, its accesses raise SIGBUS: its fetch failed for %v: %w",
-			ci, off, off+n-1, after.Round(time.Millisecond), cause)
+		why := fmt.Sprintf("its fetch failed for %v", after.Round(time.Millisecond))
+		if errors.Is(cause, ErrLost) {
+			why = "its data is lost"
+		}
+		h.poison = fmt.Errorf("chunk %d (bytes %d-%d) poisoned, its accesses raise SIGBUS: %s: %w",
+			ci, off, off+n-1, why, cause)
 	}
 	return true, nil
 }

@@ -32,11 +32,15 @@ type countingBackend struct {
 	reads, writes atomic.Int64
 	failWrites    atomic.Bool  // inject write errors
 	failReadAt    atomic.Int64 // 1 + an offset whose reads fail; 0 for none
+	failLost      atomic.Bool  // those reads fail with ErrLost
 }
 
 func (c *countingBackend) ReadAt(p []byte, off int64) (int, error) {
 	c.reads.Add(1)
 	if bad := c.failReadAt.Load() - 1; bad >= off && bad < off+int64(len(p)) {
+		if c.failLost.Load() {
+			return 0, fmt.Errorf("injected read error at %d: region freed: %w", bad, ErrLost)
+		}
 		return 0, fmt.Errorf("injected read error at %d", bad)
 	}
 	return c.MemBackend.ReadAt(p, off)

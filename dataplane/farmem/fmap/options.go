@@ -52,8 +52,10 @@ type Options struct {
 	// (and otherwise ends the program with "unexpected fault address"), and
 	// Sync and Close report the error. Default DefaultFetchTimeout; a
 	// negative value retries until the agent stops, the faulting thread
-	// blocked all along. Without UFFD_FEATURE_POISON in the kernel the
-	// agent retries as if it were negative.
+	// blocked all along. A fetch that fails with ErrLost (the region was
+	// freed, a wrong tenant) is poisoned at once, whatever the timeout.
+	// Without UFFD_FEATURE_POISON in the kernel the agent retries as if it
+	// were negative.
 	FetchTimeout time.Duration `json:"fetch_timeout,omitempty"`
 	// ReadAhead is how many chunks the agent fetches ahead when a fault
 	// continues a sequential run (the chunk before it was faulted on, or

@@ -26,7 +26,9 @@ const (
 // (also with a negative timeout, which never gives up); past it the chunk
 // is poisoned: the touch, and a second one, raise SIGBUS, which the
 // program recovers as a panic at an address in chunk 1; the other chunks
-// still read right, and Sync and Close report the poisoned chunk.
+// still read right, and Sync and Close report the poisoned chunk. A
+// backend that says its data is lost (ErrLost) gets the chunk poisoned at
+// once, though the timeout is an hour, with no retry.
 func TestFetchFailure(t *testing.T) {
 	if f, err := uffdFeatures(); err == nil && f&featurePoison == 0 {
 		t.Fatalf("this kernel's userfaultfd lacks UFFD_FEATURE_POISON (features %#x): the test needs Linux 6.6 or later", f)
@@ -35,11 +37,14 @@ func TestFetchFailure(t *testing.T) {
 		name    string
 		timeout time.Duration
 		heal    bool // the backend works again 500 ms after the touch
+		lost    bool // the backend's reads fail with ErrLost
 		want    string
 	}{
-		{"backend comes back", 20 * time.Second, true, "DATA ok"},
-		{"backend comes back, no timeout", -1, true, "DATA ok"},
-		{"backend stays down", 300 * time.Millisecond, false, "POISONED"},
+		{"backend comes back", 20 * time.Second, true, false, "DATA ok"},
+		{"backend comes back, no timeout", -1, true, false, "DATA ok"},
+		{"backend stays down", 300 * time.Millisecond, false, false, "POISONED"},
+		{"backend lost", time.Hour, false, true, "POISONED"},
+		{"backend lost, no timeout", -1, false, true, "POISONED"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := startAgent(t)
@@ -51,6 +56,7 @@ func TestFetchFailure(t *testing.T) {
 			mb.WriteAt(pattern, 0)
 			be := a.add(1, mb)
 			be.failReadAt.Store(1 + fetchFailChunk + 100)
+			be.failLost.Store(tc.lost)
 
 			ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 			defer cancel()
@@ -80,8 +86,11 @@ func TestFetchFailure(t *testing.T) {
 				t.Fatalf("program printed no %q", tc.want)
 			}
 			wantStats := "STATS retries>0 true poisoned 1"
-			if tc.heal {
+			switch {
+			case tc.heal:
 				wantStats = "STATS retries>0 true poisoned 0"
+			case tc.lost:
+				wantStats = "STATS retries>0 false poisoned 1"
 			}
 			if !strings.Contains(all, wantStats) {
 				t.Errorf("program printed no %q", wantStats)
@@ -98,9 +107,14 @@ func TestFetchFailure(t *testing.T) {
 				}
 			}
 			for _, l := range out {
-				if (strings.HasPrefix(l, "SYNC ") || strings.HasPrefix(l, "CLOSE ")) &&
-					!strings.Contains(l, "chunk 1 (bytes 65536-131071) poisoned") {
+				if !strings.HasPrefix(l, "SYNC ") && !strings.HasPrefix(l, "CLOSE ") {
+					continue
+				}
+				if !strings.Contains(l, "chunk 1 (bytes 65536-131071) poisoned") {
 					t.Errorf("%q does not name the poisoned chunk", l)
+				}
+				if tc.lost && !strings.Contains(l, "its data is lost") {
+					t.Errorf("%q does not say the data is lost", l)
 				}
 			}
 		})
