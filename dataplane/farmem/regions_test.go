@@ -147,9 +147,14 @@ func TestLeaseAfterRestart(t *testing.T) {
 // reads back as the file (padded with zeros to a larger size), is listed
 // for its tenant only, and is gone after Free.
 func TestPreloadAndList(t *testing.T) {
-	srv, _ := startServer(t, t.TempDir(), listen(t, loopback))
+	preloads := t.TempDir()
+	srv, err := NewServer(ServerOptions{Config: testConfig(), StateDir: t.TempDir(), Capacity: 64 << 20, PreloadDir: preloads, Transport: listen(t, loopback)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, srv.Run)
 	agent, _ := startAgent(t, listen(t, loopback), []netip.AddrPort{srv.Addr()}, nil)
-	file := filepath.Join(t.TempDir(), "graph.csr")
+	file := filepath.Join(preloads, "graph.csr")
 	content := bytes.Repeat([]byte("0123456789abcdef"), 20000) // 320000 bytes
 	if err := os.WriteFile(file, content, 0o600); err != nil {
 		t.Fatal(err)
@@ -465,5 +470,60 @@ func TestUnknownRegionNeedsEveryNode(t *testing.T) {
 	r.Close()
 	if _, err := c.Open(ctx, 5000, false); !errors.Is(err, ErrUnknownRegion) {
 		t.Fatalf("region 5000, on no node: %v, want ErrUnknownRegion", err)
+	}
+}
+
+// TestPreloadDir: a create over the network preloads only from the memory
+// node's preload_dir (by a name relative to it, or an absolute path inside
+// it); a path outside it, a link from inside it to outside, or any preload
+// when it is not set, is refused with ErrBadRequest and creates nothing.
+// Server.Create, lovelockd's API for the node's operator, preloads from
+// anywhere.
+func TestPreloadDir(t *testing.T) {
+	preloads, outside := t.TempDir(), t.TempDir()
+	write := func(path, body string) {
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(filepath.Join(preloads, "in.bin"), "inside")
+	write(filepath.Join(outside, "secret"), "secret")
+	if err := os.Symlink(filepath.Join(outside, "secret"), filepath.Join(preloads, "link")); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, dir := range []string{preloads, ""} {
+		srv, err := NewServer(ServerOptions{Config: testConfig(), StateDir: t.TempDir(), Capacity: 1 << 20, PreloadDir: dir, Transport: listen(t, loopback)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		run(t, srv.Run)
+		c := newClient(t, srv.Addr(), 0)
+		for _, tc := range []struct {
+			path string
+			ok   bool
+		}{
+			{"in.bin", dir != ""},
+			{filepath.Join(preloads, "in.bin"), dir != ""},
+			{filepath.Join(preloads, "..", filepath.Base(outside), "secret"), false},
+			{filepath.Join(outside, "secret"), false},
+			{"link", false},
+			{"/etc/passwd", false},
+		} {
+			ri, err := c.Create(ctx, 0, CreateOptions{Preload: tc.path})
+			if tc.ok != (err == nil) || err != nil && !errors.Is(err, ErrBadRequest) {
+				t.Errorf("preload_dir %q: create preloading %s: %v, want ok %v", dir, tc.path, err, tc.ok)
+				continue
+			}
+			if tc.ok && ri.Size != uint64(len("inside")) {
+				t.Errorf("preload_dir %q: %s: region of %d bytes", dir, tc.path, ri.Size)
+			}
+		}
+		if got := len(srv.List(0)); got != map[bool]int{true: 2, false: 0}[dir != ""] {
+			t.Errorf("preload_dir %q: %d regions after the creates", dir, got)
+		}
+		if _, err := srv.Create(0, 0, false, filepath.Join(outside, "secret")); err != nil {
+			t.Errorf("preload_dir %q: the operator's create from outside it: %v", dir, err)
+		}
 	}
 }

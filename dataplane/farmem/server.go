@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,6 +30,13 @@ type ServerOptions struct {
 	IDBase uint32 `json:"id_base,omitempty"`
 	// Addr is where the server listens when Transport is nil.
 	Addr netip.AddrPort `json:"addr,omitzero"`
+	// PreloadDir is where creates that arrive over the network may
+	// preload from: a path relative to it, or an absolute one inside it
+	// once symlinks are resolved. Empty, such creates may not preload:
+	// otherwise any host could read any file of the node through a region.
+	// Server.Create (lovelockd's API, for the node's operator) preloads
+	// from anywhere.
+	PreloadDir string `json:"preload_dir,omitempty"`
 	// Transport carries the server's traffic; nil opens a kernel UDP
 	// socket on Addr. The server owns it and closes it when Run returns.
 	Transport transport.Transport `json:"-"`
@@ -231,7 +240,15 @@ func (s *Server) execute(pk *packer, q *request, buf []byte) {
 		}
 		switch rec.Op {
 		case OpCreate:
-			ri, err := s.st.create(q.tenant, rec.Offset, rec.Aux&CreateWritable != 0, string(rec.Data))
+			preload := string(rec.Data)
+			if preload != "" {
+				var err error
+				if preload, err = s.preloadPath(preload); err != nil {
+					s.log.Warn("farmem: server: create refused", "tenant", q.tenant, "err", err)
+					return err
+				}
+			}
+			ri, err := s.st.create(q.tenant, rec.Offset, rec.Aux&CreateWritable != 0, preload)
 			reply.Region, reply.Offset = ri.ID, ri.Size
 			return err
 		case OpList:
@@ -296,4 +313,30 @@ func (s *Server) execute(pk *packer, q *request, buf []byte) {
 	_ = pk.add(q.src, q.tenant, wire.TypeMemReply, reply, data, rec.Op == OpRead)
 	reply.Data = data
 	s.resp.finish(q.src, reply)
+}
+
+// preloadPath resolves the preload path of a create that arrived over the
+// network, which must lie inside ServerOptions.PreloadDir with symlinks
+// resolved, and returns the resolved path (the one opened, so that a link
+// swapped in later leads nowhere else).
+func (s *Server) preloadPath(p string) (string, error) {
+	if s.opts.PreloadDir == "" {
+		return "", fmt.Errorf("%w: preload %s: preloads over the network are off on this memory node "+
+			"(set its preload_dir, or create through its lovelockd: lovelock mem create --preload)", ErrBadRequest, p)
+	}
+	dir, err := filepath.EvalSymlinks(s.opts.PreloadDir)
+	if err != nil {
+		return "", fmt.Errorf("%w: preload_dir: %v", ErrIO, err)
+	}
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(dir, p)
+	}
+	real, err := filepath.EvalSymlinks(p)
+	if err != nil {
+		return "", fmt.Errorf("%w: preload %s: %v", ErrBadRequest, p, err)
+	}
+	if rel, err := filepath.Rel(dir, real); err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+		return "", fmt.Errorf("%w: preload %s: outside the memory node's preload_dir %s", ErrBadRequest, p, s.opts.PreloadDir)
+	}
+	return real, nil
 }

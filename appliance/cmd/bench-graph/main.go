@@ -145,11 +145,17 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	f, err := os.CreateTemp("", "bench-graph-*.csr")
+	// mem0 preloads the graph for creates through dpu0 from this
+	// directory only (its preload_dir).
+	preloads, err := os.MkdirTemp("", "bench-graph-")
 	if err != nil {
 		return err
 	}
-	defer os.Remove(f.Name())
+	defer os.RemoveAll(preloads)
+	f, err := os.Create(filepath.Join(preloads, "graph.csr"))
+	if err != nil {
+		return err
+	}
 	if _, err := f.Write(img); err != nil {
 		return err
 	}
@@ -184,6 +190,7 @@ func run(ctx context.Context) error {
 			Config: fmt.Sprintf("far_memory_host: {agent: %q, socket: \"{{dir}}/direct.sock\"}\n", memcluster.MemAddr),
 		}},
 		AgentCache: fmt.Sprintf(`{size: %s, entry_size: %s, static_size: 64MiB, prefetcher: "off"}`, *dpuCache, *dpuEntry),
+		PreloadDir: preloads,
 	})
 	if err != nil {
 		return err

@@ -86,6 +86,9 @@ type Options struct {
 	// mapping (docs/farmem.md, DPU caches), e.g. `{size: 8MiB,
 	// prefetcher: "off"}`; empty: no cache.
 	AgentCache string
+	// PreloadDir is mem0's preload_dir: creates over the network (through
+	// dpu0) may preload files from it. Empty: they may not.
+	PreloadDir string
 }
 
 // Start starts lovelockd (the binary bin) in mem0, dpu0 and host0, and the
@@ -100,7 +103,8 @@ func Start(ctx context.Context, spec testbed.Spec, bin string, o Options) (*Clus
 	}
 	c := &Cluster{Dir: dir, HostSocket: filepath.Join(dir, "farmem.sock"), Extra: map[string]*Daemon{}, prefix: spec.Prefix}
 	roles := []Role{
-		{Node: "mem0", Config: fmt.Sprintf("memory_server: {addr: %q, state_dir: %q, capacity: %s}\n", MemAddr, filepath.Join(dir, "mem0-state"), o.Capacity)},
+		{Node: "mem0", Config: fmt.Sprintf("memory_server: {addr: %q, state_dir: %q, capacity: %s, preload_dir: %q}\n",
+			MemAddr, filepath.Join(dir, "mem0-state"), o.Capacity, o.PreloadDir)},
 		{Node: "dpu0", Config: agentConfig(o.AgentCache)},
 		{Node: "host0", Config: fmt.Sprintf("far_memory_host: {agent: %q, socket: %q}\n", AgentAddr, c.HostSocket)},
 	}

@@ -21,6 +21,11 @@ type ServerConfig struct {
 	// Capacity is the most bytes of regions the server holds, a number
 	// of bytes or with a unit: "8GiB", "512MiB".
 	Capacity farmem.Size `json:"capacity"`
+	// PreloadDir is the directory that creates arriving over the network
+	// (hosts, through their DPU) may preload files from; empty, they may
+	// not preload. lovelockd's API (lovelock mem create --preload) may
+	// preload any file of the node.
+	PreloadDir string `json:"preload_dir,omitempty"`
 	// IDBase is the first region ID this server hands out; memory nodes
 	// of one cluster take disjoint ranges (0: 1).
 	IDBase uint32 `json:"id_base,omitempty"`
@@ -44,7 +49,8 @@ func (c *ServerConfig) Validate() error {
 
 // options turns the section into the server's options.
 func (c *ServerConfig) options() farmem.ServerOptions {
-	return farmem.ServerOptions{Config: c.Config, StateDir: c.StateDir, Capacity: uint64(c.Capacity), IDBase: c.IDBase, Addr: c.Addr}
+	return farmem.ServerOptions{Config: c.Config, StateDir: c.StateDir, Capacity: uint64(c.Capacity), IDBase: c.IDBase, Addr: c.Addr,
+		PreloadDir: c.PreloadDir}
 }
 
 // AgentConfig is the far_memory section: the node (a DPU) runs the
