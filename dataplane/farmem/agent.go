@@ -401,6 +401,7 @@ func (w *hostWorker) resolve(ctx context.Context, misses []*call, arrived time.T
 		hr := k.user.(*hostReq)
 		if srv, ok := a.route(&k.rec); ok {
 			hr.server, k.dst = srv, a.cfg.Servers[srv].Addr
+			a.countWrite(k)
 			found = append(found, k)
 			continue
 		}
@@ -518,15 +519,22 @@ func (w *hostWorker) forwardLocked(q *request, calls, misses []*call) ([]*call, 
 	if q.rec.Op == OpRead {
 		k.buf = a.readBuf(int(q.rec.Size))
 	}
-	if q.rec.Op == OpWrite {
-		a.writeBytes.Add(uint64(len(k.data)))
-	}
 	srv, ok := a.route(&q.rec)
 	if !ok {
 		return calls, append(misses, k)
 	}
 	hr.server, k.dst = srv, a.cfg.Servers[srv].Addr
+	a.countWrite(k)
 	return append(calls, k), misses
+}
+
+// countWrite counts a write's page data as forwarded, once its call has a
+// memory node to go to (a write to a region no node has is answered, not
+// forwarded).
+func (a *Agent) countWrite(k *call) {
+	if k.rec.Op == OpWrite {
+		a.writeBytes.Add(uint64(len(k.data)))
+	}
 }
 
 // replyLocked packs a reply to a host request and records it with the

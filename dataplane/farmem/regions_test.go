@@ -16,6 +16,7 @@ import (
 
 	"github.com/lovelock-dpu/lovelock/control/testenv"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 )
 
 // fakeClock is an injectable clock for leases.
@@ -456,6 +457,18 @@ func TestUnknownRegionNeedsEveryNode(t *testing.T) {
 		if !errors.Is(err, ErrUnavailable) || errors.Is(err, ErrUnknownRegion) {
 			t.Fatalf("region %d with its node down: %v, want ErrUnavailable", id, err)
 		}
+	}
+
+	// A write to a region no node listed is answered, not forwarded: its
+	// bytes are not counted as sent to a memory node.
+	p := rawPeer{t, listen(t, loopback), a.Addr()}
+	p.send(AppendDatagram(nil, wire.Header{Type: wire.TypeMemWrite, Tenant: 3, Dst: 5000}, 0,
+		Record{Op: OpWrite, Region: 5000, ID: 1, Size: 3, Aux: 1, Data: []byte("abc")}))
+	if got := p.reply(); got.Status != StatusUnavailable {
+		t.Fatalf("raw write to region 5000 with its node down: %v, want %v", got.Status, StatusUnavailable)
+	}
+	if wb := a.Stats().WriteBytes; wb != 0 {
+		t.Fatalf("the agent counts %d write bytes forwarded, want 0", wb)
 	}
 
 	s2, err := NewServer(ServerOptions{Config: testConfig(), StateDir: dir, Capacity: 1 << 20, IDBase: 1000, Transport: listen(t, addr)})
