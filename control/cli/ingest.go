@@ -10,7 +10,6 @@ import (
 
 	ucli "github.com/urfave/cli/v2"
 
-	"github.com/lovelock-dpu/lovelock/control/api"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/agent"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/hostagent"
@@ -166,8 +165,7 @@ func ingestModels(c *ucli.Context) error {
 }
 
 func noIngest(err error, svc string) error {
-	var nf *api.NotFoundError
-	if errors.As(err, &nf) {
+	if serviceMissing(err) {
 		return fmt.Errorf("%w (the node's lovelockd runs no %s service: see its config)", err, svc)
 	}
 	return err

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	ucli "github.com/urfave/cli/v2"
@@ -128,11 +129,19 @@ func memCommand() *ucli.Command {
 
 // noMemServer points to the config when the node has no memory server.
 func noMemServer(err error) error {
-	var nf *api.NotFoundError
-	if errors.As(err, &nf) {
+	if serviceMissing(err) {
 		return fmt.Errorf("%w (the node's lovelockd runs no memory server: see memory_server in its config)", err)
 	}
 	return err
+}
+
+// serviceMissing reports whether err is lovelockd's answer that the node
+// runs no such service, or no such call of it; not a 404 about a thing the
+// service looked for (an unknown region, a model), which the service's
+// own message explains.
+func serviceMissing(err error) bool {
+	var nf *api.NotFoundError
+	return errors.As(err, &nf) && strings.Contains(nf.Error(), "runs no ")
 }
 
 // memStatsReport is what mem stats prints, per service the node runs.
@@ -229,9 +238,9 @@ func printMemCache(w io.Writer, c *farmem.CacheStats) {
 		if r.DynamicRanges > 0 {
 			scope = fmt.Sprintf("%d ranges, %d reads outside them", r.DynamicRanges, r.OutsideDynamic)
 		}
-		fmt.Fprintf(w, "  region %d (%s): static %d ranges %s, %d hits; dynamic (%s) hits %d (%d waited for a fill), misses %d, bypassed %d; "+
+		fmt.Fprintf(w, "  region %d (%s): static %d ranges %s, %d hits; dynamic (%s) hits %d, misses %d (%d of these reads waited for a fill), bypassed %d; "+
 			"prefetch issued %d, used %d, evicted unused %d, invalidated %d; accuracy %.2f, coverage %.2f\n",
-			r.Region, r.Prefetcher, r.StaticRanges, farmem.Size(r.StaticBytes), r.StaticHits, scope, r.Hits, r.Waited, r.Misses, r.Bypassed,
+			r.Region, r.Prefetcher, r.StaticRanges, farmem.Size(r.StaticBytes), r.StaticHits, scope, r.Hits, r.Misses, r.Waited, r.Bypassed,
 			r.PrefetchIssued, r.PrefetchUsed, r.EvictedUnused, r.Invalidated, r.Accuracy, r.Coverage)
 	}
 }

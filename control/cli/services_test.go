@@ -2,6 +2,7 @@ package cli
 
 import (
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 
@@ -42,6 +43,33 @@ func TestServices(t *testing.T) {
 			var got []api.ServiceStatus
 			if err := json.Unmarshal([]byte(out), &got); err != nil || len(got) != len(c.services) {
 				t.Errorf("-o json: %v, %d services:\n%s", err, len(got), out)
+			}
+		})
+	}
+}
+
+func TestServiceMissing(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		err     error
+		missing bool
+	}{
+		{"no service", &api.NotFoundError{Err: errors.New("this node runs no memserver service (see lovelockd's config)")}, true},
+		{"no such call", &api.NotFoundError{Err: errors.New("DELETE /v1/services/memserver/x: this node runs no memserver service with such a call")}, true},
+		{"unknown region", &api.NotFoundError{Err: errors.New("farmem: unknown region: 999")}, false},
+		{"not a 404", errors.New("this node runs no memserver service"), false},
+		{"nil", nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := serviceMissing(tc.err); got != tc.missing {
+				t.Errorf("serviceMissing(%v) = %v, want %v", tc.err, got, tc.missing)
+			}
+			if tc.err == nil {
+				return
+			}
+			hinted := strings.Contains(noMemServer(tc.err).Error(), "see memory_server in its config")
+			if hinted != tc.missing {
+				t.Errorf("noMemServer(%v) hints at the config: %v, want %v", tc.err, hinted, tc.missing)
 			}
 		})
 	}
