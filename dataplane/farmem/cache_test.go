@@ -534,8 +534,11 @@ func TestSetDynamicRanges(t *testing.T) {
 			rc = x
 		}
 	}
-	if n := uint64(size / chunk / 2); rc.DynamicRanges != 1 || rc.OutsideDynamic != n || rc.Hits+rc.Misses != n {
-		t.Fatalf("stats %+v: want 1 range, %d reads outside it and %d in it", rc, n, n)
+	// A read retransmitted just as its reply left is read again (read
+	// replies are not kept): on a loaded machine a read may count twice.
+	n, re := uint64(size/chunk/2), c.Stats().Link.Retransmits
+	if rc.DynamicRanges != 1 || rc.OutsideDynamic < n || rc.Hits+rc.Misses < n || rc.OutsideDynamic+rc.Hits+rc.Misses > 2*n+re {
+		t.Fatalf("stats %+v: want 1 range, %d reads outside it and %d in it (%d retransmitted reads may count again)", rc, n, n, re)
 	}
 	direct := newClient(t, srv.Addr(), 3)
 	rd, err := direct.Open(ctx, r.ID(), false)
