@@ -107,18 +107,24 @@ func (p *packer) put(i int, r *Record, data []byte) {
 }
 
 // flush sends every datagram packed and returns how many datagrams and
-// bytes went out.
+// bytes went out: not the ones the transport refused, nor those left when
+// it closed.
 func (p *packer) flush(tr transport.Transport) (pkts, bytes int, err error) {
 	if len(p.out) == 0 {
 		return 0, 0, nil
 	}
-	var refused int
-	_, err = transport.SendAll(tr, p.out, func(transport.Packet, error) { refused++ })
-	for _, o := range p.out {
-		bytes += len(o.Data)
+	var refused, refusedBytes int
+	pkts, err = transport.SendAll(tr, p.out, func(pk transport.Packet, _ error) {
+		refused++
+		refusedBytes += len(pk.Data)
+	})
+	for i, o := range p.out {
+		if i < pkts+refused { // SendAll went this far: sent or refused
+			bytes += len(o.Data)
+		}
 		p.spare = append(p.spare, o.Data)
 	}
-	pkts = len(p.out) - refused
+	bytes -= refusedBytes
 	clear(p.out)
 	p.out = p.out[:0]
 	p.open = p.open[:0]

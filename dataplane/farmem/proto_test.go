@@ -11,6 +11,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/lovelock-dpu/lovelock/dataplane/transport"
 	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 )
 
@@ -228,6 +229,57 @@ func TestLost(t *testing.T) {
 	} {
 		if got := Lost(tc.err); got != tc.lost {
 			t.Errorf("Lost(%v) = %v, want %v", tc.err, got, tc.lost)
+		}
+	}
+}
+
+// refusingTransport refuses datagrams to one address and, after closeAfter
+// sends, says it is closed.
+type refusingTransport struct {
+	transport.Transport
+	refuse     netip.AddrPort
+	closeAfter int
+	sent       []int // lengths of the datagrams handed to the network
+}
+
+func (r *refusingTransport) Send(pkts []transport.Packet) (int, error) {
+	for i, p := range pkts {
+		if len(r.sent) == r.closeAfter {
+			return i, transport.ErrClosed
+		}
+		if p.Addr == r.refuse {
+			return i, transport.ErrAddr
+		}
+		r.sent = append(r.sent, len(p.Data))
+	}
+	return len(pkts), nil
+}
+
+// TestFlushCountsSent: flush counts the datagrams and bytes the transport
+// took, not those it refused, nor those left when it closed.
+func TestFlushCountsSent(t *testing.T) {
+	bad := netip.MustParseAddrPort("10.0.0.9:1")
+	// A datagram each: one peer per record.
+	peers := []netip.AddrPort{netip.MustParseAddrPort("10.0.0.1:1"), bad, netip.MustParseAddrPort("10.0.0.2:1"), netip.MustParseAddrPort("10.0.0.3:1")}
+	for _, closeAfter := range []int{100, 2} {
+		pk := newPacker(1000)
+		for i, addr := range peers {
+			if err := pk.add(addr, 3, wire.TypeMemRead, Record{Op: OpRead, Region: 9, ID: uint64(i + 1), Size: 10}, nil, false); err != nil {
+				t.Fatal(err)
+			}
+		}
+		tr := &refusingTransport{refuse: bad, closeAfter: closeAfter}
+		pkts, n, err := pk.flush(tr)
+		want := 0
+		for _, l := range tr.sent {
+			want += l
+		}
+		if wantPkts := min(3, closeAfter); len(tr.sent) != wantPkts {
+			t.Fatalf("close after %d: the transport took %d datagrams, want %d", closeAfter, len(tr.sent), wantPkts)
+		}
+		if pkts != len(tr.sent) || n != want || (closeAfter < 100) != errors.Is(err, transport.ErrClosed) {
+			t.Errorf("close after %d: flush says %d datagrams, %d bytes, %v; the transport took %d datagrams, %d bytes",
+				closeAfter, pkts, n, err, len(tr.sent), want)
 		}
 	}
 }
