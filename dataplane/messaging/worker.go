@@ -318,15 +318,17 @@ func (w *worker) route(l *inLink, r *bundle.Reader) bool {
 		return true
 	}
 	out := w.links[h]
-	if !out.write(m.rank, m.data, &m.p, w.now, &w.out, w.markDirty) {
+	switch out.write(m.rank, m.data, &m.p, w.now, &w.out, w.markDirty) {
+	case writeWait:
 		if !m.waited {
 			m.waited = true
 			out.st.blocked.Add(1)
 		}
 		return false
-	}
-	if out.isClientHop {
-		w.delivered++
+	case writeDone:
+		if out.isClientHop {
+			w.delivered++
+		}
 	}
 	if !m.fromPartial {
 		w.routeRun(out, h, r)
