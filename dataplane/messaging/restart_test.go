@@ -466,3 +466,63 @@ func TestResetCountsAckedHead(t *testing.T) {
 		t.Errorf("dead_peer drops %d after the writer came back, want still 1", n)
 	}
 }
+
+// rxTestOwner is an rxOwner that takes every datagram, admits bundles
+// unless draining, and counts the bundles it gets in order.
+type rxTestOwner struct {
+	draining bool
+	taken    int
+}
+
+func (o *rxTestOwner) ours(Endpoint) bool         { return true }
+func (o *rxTestOwner) admit(*inLink, uint32) bool { return !o.draining }
+func (o *rxTestOwner) inOrder(l *inLink, _ rxWork, _ *transport.Packet) {
+	o.taken++
+	l.consumed.Add(1)
+}
+func (o *rxTestOwner) credit(wire.Header, bundle.Credit, netip.AddrPort, []byte, int64) {}
+
+// TestUnconfirmedNotDraining: bundles a receiver refuses on a link it met
+// in mid-stream, until the sender's probe confirms where the link starts,
+// are counted as unconfirmed, on any receiver; refused counts only the
+// bundles a draining agent leaves unacknowledged.
+func TestUnconfirmedNotDraining(t *testing.T) {
+	const window = 8
+	out := newOutLink("peer", netip.MustParseAddrPort("127.0.0.1:9"), 7, AgentEndpoint(0, 0), AgentEndpoint(1, 0), 256, window, &counters{})
+	var pkts []transport.Packet
+	for i := range 3 {
+		var p progress
+		if out.write(1, make([]byte, 200), &p, int64(i), &pkts, func(*outLink) {}) != writeDone {
+			t.Fatalf("write %d blocked", i)
+		}
+		out.close(flushExplicit, int64(i), &pkts)
+	}
+	cfg := Defaults()
+	cfg.Tenant, cfg.BuffersPerDest = 7, window
+	ctr, owner := &counters{}, &rxTestOwner{}
+	var credits []transport.Packet
+	r := newReceiver(&cfg, 0, ctr, owner, &credits)
+
+	// Seq 1 with base 0 introduces the link: unsure, refused until a probe.
+	r.handle(&pkts[1], 1)
+	if owner.taken != 0 || ctr.unconfirmed.Load() != 1 || ctr.refused.Load() != 0 {
+		t.Fatalf("bundle on an unsure link: taken %d, unconfirmed %d, refused %d; want 0, 1, 0",
+			owner.taken, ctr.unconfirmed.Load(), ctr.refused.Load())
+	}
+	var probe []transport.Packet
+	out.probe(2, &probe)
+	r.handle(&probe[0], 2)
+	r.handle(&pkts[0], 3)
+	r.handle(&pkts[1], 3)
+	if owner.taken != 2 {
+		t.Fatalf("after the probe confirmed the base: %d bundles taken, want 2", owner.taken)
+	}
+
+	// A draining owner refuses the next bundle: refused, not unconfirmed.
+	owner.draining = true
+	r.handle(&pkts[2], 4)
+	if owner.taken != 2 || ctr.refused.Load() != 1 || ctr.unconfirmed.Load() != 1 {
+		t.Fatalf("bundle refused while draining: taken %d, refused %d, unconfirmed %d; want 2, 1, 1",
+			owner.taken, ctr.refused.Load(), ctr.unconfirmed.Load())
+	}
+}

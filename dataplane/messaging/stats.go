@@ -111,6 +111,11 @@ type RecvStats struct {
 	// drained before stopping (AgentOptions.Drain): their senders send
 	// them again, to the agent's next run. Nothing is lost.
 	Refused uint64 `json:"refused"`
+	// Unconfirmed counts bundles an agent or client left unacknowledged
+	// on a link it met in mid-stream (after its own or the sender's
+	// restart), until the sender's probe confirmed where the link starts:
+	// their senders send them again. Nothing is lost.
+	Unconfirmed uint64 `json:"unconfirmed"`
 }
 
 // DropStats counts drops by reason. Messages are counted where a message
@@ -269,7 +274,7 @@ type counters struct {
 	duplicates, outOfOrder   atomic.Uint64
 	credits, probes          atomic.Uint64
 	delivered, misdirected   atomic.Uint64
-	refused                  atomic.Uint64
+	refused, unconfirmed     atomic.Uint64
 	drops                    [numDropReasons]atomic.Uint64
 }
 
@@ -287,6 +292,7 @@ func (c *counters) addTo(r *RecvStats, d *DropStats) {
 	r.Delivered += c.delivered.Load()
 	r.Misdirected += c.misdirected.Load()
 	r.Refused += c.refused.Load()
+	r.Unconfirmed += c.unconfirmed.Load()
 	for i, f := range []*uint64{
 		&d.Malformed, &d.BadBundle, &d.BadCredit, &d.UnknownRank, &d.WrongTenant, &d.WrongDest,
 		&d.OutOfWindow, &d.Oversize, &d.Orphans, &d.TooManyLinks, &d.DeadPeer, &d.StaleCredit,
