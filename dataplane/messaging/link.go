@@ -270,6 +270,21 @@ func (l *outLink) close(why flushReason, now int64, out *[]transport.Packet) {
 	l.pump(now, out)
 }
 
+// unsent returns the messages that wait for the window: those that begin
+// in a waiting bundle, and a fragmented message whose head went out in an
+// earlier bundle while its rest waits.
+func (l *outLink) unsent() int {
+	n := 0
+	for i, b := range l.ready[l.rhead:] {
+		n += b.msgs
+		if i == 0 && len(b.b) >= bundle.Overhead+bundle.RecordHeaderLen &&
+			binary.BigEndian.Uint32(b.b[bundle.Overhead+4:]) == bundle.ContinuationRank {
+			n++
+		}
+	}
+	return n
+}
+
 // pump sends ready bundles while the window is open.
 func (l *outLink) pump(now int64, out *[]transport.Packet) {
 	for l.waiting() > 0 && seqDiff(l.nextSeq, l.limit) < 0 && l.nextSeq-l.base < l.window {

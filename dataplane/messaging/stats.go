@@ -157,13 +157,16 @@ type DropStats struct {
 	SendErrors uint64 `json:"send_errors"`
 	// Mailbox: credits lost between agent workers (the mailbox was full).
 	Mailbox uint64 `json:"mailbox"`
+	// Closed: messages a client's Close could not send, their bundles
+	// waiting for the receiver's window (Flush before Close waits for it).
+	Closed uint64 `json:"closed"`
 }
 
 // Total returns the sum of every drop counter but StaleCredit, which is
 // harmless.
 func (d DropStats) Total() uint64 {
 	return d.Malformed + d.BadBundle + d.BadCredit + d.UnknownRank + d.WrongTenant + d.WrongDest +
-		d.OutOfWindow + d.Oversize + d.Orphans + d.TooManyLinks + d.DeadPeer + d.SendErrors + d.Mailbox
+		d.OutOfWindow + d.Oversize + d.Orphans + d.TooManyLinks + d.DeadPeer + d.SendErrors + d.Mailbox + d.Closed
 }
 
 // Dest returns the destination named name and whether there is one.
@@ -264,6 +267,7 @@ const (
 	dropStaleCredit
 	dropSendErrors
 	dropMailbox
+	dropClosed
 	numDropReasons
 )
 
@@ -296,7 +300,7 @@ func (c *counters) addTo(r *RecvStats, d *DropStats) {
 	for i, f := range []*uint64{
 		&d.Malformed, &d.BadBundle, &d.BadCredit, &d.UnknownRank, &d.WrongTenant, &d.WrongDest,
 		&d.OutOfWindow, &d.Oversize, &d.Orphans, &d.TooManyLinks, &d.DeadPeer, &d.StaleCredit,
-		&d.SendErrors, &d.Mailbox,
+		&d.SendErrors, &d.Mailbox, &d.Closed,
 	} {
 		*f += c.drops[i].Load()
 	}
