@@ -63,8 +63,10 @@ type DestStats struct {
 	// Blocked counts the times a message found no free send buffer and
 	// had to wait: on an agent's blocklist, or in a client's Send.
 	Blocked uint64 `json:"blocked"`
-	// Probes counts credit probes sent while the receiver's window was
-	// closed.
+	// Probes counts credit probes sent: while the receiver's window stayed
+	// closed with nothing in flight, to a dead next hop until it answers,
+	// and to confirm the link's base to a receiver whose credit acked less
+	// than it (one met in mid-stream after a restart).
 	Probes uint64 `json:"probes"`
 	// PeerResets counts declarations that the next hop is dead.
 	PeerResets uint64 `json:"peer_resets"`
@@ -105,7 +107,8 @@ type RecvStats struct {
 	// a local client's send buffers (agents).
 	Delivered uint64 `json:"delivered"`
 	// Misdirected counts credits that reached the wrong agent worker and
-	// were passed to the right one.
+	// were passed to the right one (one its full mailbox could not take
+	// is counted in Drops.Mailbox instead).
 	Misdirected uint64 `json:"misdirected"`
 	// Refused counts bundles an agent left unacknowledged while it
 	// drained before stopping (AgentOptions.Drain): their senders send
