@@ -50,6 +50,9 @@ func msgCommand() *ucli.Command {
 				if r.Refused > 0 {
 					fmt.Fprintf(w, ", %d refused while draining (sent again to the next run)", r.Refused)
 				}
+				if r.Unconfirmed > 0 {
+					fmt.Fprintf(w, ", %d refused until the sender confirmed the link's start (sent again)", r.Unconfirmed)
+				}
 				fmt.Fprintln(w)
 				dr := st.Drops
 				fmt.Fprintf(w, "drops: %d in all: malformed %d, bad bundle %d, bad credit %d, unknown rank %d, wrong tenant %d, "+

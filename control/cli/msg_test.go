@@ -25,3 +25,20 @@ func TestMsgStatsPeerDead(t *testing.T) {
 		}
 	}
 }
+
+// TestMsgStatsRefused: bundles refused while draining and bundles refused
+// on an unconfirmed link are printed apart, each with what it means.
+func TestMsgStatsRefused(t *testing.T) {
+	sock := serveFake(t, &fakeService{msg: &messaging.Stats{Role: "client", Node: "node0", Mode: messaging.ModeDPU,
+		Received: messaging.RecvStats{Bundles: 9, Refused: 2, Unconfirmed: 5}}})
+	out, _, err := runCLI(sock, "msg", "stats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, re := range []string{`, 2 refused while draining \(sent again to the next run\)`,
+		`, 5 refused until the sender confirmed the link's start \(sent again\)`} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("msg stats output does not match %q:\n%s", re, out)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package messaging
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -182,11 +183,13 @@ func (c *Client) Ranks() Ranks { return c.mine }
 // TransferSize returns the bundle size in use.
 func (c *Client) TransferSize() int { return c.tsize }
 
-// Close sends what the buffers hold (without waiting for
-// acknowledgements: call Flush first for that), stops the client's
-// goroutines and closes its transport. Blocked Send and Recv calls return
-// ErrClosed; a Handler call in progress is waited for. It is safe to call
-// more than once.
+// Close sends what the buffers hold as far as the receivers' windows allow
+// (without waiting for acknowledgements or for a window to open: call
+// Flush first for that), stops the client's goroutines and closes its
+// transport. Messages left waiting for a window are dropped, counted
+// (Drops.Closed) and reported in the error. Blocked Send and Recv calls
+// return ErrClosed; a Handler call in progress is waited for. It is safe
+// to call more than once.
 func (c *Client) Close() error {
 	var err error
 	c.once.Do(func() {
@@ -205,6 +208,23 @@ func (c *Client) Close() error {
 		c.cancel()
 		err = c.tr.Close()
 		c.wg.Wait()
+		// Counted once nothing can send any more: a credit that the
+		// receive goroutine took meanwhile may have opened a window.
+		unsent := 0
+		for _, s := range c.shards {
+			s.mu.Lock()
+			for _, l := range s.links {
+				if l != nil {
+					unsent += l.unsent()
+				}
+			}
+			s.mu.Unlock()
+		}
+		if unsent > 0 {
+			c.ctr.drop(dropClosed, uint64(unsent))
+			err = errors.Join(fmt.Errorf("messaging: close: %d messages not sent (the receiver's window stayed closed); "+
+				"call Flush(ctx) before Close to wait for it", unsent), err)
+		}
 	})
 	return err
 }

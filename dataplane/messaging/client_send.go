@@ -177,9 +177,11 @@ func (c *Client) sendSlow(ctx context.Context, s *shard, h int32, rank uint32, p
 		s.lastSend = now
 		s.sends++
 		s.seen = s.sends
-		ok := l.write(rank, payload, &p, now, &s.out, s.dirtyF)
+		// A dead peer and a reset are handled above, under the same lock:
+		// write does not drop here.
+		res := l.write(rank, payload, &p, now, &s.out, s.dirtyF)
 		s.send()
-		if ok {
+		if res != writeWait {
 			c.put(s)
 			return nil
 		}

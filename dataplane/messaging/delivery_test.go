@@ -3,11 +3,15 @@ package messaging
 import (
 	"context"
 	"math/rand/v2"
+	"net/netip"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/lovelock-dpu/lovelock/dataplane/messaging/bundle"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport/memnet"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 )
 
 // exchange has every client send n messages of random sizes (1 B to
@@ -254,4 +258,39 @@ func TestMisdirectedCredits(t *testing.T) {
 		t.Errorf("no credit was misdirected; the test does not exercise the mailbox")
 	}
 	tc.noDrops(t)
+}
+
+// TestMisdirectedMailboxFull: a credit passed to the worker that owns its
+// link counts as misdirected when that worker's mailbox takes it; when the
+// mailbox is full it is lost and counted under mailbox only, not twice.
+func TestMisdirectedMailboxFull(t *testing.T) {
+	mem := memnet.New(memnet.Options{})
+	group, err := mem.ListenGroup(netip.MustParseAddrPort("127.0.0.1:0"), 2, func([]byte) int { return 0 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Defaults()
+	cfg.Mode, cfg.Workers = ModeHost, 2
+	cfg.Nodes = []Node{{Name: "node0", Agent: group[0].LocalAddr(), Clients: []ClientSpec{
+		{Name: "c0", Addr: netip.MustParseAddrPort("127.0.0.1:7000"), Ranks: Range(0, 0)},
+	}}}
+	a, err := NewAgent(cfg, "node0", AgentOptions{Transports: []transport.Transport{group[0], group[1]}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	w0, w1 := a.workers[0], a.workers[1]
+	for len(w1.mailbox) < cap(w1.mailbox) {
+		w1.mailbox <- mail{}
+	}
+	h := wire.Header{Type: wire.TypeCredit, Dst: uint32(AgentEndpoint(0, 1))}
+	w0.credit(h, bundle.Credit{}, netip.AddrPort{}, []byte{1}, 0)
+	if m, d := w0.ctr.misdirected.Load(), w0.ctr.drops[dropMailbox].Load(); m != 0 || d != 1 {
+		t.Errorf("a credit for a full mailbox: misdirected %d, mailbox drops %d; want 0, 1", m, d)
+	}
+	<-w1.mailbox
+	w0.credit(h, bundle.Credit{}, netip.AddrPort{}, []byte{1}, 0)
+	if m, d := w0.ctr.misdirected.Load(), w0.ctr.drops[dropMailbox].Load(); m != 1 || d != 1 {
+		t.Errorf("a credit the mailbox took: misdirected %d, mailbox drops %d; want 1, 1", m, d)
+	}
 }

@@ -2,9 +2,17 @@ package messaging
 
 import (
 	"context"
+	"fmt"
+	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/messaging/bundle"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/memnet"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 )
 
 // TestLoneMessageFlushTimeout: a single message, with idle flushing out of
@@ -142,5 +150,101 @@ func TestFlush(t *testing.T) {
 	waitCount(t, tc.sinks[0][1:], 200, 5*time.Second)
 	if f := tc.agents[0].Stats().Sent().Flushes; f.Explicit == 0 {
 		t.Errorf("agent flushes %+v, want an explicit one at shutdown", f)
+	}
+}
+
+// TestCloseCountsUnsent: Close does not wait for a receiver's window. The
+// messages whose bundles still wait for it are dropped, counted (closed)
+// and reported in Close's error, although every Send returned nil.
+func TestCloseCountsUnsent(t *testing.T) {
+	const window = 4
+	mem := memnet.New(memnet.Options{})
+	self, err := mem.Listen(netip.MustParseAddrPort("127.0.0.1:0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err := mem.Listen(netip.MustParseAddrPort("127.0.0.1:0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Defaults()
+	cfg.Mode, cfg.Tenant, cfg.SenderShards = ModeNone, 7, 1
+	cfg.TransferSize, cfg.BuffersPerDest = 512, window
+	cfg.Nodes = []Node{{Name: "node0", Clients: []ClientSpec{
+		{Name: "c0", Addr: self.LocalAddr(), Ranks: Range(0, 0)},
+		{Name: "c1", Addr: peer.LocalAddr(), Ranks: Range(1, 1)},
+	}}}
+	c, err := NewClient(cfg, "node0", "c0", ClientOptions{Transport: self})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	// The peer acknowledges every bundle and answers every probe, but its
+	// window never moves past the first one.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	got := map[uint32]bool{} // the bundles (one message each) that arrived
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		pkts := make([]transport.Packet, 8)
+		for i := range pkts {
+			pkts[i].Data = make([]byte, 2048)
+		}
+		next := uint32(0)
+		for {
+			n, err := peer.Recv(ctx, pkts)
+			if err != nil {
+				return
+			}
+			var out []transport.Packet
+			for _, p := range pkts[:n] {
+				h, payload, err := wire.Decode(p.Data)
+				if err != nil {
+					continue
+				}
+				var session uint32
+				if h.Type == wire.TypeBundle {
+					pre, _, err := bundle.ParsePreamble(payload)
+					if err != nil {
+						continue
+					}
+					session, got[h.Seq] = pre.Session, true
+					for got[next] {
+						next++
+					}
+				} else if cr, err := bundle.ParseCredit(payload); err == nil {
+					session = cr.Session // a probe
+				}
+				hdr := wire.Header{Version: wire.Version, Type: wire.TypeCredit, Tenant: 7, Src: h.Dst, Dst: h.Src, Seq: next}
+				credit := bundle.Credit{Session: session, Limit: window}.AppendTo(nil)
+				out = append(out, transport.Packet{Addr: p.Addr, Data: hdr.AppendTo(nil, credit)})
+			}
+			_, _ = peer.Send(out)
+		}
+	}()
+
+	// 400-byte messages fill a bundle each: the first window goes out and
+	// is acknowledged, the second waits for a window that stays closed.
+	const n = 2 * window
+	for i := range uint32(n) {
+		if err := c.SendContext(ctx, 1, payload(0, i, 1, 400)); err != nil {
+			t.Fatalf("send %d: %v", i, err)
+		}
+	}
+	err = c.Close()
+	cancel()
+	<-done
+	lost := uint64(n - len(got))
+	if lost == 0 {
+		t.Fatalf("the peer received all %d messages: the test does not hold bundles back", n)
+	}
+	want := fmt.Sprintf("messaging: close: %d messages not sent", lost)
+	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "Flush") {
+		t.Errorf("Close: %v, want an error saying %q and to call Flush", err, want)
+	}
+	if d := c.Stats().Drops.Closed; d != lost {
+		t.Errorf("drops.closed %d, want %d (the messages the peer never received)", d, lost)
 	}
 }

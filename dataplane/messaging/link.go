@@ -73,6 +73,7 @@ type outLink struct {
 	nextSeq, base uint32 // next to assign; oldest unacknowledged
 	limit         uint32 // may send seq < limit
 	fragOwner     *progress
+	fragHead      *txBuf   // the buffer holding fragOwner's head, until it is acknowledged
 	limbo         []*txBuf // freed, but maybe still in the owner's unsent batch
 	lastHeard     int64    // last credit, or when the link last became busy
 	lastProbe     int64
@@ -135,6 +136,9 @@ func (l *outLink) release(b *txBuf) {
 // transport: it waits in limbo until the owner calls settle after sending,
 // so that no new message overwrites it first.
 func (l *outLink) retire(b *txBuf, now int64) {
+	if b == l.fragHead {
+		l.fragHead = nil // the head was acknowledged: no buffer left counts the message, reset must
+	}
 	if b.sentAt == now {
 		l.limbo = append(l.limbo, b)
 		return
@@ -179,26 +183,36 @@ func (l *outLink) appendFast(rank uint32, payload []byte) bool {
 	return true
 }
 
-// write appends message (rank, payload) from p onwards. It returns true
-// when the whole message is written (or dropped because the link was reset
-// since it began), false when it must wait for a free buffer; p records how
-// far it got. Full buffers are closed and sent within the window (appended
-// to out); newDirty is called when a buffer receives its first record.
-func (l *outLink) write(rank uint32, payload []byte, p *progress, now int64, out *[]transport.Packet, newDirty func(*outLink)) bool {
+// writeResult is what write did with a message.
+type writeResult uint8
+
+const (
+	writeDone    writeResult = iota // all of it is in the send buffers
+	writeDropped                    // dropped (dead peer, or reset since it began) and counted
+	writeWait                       // it must wait for a free buffer
+)
+
+// write appends message (rank, payload) from p onwards: writeDone when the
+// whole message is written, writeDropped when it was dropped because the
+// peer is dead or the link was reset since it began, writeWait when it must
+// wait for a free buffer; p records how far it got. Full buffers are closed
+// and sent within the window (appended to out); newDirty is called when a
+// buffer receives its first record.
+func (l *outLink) write(rank uint32, payload []byte, p *progress, now int64, out *[]transport.Packet, newDirty func(*outLink)) writeResult {
 	if p.started && p.epoch != l.epoch {
-		return true // the stream it began in is gone (peer reset): dropped, counted there
+		return writeDropped // the stream it began in is gone (peer reset): counted there
 	}
 	if l.dead {
 		l.ctr.drop(dropDeadPeer, 1)
-		return true
+		return writeDropped
 	}
 	if l.fragOwner != nil && l.fragOwner != p {
-		return false
+		return writeWait
 	}
 	for {
 		if l.cur == nil {
 			if l.cur = l.takeBuf(); l.cur == nil {
-				return false
+				return writeWait
 			}
 		}
 		c := l.cur
@@ -206,7 +220,7 @@ func (l *outLink) write(rank uint32, payload []byte, p *progress, now int64, out
 		b, n, more := bundle.AppendMessage(c.b, l.tsize, l.room, rank, payload, p.done)
 		if n < 0 {
 			if empty {
-				return true // cannot happen (an empty bundle takes any part); never spin
+				return writeDropped // cannot happen (an empty bundle takes any part); never spin
 			}
 			l.close(flushFull, now, out) // start over in an empty buffer
 			continue
@@ -222,6 +236,9 @@ func (l *outLink) write(rank uint32, payload []byte, p *progress, now int64, out
 		if !p.started {
 			p.started, p.epoch = true, l.epoch
 			c.msgs++
+			if more {
+				l.fragHead = c
+			}
 		}
 		p.done += n
 		if more {
@@ -231,9 +248,9 @@ func (l *outLink) write(rank uint32, payload []byte, p *progress, now int64, out
 			continue
 		}
 		if l.fragOwner == p {
-			l.fragOwner = nil
+			l.fragOwner, l.fragHead = nil, nil
 		}
-		return true
+		return writeDone
 	}
 }
 
@@ -251,6 +268,21 @@ func (l *outLink) close(why flushReason, now int64, out *[]transport.Packet) {
 	l.ready = append(l.ready, c)
 	l.st.flushes[why].Add(1)
 	l.pump(now, out)
+}
+
+// unsent returns the messages that wait for the window: those that begin
+// in a waiting bundle, and a fragmented message whose head went out in an
+// earlier bundle while its rest waits.
+func (l *outLink) unsent() int {
+	n := 0
+	for i, b := range l.ready[l.rhead:] {
+		n += b.msgs
+		if i == 0 && len(b.b) >= bundle.Overhead+bundle.RecordHeaderLen &&
+			binary.BigEndian.Uint32(b.b[bundle.Overhead+4:]) == bundle.ContinuationRank {
+			n++
+		}
+	}
+	return n
 }
 
 // pump sends ready bundles while the window is open.
@@ -412,6 +444,9 @@ func (l *outLink) probe(now int64, out *[]transport.Packet) {
 // counted), and the link starts a new session.
 func (l *outLink) reset(now int64) {
 	drop := 0
+	if l.fragOwner != nil && l.fragHead == nil {
+		drop = 1 // a fragmented message whose head was acknowledged: no buffer below counts it
+	}
 	for _, b := range l.ready[l.rhead:] {
 		drop += b.msgs
 		l.release(b)
@@ -436,7 +471,7 @@ func (l *outLink) reset(now int64) {
 	l.session = newSession()
 	l.epoch++
 	l.nextSeq, l.base, l.limit = 0, 0, l.window
-	l.fragOwner = nil
+	l.fragOwner, l.fragHead = nil, nil
 }
 
 // linkKey identifies an incoming link: the sender's endpoint and session.

@@ -118,7 +118,7 @@ func (r *receiver) onBundle(p *transport.Packet, h wire.Header, payload []byte, 
 	if l.unsure {
 		// Not before the sender confirms where the link starts: this
 		// credit asks for the probe that does.
-		r.ctr.refused.Add(1)
+		r.ctr.unconfirmed.Add(1)
 		r.creditDue(l)
 		return
 	}

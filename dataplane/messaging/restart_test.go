@@ -229,7 +229,7 @@ func TestStaleBaseHandshake(t *testing.T) {
 	var p progress
 	for i := range 6 {
 		p = progress{}
-		if !out.write(1, make([]byte, 200), &p, int64(i), &pkts, func(*outLink) {}) {
+		if out.write(1, make([]byte, 200), &p, int64(i), &pkts, func(*outLink) {}) != writeDone {
 			t.Fatalf("write %d blocked", i)
 		}
 		out.close(flushExplicit, int64(i), &pkts)
@@ -378,4 +378,151 @@ func TestDeadAgent(t *testing.T) {
 	clk.advanceUntil(t, rto, 10000, "the message after the restart arrives", func() bool {
 		return tc.sinks[1][0].count.Load() > before
 	})
+}
+
+// TestDeadClientNotDelivered: once an agent has declared a local client
+// dead, the messages it drops for that client's ranks count as dead_peer
+// drops only, not also as delivered (handed to the client's send buffers).
+func TestDeadClientNotDelivered(t *testing.T) {
+	mem := memnet.New(memnet.Options{})
+	clk := newManualClock()
+	clk.quiet = func() bool { return mem.Queued() == 0 }
+	const rto = 10 * time.Millisecond
+	tc := startCluster(t, spec{mode: ModeHost, nodes: 1, clientsPerNode: 2, ranksPerClient: 1, workers: 1,
+		mem: mem, clock: clk, handler: true,
+		tune: func(c *Config) {
+			c.TransferSize = 512
+			c.BuffersPerDest = 2
+			c.RetransmitTimeout = Duration(rto)
+			c.PeerTimeout = Duration(8 * rto)
+		}})
+	src, a := tc.clients[0][0], tc.agents[0]
+	dead := tc.cfg.Nodes[0].Clients[1].Ranks[0].Lo
+	if err := tc.clients[0][1].Close(); err != nil {
+		t.Fatal(err)
+	}
+	// A message keeps the agent's link to the closed client busy until
+	// peer_timeout passes without an answer.
+	if err := src.Send(dead, payload(0, 0, dead, 100)); err != nil {
+		t.Fatal(err)
+	}
+	clk.advanceUntil(t, rto, 1000, "the agent declares the closed client dead", func() bool {
+		d, _ := a.Stats().Dest("node0/c1")
+		return d.PeerDead
+	})
+	before := a.Stats()
+	const k = 50
+	for i := range uint32(k) {
+		if err := src.Send(dead, payload(0, 1+i, dead, 20)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := src.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	clk.advanceUntil(t, rto, 1000, "the agent routes the messages", func() bool {
+		return a.Stats().Received.Messages >= before.Received.Messages+k
+	})
+	after := a.Stats()
+	if d := after.Received.Delivered - before.Received.Delivered; d != 0 {
+		t.Errorf("%d of %d messages for the dead client counted as delivered, want 0", d, k)
+	}
+	if d := after.Drops.DeadPeer - before.Drops.DeadPeer; d != k {
+		t.Errorf("dead_peer drops grew by %d, want %d", d, k)
+	}
+}
+
+// TestResetCountsAckedHead: a fragmented message whose head bundle was
+// acknowledged, its rest still held, is counted as a dead_peer drop when
+// the peer is declared dead (no buffer held counts it), and the writer that
+// comes back to it learns it was dropped.
+func TestResetCountsAckedHead(t *testing.T) {
+	const window, rto, peerTO = 2, int64(time.Millisecond), int64(100 * time.Millisecond)
+	ctr := &counters{}
+	out := newOutLink("peer", netip.MustParseAddrPort("127.0.0.1:9"), 7, AgentEndpoint(0, 0), AgentEndpoint(1, 0), 256, window, ctr)
+	var pkts []transport.Packet
+	var p progress
+	// 1000 bytes over 256-byte bundles: the head and a continuation take
+	// the window's two buffers, the rest waits.
+	if r := out.write(1, make([]byte, 1000), &p, 0, &pkts, func(*outLink) {}); r != writeWait {
+		t.Fatalf("write: %v, want to wait for a buffer", r)
+	}
+	if out.nextSeq != 2 {
+		t.Fatalf("%d bundles sent, want 2", out.nextSeq)
+	}
+	if !out.onCredit(1, bundle.Credit{Session: out.session, Limit: 1 + window}, 1, rto, &pkts) || out.freed != 1 {
+		t.Fatalf("credit acking the head freed %d buffers, want 1", out.freed)
+	}
+	if _, reset := out.maintain(1+peerTO, rto, peerTO, &pkts); !reset {
+		t.Fatal("no reset after peer_timeout of silence")
+	}
+	if n := ctr.drops[dropDeadPeer].Load(); n != 1 {
+		t.Errorf("dead_peer drops %d, want 1: the message whose head was acknowledged", n)
+	}
+	if r := out.write(1, make([]byte, 1000), &p, 2+peerTO, &pkts, func(*outLink) {}); r != writeDropped {
+		t.Errorf("the writer coming back: %v, want dropped", r)
+	}
+	if n := ctr.drops[dropDeadPeer].Load(); n != 1 {
+		t.Errorf("dead_peer drops %d after the writer came back, want still 1", n)
+	}
+}
+
+// rxTestOwner is an rxOwner that takes every datagram, admits bundles
+// unless draining, and counts the bundles it gets in order.
+type rxTestOwner struct {
+	draining bool
+	taken    int
+}
+
+func (o *rxTestOwner) ours(Endpoint) bool         { return true }
+func (o *rxTestOwner) admit(*inLink, uint32) bool { return !o.draining }
+func (o *rxTestOwner) inOrder(l *inLink, _ rxWork, _ *transport.Packet) {
+	o.taken++
+	l.consumed.Add(1)
+}
+func (o *rxTestOwner) credit(wire.Header, bundle.Credit, netip.AddrPort, []byte, int64) {}
+
+// TestUnconfirmedNotDraining: bundles a receiver refuses on a link it met
+// in mid-stream, until the sender's probe confirms where the link starts,
+// are counted as unconfirmed, on any receiver; refused counts only the
+// bundles a draining agent leaves unacknowledged.
+func TestUnconfirmedNotDraining(t *testing.T) {
+	const window = 8
+	out := newOutLink("peer", netip.MustParseAddrPort("127.0.0.1:9"), 7, AgentEndpoint(0, 0), AgentEndpoint(1, 0), 256, window, &counters{})
+	var pkts []transport.Packet
+	for i := range 3 {
+		var p progress
+		if out.write(1, make([]byte, 200), &p, int64(i), &pkts, func(*outLink) {}) != writeDone {
+			t.Fatalf("write %d blocked", i)
+		}
+		out.close(flushExplicit, int64(i), &pkts)
+	}
+	cfg := Defaults()
+	cfg.Tenant, cfg.BuffersPerDest = 7, window
+	ctr, owner := &counters{}, &rxTestOwner{}
+	var credits []transport.Packet
+	r := newReceiver(&cfg, 0, ctr, owner, &credits)
+
+	// Seq 1 with base 0 introduces the link: unsure, refused until a probe.
+	r.handle(&pkts[1], 1)
+	if owner.taken != 0 || ctr.unconfirmed.Load() != 1 || ctr.refused.Load() != 0 {
+		t.Fatalf("bundle on an unsure link: taken %d, unconfirmed %d, refused %d; want 0, 1, 0",
+			owner.taken, ctr.unconfirmed.Load(), ctr.refused.Load())
+	}
+	var probe []transport.Packet
+	out.probe(2, &probe)
+	r.handle(&probe[0], 2)
+	r.handle(&pkts[0], 3)
+	r.handle(&pkts[1], 3)
+	if owner.taken != 2 {
+		t.Fatalf("after the probe confirmed the base: %d bundles taken, want 2", owner.taken)
+	}
+
+	// A draining owner refuses the next bundle: refused, not unconfirmed.
+	owner.draining = true
+	r.handle(&pkts[2], 4)
+	if owner.taken != 2 || ctr.refused.Load() != 1 || ctr.unconfirmed.Load() != 1 {
+		t.Fatalf("bundle refused while draining: taken %d, refused %d, unconfirmed %d; want 2, 1, 1",
+			owner.taken, ctr.refused.Load(), ctr.unconfirmed.Load())
+	}
 }

@@ -63,8 +63,10 @@ type DestStats struct {
 	// Blocked counts the times a message found no free send buffer and
 	// had to wait: on an agent's blocklist, or in a client's Send.
 	Blocked uint64 `json:"blocked"`
-	// Probes counts credit probes sent while the receiver's window was
-	// closed.
+	// Probes counts credit probes sent: while the receiver's window stayed
+	// closed with nothing in flight, to a dead next hop until it answers,
+	// and to confirm the link's base to a receiver whose credit acked less
+	// than it (one met in mid-stream after a restart).
 	Probes uint64 `json:"probes"`
 	// PeerResets counts declarations that the next hop is dead.
 	PeerResets uint64 `json:"peer_resets"`
@@ -105,12 +107,18 @@ type RecvStats struct {
 	// a local client's send buffers (agents).
 	Delivered uint64 `json:"delivered"`
 	// Misdirected counts credits that reached the wrong agent worker and
-	// were passed to the right one.
+	// were passed to the right one (one its full mailbox could not take
+	// is counted in Drops.Mailbox instead).
 	Misdirected uint64 `json:"misdirected"`
 	// Refused counts bundles an agent left unacknowledged while it
 	// drained before stopping (AgentOptions.Drain): their senders send
 	// them again, to the agent's next run. Nothing is lost.
 	Refused uint64 `json:"refused"`
+	// Unconfirmed counts bundles an agent or client left unacknowledged
+	// on a link it met in mid-stream (after its own or the sender's
+	// restart), until the sender's probe confirmed where the link starts:
+	// their senders send them again. Nothing is lost.
+	Unconfirmed uint64 `json:"unconfirmed"`
 }
 
 // DropStats counts drops by reason. Messages are counted where a message
@@ -152,13 +160,16 @@ type DropStats struct {
 	SendErrors uint64 `json:"send_errors"`
 	// Mailbox: credits lost between agent workers (the mailbox was full).
 	Mailbox uint64 `json:"mailbox"`
+	// Closed: messages a client's Close could not send, their bundles
+	// waiting for the receiver's window (Flush before Close waits for it).
+	Closed uint64 `json:"closed"`
 }
 
 // Total returns the sum of every drop counter but StaleCredit, which is
 // harmless.
 func (d DropStats) Total() uint64 {
 	return d.Malformed + d.BadBundle + d.BadCredit + d.UnknownRank + d.WrongTenant + d.WrongDest +
-		d.OutOfWindow + d.Oversize + d.Orphans + d.TooManyLinks + d.DeadPeer + d.SendErrors + d.Mailbox
+		d.OutOfWindow + d.Oversize + d.Orphans + d.TooManyLinks + d.DeadPeer + d.SendErrors + d.Mailbox + d.Closed
 }
 
 // Dest returns the destination named name and whether there is one.
@@ -259,6 +270,7 @@ const (
 	dropStaleCredit
 	dropSendErrors
 	dropMailbox
+	dropClosed
 	numDropReasons
 )
 
@@ -269,7 +281,7 @@ type counters struct {
 	duplicates, outOfOrder   atomic.Uint64
 	credits, probes          atomic.Uint64
 	delivered, misdirected   atomic.Uint64
-	refused                  atomic.Uint64
+	refused, unconfirmed     atomic.Uint64
 	drops                    [numDropReasons]atomic.Uint64
 }
 
@@ -287,10 +299,11 @@ func (c *counters) addTo(r *RecvStats, d *DropStats) {
 	r.Delivered += c.delivered.Load()
 	r.Misdirected += c.misdirected.Load()
 	r.Refused += c.refused.Load()
+	r.Unconfirmed += c.unconfirmed.Load()
 	for i, f := range []*uint64{
 		&d.Malformed, &d.BadBundle, &d.BadCredit, &d.UnknownRank, &d.WrongTenant, &d.WrongDest,
 		&d.OutOfWindow, &d.Oversize, &d.Orphans, &d.TooManyLinks, &d.DeadPeer, &d.StaleCredit,
-		&d.SendErrors, &d.Mailbox,
+		&d.SendErrors, &d.Mailbox, &d.Closed,
 	} {
 		*f += c.drops[i].Load()
 	}

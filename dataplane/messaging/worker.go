@@ -318,15 +318,17 @@ func (w *worker) route(l *inLink, r *bundle.Reader) bool {
 		return true
 	}
 	out := w.links[h]
-	if !out.write(m.rank, m.data, &m.p, w.now, &w.out, w.markDirty) {
+	switch out.write(m.rank, m.data, &m.p, w.now, &w.out, w.markDirty) {
+	case writeWait:
 		if !m.waited {
 			m.waited = true
 			out.st.blocked.Add(1)
 		}
 		return false
-	}
-	if out.isClientHop {
-		w.delivered++
+	case writeDone:
+		if out.isClientHop {
+			w.delivered++
+		}
 	}
 	if !m.fromPartial {
 		w.routeRun(out, h, r)
@@ -422,8 +424,9 @@ func (w *worker) runLink(l *inLink) bool {
 // passed on to it through its mailbox.
 func (w *worker) credit(h wire.Header, c bundle.Credit, addr netip.AddrPort, raw []byte, _ int64) {
 	if owner := Endpoint(h.Dst).Worker() % len(w.a.workers); owner != w.idx {
-		w.ctr.misdirected.Add(1)
-		w.a.workers[owner].post(mail{addr: addr, data: append([]byte(nil), raw...)}, &w.ctr)
+		if w.a.workers[owner].post(mail{addr: addr, data: append([]byte(nil), raw...)}, &w.ctr) {
+			w.ctr.misdirected.Add(1) // a credit lost to a full mailbox counts there only
+		}
 		return
 	}
 	w.ctr.credits.Add(1)
@@ -440,16 +443,20 @@ func (w *worker) credit(h wire.Header, c bundle.Credit, addr netip.AddrPort, raw
 	}
 }
 
-// post hands a credit to this worker from another and wakes it.
-func (w *worker) post(m mail, from *counters) {
+// post hands a credit to this worker from another and wakes it. It
+// reports whether the mailbox took it; when full, the credit is dropped and
+// counted in from.
+func (w *worker) post(m mail, from *counters) bool {
 	select {
 	case w.mailbox <- m:
 		w.mailFlag.Store(true)
 		if f := w.wake.Load(); f != nil {
 			(*f)()
 		}
+		return true
 	default:
 		from.drop(dropMailbox, 1)
+		return false
 	}
 }
 

@@ -4,6 +4,8 @@ import (
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/messaging"
 )
 
 var (
@@ -14,7 +16,11 @@ var (
 	msgRetrans  = prometheus.NewDesc("lovelock_msg_retransmits_total", "Bundles sent again, by next hop.", []string{"dest"}, nil)
 	msgRecv     = prometheus.NewDesc("lovelock_msg_received_messages_total", "Messages the messaging agent received.", nil, nil)
 	msgDrops    = prometheus.NewDesc("lovelock_msg_drops_total", "Messages or datagrams the messaging agent dropped, by reason.", []string{"reason"}, nil)
-	msgPath     = prometheus.NewDesc("lovelock_msg_transport_datagrams_total",
+	msgRefused  = prometheus.NewDesc("lovelock_msg_refused_bundles_total",
+		"Bundles the messaging agent left unacknowledged for their senders to send again (nothing lost), by reason: draining (stopping), "+
+			"unconfirmed (a link met in mid-stream, until its sender confirmed where it starts).",
+		[]string{"reason"}, nil)
+	msgPath = prometheus.NewDesc("lovelock_msg_transport_datagrams_total",
 		"Datagrams of the messaging agent's transports (transport xdp), by worker, path (xsk: an AF_XDP socket, kernel: the kernel UDP socket beside them), interface and direction.",
 		[]string{"worker", "path", "iface", "dir"}, nil)
 	msgXSKDrops = prometheus.NewDesc("lovelock_msg_xsk_dropped_total", "Frames the kernel dropped for an agent worker's AF_XDP socket (RX ring full, no fill frame).",
@@ -23,7 +29,7 @@ var (
 
 // Describe implements prometheus.Collector.
 func (s *Service) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{msgBytes, msgMessages, msgBundles, msgFlushes, msgRetrans, msgRecv, msgDrops, msgPath, msgXSKDrops} {
+	for _, d := range []*prometheus.Desc{msgBytes, msgMessages, msgBundles, msgFlushes, msgRetrans, msgRecv, msgDrops, msgRefused, msgPath, msgXSKDrops} {
 		ch <- d
 	}
 }
@@ -31,10 +37,13 @@ func (s *Service) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector: the agent's counters, when it
 // runs.
 func (s *Service) Collect(ch chan<- prometheus.Metric) {
-	st, ok := s.AgentStats()
-	if !ok {
-		return
+	if st, ok := s.AgentStats(); ok {
+		collect(st, ch)
 	}
+}
+
+// collect sends the metrics of an agent's counters st.
+func collect(st messaging.Stats, ch chan<- prometheus.Metric) {
 	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 	}
@@ -49,6 +58,8 @@ func (s *Service) Collect(ch chan<- prometheus.Metric) {
 		counter(msgFlushes, d.Flushes.Explicit, d.Name, "explicit")
 	}
 	counter(msgRecv, st.Received.Messages)
+	counter(msgRefused, st.Received.Refused, "draining")
+	counter(msgRefused, st.Received.Unconfirmed, "unconfirmed")
 	dr := st.Drops
 	for reason, v := range map[string]uint64{
 		"malformed": dr.Malformed, "bad_bundle": dr.BadBundle, "bad_credit": dr.BadCredit, "unknown_rank": dr.UnknownRank,
