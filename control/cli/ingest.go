@@ -81,11 +81,7 @@ func ingestStats(c *ucli.Context) error {
 		fmt.Fprintf(w, "  host registrations %d (%d failed), host lost %d, reassembly timeouts %d\n", a.Registrations, a.RegisterFailed, a.HostLost, a.ReassemblyTimeouts)
 	}
 	if h := rep.Host; h != nil {
-		reg := "registered"
-		if !h.Registered {
-			reg = "NOT registered"
-		}
-		fmt.Fprintf(w, "GPU host agent: epoch %s, %s with its DPU; %d GPUs of %d slots\n", h.Epoch, reg, h.GPUs, h.Slots)
+		fmt.Fprintf(w, "GPU host agent: epoch %s, %d GPUs of %d slots; %s\n", h.Epoch, h.GPUs, h.Slots, hostRegistration(h))
 		fmt.Fprintf(w, "  doorbells %d (%d repeated, %d stale); ran %d, failed %d; %d bytes in, %d out; device time %v\n",
 			h.Doorbells, h.Repeats, h.Stale, h.Completed, h.Failed, h.BytesIn, h.BytesOut, h.DeviceTime.Round(time.Microsecond))
 		fmt.Fprintf(w, "  handles served %d, refused %d\n", h.HandlesServed, h.HandleRefused)
@@ -104,6 +100,23 @@ func ingestStats(c *ucli.Context) error {
 		}
 	}
 	return nil
+}
+
+// hostRegistration says whether the DPU acknowledges the host agent, and
+// when not, what that looks like and where to look.
+func hostRegistration(h *hostagent.Stats) string {
+	switch {
+	case h.Registered:
+		return "registered with its DPU"
+	case h.LastAck > 0:
+		ago := h.LastAck.Round(time.Second)
+		if ago == 0 {
+			ago = h.LastAck.Round(time.Millisecond)
+		}
+		return fmt.Sprintf("not registered: last ack from its DPU %v ago; is the DPU's lovelockd running?", ago)
+	default:
+		return "not registered: no ack from its DPU yet; is the DPU's lovelockd running ingest, and does its host_listen match this host's dpu? (its log says why if it refused)"
+	}
 }
 
 func refusals(m map[string]uint64) string {

@@ -138,10 +138,14 @@ type ModelInfo struct {
 	OutPerRow   bool     `json:"out_per_row"`
 	Profile     string   `json:"profile"` // the MIG profile its requests ask for
 	Tenants     []uint32 `json:"tenants,omitempty"`
+	// Ready is whether a GPU host is registered now and runs the model:
+	// whether a request for it can be served, as KServe's ModelReady
+	// means. A configured model is listed either way.
+	Ready bool `json:"ready"`
 }
 
-// Catalog lists the models a front end may offer; the DPU agent
-// implements it.
+// Catalog lists the models a front end may offer, whether ready or not;
+// the DPU agent implements it.
 type Catalog interface {
 	Models() []ModelInfo
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/kserve"
+	pb "github.com/lovelock-dpu/lovelock/dataplane/ingest/kserve/inferencepb"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/model"
 )
 
@@ -21,19 +22,7 @@ import (
 // is the request's.
 func TestKServeFrontEnd(t *testing.T) {
 	r := newRig(t, rigOptions{tenants: []TenantConfig{{ID: 1, Models: []string{"checksum", "mlp"}}, {ID: 2, Models: []string{"checksum"}}}})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := kserve.NewGRPCServer(r.agent, r.agent, kserve.Options{})
-	go srv.Serve(ln)
-	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(kserve.DefaultMaxRecvMsgSize), grpc.MaxCallRecvMsgSize(kserve.DefaultMaxRecvMsgSize)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := r.kserve()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
@@ -67,4 +56,65 @@ func TestKServeFrontEnd(t *testing.T) {
 	if s := r.agent.Stats(); s.InFlight != 0 || s.BufferBytes != 0 {
 		t.Errorf("left behind: %d in flight, %d bytes", s.InFlight, s.BufferBytes)
 	}
+}
+
+// kserve serves the KServe front end over the rig's agent and returns a
+// client connection to it.
+func (r *rig) kserve() *grpc.ClientConn {
+	r.t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	srv := kserve.NewGRPCServer(r.agent, r.agent, kserve.Options{})
+	go srv.Serve(ln)
+	r.t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(kserve.DefaultMaxRecvMsgSize), grpc.MaxCallRecvMsgSize(kserve.DefaultMaxRecvMsgSize)))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// TestKServeReadiness: ServerReady and ModelReady over the real agent say
+// whether a request could be served now: a model is ready while a GPU host
+// is registered and runs it, the server while any model is; a configured
+// model the host does not run is never ready, and every configured model
+// keeps its metadata throughout.
+func TestKServeReadiness(t *testing.T) {
+	r := newRig(t, rigOptions{models: []ModelConfig{{Name: "checksum"}, {Name: "mlp"}, {Name: "mine"}},
+		tweak: func(c *Config) { c.HostTimeout = 300 * time.Millisecond }})
+	c := pb.NewGRPCInferenceServiceClient(r.kserve())
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	check := func(when string, server bool, models map[string]bool) {
+		t.Helper()
+		if res, err := c.ServerReady(ctx, &pb.ServerReadyRequest{}); err != nil || res.GetReady() != server {
+			t.Errorf("%s: ServerReady %v, %v; want %v", when, res.GetReady(), err, server)
+		}
+		if res, err := c.ServerLive(ctx, &pb.ServerLiveRequest{}); err != nil || !res.GetLive() {
+			t.Errorf("%s: ServerLive %v, %v; want live", when, res.GetLive(), err)
+		}
+		for name, want := range models {
+			if res, err := c.ModelReady(ctx, &pb.ModelReadyRequest{Name: name}); err != nil || res.GetReady() != want {
+				t.Errorf("%s: ModelReady %s %v, %v; want %v", when, name, res.GetReady(), err, want)
+			}
+			if _, err := c.ModelMetadata(ctx, &pb.ModelMetadataRequest{Name: name}); err != nil {
+				t.Errorf("%s: ModelMetadata %s: %v", when, name, err)
+			}
+		}
+	}
+	check("host registered", true, map[string]bool{"checksum": true, "mlp": true, "mine": false})
+	r.stopHost()
+	for end := time.Now().Add(10 * time.Second); r.agent.Stats().Host != nil; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("DPU never noticed the host stopped")
+		}
+	}
+	check("no host", false, map[string]bool{"checksum": false, "mlp": false, "mine": false})
+	r.startHost(0)
+	r.waitRegistered()
+	check("host registered again", true, map[string]bool{"checksum": true, "mlp": true, "mine": false})
 }

@@ -155,7 +155,8 @@ func (a *Agent) Stats() Stats {
 	return s
 }
 
-// Models implements ingest.Catalog.
+// Models implements ingest.Catalog: every configured model, ready when
+// the registered host runs it (what admission checks too).
 func (a *Agent) Models() []ingest.ModelInfo {
 	var out []ingest.ModelInfo
 	a.mu.Lock()
@@ -164,6 +165,7 @@ func (a *Agent) Models() []ingest.ModelInfo {
 		info := a.models[mc.Name].info
 		if a.host != nil {
 			info.MaxInput = a.maxInput(a.models[mc.Name], a.host)
+			info.Ready = a.host.models[mc.Name]
 		}
 		for _, t := range a.cfg.Tenants {
 			if slices.Contains(t.Models, mc.Name) {

@@ -49,7 +49,12 @@ type Agent struct {
 	// attached.
 	conns map[*net.UnixConn]*worker
 
-	registered atomic.Bool
+	// lastAck is when the DPU last acknowledged the current epoch, in ns
+	// since created (monotonic; 0: never, or it refused since): the agent
+	// is registered only while acks keep coming, since the DPU may stop
+	// without a word.
+	created time.Time
+	lastAck atomic.Int64
 	// dpuVersion is the control protocol version the DPU said in its
 	// register-ack: batches go to it only from 2 on.
 	dpuVersion atomic.Uint32
@@ -91,7 +96,7 @@ func New(cfg Config) (*Agent, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, models: map[string]*model.Model{}, ext: map[string]*extModel{}, done: map[uint64]ingest.Ctrl{}, running: map[uint64]bool{},
+	a := &Agent{cfg: cfg, created: time.Now(), models: map[string]*model.Model{}, ext: map[string]*extModel{}, done: map[uint64]ingest.Ctrl{}, running: map[uint64]bool{},
 		launched: map[uint64]launched{}, conns: map[*net.UnixConn]*worker{}}
 	for _, m := range cfg.Models {
 		a.models[m.Name] = m
@@ -138,8 +143,27 @@ func (a *Agent) free() {
 // the DPU drops every mapping of an older one.
 func (a *Agent) Epoch() uint64 { return a.epoch }
 
-// Registered reports whether the DPU has acknowledged the current epoch.
-func (a *Agent) Registered() bool { return a.registered.Load() }
+// ackWindow is how many heartbeats may go unacknowledged before the agent
+// counts itself unregistered: the DPU answers each one, so losing a
+// couple is loss, losing more is a DPU that is gone.
+const ackWindow = 3
+
+// Registered reports whether the DPU has acknowledged the current epoch
+// within the last ackWindow heartbeats.
+func (a *Agent) Registered() bool {
+	ago, ok := a.lastAckAgo()
+	return ok && ago <= ackWindow*a.cfg.Heartbeat
+}
+
+// lastAckAgo returns how long ago the DPU last acknowledged the current
+// epoch, and false if it never did (or refused it since).
+func (a *Agent) lastAckAgo() (time.Duration, bool) {
+	at := a.lastAck.Load()
+	if at == 0 {
+		return 0, false
+	}
+	return time.Since(a.created) - time.Duration(at), true
+}
 
 // Run registers with the DPU, serves handles, workers and doorbells until
 // ctx ends, then disconnects the workers and frees the buffers. The
@@ -197,9 +221,16 @@ func (a *Agent) Run(ctx context.Context) error {
 func (a *Agent) heartbeat(ctx context.Context) {
 	t := time.NewTicker(a.cfg.Heartbeat)
 	defer t.Stop()
+	registered := false
 	for {
 		a.send(ingest.Ctrl{Op: ingest.OpRegister, Epoch: a.epoch, Length: uint32(len(a.gpus)), Version: ingest.CtrlVersion, Text: a.cfg.HandleSocket})
 		a.stats.registers.Add(1)
+		// No ack arrives to say the DPU is gone: the heartbeat notices.
+		was := registered
+		if registered = a.Registered(); was && !registered {
+			ago, _ := a.lastAckAgo()
+			a.cfg.Logger.Warn("the DPU stopped acknowledging this host: no requests reach it; is the DPU's lovelockd running?", "dpu", a.cfg.DPU, "last_ack", ago.Round(time.Millisecond))
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -303,11 +334,13 @@ func (a *Agent) handleOne(ctx context.Context, from netip.AddrPort, c ingest.Ctr
 		}
 		a.dpuVersion.Store(uint32(c.Version))
 		if c.Status != ingest.StatusOK {
-			a.registered.Store(false)
+			a.lastAck.Store(0)
 			a.cfg.Logger.Warn("DPU refused registration", "err", c.Text)
 			return
 		}
-		if !a.registered.Swap(true) {
+		was := a.Registered()
+		a.lastAck.Store(max(1, int64(time.Since(a.created))))
+		if !was {
 			a.cfg.Logger.Info("registered with DPU", "dpu", from, "epoch", fmt.Sprintf("%016x", a.epoch))
 		}
 	case ingest.OpDoorbell:

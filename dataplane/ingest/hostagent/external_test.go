@@ -469,6 +469,59 @@ func TestExternalRunTimeout(t *testing.T) {
 	}
 }
 
+// TestExternalWorkersBusy: requests that find the model's only worker busy
+// for the whole run timeout fail as overloaded, which clients retry, not
+// as model-failed; once the worker is free it serves them again. The
+// worker is a Go stand-in, held busy as a run holds it, so that the wait,
+// not the worker's own run timeout, ends first.
+func TestExternalWorkersBusy(t *testing.T) {
+	r := newExtRig(t, func(c *Config) { c.RunTimeout = 200 * time.Millisecond })
+	conn, err := net.Dial("unix", r.workers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wc := conn.(*net.UnixConn)
+	defer wc.Close()
+	if err := fdpass.Write(wc, WorkerAttach{Op: "attach", Version: WorkerProtocol, Model: "idle"}); err != nil {
+		t.Fatal(err)
+	}
+	var att WorkerAttached
+	fds, err := fdpass.Read(wc, &att)
+	fdpass.CloseAll(fds)
+	if err != nil || att.Err != "" {
+		t.Fatalf("attach: %+v, %v", att, err)
+	}
+	r.waitWorkers("idle", 1, nil)
+	e := r.agent.ext["idle"]
+	w, err := e.acquire(context.Background(), 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := []uint64{r.ring(0, "idle", []byte("x")), r.ring(1, "idle", []byte("y"))}
+	for _, id := range ids {
+		c := r.complete(id)
+		wantFailure(t, c, ingest.StatusOverloaded, "the one worker of model idle stayed busy for 200ms", "retry, or attach more workers")
+		if !c.Status.Retryable() {
+			t.Errorf("request %d: %s is not retryable", id, c.Status)
+		}
+	}
+	e.release(w)
+	id := r.ring(0, "idle", []byte("z"))
+	var run WorkerRun
+	if fds, err := fdpass.Read(wc, &run); err != nil || run.Request != id {
+		t.Fatalf("worker got %+v, %v; want the run of request %d", run, err, id)
+	} else {
+		fdpass.CloseAll(fds)
+	}
+	if err := fdpass.Write(wc, WorkerDone{Op: "done", Request: run.Request, Len: run.OutLen}); err != nil {
+		t.Fatal(err)
+	}
+	wantOK(t, r.complete(id), 8)
+	if s := r.agent.Stats(); s.ExternalFailed != 2 || s.ExternalRuns != 1 || s.WorkerLost != 0 || s.Workers["idle"] != 1 {
+		t.Fatalf("stats: %+v", s)
+	}
+}
+
 // TestWorkerAttachRefused: unknown models, built-in models and other
 // protocol versions are refused with a reason, from Go and from Python.
 func TestWorkerAttachRefused(t *testing.T) {

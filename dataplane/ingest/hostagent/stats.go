@@ -17,10 +17,14 @@ type counters struct {
 
 // Stats are a host agent's counters.
 type Stats struct {
-	Epoch      string `json:"epoch"`
-	Registered bool   `json:"registered"`
-	GPUs       int    `json:"gpus"`
-	Slots      int    `json:"slots_per_gpu"`
+	Epoch string `json:"epoch"`
+	// Registered is true while the DPU acknowledges the heartbeats;
+	// LastAck is how long ago it last did, 0 if it never acknowledged
+	// this epoch (or refused it).
+	Registered bool          `json:"registered"`
+	LastAck    time.Duration `json:"last_ack_ns,omitempty"`
+	GPUs       int           `json:"gpus"`
+	Slots      int           `json:"slots_per_gpu"`
 	// Doorbells counts doorbells rung; Repeats those rung again for a
 	// request already running or done (answered without running it
 	// twice); Stale those for an older epoch's buffers.
@@ -68,8 +72,9 @@ func (a *Agent) Stats() Stats {
 		}
 		workers[name] = e.count()
 	}
+	lastAck, _ := a.lastAckAgo()
 	return Stats{
-		Epoch: fmt.Sprintf("%016x", a.epoch), Registered: a.registered.Load(), GPUs: len(a.gpus), Slots: a.cfg.Slots,
+		Epoch: fmt.Sprintf("%016x", a.epoch), Registered: a.Registered(), LastAck: lastAck, GPUs: len(a.gpus), Slots: a.cfg.Slots,
 		Doorbells: a.stats.doorbells.Load(), Repeats: a.stats.repeats.Load(), Stale: a.stats.stale.Load(),
 		Completed: a.stats.completed.Load(), Failed: a.stats.failed.Load(),
 		BytesIn: a.stats.bytesIn.Load(), BytesOut: a.stats.bytesOut.Load(), DeviceTime: time.Duration(a.stats.deviceNs.Load()),

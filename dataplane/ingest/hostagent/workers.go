@@ -165,7 +165,8 @@ func (e *extModel) count() int {
 var errNoWorker = errors.New("no worker attached")
 
 // acquire returns an idle worker. With none attached it waits up to
-// attachWait for one to attach; with all busy, up to busyWait.
+// attachWait for one to attach; with all busy, up to busyWait, then fails
+// as overloaded: the workers are fine, only too few for the load.
 func (e *extModel) acquire(ctx context.Context, attachWait, busyWait time.Duration) (*worker, error) {
 	start := time.Now()
 	for {
@@ -176,19 +177,23 @@ func (e *extModel) acquire(ctx context.Context, attachWait, busyWait time.Durati
 			e.mu.Unlock()
 			return w, nil
 		}
+		n := len(e.workers)
 		wait := busyWait
-		if len(e.workers) == 0 {
+		if n == 0 {
 			wait = attachWait
 		}
-		none := len(e.workers) == 0
 		wake := e.wake
 		e.mu.Unlock()
 		left := wait - time.Since(start)
 		if left <= 0 {
-			if none {
+			if n == 0 {
 				return nil, errNoWorker
 			}
-			return nil, fmt.Errorf("every worker of model %s stayed busy for %v", e.m.Name, busyWait)
+			who := fmt.Sprintf("all %d workers", n)
+			if n == 1 {
+				who = "the one worker"
+			}
+			return nil, ingest.Errorf(ingest.StatusOverloaded, "%s of model %s stayed busy for %v: retry, or attach more workers", who, e.m.Name, busyWait)
 		}
 		t := time.NewTimer(left)
 		select {
@@ -381,6 +386,9 @@ func (a *Agent) runExternal(ctx context.Context, m *model.Model, c ingest.Ctrl, 
 	w, err := e.acquire(ctx, a.cfg.WorkerWait, a.cfg.RunTimeout)
 	if errors.Is(err, errNoWorker) {
 		return 0, ingest.Errorf(ingest.StatusModelFailed, "no worker serves model %s on this GPU host: start one there, e.g. in Python: for req in lovelock_ingest.serve(%q, socket=%q): ... (docs/ingest.md, \"Your own model (Python)\")", m.Name, m.Name, a.cfg.WorkerSocket)
+	}
+	if ingest.StatusOf(err) == ingest.StatusOverloaded {
+		return 0, err // busy workers: retryable, not the model's failure
 	}
 	if err != nil {
 		return 0, ingest.Errorf(ingest.StatusModelFailed, "model %s: %v", m.Name, err)

@@ -25,7 +25,7 @@ import (
 )
 
 // The fake catalog: the two built-in models as the agent would describe
-// them, and test models that share checksum's tensors: "wait" blocks until
+// them with a GPU host serving them (ready), and test models that share checksum's tensors: "wait" blocks until
 // the call ends, "fail" fails with the status numbered like its tenant,
 // "plain" fails with an error that is no *ingest.Error, "badout" returns
 // an output its metadata does not allow.
@@ -33,12 +33,12 @@ var (
 	checksumInfo = ingest.ModelInfo{
 		Name: "checksum", RowBytes: 1, MaxInput: 16 << 20,
 		Datatype: "UINT8", RowShape: []int64{1},
-		OutDatatype: "UINT32", OutRowShape: []int64{2},
+		OutDatatype: "UINT32", OutRowShape: []int64{2}, Ready: true,
 	}
 	mlpInfo = ingest.ModelInfo{
 		Name: "mlp", RowBytes: model.MLPIn * 4, MaxInput: 1 << 20,
 		Datatype: "FP32", RowShape: []int64{model.MLPIn},
-		OutDatatype: "FP32", OutRowShape: []int64{model.MLPOut}, OutPerRow: true,
+		OutDatatype: "FP32", OutRowShape: []int64{model.MLPOut}, OutPerRow: true, Ready: true,
 	}
 )
 
@@ -594,6 +594,11 @@ func TestMetadata(t *testing.T) {
 	ctx := context.Background()
 	c := pb.NewGRPCInferenceServiceClient(serve(t, &fake{}, testCatalog, Options{Version: "v1.2.3"}))
 	empty := pb.NewGRPCInferenceServiceClient(serve(t, &fake{}, catalog{}, Options{}))
+	// Models configured, none served by a GPU host (none registered, or
+	// it runs other models): listed, described, not ready.
+	cold := func(info ingest.ModelInfo) ingest.ModelInfo { info.Ready = false; return info }
+	unserved := pb.NewGRPCInferenceServiceClient(serve(t, &fake{}, catalog{cold(checksumInfo), cold(mlpInfo)}, Options{}))
+	partly := pb.NewGRPCInferenceServiceClient(serve(t, &fake{}, catalog{checksumInfo, cold(mlpInfo)}, Options{}))
 
 	if r, err := c.ServerLive(ctx, &pb.ServerLiveRequest{}); err != nil || !r.GetLive() {
 		t.Errorf("ServerLive: %v, %v", r, err)
@@ -601,18 +606,28 @@ func TestMetadata(t *testing.T) {
 	for _, tc := range []struct {
 		c    pb.GRPCInferenceServiceClient
 		want bool
-	}{{c, true}, {empty, false}} {
+	}{{c, true}, {empty, false}, {unserved, false}, {partly, true}} {
 		if r, err := tc.c.ServerReady(ctx, &pb.ServerReadyRequest{}); err != nil || r.GetReady() != tc.want {
 			t.Errorf("ServerReady: %v, %v; want %v", r, err, tc.want)
 		}
+		if r, err := tc.c.ServerLive(ctx, &pb.ServerLiveRequest{}); err != nil || !r.GetLive() {
+			t.Errorf("ServerLive: %v, %v; want live whether ready or not", r, err)
+		}
 	}
 	for _, tc := range []struct {
+		c             pb.GRPCInferenceServiceClient
 		name, version string
 		want          bool
-	}{{"mlp", "", true}, {"mlp", "1", true}, {"mlp", "2", false}, {"resnet", "", false}} {
-		if r, err := c.ModelReady(ctx, &pb.ModelReadyRequest{Name: tc.name, Version: tc.version}); err != nil || r.GetReady() != tc.want {
+	}{{c, "mlp", "", true}, {c, "mlp", "1", true}, {c, "mlp", "2", false}, {c, "resnet", "", false},
+		{unserved, "mlp", "", false}, {partly, "checksum", "", true}, {partly, "mlp", "", false}} {
+		if r, err := tc.c.ModelReady(ctx, &pb.ModelReadyRequest{Name: tc.name, Version: tc.version}); err != nil || r.GetReady() != tc.want {
 			t.Errorf("ModelReady %s@%q: %v, %v; want %v", tc.name, tc.version, r, err, tc.want)
 		}
+	}
+	// A model not ready is still described: clients shape requests
+	// before a host comes.
+	if r, err := unserved.ModelMetadata(ctx, &pb.ModelMetadataRequest{Name: "mlp"}); err != nil || r.GetName() != "mlp" {
+		t.Errorf("ModelMetadata of a model no host serves: %v, %v", r, err)
 	}
 	for _, tc := range []struct {
 		c             pb.GRPCInferenceServiceClient

@@ -104,16 +104,24 @@ func (s *Server) ServerLive(context.Context, *pb.ServerLiveRequest) (*pb.ServerL
 	return &pb.ServerLiveResponse{Live: true}, nil
 }
 
-// ServerReady answers true when the catalog offers at least one model.
+// ServerReady answers true when at least one model is ready: KServe's
+// ready is ready for inferencing, which a DPU with no GPU host serving
+// any model is not.
 func (s *Server) ServerReady(context.Context, *pb.ServerReadyRequest) (*pb.ServerReadyResponse, error) {
-	return &pb.ServerReadyResponse{Ready: len(s.cat.Models()) > 0}, nil
+	for _, m := range s.cat.Models() {
+		if m.Ready {
+			return &pb.ServerReadyResponse{Ready: true}, nil
+		}
+	}
+	return &pb.ServerReadyResponse{Ready: false}, nil
 }
 
 // ModelReady answers whether the catalog offers the model (in the version
-// asked for, if any); an unknown model is not ready, not an error.
+// asked for, if any) and says it is ready, i.e. a GPU host serves it now;
+// an unknown model is not ready, not an error.
 func (s *Server) ModelReady(_ context.Context, r *pb.ModelReadyRequest) (*pb.ModelReadyResponse, error) {
-	_, err := s.lookup(r.GetName(), r.GetVersion())
-	return &pb.ModelReadyResponse{Ready: err == nil}, nil
+	info, err := s.lookup(r.GetName(), r.GetVersion())
+	return &pb.ModelReadyResponse{Ready: err == nil && info.Ready}, nil
 }
 
 // ServerMetadata reports ServerName and Options.Version. It lists no
