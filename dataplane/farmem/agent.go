@@ -405,7 +405,7 @@ func (w *hostWorker) resolve(ctx context.Context, misses []*call, arrived time.T
 			continue
 		}
 		if k.rec.Op == OpWrite {
-			a.cache.endWrite(k.rec.Region)
+			a.cache.endWrite(k.rec.Region, k.rec.Offset, uint64(k.rec.Size))
 		}
 		w.replyLocked(hr, Record{Op: k.rec.Op, Region: k.rec.Region, Status: notFound, Size: k.rec.Size}, nil)
 	}
@@ -573,7 +573,7 @@ func (a *Agent) complete(calls []*call) {
 		if k.rec.Op == OpWrite {
 			// Before the host hears of it: fills of the region may start
 			// again once the node has applied the write.
-			a.cache.endWrite(k.rec.Region)
+			a.cache.endWrite(k.rec.Region, k.rec.Offset, uint64(k.rec.Size))
 		}
 		if errors.Is(k.err, ErrClosed) || errors.Is(k.err, context.Canceled) {
 			// The agent is stopping: no answer, so that the host sends

@@ -258,17 +258,41 @@ func (a *Agent) loadStatic(ctx context.Context, tenant, region uint32, ranges []
 		if !a.cache.reserveStatic(n) {
 			return fmt.Errorf("%w: static range of %d bytes beyond static_size %v", ErrNoSpace, n, a.cache.cfg.StaticSize)
 		}
-		buf := make([]byte, n)
-		if err := a.readInto(ctx, tenant, region, srv, off, buf); err != nil {
-			a.cache.unreserveStatic(n)
-			return err
-		}
-		if err := a.cache.addStatic(region, off, buf); err != nil {
+		if err := a.loadRange(ctx, tenant, region, srv, off, n); err != nil {
 			a.cache.unreserveStatic(n)
 			return err
 		}
 	}
 	return nil
+}
+
+// loadRange reads [off, off+n) of region and installs it as a static
+// range. The range is claimed first, so that writes into it are refused
+// from then on, and read once the writes already in flight into it are
+// answered: a write cannot land between the read and the install.
+func (a *Agent) loadRange(ctx context.Context, tenant, region uint32, srv int, off, n uint64) error {
+	ld, err := a.cache.beginStatic(region, off, n)
+	if err != nil {
+		return err
+	}
+	// Writes end within the fabric's retry budget, and static loads are
+	// rare: polling is simpler than a wake-up in every endWrite.
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for !ld.writesDone() {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			_ = ld.install(nil)
+			return ctx.Err()
+		}
+	}
+	buf := make([]byte, n)
+	if err := a.readInto(ctx, tenant, region, srv, off, buf); err != nil {
+		_ = ld.install(nil)
+		return err
+	}
+	return ld.install(buf)
 }
 
 // readInto reads buf at off of region from memory node srv, chunk by

@@ -71,7 +71,7 @@ func TestCacheEvictionHoldsReferences(t *testing.T) {
 	if !c.beginWrite(1, 0, 100) {
 		t.Fatal("write refused")
 	}
-	c.endWrite(1)
+	c.endWrite(1, 0, 100)
 	if _, _, hit := c.read(0, &Record{Op: OpRead, Region: 1, Offset: 0, Size: esz}); hit {
 		t.Fatal("hit on an invalidated entry")
 	}
@@ -766,4 +766,107 @@ func (g *gatedTransport) Send(pkts []transport.Packet) (int, error) {
 		<-ch
 	}
 	return g.Transport.Send(pkts)
+}
+
+// TestStaticLoadRacesWrite starts a static load whose reads the memory
+// node has executed but not answered yet (its replies are held), then
+// writes into the range: the write must either be refused (ErrReadOnly,
+// the range is being loaded) or, once acknowledged, be what every later
+// read through the agent returns; never the bytes from before it.
+func TestStaticLoadRacesWrite(t *testing.T) {
+	gate := &gatedTransport{Transport: listen(t, loopback)}
+	srv, _ := startServer(t, t.TempDir(), gate)
+	const chunk, size = 64 << 10, 4 << 20
+	a := startCachingAgent(t, srv, CacheConfig{})
+	r, old := writtenRegion(t, newClient(t, a.Addr(), 3), size, chunk)
+	before := srv.Stats().ReadBytes
+	release := gate.hold()
+	t.Cleanup(release)
+	loaded := make(chan error, 1)
+	go func() {
+		_, err := r.LoadStatic([]Range{{0, size}})
+		loaded <- err
+	}()
+	// The node has read chunk 0 (the load's first read) and waits to
+	// send it.
+	deadline := time.Now().Add(5 * time.Second)
+	for srv.Stats().ReadBytes == before {
+		if time.Now().After(deadline) {
+			t.Fatal("the memory node did not read the static range")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	fresh := bytes.Repeat([]byte{0xa5}, chunk)
+	written := make(chan error, 1)
+	go func() {
+		_, err := r.WriteAt(fresh, 0)
+		written <- err
+	}()
+	time.Sleep(20 * time.Millisecond) // let the write reach the agent
+	release()
+	werr := <-written
+	if err := <-loaded; err != nil {
+		t.Fatalf("LoadStatic: %v", err)
+	}
+	want := fresh
+	switch {
+	case werr == nil:
+	case errors.Is(werr, ErrReadOnly):
+		want = old[:chunk]
+	default:
+		t.Fatalf("write during the static load: %v, want success or ErrReadOnly", werr)
+	}
+	got := make([]byte, chunk)
+	if _, err := r.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("write during the static load: %v", werr)
+	if !bytes.Equal(got, want) {
+		what := "other"
+		if bytes.Equal(got, old[:chunk]) {
+			what = "the pre-write"
+		}
+		t.Fatalf("write during the static load returned %v; chunk 0 then read back %s bytes", werr, what)
+	}
+	if _, err := r.WriteAt(fresh, 0); !errors.Is(err, ErrReadOnly) {
+		t.Fatalf("write into the loaded static range: %v, want ErrReadOnly", err)
+	}
+}
+
+// TestStaticLoadWaitsForWrites: a static range being loaded refuses new
+// writes into it at once, waits for the writes into it already in flight
+// (not for others into the region), and after a failed load takes writes
+// again.
+func TestStaticLoadWaitsForWrites(t *testing.T) {
+	c := newCache(CacheConfig{}, 4096)
+	c.learn(1, 1<<20, 0, true)
+	if !c.beginWrite(1, 100, 200) || !c.beginWrite(1, 1<<19, 4096) {
+		t.Fatal("write refused")
+	}
+	ld, err := c.beginStatic(1, 0, 64<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.beginStatic(1, 4096, 4096); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("second load of an overlapping range: %v, want ErrBadRequest", err)
+	}
+	if c.beginWrite(1, 60<<10, 8<<10) {
+		t.Fatal("a write into a range being loaded was taken")
+	}
+	if !c.beginWrite(1, 64<<10, 4096) {
+		t.Fatal("a write next to the range being loaded was refused")
+	}
+	if ld.writesDone() {
+		t.Fatal("load sees no writes in flight while one into its range is")
+	}
+	c.endWrite(1, 100, 200)
+	if !ld.writesDone() {
+		t.Fatal("load still waits after the write into its range ended (others are into other ranges)")
+	}
+	if err := ld.install(nil); err != nil {
+		t.Fatal(err)
+	}
+	if !c.beginWrite(1, 0, 4096) {
+		t.Fatal("write refused after the load failed")
+	}
 }
