@@ -352,3 +352,57 @@ func (a *Agent) loadConfiguredStatic(ctx context.Context) {
 	}
 	wg.Wait()
 }
+
+// regionsEvery is how often the agent lists the memory nodes while its
+// caches hold bytes: at most about this long after a region is freed past
+// the agent, its cached bytes stop being served even if no read misses.
+const regionsEvery = 2 * time.Second
+
+// watchRegions lists the memory nodes every regionsEvery while the caches
+// hold bytes, so that a region freed on its node directly (`lovelock mem
+// free`), whose reads all hit, is forgotten (refresh) all the same.
+func (a *Agent) watchRegions(ctx context.Context) {
+	t := time.NewTicker(regionsEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if a.cache.holdsBytes() {
+			a.refresh(ctx, time.Now())
+		}
+	}
+}
+
+// knownRegions are the regions the agent routes or caches, for refresh to
+// find those no memory node lists any more.
+func (a *Agent) knownRegions() []uint32 {
+	a.mu.RLock()
+	ids := make([]uint32, 0, len(a.regions))
+	for id := range a.regions {
+		ids = append(ids, id)
+	}
+	a.mu.RUnlock()
+	return append(ids, a.cache.learnedRegions()...)
+}
+
+// forgetRegion drops a region that its memory node no longer has (freed
+// there, past the agent): its route, and its static ranges and entries,
+// which would otherwise be served, and hold the static budget, for good.
+// A region the cache has not learnt keeps its per-region settings: it may
+// be one that the config names before it is created.
+func (a *Agent) forgetRegion(id uint32, why string) {
+	a.mu.Lock()
+	_, routed := a.regions[id]
+	delete(a.regions, id)
+	a.mu.Unlock()
+	cached := a.cache.regionSize(id) > 0
+	if cached {
+		a.cache.forget(id)
+	}
+	if routed || cached {
+		a.log.Info("farmem: agent: region gone from its memory node; dropped from the agent's routes and caches", "region", id, "why", why)
+	}
+}

@@ -315,6 +315,27 @@ func (c *cache) forget(id uint32) {
 	delete(c.regions, id)
 }
 
+// learnedRegions are the regions whose size the cache has learnt: the
+// only ones it may serve.
+func (c *cache) learnedRegions() []uint32 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var ids []uint32
+	for id, rc := range c.regions {
+		if rc.size > 0 {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// holdsBytes says whether either cache holds bytes of any region.
+func (c *cache) holdsBytes() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.staticUsed > 0 || len(c.index) > 0
+}
+
 // threshold is B_net / B_intra, or 0 while either is unknown.
 func (c *cache) threshold() float64 {
 	if c.bnet <= 0 || c.bintra <= 0 {

@@ -870,3 +870,96 @@ func TestStaticLoadWaitsForWrites(t *testing.T) {
 		t.Fatal("write refused after the load failed")
 	}
 }
+
+// TestFreedRegionForgotten frees regions on the memory node directly (as
+// `lovelock mem free` does), past the agent that caches them. Once the
+// agent hears of the free (a forwarded read answered "unknown region", or
+// its periodic list of the node), no read of the region's static range or
+// of its cached entry returns the old bytes, and the static budget is
+// given back.
+func TestFreedRegionForgotten(t *testing.T) {
+	srv, _ := startServer(t, t.TempDir(), listen(t, loopback))
+	const chunk, esz, size = 64 << 10, 256 << 10, 1 << 20
+	a := startCachingAgent(t, srv, CacheConfig{Size: 4 * esz, EntrySize: esz, BNet: 1, BIntra: 1 << 40, Window: 1 << 30,
+		Prefetcher: PrefetchHints})
+	c := newClient(t, a.Addr(), 3)
+	// cached sets up a region with a static range (its first entry) and a
+	// filled dynamic entry (its second), each read once as a hit.
+	cached := func() *Region {
+		w, _ := writtenRegion(t, c, size, chunk)
+		// A reader: a writer's lease renewals would tell the agent too.
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		r, err := c.Open(context.Background(), w.ID(), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := r.LoadStatic([]Range{{0, esz}}); err != nil || !ok {
+			t.Fatalf("LoadStatic: %v, %v", ok, err)
+		}
+		if n, err := r.Hint([]Range{{esz, esz}}); err != nil || n != 1 {
+			t.Fatalf("hint: %d, %v", n, err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for a.Stats().Cache.Valid == 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("the hinted entry did not fill")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		buf := make([]byte, chunk)
+		for _, off := range []int64{0, esz} {
+			if _, err := r.ReadAt(buf, off); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, rs := range a.Stats().Cache.Regions {
+			if rs.Region == r.ID() && (rs.StaticHits == 0 || rs.Hits == 0) {
+				t.Fatalf("region stats %+v: want a static and a dynamic hit", rs)
+			}
+		}
+		return r
+	}
+	readGone := func(r *Region, off int64) error {
+		_, err := r.ReadAt(make([]byte, chunk), off)
+		if !errors.Is(err, ErrUnknownRegion) {
+			return fmt.Errorf("read at %d of freed region %d: %v, want ErrUnknownRegion", off, r.ID(), err)
+		}
+		return nil
+	}
+
+	// A miss of the freed region tells the agent.
+	r := cached()
+	if err := srv.Free(0, r.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if err := readGone(r, 3*esz); err != nil {
+		t.Fatal(err)
+	}
+	for _, off := range []int64{0, esz} {
+		if err := readGone(r, off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := a.Stats().Cache; st.StaticBytes != 0 || st.Valid != 0 {
+		t.Fatalf("cache after the free: %d static bytes, %d valid entries; want none", st.StaticBytes, st.Valid)
+	}
+
+	// Without a miss the agent's periodic list of the node tells it.
+	r = cached()
+	if err := srv.Free(0, r.ID()); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for readGone(r, 0) != nil || readGone(r, esz) != nil {
+		if time.Since(start) > 5*regionsEvery {
+			t.Fatalf("after %v the agent still serves freed region %d from its caches", time.Since(start), r.ID())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("the agent served the freed region for %v", time.Since(start))
+	if st := a.Stats().Cache; st.StaticBytes != 0 {
+		t.Fatalf("cache after the free: %d static bytes; want none", st.StaticBytes)
+	}
+}
