@@ -240,9 +240,13 @@ func (a *Agent) loadStatic(ctx context.Context, tenant, region uint32, ranges []
 	srv, ok := a.route(&rec)
 	size := a.cache.regionSize(region)
 	if !ok || size == 0 {
-		a.refresh(ctx, time.Now())
+		all := a.refresh(ctx, time.Now())
 		srv, ok = a.route(&rec)
 		size = a.cache.regionSize(region)
+		if (!ok || size == 0) && !all {
+			// The region may be on the silent node: not "unknown".
+			return fmt.Errorf("%w: region %d: a memory node did not answer the agent's list of its regions; try again once it is reachable", ErrUnavailable, region)
+		}
 	}
 	if !ok || size == 0 {
 		return fmt.Errorf("%w: region %d", ErrUnknownRegion, region)
@@ -333,24 +337,59 @@ func (a *Agent) readInto(ctx context.Context, tenant, region uint32, srv int, of
 }
 
 // loadConfiguredStatic loads the static ranges of the agent's config, as
-// tenant 0; a failure is logged, and the reads go to the memory node.
+// tenant 0, each region's one after another (loadConfiguredRange).
 func (a *Agent) loadConfiguredStatic(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, r := range a.cache.cfg.Regions {
 		if len(r.Static) == 0 {
 			continue
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := a.loadStatic(ctx, 0, r.Region, r.Static); err != nil {
-				a.log.Warn("farmem: agent: static ranges not loaded", "region", r.Region, "err", err)
-				return
+		wg.Go(func() {
+			for _, rg := range r.Static {
+				a.loadConfiguredRange(ctx, r.Region, rg)
 			}
-			a.log.Info("farmem: agent: static ranges loaded", "region", r.Region, "ranges", len(r.Static))
-		}()
+		})
 	}
 	wg.Wait()
+}
+
+// Backoff between tries of a configured static range whose memory node
+// does not answer (each try also waits out the fabric's retry budget).
+const (
+	staticRetryMin = 500 * time.Millisecond
+	staticRetryMax = 30 * time.Second
+)
+
+// loadConfiguredRange loads one configured static range. While its memory
+// node does not answer (it may come up after the DPU) it tries again, with
+// backoff, until ctx ends; any other failure is logged and left: the
+// range's reads then go to the memory node.
+func (a *Agent) loadConfiguredRange(ctx context.Context, region uint32, r Range) {
+	wait, logged := staticRetryMin, false
+	for {
+		err := a.loadStatic(ctx, 0, region, []Range{r})
+		switch {
+		case err == nil:
+			a.log.Info("farmem: agent: static range loaded", "region", region, "offset", r.Offset, "size", r.Size)
+			return
+		case ctx.Err() != nil:
+			return
+		case !errors.Is(err, ErrUnavailable):
+			a.log.Warn("farmem: agent: static range not loaded; its reads go to the memory node (fix the config's far_memory.cache.regions)",
+				"region", region, "offset", r.Offset, "size", r.Size, "err", err)
+			return
+		case !logged:
+			a.log.Warn("farmem: agent: static range not loaded yet, its memory node does not answer; trying again until it does",
+				"region", region, "offset", r.Offset, "size", r.Size, "err", err)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, staticRetryMax)
+	}
 }
 
 // regionsEvery is how often the agent lists the memory nodes while its

@@ -6,7 +6,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -14,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lovelock-dpu/lovelock/control/testenv"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport"
 )
 
@@ -961,5 +964,70 @@ func TestFreedRegionForgotten(t *testing.T) {
 	t.Logf("the agent served the freed region for %v", time.Since(start))
 	if st := a.Stats().Cache; st.StaticBytes != 0 {
 		t.Fatalf("cache after the free: %d static bytes; want none", st.StaticBytes)
+	}
+}
+
+// TestConfiguredStaticRetries starts an agent whose config names a static
+// range while the memory node does not answer (its replies are held, as
+// when mem0 comes up after the DPU): the load fails as "no answer", not
+// "unknown region", and is tried again until it succeeds once the node
+// answers.
+func TestConfiguredStaticRetries(t *testing.T) {
+	gate := &gatedTransport{Transport: listen(t, loopback)}
+	srv, _ := startServer(t, t.TempDir(), gate)
+	const size = 1 << 20
+	want := make([]byte, size)
+	for i := range want {
+		want[i] = byte(i*13 + i>>10)
+	}
+	file := t.TempDir() + "/preload"
+	if err := os.WriteFile(file, want, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ri, err := srv.Create(3, 0, false, file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := gate.hold()
+	t.Cleanup(release)
+	// A short retry budget: each list of the silent node fails fast.
+	cfg := AgentConfig{Config: testConfig(), Servers: []ServerSpec{{Addr: srv.Addr()}},
+		Cache: CacheConfig{Regions: []CacheRegion{{Region: ri.ID, Static: []Range{{0, 0}}}}}}
+	cfg.Tries, cfg.MaxRetransmitTimeout = 4, Duration(10*time.Millisecond)
+	var logged testenv.SyncBuffer
+	a, err := NewAgent(cfg, AgentOptions{HostTransports: []transport.Transport{listen(t, loopback)},
+		FabricTransports: []transport.Transport{listen(t, loopback)}, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, a.Run)
+	// Two lists timed out: the agent's first, and the static load's.
+	deadline := time.Now().Add(10 * time.Second)
+	for a.Stats().Fabric.Timeouts < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the agent's lists of the silent node did not time out")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	release()
+	for a.Stats().Cache.StaticBytes != size || !strings.Contains(logged.String(), "static range loaded") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the configured static range was not loaded after the node answered: %+v", a.Stats().Cache)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if log := logged.String(); strings.Count(log, "not loaded yet") != 1 || strings.Count(log, "static range loaded") != 1 ||
+		strings.Contains(log, "unknown region") {
+		t.Fatalf("want one line that the range waits for the node (not that its region is unknown), one that it loaded; the log:\n%s", log)
+	}
+	r, err := newClient(t, a.Addr(), 3).Open(context.Background(), ri.ID, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkRegion(t, r, want)
+	for _, rs := range a.Stats().Cache.Regions {
+		if rs.Region == ri.ID && rs.StaticHits == 0 {
+			t.Fatalf("region stats %+v: want the reads served from the static range", rs)
+		}
 	}
 }
