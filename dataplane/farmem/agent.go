@@ -293,10 +293,14 @@ func (a *Agent) Run(ctx context.Context) error {
 			cancel()
 		}()
 	}
-	wg.Add(1)
+	wg.Add(2)
 	go func() {
 		defer wg.Done()
 		a.fillLoop(ctx)
+	}()
+	go func() {
+		defer wg.Done()
+		a.watchRegions(ctx)
 	}()
 	go func() {
 		a.refresh(ctx, time.Now())
@@ -320,9 +324,13 @@ func (a *Agent) refresh(ctx context.Context, since time.Time) bool {
 	}
 	a.lastRefresh = time.Now()
 	a.refreshedAll = false
+	// Known before the lists: a region created meanwhile is not taken for
+	// freed.
+	known := a.knownRegions()
+	listed := map[uint32]bool{}
 	all := true
 	for i, s := range a.cfg.Servers {
-		if !a.listServer(ctx, i, s.Addr) {
+		if !a.listServer(ctx, i, s.Addr, listed) {
 			all = false
 		}
 		if ctx.Err() != nil {
@@ -330,12 +338,17 @@ func (a *Agent) refresh(ctx context.Context, since time.Time) bool {
 		}
 	}
 	a.refreshedAll = all
+	for _, id := range known {
+		if all && !listed[id] {
+			a.forgetRegion(id, "no memory node lists it") // freed on its node, past the agent
+		}
+	}
 	return all
 }
 
-// listServer learns the regions of memory node i, page by page, and
-// reports whether it listed them all.
-func (a *Agent) listServer(ctx context.Context, i int, addr netip.AddrPort) bool {
+// listServer learns the regions of memory node i, page by page, adds
+// them to listed, and reports whether it listed them all.
+func (a *Agent) listServer(ctx context.Context, i int, addr netip.AddrPort, listed map[uint32]bool) bool {
 	first := uint32(0)
 	for {
 		k := &call{rec: Record{Op: OpList, Region: first}, dst: addr, done: make(chan struct{})}
@@ -357,6 +370,9 @@ func (a *Agent) listServer(ctx context.Context, i int, addr netip.AddrPort) bool
 			return false
 		}
 		a.learnRegions(infos, i)
+		for _, ri := range infos {
+			listed[ri.ID] = true
+		}
 		if k.reply.Aux == 0 || len(infos) == 0 {
 			return true
 		}
@@ -406,7 +422,7 @@ func (w *hostWorker) resolve(ctx context.Context, misses []*call, arrived time.T
 			continue
 		}
 		if k.rec.Op == OpWrite {
-			a.cache.endWrite(k.rec.Region)
+			a.cache.endWrite(k.rec.Region, k.rec.Offset, uint64(k.rec.Size))
 		}
 		w.replyLocked(hr, Record{Op: k.rec.Op, Region: k.rec.Region, Status: notFound, Size: k.rec.Size}, nil)
 	}
@@ -560,6 +576,10 @@ func (w *hostWorker) flushLocked() {
 func (a *Agent) complete(calls []*call) {
 	var touched []*hostWorker
 	for _, k := range calls {
+		if k.err == nil && k.reply.Status == StatusUnknownRegion && k.rec.Op != OpCreate && k.rec.Op != OpList {
+			// Freed on the node past the agent: stop serving its bytes.
+			a.forgetRegion(k.rec.Region, "its memory node answered unknown region")
+		}
 		if k.done != nil { // the agent's own request (refresh, static load)
 			close(k.done)
 			continue
@@ -581,7 +601,7 @@ func (a *Agent) complete(calls []*call) {
 		if k.rec.Op == OpWrite {
 			// Before the host hears of it: fills of the region may start
 			// again once the node has applied the write.
-			a.cache.endWrite(k.rec.Region)
+			a.cache.endWrite(k.rec.Region, k.rec.Offset, uint64(k.rec.Size))
 		}
 		if errors.Is(k.err, ErrClosed) || errors.Is(k.err, context.Canceled) {
 			// The agent is stopping: no answer, so that the host sends

@@ -240,9 +240,13 @@ func (a *Agent) loadStatic(ctx context.Context, tenant, region uint32, ranges []
 	srv, ok := a.route(&rec)
 	size := a.cache.regionSize(region)
 	if !ok || size == 0 {
-		a.refresh(ctx, time.Now())
+		all := a.refresh(ctx, time.Now())
 		srv, ok = a.route(&rec)
 		size = a.cache.regionSize(region)
+		if (!ok || size == 0) && !all {
+			// The region may be on the silent node: not "unknown".
+			return fmt.Errorf("%w: region %d: a memory node did not answer the agent's list of its regions; try again once it is reachable", ErrUnavailable, region)
+		}
 	}
 	if !ok || size == 0 {
 		return fmt.Errorf("%w: region %d", ErrUnknownRegion, region)
@@ -258,17 +262,41 @@ func (a *Agent) loadStatic(ctx context.Context, tenant, region uint32, ranges []
 		if !a.cache.reserveStatic(n) {
 			return fmt.Errorf("%w: static range of %d bytes beyond static_size %v", ErrNoSpace, n, a.cache.cfg.StaticSize)
 		}
-		buf := make([]byte, n)
-		if err := a.readInto(ctx, tenant, region, srv, off, buf); err != nil {
-			a.cache.unreserveStatic(n)
-			return err
-		}
-		if err := a.cache.addStatic(region, off, buf); err != nil {
+		if err := a.loadRange(ctx, tenant, region, srv, off, n); err != nil {
 			a.cache.unreserveStatic(n)
 			return err
 		}
 	}
 	return nil
+}
+
+// loadRange reads [off, off+n) of region and installs it as a static
+// range. The range is claimed first, so that writes into it are refused
+// from then on, and read once the writes already in flight into it are
+// answered: a write cannot land between the read and the install.
+func (a *Agent) loadRange(ctx context.Context, tenant, region uint32, srv int, off, n uint64) error {
+	ld, err := a.cache.beginStatic(region, off, n)
+	if err != nil {
+		return err
+	}
+	// Writes end within the fabric's retry budget, and static loads are
+	// rare: polling is simpler than a wake-up in every endWrite.
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for !ld.writesDone() {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			_ = ld.install(nil)
+			return ctx.Err()
+		}
+	}
+	buf := make([]byte, n)
+	if err := a.readInto(ctx, tenant, region, srv, off, buf); err != nil {
+		_ = ld.install(nil)
+		return err
+	}
+	return ld.install(buf)
 }
 
 // readInto reads buf at off of region from memory node srv, chunk by
@@ -309,22 +337,111 @@ func (a *Agent) readInto(ctx context.Context, tenant, region uint32, srv int, of
 }
 
 // loadConfiguredStatic loads the static ranges of the agent's config, as
-// tenant 0; a failure is logged, and the reads go to the memory node.
+// tenant 0, each region's one after another (loadConfiguredRange).
 func (a *Agent) loadConfiguredStatic(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, r := range a.cache.cfg.Regions {
 		if len(r.Static) == 0 {
 			continue
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := a.loadStatic(ctx, 0, r.Region, r.Static); err != nil {
-				a.log.Warn("farmem: agent: static ranges not loaded", "region", r.Region, "err", err)
-				return
+		wg.Go(func() {
+			for _, rg := range r.Static {
+				a.loadConfiguredRange(ctx, r.Region, rg)
 			}
-			a.log.Info("farmem: agent: static ranges loaded", "region", r.Region, "ranges", len(r.Static))
-		}()
+		})
 	}
 	wg.Wait()
+}
+
+// Backoff between tries of a configured static range whose memory node
+// does not answer (each try also waits out the fabric's retry budget).
+const (
+	staticRetryMin = 500 * time.Millisecond
+	staticRetryMax = 30 * time.Second
+)
+
+// loadConfiguredRange loads one configured static range. While its memory
+// node does not answer (it may come up after the DPU) it tries again, with
+// backoff, until ctx ends; any other failure is logged and left: the
+// range's reads then go to the memory node.
+func (a *Agent) loadConfiguredRange(ctx context.Context, region uint32, r Range) {
+	wait, logged := staticRetryMin, false
+	for {
+		err := a.loadStatic(ctx, 0, region, []Range{r})
+		switch {
+		case err == nil:
+			a.log.Info("farmem: agent: static range loaded", "region", region, "offset", r.Offset, "size", r.Size)
+			return
+		case ctx.Err() != nil:
+			return
+		case !errors.Is(err, ErrUnavailable):
+			a.log.Warn("farmem: agent: static range not loaded; its reads go to the memory node (fix the config's far_memory.cache.regions)",
+				"region", region, "offset", r.Offset, "size", r.Size, "err", err)
+			return
+		case !logged:
+			a.log.Warn("farmem: agent: static range not loaded yet, its memory node does not answer; trying again until it does",
+				"region", region, "offset", r.Offset, "size", r.Size, "err", err)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, staticRetryMax)
+	}
+}
+
+// regionsEvery is how often the agent lists the memory nodes while its
+// caches hold bytes: at most about this long after a region is freed past
+// the agent, its cached bytes stop being served even if no read misses.
+const regionsEvery = 2 * time.Second
+
+// watchRegions lists the memory nodes every regionsEvery while the caches
+// hold bytes, so that a region freed on its node directly (`lovelock mem
+// free`), whose reads all hit, is forgotten (refresh) all the same.
+func (a *Agent) watchRegions(ctx context.Context) {
+	t := time.NewTicker(regionsEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if a.cache.holdsBytes() {
+			a.refresh(ctx, time.Now())
+		}
+	}
+}
+
+// knownRegions are the regions the agent routes or caches, for refresh to
+// find those no memory node lists any more.
+func (a *Agent) knownRegions() []uint32 {
+	a.mu.RLock()
+	ids := make([]uint32, 0, len(a.regions))
+	for id := range a.regions {
+		ids = append(ids, id)
+	}
+	a.mu.RUnlock()
+	return append(ids, a.cache.learnedRegions()...)
+}
+
+// forgetRegion drops a region that its memory node no longer has (freed
+// there, past the agent): its route, and its static ranges and entries,
+// which would otherwise be served, and hold the static budget, for good.
+// A region the cache has not learnt keeps its per-region settings: it may
+// be one that the config names before it is created.
+func (a *Agent) forgetRegion(id uint32, why string) {
+	a.mu.Lock()
+	_, routed := a.regions[id]
+	delete(a.regions, id)
+	a.mu.Unlock()
+	cached := a.cache.regionSize(id) > 0
+	if cached {
+		a.cache.forget(id)
+	}
+	if routed || cached {
+		a.log.Info("farmem: agent: region gone from its memory node; dropped from the agent's routes and caches", "region", id, "why", why)
+	}
 }

@@ -98,9 +98,10 @@ type regionCache struct {
 	tenant      uint32
 	tenantKnown bool
 	pf          Prefetcher
-	gen         uint64 // bumped by every write the agent forwards
-	writes      int    // writes forwarded and not yet answered
+	gen         uint64  // bumped by every write the agent forwards
+	writes      []Range // writes forwarded and not yet answered
 	static      []staticRange
+	loading     []Range // static ranges being read: writes into them are refused already
 	dynamic     []Range // the ranges the dynamic cache holds, sorted; nil: all of the region
 	ctr         RegionCacheStats
 }
@@ -312,6 +313,27 @@ func (c *cache) forget(id uint32) {
 		c.staticUsed -= uint64(len(s.data))
 	}
 	delete(c.regions, id)
+}
+
+// learnedRegions are the regions whose size the cache has learnt: the
+// only ones it may serve.
+func (c *cache) learnedRegions() []uint32 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var ids []uint32
+	for id, rc := range c.regions {
+		if rc.size > 0 {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// holdsBytes says whether either cache holds bytes of any region.
+func (c *cache) holdsBytes() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.staticUsed > 0 || len(c.index) > 0
 }
 
 // threshold is B_net / B_intra, or 0 while either is unknown.
@@ -678,7 +700,7 @@ func absDelta(d int64) int64 {
 // ranges, or while writes to the region are in flight (a fill could read
 // bytes the write is about to replace).
 func (c *cache) startFillLocked(region uint32, rc *regionCache, idx uint64, prefetched bool) bool {
-	if idx*c.esz >= rc.size || rc.writes > 0 || !c.on {
+	if idx*c.esz >= rc.size || len(rc.writes) > 0 || !c.on {
 		return false
 	}
 	key := entryKey{region, idx}
@@ -746,8 +768,9 @@ func (c *cache) fillDoneLocked(j fillJob, ok bool) {
 }
 
 // beginWrite is called before a write is forwarded: it refuses a write
-// into a static range (false), and otherwise invalidates the overlapping
-// entries and holds off fills of the region until endWrite.
+// into a static range or one being loaded (false), and otherwise
+// invalidates the overlapping entries and holds off fills of the region
+// until endWrite.
 func (c *cache) beginWrite(region uint32, off, n uint64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -755,22 +778,26 @@ func (c *cache) beginWrite(region uint32, off, n uint64) bool {
 	if rc == nil {
 		rc = c.region(region)
 	}
-	if rc.staticOverlaps(off, n) {
+	if rc.staticOverlaps(off, n) || overlaps(rc.loading, off, n) {
 		return false
 	}
-	rc.writes++
+	rc.writes = append(rc.writes, Range{off, n})
 	rc.gen++
 	c.invalidateLocked(region, rc, off, n)
 	return true
 }
 
-// endWrite is called when the memory node answered a write (or the agent
-// gave up on it), before the host is answered.
-func (c *cache) endWrite(region uint32) {
+// endWrite is called with the write's range when the memory node answered
+// it (or the agent gave up on it), before the host is answered.
+func (c *cache) endWrite(region uint32, off, n uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if rc := c.regions[region]; rc != nil && rc.writes > 0 {
-		rc.writes--
+	rc := c.regions[region]
+	if rc == nil {
+		return
+	}
+	if i := slices.Index(rc.writes, Range{off, n}); i >= 0 {
+		rc.writes = slices.Delete(rc.writes, i, i+1)
 		rc.gen++
 	}
 }
@@ -872,27 +899,68 @@ func (c *cache) setDynamic(tenant, region uint32, ranges []Range) error {
 	return nil
 }
 
-// addStatic installs bytes as a static range of region: they are served
-// from here from now on, and writes to them are refused.
-func (c *cache) addStatic(region uint32, off uint64, data []byte) error {
+// staticLoad is a static range being loaded: from beginStatic on, writes
+// into it are refused; once writesDone, its bytes may be read from the
+// memory node and installed.
+type staticLoad struct {
+	c      *cache
+	rc     *regionCache // a forget since beginStatic replaces it: the load is void
+	region uint32
+	r      Range
+}
+
+// beginStatic claims [off, off+n) of region for a static load. It fails
+// if a static range or another load overlaps it.
+func (c *cache) beginStatic(region uint32, off, n uint64) (*staticLoad, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	rc := c.region(region)
-	if rc.staticOverlaps(off, uint64(len(data))) {
-		return fmt.Errorf("%w: static range %d+%d of region %d overlaps one loaded", ErrBadRequest, off, len(data), region)
+	if rc.staticOverlaps(off, n) || overlaps(rc.loading, off, n) {
+		return nil, fmt.Errorf("%w: static range %d+%d of region %d overlaps one loaded", ErrBadRequest, off, n, region)
 	}
-	c.invalidateLocked(region, rc, off, uint64(len(data)))
-	rc.static = append(rc.static, staticRange{off, data})
-	slices.SortFunc(rc.static, func(a, b staticRange) int {
-		switch {
-		case a.off < b.off:
-			return -1
-		case a.off > b.off:
-			return 1
-		}
-		return 0
-	})
+	rc.loading = append(rc.loading, Range{off, n})
+	return &staticLoad{c: c, rc: rc, region: region, r: Range{off, n}}, nil
+}
+
+// writesDone says whether no write into the range is in flight any more.
+// Writes begun after beginStatic are refused, so once this holds, a read
+// of the range sees every write acknowledged into it.
+func (l *staticLoad) writesDone() bool {
+	l.c.mu.Lock()
+	defer l.c.mu.Unlock()
+	return !overlaps(l.rc.writes, l.r.Offset, l.r.Size)
+}
+
+// install ends the load with its bytes (nil: the load failed): they are
+// served from here from now on, and writes to them are refused. It fails
+// if the region was forgotten (freed) meanwhile.
+func (l *staticLoad) install(data []byte) error {
+	c, rc := l.c, l.rc
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if i := slices.Index(rc.loading, l.r); i >= 0 {
+		rc.loading = slices.Delete(rc.loading, i, i+1)
+	}
+	if data == nil {
+		return nil
+	}
+	if c.regions[l.region] != rc {
+		return fmt.Errorf("%w: region %d was freed while its static range loaded", ErrUnknownRegion, l.region)
+	}
+	c.invalidateLocked(l.region, rc, l.r.Offset, l.r.Size)
+	rc.static = append(rc.static, staticRange{l.r.Offset, data})
+	slices.SortFunc(rc.static, func(a, b staticRange) int { return cmp.Compare(a.off, b.off) })
 	return nil
+}
+
+// overlaps says whether any of rs overlaps [off, off+n).
+func overlaps(rs []Range, off, n uint64) bool {
+	for _, r := range rs {
+		if off < r.Offset+r.Size && r.Offset < off+n {
+			return true
+		}
+	}
+	return false
 }
 
 // reserveStatic takes n bytes of the static budget (false: no room);

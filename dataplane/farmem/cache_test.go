@@ -6,7 +6,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -14,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lovelock-dpu/lovelock/control/testenv"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport"
 )
 
@@ -71,7 +74,7 @@ func TestCacheEvictionHoldsReferences(t *testing.T) {
 	if !c.beginWrite(1, 0, 100) {
 		t.Fatal("write refused")
 	}
-	c.endWrite(1)
+	c.endWrite(1, 0, 100)
 	if _, _, hit := c.read(0, &Record{Op: OpRead, Region: 1, Offset: 0, Size: esz}); hit {
 		t.Fatal("hit on an invalidated entry")
 	}
@@ -769,4 +772,265 @@ func (g *gatedTransport) Send(pkts []transport.Packet) (int, error) {
 		<-ch
 	}
 	return g.Transport.Send(pkts)
+}
+
+// TestStaticLoadRacesWrite starts a static load whose reads the memory
+// node has executed but not answered yet (its replies are held), then
+// writes into the range: the write must either be refused (ErrReadOnly,
+// the range is being loaded) or, once acknowledged, be what every later
+// read through the agent returns; never the bytes from before it.
+func TestStaticLoadRacesWrite(t *testing.T) {
+	gate := &gatedTransport{Transport: listen(t, loopback)}
+	srv, _ := startServer(t, t.TempDir(), gate)
+	const chunk, size = 64 << 10, 4 << 20
+	a := startCachingAgent(t, srv, CacheConfig{})
+	r, old := writtenRegion(t, newClient(t, a.Addr(), 3), size, chunk)
+	before := srv.Stats().ReadBytes
+	release := gate.hold()
+	t.Cleanup(release)
+	loaded := make(chan error, 1)
+	go func() {
+		_, err := r.LoadStatic([]Range{{0, size}})
+		loaded <- err
+	}()
+	// The node has read chunk 0 (the load's first read) and waits to
+	// send it.
+	deadline := time.Now().Add(5 * time.Second)
+	for srv.Stats().ReadBytes == before {
+		if time.Now().After(deadline) {
+			t.Fatal("the memory node did not read the static range")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	fresh := bytes.Repeat([]byte{0xa5}, chunk)
+	written := make(chan error, 1)
+	go func() {
+		_, err := r.WriteAt(fresh, 0)
+		written <- err
+	}()
+	time.Sleep(20 * time.Millisecond) // let the write reach the agent
+	release()
+	werr := <-written
+	if err := <-loaded; err != nil {
+		t.Fatalf("LoadStatic: %v", err)
+	}
+	want := fresh
+	switch {
+	case werr == nil:
+	case errors.Is(werr, ErrReadOnly):
+		want = old[:chunk]
+	default:
+		t.Fatalf("write during the static load: %v, want success or ErrReadOnly", werr)
+	}
+	got := make([]byte, chunk)
+	if _, err := r.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("write during the static load: %v", werr)
+	if !bytes.Equal(got, want) {
+		what := "other"
+		if bytes.Equal(got, old[:chunk]) {
+			what = "the pre-write"
+		}
+		t.Fatalf("write during the static load returned %v; chunk 0 then read back %s bytes", werr, what)
+	}
+	if _, err := r.WriteAt(fresh, 0); !errors.Is(err, ErrReadOnly) {
+		t.Fatalf("write into the loaded static range: %v, want ErrReadOnly", err)
+	}
+}
+
+// TestStaticLoadWaitsForWrites: a static range being loaded refuses new
+// writes into it at once, waits for the writes into it already in flight
+// (not for others into the region), and after a failed load takes writes
+// again.
+func TestStaticLoadWaitsForWrites(t *testing.T) {
+	c := newCache(CacheConfig{}, 4096)
+	c.learn(1, 1<<20, 0, true)
+	if !c.beginWrite(1, 100, 200) || !c.beginWrite(1, 1<<19, 4096) {
+		t.Fatal("write refused")
+	}
+	ld, err := c.beginStatic(1, 0, 64<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.beginStatic(1, 4096, 4096); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("second load of an overlapping range: %v, want ErrBadRequest", err)
+	}
+	if c.beginWrite(1, 60<<10, 8<<10) {
+		t.Fatal("a write into a range being loaded was taken")
+	}
+	if !c.beginWrite(1, 64<<10, 4096) {
+		t.Fatal("a write next to the range being loaded was refused")
+	}
+	if ld.writesDone() {
+		t.Fatal("load sees no writes in flight while one into its range is")
+	}
+	c.endWrite(1, 100, 200)
+	if !ld.writesDone() {
+		t.Fatal("load still waits after the write into its range ended (others are into other ranges)")
+	}
+	if err := ld.install(nil); err != nil {
+		t.Fatal(err)
+	}
+	if !c.beginWrite(1, 0, 4096) {
+		t.Fatal("write refused after the load failed")
+	}
+}
+
+// TestFreedRegionForgotten frees regions on the memory node directly (as
+// `lovelock mem free` does), past the agent that caches them. Once the
+// agent hears of the free (a forwarded read answered "unknown region", or
+// its periodic list of the node), no read of the region's static range or
+// of its cached entry returns the old bytes, and the static budget is
+// given back.
+func TestFreedRegionForgotten(t *testing.T) {
+	srv, _ := startServer(t, t.TempDir(), listen(t, loopback))
+	const chunk, esz, size = 64 << 10, 256 << 10, 1 << 20
+	a := startCachingAgent(t, srv, CacheConfig{Size: 4 * esz, EntrySize: esz, BNet: 1, BIntra: 1 << 40, Window: 1 << 30,
+		Prefetcher: PrefetchHints})
+	c := newClient(t, a.Addr(), 3)
+	// cached sets up a region with a static range (its first entry) and a
+	// filled dynamic entry (its second), each read once as a hit.
+	cached := func() *Region {
+		w, _ := writtenRegion(t, c, size, chunk)
+		// A reader: a writer's lease renewals would tell the agent too.
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		r, err := c.Open(context.Background(), w.ID(), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := r.LoadStatic([]Range{{0, esz}}); err != nil || !ok {
+			t.Fatalf("LoadStatic: %v, %v", ok, err)
+		}
+		if n, err := r.Hint([]Range{{esz, esz}}); err != nil || n != 1 {
+			t.Fatalf("hint: %d, %v", n, err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for a.Stats().Cache.Valid == 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("the hinted entry did not fill")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		buf := make([]byte, chunk)
+		for _, off := range []int64{0, esz} {
+			if _, err := r.ReadAt(buf, off); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, rs := range a.Stats().Cache.Regions {
+			if rs.Region == r.ID() && (rs.StaticHits == 0 || rs.Hits == 0) {
+				t.Fatalf("region stats %+v: want a static and a dynamic hit", rs)
+			}
+		}
+		return r
+	}
+	readGone := func(r *Region, off int64) error {
+		_, err := r.ReadAt(make([]byte, chunk), off)
+		if !errors.Is(err, ErrUnknownRegion) {
+			return fmt.Errorf("read at %d of freed region %d: %v, want ErrUnknownRegion", off, r.ID(), err)
+		}
+		return nil
+	}
+
+	// A miss of the freed region tells the agent.
+	r := cached()
+	if err := srv.Free(0, r.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if err := readGone(r, 3*esz); err != nil {
+		t.Fatal(err)
+	}
+	for _, off := range []int64{0, esz} {
+		if err := readGone(r, off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := a.Stats().Cache; st.StaticBytes != 0 || st.Valid != 0 {
+		t.Fatalf("cache after the free: %d static bytes, %d valid entries; want none", st.StaticBytes, st.Valid)
+	}
+
+	// Without a miss the agent's periodic list of the node tells it.
+	r = cached()
+	if err := srv.Free(0, r.ID()); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for readGone(r, 0) != nil || readGone(r, esz) != nil {
+		if time.Since(start) > 5*regionsEvery {
+			t.Fatalf("after %v the agent still serves freed region %d from its caches", time.Since(start), r.ID())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("the agent served the freed region for %v", time.Since(start))
+	if st := a.Stats().Cache; st.StaticBytes != 0 {
+		t.Fatalf("cache after the free: %d static bytes; want none", st.StaticBytes)
+	}
+}
+
+// TestConfiguredStaticRetries starts an agent whose config names a static
+// range while the memory node does not answer (its replies are held, as
+// when mem0 comes up after the DPU): the load fails as "no answer", not
+// "unknown region", and is tried again until it succeeds once the node
+// answers.
+func TestConfiguredStaticRetries(t *testing.T) {
+	gate := &gatedTransport{Transport: listen(t, loopback)}
+	srv, _ := startServer(t, t.TempDir(), gate)
+	const size = 1 << 20
+	want := make([]byte, size)
+	for i := range want {
+		want[i] = byte(i*13 + i>>10)
+	}
+	file := t.TempDir() + "/preload"
+	if err := os.WriteFile(file, want, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ri, err := srv.Create(3, 0, false, file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := gate.hold()
+	t.Cleanup(release)
+	// A short retry budget: each list of the silent node fails fast.
+	cfg := AgentConfig{Config: testConfig(), Servers: []ServerSpec{{Addr: srv.Addr()}},
+		Cache: CacheConfig{Regions: []CacheRegion{{Region: ri.ID, Static: []Range{{0, 0}}}}}}
+	cfg.Tries, cfg.MaxRetransmitTimeout = 4, Duration(10*time.Millisecond)
+	var logged testenv.SyncBuffer
+	a, err := NewAgent(cfg, AgentOptions{HostTransports: []transport.Transport{listen(t, loopback)},
+		FabricTransports: []transport.Transport{listen(t, loopback)}, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, a.Run)
+	// Two lists timed out: the agent's first, and the static load's.
+	deadline := time.Now().Add(10 * time.Second)
+	for a.Stats().Fabric.Timeouts < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the agent's lists of the silent node did not time out")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	release()
+	for a.Stats().Cache.StaticBytes != size || !strings.Contains(logged.String(), "static range loaded") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the configured static range was not loaded after the node answered: %+v", a.Stats().Cache)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if log := logged.String(); strings.Count(log, "not loaded yet") != 1 || strings.Count(log, "static range loaded") != 1 ||
+		strings.Contains(log, "unknown region") {
+		t.Fatalf("want one line that the range waits for the node (not that its region is unknown), one that it loaded; the log:\n%s", log)
+	}
+	r, err := newClient(t, a.Addr(), 3).Open(context.Background(), ri.ID, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkRegion(t, r, want)
+	for _, rs := range a.Stats().Cache.Regions {
+		if rs.Region == ri.ID && rs.StaticHits == 0 {
+			t.Fatalf("region stats %+v: want the reads served from the static range", rs)
+		}
+	}
 }
