@@ -110,7 +110,8 @@ type Agent struct {
 	ctx context.Context
 
 	mu      sync.RWMutex
-	regions map[uint32]int // region → index in cfg.Servers
+	regions map[uint32]int  // region → index in cfg.Servers
+	shared  map[uint32]bool // region IDs two nodes list, warned of once
 
 	refreshMu    sync.Mutex // one refresh at a time
 	lastRefresh  time.Time  // when the last refresh started; under refreshMu
@@ -795,7 +796,12 @@ func (a *Agent) readBuf(n int) []byte {
 func (a *Agent) learnRegions(infos []RegionInfo, server int) {
 	a.mu.Lock()
 	for _, ri := range infos {
-		if old, ok := a.regions[ri.ID]; ok && old != server {
+		if old, ok := a.regions[ri.ID]; ok && old != server && !a.shared[ri.ID] {
+			// Once: refreshes repeat every few seconds while caches hold bytes.
+			if a.shared == nil {
+				a.shared = map[uint32]bool{}
+			}
+			a.shared[ri.ID] = true
 			a.log.Warn("farmem: agent: two memory nodes list the same region ID; requests for it go to the second: give each node its own id_base",
 				"region", ri.ID, "first", a.cfg.Servers[old].Addr, "second", a.cfg.Servers[server].Addr)
 		}
