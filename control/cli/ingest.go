@@ -79,7 +79,8 @@ func ingestStats(c *ucli.Context) error {
 			a.BytesIn, a.BytesToDevice, a.BytesFromDevice, a.Fragments, a.Duplicates, a.Malformed)
 		fmt.Fprintf(w, "  latency p50 %v, p99 %v; scheduler %v per decision; doorbells %d (%d rung again), results resent %d\n",
 			a.P50.Round(time.Microsecond), a.P99.Round(time.Microsecond), a.Decision, a.Doorbells, a.Rerings, a.Resent)
-		fmt.Fprintf(w, "  host registrations %d (%d failed), host lost %d, reassembly timeouts %d\n", a.Registrations, a.RegisterFailed, a.HostLost, a.ReassemblyTimeouts)
+		fmt.Fprintf(w, "  host registrations %d (%d failed), host lost %d, host protocol errors %d, reassembly timeouts %d\n", a.Registrations, a.RegisterFailed, a.HostLost,
+			a.ProtocolErrors, a.ReassemblyTimeouts)
 	}
 	if h := rep.Host; h != nil {
 		reg := "registered"

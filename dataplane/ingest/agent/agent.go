@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"sync"
 	"time"
@@ -43,8 +44,11 @@ type Agent struct {
 	// resultBytes is what the kept results hold, at most
 	// Config.ResultBytes: the oldest go first beyond it.
 	resultBytes int
-	nextSeq     uint64
-	bufUsed     int
+	// nextSeq numbers requests from a random base: the host agent answers
+	// a doorbell from memory by request number, and outlives a restart
+	// of this agent, so numbers counted from 0 would repeat old ones.
+	nextSeq uint64
+	bufUsed int
 
 	stats counters
 	lat   latencies
@@ -129,7 +133,7 @@ func New(cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a := &Agent{cfg: cfg, models: map[string]*modelState{}, start: time.Now(),
-		reqs: map[reqKey]*request{}, bySeq: map[uint64]*request{}, results: map[reqKey]*doneResult{}}
+		reqs: map[reqKey]*request{}, bySeq: map[uint64]*request{}, results: map[reqKey]*doneResult{}, nextSeq: rand.Uint64()}
 	for _, m := range cfg.Models {
 		ms := &modelState{cfg: m, info: modelInfo(m), duration: m.Duration}
 		ms.builtin, _ = model.Builtin(m.Name)
@@ -617,6 +621,15 @@ func (a *Agent) complete(c ingest.Ctrl) {
 	if !ok || r.state != running || r.host.epoch != c.Epoch {
 		a.mu.Unlock()
 		a.stats.staleCompletions.Add(1)
+		return
+	}
+	if int(c.GPU) != r.gpu || int(c.Slot) != r.slot {
+		// Not this request's run: reading the slot would hand another
+		// request's output to this one. The doorbell is rung again.
+		a.mu.Unlock()
+		a.stats.protocolErrors.Add(1)
+		a.cfg.Logger.Warn("GPU host completed a request on another slot than it was placed on; reply ignored",
+			"seq", c.Request, "placed", fmt.Sprintf("%d/%d", r.gpu, r.slot), "reply", fmt.Sprintf("%d/%d", c.GPU, c.Slot))
 		return
 	}
 	a.mu.Unlock()

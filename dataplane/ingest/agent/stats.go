@@ -19,7 +19,7 @@ type counters struct {
 	doorbells, rerings, staleCompletions                        atomic.Uint64
 	bytesToDevice, bytesFromDevice, resultDatagrams, sendErrors atomic.Uint64
 	registrations, registerFailed, hostLost, reassemblyTimeouts atomic.Uint64
-	resultsForgotten                                            atomic.Uint64
+	resultsForgotten, protocolErrors                            atomic.Uint64
 	refused                                                     [16]atomic.Uint64 // by ingest.Status
 }
 
@@ -94,6 +94,9 @@ type Stats struct {
 	RegisterFailed     uint64 `json:"registrations_failed"`
 	HostLost           uint64 `json:"host_lost"`
 	SendErrors         uint64 `json:"send_errors"`
+	// ProtocolErrors are host replies that contradict the request they
+	// name (a completion for another GPU or slot); they are ignored.
+	ProtocolErrors uint64 `json:"host_protocol_errors"`
 	// InFlight are requests open now; Queued those waiting for a slice;
 	// BufferBytes the DPU memory their inputs hold.
 	InFlight    int `json:"in_flight"`
@@ -129,7 +132,7 @@ func (a *Agent) Stats() Stats {
 		BytesToDevice: a.stats.bytesToDevice.Load(), BytesFromDevice: a.stats.bytesFromDevice.Load(),
 		Doorbells: a.stats.doorbells.Load(), Rerings: a.stats.rerings.Load(), StaleCompletions: a.stats.staleCompletions.Load(),
 		Registrations: a.stats.registrations.Load(), RegisterFailed: a.stats.registerFailed.Load(), HostLost: a.stats.hostLost.Load(),
-		SendErrors: a.stats.sendErrors.Load(), Refused: map[string]uint64{},
+		SendErrors: a.stats.sendErrors.Load(), ProtocolErrors: a.stats.protocolErrors.Load(), Refused: map[string]uint64{},
 	}
 	for i := range a.stats.refused {
 		if v := a.stats.refused[i].Load(); v > 0 {
