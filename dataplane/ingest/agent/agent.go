@@ -105,6 +105,10 @@ type request struct {
 	// done is set for requests from Infer; UDP requests answer their key's
 	// address.
 	done chan *outcome
+	// answered: Infer's caller gave up and was answered while the input
+	// was still being written or the model run. The request keeps its
+	// slice until that ends (write or complete), then ends unanswered.
+	answered bool
 }
 
 type outcome struct {
@@ -456,6 +460,11 @@ func (a *Agent) write(r *request, slice string) {
 	if a.bySeq[r.seq] != r || r.state != writing {
 		return
 	}
+	if r.answered {
+		// The caller is gone: free the slot, ring nothing.
+		a.finishLocked(r, nil, nil)
+		return
+	}
 	if err != nil {
 		a.failLocked(r, err)
 		return
@@ -662,8 +671,23 @@ func (a *Agent) complete(c ingest.Ctrl) {
 
 // failLocked ends a request with err.
 func (a *Agent) failLocked(r *request, err error) {
-	a.countRefusal(err)
+	if !r.answered {
+		a.countRefusal(err)
+	}
 	a.finishLocked(r, nil, err)
+}
+
+// abandonLocked answers a request's caller with err now, but leaves the
+// request holding its slice: its input is still being copied into the
+// slot, or the host runs on it, and a request placed there meanwhile
+// would race with either. write or complete ends it.
+func (a *Agent) abandonLocked(r *request, err error) {
+	if a.bySeq[r.seq] != r || r.answered {
+		return
+	}
+	a.countRefusal(err)
+	r.answered = true
+	r.done <- &outcome{err: err}
 }
 
 // finishLocked ends a request: its slice goes back to the scheduler, the
@@ -684,6 +708,9 @@ func (a *Agent) finishLocked(r *request, res *ingest.Result, err error) {
 	}
 	if r.state == writing || r.state == running {
 		a.releaseLocked(r)
+	}
+	if r.answered {
+		return // abandonLocked answered it
 	}
 	now := time.Now()
 	if err == nil {
@@ -801,7 +828,12 @@ func (a *Agent) Infer(ctx context.Context, req *ingest.Request) (*ingest.Result,
 	case <-ctx.Done():
 		a.mu.Lock()
 		if a.bySeq[r.seq] == r {
-			a.failLocked(r, ingest.Errorf(ingest.StatusDeadline, "the caller gave up: %v", ctx.Err()))
+			err := ingest.Errorf(ingest.StatusDeadline, "the caller gave up: %v", ctx.Err())
+			if r.state == writing || r.state == running {
+				a.abandonLocked(r, err)
+			} else {
+				a.failLocked(r, err)
+			}
 		}
 		a.mu.Unlock()
 		o := <-r.done
