@@ -73,7 +73,8 @@ func ingestStats(c *ucli.Context) error {
 		} else {
 			fmt.Fprintln(w, "ingest agent: no GPU host registered (start ingest_host on the GPU host)")
 		}
-		fmt.Fprintf(w, "  requests: %d received, %d completed, %d late; refused %s\n", a.Received, a.Completed, a.LateResults, refusals(a.Refused))
+		fmt.Fprintf(w, "  requests: %d received, %d completed, %d late, %d canceled by the caller; refused %s\n", a.Received, a.Completed, a.LateResults,
+			a.Canceled, refusals(a.Refused))
 		fmt.Fprintf(w, "  now: %d in flight, %d waiting for a slice, %d bytes held; GPUs in use %v\n", a.InFlight, a.Queued, a.BufferBytes, a.GPUsInUse)
 		fmt.Fprintf(w, "  bytes: %d from clients, %d written to slots, %d read from slots; %d fragments (%d duplicate, %d malformed)\n",
 			a.BytesIn, a.BytesToDevice, a.BytesFromDevice, a.Fragments, a.Duplicates, a.Malformed)

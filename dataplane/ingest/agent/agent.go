@@ -105,9 +105,10 @@ type request struct {
 	// done is set for requests from Infer; UDP requests answer their key's
 	// address.
 	done chan *outcome
-	// answered: Infer's caller gave up and was answered while the input
-	// was still being written or the model run. The request keeps its
-	// slice until that ends (write or complete), then ends unanswered.
+	// answered: the client has its answer, counted in the stats. Before
+	// the request ends only when Infer's caller gave up while the input
+	// was written or the model ran: the request keeps its slice until
+	// that ends (write or complete), then ends without a second answer.
 	answered bool
 }
 
@@ -671,9 +672,6 @@ func (a *Agent) complete(c ingest.Ctrl) {
 
 // failLocked ends a request with err.
 func (a *Agent) failLocked(r *request, err error) {
-	if !r.answered {
-		a.countRefusal(err)
-	}
 	a.finishLocked(r, nil, err)
 }
 
@@ -685,13 +683,12 @@ func (a *Agent) abandonLocked(r *request, err error) {
 	if a.bySeq[r.seq] != r || r.answered {
 		return
 	}
-	a.countRefusal(err)
-	r.answered = true
-	r.done <- &outcome{err: err}
+	a.answerLocked(r, nil, err)
 }
 
 // finishLocked ends a request: its slice goes back to the scheduler, the
-// answer to its client.
+// answer to its client. A request is finished once: a second call (a
+// timer and a goroutine racing) neither answers nor counts again.
 func (a *Agent) finishLocked(r *request, res *ingest.Result, err error) {
 	if a.bySeq[r.seq] != r {
 		return
@@ -709,9 +706,14 @@ func (a *Agent) finishLocked(r *request, res *ingest.Result, err error) {
 	if r.state == writing || r.state == running {
 		a.releaseLocked(r)
 	}
-	if r.answered {
-		return // abandonLocked answered it
+	if !r.answered { // else abandonLocked answered it
+		a.answerLocked(r, res, err)
 	}
+}
+
+// answerLocked counts a request's outcome and answers its client, once.
+func (a *Agent) answerLocked(r *request, res *ingest.Result, err error) {
+	r.answered = true
 	now := time.Now()
 	if err == nil {
 		a.stats.completed.Add(1)
@@ -719,6 +721,8 @@ func (a *Agent) finishLocked(r *request, res *ingest.Result, err error) {
 		if !r.deadline.IsZero() && now.After(r.deadline) {
 			a.stats.lateResults.Add(1)
 		}
+	} else {
+		a.countRefusal(err)
 	}
 	if r.done != nil {
 		r.done <- &outcome{res: res, err: err}
@@ -828,7 +832,12 @@ func (a *Agent) Infer(ctx context.Context, req *ingest.Request) (*ingest.Result,
 	case <-ctx.Done():
 		a.mu.Lock()
 		if a.bySeq[r.seq] == r {
-			err := ingest.Errorf(ingest.StatusDeadline, "the caller gave up: %v", ctx.Err())
+			var err error = ingest.Errorf(ingest.StatusDeadline, "the caller gave up: %v", ctx.Err())
+			if errors.Is(ctx.Err(), context.Canceled) {
+				// The caller went away: no deadline passed, and the
+				// front end tells a cancel by context.Canceled.
+				err = fmt.Errorf("the caller cancelled the request: %w", ctx.Err())
+			}
 			if r.state == writing || r.state == running {
 				a.abandonLocked(r, err)
 			} else {
