@@ -662,11 +662,11 @@ func (a *Agent) complete(c ingest.Ctrl) {
 	}
 	d := time.Duration(c.DeviceUs) * time.Microsecond
 	r.model.duration = (7*r.model.duration + d) / 8
-	a.stats.bytesFromDevice.Add(uint64(c.Length))
 	if err != nil {
 		a.failLocked(r, err)
 		return
 	}
+	a.stats.bytesFromDevice.Add(uint64(len(res.Output))) // only bytes read
 	a.finishLocked(r, res, nil)
 }
 

@@ -266,13 +266,9 @@ func TestAgentRestart(t *testing.T) {
 func TestCompletionOnAnotherSlot(t *testing.T) {
 	r := newRig(t, rigOptions{gpus: 2})
 	a := r.agent
-	a.mu.Lock()
-	h := a.host
-	req := &request{key: reqKey{id: 1}, seq: 1, model: a.models["checksum"], host: h, state: running, gpu: 1, slot: 3, done: make(chan *outcome, 1)}
-	a.reqs[req.key], a.bySeq[req.seq] = req, req
-	a.mu.Unlock()
+	req := runningRequest(a, 1, 3)
 	for _, c := range []struct{ gpu, slot uint8 }{{1, 0}, {0, 3}} {
-		a.complete(ingest.Ctrl{Op: ingest.OpComplete, Epoch: h.epoch, Request: req.seq, GPU: c.gpu, Slot: c.slot, Length: 8})
+		a.complete(ingest.Ctrl{Op: ingest.OpComplete, Epoch: req.host.epoch, Request: req.seq, GPU: c.gpu, Slot: c.slot, Length: 8})
 	}
 	a.mu.Lock()
 	open := a.bySeq[req.seq] == req
@@ -280,5 +276,29 @@ func TestCompletionOnAnotherSlot(t *testing.T) {
 	a.mu.Unlock()
 	if s := a.Stats(); !open || s.ProtocolErrors != 2 || s.Completed != 0 {
 		t.Errorf("request still open %v (want true), protocol errors %d (want 2), completed %d (want 0)", open, s.ProtocolErrors, s.Completed)
+	}
+}
+
+// runningRequest puts a request on gpu and slot into a's state, as if its
+// doorbell were rung, for tests that play the host's answers.
+func runningRequest(a *Agent, gpu, slot int) *request {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	req := &request{key: reqKey{id: 1}, seq: 1, model: a.models["checksum"], host: a.host, state: running, gpu: gpu, slot: slot, done: make(chan *outcome, 1)}
+	a.reqs[req.key], a.bySeq[req.seq] = req, req
+	return req
+}
+
+// TestImpossibleOutputLength: a completion whose output would not fit the
+// slot's output buffer fails the request as internal, and no byte is
+// counted as read from the device.
+func TestImpossibleOutputLength(t *testing.T) {
+	r := newRig(t, rigOptions{})
+	a := r.agent
+	req := runningRequest(a, 0, 0)
+	a.complete(ingest.Ctrl{Op: ingest.OpComplete, Epoch: req.host.epoch, Request: req.seq, Length: uint32(req.host.slotOut(0) + 1)})
+	o := <-req.done
+	if s := a.Stats(); ingest.StatusOf(o.err) != ingest.StatusInternal || s.BytesFromDevice != 0 {
+		t.Errorf("%v, %d bytes from the device; want an internal error and 0 bytes", o.err, s.BytesFromDevice)
 	}
 }
