@@ -72,13 +72,15 @@ func ingestStats(c *ucli.Context) error {
 		} else {
 			fmt.Fprintln(w, "ingest agent: no GPU host registered (start ingest_host on the GPU host)")
 		}
-		fmt.Fprintf(w, "  requests: %d received, %d completed, %d late; refused %s\n", a.Received, a.Completed, a.LateResults, refusals(a.Refused))
+		fmt.Fprintf(w, "  requests: %d received, %d completed, %d late, %d canceled by the caller; refused %s\n", a.Received, a.Completed, a.LateResults,
+			a.Canceled, refusals(a.Refused))
 		fmt.Fprintf(w, "  now: %d in flight, %d waiting for a slice, %d bytes held; GPUs in use %v\n", a.InFlight, a.Queued, a.BufferBytes, a.GPUsInUse)
 		fmt.Fprintf(w, "  bytes: %d from clients, %d written to slots, %d read from slots; %d fragments (%d duplicate, %d malformed)\n",
 			a.BytesIn, a.BytesToDevice, a.BytesFromDevice, a.Fragments, a.Duplicates, a.Malformed)
 		fmt.Fprintf(w, "  latency p50 %v, p99 %v; scheduler %v per decision; doorbells %d (%d rung again), results resent %d\n",
 			a.P50.Round(time.Microsecond), a.P99.Round(time.Microsecond), a.Decision, a.Doorbells, a.Rerings, a.Resent)
-		fmt.Fprintf(w, "  host registrations %d (%d failed), host lost %d, reassembly timeouts %d\n", a.Registrations, a.RegisterFailed, a.HostLost, a.ReassemblyTimeouts)
+		fmt.Fprintf(w, "  host registrations %d (%d failed), host lost %d, host protocol errors %d, reassembly timeouts %d\n", a.Registrations, a.RegisterFailed, a.HostLost,
+			a.ProtocolErrors, a.ReassemblyTimeouts)
 	}
 	if h := rep.Host; h != nil {
 		fmt.Fprintf(w, "GPU host agent: epoch %s, %d GPUs of %d slots; %s\n", h.Epoch, h.GPUs, h.Slots, hostRegistration(h))

@@ -5,7 +5,7 @@ import (
 )
 
 var (
-	agentReqs     = prometheus.NewDesc("lovelock_ingest_requests_total", "Inference requests the DPU ingest agent finished, by outcome (ok or the refusal's status).", []string{"outcome"}, nil)
+	agentReqs     = prometheus.NewDesc("lovelock_ingest_requests_total", "Inference requests the DPU ingest agent finished, by outcome (ok, canceled by the caller, or the refusal's status).", []string{"outcome"}, nil)
 	agentBytes    = prometheus.NewDesc("lovelock_ingest_bytes_total", "Bytes the DPU ingest agent moved, by direction (in: from clients; to_device, from_device: the host's slot buffers).", []string{"dir"}, nil)
 	agentInFlight = prometheus.NewDesc("lovelock_ingest_in_flight", "Requests open on the DPU ingest agent.", nil, nil)
 	agentQueued   = prometheus.NewDesc("lovelock_ingest_queued", "Requests waiting for a GPU slice.", nil, nil)
@@ -36,6 +36,7 @@ func (s *Service) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
 	}
 	counter(agentReqs, st.Completed, "ok")
+	counter(agentReqs, st.Canceled, "canceled")
 	for k, v := range st.Refused {
 		counter(agentReqs, v, k)
 	}

@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"sync"
 	"time"
@@ -43,8 +44,11 @@ type Agent struct {
 	// resultBytes is what the kept results hold, at most
 	// Config.ResultBytes: the oldest go first beyond it.
 	resultBytes int
-	nextSeq     uint64
-	bufUsed     int
+	// nextSeq numbers requests from a random base: the host agent answers
+	// a doorbell from memory by request number, and outlives a restart
+	// of this agent, so numbers counted from 0 would repeat old ones.
+	nextSeq uint64
+	bufUsed int
 
 	stats counters
 	lat   latencies
@@ -101,6 +105,11 @@ type request struct {
 	// done is set for requests from Infer; UDP requests answer their key's
 	// address.
 	done chan *outcome
+	// answered: the client has its answer, counted in the stats. Before
+	// the request ends only when Infer's caller gave up while the input
+	// was written or the model ran: the request keeps its slice until
+	// that ends (write or complete), then ends without a second answer.
+	answered bool
 }
 
 type outcome struct {
@@ -129,7 +138,7 @@ func New(cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a := &Agent{cfg: cfg, models: map[string]*modelState{}, start: time.Now(),
-		reqs: map[reqKey]*request{}, bySeq: map[uint64]*request{}, results: map[reqKey]*doneResult{}}
+		reqs: map[reqKey]*request{}, bySeq: map[uint64]*request{}, results: map[reqKey]*doneResult{}, nextSeq: rand.Uint64()}
 	for _, m := range cfg.Models {
 		ms := &modelState{cfg: m, info: modelInfo(m), duration: m.Duration}
 		ms.builtin, _ = model.Builtin(m.Name)
@@ -452,6 +461,11 @@ func (a *Agent) write(r *request, slice string) {
 	if a.bySeq[r.seq] != r || r.state != writing {
 		return
 	}
+	if r.answered {
+		// The caller is gone: free the slot, ring nothing.
+		a.finishLocked(r, nil, nil)
+		return
+	}
 	if err != nil {
 		a.failLocked(r, err)
 		return
@@ -619,6 +633,15 @@ func (a *Agent) complete(c ingest.Ctrl) {
 		a.stats.staleCompletions.Add(1)
 		return
 	}
+	if int(c.GPU) != r.gpu || int(c.Slot) != r.slot {
+		// Not this request's run: reading the slot would hand another
+		// request's output to this one. The doorbell is rung again.
+		a.mu.Unlock()
+		a.stats.protocolErrors.Add(1)
+		a.cfg.Logger.Warn("GPU host completed a request on another slot than it was placed on; reply ignored",
+			"seq", c.Request, "placed", fmt.Sprintf("%d/%d", r.gpu, r.slot), "reply", fmt.Sprintf("%d/%d", c.GPU, c.Slot))
+		return
+	}
 	a.mu.Unlock()
 	var res *ingest.Result
 	var err error
@@ -639,22 +662,33 @@ func (a *Agent) complete(c ingest.Ctrl) {
 	}
 	d := time.Duration(c.DeviceUs) * time.Microsecond
 	r.model.duration = (7*r.model.duration + d) / 8
-	a.stats.bytesFromDevice.Add(uint64(c.Length))
 	if err != nil {
 		a.failLocked(r, err)
 		return
 	}
+	a.stats.bytesFromDevice.Add(uint64(len(res.Output))) // only bytes read
 	a.finishLocked(r, res, nil)
 }
 
 // failLocked ends a request with err.
 func (a *Agent) failLocked(r *request, err error) {
-	a.countRefusal(err)
 	a.finishLocked(r, nil, err)
 }
 
+// abandonLocked answers a request's caller with err now, but leaves the
+// request holding its slice: its input is still being copied into the
+// slot, or the host runs on it, and a request placed there meanwhile
+// would race with either. write or complete ends it.
+func (a *Agent) abandonLocked(r *request, err error) {
+	if a.bySeq[r.seq] != r || r.answered {
+		return
+	}
+	a.answerLocked(r, nil, err)
+}
+
 // finishLocked ends a request: its slice goes back to the scheduler, the
-// answer to its client.
+// answer to its client. A request is finished once: a second call (a
+// timer and a goroutine racing) neither answers nor counts again.
 func (a *Agent) finishLocked(r *request, res *ingest.Result, err error) {
 	if a.bySeq[r.seq] != r {
 		return
@@ -672,6 +706,14 @@ func (a *Agent) finishLocked(r *request, res *ingest.Result, err error) {
 	if r.state == writing || r.state == running {
 		a.releaseLocked(r)
 	}
+	if !r.answered { // else abandonLocked answered it
+		a.answerLocked(r, res, err)
+	}
+}
+
+// answerLocked counts a request's outcome and answers its client, once.
+func (a *Agent) answerLocked(r *request, res *ingest.Result, err error) {
+	r.answered = true
 	now := time.Now()
 	if err == nil {
 		a.stats.completed.Add(1)
@@ -679,6 +721,8 @@ func (a *Agent) finishLocked(r *request, res *ingest.Result, err error) {
 		if !r.deadline.IsZero() && now.After(r.deadline) {
 			a.stats.lateResults.Add(1)
 		}
+	} else {
+		a.countRefusal(err)
 	}
 	if r.done != nil {
 		r.done <- &outcome{res: res, err: err}
@@ -788,7 +832,17 @@ func (a *Agent) Infer(ctx context.Context, req *ingest.Request) (*ingest.Result,
 	case <-ctx.Done():
 		a.mu.Lock()
 		if a.bySeq[r.seq] == r {
-			a.failLocked(r, ingest.Errorf(ingest.StatusDeadline, "the caller gave up: %v", ctx.Err()))
+			var err error = ingest.Errorf(ingest.StatusDeadline, "the caller gave up: %v", ctx.Err())
+			if errors.Is(ctx.Err(), context.Canceled) {
+				// The caller went away: no deadline passed, and the
+				// front end tells a cancel by context.Canceled.
+				err = fmt.Errorf("the caller cancelled the request: %w", ctx.Err())
+			}
+			if r.state == writing || r.state == running {
+				a.abandonLocked(r, err)
+			} else {
+				a.failLocked(r, err)
+			}
 		}
 		a.mu.Unlock()
 		o := <-r.done

@@ -236,3 +236,69 @@ func TestHostRestart(t *testing.T) {
 		t.Errorf("registrations %d (want 2), host lost %d (want 1)", s.Registrations, s.HostLost)
 	}
 }
+
+// TestAgentRestart: a restarted DPU agent keeps using the host agent that
+// ran its predecessor's requests (same epoch). Its request numbers must
+// not repeat the old ones, or the host answers a new request with an old
+// request's completion from memory and the client gets that output as OK.
+func TestAgentRestart(t *testing.T) {
+	r := newRig(t, rigOptions{})
+	before, after := randomBytes(1, 4096), randomBytes(2, 4096)
+	for i, in := range [][]byte{before, after} {
+		if i == 1 {
+			r.stopAgent()
+			r.startAgent()
+			r.waitRegistered()
+		}
+		want := model.Checksum(in)
+		if a := r.client(0).infer("checksum", in, 0); a.status != ingest.StatusOK || !bytes.Equal(a.out, want[:]) {
+			t.Fatalf("agent %d: %v %q, checksum %x, want %x", i+1, a.status, a.text, a.out, want)
+		}
+	}
+	if hs := r.host.Stats(); hs.Completed != 2 {
+		t.Errorf("host ran %d requests, want 2 (one per agent)", hs.Completed)
+	}
+}
+
+// TestCompletionOnAnotherSlot: a completion naming a request but another
+// GPU or slot than the request was placed on is not its run: the agent
+// ignores it (a protocol error) instead of reading the request's slot.
+func TestCompletionOnAnotherSlot(t *testing.T) {
+	r := newRig(t, rigOptions{gpus: 2})
+	a := r.agent
+	req := runningRequest(a, 1, 3)
+	for _, c := range []struct{ gpu, slot uint8 }{{1, 0}, {0, 3}} {
+		a.complete(ingest.Ctrl{Op: ingest.OpComplete, Epoch: req.host.epoch, Request: req.seq, GPU: c.gpu, Slot: c.slot, Length: 8})
+	}
+	a.mu.Lock()
+	open := a.bySeq[req.seq] == req
+	a.failLocked(req, ingest.Errorf(ingest.StatusInternal, "test over"))
+	a.mu.Unlock()
+	if s := a.Stats(); !open || s.ProtocolErrors != 2 || s.Completed != 0 {
+		t.Errorf("request still open %v (want true), protocol errors %d (want 2), completed %d (want 0)", open, s.ProtocolErrors, s.Completed)
+	}
+}
+
+// runningRequest puts a request on gpu and slot into a's state, as if its
+// doorbell were rung, for tests that play the host's answers.
+func runningRequest(a *Agent, gpu, slot int) *request {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	req := &request{key: reqKey{id: 1}, seq: 1, model: a.models["checksum"], host: a.host, state: running, gpu: gpu, slot: slot, done: make(chan *outcome, 1)}
+	a.reqs[req.key], a.bySeq[req.seq] = req, req
+	return req
+}
+
+// TestImpossibleOutputLength: a completion whose output would not fit the
+// slot's output buffer fails the request as internal, and no byte is
+// counted as read from the device.
+func TestImpossibleOutputLength(t *testing.T) {
+	r := newRig(t, rigOptions{})
+	a := r.agent
+	req := runningRequest(a, 0, 0)
+	a.complete(ingest.Ctrl{Op: ingest.OpComplete, Epoch: req.host.epoch, Request: req.seq, Length: uint32(req.host.slotOut(0) + 1)})
+	o := <-req.done
+	if s := a.Stats(); ingest.StatusOf(o.err) != ingest.StatusInternal || s.BytesFromDevice != 0 {
+		t.Errorf("%v, %d bytes from the device; want an internal error and 0 bytes", o.err, s.BytesFromDevice)
+	}
+}

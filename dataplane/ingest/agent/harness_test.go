@@ -37,6 +37,10 @@ type rig struct {
 	socket string
 	cancel context.CancelFunc
 	done   chan error
+	// cfg and agentTr are the DPU agent's, so that startAgent can start
+	// another on the same addresses (a restarted DPU agent).
+	cfg     Config
+	agentTr []transport.Transport
 
 	hostMu     sync.Mutex
 	host       *hostagent.Agent
@@ -65,30 +69,55 @@ func newRig(t *testing.T, o rigOptions) *rig {
 		o.models = []ModelConfig{{Name: "checksum"}, {Name: "mlp"}}
 	}
 	r := &rig{t: t, net: memnet.New(memnet.Options{Seed: 1, MaxPayload: 8972, Faults: o.faults}), socket: filepath.Join(t.TempDir(), "ingest.sock"), gpus: o.gpus}
-	clients, err := r.net.Listen(dpuClientAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hostSide, err := r.net.Listen(dpuHostAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := Config{Clients: clients, Host: hostSide, Importer: devmem.ShmImporter{}, Models: o.models, Tenants: o.tenants, Pools: o.pools,
+	r.cfg = Config{Importer: devmem.ShmImporter{}, Models: o.models, Tenants: o.tenants, Pools: o.pools,
 		ReassemblyTimeout: 300 * time.Millisecond, DoorbellTimeout: 100 * time.Millisecond}
 	if o.tweak != nil {
-		o.tweak(&cfg)
+		o.tweak(&r.cfg)
 	}
-	r.agent, err = New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r.cancel, r.done = cancel, make(chan error, 1)
-	go func() { r.done <- r.agent.Run(ctx) }()
+	r.startAgent()
 	t.Cleanup(r.stop)
 	r.startHost(o.slotIn)
 	r.waitRegistered()
 	return r
+}
+
+// startAgent starts a DPU agent of r.cfg on the DPU's addresses.
+func (r *rig) startAgent() {
+	r.t.Helper()
+	clients, err := r.net.Listen(dpuClientAddr)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	hostSide, err := r.net.Listen(dpuHostAddr)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	cfg := r.cfg
+	cfg.Clients, cfg.Host = clients, hostSide
+	r.agent, err = New(cfg)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.agentTr = []transport.Transport{clients, hostSide}
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel, r.done = cancel, make(chan error, 1)
+	go func() { r.done <- r.agent.Run(ctx) }()
+}
+
+// stopAgent stops the DPU agent and frees its addresses.
+func (r *rig) stopAgent() {
+	if r.cancel == nil {
+		return
+	}
+	r.cancel()
+	if err := <-r.done; err != nil {
+		r.t.Errorf("agent: %v", err)
+	}
+	r.cancel = nil
+	for _, tr := range r.agentTr {
+		tr.Close()
+	}
+	r.agentTr = nil
 }
 
 func (r *rig) startHost(slotIn int) {
@@ -136,10 +165,7 @@ func (r *rig) stopHost() {
 
 func (r *rig) stop() {
 	r.stopHost()
-	r.cancel()
-	if err := <-r.done; err != nil {
-		r.t.Errorf("agent: %v", err)
-	}
+	r.stopAgent()
 }
 
 // waitRegistered waits until the DPU has mapped the current host epoch.

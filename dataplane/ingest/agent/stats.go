@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -19,11 +21,17 @@ type counters struct {
 	doorbells, rerings, staleCompletions                        atomic.Uint64
 	bytesToDevice, bytesFromDevice, resultDatagrams, sendErrors atomic.Uint64
 	registrations, registerFailed, hostLost, reassemblyTimeouts atomic.Uint64
-	resultsForgotten                                            atomic.Uint64
+	resultsForgotten, protocolErrors, canceled                  atomic.Uint64
 	refused                                                     [16]atomic.Uint64 // by ingest.Status
 }
 
+// countRefusal counts a request answered with err: by its status, or as
+// canceled when its caller cancelled it.
 func (a *Agent) countRefusal(err error) {
+	if errors.Is(err, context.Canceled) {
+		a.stats.canceled.Add(1)
+		return
+	}
 	s := ingest.StatusOf(err)
 	if int(s) < len(a.stats.refused) {
 		a.stats.refused[s].Add(1)
@@ -68,12 +76,14 @@ type Stats struct {
 	// Fragments and BytesIn count input datagrams and their bytes;
 	// Received requests whose input was complete; Completed those
 	// answered with a result; Refused those answered with an error, by
-	// status.
+	// status; Canceled those whose caller (of Infer: the gRPC front end)
+	// cancelled them. Each request counts once.
 	Fragments  uint64            `json:"fragments"`
 	BytesIn    uint64            `json:"bytes_in"`
 	Received   uint64            `json:"received"`
 	Completed  uint64            `json:"completed"`
 	Refused    map[string]uint64 `json:"refused"`
+	Canceled   uint64            `json:"canceled"`
 	Malformed  uint64            `json:"malformed"`
 	Duplicates uint64            `json:"duplicate_fragments"`
 	// Resent counts results sent again for a retransmitted request.
@@ -94,6 +104,9 @@ type Stats struct {
 	RegisterFailed     uint64 `json:"registrations_failed"`
 	HostLost           uint64 `json:"host_lost"`
 	SendErrors         uint64 `json:"send_errors"`
+	// ProtocolErrors are host replies that contradict the request they
+	// name (a completion for another GPU or slot); they are ignored.
+	ProtocolErrors uint64 `json:"host_protocol_errors"`
 	// InFlight are requests open now; Queued those waiting for a slice;
 	// BufferBytes the DPU memory their inputs hold.
 	InFlight    int `json:"in_flight"`
@@ -124,12 +137,12 @@ type HostStatus struct {
 func (a *Agent) Stats() Stats {
 	s := Stats{
 		Fragments: a.stats.fragments.Load(), BytesIn: a.stats.bytesIn.Load(), Received: a.stats.received.Load(),
-		Completed: a.stats.completed.Load(), Malformed: a.stats.malformed.Load(), Duplicates: a.stats.duplicates.Load(),
+		Completed: a.stats.completed.Load(), Canceled: a.stats.canceled.Load(), Malformed: a.stats.malformed.Load(), Duplicates: a.stats.duplicates.Load(),
 		Resent: a.stats.resent.Load(), ResultsForgotten: a.stats.resultsForgotten.Load(), LateResults: a.stats.lateResults.Load(), ReassemblyTimeouts: a.stats.reassemblyTimeouts.Load(),
 		BytesToDevice: a.stats.bytesToDevice.Load(), BytesFromDevice: a.stats.bytesFromDevice.Load(),
 		Doorbells: a.stats.doorbells.Load(), Rerings: a.stats.rerings.Load(), StaleCompletions: a.stats.staleCompletions.Load(),
 		Registrations: a.stats.registrations.Load(), RegisterFailed: a.stats.registerFailed.Load(), HostLost: a.stats.hostLost.Load(),
-		SendErrors: a.stats.sendErrors.Load(), Refused: map[string]uint64{},
+		SendErrors: a.stats.sendErrors.Load(), ProtocolErrors: a.stats.protocolErrors.Load(), Refused: map[string]uint64{},
 	}
 	for i := range a.stats.refused {
 		if v := a.stats.refused[i].Load(); v > 0 {
