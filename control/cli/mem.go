@@ -187,7 +187,8 @@ func memStats(c *ucli.Context) error {
 	}
 	if a := rep.Agent; a != nil {
 		fmt.Fprintf(w, "far-memory agent: %d memory nodes, %d regions known\n", a.Servers, a.Regions)
-		fmt.Fprintf(w, "  host requests %d, forwarded %d in %d batches (%.1f per batch)\n", a.HostRequests, a.Forwarded, a.Batches, a.AvgBatch)
+		fmt.Fprintf(w, "  host requests %d, forwarded %d in %d batches (%.1f per batch); own requests %d (cache fills, static loads, region lists)\n",
+			a.HostRequests, a.Forwarded, a.Batches, a.AvgBatch, a.OwnRequests)
 		fmt.Fprintf(w, "  bytes: server→host %d, host→server %d; fabric datagrams tx %d rx %d, retransmits %d, timeouts %d\n",
 			a.ReadBytes, a.WriteBytes, a.Fabric.TXDatagrams, a.Fabric.RXDatagrams, a.Fabric.Retransmits, a.Fabric.Timeouts)
 		fmt.Fprintf(w, "  latency to the memory node: p50 %.0f µs, p99 %.0f µs (%d requests)\n", a.Latency.P50us, a.Latency.P99us, a.Latency.Count)

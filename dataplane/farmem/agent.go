@@ -113,6 +113,8 @@ type Agent struct {
 	regions map[uint32]int  // region → index in cfg.Servers
 	shared  map[uint32]bool // region IDs two nodes list, warned of once
 
+	forwarded, fwdBatches atomic.Uint64 // host requests sent on, and their batches
+
 	refreshMu    sync.Mutex // one refresh at a time
 	lastRefresh  time.Time  // when the last refresh started; under refreshMu
 	refreshedAll bool       // whether it listed every memory node; under refreshMu
@@ -162,16 +164,18 @@ type AgentStats struct {
 	Servers int `json:"servers"`
 	Regions int `json:"regions"`
 	// HostRequests counts requests taken from hosts (duplicates not
-	// included); Forwarded the requests sent to memory nodes (with the
-	// agent's own list requests for region metadata); Batches the task
-	// batches that carried them (the requests of one receive batch bound
-	// for one memory node and tenant, packed several per datagram where
-	// they fit; Fabric.TXDatagrams counts the datagrams); AvgBatch is
-	// Forwarded / Batches.
+	// included); Forwarded the host requests sent on to memory nodes;
+	// Batches the task batches that carried them (the requests of one
+	// receive batch bound for one memory node and tenant, packed several
+	// per datagram where they fit; Fabric.TXDatagrams counts the
+	// datagrams); AvgBatch is Forwarded / Batches. OwnRequests counts the
+	// agent's own requests to memory nodes: cache fills, static loads and
+	// region lists (Fabric.Requests = Forwarded + OwnRequests).
 	HostRequests uint64  `json:"host_requests"`
 	Forwarded    uint64  `json:"forwarded"`
 	Batches      uint64  `json:"batches"`
 	AvgBatch     float64 `json:"avg_batch"`
+	OwnRequests  uint64  `json:"own_requests"`
 	// ReadBytes is page data returned to hosts (server → host),
 	// WriteBytes page data forwarded to memory nodes (host → server).
 	ReadBytes  uint64 `json:"read_bytes"`
@@ -430,7 +434,7 @@ func (w *hostWorker) resolve(ctx context.Context, misses []*call, arrived time.T
 	w.flushLocked()
 	w.mu.Unlock()
 	if len(found) > 0 {
-		_ = w.fab.issue(ctx, found)
+		_ = a.forward(ctx, w.fab, found)
 	}
 }
 
@@ -439,17 +443,13 @@ func (a *Agent) Stats() AgentStats {
 	a.mu.RLock()
 	nreg := len(a.regions)
 	a.mu.RUnlock()
-	var batches uint64
-	for _, f := range a.fabric {
-		f.mu.Lock()
-		batches += f.batches
-		f.mu.Unlock()
-	}
+	batches := a.fwdBatches.Load()
 	st := AgentStats{Servers: len(a.cfg.Servers), Regions: nreg, HostRequests: a.hostReqs.Load(),
 		Batches: batches, ReadBytes: a.readBytes.Load(), WriteBytes: a.writeBytes.Load(),
 		Host: a.hctr.snapshot(), Fabric: a.fctr.snapshot(), Errors: a.errs.snapshot(), Latency: a.lat.summary(),
 		Cache: a.cache.stats()}
-	st.Forwarded = st.Fabric.Requests
+	st.Forwarded = a.forwarded.Load()
+	st.OwnRequests = st.Fabric.Requests - min(st.Forwarded, st.Fabric.Requests)
 	if batches > 0 {
 		st.AvgBatch = float64(st.Forwarded) / float64(batches)
 	}
@@ -520,9 +520,19 @@ func (w *hostWorker) run(ctx context.Context) error {
 			misses = nil
 		}
 		if len(calls) > 0 {
-			_ = w.fab.issue(ctx, calls)
+			_ = a.forward(ctx, w.fab, calls)
 		}
 	}
+}
+
+// forward issues calls that carry host requests to memory nodes, counted
+// as forwarded in task batches; the agent's own requests (cache fills,
+// static loads, region lists) go to the requester directly and count as
+// its own.
+func (a *Agent) forward(ctx context.Context, fab *requester, calls []*call) error {
+	a.forwarded.Add(uint64(len(calls)))
+	a.fwdBatches.Add(uint64(groups(calls)))
+	return fab.issue(ctx, calls)
 }
 
 // forwardLocked makes the call that sends host request q on to its memory
@@ -684,7 +694,7 @@ func (a *Agent) placeElsewhere(hr *hostReq, k *call) bool {
 	next := &call{rec: k.rec, data: k.data, tenant: k.tenant, user: hr, dst: a.cfg.Servers[hr.server].Addr}
 	// Not from here: issue may wait for room in the window that only
 	// this completion loop frees.
-	go func() { _ = hr.w.fab.issue(a.ctx, []*call{next}) }()
+	go func() { _ = a.forward(a.ctx, hr.w.fab, []*call{next}) }()
 	return true
 }
 

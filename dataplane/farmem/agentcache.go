@@ -142,7 +142,7 @@ func (w *hostWorker) retryReads(ws []fillWaiter) {
 		go w.resolve(ctx, misses, time.Now())
 	}
 	if len(calls) > 0 {
-		_ = w.fab.issue(ctx, calls)
+		_ = w.a.forward(ctx, w.fab, calls)
 	}
 }
 

@@ -22,6 +22,7 @@ var (
 	agentReqs    = prometheus.NewDesc("lovelock_mem_agent_host_requests_total", "Requests the far-memory agent took from host processes.", nil, nil)
 	agentFwd     = prometheus.NewDesc("lovelock_mem_agent_forwarded_total", "Requests the far-memory agent forwarded to memory nodes.", nil, nil)
 	agentBatches = prometheus.NewDesc("lovelock_mem_agent_batches_total", "Task batches that carried the forwarded requests.", nil, nil)
+	agentOwn     = prometheus.NewDesc("lovelock_mem_agent_own_requests_total", "The agent's own requests to memory nodes: cache fills, static loads, region lists.", nil, nil)
 	agentData    = prometheus.NewDesc("lovelock_mem_agent_data_bytes_total", "Page data through the far-memory agent, by direction (read: server to host).", []string{"dir"}, nil)
 	agentRetx    = prometheus.NewDesc("lovelock_mem_agent_retransmits_total", "Requests the agent sent to memory nodes again after a timeout.", nil, nil)
 	agentTimeout = prometheus.NewDesc("lovelock_mem_agent_timeouts_total", "Requests that failed after every try (no answer from the memory node).", nil, nil)
@@ -77,7 +78,7 @@ func (s *ServerService) Collect(ch chan<- prometheus.Metric) {
 
 // Describe implements prometheus.Collector.
 func (s *AgentService) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{agentReqs, agentFwd, agentBatches, agentData, agentRetx, agentTimeout, agentErrors, agentLatency,
+	for _, d := range []*prometheus.Desc{agentReqs, agentFwd, agentBatches, agentOwn, agentData, agentRetx, agentTimeout, agentErrors, agentLatency,
 		cacheOn, cacheRate, cacheThresh, cacheSwitch, cacheEntries, cacheStatic, cacheReads, cacheWaited, cachePrefet} {
 		ch <- d
 	}
@@ -96,6 +97,7 @@ func (s *AgentService) Collect(ch chan<- prometheus.Metric) {
 	counter(agentReqs, st.HostRequests)
 	counter(agentFwd, st.Forwarded)
 	counter(agentBatches, st.Batches)
+	counter(agentOwn, st.OwnRequests)
 	counter(agentData, st.ReadBytes, "read")
 	counter(agentData, st.WriteBytes, "write")
 	counter(agentRetx, st.Fabric.Retransmits)
