@@ -158,8 +158,11 @@ func TestGraphRunFar(t *testing.T) {
 	}
 	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
 	sock := filepath.Join(dir, "agent.sock")
+	// Ready when it answers, not when its socket file exists: bind makes
+	// the file before listen takes connections.
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if _, err := os.Stat(sock); err == nil {
+		if c, err := net.Dial("unix", sock); err == nil {
+			c.Close()
 			break
 		}
 		if time.Now().After(deadline) {

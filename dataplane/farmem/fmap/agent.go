@@ -110,6 +110,9 @@ func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Contex
 
 	req, fds, err := readFrame(c)
 	closeAll(fds)
+	if errors.Is(err, io.EOF) {
+		return nil // closed before asking anything: a probe of the socket, not a mapping
+	}
 	if err != nil {
 		return err
 	}
