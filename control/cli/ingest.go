@@ -168,13 +168,18 @@ func ingestModels(c *ucli.Context) error {
 		return writeJSON(c.App.Writer, models)
 	}
 	tw := newTable(c.App.Writer)
-	fmt.Fprintln(tw, "MODEL\tINPUT ROW\tOUTPUT ROW\tMAX INPUT\tTENANTS")
+	fmt.Fprintln(tw, "MODEL\tREADY\tINPUT ROW\tOUTPUT ROW\tMAX INPUT\tTENANTS")
 	for _, m := range models {
 		tenants := "all"
 		if len(m.Tenants) > 0 {
 			tenants = fmt.Sprint(m.Tenants)
 		}
-		fmt.Fprintf(tw, "%s\t%s%v\t%s%v\t%d\t%s\n", m.Name, m.Datatype, m.RowShape, m.OutDatatype, m.OutRowShape, m.MaxInput, tenants)
+		// Ready: a registered GPU host runs it now (KServe's ModelReady).
+		ready := "no"
+		if m.Ready {
+			ready = "yes"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s%v\t%s%v\t%d\t%s\n", m.Name, ready, m.Datatype, m.RowShape, m.OutDatatype, m.OutRowShape, m.MaxInput, tenants)
 	}
 	return tw.Flush()
 }
