@@ -82,7 +82,13 @@ func (d *Device) allocLegacy(size int) (*buffer, error) {
 
 // zero clears a new buffer and records it, or releases it.
 func (d *Device) zero(b *buffer) error {
+	// A memset is asynchronous to the host; the buffer may be exported
+	// to another process right after, whose writes must come after it.
 	if err := d.cu.check("cuMemsetD8_v2", d.cu.cuMemsetD8(b.ptr, 0, uintptr(b.size))); err != nil {
+		b.release()
+		return err
+	}
+	if err := d.cu.check("cuCtxSynchronize", d.cu.cuCtxSynchronize()); err != nil {
 		b.release()
 		return err
 	}

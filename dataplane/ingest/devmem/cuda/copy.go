@@ -45,7 +45,15 @@ func (s *stage) htod(cu *driver, dst cuDevPtr, src []byte) error {
 		return nil
 	}
 	if len(src) < stageMin || len(s.buf) == 0 {
-		return cu.check("cuMemcpyHtoD_v2", cu.cuMemcpyHtoD(dst, unsafe.Pointer(&src[0]), uintptr(len(src))))
+		if err := cu.check("cuMemcpyHtoD_v2", cu.cuMemcpyHtoD(dst, unsafe.Pointer(&src[0]), uintptr(len(src)))); err != nil {
+			return err
+		}
+		// From pageable memory the copy returns once the driver has the
+		// bytes in its staging memory, before the DMA lands ("API
+		// synchronization behavior"); another process (the GPU host's
+		// kernel) must not read the buffer before it does. From pinned
+		// memory, below, the copy is synchronous.
+		return cu.check("cuCtxSynchronize", cu.cuCtxSynchronize())
 	}
 	for len(src) > 0 {
 		n := copy(s.buf, src)

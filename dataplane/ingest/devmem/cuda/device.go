@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/devmem"
 )
@@ -28,12 +29,13 @@ type Options struct {
 // Device is one GPU, implementing devmem.Device. Its methods may be called
 // from any goroutine; all its driver calls run on its own locked thread.
 type Device struct {
-	cu   *driver
-	nv   *nvml      // nil without NVML
-	gpu  nvmlDevice // the whole GPU in NVML, when nv is not nil
-	t    *thread
-	info devmem.Info
-	opts Options
+	cu    *driver
+	nv    *nvml      // nil without NVML
+	gpu   nvmlDevice // the whole GPU in NVML, when nv is not nil
+	t     *thread
+	info  devmem.Info
+	busID string // PCI bus ID, to find the GPU in NVML when its UUID does not
+	opts  Options
 
 	// Set at open on the thread and read-only after.
 	dev  cuDevice
@@ -119,8 +121,14 @@ func (d *Device) setup() error {
 	if err := cu.check("cuDeviceTotalMem_v2", cu.cuDeviceTotalMem(&mem, d.dev)); err != nil {
 		return err
 	}
-	d.info = devmem.Info{Index: d.opts.Index, Kind: devmem.KindCUDA, Name: cString(name[:]),
-		UUID: formatUUID(uuid), MemBytes: uint64(mem)}
+	d.info = devmem.Info{Index: d.opts.Index, Kind: devmem.KindCUDA, Name: cString(name[:]), MemBytes: uint64(mem)}
+	d.info.UUID = formatUUID(uuid, strings.Contains(d.info.Name, " MIG "))
+	if cu.cuDeviceGetPCIBusId != nil {
+		var bus [32]byte
+		if cu.cuDeviceGetPCIBusId(&bus[0], int32(len(bus)), d.dev) == cuSuccess {
+			d.busID = cString(bus[:])
+		}
+	}
 	d.info.Card = CardName(d.info.Name, d.info.MemBytes)
 	sms, err := d.attr(attrMultiprocessorCount)
 	if err != nil {
@@ -197,7 +205,7 @@ func (d *Device) describeMIG() {
 	if err != nil {
 		return
 	}
-	gpu, err := nv.gpu(d.info.UUID, d.info.Index)
+	gpu, err := nv.gpu(d.info.UUID, d.busID)
 	if err != nil {
 		nv.close()
 		return
@@ -209,9 +217,14 @@ func (d *Device) describeMIG() {
 	}
 }
 
-// formatUUID writes a device UUID as nvidia-smi does.
-func formatUUID(u [16]byte) string {
-	return fmt.Sprintf("GPU-%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
+// formatUUID writes a device UUID as nvidia-smi does: a MIG device's
+// (CUDA names it "… MIG 1g.10gb" and gives its own UUID) as MIG-….
+func formatUUID(u [16]byte, mig bool) string {
+	prefix := "GPU"
+	if mig {
+		prefix = "MIG"
+	}
+	return fmt.Sprintf("%s-%x-%x-%x-%x-%x", prefix, u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
 }
 
 // Info implements devmem.Device.

@@ -100,6 +100,7 @@ type driver struct {
 	cuDeviceGet               func(d *cuDevice, ordinal int32) cuResult
 	cuDeviceGetName           func(name *byte, n int32, d cuDevice) cuResult
 	cuDeviceGetUuid           func(uuid *[16]byte, d cuDevice) cuResult
+	cuDeviceGetPCIBusId       func(id *byte, n int32, d cuDevice) cuResult
 	cuDeviceTotalMem          func(bytes *uintptr, d cuDevice) cuResult
 	cuDeviceGetAttribute      func(v *int32, attr int32, d cuDevice) cuResult
 	cuDevicePrimaryCtxRetain  func(ctx *cuContext, d cuDevice) cuResult
@@ -158,6 +159,7 @@ func (d *driver) symbols() []symbol {
 		req(&d.cuDeviceGet, "cuDeviceGet"),
 		req(&d.cuDeviceGetName, "cuDeviceGetName"),
 		req(&d.cuDeviceGetUuid, "cuDeviceGetUuid_v2", "cuDeviceGetUuid"),
+		opt(&d.cuDeviceGetPCIBusId, "cuDeviceGetPCIBusId"),
 		req(&d.cuDeviceTotalMem, "cuDeviceTotalMem_v2"),
 		req(&d.cuDeviceGetAttribute, "cuDeviceGetAttribute"),
 		req(&d.cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"),

@@ -132,7 +132,10 @@ func TestError(t *testing.T) {
 
 func TestFormatUUID(t *testing.T) {
 	u := [16]byte{0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef}
-	if got, want := formatUUID(u), "GPU-12345678-9abc-def0-0123-456789abcdef"; got != want {
+	if got, want := formatUUID(u, false), "GPU-12345678-9abc-def0-0123-456789abcdef"; got != want {
 		t.Errorf("formatUUID = %q, want %q", got, want)
+	}
+	if got, want := formatUUID(u, true), "MIG-12345678-9abc-def0-0123-456789abcdef"; got != want {
+		t.Errorf("formatUUID of a MIG device = %q, want %q", got, want)
 	}
 }

@@ -21,7 +21,7 @@ const (
 	nvmlSuccess     = 0
 	nvmlNameLen     = 96 // NVML_DEVICE_NAME_V2_BUFFER_SIZE
 	nvmlMIGEnabled  = 1  // NVML_DEVICE_MIG_ENABLE
-	nvmlProfileEnum = 16 // NVML_GPU_INSTANCE_PROFILE_* values tried (COUNT grows with drivers)
+	nvmlProfileEnum = 32 // NVML_GPU_INSTANCE_PROFILE_* values tried: COUNT grows with drivers (0x11 in 2024 headers); unknown ones fail and are skipped
 )
 
 // giProfileInfo is nvmlGpuInstanceProfileInfo_t (48 bytes).
@@ -50,6 +50,7 @@ type nvml struct {
 	nvmlErrorString            func(r nvmlReturn) string
 	nvmlDeviceGetHandleByIndex func(i uint32, h *nvmlDevice) nvmlReturn
 	nvmlDeviceGetHandleByUUID  func(uuid string, h *nvmlDevice) nvmlReturn
+	nvmlDeviceGetHandleByPci   func(busID string, h *nvmlDevice) nvmlReturn
 	nvmlDeviceGetName          func(h nvmlDevice, name *byte, n uint32) nvmlReturn
 
 	nvmlDeviceGetMigMode                         func(h nvmlDevice, current, pending *uint32) nvmlReturn
@@ -70,6 +71,7 @@ func (n *nvml) symbols() []symbol {
 		req(&n.nvmlDeviceGetHandleByIndex, "nvmlDeviceGetHandleByIndex_v2"),
 		req(&n.nvmlDeviceGetHandleByUUID, "nvmlDeviceGetHandleByUUID"),
 		req(&n.nvmlDeviceGetName, "nvmlDeviceGetName"),
+		opt(&n.nvmlDeviceGetHandleByPci, "nvmlDeviceGetHandleByPciBusId_v2"),
 		opt(&n.nvmlDeviceGetMigMode, "nvmlDeviceGetMigMode"),
 		opt(&n.nvmlDeviceIsMigDeviceHandle, "nvmlDeviceIsMigDeviceHandle"),
 		opt(&n.nvmlDeviceGetDeviceHandleFromMigDeviceHandle, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle"),
@@ -113,11 +115,16 @@ func (n *nvml) check(call string, r nvmlReturn) error {
 }
 
 // gpu returns the handle of the whole GPU that the CUDA device with uuid
-// (or, failing that, NVML index) is or belongs to.
-func (n *nvml) gpu(uuid string, index int) (nvmlDevice, error) {
+// (or, failing that, PCI bus ID) is or belongs to. Not by index: CUDA's
+// ordinals follow CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER, NVML's the
+// PCI order, so an index could name another GPU.
+func (n *nvml) gpu(uuid, busID string) (nvmlDevice, error) {
 	var h nvmlDevice
 	if err := n.check("nvmlDeviceGetHandleByUUID", n.nvmlDeviceGetHandleByUUID(uuid, &h)); err != nil {
-		if err2 := n.check("nvmlDeviceGetHandleByIndex_v2", n.nvmlDeviceGetHandleByIndex(uint32(index), &h)); err2 != nil {
+		if busID == "" || n.nvmlDeviceGetHandleByPci == nil {
+			return 0, err
+		}
+		if err2 := n.check("nvmlDeviceGetHandleByPciBusId_v2", n.nvmlDeviceGetHandleByPci(busID, &h)); err2 != nil {
 			return 0, fmt.Errorf("%w; %w", err, err2)
 		}
 	}
