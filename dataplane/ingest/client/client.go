@@ -331,6 +331,7 @@ func (c *Client) attempt(ctx context.Context, pkts []transport.Packet, due time.
 	rto := c.opts.Timeout
 	timer := time.NewTimer(rto)
 	defer timer.Stop()
+	askedOnce := false // a lone fragment was sent to ask for the rest of a result
 	for tries := 0; ; {
 		select {
 		case <-k.done:
@@ -348,10 +349,12 @@ func (c *Client) attempt(ctx context.Context, pkts []transport.Packet, due time.
 		c.st.retransmissions.Add(1)
 		// Part of the result came: the DPU has the whole input and will
 		// answer again from memory on any fragment, so one (the last, the
-		// shortest) is enough to ask.
+		// shortest) is enough to ask, once. If that brings nothing, the DPU
+		// may have dropped its kept result (its TTL or budget), and takes
+		// the lone fragment for a new request: send the whole input again.
 		resend := pkts
-		if k.started() {
-			resend = pkts[len(pkts)-1:]
+		if k.started() && !askedOnce {
+			resend, askedOnce = pkts[len(pkts)-1:], true
 		}
 		c.log.Debug("ingest client: retransmitting", "id", fmt.Sprintf("%016x", id), "try", tries, "rto", rto, "datagrams", len(resend))
 		setBudget(pkts, due)

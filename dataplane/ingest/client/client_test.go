@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -245,6 +246,27 @@ func TestRetransmit(t *testing.T) {
 				t.Errorf("DPU %+v: want one execution, answered again from memory", ctr)
 			}
 		})
+	}
+}
+
+// TestRetransmitAfterForget: part of the first answer is lost and the
+// DPU has dropped its kept result by the time the client asks for the
+// rest. The client's lone-fragment ask cannot complete there, so its next
+// retransmission sends the whole input again, which runs again.
+func TestRetransmitAfterForget(t *testing.T) {
+	const payload = 2000
+	in := randomBytes(10, 10_000)
+	var dropped atomic.Bool // fragment 2 of the very first answer only
+	r := newRig(t, memnet.Options{MaxPayload: payload}, Options{Timeout: 20 * time.Millisecond, Retries: 6},
+		clienttest.Options{Handle: echoOrReference, Forget: true,
+			Drop: func(s clienttest.Sent) bool { return s.Fragment == 2 && dropped.CompareAndSwap(false, true) }})
+	res, err := r.c.Infer(context.Background(), "echo", in, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkResult(t, "echo", in, res)
+	if ctr := r.quiesce(); ctr.Executions != 2 {
+		t.Errorf("DPU %+v: want the request run again once it forgot the first result", ctr)
 	}
 }
 

@@ -59,6 +59,9 @@ type Options struct {
 	// OnInput is called for every input fragment received, before it is
 	// handled.
 	OnInput func(from netip.AddrPort, in *ingest.Input)
+	// Forget drops each answer from memory once sent, as a DPU whose kept
+	// results expired: a retransmission is then a new request.
+	Forget bool
 }
 
 // Reference answers with the built-in model's CPU reference: the output
@@ -292,6 +295,11 @@ func (d *DPU) answer(k key) {
 		pkts = append(pkts, transport.Packet{Addr: k.from, Data: ingest.AppendResult(nil, dn.tenant, &r)})
 	}
 	_, _ = transport.SendAll(d.tr, pkts, nil)
+	if d.opts.Forget {
+		d.mu.Lock()
+		delete(d.done, k)
+		d.mu.Unlock()
+	}
 }
 
 func (d *DPU) count(f func(*Counters)) {
