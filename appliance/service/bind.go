@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 
 	"github.com/lovelock-dpu/lovelock/bpf"
 	"github.com/lovelock-dpu/lovelock/control/api"
@@ -56,6 +57,26 @@ type Binding struct {
 	registered []xskSlot
 	reserved   bool
 	log        *slog.Logger
+	// onReady is the supervisor's: it reports the service running. Nil
+	// for a binding without one (benches).
+	onReady func()
+	ready   sync.Once
+}
+
+// Ready says the service has opened everything it serves on (sockets,
+// devices, listeners) and serves from now: only then does the supervisor
+// report it running, and the node ready. A service calls it once its last
+// setup step that can fail is done, before its serve loop; later calls do
+// nothing.
+func (b *Binding) Ready() {
+	if b == nil {
+		return
+	}
+	b.ready.Do(func() {
+		if b.onReady != nil {
+			b.onReady()
+		}
+	})
 }
 
 type xskSlot struct {

@@ -83,13 +83,18 @@ func (s *Supervisor) runOnce(ctx context.Context) error {
 		return err
 	}
 	defer b.Close()
-	s.update(func(st *api.ServiceStatus) {
-		st.State, st.Binding, st.Degraded = api.ServiceRunning, b.String(), b.Degraded
-		if len(b.Degraded) > 0 {
-			st.State = api.ServiceDegraded
-		}
-	})
-	s.log.Info("service running", "on", b.String())
+	// Bound is not running: the service still opens its sockets and
+	// devices in Run, and says when it serves (Binding.Ready). Until then
+	// it stays starting, or failed while it restarts.
+	b.onReady = func() {
+		s.update(func(st *api.ServiceStatus) {
+			st.State, st.Binding, st.Degraded = api.ServiceRunning, b.String(), b.Degraded
+			if len(b.Degraded) > 0 {
+				st.State = api.ServiceDegraded
+			}
+		})
+		s.log.Info("service running", "on", b.String())
+	}
 	err = s.svc.Run(ctx, b)
 	if err == nil && ctx.Err() == nil {
 		err = errors.New("returned before it was stopped")

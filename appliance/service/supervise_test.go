@@ -15,10 +15,14 @@ import (
 )
 
 // fakeService fails its first plans, then runs until it is stopped and
-// says so on running.
+// says so on running. With setup set, each run first says so on entered
+// and waits on setup before it is ready, as a service opening its
+// sockets would.
 type fakeService struct {
 	failPlans int32
 	plans     atomic.Int32
+	entered   chan struct{}
+	setup     chan struct{}
 	running   chan struct{}
 	runErr    error
 	bound     *Binding
@@ -34,10 +38,31 @@ func (f *fakeService) Plan() (Needs, error) {
 }
 func (f *fakeService) Run(ctx context.Context, b *Binding) error {
 	f.bound = b
-	f.running <- struct{}{}
+	// say sends on c unless the run is stopped first.
+	say := func(c chan struct{}) bool {
+		select {
+		case c <- struct{}{}:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	if f.setup != nil {
+		if !say(f.entered) {
+			return nil
+		}
+		select {
+		case <-f.setup:
+		case <-ctx.Done():
+			return nil
+		}
+	}
 	if f.runErr != nil {
+		say(f.running)
 		return f.runErr
 	}
+	b.Ready()
+	say(f.running)
 	<-ctx.Done()
 	return nil
 }
@@ -92,5 +117,41 @@ func TestSupervisorRunFails(t *testing.T) {
 	<-done
 	if s.Restarts < 2 || s.Error != "run: agent: bind: address in use" {
 		t.Errorf("status after failed runs: %+v", s)
+	}
+}
+
+// TestSupervisorStartingUntilReady: a service bound but still opening its
+// sockets is starting, not running, until it says it is ready; on later
+// runs it keeps its failed state until then.
+func TestSupervisorStartingUntilReady(t *testing.T) {
+	svc := &fakeService{entered: make(chan struct{}), setup: make(chan struct{}), running: make(chan struct{})}
+	sup := NewSupervisor(svc, &fakeSteering{port: 61440}, slog.Default(), time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { sup.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	<-svc.entered
+	if s := sup.Status(); s.State != api.ServiceStarting || s.Binding != "" {
+		t.Errorf("bound, setting up: %+v; want starting", s)
+	}
+	svc.setup <- struct{}{}
+	<-svc.running
+	if s := sup.Status(); s.State != api.ServiceRunning || s.Binding != "kernel sockets" {
+		t.Errorf("ready: %+v; want running", s)
+	}
+
+	// A service that fails at start every time never shows running.
+	svc2 := &fakeService{entered: make(chan struct{}), setup: make(chan struct{}), running: make(chan struct{}), runErr: errors.New("listen: address in use")}
+	sup2 := NewSupervisor(svc2, &fakeSteering{port: 61440}, slog.Default(), time.Millisecond)
+	done2 := make(chan struct{})
+	go func() { sup2.Run(ctx); close(done2) }()
+	defer func() { cancel(); <-done2 }()
+	for i := 0; i < 3; i++ {
+		<-svc2.entered
+		if s := sup2.Status(); s.State == api.ServiceRunning || (i > 0 && s.State != api.ServiceFailed) {
+			t.Errorf("run %d, setting up: %+v; want starting, then failed", i, s)
+		}
+		svc2.setup <- struct{}{}
+		<-svc2.running
 	}
 }
