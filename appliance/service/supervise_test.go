@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -153,5 +155,110 @@ func TestSupervisorStartingUntilReady(t *testing.T) {
 		}
 		svc2.setup <- struct{}{}
 		<-svc2.running
+	}
+}
+
+// TestNextDelay: the waits double from the configured one up to the cap,
+// and start again from it after a run that served for long enough.
+func TestNextDelay(t *testing.T) {
+	var got []time.Duration
+	d := time.Duration(0)
+	for range 8 {
+		d = nextDelay(time.Second, MaxRestartDelay, d, 0)
+		got = append(got, d)
+	}
+	want := []time.Duration{1, 2, 4, 8, 16, 30, 30, 30}
+	for i := range want {
+		want[i] *= time.Second
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("waits after failures in a row: %v, want %v", got, want)
+	}
+	for _, c := range []struct {
+		prev, up, want time.Duration
+	}{
+		{time.Second, 9 * time.Second, 2 * time.Second}, // short run: still backing off
+		{time.Second, 10 * time.Second, time.Second},    // served ten waits: recovered
+		{30 * time.Second, 59 * time.Second, 30 * time.Second},
+		{30 * time.Second, time.Minute, time.Second}, // a minute is always enough
+		{20 * time.Second, 0, 30 * time.Second},      // capped
+	} {
+		if got := nextDelay(time.Second, MaxRestartDelay, c.prev, c.up); got != c.want {
+			t.Errorf("after a wait of %v and a run serving %v: %v, want %v", c.prev, c.up, got, c.want)
+		}
+	}
+	if got := nextDelay(time.Minute, time.Minute, time.Minute, 0); got != time.Minute {
+		t.Errorf("configured delay above the cap: %v, want it kept", got)
+	}
+}
+
+// scriptedService fails every run; the runs listed in serve first say
+// they serve and keep serving for that long on the supervisor's clock.
+type scriptedService struct {
+	fakeService
+	runs  int
+	serve map[int]time.Duration
+	clock *fakeClock
+}
+
+func (f *scriptedService) Run(ctx context.Context, b *Binding) error {
+	f.runs++
+	if d, ok := f.serve[f.runs]; ok {
+		b.Ready()
+		f.clock.advance(d)
+	}
+	return errors.New("no GPU")
+}
+
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// TestSupervisorBackoff: a service failing at every start is restarted
+// after waits that double up to the cap, each one reported as the next
+// try; a run that served for a while starts the waits over.
+func TestSupervisorBackoff(t *testing.T) {
+	clock := &fakeClock{t: time.Date(2026, 11, 23, 9, 0, 0, 0, time.UTC)}
+	svc := &scriptedService{serve: map[int]time.Duration{8: 2 * time.Minute}, clock: clock}
+	sup := NewSupervisor(svc, &fakeSteering{port: 61440}, slog.New(slog.DiscardHandler), time.Second)
+	sup.now = clock.now
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var waits []time.Duration
+	sup.sleep = func(ctx context.Context, d time.Duration) bool {
+		waits = append(waits, d)
+		if st := sup.Status(); st.State != api.ServiceFailed || !st.NextTry.Equal(clock.now().Add(d)) {
+			t.Errorf("waiting %v: %+v; want failed, next try in %v", d, st, d)
+		}
+		clock.advance(d)
+		if len(waits) == 10 {
+			cancel()
+			return false
+		}
+		return true
+	}
+	sup.Run(ctx)
+	want := []time.Duration{1, 2, 4, 8, 16, 30, 30, 1, 2, 4}
+	for i := range want {
+		want[i] *= time.Second
+	}
+	if !slices.Equal(waits, want) {
+		t.Errorf("waits %v, want %v", waits, want)
+	}
+	if st := sup.Status(); st.State != api.ServiceStopped || !st.NextTry.IsZero() || st.Restarts != 10 {
+		t.Errorf("stopped: %+v", st)
 	}
 }
