@@ -218,7 +218,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		mln, err := listen("tcp", d.cfg.Metrics)
 		if err != nil {
-			return fmt.Errorf("metrics: %w (another lovelockd? set metrics: in the config, or --metrics off)", err)
+			return metricsListenError(err)
 		}
 		srv := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})}
 		wg.Go(func() { <-ctx.Done(); srv.Close() })
