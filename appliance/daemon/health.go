@@ -265,6 +265,11 @@ func (d *Daemon) announce(ctx context.Context, kicks <-chan struct{}) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
+		// A service degraded by a missing XDP attachment runs as asked
+		// once an operator attaches (lovelock iface attach).
+		for _, s := range d.supervisors {
+			s.Recheck()
+		}
 		d.mu.Lock()
 		h, _, fails := d.health()
 		d.mu.Unlock()

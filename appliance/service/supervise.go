@@ -37,6 +37,8 @@ type Supervisor struct {
 	status api.ServiceStatus
 	// readyAt is when the current run said it serves; zero before.
 	readyAt time.Time
+	// bound is the current run's binding while it serves, nil otherwise.
+	bound *Binding
 }
 
 // NewSupervisor returns a supervisor of svc bound through steer; delay
@@ -149,18 +151,23 @@ func (s *Supervisor) runOnce(ctx context.Context) (time.Duration, error) {
 		return 0, err
 	}
 	defer b.Close()
+	defer func() {
+		s.mu.Lock()
+		s.bound = nil
+		s.mu.Unlock()
+	}()
 	// Bound is not running: the service still opens its sockets and
 	// devices in Run, and says when it serves (Binding.Ready). Until then
 	// it stays starting, or failed while it restarts.
 	b.onReady = func() {
 		s.update(func(st *api.ServiceStatus) {
-			st.State, st.Binding, st.Degraded, st.NextTry = api.ServiceRunning, b.String(), b.Degraded, time.Time{}
-			if len(b.Degraded) > 0 {
+			st.State, st.Binding, st.Degraded, st.NextTry = api.ServiceRunning, b.String(), b.Reasons(), time.Time{}
+			if len(st.Degraded) > 0 {
 				st.State = api.ServiceDegraded
 			}
 		})
 		s.mu.Lock()
-		s.readyAt = s.now()
+		s.readyAt, s.bound = s.now(), b
 		s.mu.Unlock()
 		s.log.Info("service running", "on", b.String())
 	}
@@ -172,6 +179,35 @@ func (s *Supervisor) runOnce(ctx context.Context) (time.Duration, error) {
 		return up(), fmt.Errorf("run: %w", err)
 	}
 	return up(), err
+}
+
+// Recheck re-evaluates a degraded service's reasons: those whose cause
+// has gone since it was bound (an operator attached the steering program
+// in XDP) go, and a service with none left is running. lovelockd calls it
+// as it checks its health.
+func (s *Supervisor) Recheck() {
+	s.mu.Lock()
+	b := s.bound
+	degraded := s.status.State == api.ServiceDegraded
+	s.mu.Unlock()
+	if b == nil || !degraded || !b.Recheck() {
+		return
+	}
+	left := b.Reasons()
+	s.update(func(st *api.ServiceStatus) {
+		if s.bound != b { // that run has ended meanwhile
+			return
+		}
+		st.Degraded = left
+		if len(left) == 0 {
+			st.State = api.ServiceRunning
+		}
+	})
+	if len(left) == 0 {
+		s.log.Info("service no longer degraded: running as asked", "on", b.String())
+	} else {
+		s.log.Info("service less degraded", "still", left)
+	}
 }
 
 func (s *Supervisor) update(f func(*api.ServiceStatus)) {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +16,8 @@ import (
 
 	"github.com/lovelock-dpu/lovelock/control/api"
 	"github.com/lovelock-dpu/lovelock/control/rules"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/xdp"
 )
 
 // fakeService fails its first plans, then runs until it is stopped and
@@ -260,5 +264,53 @@ func TestSupervisorBackoff(t *testing.T) {
 	}
 	if st := sup.Status(); st.State != api.ServiceStopped || !st.NextTry.IsZero() || st.Restarts != 10 {
 		t.Errorf("stopped: %+v", st)
+	}
+}
+
+// xdpService asks for AF_XDP sockets on p0 and runs until it is stopped.
+type xdpService struct{ fakeService }
+
+func (f *xdpService) Plan() (Needs, error) {
+	return Needs{XDP: &XDPNeeds{Interfaces: []string{"p0"}, Addr: netip.MustParseAddrPort("10.77.0.1:61440"), Workers: 1}}, nil
+}
+
+// lateXDP is a steering program that an operator attaches in XDP on p0
+// after the service bound.
+type lateXDP struct {
+	fakeSteering
+	attached atomic.Bool
+}
+
+func (l *lateXDP) XDPAttached(string) (bool, error) { return l.attached.Load(), nil }
+
+// TestSupervisorRecheck: a service degraded because the steering program
+// was not in XDP on its interface runs as asked once it is: Recheck finds
+// the cause gone. Before that it stays degraded.
+func TestSupervisorRecheck(t *testing.T) {
+	openGroups = func(xdp.GroupOptions, int, udp.Options) ([]*xdp.Group, error) { return nil, nil }
+	t.Cleanup(func() { openGroups = xdp.OpenGroups })
+	svc := &xdpService{fakeService{running: make(chan struct{})}}
+	st := &lateXDP{fakeSteering: fakeSteering{port: 61440}}
+	sup := NewSupervisor(svc, st, slog.New(slog.DiscardHandler), time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { sup.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	<-svc.running
+	s := sup.Status()
+	if s.State != api.ServiceDegraded || len(s.Degraded) != 1 || !strings.Contains(s.Degraded[0], "no steering program in XDP on p0") {
+		t.Fatalf("bound without XDP: %+v; want degraded, saying so", s)
+	}
+	sup.Recheck()
+	if s := sup.Status(); s.State != api.ServiceDegraded || len(s.Degraded) != 1 {
+		t.Errorf("rechecked, still no XDP: %+v; want degraded", s)
+	}
+	st.attached.Store(true) // lovelock iface attach p0
+	sup.Recheck()
+	if s := sup.Status(); s.State != api.ServiceRunning || len(s.Degraded) != 0 {
+		t.Errorf("rechecked after the attach: %+v; want running", s)
+	}
+	if r := svc.bound.Reasons(); len(r) != 0 || len(svc.bound.Degraded) != 1 {
+		t.Errorf("binding's reasons %q, as bound %q; want none left, one at bind", r, svc.bound.Degraded)
 	}
 }

@@ -141,7 +141,7 @@ func (s *Service) AgentStats() (messaging.Stats, bool) {
 	st := a.Stats()
 	if b := s.binding.Load(); b != nil {
 		st.Transport = b.Paths()
-		st.TransportDegraded = b.Degraded
+		st.TransportDegraded = b.Reasons()
 	}
 	return st, true
 }
