@@ -56,6 +56,10 @@ type Daemon struct {
 	// ifindexes it was compiled for: rules match and redirect by ifindex,
 	// so a re-created interface needs the set compiled again.
 	ruleIfaces map[string]int
+
+	// listenMetrics opens the metrics listener; nil is net.Listen. Tests
+	// set it to make the metrics server fail.
+	listenMetrics func(network, addr string) (net.Listener, error)
 }
 
 // New opens the data plane and reconciles it with the state file. Pins of
@@ -208,9 +212,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 		reg.MustRegister(s.Service())
 	}
 	if d.cfg.Metrics != "" {
-		mln, err := net.Listen("tcp", d.cfg.Metrics)
+		listen := d.listenMetrics
+		if listen == nil {
+			listen = net.Listen
+		}
+		mln, err := listen("tcp", d.cfg.Metrics)
 		if err != nil {
-			return fmt.Errorf("metrics: %w (another lovelockd? set metrics: in the config, or --metrics off)", err)
+			return metricsListenError(err)
 		}
 		srv := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})}
 		wg.Go(func() { <-ctx.Done(); srv.Close() })
@@ -232,7 +240,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer waitLinks()
+	// The watcher stops only with ctx: cancel first, or a server's error
+	// waits forever.
+	defer func() { cancel(); waitLinks() }()
 	for _, s := range d.supervisors {
 		wg.Go(func() { s.Run(ctx) })
 	}

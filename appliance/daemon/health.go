@@ -10,6 +10,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/lovelock-dpu/lovelock/appliance/service"
 	"github.com/lovelock-dpu/lovelock/control/api"
 	"github.com/lovelock-dpu/lovelock/control/attach"
 )
@@ -219,8 +220,23 @@ func (d *Daemon) health() (api.Health, []attach.LinkStatus, []api.Failure) {
 		}
 		fails = append(fails, api.Failure{What: what, Cause: f.err.Error(), Since: f.since})
 	}
-	starting := false
-	for _, s := range d.supervisors {
+	svcFails, starting := servicesHealth(d.supervisors)
+	fails = append(fails, svcFails...)
+	slices.SortFunc(fails, func(a, b api.Failure) int { return strings.Compare(a.What, b.What) })
+	switch {
+	case len(fails) > 0:
+		return api.HealthDegraded, links, fails
+	case starting:
+		return api.HealthStarting, links, nil
+	}
+	return api.HealthOK, links, nil
+}
+
+// servicesHealth returns a failure for each service that does not run as
+// asked, and whether one is still starting: the node is not ready until
+// every service has said it serves (service.Binding.Ready).
+func servicesHealth(sups []*service.Supervisor) (fails []api.Failure, starting bool) {
+	for _, s := range sups {
 		st := s.Status()
 		switch st.State {
 		case api.ServiceRunning:
@@ -237,14 +253,7 @@ func (d *Daemon) health() (api.Health, []attach.LinkStatus, []api.Failure) {
 			fails = append(fails, api.Failure{What: "service " + st.Name, Cause: cause, Since: st.Since})
 		}
 	}
-	slices.SortFunc(fails, func(a, b api.Failure) int { return strings.Compare(a.What, b.What) })
-	switch {
-	case len(fails) > 0:
-		return api.HealthDegraded, links, fails
-	case starting:
-		return api.HealthStarting, links, nil
-	}
-	return api.HealthOK, links, nil
+	return fails, starting
 }
 
 // announce logs "ready" each time the node comes to run as asked, and
@@ -256,6 +265,11 @@ func (d *Daemon) announce(ctx context.Context, kicks <-chan struct{}) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
+		// A service degraded by a missing XDP attachment runs as asked
+		// once an operator attaches (lovelock iface attach).
+		for _, s := range d.supervisors {
+			s.Recheck()
+		}
 		d.mu.Lock()
 		h, _, fails := d.health()
 		d.mu.Unlock()

@@ -1,14 +1,33 @@
 package daemon
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 
 	"github.com/lovelock-dpu/lovelock/bpf"
 	"github.com/lovelock-dpu/lovelock/control/api"
 )
+
+// metricsListenError says why the metrics address could not be listened
+// on and what to do: only an address in use may be another lovelockd.
+func metricsListenError(err error) error {
+	var hint string
+	switch {
+	case errors.Is(err, unix.EADDRINUSE):
+		hint = "another lovelockd, or another program, listens there: stop it, or set metrics: in the config or --metrics off"
+	case errors.Is(err, unix.EADDRNOTAVAIL):
+		hint = "the address is not on this node: fix metrics: in the config (e.g. 127.0.0.1:9477, or one of 'ip addr'), or --metrics off"
+	case errors.Is(err, unix.EACCES):
+		hint = "a privileged port: choose one above 1023 in metrics: in the config, or run lovelockd as root"
+	default:
+		hint = "check metrics: in the config, or set --metrics off"
+	}
+	return fmt.Errorf("metrics: %w (%s)", err, hint)
+}
 
 // collector exports the data plane's counters at scrape time, straight from
 // the BPF maps, so metrics never lag the data plane.

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
+	"sync"
 
 	"github.com/lovelock-dpu/lovelock/bpf"
 	"github.com/lovelock-dpu/lovelock/control/api"
@@ -45,10 +47,11 @@ type Binding struct {
 	// service owns them while it runs: it may close them, and Close
 	// closes them again.
 	Groups []*xdp.Group
-	// Degraded says, one line each, what is bound short of the needs
+	// Degraded says, one line each, what Bind bound short of the needs
 	// while the service still runs: e.g. reserved rules that did not
 	// compile, so its traffic reaches it through the kernel sockets
-	// only. Empty when everything is as asked.
+	// only. Empty when everything is as asked. Reasons says which still
+	// hold after Recheck.
 	Degraded []string
 
 	name       string
@@ -56,6 +59,62 @@ type Binding struct {
 	registered []xskSlot
 	reserved   bool
 	log        *slog.Logger
+	// onReady is the supervisor's: it reports the service running. Nil
+	// for a binding without one (benches).
+	onReady func()
+	ready   sync.Once
+
+	mu sync.Mutex
+	// reasons are Degraded less those Recheck found gone.
+	reasons []degradation
+}
+
+// degradation is one way a binding falls short of its needs.
+type degradation struct {
+	why string
+	// gone reports whether the cause has gone since (an operator fixed
+	// it); nil when only a new binding can fix it.
+	gone func() bool
+}
+
+// Reasons returns what the binding falls short of its needs in now:
+// Degraded less the reasons Recheck found gone.
+func (b *Binding) Reasons() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []string
+	for _, r := range b.reasons {
+		out = append(out, r.why)
+	}
+	return out
+}
+
+// Recheck drops the reasons whose cause has gone, e.g. the steering
+// program attached in XDP on an interface since Bind, and reports
+// whether any went. Reasons only a new binding fixes (multi-buffer
+// sockets refused, reserved rules that did not compile) stay.
+func (b *Binding) Recheck() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := len(b.reasons)
+	b.reasons = slices.DeleteFunc(b.reasons, func(r degradation) bool { return r.gone != nil && r.gone() })
+	return len(b.reasons) != n
+}
+
+// Ready says the service has opened everything it serves on (sockets,
+// devices, listeners) and serves from now: only then does the supervisor
+// report it running, and the node ready. A service calls it once its last
+// setup step that can fail is done, before its serve loop; later calls do
+// nothing.
+func (b *Binding) Ready() {
+	if b == nil {
+		return
+	}
+	b.ready.Do(func() {
+		if b.onReady != nil {
+			b.onReady()
+		}
+	})
 }
 
 type xskSlot struct {
@@ -97,7 +156,7 @@ func Bind(st Steering, log *slog.Logger, name string, n Needs) (_ *Binding, err 
 			sgErr := err
 			b.Groups, err = openGroups(xdp.GroupOptions{Interfaces: x.Interfaces, Addr: x.Addr}, x.Workers, x.Kernel)
 			if err == nil {
-				b.degrade(fmt.Sprintf("multi-buffer AF_XDP refused (%v): single-buffer sockets, datagrams up to %d bytes on the AF_XDP path", sgErr, b.Groups[0].MaxPayload()))
+				b.degrade(fmt.Sprintf("multi-buffer AF_XDP refused (%v): single-buffer sockets, datagrams up to %d bytes on the AF_XDP path", sgErr, b.Groups[0].MaxPayload()), nil)
 			}
 		}
 		if err != nil {
@@ -118,7 +177,8 @@ func Bind(st Steering, log *slog.Logger, name string, n Needs) (_ *Binding, err 
 		for _, iface := range x.Interfaces {
 			ok, err := st.XDPAttached(iface)
 			if err == nil && !ok {
-				b.degrade(fmt.Sprintf("no steering program in XDP on %s: its traffic reaches the service through the kernel socket only (fix: lovelock iface attach %s)", iface, iface))
+				b.degrade(fmt.Sprintf("no steering program in XDP on %s: its traffic reaches the service through the kernel socket only (fix: lovelock iface attach %s)", iface, iface),
+					func() bool { ok, err := st.XDPAttached(iface); return err == nil && ok })
 			}
 		}
 	}
@@ -132,7 +192,7 @@ func Bind(st Steering, log *slog.Logger, name string, n Needs) (_ *Binding, err 
 				return nil, fmt.Errorf("%s: reserved steering rules: %w", name, err)
 			}
 			// The kernel sockets still carry everything, only slower.
-			b.degrade(fmt.Sprintf("reserved steering rules do not compile with the operator's set, so traffic reaches the service through its kernel sockets only: %v", err))
+			b.degrade(fmt.Sprintf("reserved steering rules do not compile with the operator's set, so traffic reaches the service through its kernel sockets only: %v", err), nil)
 		} else {
 			b.reserved = true
 		}
@@ -171,8 +231,9 @@ func checkReserved(name string, rs []rules.Rule) error {
 	return nil
 }
 
-func (b *Binding) degrade(why string) {
+func (b *Binding) degrade(why string, gone func() bool) {
 	b.Degraded = append(b.Degraded, why)
+	b.reasons = append(b.reasons, degradation{why, gone})
 	b.log.Error("service degraded", "service", b.name, "why", why)
 }
 

@@ -42,7 +42,10 @@ type Service interface {
 
 	// Run runs the service on b until ctx ends, drains what it
 	// acknowledged, and returns. A nil error before ctx ends counts as a
-	// failure too: a service runs until it is stopped.
+	// failure too: a service runs until it is stopped. Run calls b.Ready
+	// once it has opened what it serves on and is about to serve: until
+	// then the service is reported starting (or failed, restarting), not
+	// running.
 	Run(ctx context.Context, b *Binding) error
 
 	// Stats returns the service's counters as a JSON-encodable value, or

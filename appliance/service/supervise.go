@@ -11,31 +11,76 @@ import (
 	"github.com/lovelock-dpu/lovelock/control/api"
 )
 
-// DefaultRestartDelay spaces the restarts of a failing service.
+// DefaultRestartDelay is the wait before a failed service's first restart.
 const DefaultRestartDelay = time.Second
+
+// MaxRestartDelay caps the wait between restarts: each failure in a row
+// doubles it, so a service failing at every start (a missing GPU, a port
+// taken) costs a full setup and a log line twice a minute, not every
+// second.
+const MaxRestartDelay = 30 * time.Second
 
 // Supervisor runs one service under lovelockd: plan, bind, run, unbind,
 // and again after a failure, until its context ends. Status says at any
 // time where it stands.
 type Supervisor struct {
-	svc   Service
-	steer Steering
-	log   *slog.Logger
-	delay time.Duration
+	svc      Service
+	steer    Steering
+	log      *slog.Logger
+	delay    time.Duration // before the first restart
+	maxDelay time.Duration
+	// now and sleep are the clock; tests replace them.
+	now   func() time.Time
+	sleep func(ctx context.Context, d time.Duration) bool
 
 	mu     sync.Mutex
 	status api.ServiceStatus
+	// readyAt is when the current run said it serves; zero before.
+	readyAt time.Time
+	// bound is the current run's binding while it serves, nil otherwise.
+	bound *Binding
 }
 
 // NewSupervisor returns a supervisor of svc bound through steer; delay
-// spaces restarts (0: DefaultRestartDelay).
+// is the wait before the first restart after a failure (0:
+// DefaultRestartDelay), doubled for each further failure in a row up to
+// MaxRestartDelay.
 func NewSupervisor(svc Service, steer Steering, log *slog.Logger, delay time.Duration) *Supervisor {
 	if delay <= 0 {
 		delay = DefaultRestartDelay
 	}
-	return &Supervisor{svc: svc, steer: steer, log: log.With("service", svc.Name()), delay: delay,
+	return &Supervisor{svc: svc, steer: steer, log: log.With("service", svc.Name()), delay: delay, maxDelay: max(delay, MaxRestartDelay),
+		now: time.Now, sleep: sleep,
 		status: api.ServiceStatus{Name: svc.Name(), State: api.ServiceStarting, Since: time.Now()}}
 }
+
+// sleep waits d or until ctx ends, and reports whether it waited d.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// nextDelay returns the wait before the next restart, after a run that
+// served for up (0: it never got to serve) and had been started after
+// waiting prev (0: the first run). A run that served long enough counts
+// as a recovery: the wait starts from first again. Otherwise each failure
+// in a row doubles it, up to limit.
+func nextDelay(first, limit, prev, up time.Duration) time.Duration {
+	if prev == 0 || up >= stableRun(prev) {
+		return first
+	}
+	return min(2*prev, limit)
+}
+
+// stableRun is how long a run must serve to reset the backoff after a
+// wait of d: ten times the wait, at most a minute.
+func stableRun(d time.Duration) time.Duration { return min(10*d, time.Minute) }
 
 // Service returns the supervised service.
 func (s *Supervisor) Service() Service { return s.svc }
@@ -53,51 +98,116 @@ func (s *Supervisor) Status() api.ServiceStatus {
 // plan that does not load (an operator may be fixing a file), a bind that
 // fails (an interface not there yet) or a run that returns.
 func (s *Supervisor) Run(ctx context.Context) {
+	var delay time.Duration
+	lastErr := ""
 	for {
-		err := s.runOnce(ctx)
+		up, err := s.runOnce(ctx)
 		if ctx.Err() != nil {
-			s.update(func(st *api.ServiceStatus) { st.State, st.Binding, st.Degraded = api.ServiceStopped, "", nil })
+			s.update(func(st *api.ServiceStatus) {
+				st.State, st.Binding, st.Degraded, st.NextTry = api.ServiceStopped, "", nil, time.Time{}
+			})
 			return
 		}
+		delay = nextDelay(s.delay, s.maxDelay, delay, up)
+		next := s.now().Add(delay)
 		s.update(func(st *api.ServiceStatus) {
-			st.State, st.Error, st.Binding, st.Degraded = api.ServiceFailed, err.Error(), "", nil
+			st.State, st.Error, st.Binding, st.Degraded, st.NextTry = api.ServiceFailed, err.Error(), "", nil, next
 			st.Restarts++
 		})
-		s.log.Error("service stopped; restarting", "err", err, "in", s.delay)
-		select {
-		case <-ctx.Done():
-			s.update(func(st *api.ServiceStatus) { st.State = api.ServiceStopped })
+		// The same failure again is no news: once at Error is enough.
+		if msg := err.Error(); msg != lastErr || up > 0 {
+			s.log.Error("service stopped; restarting", "err", err, "in", delay, "next_try", next.Format(time.RFC3339))
+			lastErr = msg
+		} else {
+			s.log.Warn("service failed again; restarting", "err", err, "in", delay, "next_try", next.Format(time.RFC3339))
+		}
+		if !s.sleep(ctx, delay) {
+			s.update(func(st *api.ServiceStatus) { st.State, st.NextTry = api.ServiceStopped, time.Time{} })
 			return
-		case <-time.After(s.delay):
 		}
 	}
 }
 
-func (s *Supervisor) runOnce(ctx context.Context) error {
+// runOnce plans, binds and runs the service once, and returns how long it
+// served (0 if it never said it serves) and why it stopped.
+func (s *Supervisor) runOnce(ctx context.Context) (time.Duration, error) {
+	s.mu.Lock()
+	s.readyAt = time.Time{}
+	s.mu.Unlock()
+	up := func() time.Duration {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.readyAt.IsZero() {
+			return 0
+		}
+		return s.now().Sub(s.readyAt)
+	}
 	needs, err := s.svc.Plan()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	b, err := Bind(s.steer, s.log, s.svc.Name(), needs)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer b.Close()
-	s.update(func(st *api.ServiceStatus) {
-		st.State, st.Binding, st.Degraded = api.ServiceRunning, b.String(), b.Degraded
-		if len(b.Degraded) > 0 {
-			st.State = api.ServiceDegraded
-		}
-	})
-	s.log.Info("service running", "on", b.String())
+	defer func() {
+		s.mu.Lock()
+		s.bound = nil
+		s.mu.Unlock()
+	}()
+	// Bound is not running: the service still opens its sockets and
+	// devices in Run, and says when it serves (Binding.Ready). Until then
+	// it stays starting, or failed while it restarts.
+	b.onReady = func() {
+		s.update(func(st *api.ServiceStatus) {
+			st.State, st.Binding, st.Degraded, st.NextTry = api.ServiceRunning, b.String(), b.Reasons(), time.Time{}
+			if len(st.Degraded) > 0 {
+				st.State = api.ServiceDegraded
+			}
+		})
+		s.mu.Lock()
+		s.readyAt, s.bound = s.now(), b
+		s.mu.Unlock()
+		s.log.Info("service running", "on", b.String())
+	}
 	err = s.svc.Run(ctx, b)
 	if err == nil && ctx.Err() == nil {
 		err = errors.New("returned before it was stopped")
 	}
 	if err != nil && ctx.Err() == nil {
-		return fmt.Errorf("run: %w", err)
+		return up(), fmt.Errorf("run: %w", err)
 	}
-	return err
+	return up(), err
+}
+
+// Recheck re-evaluates a degraded service's reasons: those whose cause
+// has gone since it was bound (an operator attached the steering program
+// in XDP) go, and a service with none left is running. lovelockd calls it
+// as it checks its health.
+func (s *Supervisor) Recheck() {
+	s.mu.Lock()
+	b := s.bound
+	degraded := s.status.State == api.ServiceDegraded
+	s.mu.Unlock()
+	if b == nil || !degraded || !b.Recheck() {
+		return
+	}
+	left := b.Reasons()
+	s.update(func(st *api.ServiceStatus) {
+		if s.bound != b { // that run has ended meanwhile
+			return
+		}
+		st.Degraded = left
+		if len(left) == 0 {
+			st.State = api.ServiceRunning
+		}
+	})
+	if len(left) == 0 {
+		s.log.Info("service no longer degraded: running as asked", "on", b.String())
+	} else {
+		s.log.Info("service less degraded", "still", left)
+	}
 }
 
 func (s *Supervisor) update(f func(*api.ServiceStatus)) {

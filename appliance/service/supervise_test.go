@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,13 +16,19 @@ import (
 
 	"github.com/lovelock-dpu/lovelock/control/api"
 	"github.com/lovelock-dpu/lovelock/control/rules"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/xdp"
 )
 
 // fakeService fails its first plans, then runs until it is stopped and
-// says so on running.
+// says so on running. With setup set, each run first says so on entered
+// and waits on setup before it is ready, as a service opening its
+// sockets would.
 type fakeService struct {
 	failPlans int32
 	plans     atomic.Int32
+	entered   chan struct{}
+	setup     chan struct{}
 	running   chan struct{}
 	runErr    error
 	bound     *Binding
@@ -34,10 +44,31 @@ func (f *fakeService) Plan() (Needs, error) {
 }
 func (f *fakeService) Run(ctx context.Context, b *Binding) error {
 	f.bound = b
-	f.running <- struct{}{}
+	// say sends on c unless the run is stopped first.
+	say := func(c chan struct{}) bool {
+		select {
+		case c <- struct{}{}:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	if f.setup != nil {
+		if !say(f.entered) {
+			return nil
+		}
+		select {
+		case <-f.setup:
+		case <-ctx.Done():
+			return nil
+		}
+	}
 	if f.runErr != nil {
+		say(f.running)
 		return f.runErr
 	}
+	b.Ready()
+	say(f.running)
 	<-ctx.Done()
 	return nil
 }
@@ -92,5 +123,194 @@ func TestSupervisorRunFails(t *testing.T) {
 	<-done
 	if s.Restarts < 2 || s.Error != "run: agent: bind: address in use" {
 		t.Errorf("status after failed runs: %+v", s)
+	}
+}
+
+// TestSupervisorStartingUntilReady: a service bound but still opening its
+// sockets is starting, not running, until it says it is ready; on later
+// runs it keeps its failed state until then.
+func TestSupervisorStartingUntilReady(t *testing.T) {
+	svc := &fakeService{entered: make(chan struct{}), setup: make(chan struct{}), running: make(chan struct{})}
+	sup := NewSupervisor(svc, &fakeSteering{port: 61440}, slog.Default(), time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { sup.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	<-svc.entered
+	if s := sup.Status(); s.State != api.ServiceStarting || s.Binding != "" {
+		t.Errorf("bound, setting up: %+v; want starting", s)
+	}
+	svc.setup <- struct{}{}
+	<-svc.running
+	if s := sup.Status(); s.State != api.ServiceRunning || s.Binding != "kernel sockets" {
+		t.Errorf("ready: %+v; want running", s)
+	}
+
+	// A service that fails at start every time never shows running.
+	svc2 := &fakeService{entered: make(chan struct{}), setup: make(chan struct{}), running: make(chan struct{}), runErr: errors.New("listen: address in use")}
+	sup2 := NewSupervisor(svc2, &fakeSteering{port: 61440}, slog.Default(), time.Millisecond)
+	done2 := make(chan struct{})
+	go func() { sup2.Run(ctx); close(done2) }()
+	defer func() { cancel(); <-done2 }()
+	for i := 0; i < 3; i++ {
+		<-svc2.entered
+		if s := sup2.Status(); s.State == api.ServiceRunning || (i > 0 && s.State != api.ServiceFailed) {
+			t.Errorf("run %d, setting up: %+v; want starting, then failed", i, s)
+		}
+		svc2.setup <- struct{}{}
+		<-svc2.running
+	}
+}
+
+// TestNextDelay: the waits double from the configured one up to the cap,
+// and start again from it after a run that served for long enough.
+func TestNextDelay(t *testing.T) {
+	var got []time.Duration
+	d := time.Duration(0)
+	for range 8 {
+		d = nextDelay(time.Second, MaxRestartDelay, d, 0)
+		got = append(got, d)
+	}
+	want := []time.Duration{1, 2, 4, 8, 16, 30, 30, 30}
+	for i := range want {
+		want[i] *= time.Second
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("waits after failures in a row: %v, want %v", got, want)
+	}
+	for _, c := range []struct {
+		prev, up, want time.Duration
+	}{
+		{time.Second, 9 * time.Second, 2 * time.Second}, // short run: still backing off
+		{time.Second, 10 * time.Second, time.Second},    // served ten waits: recovered
+		{30 * time.Second, 59 * time.Second, 30 * time.Second},
+		{30 * time.Second, time.Minute, time.Second}, // a minute is always enough
+		{20 * time.Second, 0, 30 * time.Second},      // capped
+	} {
+		if got := nextDelay(time.Second, MaxRestartDelay, c.prev, c.up); got != c.want {
+			t.Errorf("after a wait of %v and a run serving %v: %v, want %v", c.prev, c.up, got, c.want)
+		}
+	}
+	if got := nextDelay(time.Minute, time.Minute, time.Minute, 0); got != time.Minute {
+		t.Errorf("configured delay above the cap: %v, want it kept", got)
+	}
+}
+
+// scriptedService fails every run; the runs listed in serve first say
+// they serve and keep serving for that long on the supervisor's clock.
+type scriptedService struct {
+	fakeService
+	runs  int
+	serve map[int]time.Duration
+	clock *fakeClock
+}
+
+func (f *scriptedService) Run(ctx context.Context, b *Binding) error {
+	f.runs++
+	if d, ok := f.serve[f.runs]; ok {
+		b.Ready()
+		f.clock.advance(d)
+	}
+	return errors.New("no GPU")
+}
+
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// TestSupervisorBackoff: a service failing at every start is restarted
+// after waits that double up to the cap, each one reported as the next
+// try; a run that served for a while starts the waits over.
+func TestSupervisorBackoff(t *testing.T) {
+	clock := &fakeClock{t: time.Date(2026, 11, 23, 9, 0, 0, 0, time.UTC)}
+	svc := &scriptedService{serve: map[int]time.Duration{8: 2 * time.Minute}, clock: clock}
+	sup := NewSupervisor(svc, &fakeSteering{port: 61440}, slog.New(slog.DiscardHandler), time.Second)
+	sup.now = clock.now
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var waits []time.Duration
+	sup.sleep = func(ctx context.Context, d time.Duration) bool {
+		waits = append(waits, d)
+		if st := sup.Status(); st.State != api.ServiceFailed || !st.NextTry.Equal(clock.now().Add(d)) {
+			t.Errorf("waiting %v: %+v; want failed, next try in %v", d, st, d)
+		}
+		clock.advance(d)
+		if len(waits) == 10 {
+			cancel()
+			return false
+		}
+		return true
+	}
+	sup.Run(ctx)
+	want := []time.Duration{1, 2, 4, 8, 16, 30, 30, 1, 2, 4}
+	for i := range want {
+		want[i] *= time.Second
+	}
+	if !slices.Equal(waits, want) {
+		t.Errorf("waits %v, want %v", waits, want)
+	}
+	if st := sup.Status(); st.State != api.ServiceStopped || !st.NextTry.IsZero() || st.Restarts != 10 {
+		t.Errorf("stopped: %+v", st)
+	}
+}
+
+// xdpService asks for AF_XDP sockets on p0 and runs until it is stopped.
+type xdpService struct{ fakeService }
+
+func (f *xdpService) Plan() (Needs, error) {
+	return Needs{XDP: &XDPNeeds{Interfaces: []string{"p0"}, Addr: netip.MustParseAddrPort("10.77.0.1:61440"), Workers: 1}}, nil
+}
+
+// lateXDP is a steering program that an operator attaches in XDP on p0
+// after the service bound.
+type lateXDP struct {
+	fakeSteering
+	attached atomic.Bool
+}
+
+func (l *lateXDP) XDPAttached(string) (bool, error) { return l.attached.Load(), nil }
+
+// TestSupervisorRecheck: a service degraded because the steering program
+// was not in XDP on its interface runs as asked once it is: Recheck finds
+// the cause gone. Before that it stays degraded.
+func TestSupervisorRecheck(t *testing.T) {
+	openGroups = func(xdp.GroupOptions, int, udp.Options) ([]*xdp.Group, error) { return nil, nil }
+	t.Cleanup(func() { openGroups = xdp.OpenGroups })
+	svc := &xdpService{fakeService{running: make(chan struct{})}}
+	st := &lateXDP{fakeSteering: fakeSteering{port: 61440}}
+	sup := NewSupervisor(svc, st, slog.New(slog.DiscardHandler), time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { sup.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	<-svc.running
+	s := sup.Status()
+	if s.State != api.ServiceDegraded || len(s.Degraded) != 1 || !strings.Contains(s.Degraded[0], "no steering program in XDP on p0") {
+		t.Fatalf("bound without XDP: %+v; want degraded, saying so", s)
+	}
+	sup.Recheck()
+	if s := sup.Status(); s.State != api.ServiceDegraded || len(s.Degraded) != 1 {
+		t.Errorf("rechecked, still no XDP: %+v; want degraded", s)
+	}
+	st.attached.Store(true) // lovelock iface attach p0
+	sup.Recheck()
+	if s := sup.Status(); s.State != api.ServiceRunning || len(s.Degraded) != 0 {
+		t.Errorf("rechecked after the attach: %+v; want running", s)
+	}
+	if r := svc.bound.Reasons(); len(r) != 0 || len(svc.bound.Degraded) != 1 {
+		t.Errorf("binding's reasons %q, as bound %q; want none left, one at bind", r, svc.bound.Degraded)
 	}
 }

@@ -135,6 +135,9 @@ type ServiceStatus struct {
 	// Restarts how often it was started again after a failure.
 	Error    string `json:"error,omitempty"`
 	Restarts int    `json:"restarts"`
+	// NextTry is when a failed service is started again; zero unless it
+	// is failed. The waits double with each failure in a row.
+	NextTry time.Time `json:"next_try,omitzero"`
 }
 
 // MemCreate asks a memory server for a region

@@ -17,7 +17,8 @@ func servicesCommand() *ucli.Command {
 		Description: "Each service lovelockd's config names is planned, bound to its AF_XDP sockets and steering\n" +
 			"rules, and run; a failure is reported and the service started again. State is running,\n" +
 			"degraded (running, bound short of what it asked: the lines below it say how), failed\n" +
-			"(restarting; LAST ERROR says why), starting or stopped. docs/services.md describes the frame.",
+			"(restarting; LAST ERROR says why and when it tries again: the waits double with each\n" +
+			"failure in a row, up to 30 s), starting (not serving yet) or stopped. docs/services.md describes the frame.",
 		Flags: []ucli.Flag{outputFlag()},
 		Action: func(c *ucli.Context) error {
 			asJSON, err := wantJSON(c)
@@ -39,7 +40,11 @@ func servicesCommand() *ucli.Command {
 			tw := newTable(w)
 			fmt.Fprintln(tw, "SERVICE\tSTATE\tSINCE\tRESTARTS\tON\tLAST ERROR")
 			for _, s := range svcs {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", s.Name, s.State, s.Since.Format(time.RFC3339), s.Restarts, dash(s.Binding), dash(s.Error))
+				last := dash(s.Error)
+				if !s.NextTry.IsZero() {
+					last += " (next try " + s.NextTry.Format(time.RFC3339) + ")"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", s.Name, s.State, s.Since.Format(time.RFC3339), s.Restarts, dash(s.Binding), last)
 			}
 			if err := tw.Flush(); err != nil {
 				return err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/lovelock-dpu/lovelock/control/api"
 )
@@ -25,8 +26,8 @@ func TestServices(t *testing.T) {
 			[]string{"messaging", "running", "kernel sockets"}, ""},
 		{"degraded", []api.ServiceStatus{
 			{Name: "messaging", State: api.ServiceDegraded, Binding: "AF_XDP on p0", Degraded: []string{"no steering program in XDP on p0"}},
-			{Name: "farmem", State: api.ServiceFailed, Error: "cluster file: no such file", Restarts: 3},
-		}, []string{"messaging degraded: no steering program in XDP on p0", "cluster file: no such file"}, "messaging degraded, farmem failed"},
+			{Name: "farmem", State: api.ServiceFailed, Error: "cluster file: no such file", Restarts: 3, NextTry: time.Date(2026, 11, 23, 9, 41, 37, 0, time.UTC)},
+		}, []string{"messaging degraded: no steering program in XDP on p0", "cluster file: no such file (next try 2026-11-23T09:41:37Z)"}, "messaging degraded, farmem failed"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			svc.services = c.services

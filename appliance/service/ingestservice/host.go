@@ -46,7 +46,7 @@ func (s *HostService) Plan() (service.Needs, error) { return service.Needs{}, s.
 // Run implements service.Service: it allocates the slot buffers on the
 // devices, registers them with the DPU and serves doorbells until ctx
 // ends. A restart registers a new epoch: the DPU drops the old buffers.
-func (s *HostService) Run(ctx context.Context, _ *service.Binding) error {
+func (s *HostService) Run(ctx context.Context, b *service.Binding) error {
 	devs, cards, err := s.devices()
 	if err != nil {
 		return err
@@ -63,7 +63,9 @@ func (s *HostService) Run(ctx context.Context, _ *service.Binding) error {
 	defer tr.Close()
 	a, err := hostagent.New(hostagent.Config{Transport: tr, DPU: s.cfg.DPU, Devices: devs, Cards: cards, HandleSocket: s.cfg.Socket,
 		Models: s.cfg.models(), SlotInput: int(s.cfg.SlotInput), SlotOutput: int(s.cfg.SlotOutput), Heartbeat: s.cfg.Heartbeat.D(), Logger: s.log,
-		WorkerSocket: s.cfg.WorkerSocket, RunTimeout: s.cfg.RunTimeout.D(), WorkerWait: s.cfg.WorkerWait.D()})
+		WorkerSocket: s.cfg.WorkerSocket, RunTimeout: s.cfg.RunTimeout.D(), WorkerWait: s.cfg.WorkerWait.D(),
+		// The agent opens its handle and worker sockets in Run.
+		Ready: b.Ready})
 	if err != nil {
 		return err
 	}

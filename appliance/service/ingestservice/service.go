@@ -162,6 +162,7 @@ func (s *Service) Run(ctx context.Context, b *service.Binding) error {
 	s.agent.Store(a)
 	defer s.agent.Store(nil)
 	s.log.Info("ingest agent", "listen", s.cfg.Listen, "host_listen", s.cfg.HostListen, "grpc", s.cfg.GRPC, "transport", s.transport(), "models", len(cfg.Models))
+	b.Ready()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup

@@ -86,7 +86,7 @@ func prefixOf(a netip.Addr) netip.Prefix {
 }
 
 // Run implements service.Service.
-func (s *AgentService) Run(ctx context.Context, _ *service.Binding) error {
+func (s *AgentService) Run(ctx context.Context, b *service.Binding) error {
 	a, err := farmem.NewAgent(s.cfg.AgentConfig, farmem.AgentOptions{Logger: s.log})
 	if err != nil {
 		return err
@@ -94,6 +94,7 @@ func (s *AgentService) Run(ctx context.Context, _ *service.Binding) error {
 	s.agent.Store(a)
 	defer s.agent.Store(nil)
 	s.log.Info("far-memory agent", "listen", a.Addr(), "servers", len(s.cfg.Servers), "chunk_size", s.cfg.WithDefaults().ChunkSize)
+	b.Ready()
 	return a.Run(ctx)
 }
 

@@ -86,7 +86,7 @@ func (s *HostService) Plan() (service.Needs, error) { return service.Needs{}, s.
 // Run implements service.Service: a far-memory client towards the agent,
 // and the mapping socket, until ctx ends; every mapping's dirty chunks are
 // written back before it returns.
-func (s *HostService) Run(ctx context.Context, _ *service.Binding) error {
+func (s *HostService) Run(ctx context.Context, b *service.Binding) error {
 	cl, err := farmem.NewClient(farmem.ClientOptions{Config: s.cfg.Config, Tenant: s.cfg.Tenant, Server: s.cfg.Agent, Logger: s.log})
 	if err != nil {
 		return err
@@ -110,6 +110,9 @@ func (s *HostService) Run(ctx context.Context, _ *service.Binding) error {
 		s.maps.Add(1)
 		return &countedRegion{Region: r, open: &s.maps}, nil
 	}
+	// Programs' connections wait in the listener's backlog until Serve
+	// accepts them.
+	b.Ready()
 	return (&fmap.Agent{Logger: s.log}).Serve(ctx, ln, open)
 }
 

@@ -52,7 +52,7 @@ func (s *ServerService) Plan() (service.Needs, error) { return service.Needs{}, 
 
 // Run implements service.Service: it opens the state directory, reopening
 // every region it holds, and serves until ctx ends.
-func (s *ServerService) Run(ctx context.Context, _ *service.Binding) error {
+func (s *ServerService) Run(ctx context.Context, b *service.Binding) error {
 	opts := s.cfg.options()
 	opts.Logger = s.log
 	srv, err := farmem.NewServer(opts)
@@ -64,6 +64,7 @@ func (s *ServerService) Run(ctx context.Context, _ *service.Binding) error {
 	st := srv.Stats()
 	s.log.Info("memory server", "addr", srv.Addr(), "state_dir", s.cfg.StateDir, "regions", st.Regions,
 		"used", farmemSize(st.Used), "capacity", s.cfg.Capacity)
+	b.Ready()
 	return srv.Run(ctx)
 }
 

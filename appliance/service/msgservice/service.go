@@ -111,6 +111,9 @@ func (s *Service) Run(ctx context.Context, b *service.Binding) error {
 				"which XDP passes to the stack, and reach the agent through its kernel socket, not AF_XDP", "transfer_size", cluster.TransferSize, "max", mp)
 		}
 	}
+	// Running before the stats show: whoever sees the agent's counters
+	// sees it running.
+	b.Ready()
 	s.binding.Store(b)
 	s.agent.Store(a)
 	defer s.agent.Store(nil)
@@ -138,7 +141,7 @@ func (s *Service) AgentStats() (messaging.Stats, bool) {
 	st := a.Stats()
 	if b := s.binding.Load(); b != nil {
 		st.Transport = b.Paths()
-		st.TransportDegraded = b.Degraded
+		st.TransportDegraded = b.Reasons()
 	}
 	return st, true
 }

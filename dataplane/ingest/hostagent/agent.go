@@ -186,6 +186,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	for _, g := range a.gpus {
 		g.launcher = devmem.NewLauncher(g.dev, func(cs []devmem.Completion) { a.completed(ctx, cs) })
 	}
+	if a.cfg.Ready != nil {
+		a.cfg.Ready()
+	}
 	var wg sync.WaitGroup
 	if wln != nil {
 		wg.Add(1)

@@ -60,6 +60,10 @@ type Config struct {
 	// gone.
 	Heartbeat time.Duration
 	Logger    *slog.Logger
+	// Ready, if set, is called once by Run when its sockets are open and
+	// it is about to serve (lovelockd reports the host agent running only
+	// then).
+	Ready func()
 }
 
 func (c *Config) defaults() error {

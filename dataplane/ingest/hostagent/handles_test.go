@@ -23,8 +23,10 @@ func startAgent(t *testing.T, allow []uint32) (*Agent, string) {
 	}
 	sock := filepath.Join(t.TempDir(), "h.sock")
 	ck, _ := model.Builtin("checksum")
+	ready := make(chan error, 1)
 	a, err := New(Config{Transport: tr, DPU: netip.MustParseAddrPort("10.0.0.2:1"), Devices: []devmem.Device{devmem.NewShm(devmem.Info{})},
-		Cards: []string{"H100-80GB"}, HandleSocket: sock, AllowUIDs: allow, Models: []*model.Model{ck}, SlotInput: 4096, SlotOutput: 64})
+		Cards: []string{"H100-80GB"}, HandleSocket: sock, AllowUIDs: allow, Models: []*model.Model{ck}, SlotInput: 4096, SlotOutput: 64,
+		Ready: func() { _, err := os.Stat(sock); ready <- err }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,13 +39,42 @@ func startAgent(t *testing.T, allow []uint32) (*Agent, string) {
 			t.Error(err)
 		}
 	})
-	for i := 0; i < 200; i++ {
-		if _, err := os.Stat(sock); err == nil {
-			break
+	select {
+	case err := <-ready:
+		if err != nil {
+			t.Fatalf("ready before the handle socket is open: %v", err)
 		}
-		time.Sleep(5 * time.Millisecond)
+	case err := <-done:
+		t.Fatalf("Run returned before it was ready: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the agent never said it was ready")
 	}
 	return a, sock
+}
+
+// TestReadyNotOnFailure: an agent whose handle socket cannot be opened
+// fails its Run without saying it is ready.
+func TestReadyNotOnFailure(t *testing.T) {
+	n := memnet.New(memnet.Options{})
+	tr, err := n.Listen(netip.MustParseAddrPort("10.0.0.1:1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	notDir := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(notDir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ck, _ := model.Builtin("checksum")
+	readied := false
+	a, err := New(Config{Transport: tr, DPU: netip.MustParseAddrPort("10.0.0.2:1"), Devices: []devmem.Device{devmem.NewShm(devmem.Info{})},
+		Cards: []string{"H100-80GB"}, HandleSocket: filepath.Join(notDir, "h.sock"), Models: []*model.Model{ck}, SlotInput: 4096, SlotOutput: 64,
+		Ready: func() { readied = true }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Run(context.Background()); err == nil || readied {
+		t.Errorf("Run: %v, ready called: %v; want an error and no ready", err, readied)
+	}
 }
 
 // TestHandles: the DPU gets the current epoch's layout and one
