@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -55,6 +56,7 @@ type handler struct {
 	stats    Stats
 	err      error // first write-back error since the last Sync reported it
 	poison   error // why the first chunk was poisoned; every Sync reports it
+	gone     bool  // the program's mm is gone (it exited): nothing can write or fault any more
 
 	kick chan struct{}
 
@@ -180,8 +182,8 @@ func (h *handler) serve(ctx context.Context, m uffdMsg, buf []byte) {
 	warned := false       // a failed poisoning was reported
 	for backoff := time.Millisecond; ; backoff = min(2*backoff, time.Second) {
 		err := h.fault(m, buf)
-		if err == nil {
-			return
+		if err == nil || errors.Is(err, errGone) {
+			return // served, or the program exited: nobody waits
 		}
 		// The program's thread stays blocked until this fault is served;
 		// keep trying (a backend may come back) for FetchTimeout, then
@@ -518,7 +520,7 @@ func (h *handler) evictLocked(ci int, buf []byte) error {
 	// Protect before reading: a write from here on faults and waits for the
 	// eviction instead of landing after the data was read and being lost
 	// when the hole is punched.
-	if err := uffdWriteProtect(h.uffd, h.base+off, n, true); err != nil {
+	if err := h.protectLocked(off, n); err != nil {
 		h.state[ci] = resident
 		h.lru.pushFront(ci)
 		h.cond.Broadcast()
@@ -555,6 +557,23 @@ func (h *handler) evictLocked(ci int, buf []byte) error {
 		h.stats.Writebacks++
 	}
 	return nil
+}
+
+// protectLocked write-protects [off, off+n) of the mapping before its data
+// is read for write-back. When the program has exited, the kernel tore its
+// mm down before closing its sockets, and the ioctl fails with ESRCH: then
+// nothing can write the chunk any more, so it needs no protection, and its
+// bytes are still in the memfd, which the agent holds and writes back from.
+func (h *handler) protectLocked(off, n uint64) error {
+	if h.gone {
+		return nil
+	}
+	err := uffdWriteProtect(h.uffd, h.base+off, n, true)
+	if errors.Is(err, errGone) {
+		h.gone = true
+		return nil
+	}
+	return err
 }
 
 // writeBack copies chunk ci from the memfd to the backend. pread on a shmem
@@ -607,10 +626,13 @@ func (h *handler) cleaner(ctx context.Context) {
 
 // flush writes every dirty chunk back without evicting it, waits for
 // evictions in flight, then syncs the backend. It reports and clears the
-// first error the background work met since the last flush.
-func (h *handler) flush() error {
+// first error the background work met since the last flush. final says
+// the mapping ends after it (Close, or the program is gone), so that a
+// chunk whose write-back failed gets no later try.
+func (h *handler) flush(final bool) error {
 	buf := make([]byte, h.r.chunk)
 	var errs []error
+	failed := 0 // chunks left dirty
 	h.mu.Lock()
 	for ci := range h.state {
 		for h.state[ci] == evicting || h.state[ci] == fetching {
@@ -621,8 +643,9 @@ func (h *handler) flush() error {
 		}
 		off, n := h.span(ci)
 		h.state[ci] = flushing
-		if err := uffdWriteProtect(h.uffd, h.base+off, n, true); err != nil {
+		if err := h.protectLocked(off, n); err != nil {
 			h.state[ci] = resident
+			failed++
 			errs = append(errs, fmt.Errorf("protect chunk %d for write-back: %w", ci, err))
 			continue
 		}
@@ -634,6 +657,7 @@ func (h *handler) flush() error {
 		h.cond.Broadcast()
 		if err != nil {
 			h.dirty[ci] = true
+			failed++
 			errs = append(errs, err)
 			continue
 		}
@@ -651,14 +675,28 @@ func (h *handler) flush() error {
 	if err := h.be.Sync(); err != nil {
 		errs = append(errs, fmt.Errorf("sync backend: %w", err))
 	}
-	switch len(errs) {
-	case 0:
+	if len(errs) == 0 {
 		return nil
-	case 1:
-		return errs[0]
 	}
 	// One line, not one per chunk: a failing backend fails them all.
-	return fmt.Errorf("%w (and %d more errors; chunks whose write-back failed stay dirty for the next Sync)", errs[0], len(errs)-1)
+	var notes []string
+	if len(errs) > 1 {
+		notes = append(notes, fmt.Sprintf("and %d more errors", len(errs)-1))
+	}
+	switch {
+	case failed > 0 && final:
+		what := fmt.Sprintf("%d chunks", failed)
+		if failed == 1 {
+			what = "1 chunk"
+		}
+		notes = append(notes, fmt.Sprintf("the mapping ends: the writes in the %s whose write-back failed are lost", what))
+	case failed > 0:
+		notes = append(notes, "chunks whose write-back failed stay dirty for the next Sync")
+	}
+	if len(notes) == 0 {
+		return errs[0]
+	}
+	return fmt.Errorf("%w (%s)", errs[0], strings.Join(notes, "; "))
 }
 
 // snapshot returns the handler's counters.
