@@ -3,13 +3,18 @@ package fmap
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 const syncErrSize = 1 << 20
@@ -94,4 +99,117 @@ func helperSyncErr() error {
 	}
 	fmt.Println("SYNC2 ok")
 	return m.Close()
+}
+
+// slowSyncBackend takes syncDelay over its first Sync and fails every write
+// from then on.
+type slowSyncBackend struct {
+	*MemBackend
+	syncs atomic.Int32
+}
+
+const syncDelay = 300 * time.Millisecond
+
+func (s *slowSyncBackend) Sync() error {
+	if s.syncs.Add(1) == 1 {
+		time.Sleep(syncDelay)
+	}
+	return nil
+}
+
+func (s *slowSyncBackend) WriteAt(p []byte, off int64) (int, error) {
+	if s.syncs.Load() > 0 {
+		return 0, fmt.Errorf("injected write error at %d", off)
+	}
+	return s.MemBackend.WriteAt(p, off)
+}
+
+// TestCloseAfterCancelledSync cancels a Sync while the agent is still in
+// it, writes again, and closes: Close must get its own reply (the failed
+// write-back), not the late reply of the cancelled Sync.
+func TestCloseAfterCancelledSync(t *testing.T) {
+	a := startAgent(t)
+	a.mu.Lock() // the agent already serves: its open reads advisors under mu
+	a.advisors = map[uint64]Backend{1: &slowSyncBackend{MemBackend: NewMemBackend(syncErrSize)}}
+	a.mu.Unlock()
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	out := runHelper(t, ctx, "cancelsync", "FMAP_SOCK="+a.sock)
+	t.Log(out)
+	if !strings.Contains(out, "CLOSE") || !strings.Contains(out, "injected write error") {
+		t.Fatalf("Close after a cancelled Sync did not report the failed write-back:\n%s", out)
+	}
+}
+
+func helperCancelSync() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	m, err := Map(ctx, os.Getenv("FMAP_SOCK"), RegionRef{ID: 1}, Options{BufferBytes: syncErrSize})
+	if err != nil {
+		return err
+	}
+	b := m.Bytes()
+	b[0] = 1
+	sctx, scancel := context.WithTimeout(ctx, syncDelay/6)
+	err = m.Sync(sctx)
+	scancel()
+	fmt.Printf("SYNC %v\n", err)
+	if err == nil {
+		return fmt.Errorf("Sync returned before the backend's %v Sync", syncDelay)
+	}
+	b[0] = 2 // dirty again; its write-back fails
+	err = m.Close()
+	fmt.Printf("CLOSE %v\n", err)
+	if err == nil {
+		return fmt.Errorf("Close succeeded although the backend fails every write")
+	}
+	return nil
+}
+
+// TestCloseAfterTornReply cancels a Sync after part of its reply was read
+// (a stand-in agent sends half a frame header): the connection is torn, so
+// Close must not read it, must let the agent see the connection end (its
+// cue to write back), wait for the agent to close it, and say that the
+// write-back is unconfirmed.
+func TestCloseAfterTornReply(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conns := make([]*net.UnixConn, 2)
+	for i, fd := range fds {
+		f := os.NewFile(uintptr(fd), "socketpair")
+		c, err := net.FileConn(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns[i] = c.(*net.UnixConn)
+	}
+	prog, agent := conns[0], conns[1]
+	agentSaw := make(chan error, 1)
+	go func() {
+		defer agent.Close()
+		if _, _, err := readFrame(agent); err != nil {
+			agentSaw <- err
+			return
+		}
+		agent.Write([]byte{0, 0}) // half a reply header
+		_, _, err := readFrame(agent)
+		agentSaw <- err
+	}()
+	m := &Mapping{region: RegionRef{ID: 9}, conn: prog, uffd: -1, memfd: -1}
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	if err := m.Sync(ctx); err == nil {
+		t.Fatal("Sync succeeded on half a reply")
+	}
+	err = m.Close()
+	t.Log(err)
+	if err == nil || !strings.Contains(err.Error(), "write-back unconfirmed") {
+		t.Fatalf("Close after a torn reply: %v, want write-back unconfirmed", err)
+	}
+	if err := <-agentSaw; !errors.Is(err, io.EOF) {
+		t.Errorf("the agent read %v after the torn reply, want the connection's end (EOF)", err)
+	}
 }

@@ -193,6 +193,8 @@ func helperProcess(role string) error {
 		err = helperFetchFail()
 	case "readahead":
 		err = helperReadAhead()
+	case "cancelsync":
+		err = helperCancelSync()
 	case "exit-dirty":
 		err = helperExitDirty()
 	default:
