@@ -429,11 +429,11 @@ func graphRun(c *ucli.Context) error {
 	rep.DPUFabricBytes = delta(before.dpuFabric, after.dpuFabric)
 	rep.DPUHostBytes = delta(before.dpuHost, after.dpuHost)
 	rep.MemLinkBytes = delta(before.memLink, after.memLink)
-	var faults uint64
+	var host fmap.Stats
 	if rep.Mapping != nil {
-		faults = rep.Mapping.Faults
+		host = *rep.Mapping
 	}
-	rep.Cache, rep.HitRateNote = regionCacheDelta(before.agent, after.agent, region, faults, dpu != nil)
+	rep.Cache, rep.HitRateNote = regionCacheDelta(before.agent, after.agent, region, host, dpu != nil)
 	if rep.Cache != nil {
 		r := rep.Cache.HitRate
 		rep.HitRate = &r
@@ -548,12 +548,9 @@ func onOff(on bool) string {
 }
 
 // regionCacheDelta is what the DPU agent's caches did for region between
-// two snapshots of its stats (farmem.AgentStats.Cache). The hit rate is
-// (static hits + dynamic hits) over the region's reads at the agent; a
-// read of a region outside the dynamic cache (prefetcher off) that misses
-// the static ranges is counted nowhere in the cache's counters, so the
-// reads are at least the mapping's faults (one chunk read each).
-func regionCacheDelta(before, after *farmem.AgentStats, region uint32, faults uint64, asked bool) (*cacheDelta, string) {
+// two snapshots of its stats (farmem.AgentStats.Cache), with the hit rate
+// of farmem.HitRate over the reads of the mapping whose counters are host.
+func regionCacheDelta(before, after *farmem.AgentStats, region uint32, host fmap.Stats, asked bool) (*cacheDelta, string) {
 	if !asked {
 		return nil, "not measured (no --dpu-socket)"
 	}
@@ -571,10 +568,7 @@ func regionCacheDelta(before, after *farmem.AgentStats, region uint32, faults ui
 	b, a := find(before), find(after)
 	d := &cacheDelta{RegionCacheStats: a.Since(b), Switches: after.Cache.Switches - before.Cache.Switches, On: after.Cache.On}
 	d.Region = region
-	d.Reads = max(d.Counted(), faults)
-	if d.Reads > 0 {
-		d.HitRate = float64(d.StaticHits+d.Hits) / float64(d.Reads)
-	}
+	d.HitRate, d.Reads = farmem.HitRate(d.RegionCacheStats, host)
 	d.PrefetchBytes = d.PrefetchIssued * after.Cache.EntrySize
 	return d, ""
 }

@@ -85,6 +85,10 @@ type Stats struct {
 	Capacity   int    `json:"capacity"`   // the buffer's size in chunks
 }
 
+// Fetched is the number of chunks read from the backend: by faults and
+// ahead of them.
+func (s Stats) Fetched() uint64 { return s.Faults + s.ReadAhead }
+
 func newHandler(region RegionRef, be Backend, r resolved, uffd, memfd int, base uint64) *handler {
 	h := &handler{
 		region: region, be: be, r: r, uffd: uffd, memfd: memfd, base: base,
