@@ -213,3 +213,53 @@ func TestCloseAfterTornReply(t *testing.T) {
 		t.Errorf("the agent read %v after the torn reply, want the connection's end (EOF)", err)
 	}
 }
+
+// TestCleanInstallOverPresentPage installs a chunk clean over a page that
+// is already there, writable (the program puts it in the memfd itself,
+// standing in for a writable install that failed part way, which left
+// pages behind in a chunk recorded absent). A write to that page must
+// still mark the chunk dirty, so that Sync writes it back.
+func TestCleanInstallOverPresentPage(t *testing.T) {
+	a := startAgent(t)
+	be := a.add(1, NewMemBackend(syncErrSize))
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	out := runHelper(t, ctx, "eexist", "FMAP_SOCK="+a.sock)
+	t.Log(out)
+	got := make([]byte, 1)
+	be.ReadAt(got, eexistAt)
+	if got[0] != 0x55 {
+		t.Fatalf("backend byte %d is %#x after Sync, want 0x55: the write to a page kept by a clean install was not written back", eexistAt, got[0])
+	}
+}
+
+// readSink keeps the compiler from dropping a read made to fault.
+var readSink byte
+
+// eexistAt is the byte the eexist program writes: page 1 of chunk 1.
+const eexistAt = DefaultChunkSize + 4096 + 7
+
+func helperEExist() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	m, err := Map(ctx, os.Getenv("FMAP_SOCK"), RegionRef{ID: 1}, Options{BufferBytes: syncErrSize})
+	if err != nil {
+		return err
+	}
+	page := make([]byte, 4096)
+	if _, err := unix.Pwrite(m.memfd, page, DefaultChunkSize+4096); err != nil {
+		return fmt.Errorf("put a page in the memfd: %w", err)
+	}
+	b := m.Bytes()
+	readSink = b[DefaultChunkSize] // a read fault on page 0: chunk 1 installed clean around page 1
+	b[eexistAt] = 0x55
+	if err := m.Sync(ctx); err != nil {
+		return err
+	}
+	st, err := m.Stats(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("STATS %+v\n", st)
+	return m.Close()
+}

@@ -475,14 +475,18 @@ func (h *handler) install(ci int, off uint64, buf []byte, write bool) error {
 		return fmt.Errorf("fetch chunk %d (%d bytes at %d): %w", ci, valid, off, err)
 	}
 	clear(buf[valid:])
-	var mode uint64
+	// Copy without waking, and wake once the whole chunk is in place: a
+	// thread woken after part of it could otherwise write a page that was
+	// already there before the fallback below protects it.
+	mode := uint64(copyModeDontWake)
 	if !write {
-		mode = copyModeWP
+		mode |= copyModeWP
 	}
 	done, err := uffdCopy(h.uffd, h.base+off, buf, mode)
 	if errors.Is(err, unix.EEXIST) {
-		// Some page of the chunk is present although the chunk was absent;
-		// install the rest page by page and keep what is there.
+		// Some page of the chunk is present although the chunk was absent
+		// (a writable install that failed part way left it); install the
+		// rest page by page and keep what is there.
 		err = nil
 		page := h.r.pageSize
 		for p := done - done%page + page; p < len(buf) && err == nil; p += page {
@@ -491,9 +495,15 @@ func (h *handler) install(ci int, off uint64, buf []byte, write bool) error {
 				err = nil
 			}
 		}
-		if err == nil {
-			err = uffdWake(h.uffd, h.base+off, uint64(len(buf)))
+		if err == nil && !write {
+			// A page kept may be writable, and a write to it would then
+			// never mark the chunk dirty: protect them all, as a clean
+			// chunk must be (a page not mapped yet gets a marker).
+			err = uffdWriteProtect(h.uffd, h.base+off, uint64(len(buf)), true)
 		}
+	}
+	if err == nil {
+		err = uffdWake(h.uffd, h.base+off, uint64(len(buf)))
 	}
 	if err != nil {
 		return fmt.Errorf("install chunk %d (UFFDIO_COPY %d bytes at %#x): %w", ci, len(buf), h.base+off, err)

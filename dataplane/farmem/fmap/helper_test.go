@@ -195,6 +195,8 @@ func helperProcess(role string) error {
 		err = helperReadAhead()
 	case "cancelsync":
 		err = helperCancelSync()
+	case "eexist":
+		err = helperEExist()
 	case "exit-dirty":
 		err = helperExitDirty()
 	default:

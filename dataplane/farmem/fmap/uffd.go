@@ -39,7 +39,8 @@ const (
 	registerModeMissing = 1 << 0 // UFFDIO_REGISTER_MODE_MISSING
 	registerModeWP      = 1 << 1 // UFFDIO_REGISTER_MODE_WP
 
-	copyModeWP = 1 << 1 // UFFDIO_COPY_MODE_WP
+	copyModeDontWake = 1 << 0 // UFFDIO_COPY_MODE_DONTWAKE
+	copyModeWP       = 1 << 1 // UFFDIO_COPY_MODE_WP
 
 	writeProtectModeWP = 1 << 0 // UFFDIO_WRITEPROTECT_MODE_WP
 
