@@ -263,3 +263,48 @@ func helperEExist() error {
 	fmt.Printf("STATS %+v\n", st)
 	return m.Close()
 }
+
+// TestEvictionCountsWithFailingWrites: with every write-back failing,
+// evictions of dirty chunks fail and the faults are served over capacity;
+// only the evictions that happened count as inline or background ones.
+func TestEvictionCountsWithFailingWrites(t *testing.T) {
+	a := startAgent(t)
+	be := a.add(1, NewMemBackend(syncErrSize))
+	be.failWrites.Store(true)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	t.Log(runHelper(t, ctx, "evictfail", "FMAP_SOCK="+a.sock))
+}
+
+func helperEvictFail() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const chunks = syncErrSize / DefaultChunkSize
+	m, err := Map(ctx, os.Getenv("FMAP_SOCK"), RegionRef{ID: 1}, Options{BufferBytes: 2 * DefaultChunkSize})
+	if err != nil {
+		return err
+	}
+	b := m.Bytes()
+	// Dirty chunks first, whose evictions fail, then clean ones, whose
+	// evictions work.
+	for c := range chunks / 2 {
+		b[c*DefaultChunkSize] = 1
+	}
+	for c := chunks / 2; c < chunks; c++ {
+		readSink = b[c*DefaultChunkSize]
+	}
+	serr := m.Sync(ctx)
+	st, err := m.Stats(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("STATS %+v\nSYNC %v\n", st, serr)
+	if serr == nil || st.Evictions == 0 {
+		return fmt.Errorf("want failed write-backs (Sync: %v) and some evictions (%d)", serr, st.Evictions)
+	}
+	if st.Inline+st.Background != st.Evictions {
+		return fmt.Errorf("%d inline + %d background evictions, but %d evictions", st.Inline, st.Background, st.Evictions)
+	}
+	m.Close() // fails: the backend takes no writes
+	return nil
+}

@@ -397,7 +397,6 @@ func (h *handler) fault(m uffdMsg, buf []byte) error {
 			}
 			if h.occupied >= h.r.capacity {
 				if v := h.victimLocked(); v >= 0 {
-					h.stats.Inline++
 					if err := h.evictLocked(v, buf); err != nil {
 						// Serve the fault over capacity rather than leave the
 						// program blocked (or try every other victim against
@@ -405,6 +404,7 @@ func (h *handler) fault(m uffdMsg, buf []byte) error {
 						h.setErrLocked(err)
 						return h.fetchFaultLocked(ci, m, buf)
 					}
+					h.stats.Inline++ // an eviction that happened, as Evictions counts
 					continue
 				}
 				if h.occupied-h.lru.len() > 0 {

@@ -195,6 +195,8 @@ func helperProcess(role string) error {
 		err = helperReadAhead()
 	case "cancelsync":
 		err = helperCancelSync()
+	case "evictfail":
+		err = helperEvictFail()
 	case "eexist":
 		err = helperEExist()
 	case "exit-dirty":
