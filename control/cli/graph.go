@@ -409,10 +409,11 @@ func graphRun(c *ucli.Context) error {
 		rep.Hints = &hs
 	}
 	st, serr := m.Stats(ctx)
-	if cerr := m.Close(); err != nil && cerr != nil {
-		return fmt.Errorf("%w; %v", err, cerr) // a lost chunk: Close says which and why
-	}
+	cerr := m.Close()
 	if err != nil {
+		if cerr != nil {
+			return fmt.Errorf("%w; %v", err, cerr) // a lost chunk: Close says which and why
+		}
 		return err
 	}
 	after := readFabric(ctx, mem, dpu)
@@ -449,10 +450,16 @@ func graphRun(c *ucli.Context) error {
 	} else {
 		printGraphRun(w, rep)
 	}
+	var errs []error
 	if res.Mismatch != nil {
-		return fmt.Errorf("graph run: %s over far memory differs from the in-memory run: %w", app, res.Mismatch)
+		errs = append(errs, fmt.Errorf("graph run: %s over far memory differs from the in-memory run: %w", app, res.Mismatch))
 	}
-	return nil
+	if cerr != nil {
+		// The run's report stands; the mapping's end failed (the agent's
+		// write-back or the backend's sync): the host agent's log has more.
+		errs = append(errs, fmt.Errorf("graph run: %w", cerr))
+	}
+	return errors.Join(errs...)
 }
 
 func printGraphRun(w io.Writer, r graphRunReport) {

@@ -104,7 +104,8 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// graphHelperAgent serves region N from the file DIR/N until SIGTERM.
+// graphHelperAgent serves region N from the file DIR/N until SIGTERM;
+// region 100+N too, with a backend whose Sync fails.
 func graphHelperAgent() error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
@@ -115,23 +116,28 @@ func graphHelperAgent() error {
 	}
 	agent := &fmap.Agent{Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))}
 	err = agent.Serve(ctx, ln, func(_ context.Context, r fmap.RegionRef) (fmap.Backend, error) {
-		f, err := os.Open(filepath.Join(dir, strconv.FormatUint(r.ID, 10)))
+		id, syncErr := r.ID, error(nil)
+		if id >= 100 {
+			id, syncErr = id-100, errors.New("injected sync error")
+		}
+		f, err := os.Open(filepath.Join(dir, strconv.FormatUint(id, 10)))
 		if err != nil {
 			return nil, err
 		}
 		st, _ := f.Stat()
-		return roFile{f, st.Size()}, nil
+		return roFile{f, st.Size(), syncErr}, nil
 	})
 	return err
 }
 
 type roFile struct {
 	*os.File
-	size int64
+	size    int64
+	syncErr error
 }
 
 func (f roFile) Size() int64                        { return f.size }
-func (f roFile) Sync() error                        { return nil }
+func (f roFile) Sync() error                        { return f.syncErr }
 func (f roFile) WriteAt([]byte, int64) (int, error) { return 0, errors.New("read-only") }
 
 // TestGraphRunFar runs `graph run` over a region served by a host agent in
@@ -195,6 +201,12 @@ func TestGraphRunFar(t *testing.T) {
 	out, err := runGraph(t, "run", "--app", "cc", "--graph", g, "--region", "2", "--host-socket", sock, "-o", "json")
 	if err == nil || !strings.Contains(out, "MISMATCH") {
 		t.Errorf("a region holding another graph: %v\n%s", err, out)
+	}
+	// A run that succeeds still fails the command when the mapping's Close
+	// does, after printing its report.
+	out, err = runGraph(t, "run", "--app", "bfs", "--graph", g, "--region", "101", "--host-socket", sock)
+	if err == nil || !strings.Contains(err.Error(), "injected sync error") || !strings.Contains(out, "check: ok") {
+		t.Errorf("a run whose mapping's Close fails: %v, want the Close error after the report\n%s", err, out)
 	}
 }
 
