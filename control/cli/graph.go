@@ -409,10 +409,11 @@ func graphRun(c *ucli.Context) error {
 		rep.Hints = &hs
 	}
 	st, serr := m.Stats(ctx)
-	if cerr := m.Close(); err != nil && cerr != nil {
-		return fmt.Errorf("%w; %v", err, cerr) // a lost chunk: Close says which and why
-	}
+	cerr := m.Close()
 	if err != nil {
+		if cerr != nil {
+			return fmt.Errorf("%w; %v", err, cerr) // a lost chunk: Close says which and why
+		}
 		return err
 	}
 	after := readFabric(ctx, mem, dpu)
@@ -429,11 +430,11 @@ func graphRun(c *ucli.Context) error {
 	rep.DPUFabricBytes = delta(before.dpuFabric, after.dpuFabric)
 	rep.DPUHostBytes = delta(before.dpuHost, after.dpuHost)
 	rep.MemLinkBytes = delta(before.memLink, after.memLink)
-	var faults uint64
+	var host fmap.Stats
 	if rep.Mapping != nil {
-		faults = rep.Mapping.Faults
+		host = *rep.Mapping
 	}
-	rep.Cache, rep.HitRateNote = regionCacheDelta(before.agent, after.agent, region, faults, dpu != nil)
+	rep.Cache, rep.HitRateNote = regionCacheDelta(before.agent, after.agent, region, host, dpu != nil)
 	if rep.Cache != nil {
 		r := rep.Cache.HitRate
 		rep.HitRate = &r
@@ -449,10 +450,16 @@ func graphRun(c *ucli.Context) error {
 	} else {
 		printGraphRun(w, rep)
 	}
+	var errs []error
 	if res.Mismatch != nil {
-		return fmt.Errorf("graph run: %s over far memory differs from the in-memory run: %w", app, res.Mismatch)
+		errs = append(errs, fmt.Errorf("graph run: %s over far memory differs from the in-memory run: %w", app, res.Mismatch))
 	}
-	return nil
+	if cerr != nil {
+		// The run's report stands; the mapping's end failed (the agent's
+		// write-back or the backend's sync): the host agent's log has more.
+		errs = append(errs, fmt.Errorf("graph run: %w", cerr))
+	}
+	return errors.Join(errs...)
 }
 
 func printGraphRun(w io.Writer, r graphRunReport) {
@@ -548,12 +555,9 @@ func onOff(on bool) string {
 }
 
 // regionCacheDelta is what the DPU agent's caches did for region between
-// two snapshots of its stats (farmem.AgentStats.Cache). The hit rate is
-// (static hits + dynamic hits) over the region's reads at the agent; a
-// read of a region outside the dynamic cache (prefetcher off) that misses
-// the static ranges is counted nowhere in the cache's counters, so the
-// reads are at least the mapping's faults (one chunk read each).
-func regionCacheDelta(before, after *farmem.AgentStats, region uint32, faults uint64, asked bool) (*cacheDelta, string) {
+// two snapshots of its stats (farmem.AgentStats.Cache), with the hit rate
+// of farmem.HitRate over the reads of the mapping whose counters are host.
+func regionCacheDelta(before, after *farmem.AgentStats, region uint32, host fmap.Stats, asked bool) (*cacheDelta, string) {
 	if !asked {
 		return nil, "not measured (no --dpu-socket)"
 	}
@@ -571,10 +575,7 @@ func regionCacheDelta(before, after *farmem.AgentStats, region uint32, faults ui
 	b, a := find(before), find(after)
 	d := &cacheDelta{RegionCacheStats: a.Since(b), Switches: after.Cache.Switches - before.Cache.Switches, On: after.Cache.On}
 	d.Region = region
-	d.Reads = max(d.Counted(), faults)
-	if d.Reads > 0 {
-		d.HitRate = float64(d.StaticHits+d.Hits) / float64(d.Reads)
-	}
+	d.HitRate, d.Reads = farmem.HitRate(d.RegionCacheStats, host)
 	d.PrefetchBytes = d.PrefetchIssued * after.Cache.EntrySize
 	return d, ""
 }

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/lovelock-dpu/lovelock/control/testenv"
+	"github.com/lovelock-dpu/lovelock/dataplane/farmem"
 	"github.com/lovelock-dpu/lovelock/dataplane/farmem/fmap"
 )
 
@@ -103,7 +104,8 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// graphHelperAgent serves region N from the file DIR/N until SIGTERM.
+// graphHelperAgent serves region N from the file DIR/N until SIGTERM;
+// region 100+N too, with a backend whose Sync fails.
 func graphHelperAgent() error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
@@ -114,23 +116,28 @@ func graphHelperAgent() error {
 	}
 	agent := &fmap.Agent{Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))}
 	err = agent.Serve(ctx, ln, func(_ context.Context, r fmap.RegionRef) (fmap.Backend, error) {
-		f, err := os.Open(filepath.Join(dir, strconv.FormatUint(r.ID, 10)))
+		id, syncErr := r.ID, error(nil)
+		if id >= 100 {
+			id, syncErr = id-100, errors.New("injected sync error")
+		}
+		f, err := os.Open(filepath.Join(dir, strconv.FormatUint(id, 10)))
 		if err != nil {
 			return nil, err
 		}
 		st, _ := f.Stat()
-		return roFile{f, st.Size()}, nil
+		return roFile{f, st.Size(), syncErr}, nil
 	})
 	return err
 }
 
 type roFile struct {
 	*os.File
-	size int64
+	size    int64
+	syncErr error
 }
 
 func (f roFile) Size() int64                        { return f.size }
-func (f roFile) Sync() error                        { return nil }
+func (f roFile) Sync() error                        { return f.syncErr }
 func (f roFile) WriteAt([]byte, int64) (int, error) { return 0, errors.New("read-only") }
 
 // TestGraphRunFar runs `graph run` over a region served by a host agent in
@@ -194,5 +201,28 @@ func TestGraphRunFar(t *testing.T) {
 	out, err := runGraph(t, "run", "--app", "cc", "--graph", g, "--region", "2", "--host-socket", sock, "-o", "json")
 	if err == nil || !strings.Contains(out, "MISMATCH") {
 		t.Errorf("a region holding another graph: %v\n%s", err, out)
+	}
+	// A run that succeeds still fails the command when the mapping's Close
+	// does, after printing its report.
+	out, err = runGraph(t, "run", "--app", "bfs", "--graph", g, "--region", "101", "--host-socket", sock)
+	if err == nil || !strings.Contains(err.Error(), "injected sync error") || !strings.Contains(out, "check: ok") {
+		t.Errorf("a run whose mapping's Close fails: %v, want the Close error after the report\n%s", err, out)
+	}
+}
+
+// TestGraphHitRateReadAhead: with read-ahead, the host's chunk reads are
+// its faults plus its read-ahead, and the reads the hit rate is over are
+// at least those (static cache, prefetcher off: the misses are counted
+// nowhere); counting only the faults showed 100 %.
+func TestGraphHitRateReadAhead(t *testing.T) {
+	at := func(static uint64) *farmem.AgentStats {
+		return &farmem.AgentStats{Cache: farmem.CacheStats{Regions: []farmem.RegionCacheStats{{Region: 7, StaticHits: static}}}}
+	}
+	d, note := regionCacheDelta(at(10), at(60), 7, fmap.Stats{Faults: 40, ReadAhead: 400}, true)
+	if d == nil {
+		t.Fatalf("no cache delta: %s", note)
+	}
+	if d.Reads != 440 || d.HitRate < 0.11 || d.HitRate > 0.12 {
+		t.Errorf("50 static hits, 40 faults and 400 chunks read ahead: %d reads, hit rate %.3f; want 440 reads, about 0.11", d.Reads, d.HitRate)
 	}
 }

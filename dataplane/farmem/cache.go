@@ -8,6 +8,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/farmem/fmap"
 )
 
 // cache is the DPU agent's static and dynamic cache (docs/farmem.md, "DPU
@@ -167,6 +169,20 @@ type RegionCacheStats struct {
 // static ranges is counted nowhere.
 func (s RegionCacheStats) Counted() uint64 {
 	return s.StaticHits + s.Hits + s.Misses + s.Bypassed + s.OutsideDynamic
+}
+
+// HitRate is the share of a region's reads at the DPU agent that its
+// caches served, (static + dynamic hits) / reads, and the reads. A read
+// that meets no cache (prefetcher off, outside the static ranges) is
+// counted nowhere, so the reads are at least the chunks the mapping
+// fetched from the region (host: fmap.Stats.Fetched, the faults and the
+// read-ahead, one read each). The rate is 0 without reads.
+func HitRate(c RegionCacheStats, host fmap.Stats) (rate float64, reads uint64) {
+	reads = max(c.Counted(), host.Fetched())
+	if reads == 0 {
+		return 0, 0
+	}
+	return float64(c.StaticHits+c.Hits) / float64(reads), reads
 }
 
 // Since returns the counters of s less those of an earlier reading b of

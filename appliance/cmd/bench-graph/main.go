@@ -99,15 +99,14 @@ type row struct {
 	check     string
 }
 
-// hitRate is (static + dynamic hits) over the region's reads at the agent;
-// reads that meet no cache are counted nowhere but are one per fault.
+// hitRate is farmem.HitRate of the row's region, and whether there is one
+// (a cached path with reads).
 func (r row) hitRate() (float64, bool) {
-	c := r.cache
-	reads := max(c.Counted(), r.mapping.Faults)
+	rate, reads := farmem.HitRate(r.cache, r.mapping)
 	if r.path.caching == (graph.Caching{}) || reads == 0 {
 		return 0, false
 	}
-	return float64(c.StaticHits+c.Hits) / float64(reads), true
+	return rate, true
 }
 
 // prefetchBytes estimates the fabric bytes of prefetching: entries issued

@@ -3,8 +3,6 @@ package fmap
 import (
 	"context"
 	"errors"
-	"fmt"
-	"time"
 )
 
 // Extent is a byte range of a region.
@@ -68,20 +66,9 @@ func (m *Mapping) Advise(ctx context.Context, a Advice) (AdviceResult, error) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.closed {
-		return AdviceResult{}, ErrClosed
-	}
-	if m.broken != nil {
-		return AdviceResult{}, fmt.Errorf("fmap: %s: advise: %w; Close the mapping", m.region, m.broken)
-	}
-	stop := context.AfterFunc(ctx, func() { m.conn.SetDeadline(time.Unix(1, 0)) })
-	resp, err := call(m.conn, frame{Op: opAdvise, Advice: &a})
-	if !stop() {
-		m.broken = fmt.Errorf("an earlier request was cancelled (%w)", ctx.Err())
-		return AdviceResult{}, fmt.Errorf("fmap: %s: advise: %w", m.region, ctx.Err())
-	}
+	resp, err := m.roundTrip(ctx, frame{Op: opAdvise, Advice: &a})
 	if err != nil {
-		return AdviceResult{}, fmt.Errorf("fmap: %s: advise: %w", m.region, err)
+		return AdviceResult{}, err
 	}
 	if resp.Result == nil {
 		return AdviceResult{}, nil

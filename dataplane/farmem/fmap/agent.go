@@ -187,7 +187,7 @@ func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Contex
 		if err != nil {
 			// The program exited without Close, or the agent stops: its
 			// memfd is still readable here, so write its dirty chunks back.
-			ferr := h.flush()
+			ferr := h.flush(true)
 			if errors.Is(err, io.EOF) || ctx.Err() != nil {
 				return ferr
 			}
@@ -197,7 +197,7 @@ func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Contex
 		case opSync:
 			// A failed write-back leaves its chunks dirty for the next try;
 			// the mapping goes on.
-			if err := respond(c, h.flush()); err != nil {
+			if err := respond(c, h.flush(false)); err != nil {
 				return err
 			}
 		case opStats:
@@ -217,7 +217,7 @@ func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Contex
 				return err
 			}
 		case opClose:
-			return reply(c, h.flush())
+			return reply(c, h.flush(true))
 		default:
 			if err := respond(c, fmt.Errorf("fmap agent: unknown request %q", req.Op)); err != nil {
 				return err

@@ -3,13 +3,18 @@ package fmap
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 const syncErrSize = 1 << 20
@@ -94,4 +99,212 @@ func helperSyncErr() error {
 	}
 	fmt.Println("SYNC2 ok")
 	return m.Close()
+}
+
+// slowSyncBackend takes syncDelay over its first Sync and fails every write
+// from then on.
+type slowSyncBackend struct {
+	*MemBackend
+	syncs atomic.Int32
+}
+
+const syncDelay = 300 * time.Millisecond
+
+func (s *slowSyncBackend) Sync() error {
+	if s.syncs.Add(1) == 1 {
+		time.Sleep(syncDelay)
+	}
+	return nil
+}
+
+func (s *slowSyncBackend) WriteAt(p []byte, off int64) (int, error) {
+	if s.syncs.Load() > 0 {
+		return 0, fmt.Errorf("injected write error at %d", off)
+	}
+	return s.MemBackend.WriteAt(p, off)
+}
+
+// TestCloseAfterCancelledSync cancels a Sync while the agent is still in
+// it, writes again, and closes: Close must get its own reply (the failed
+// write-back), not the late reply of the cancelled Sync.
+func TestCloseAfterCancelledSync(t *testing.T) {
+	a := startAgent(t)
+	a.mu.Lock() // the agent already serves: its open reads advisors under mu
+	a.advisors = map[uint64]Backend{1: &slowSyncBackend{MemBackend: NewMemBackend(syncErrSize)}}
+	a.mu.Unlock()
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	out := runHelper(t, ctx, "cancelsync", "FMAP_SOCK="+a.sock)
+	t.Log(out)
+	if !strings.Contains(out, "CLOSE") || !strings.Contains(out, "injected write error") {
+		t.Fatalf("Close after a cancelled Sync did not report the failed write-back:\n%s", out)
+	}
+}
+
+func helperCancelSync() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	m, err := Map(ctx, os.Getenv("FMAP_SOCK"), RegionRef{ID: 1}, Options{BufferBytes: syncErrSize})
+	if err != nil {
+		return err
+	}
+	b := m.Bytes()
+	b[0] = 1
+	sctx, scancel := context.WithTimeout(ctx, syncDelay/6)
+	err = m.Sync(sctx)
+	scancel()
+	fmt.Printf("SYNC %v\n", err)
+	if err == nil {
+		return fmt.Errorf("Sync returned before the backend's %v Sync", syncDelay)
+	}
+	b[0] = 2 // dirty again; its write-back fails
+	err = m.Close()
+	fmt.Printf("CLOSE %v\n", err)
+	if err == nil {
+		return fmt.Errorf("Close succeeded although the backend fails every write")
+	}
+	return nil
+}
+
+// TestCloseAfterTornReply cancels a Sync after part of its reply was read
+// (a stand-in agent sends half a frame header): the connection is torn, so
+// Close must not read it, must let the agent see the connection end (its
+// cue to write back), wait for the agent to close it, and say that the
+// write-back is unconfirmed.
+func TestCloseAfterTornReply(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conns := make([]*net.UnixConn, 2)
+	for i, fd := range fds {
+		f := os.NewFile(uintptr(fd), "socketpair")
+		c, err := net.FileConn(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns[i] = c.(*net.UnixConn)
+	}
+	prog, agent := conns[0], conns[1]
+	agentSaw := make(chan error, 1)
+	go func() {
+		defer agent.Close()
+		if _, _, err := readFrame(agent); err != nil {
+			agentSaw <- err
+			return
+		}
+		agent.Write([]byte{0, 0}) // half a reply header
+		_, _, err := readFrame(agent)
+		agentSaw <- err
+	}()
+	m := &Mapping{region: RegionRef{ID: 9}, conn: prog, uffd: -1, memfd: -1}
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	if err := m.Sync(ctx); err == nil {
+		t.Fatal("Sync succeeded on half a reply")
+	}
+	err = m.Close()
+	t.Log(err)
+	if err == nil || !strings.Contains(err.Error(), "write-back unconfirmed") {
+		t.Fatalf("Close after a torn reply: %v, want write-back unconfirmed", err)
+	}
+	if err := <-agentSaw; !errors.Is(err, io.EOF) {
+		t.Errorf("the agent read %v after the torn reply, want the connection's end (EOF)", err)
+	}
+}
+
+// TestCleanInstallOverPresentPage installs a chunk clean over a page that
+// is already there, writable (the program puts it in the memfd itself,
+// standing in for a writable install that failed part way, which left
+// pages behind in a chunk recorded absent). A write to that page must
+// still mark the chunk dirty, so that Sync writes it back.
+func TestCleanInstallOverPresentPage(t *testing.T) {
+	a := startAgent(t)
+	be := a.add(1, NewMemBackend(syncErrSize))
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	out := runHelper(t, ctx, "eexist", "FMAP_SOCK="+a.sock)
+	t.Log(out)
+	got := make([]byte, 1)
+	be.ReadAt(got, eexistAt)
+	if got[0] != 0x55 {
+		t.Fatalf("backend byte %d is %#x after Sync, want 0x55: the write to a page kept by a clean install was not written back", eexistAt, got[0])
+	}
+}
+
+// readSink keeps the compiler from dropping a read made to fault.
+var readSink byte
+
+// eexistAt is the byte the eexist program writes: page 1 of chunk 1.
+const eexistAt = DefaultChunkSize + 4096 + 7
+
+func helperEExist() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	m, err := Map(ctx, os.Getenv("FMAP_SOCK"), RegionRef{ID: 1}, Options{BufferBytes: syncErrSize})
+	if err != nil {
+		return err
+	}
+	page := make([]byte, 4096)
+	if _, err := unix.Pwrite(m.memfd, page, DefaultChunkSize+4096); err != nil {
+		return fmt.Errorf("put a page in the memfd: %w", err)
+	}
+	b := m.Bytes()
+	readSink = b[DefaultChunkSize] // a read fault on page 0: chunk 1 installed clean around page 1
+	b[eexistAt] = 0x55
+	if err := m.Sync(ctx); err != nil {
+		return err
+	}
+	st, err := m.Stats(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("STATS %+v\n", st)
+	return m.Close()
+}
+
+// TestEvictionCountsWithFailingWrites: with every write-back failing,
+// evictions of dirty chunks fail and the faults are served over capacity;
+// only the evictions that happened count as inline or background ones.
+func TestEvictionCountsWithFailingWrites(t *testing.T) {
+	a := startAgent(t)
+	be := a.add(1, NewMemBackend(syncErrSize))
+	be.failWrites.Store(true)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	t.Log(runHelper(t, ctx, "evictfail", "FMAP_SOCK="+a.sock))
+}
+
+func helperEvictFail() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const chunks = syncErrSize / DefaultChunkSize
+	m, err := Map(ctx, os.Getenv("FMAP_SOCK"), RegionRef{ID: 1}, Options{BufferBytes: 2 * DefaultChunkSize})
+	if err != nil {
+		return err
+	}
+	b := m.Bytes()
+	// Dirty chunks first, whose evictions fail, then clean ones, whose
+	// evictions work.
+	for c := range chunks / 2 {
+		b[c*DefaultChunkSize] = 1
+	}
+	for c := chunks / 2; c < chunks; c++ {
+		readSink = b[c*DefaultChunkSize]
+	}
+	serr := m.Sync(ctx)
+	st, err := m.Stats(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("STATS %+v\nSYNC %v\n", st, serr)
+	if serr == nil || st.Evictions == 0 {
+		return fmt.Errorf("want failed write-backs (Sync: %v) and some evictions (%d)", serr, st.Evictions)
+	}
+	if st.Inline+st.Background != st.Evictions {
+		return fmt.Errorf("%d inline + %d background evictions, but %d evictions", st.Inline, st.Background, st.Evictions)
+	}
+	m.Close() // fails: the backend takes no writes
+	return nil
 }

@@ -2,6 +2,7 @@ package fmap
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
@@ -131,4 +132,65 @@ func logStats(t *testing.T, out string) {
 			t.Log(l)
 		}
 	}
+}
+
+// The exit-dirty program writes exitDirtyChunks chunks through a buffer of
+// exitDirtyBuffer chunks and exits at once, without Close or reading
+// anything back: the chunks written last are still resident and dirty when
+// the kernel tears its memory down, before its socket closes.
+const (
+	exitDirtySize   = 2 << 20
+	exitDirtyChunks = 12
+	exitDirtyBuffer = 8
+)
+
+// exitDirtyByte is what the exit-dirty program writes at byte i.
+func exitDirtyByte(i int) byte { return byte(i/DefaultChunkSize*7 + i%251 + 1) }
+
+// TestExitWithDirtyChunks checks that the agent writes back the dirty
+// chunks of a program that exited without Close, although it can no longer
+// write-protect them (the program's mm is gone: ESRCH), and logs no error.
+func TestExitWithDirtyChunks(t *testing.T) {
+	a := startAgent(t)
+	be := a.add(1, NewMemBackend(exitDirtySize))
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	out := runHelper(t, ctx, "exit-dirty", "FMAP_SOCK="+a.sock)
+	logStats(t, out)
+	lines := a.log.wait(t, "fmap mapping ended\"")
+	for _, l := range lines {
+		if strings.Contains(l, "level=WARN") {
+			t.Errorf("agent: %s", l)
+		}
+	}
+	got := make([]byte, exitDirtySize)
+	be.ReadAt(got, 0)
+	for i := range exitDirtyChunks * DefaultChunkSize {
+		if got[i] != exitDirtyByte(i) {
+			t.Fatalf("backend byte %d (chunk %d) is %#x, want %#x: a dirty chunk was not written back",
+				i, i/DefaultChunkSize, got[i], exitDirtyByte(i))
+		}
+	}
+}
+
+func helperExitDirty() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	m, err := Map(ctx, os.Getenv("FMAP_SOCK"), RegionRef{ID: 1}, Options{BufferBytes: exitDirtyBuffer * DefaultChunkSize})
+	if err != nil {
+		return err
+	}
+	b := m.Bytes()
+	for i := range exitDirtyChunks * DefaultChunkSize {
+		b[i] = exitDirtyByte(i)
+	}
+	st, err := m.Stats(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("STATS %+v\n", st)
+	if st.Resident == 0 || st.Writebacks == uint64(exitDirtyChunks) {
+		return fmt.Errorf("stats %+v: want dirty chunks resident at exit", st)
+	}
+	return nil // exit with the mapping open and its last chunks dirty
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -55,6 +56,7 @@ type handler struct {
 	stats    Stats
 	err      error // first write-back error since the last Sync reported it
 	poison   error // why the first chunk was poisoned; every Sync reports it
+	gone     bool  // the program's mm is gone (it exited): nothing can write or fault any more
 
 	kick chan struct{}
 
@@ -82,6 +84,10 @@ type Stats struct {
 	Resident   int    `json:"resident"`   // chunks in the buffer now
 	Capacity   int    `json:"capacity"`   // the buffer's size in chunks
 }
+
+// Fetched is the number of chunks read from the backend: by faults and
+// ahead of them.
+func (s Stats) Fetched() uint64 { return s.Faults + s.ReadAhead }
 
 func newHandler(region RegionRef, be Backend, r resolved, uffd, memfd int, base uint64) *handler {
 	h := &handler{
@@ -180,8 +186,8 @@ func (h *handler) serve(ctx context.Context, m uffdMsg, buf []byte) {
 	warned := false       // a failed poisoning was reported
 	for backoff := time.Millisecond; ; backoff = min(2*backoff, time.Second) {
 		err := h.fault(m, buf)
-		if err == nil {
-			return
+		if err == nil || errors.Is(err, errGone) {
+			return // served, or the program exited: nobody waits
 		}
 		// The program's thread stays blocked until this fault is served;
 		// keep trying (a backend may come back) for FetchTimeout, then
@@ -391,7 +397,6 @@ func (h *handler) fault(m uffdMsg, buf []byte) error {
 			}
 			if h.occupied >= h.r.capacity {
 				if v := h.victimLocked(); v >= 0 {
-					h.stats.Inline++
 					if err := h.evictLocked(v, buf); err != nil {
 						// Serve the fault over capacity rather than leave the
 						// program blocked (or try every other victim against
@@ -399,6 +404,7 @@ func (h *handler) fault(m uffdMsg, buf []byte) error {
 						h.setErrLocked(err)
 						return h.fetchFaultLocked(ci, m, buf)
 					}
+					h.stats.Inline++ // an eviction that happened, as Evictions counts
 					continue
 				}
 				if h.occupied-h.lru.len() > 0 {
@@ -469,14 +475,18 @@ func (h *handler) install(ci int, off uint64, buf []byte, write bool) error {
 		return fmt.Errorf("fetch chunk %d (%d bytes at %d): %w", ci, valid, off, err)
 	}
 	clear(buf[valid:])
-	var mode uint64
+	// Copy without waking, and wake once the whole chunk is in place: a
+	// thread woken after part of it could otherwise write a page that was
+	// already there before the fallback below protects it.
+	mode := uint64(copyModeDontWake)
 	if !write {
-		mode = copyModeWP
+		mode |= copyModeWP
 	}
 	done, err := uffdCopy(h.uffd, h.base+off, buf, mode)
 	if errors.Is(err, unix.EEXIST) {
-		// Some page of the chunk is present although the chunk was absent;
-		// install the rest page by page and keep what is there.
+		// Some page of the chunk is present although the chunk was absent
+		// (a writable install that failed part way left it); install the
+		// rest page by page and keep what is there.
 		err = nil
 		page := h.r.pageSize
 		for p := done - done%page + page; p < len(buf) && err == nil; p += page {
@@ -485,9 +495,15 @@ func (h *handler) install(ci int, off uint64, buf []byte, write bool) error {
 				err = nil
 			}
 		}
-		if err == nil {
-			err = uffdWake(h.uffd, h.base+off, uint64(len(buf)))
+		if err == nil && !write {
+			// A page kept may be writable, and a write to it would then
+			// never mark the chunk dirty: protect them all, as a clean
+			// chunk must be (a page not mapped yet gets a marker).
+			err = uffdWriteProtect(h.uffd, h.base+off, uint64(len(buf)), true)
 		}
+	}
+	if err == nil {
+		err = uffdWake(h.uffd, h.base+off, uint64(len(buf)))
 	}
 	if err != nil {
 		return fmt.Errorf("install chunk %d (UFFDIO_COPY %d bytes at %#x): %w", ci, len(buf), h.base+off, err)
@@ -518,7 +534,7 @@ func (h *handler) evictLocked(ci int, buf []byte) error {
 	// Protect before reading: a write from here on faults and waits for the
 	// eviction instead of landing after the data was read and being lost
 	// when the hole is punched.
-	if err := uffdWriteProtect(h.uffd, h.base+off, n, true); err != nil {
+	if err := h.protectLocked(off, n); err != nil {
 		h.state[ci] = resident
 		h.lru.pushFront(ci)
 		h.cond.Broadcast()
@@ -555,6 +571,23 @@ func (h *handler) evictLocked(ci int, buf []byte) error {
 		h.stats.Writebacks++
 	}
 	return nil
+}
+
+// protectLocked write-protects [off, off+n) of the mapping before its data
+// is read for write-back. When the program has exited, the kernel tore its
+// mm down before closing its sockets, and the ioctl fails with ESRCH: then
+// nothing can write the chunk any more, so it needs no protection, and its
+// bytes are still in the memfd, which the agent holds and writes back from.
+func (h *handler) protectLocked(off, n uint64) error {
+	if h.gone {
+		return nil
+	}
+	err := uffdWriteProtect(h.uffd, h.base+off, n, true)
+	if errors.Is(err, errGone) {
+		h.gone = true
+		return nil
+	}
+	return err
 }
 
 // writeBack copies chunk ci from the memfd to the backend. pread on a shmem
@@ -607,10 +640,13 @@ func (h *handler) cleaner(ctx context.Context) {
 
 // flush writes every dirty chunk back without evicting it, waits for
 // evictions in flight, then syncs the backend. It reports and clears the
-// first error the background work met since the last flush.
-func (h *handler) flush() error {
+// first error the background work met since the last flush. final says
+// the mapping ends after it (Close, or the program is gone), so that a
+// chunk whose write-back failed gets no later try.
+func (h *handler) flush(final bool) error {
 	buf := make([]byte, h.r.chunk)
 	var errs []error
+	failed := 0 // chunks left dirty
 	h.mu.Lock()
 	for ci := range h.state {
 		for h.state[ci] == evicting || h.state[ci] == fetching {
@@ -621,8 +657,9 @@ func (h *handler) flush() error {
 		}
 		off, n := h.span(ci)
 		h.state[ci] = flushing
-		if err := uffdWriteProtect(h.uffd, h.base+off, n, true); err != nil {
+		if err := h.protectLocked(off, n); err != nil {
 			h.state[ci] = resident
+			failed++
 			errs = append(errs, fmt.Errorf("protect chunk %d for write-back: %w", ci, err))
 			continue
 		}
@@ -634,6 +671,7 @@ func (h *handler) flush() error {
 		h.cond.Broadcast()
 		if err != nil {
 			h.dirty[ci] = true
+			failed++
 			errs = append(errs, err)
 			continue
 		}
@@ -651,14 +689,28 @@ func (h *handler) flush() error {
 	if err := h.be.Sync(); err != nil {
 		errs = append(errs, fmt.Errorf("sync backend: %w", err))
 	}
-	switch len(errs) {
-	case 0:
+	if len(errs) == 0 {
 		return nil
-	case 1:
-		return errs[0]
 	}
 	// One line, not one per chunk: a failing backend fails them all.
-	return fmt.Errorf("%w (and %d more errors; chunks whose write-back failed stay dirty for the next Sync)", errs[0], len(errs)-1)
+	var notes []string
+	if len(errs) > 1 {
+		notes = append(notes, fmt.Sprintf("and %d more errors", len(errs)-1))
+	}
+	switch {
+	case failed > 0 && final:
+		what := fmt.Sprintf("%d chunks", failed)
+		if failed == 1 {
+			what = "1 chunk"
+		}
+		notes = append(notes, fmt.Sprintf("the mapping ends: the writes in the %s whose write-back failed are lost", what))
+	case failed > 0:
+		notes = append(notes, "chunks whose write-back failed stay dirty for the next Sync")
+	}
+	if len(notes) == 0 {
+		return errs[0]
+	}
+	return fmt.Errorf("%w (%s)", errs[0], strings.Join(notes, "; "))
 }
 
 // snapshot returns the handler's counters.

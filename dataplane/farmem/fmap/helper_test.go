@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -61,19 +62,20 @@ type testAgent struct {
 	regs map[uint64]*countingBackend
 	// advisors are served before regs (set before the first Map).
 	advisors map[uint64]Backend
+	log      *logLines // the agent's log lines
 }
 
 func startAgent(t testing.TB) *testAgent {
 	t.Helper()
 	testenv.RequirePriv(t)
-	a := &testAgent{sock: filepath.Join(t.TempDir(), "agent.sock"), regs: map[uint64]*countingBackend{}}
+	a := &testAgent{sock: filepath.Join(t.TempDir(), "agent.sock"), regs: map[uint64]*countingBackend{}, log: &logLines{}}
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: a.sock, Net: "unix"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	agent := &Agent{Logger: slog.New(slog.NewTextHandler(tbWriter{t}, nil))}
+	agent := &Agent{Logger: slog.New(slog.NewTextHandler(tbWriter{t, a.log}, nil))}
 	go func() { done <- agent.Serve(ctx, ln, a.open) }()
 	t.Cleanup(func() {
 		cancel()
@@ -84,12 +86,46 @@ func startAgent(t testing.TB) *testAgent {
 	return a
 }
 
-// tbWriter sends the agent's log lines to the test's log.
-type tbWriter struct{ tb testing.TB }
+// tbWriter sends the agent's log lines to the test's log and keeps them.
+type tbWriter struct {
+	tb    testing.TB
+	lines *logLines
+}
 
 func (w tbWriter) Write(p []byte) (int, error) {
-	w.tb.Log(strings.TrimSuffix(string(p), "\n"))
+	l := strings.TrimSuffix(string(p), "\n")
+	w.tb.Log(l)
+	w.lines.mu.Lock()
+	w.lines.l = append(w.lines.l, l)
+	w.lines.mu.Unlock()
 	return len(p), nil
+}
+
+// logLines are the agent's log lines so far.
+type logLines struct {
+	mu sync.Mutex
+	l  []string
+}
+
+// wait waits until a line containing s is logged and returns every line
+// logged by then.
+func (ll *logLines) wait(t testing.TB, s string) []string {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ll.mu.Lock()
+		lines := slices.Clone(ll.l)
+		ll.mu.Unlock()
+		for _, l := range lines {
+			if strings.Contains(l, s) {
+				return lines
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent logged no %q in 30 s", s)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 func (a *testAgent) add(id uint64, be *MemBackend) *countingBackend {
@@ -157,6 +193,14 @@ func helperProcess(role string) error {
 		err = helperFetchFail()
 	case "readahead":
 		err = helperReadAhead()
+	case "cancelsync":
+		err = helperCancelSync()
+	case "evictfail":
+		err = helperEvictFail()
+	case "eexist":
+		err = helperEExist()
+	case "exit-dirty":
+		err = helperExitDirty()
 	default:
 		err = fmt.Errorf("unknown role %q", role)
 	}

@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/internal/fdpass"
 )
 
 // ErrClosed is returned by Sync and Close on a closed Mapping.
@@ -27,7 +30,12 @@ type Mapping struct {
 	uffd   int
 	memfd  int
 	closed bool
-	broken error // why conn can no longer carry requests
+	broken error // why conn can no longer carry Sync, Stats or Advise (Close still goes through)
+	// What cancelled requests left on conn, for Close: replies still to
+	// come, and whether a cancel cut a frame in the middle (then no reply
+	// on conn can be read any more).
+	pending int
+	torn    bool
 }
 
 // Map maps region through the host agent listening on agentSocket. The
@@ -144,52 +152,76 @@ func (m *Mapping) Bytes() []byte { return m.mem[:m.size:m.size] }
 func (m *Mapping) Size() int64 { return m.size }
 
 // Sync writes every dirty chunk back to the region and makes it durable.
-// Writes that race with Sync may or may not be included.
+// Writes that race with Sync may or may not be included. If ctx ends
+// first, the agent still finishes the write-back, but the mapping takes
+// no more requests but Close.
 func (m *Mapping) Sync(ctx context.Context) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.closed {
-		return ErrClosed
-	}
-	if m.broken != nil {
-		return fmt.Errorf("fmap: %s: sync: %w; Close the mapping", m.region, m.broken)
-	}
-	stop := context.AfterFunc(ctx, func() { m.conn.SetDeadline(time.Unix(1, 0)) })
-	_, err := call(m.conn, frame{Op: opSync})
-	if !stop() {
-		// The deadline fired: half a reply may be left on the connection.
-		m.broken = fmt.Errorf("an earlier sync was cancelled (%w)", ctx.Err())
-		return fmt.Errorf("fmap: %s: sync: %w", m.region, ctx.Err())
-	}
-	if err != nil {
-		return fmt.Errorf("fmap: %s: sync: %w", m.region, err)
-	}
-	return nil
+	_, err := m.roundTrip(ctx, frame{Op: opSync})
+	return err
 }
 
 // Stats returns the host agent's counters for this mapping.
 func (m *Mapping) Stats(ctx context.Context) (Stats, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.closed {
-		return Stats{}, ErrClosed
-	}
-	if m.broken != nil {
-		return Stats{}, fmt.Errorf("fmap: %s: stats: %w; Close the mapping", m.region, m.broken)
-	}
-	stop := context.AfterFunc(ctx, func() { m.conn.SetDeadline(time.Unix(1, 0)) })
-	resp, err := call(m.conn, frame{Op: opStats})
-	if !stop() {
-		m.broken = fmt.Errorf("an earlier request was cancelled (%w)", ctx.Err())
-		return Stats{}, fmt.Errorf("fmap: %s: stats: %w", m.region, ctx.Err())
-	}
+	resp, err := m.roundTrip(ctx, frame{Op: opStats})
 	if err != nil {
-		return Stats{}, fmt.Errorf("fmap: %s: stats: %w", m.region, err)
+		return Stats{}, err
 	}
 	if resp.Stats == nil {
 		return Stats{}, fmt.Errorf("fmap: %s: stats: the agent sent none", m.region)
 	}
 	return *resp.Stats, nil
+}
+
+// roundTrip sends req and reads its reply, giving up when ctx ends; m.mu
+// must be held. A request given up on leaves conn for Close only, and notes
+// what it left there: a reply still to come, or a frame cut in the middle.
+func (m *Mapping) roundTrip(ctx context.Context, req frame) (frame, error) {
+	if m.closed {
+		return frame{}, ErrClosed
+	}
+	if m.broken != nil {
+		return frame{}, fmt.Errorf("fmap: %s: %s: %w; Close the mapping", m.region, req.Op, m.broken)
+	}
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		m.conn.SetDeadline(time.Unix(1, 0))
+		close(fired)
+	})
+	var resp frame
+	var rerr error
+	werr := writeFrame(m.conn, req)
+	if werr == nil {
+		var fds []int
+		resp, fds, rerr = readFrame(m.conn)
+		closeAll(fds)
+	}
+	if !stop() {
+		// The deadline fired; wait for it to be set, so that Close's reset
+		// comes after it.
+		<-fired
+		switch {
+		case errors.Is(werr, fdpass.ErrTorn) || errors.Is(rerr, fdpass.ErrTorn):
+			m.torn = true
+		case werr == nil && rerr != nil:
+			m.pending++ // sent, and no byte of its reply read
+		}
+		m.broken = fmt.Errorf("an earlier %s was cancelled (%w)", req.Op, ctx.Err())
+		return frame{}, fmt.Errorf("fmap: %s: %s: %w", m.region, req.Op, ctx.Err())
+	}
+	if werr != nil {
+		return frame{}, fmt.Errorf("fmap: %s: send %s: %w", m.region, req.Op, werr)
+	}
+	if rerr != nil {
+		return frame{}, fmt.Errorf("fmap: %s: %s: read reply: %w", m.region, req.Op, rerr)
+	}
+	if resp.Err != "" {
+		return frame{}, fmt.Errorf("fmap: %s: %s: %s", m.region, req.Op, resp.Err)
+	}
+	return resp, nil
 }
 
 // Close writes every dirty chunk back, makes it durable, and unmaps the
@@ -202,11 +234,18 @@ func (m *Mapping) Close() error {
 		return ErrClosed
 	}
 	m.closed = true
-	var err error
 	if m.broken != nil {
 		m.conn.SetDeadline(time.Time{})
 	}
-	_, err = call(m.conn, frame{Op: opClose})
+	var err error
+	if m.torn {
+		err = m.abandon()
+	} else {
+		err = m.skipPending()
+		if err == nil {
+			_, err = call(m.conn, frame{Op: opClose})
+		}
+	}
 	if rerr := m.release(); err == nil {
 		err = rerr
 	}
@@ -214,6 +253,35 @@ func (m *Mapping) Close() error {
 		return fmt.Errorf("fmap: %s: close: %w", m.region, err)
 	}
 	return nil
+}
+
+// skipPending reads and drops the replies of requests that were cancelled
+// after they were sent, so that Close reads its own reply, not a stale one
+// (which would let it release the mapping before the agent's write-back).
+func (m *Mapping) skipPending() error {
+	for ; m.pending > 0; m.pending-- {
+		_, fds, err := readFrame(m.conn)
+		closeAll(fds)
+		if err != nil {
+			return fmt.Errorf("read the reply to a cancelled request: %w", err)
+		}
+	}
+	return nil
+}
+
+// abandon ends a connection that a cancelled request left mid-frame, where
+// no reply can be read: it shuts the sending side, which makes the agent
+// write the dirty chunks back as for a program that exited, and waits for
+// the agent to close its side, so that the memory stays mapped until that
+// write-back has ended.
+func (m *Mapping) abandon() error {
+	if err := m.conn.CloseWrite(); err != nil {
+		return fmt.Errorf("write-back unconfirmed: end the connection to the host agent: %w", err)
+	}
+	io.Copy(io.Discard, m.conn)
+	return errors.New("write-back unconfirmed: an earlier request was cancelled in the middle of a frame, " +
+		"so no reply can be read; the host agent wrote the dirty chunks back when the connection ended, " +
+		"and its log says whether that failed")
 }
 
 func (m *Mapping) release() error {

@@ -39,7 +39,8 @@ const (
 	registerModeMissing = 1 << 0 // UFFDIO_REGISTER_MODE_MISSING
 	registerModeWP      = 1 << 1 // UFFDIO_REGISTER_MODE_WP
 
-	copyModeWP = 1 << 1 // UFFDIO_COPY_MODE_WP
+	copyModeDontWake = 1 << 0 // UFFDIO_COPY_MODE_DONTWAKE
+	copyModeWP       = 1 << 1 // UFFDIO_COPY_MODE_WP
 
 	writeProtectModeWP = 1 << 0 // UFFDIO_WRITEPROTECT_MODE_WP
 
@@ -110,11 +111,19 @@ func parseMsg(b []byte) uffdMsg {
 
 func ioctl(fd int, req uint, arg unsafe.Pointer) error {
 	_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), uintptr(req), uintptr(arg))
-	if e != 0 {
-		return e
+	switch e {
+	case 0:
+		return nil
+	case unix.ESRCH:
+		return errGone
 	}
-	return nil
+	return e
 }
+
+// errGone is a userfaultfd ioctl's ESRCH: the mm that created the
+// userfaultfd is gone (the program exited, or exec'd), so no fault is
+// left to serve and nothing can write its memory any more.
+var errGone = fmt.Errorf("the program's memory is gone (it exited): %w", unix.ESRCH)
 
 // errUffdPerm is what openUffd reports when neither way of creating a
 // userfaultfd is allowed.

@@ -519,22 +519,35 @@ func (h *hintAhead) claim(lo int) {
 	h.front = max(h.front, lo/h.grain+1)
 	// A block claimed before it was hinted is read now: too late to hint.
 	h.next = max(h.next, h.front)
-	for h.next < len(h.sizes) && h.outstanding() < h.e.ahead {
+	// After a fault on the graph's bytes the run is ending: hint no more.
+	for h.next < len(h.sizes) && h.outstanding() < h.e.ahead && h.e.lost.Load() == nil {
 		nb := h.next
 		h.next++
-		h.sizes[nb] = h.e.grain
-		// The extents read offsets, which may fault: not under the lock
-		// that the other workers' claims wait on.
-		h.mu.Unlock()
-		lo := nb * h.grain
-		ext := h.extents(lo, min(lo+h.grain, h.n))
-		bytes := h.e.entryBytes(ext)
-		if len(ext) > 0 {
-			h.e.hints.Hint(ext)
-		}
-		h.mu.Lock()
-		h.sizes[nb] = bytes
+		h.sizes[nb] = h.e.grain // one entry while hint runs unlocked
+		h.sizes[nb] = h.hint(nb)
 	}
+}
+
+// hint hints block nb and returns the entry bytes it named. It is called
+// with h.mu held and runs without it: the extents read offsets, which may
+// fault (far memory), so not under the lock that the other workers' claims
+// wait on. Those reads run guarded like the workers' own: a fault ends the
+// run with ErrFarMemory (and hints nothing) instead of crashing the
+// program. The deferred Lock keeps claim's deferred Unlock right even if
+// a panic that is not the graph's passes through.
+func (h *hintAhead) hint(nb int) uint64 {
+	h.mu.Unlock()
+	defer h.mu.Lock()
+	lo := nb * h.grain
+	var ext []fmap.Extent
+	h.e.guarded(func() error {
+		ext = h.extents(lo, min(lo+h.grain, h.n))
+		return nil
+	})
+	if len(ext) > 0 {
+		h.e.hints.Hint(ext)
+	}
+	return h.e.entryBytes(ext)
 }
 
 // outstanding is the entry bytes hinted for blocks not yet claimed.

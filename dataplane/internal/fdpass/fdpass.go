@@ -9,12 +9,19 @@ package fdpass
 import (
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 
 	"golang.org/x/sys/unix"
 )
+
+// ErrTorn marks a Read or Write that failed after part of its frame had
+// crossed the connection (mostly a deadline in the middle of a frame): the
+// stream is no longer at a frame boundary, so nothing more read from it
+// can be trusted. A failure with ErrTorn absent moved no byte of the frame.
+var ErrTorn = errors.New("connection torn mid-frame")
 
 // MaxFrame is the largest JSON body accepted; a longer one means the peer
 // speaks another protocol.
@@ -45,15 +52,20 @@ func Write(c *net.UnixConn, v any, fds ...int) error {
 	}
 	n, oobn, err := c.WriteMsgUnix(msg, oob, nil)
 	if err != nil {
+		if n > 0 {
+			return fmt.Errorf("%w: %w", ErrTorn, err)
+		}
 		return err
 	}
 	if oobn != len(oob) {
-		return fmt.Errorf("sent %d of %d bytes of descriptors", oobn, len(oob))
+		return fmt.Errorf("%w: sent %d of %d bytes of descriptors", ErrTorn, oobn, len(oob))
 	}
 	if n < len(msg) {
-		_, err = c.Write(msg[n:])
+		if _, err := c.Write(msg[n:]); err != nil {
+			return fmt.Errorf("%w: %w", ErrTorn, err)
+		}
 	}
-	return err
+	return nil
 }
 
 // Read reads one frame into v and returns the descriptors sent with it,
@@ -68,7 +80,7 @@ func Read(c *net.UnixConn, v any) ([]int, error) {
 		var perr error
 		fds, perr = parseRights(oob[:oobn])
 		if perr != nil {
-			return nil, perr
+			return nil, fmt.Errorf("%w: %w", ErrTorn, perr)
 		}
 	}
 	if err == nil && n == 0 {
@@ -79,17 +91,20 @@ func Read(c *net.UnixConn, v any) ([]int, error) {
 	}
 	if err != nil {
 		CloseAll(fds)
+		if n > 0 { // part of the header was read
+			err = fmt.Errorf("%w: %w", ErrTorn, err)
+		}
 		return nil, err
 	}
 	size := binary.BigEndian.Uint32(hdr[:])
 	if size > MaxFrame {
 		CloseAll(fds)
-		return nil, fmt.Errorf("frame of %d bytes: larger than %d, not a Lovelock peer", size, MaxFrame)
+		return nil, fmt.Errorf("frame of %d bytes: larger than %d, not a Lovelock peer (%w)", size, MaxFrame, ErrTorn)
 	}
 	body := make([]byte, size)
 	if _, err := io.ReadFull(c, body); err != nil {
 		CloseAll(fds)
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrTorn, err)
 	}
 	if err := json.Unmarshal(body, v); err != nil {
 		CloseAll(fds)
