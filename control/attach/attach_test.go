@@ -377,6 +377,47 @@ func TestAdoptRecreatedInterface(t *testing.T) {
 	})
 }
 
+// TestDetachClsactGone: a clsact attachment whose interface was deleted
+// detaches (its filter went with the interface; the marker goes now) rather
+// than failing on the missing interface and leaving the node degraded.
+func TestDetachClsactGone(t *testing.T) {
+	ns := testenv.NewNetNS(t)
+	dir := filepath.Join(testenv.BPFFS(t), "lovelock")
+	vethAB(t, ns)
+	testenv.InNetNS(t, ns, func() error {
+		n, err := attach.Open(attach.Options{Dir: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer n.Close()
+		hooks := []attach.Hook{attach.HookTCIngress, attach.HookTCEgress}
+		for _, h := range hooks {
+			if _, err := n.Attach(attach.Attachment{Iface: "a", Hook: h, Mode: attach.ModeClsact}); err != nil {
+				t.Fatalf("attach %s: %v", h, err)
+			}
+		}
+		l, err := netlink.LinkByName("a")
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkDel(l); err != nil {
+			return err
+		}
+		for _, h := range hooks {
+			if err := n.Detach("a", h); err != nil {
+				t.Errorf("detach %s with the interface gone: %v", h, err)
+			}
+		}
+		if got, err := n.Attachments(); err != nil || len(got) != 0 {
+			t.Errorf("attachments after detach: %+v, %v; want none", got, err)
+		}
+		if err := n.Detach("a", attach.HookTCIngress); !errors.Is(err, attach.ErrNotAttached) {
+			t.Errorf("second detach: %v, want ErrNotAttached", err)
+		}
+		return nil
+	})
+}
+
 // TestOpenPortMismatch: pins loaded for one Lovelock port are refused by a
 // node configured for another (the port is a load-time constant the tag
 // check cannot see), and left as they were.
