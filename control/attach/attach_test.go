@@ -167,6 +167,31 @@ func TestOpenBadInput(t *testing.T) {
 	})
 }
 
+// TestOpenMissingParent: a pin directory whose parent does not exist yet
+// is fine on a bpffs (Open creates it), and still "not on a bpffs mount"
+// elsewhere.
+func TestOpenMissingParent(t *testing.T) {
+	fs := testenv.BPFFS(t)
+	for _, d := range []string{filepath.Join(fs, "missing"), filepath.Join(fs, "missing", "deeper")} {
+		if err := attach.CheckBPFFS(d); err != nil {
+			t.Errorf("check %s under a bpffs: %v, want nil", d, err)
+		}
+	}
+	off := filepath.Join(t.TempDir(), "missing")
+	if err := attach.CheckBPFFS(off); !errors.Is(err, attach.ErrNoBPFFS) || !strings.Contains(err.Error(), "nearest existing parent") {
+		t.Errorf("check %s off bpffs: %v, want ErrNoBPFFS naming the parent", off, err)
+	}
+	dir := filepath.Join(fs, "missing", "lovelock")
+	n, err := attach.Open(attach.Options{Dir: dir})
+	if err != nil {
+		t.Fatalf("open %s: %v", dir, err)
+	}
+	defer n.Close()
+	if _, err := os.Stat(filepath.Join(dir, bpf.PinProgXDP)); !n.Loaded || err != nil {
+		t.Errorf("open %s: loaded=%v, pinned program: %v", dir, n.Loaded, err)
+	}
+}
+
 // TestClsact attaches the TC classifier the way kernels without tcx need:
 // a direct-action filter on a clsact qdisc, recorded beside the pins, adopted
 // on a second attach, classifying real packets, and gone after detach.
