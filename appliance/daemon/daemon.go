@@ -87,6 +87,12 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 		}
 		state.Rules, state.HasRules = *set, true
 	}
+	// The data plane's rule counters are kept by ID, and the rule file (or
+	// a state file written before IDs were recorded) gives none: assign
+	// them as an upgrade's fill does, so the same file gets the same IDs at
+	// every start and reconcile finds them live, not new (a new ID's
+	// counters are zeroed).
+	withIDs(&state.Rules)
 	// Pins of another build or port are upgraded under traffic
 	// (docs/steering.md, "Upgrades"): the new maps get the operator's
 	// rule set before any link runs the new programs.
@@ -129,14 +135,20 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 // rules come back as its services bind.
 func fillUpgrade(s *bpf.Steer, op rules.Set, port uint16) error {
 	set := cloneSet(op)
-	if slices.ContainsFunc(set.Rules, func(r rules.Rule) bool { return r.ID == 0 }) {
-		assignIDs(&set, rules.Set{})
-	}
+	withIDs(&set)
 	compiled, err := rules.Compile(&set, resolveIface, port)
 	if err != nil {
 		return fmt.Errorf("the state file's rules: %w (the old data plane keeps running)", err)
 	}
 	return s.Apply(compiled)
+}
+
+// withIDs gives set's rules IDs when any lacks one: 1..n in rule order,
+// which depends on the set alone (assignIDs against no live set).
+func withIDs(set *rules.Set) {
+	if slices.ContainsFunc(set.Rules, func(r rules.Rule) bool { return r.ID == 0 }) {
+		assignIDs(set, rules.Set{})
+	}
 }
 
 // logUpgrade says what Open swapped.
@@ -168,7 +180,8 @@ func (d *Daemon) reconcile() {
 	// as this daemon knows; lovelockd's own rules from an earlier run, if
 	// any are left, go with this swap.
 	d.live = d.state.Rules
-	if _, err := d.install(d.state.Rules, nil); err != nil {
+	op, err := d.install(d.state.Rules, nil)
+	if err != nil {
 		err = rulesFailure(err, d.node.Loaded)
 		if d.node.Loaded {
 			d.live = rules.Set{}
@@ -177,6 +190,9 @@ func (d *Daemon) reconcile() {
 		d.log.Error("restore rules", "err", err)
 		return
 	}
+	// Keep the IDs: the state file, saved with the next change, records
+	// them for the next start.
+	d.state.Rules = op
 	d.log.Info("rules applied", "rules", len(d.state.Rules.Rules), "default", d.state.Rules.Default)
 }
 

@@ -1,12 +1,20 @@
 package daemon
 
 import (
+	"encoding/binary"
+	"io"
+	"log/slog"
+	"os"
 	"path/filepath"
 	"reflect"
 	"testing"
 
+	"github.com/cilium/ebpf"
+
+	"github.com/lovelock-dpu/lovelock/appliance/config"
 	"github.com/lovelock-dpu/lovelock/control/attach"
 	"github.com/lovelock-dpu/lovelock/control/rules"
+	"github.com/lovelock-dpu/lovelock/control/testenv"
 )
 
 func names(ids ...string) []rules.Rule {
@@ -67,5 +75,84 @@ func TestStateRoundTrip(t *testing.T) {
 	}
 	if s, err := LoadState(filepath.Join(t.TempDir(), "missing.json")); err != nil || s.HasRules {
 		t.Errorf("missing state file: %+v, %v; want empty state", s, err)
+	}
+}
+
+// udpFrame is an Ethernet/IPv4/UDP frame to dport.
+func udpFrame(dport uint16) []byte {
+	f := make([]byte, 14+20+8+4)
+	binary.BigEndian.PutUint16(f[12:], 0x0800)
+	ip := f[14:]
+	ip[0], ip[8], ip[9] = 0x45, 64, 17
+	binary.BigEndian.PutUint16(ip[2:], 20+8+4)
+	copy(ip[12:], []byte{10, 0, 0, 1, 10, 0, 0, 2})
+	binary.BigEndian.PutUint16(ip[20:], 5555)
+	binary.BigEndian.PutUint16(ip[22:], dport)
+	binary.BigEndian.PutUint16(ip[24:], 8+4)
+	return f
+}
+
+// TestConfigRulesKeepCounters: rules from the config's rule file have no
+// IDs; a restart over the same pins, and an upgrade to another port, must
+// find them under the IDs they had and leave their counters alone.
+func TestConfigRulesKeepCounters(t *testing.T) {
+	dir := t.TempDir()
+	cfg := config.Defaults()
+	cfg.PinDir = filepath.Join(testenv.BPFFS(t), "lovelock")
+	cfg.State = filepath.Join(dir, "state.json")
+	cfg.Socket = filepath.Join(dir, "api.sock")
+	cfg.Metrics = ""
+	cfg.Rules = filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(cfg.Rules, []byte(`rules:
+  - {name: a, priority: 1, match: {proto: udp, dport: 7000}, action: drop}
+  - {name: b, priority: 1, match: {proto: udp, dport: 7001}, action: pass}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	counts := func(d *Daemon) map[string]uint64 {
+		t.Helper()
+		st, err := d.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]uint64{}
+		for _, r := range st.Rules {
+			m[r.Name] = r.Counter.Packets
+		}
+		return m
+	}
+	d, err := New(cfg, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for port, n := range map[uint16]int{7000: 3, 7001: 2} {
+		for range n {
+			if _, err := d.node.Steer.XDP.Run(&ebpf.RunOptions{Data: udpFrame(port)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	want := map[string]uint64{"a": 3, "b": 2}
+	if got := counts(d); !reflect.DeepEqual(got, want) {
+		t.Fatalf("counters after traffic: %v, want %v", got, want)
+	}
+	d.Close()
+
+	// A restart adopts the pins; an upgrade (another port) carries the
+	// counters into new maps. Neither may zero them.
+	for _, port := range []uint16{cfg.Port, 5555} {
+		cfg.Port = port
+		d, err := New(cfg, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := counts(d); !reflect.DeepEqual(got, want) {
+			t.Errorf("port %d, loaded %v, upgraded %v: counters %v, want %v", port, d.node.Loaded, d.node.Upgraded != nil, got, want)
+		}
+		if got := idsOf(d.state.Rules); !reflect.DeepEqual(got, map[string]uint32{"a": 1, "b": 2}) {
+			t.Errorf("port %d: state's rule IDs %v, want a 1, b 2", port, got)
+		}
+		d.Close()
 	}
 }

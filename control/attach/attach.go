@@ -527,15 +527,27 @@ func holder(path string) string {
 	return fmt.Sprintf("pid %d", pid)
 }
 
+// checkBPFFS checks that dir is on a bpffs mount. A dir that does not exist
+// yet is fine when its nearest existing ancestor is on one: loading pins
+// creates the missing directories (bpf.Steer.Pin's MkdirAll).
 func checkBPFFS(dir string) error {
 	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("%s does not exist: %w", dir, ErrNoBPFFS)
+	at := dir
+	for {
+		err := unix.Statfs(at, &st)
+		if err == nil {
+			break
 		}
-		return err
+		up := filepath.Dir(at)
+		if !errors.Is(err, unix.ENOENT) || up == at {
+			return fmt.Errorf("%s: %w", at, err)
+		}
+		at = up
 	}
 	if st.Type != unix.BPF_FS_MAGIC {
+		if at != dir {
+			return fmt.Errorf("%s does not exist, and %s, its nearest existing parent, is %w", dir, at, ErrNoBPFFS)
+		}
 		return ErrNoBPFFS
 	}
 	return nil

@@ -167,6 +167,31 @@ func TestOpenBadInput(t *testing.T) {
 	})
 }
 
+// TestOpenMissingParent: a pin directory whose parent does not exist yet
+// is fine on a bpffs (Open creates it), and still "not on a bpffs mount"
+// elsewhere.
+func TestOpenMissingParent(t *testing.T) {
+	fs := testenv.BPFFS(t)
+	for _, d := range []string{filepath.Join(fs, "missing"), filepath.Join(fs, "missing", "deeper")} {
+		if err := attach.CheckBPFFS(d); err != nil {
+			t.Errorf("check %s under a bpffs: %v, want nil", d, err)
+		}
+	}
+	off := filepath.Join(t.TempDir(), "missing")
+	if err := attach.CheckBPFFS(off); !errors.Is(err, attach.ErrNoBPFFS) || !strings.Contains(err.Error(), "nearest existing parent") {
+		t.Errorf("check %s off bpffs: %v, want ErrNoBPFFS naming the parent", off, err)
+	}
+	dir := filepath.Join(fs, "missing", "lovelock")
+	n, err := attach.Open(attach.Options{Dir: dir})
+	if err != nil {
+		t.Fatalf("open %s: %v", dir, err)
+	}
+	defer n.Close()
+	if _, err := os.Stat(filepath.Join(dir, bpf.PinProgXDP)); !n.Loaded || err != nil {
+		t.Errorf("open %s: loaded=%v, pinned program: %v", dir, n.Loaded, err)
+	}
+}
+
 // TestClsact attaches the TC classifier the way kernels without tcx need:
 // a direct-action filter on a clsact qdisc, recorded beside the pins, adopted
 // on a second attach, classifying real packets, and gone after detach.
@@ -372,6 +397,47 @@ func TestAdoptRecreatedInterface(t *testing.T) {
 		}
 		if filters, err := netlink.FilterList(b, netlink.HANDLE_MIN_INGRESS); err != nil || len(filters) != 1 {
 			t.Errorf("re-created b's ingress filters: %v %v, want one", filters, err)
+		}
+		return nil
+	})
+}
+
+// TestDetachClsactGone: a clsact attachment whose interface was deleted
+// detaches (its filter went with the interface; the marker goes now) rather
+// than failing on the missing interface and leaving the node degraded.
+func TestDetachClsactGone(t *testing.T) {
+	ns := testenv.NewNetNS(t)
+	dir := filepath.Join(testenv.BPFFS(t), "lovelock")
+	vethAB(t, ns)
+	testenv.InNetNS(t, ns, func() error {
+		n, err := attach.Open(attach.Options{Dir: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer n.Close()
+		hooks := []attach.Hook{attach.HookTCIngress, attach.HookTCEgress}
+		for _, h := range hooks {
+			if _, err := n.Attach(attach.Attachment{Iface: "a", Hook: h, Mode: attach.ModeClsact}); err != nil {
+				t.Fatalf("attach %s: %v", h, err)
+			}
+		}
+		l, err := netlink.LinkByName("a")
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkDel(l); err != nil {
+			return err
+		}
+		for _, h := range hooks {
+			if err := n.Detach("a", h); err != nil {
+				t.Errorf("detach %s with the interface gone: %v", h, err)
+			}
+		}
+		if got, err := n.Attachments(); err != nil || len(got) != 0 {
+			t.Errorf("attachments after detach: %+v, %v; want none", got, err)
+		}
+		if err := n.Detach("a", attach.HookTCIngress); !errors.Is(err, attach.ErrNotAttached) {
+			t.Errorf("second detach: %v, want ErrNotAttached", err)
 		}
 		return nil
 	})

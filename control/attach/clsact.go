@@ -61,13 +61,19 @@ func (n *Node) attachClsact(a Attachment, ifindex int, prog *ebpf.Program) error
 	return nil
 }
 
+// detachClsact deletes the filter and its marker. When the interface is
+// gone, so is its filter (with its qdisc): only the marker is left to remove.
 func (n *Node) detachClsact(iface string, hook Hook) error {
 	l, err := netlink.LinkByName(iface)
-	if err != nil {
+	var notFound netlink.LinkNotFoundError
+	switch {
+	case errors.As(err, &notFound):
+	case err != nil:
 		return fmt.Errorf("interface %s: %w", iface, err)
-	}
-	if err := netlink.FilterDel(clsactFilter(l.Attrs().Index, hook)); err != nil && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("interface %s %s: delete clsact filter: %w", iface, hook, err)
+	default:
+		if err := netlink.FilterDel(clsactFilter(l.Attrs().Index, hook)); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("interface %s %s: delete clsact filter: %w", iface, hook, err)
+		}
 	}
 	if err := os.Remove(n.clsactMarker(iface, hook)); err != nil {
 		return fmt.Errorf("interface %s %s: %w", iface, hook, err)

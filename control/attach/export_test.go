@@ -8,3 +8,6 @@ func SetCrashAfterCommit(on bool) {
 		crashAfterCommit = func() bool { return true }
 	}
 }
+
+// CheckBPFFS is checkBPFFS, for tests.
+func CheckBPFFS(dir string) error { return checkBPFFS(dir) }

@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	ucli "github.com/urfave/cli/v2"
 
@@ -121,11 +122,19 @@ func ifaceDetach(c *ucli.Context) error {
 		if err != nil {
 			return err
 		}
+		// One attachment that cannot be detached must not keep the
+		// others attached: go on, and report every failure at the end.
+		var failed []string
 		for _, a := range list {
 			if err := cl.Detach(c.Context, a.Iface, a.Hook); err != nil {
-				return err
+				failed = append(failed, fmt.Sprintf("%s %s: %v", a.Iface, a.Hook, err))
+				continue
 			}
 			fmt.Fprintf(c.App.Writer, "%s %s: detached\n", a.Iface, a.Hook)
+		}
+		if len(failed) > 0 {
+			return fmt.Errorf("iface detach --all: %d of %d attachments not detached (the others were; see 'lovelock iface list'):\n  %s",
+				len(failed), len(list), strings.Join(failed, "\n  "))
 		}
 		return nil
 	}

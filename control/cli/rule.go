@@ -11,6 +11,7 @@ import (
 
 	"github.com/lovelock-dpu/lovelock/control/api"
 	"github.com/lovelock-dpu/lovelock/control/rules"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 )
 
 // matchFlags are `rule add`'s match fields, named as in rule files.
@@ -200,8 +201,18 @@ func rulesApply(c *ucli.Context) error {
 	if c.Bool("dry-run") {
 		// The interfaces are resolved here, in the CLI's network
 		// namespace, which is the daemon's on a node (run it through
-		// 'lovelock testbed exec NODE' on the testbed).
-		if err := rules.Validate(set, rules.LinkResolver, 0); err != nil {
+		// 'lovelock testbed exec NODE' on the testbed). Lovelock fields
+		// match UDP to the node's port: take it from lovelockd.
+		var port uint16
+		// Without it, say what was assumed (the diff line below says why
+		// it did not answer).
+		if st, err := client(c).Status(c.Context); err == nil {
+			port = st.Port
+		} else {
+			fmt.Fprintf(c.App.ErrWriter, "note: lovelockd did not answer, so the check assumed the default Lovelock port %d: "+
+				"a node configured for another port may still refuse the file\n", wire.DefaultPort)
+		}
+		if err := rules.Validate(set, rules.LinkResolver, port); err != nil {
 			return fmt.Errorf("rules apply %s: %w", path, err)
 		}
 		fmt.Fprintf(c.App.Writer, "%s: %d rules parse and validate, interfaces included\n", path, len(set.Rules))

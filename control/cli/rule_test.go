@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lovelock-dpu/lovelock/control/api"
 	"github.com/lovelock-dpu/lovelock/control/rules"
 )
 
@@ -99,6 +100,29 @@ rules:
 	noIface := writeFile(t, "r.yaml", "rules:\n  - {name: out, match: {dport: 1}, action: 'redirect:no-such-if0'}\n")
 	if _, _, err := runCLI(sock, "rules", "apply", "-f", noIface, "--dry-run"); err == nil || !strings.Contains(err.Error(), "no-such-if0") {
 		t.Errorf("dry run with a missing interface: err = %v", err)
+	}
+}
+
+// TestRulesDryRunPort: --dry-run validates Lovelock fields against the
+// node's port, which lovelockd reports, and says so when it assumed the
+// default because lovelockd did not answer.
+func TestRulesDryRunPort(t *testing.T) {
+	svc := &fakeService{status: api.Status{Port: 5555}}
+	sock := serveFake(t, svc)
+	// A Lovelock rule matches UDP to the node's port: it overlaps the
+	// second rule at port 5555 only.
+	file := writeFile(t, "r.yaml", `rules:
+  - {name: tenant1, priority: 5, match: {tenant: 1}, action: pass}
+  - {name: udp5555, priority: 5, match: {proto: udp, dport: 5555}, action: drop}
+`)
+	if _, _, err := runCLI(sock, "rules", "apply", "-f", file, "--dry-run"); err == nil || !strings.Contains(err.Error(), `"tenant1" and 2 "udp5555" both have priority 5`) {
+		t.Errorf("dry run on a node of port 5555: err = %v, want the overlap", err)
+	}
+	// No lovelockd: the default port, where the rules do not overlap,
+	// and a note that says so.
+	out, stderr, err := runCLI(filepath.Join(t.TempDir(), "none.sock"), "rules", "apply", "-f", file, "--dry-run")
+	if err != nil || !strings.Contains(out, "2 rules parse and validate") || !strings.Contains(stderr, "assumed the default Lovelock port 61440") {
+		t.Errorf("dry run without lovelockd: err = %v, stdout %q, stderr %q", err, out, stderr)
 	}
 }
 

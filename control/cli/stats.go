@@ -79,11 +79,11 @@ func printStats(c *ucli.Context, st api.Stats, prev *api.Stats) error {
 		if prev == nil {
 			return "-"
 		}
-		dt := st.Time.Sub(prev.Time).Seconds()
-		if dt <= 0 {
+		r, ok := perSecond(now, before, st.Time.Sub(prev.Time).Seconds())
+		if !ok {
 			return "-"
 		}
-		return fmt.Sprintf("%.0f pps %.1f Mb/s", float64(now.Packets-before.Packets)/dt, float64(now.Bytes-before.Bytes)*8/dt/1e6)
+		return fmt.Sprintf("%.0f pps %.1f Mb/s", r.PPS, r.BPS/1e6)
 	}
 	w := c.App.Writer
 	fmt.Fprintf(w, "%s\n", st.Time.Format(time.RFC3339))
@@ -104,16 +104,14 @@ func printStats(c *ucli.Context, st api.Stats, prev *api.Stats) error {
 	fmt.Fprintln(w)
 	tw = newTable(w)
 	fmt.Fprintln(tw, "RULE\tID\tPRIO\tOWNER\tACTION\tPACKETS\tBYTES\tRATE")
-	prevRule := map[uint32]api.Counter{}
+	var prevRule map[ruleKey]api.Counter
 	var prevDefault api.Counter
 	if prev != nil {
-		for _, r := range prev.Rules {
-			prevRule[r.ID] = r.Counter
-		}
+		prevRule = rulesByKey(prev.Rules)
 		prevDefault = prev.Default
 	}
 	for _, r := range st.Rules {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%d\t%d\t%s\n", r.Name, r.ID, r.Priority, owner(r.Name), r.Action, r.Counter.Packets, r.Counter.Bytes, rate(r.Counter, prevRule[r.ID]))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%d\t%d\t%s\n", r.Name, r.ID, r.Priority, owner(r.Name), r.Action, r.Counter.Packets, r.Counter.Bytes, rate(r.Counter, prevRule[ruleKey{r.Name, r.ID}]))
 	}
 	fmt.Fprintf(tw, "(default)\t0\t-\t-\t-\t%d\t%d\t%s\n", st.Default.Packets, st.Default.Bytes, rate(st.Default, prevDefault))
 	if err := tw.Flush(); err != nil {
@@ -150,6 +148,32 @@ func printStats(c *ucli.Context, st api.Stats, prev *api.Stats) error {
 	return nil
 }
 
+// ruleKey matches a rule's counters across samples: an ID freed by a
+// deleted rule may be given to a new one, whose counters start again.
+type ruleKey struct {
+	name string
+	id   uint32
+}
+
+func rulesByKey(rs []api.RuleStat) map[ruleKey]api.Counter {
+	m := make(map[ruleKey]api.Counter, len(rs))
+	for _, r := range rs {
+		m[ruleKey{r.Name, r.ID}] = r.Counter
+	}
+	return m
+}
+
+// perSecond is the rate from before to now over dt seconds; false when
+// there is none: no time passed, or a counter went down (it was reset, as
+// an upgrade that cannot carry counters does), where the difference of
+// unsigned counters would be near 2^64.
+func perSecond(now, before api.Counter, dt float64) (Rate, bool) {
+	if dt <= 0 || now.Packets < before.Packets || now.Bytes < before.Bytes {
+		return Rate{}, false
+	}
+	return Rate{PPS: float64(now.Packets-before.Packets) / dt, BPS: float64(now.Bytes-before.Bytes) * 8 / dt}, true
+}
+
 // ifaceOrder sorts interface names, the shared slot of large ifindexes
 // last.
 func ifaceOrder(ifs map[string]map[string]api.Counter) []string {
@@ -168,12 +192,13 @@ type statsSample struct {
 }
 
 // statsRates are per-second rates over IntervalS seconds, keyed like the
-// counters (rules by name).
+// counters (rules by name). A counter that went down (reset) has no rate
+// and is left out.
 type statsRates struct {
 	IntervalS float64         `json:"interval_s"`
 	Verdicts  map[string]Rate `json:"verdicts"`
 	Rules     map[string]Rate `json:"rules"`
-	Default   Rate            `json:"default"`
+	Default   *Rate           `json:"default,omitempty"`
 	// Interfaces: interface name to counter name to rate.
 	Interfaces map[string]map[string]Rate `json:"interfaces,omitempty"`
 }
@@ -193,19 +218,22 @@ func sampleOf(st api.Stats, prev *api.Stats) statsSample {
 	if dt <= 0 {
 		return s
 	}
-	rate := func(now, before api.Counter) Rate {
-		return Rate{PPS: float64(now.Packets-before.Packets) / dt, BPS: float64(now.Bytes-before.Bytes) * 8 / dt}
+	// put records the rate of a counter under key, unless it has none.
+	put := func(m map[string]Rate, key string, now, before api.Counter) {
+		if v, ok := perSecond(now, before, dt); ok {
+			m[key] = v
+		}
 	}
-	r := &statsRates{IntervalS: dt, Verdicts: map[string]Rate{}, Rules: map[string]Rate{}, Default: rate(st.Default, prev.Default)}
+	r := &statsRates{IntervalS: dt, Verdicts: map[string]Rate{}, Rules: map[string]Rate{}}
+	if v, ok := perSecond(st.Default, prev.Default, dt); ok {
+		r.Default = &v
+	}
 	for name, v := range st.Verdicts {
-		r.Verdicts[name] = rate(v, prev.Verdicts[name])
+		put(r.Verdicts, name, v, prev.Verdicts[name])
 	}
-	before := map[uint32]api.Counter{}
-	for _, p := range prev.Rules {
-		before[p.ID] = p.Counter
-	}
+	before := rulesByKey(prev.Rules)
 	for _, rs := range st.Rules {
-		r.Rules[rs.Name] = rate(rs.Counter, before[rs.ID])
+		put(r.Rules, rs.Name, rs.Counter, before[ruleKey{rs.Name, rs.ID}])
 	}
 	for name, cs := range st.Interfaces {
 		if r.Interfaces == nil {
@@ -213,7 +241,7 @@ func sampleOf(st api.Stats, prev *api.Stats) statsSample {
 		}
 		m := make(map[string]Rate, len(cs))
 		for c, v := range cs {
-			m[c] = rate(v, prev.Interfaces[name][c])
+			put(m, c, v, prev.Interfaces[name][c])
 		}
 		r.Interfaces[name] = m
 	}
