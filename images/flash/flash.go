@@ -39,10 +39,17 @@ var (
 )
 
 // Log lines the card's firmware and OS write into the rshim log.
-var (
-	successMarkers = []string{"DPU is ready", "Linux up"}
-	failureMarkers = []string{"CRITICAL ERROR"}
-	rebootMarker   = "Rebooting..."
+const (
+	// linuxUp: the kernel runs (Lovelock's /init writes it before
+	// lovelockd starts, NVIDIA's bfup once the OS is up).
+	linuxUp = "Linux up"
+	// dpuReady: the OS is up. Lovelock's /init writes it with its version
+	// (bfb.ReadyMessage) once lovelockd reports health ok.
+	dpuReady = "DPU is ready"
+	// dpuNotReady: lovelockd runs but is not healthy; the reason follows.
+	dpuNotReady = "DPU is not ready"
+	failure     = "CRITICAL ERROR"
+	reboot      = "Rebooting..."
 )
 
 // Options says what to flash where.
@@ -82,6 +89,9 @@ type Result struct {
 	Outcome string
 	// Rebooted says whether the card logged a reboot on the way.
 	Rebooted bool
+	// Lovelock is the version of the Lovelock image flashed (from the
+	// stream's boot description); empty for another OS's stream.
+	Lovelock string
 }
 
 // Flash validates, pushes and follows. It returns an error wrapping
@@ -97,7 +107,7 @@ func Flash(ctx context.Context, o Options) (Result, error) {
 	if o.Timeout == 0 {
 		o.Timeout = 20 * time.Minute
 	}
-	stream, err := Prepare(o)
+	p, err := prepare(o)
 	if err != nil {
 		return res, err
 	}
@@ -105,57 +115,73 @@ func Flash(ctx context.Context, o Options) (Result, error) {
 	if err := t.check(ctx); err != nil {
 		return res, err
 	}
-	fmt.Fprintf(o.Out, "flash: pushing %d bytes to %s\n", len(stream), t)
-	n, err := push(ctx, t, stream, o)
+	fmt.Fprintf(o.Out, "flash: pushing %d bytes to %s\n", len(p.stream), t)
+	n, err := push(ctx, t, p.stream, o)
 	res.Bytes = n
 	if err != nil {
 		return res, err
 	}
-	fmt.Fprintf(o.Out, "flash: stream pushed; following the rshim log (up to %v)\n", o.Timeout)
-	outcome, rebooted, err := follow(ctx, t, o)
-	res.Outcome, res.Rebooted = outcome, rebooted
+	w := newWatch(p.images)
+	res.Lovelock = w.lovelock
+	fmt.Fprintf(o.Out, "flash: stream pushed; following the rshim log (up to %v) until %q\n", o.Timeout, w.success())
+	outcome, err := follow(ctx, t, o, w)
+	res.Outcome, res.Rebooted = outcome, w.rebooted
 	return res, err
 }
 
 // Prepare reads and validates the stream the options describe and returns
 // the bytes to push: the BFB (laid over Firmware when given), then bf.cfg.
 func Prepare(o Options) ([]byte, error) {
+	p, err := prepare(o)
+	return p.stream, err
+}
+
+// prepared is a validated stream.
+type prepared struct {
+	// stream is what is pushed: the images, then bf.cfg.
+	stream []byte
+	// images are the stream's images (after laying it over Firmware).
+	images []bfb.Image
+}
+
+func prepare(o Options) (prepared, error) {
 	raw, err := os.ReadFile(o.BFB)
 	if err != nil {
-		return nil, fmt.Errorf("bfb: %w", err)
+		return prepared{}, fmt.Errorf("bfb: %w", err)
 	}
 	images, err := bfb.ReadValid(bytes.NewReader(raw))
 	if err != nil {
-		return nil, fmt.Errorf("bfb %s: %w", o.BFB, err)
+		return prepared{}, fmt.Errorf("bfb %s: %w", o.BFB, err)
 	}
 	if o.Firmware != "" {
 		fwRaw, err := os.ReadFile(o.Firmware)
 		if err != nil {
-			return nil, fmt.Errorf("firmware: %w", err)
+			return prepared{}, fmt.Errorf("firmware: %w", err)
 		}
 		fw, err := bfb.ReadValid(bytes.NewReader(fwRaw))
 		if err != nil {
-			return nil, fmt.Errorf("firmware %s: %w", o.Firmware, err)
+			return prepared{}, fmt.Errorf("firmware %s: %w", o.Firmware, err)
 		}
 		if !bfb.HasFirmware(fw) {
-			return nil, fmt.Errorf("firmware %s: holds no BL2 image: %w", o.Firmware, ErrNoFirmware)
+			return prepared{}, fmt.Errorf("firmware %s: holds no BL2 image: %w", o.Firmware, ErrNoFirmware)
 		}
-		if raw, err = bfb.Marshal(bfb.Merge(fw, images)); err != nil {
-			return nil, err
+		images = bfb.Merge(fw, images)
+		if raw, err = bfb.Marshal(images); err != nil {
+			return prepared{}, err
 		}
 	} else if !bfb.HasFirmware(images) && !o.AllowOSOnly {
-		return nil, fmt.Errorf("bfb %s: %w: a card boots a pushed stream from reset, so it needs ATF and UEFI; "+
+		return prepared{}, fmt.Errorf("bfb %s: %w: a card boots a pushed stream from reset, so it needs ATF and UEFI; "+
 			"pass --firmware /lib/firmware/mellanox/boot/default.bfb (from mlxbf-bootimages) or build the image "+
 			"with DEFAULT_BFB=..., or --allow-os-only if you know better", o.BFB, ErrNoFirmware)
 	}
 	if o.Config != "" {
 		cfg, err := os.ReadFile(o.Config)
 		if err != nil {
-			return nil, fmt.Errorf("bf.cfg: %w", err)
+			return prepared{}, fmt.Errorf("bf.cfg: %w", err)
 		}
 		raw = append(raw, cfg...)
 	}
-	return raw, nil
+	return prepared{stream: raw, images: images}, nil
 }
 
 func push(ctx context.Context, t target, stream []byte, o Options) (int64, error) {
@@ -188,13 +214,13 @@ func push(ctx context.Context, t target, stream []byte, o Options) (int64, error
 	return n, nil
 }
 
-// follow reads the rshim log until a success or failure marker, or the
-// timeout. Like bfb-install, it turns on the log display and clear-on-read
-// first and turns clear-on-read off at the end.
-func follow(ctx context.Context, t target, o Options) (string, bool, error) {
+// follow reads the rshim log until w says the card succeeded or failed, or
+// the timeout. Like bfb-install, it turns on the log display and
+// clear-on-read first and turns clear-on-read off at the end.
+func follow(ctx context.Context, t target, o Options, w *watch) (string, error) {
 	for _, cmd := range []string{"CLEAR_ON_READ 1", "DISPLAY_LEVEL 2"} {
 		if err := t.writeMisc(ctx, cmd); err != nil {
-			return "", false, err
+			return "", err
 		}
 	}
 	defer func() {
@@ -206,39 +232,110 @@ func follow(ctx context.Context, t target, o Options) (string, bool, error) {
 	tick := time.NewTicker(o.Poll)
 	defer tick.Stop()
 	var last []string
-	rebooted := false
 	for {
 		misc, err := t.readMisc(ctx)
 		if err != nil {
-			return "", rebooted, err
+			return "", err
 		}
 		cur := logLines(misc)
 		for _, line := range newLines(last, cur) {
 			fmt.Fprintf(o.Out, "card: %s\n", line)
-			if strings.Contains(line, rebootMarker) {
-				rebooted = true
-			}
-			for _, m := range failureMarkers {
-				if strings.Contains(line, m) {
-					return line, rebooted, fmt.Errorf("%s: %w", strings.TrimSpace(line), ErrFailed)
-				}
-			}
-			for _, m := range successMarkers {
-				if strings.Contains(line, m) {
-					fmt.Fprintf(o.Out, "flash: done: %s\n", m)
-					return strings.TrimSpace(line), rebooted, nil
-				}
+			if done, err := w.line(o.Out, line); done || err != nil {
+				return line, err
 			}
 		}
 		last = cur
 		select {
 		case <-ctx.Done():
-			return "", rebooted, ctx.Err()
+			return "", ctx.Err()
 		case <-deadline.C:
-			return "", rebooted, fmt.Errorf("no %q or %q after %v: %w", successMarkers[0], successMarkers[1], o.Timeout, ErrTimeout)
+			return "", w.timeout(o.Timeout)
 		case <-tick.C:
 		}
 	}
+}
+
+// watch decides what the card's log lines mean for one flash.
+type watch struct {
+	// lovelock is the version of the Lovelock image flashed, from the
+	// stream's boot description; empty for another OS's stream.
+	lovelock string
+	rebooted bool
+	// linuxUp: the flashed OS's kernel logged that it runs.
+	linuxUp bool
+	// notReady is the last "DPU is not ready" reason.
+	notReady string
+	// otherReady is the last ready line that was not the flashed image's.
+	otherReady string
+}
+
+func newWatch(images []bfb.Image) *watch {
+	w := &watch{}
+	if desc, ok := bfb.Find(images, bfb.IDBootDesc, 0); ok {
+		w.lovelock, _ = bfb.LovelockVersion(string(desc.Data))
+	}
+	return w
+}
+
+// success is the line that ends the wait successfully.
+func (w *watch) success() string {
+	if w.lovelock != "" {
+		return bfb.ReadyMessage(w.lovelock)
+	}
+	return dpuReady + `" or "` + linuxUp
+}
+
+// line takes one new log line: done on success, an error wrapping ErrFailed
+// on failure.
+func (w *watch) line(out io.Writer, line string) (done bool, err error) {
+	switch {
+	case strings.Contains(line, failure):
+		return false, fmt.Errorf("%s: %w", strings.TrimSpace(line), ErrFailed)
+	case strings.Contains(line, reboot):
+		w.rebooted = true
+	case w.lovelock == "":
+		// Another OS's stream (NVIDIA's, to go back): its own bfup says
+		// Linux up once the OS runs.
+		if strings.Contains(line, dpuReady) || strings.Contains(line, linuxUp) {
+			fmt.Fprintf(out, "flash: done: %s\n", strings.TrimSpace(line))
+			return true, nil
+		}
+	case strings.Contains(line, bfb.ReadyMessage(w.lovelock)):
+		fmt.Fprintf(out, "flash: done: Lovelock %s is up and lovelockd healthy\n", w.lovelock)
+		return true, nil
+	case strings.Contains(line, dpuNotReady):
+		_, reason, _ := strings.Cut(line, dpuNotReady)
+		w.notReady = strings.TrimSpace(strings.TrimPrefix(reason, ":"))
+		fmt.Fprintf(out, "flash: Lovelock is up but lovelockd is not ready yet: %s; waiting\n", w.notReady)
+	case strings.Contains(line, dpuReady):
+		// A stale line from before the reset, or the card fell back to
+		// the OS on its eMMC: either way not the image just flashed.
+		w.otherReady = strings.TrimSpace(line)
+		fmt.Fprintf(out, "flash: %q is not %q: another OS (or an earlier boot) says so; waiting\n", w.otherReady, bfb.ReadyMessage(w.lovelock))
+	case strings.Contains(line, linuxUp):
+		w.linuxUp = true
+		fmt.Fprintf(out, "flash: the kernel runs; waiting for lovelockd to report healthy\n")
+	}
+	return false, nil
+}
+
+// timeout explains a wait that ran out.
+func (w *watch) timeout(after time.Duration) error {
+	var why []string
+	if w.notReady != "" {
+		why = append(why, "last not-ready reason: "+w.notReady)
+	}
+	if w.otherReady != "" {
+		why = append(why, fmt.Sprintf("the card said %q, which is not the flashed image (did it boot another OS?)", w.otherReady))
+	}
+	if w.linuxUp && w.notReady == "" {
+		why = append(why, "the kernel said Linux up, lovelockd never reported")
+	}
+	msg := fmt.Sprintf("no %q after %v", w.success(), after)
+	if len(why) > 0 {
+		msg += ": " + strings.Join(why, "; ")
+	}
+	return fmt.Errorf("%s: %w", msg, ErrTimeout)
 }
 
 // logLines returns the log part of the misc device's text: the lines after

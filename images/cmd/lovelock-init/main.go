@@ -31,6 +31,7 @@ import (
 	"github.com/lovelock-dpu/lovelock/control/attach"
 	"github.com/lovelock-dpu/lovelock/control/buildinfo"
 	"github.com/lovelock-dpu/lovelock/images/appconfig"
+	"github.com/lovelock-dpu/lovelock/images/bfb"
 	"github.com/lovelock-dpu/lovelock/images/kmod"
 )
 
@@ -137,7 +138,9 @@ func run(log *slog.Logger) error {
 						rshimLog(log, "DPU is not ready: "+err.Error())
 						continue
 					}
-					rshimLog(log, "DPU is ready")
+					// With the version: the flash counts only the image
+					// it flashed as up, not an OS the card fell back to.
+					rshimLog(log, bfb.ReadyMessage(buildinfo.Version))
 					osUp(log)
 					return
 				case <-ctx.Done():

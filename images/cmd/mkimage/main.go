@@ -148,6 +148,9 @@ type builder struct {
 	defaultBFB string
 }
 
+// buildinfoVersion is the symbol the linker stamps the version into.
+const buildinfoVersion = "github.com/lovelock-dpu/lovelock/control/buildinfo.Version"
+
 // binaries the image carries: where they come from and where they go.
 var binaries = []struct{ pkg, dst string }{
 	{"./images/cmd/lovelock-init", "/init"},
@@ -290,7 +293,11 @@ func (b *builder) goBuild(arch, pkg string) ([]byte, error) {
 	}
 	tmp.Close()
 	defer os.Remove(tmp.Name())
-	args := []string{"build", "-trimpath", "-buildvcs=false", "-ldflags", b.ldflags, "-o", tmp.Name(), pkg}
+	// The version last: /init announces it in its ready line and the flash
+	// compares it with the stream's boot description, so the two must agree
+	// whatever --ldflags says (the linker takes the last -X).
+	ldflags := strings.TrimSpace(b.ldflags + " -X " + buildinfoVersion + "=" + b.version)
+	args := []string{"build", "-trimpath", "-buildvcs=false", "-ldflags", ldflags, "-o", tmp.Name(), pkg}
 	cmd := exec.CommandContext(b.ctx, b.goCmd, args...)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+arch)
 	var out bytes.Buffer
@@ -334,7 +341,7 @@ func (b *builder) addConfigs(a *initramfs.Archive, m *manifest) error {
 // writeBFB writes lovelock.bfb: the OS images over the firmware of
 // --default-bfb, or the OS images alone.
 func (b *builder) writeBFB(dir string, k, initrd []byte, m *manifest) error {
-	desc := fmt.Sprintf("Lovelock %s from rshim", b.version)
+	desc := bfb.LovelockDescription(b.version)
 	extra := " initrd=initramfs"
 	osImages := bfb.OS{
 		Kernel: k, Initramfs: initrd, Description: desc,
