@@ -10,6 +10,9 @@ package flash
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"path"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -122,7 +126,13 @@ func Flash(ctx context.Context, o Options) (Result, error) {
 		return res, err
 	}
 	w := newWatch(p.images)
+	w.noRshimLog = p.noRshimLog
 	res.Lovelock = w.lovelock
+	if w.noRshimLog != "" {
+		fmt.Fprintf(o.Out, "flash: warning: %s: the card cannot write %q into the rshim log, so this flash will see "+
+			"the firmware's lines and then time out even if the card is up; watch its UART console (%s)\n",
+			w.noRshimLog, w.success(), uartConsoles)
+	}
 	fmt.Fprintf(o.Out, "flash: stream pushed; following the rshim log (up to %v) until %q\n", o.Timeout, w.success())
 	outcome, err := follow(ctx, t, o, w)
 	res.Outcome, res.Rebooted = outcome, w.rebooted
@@ -142,6 +152,45 @@ type prepared struct {
 	stream []byte
 	// images are the stream's images (after laying it over Firmware).
 	images []bfb.Image
+	// noRshimLog, when set, says why the image's kernel cannot write the
+	// rshim log (from the build's manifest.json beside the stream).
+	noRshimLog string
+}
+
+// uartConsoles is where a card's console is when the rshim log is silent.
+const uartConsoles = "ttyAMA1 on BlueField-2, ttyAMA0 on BlueField-3"
+
+// manifest is the part of mkimage's manifest.json the flash reads.
+type manifest struct {
+	Kernel struct {
+		Release string `json:"release"`
+		// RshimLog is absent in manifests older than the field.
+		RshimLog *bool `json:"rshim_log"`
+	} `json:"kernel"`
+	BFB *struct {
+		SHA256 string `json:"sha256"`
+	} `json:"bfb"`
+}
+
+// noRshimLog reads manifest.json beside the stream file bfbFile and, when
+// it describes that very stream (same sha256), says whether its kernel
+// lacks the rshim log. Anything else (no manifest, another build's) says
+// nothing.
+func noRshimLog(bfbFile string, raw []byte) string {
+	b, err := os.ReadFile(filepath.Join(filepath.Dir(bfbFile), "manifest.json"))
+	if err != nil {
+		return ""
+	}
+	var m manifest
+	if json.Unmarshal(b, &m) != nil || m.BFB == nil || m.Kernel.RshimLog == nil || *m.Kernel.RshimLog {
+		return ""
+	}
+	h := sha256.Sum256(raw)
+	if m.BFB.SHA256 != hex.EncodeToString(h[:]) {
+		return ""
+	}
+	return fmt.Sprintf("the image's kernel %s lacks mlxbf-bootctl (CONFIG_MLXBF_BOOTCTL, says %s)",
+		m.Kernel.Release, filepath.Join(filepath.Dir(bfbFile), "manifest.json"))
 }
 
 func prepare(o Options) (prepared, error) {
@@ -153,6 +202,7 @@ func prepare(o Options) (prepared, error) {
 	if err != nil {
 		return prepared{}, fmt.Errorf("bfb %s: %w", o.BFB, err)
 	}
+	noLog := noRshimLog(o.BFB, raw)
 	if o.Firmware != "" {
 		fwRaw, err := os.ReadFile(o.Firmware)
 		if err != nil {
@@ -181,7 +231,7 @@ func prepare(o Options) (prepared, error) {
 		}
 		raw = append(raw, cfg...)
 	}
-	return prepared{stream: raw, images: images}, nil
+	return prepared{stream: raw, images: images, noRshimLog: noLog}, nil
 }
 
 func push(ctx context.Context, t target, stream []byte, o Options) (int64, error) {
@@ -267,6 +317,12 @@ type watch struct {
 	notReady string
 	// otherReady is the last ready line that was not the flashed image's.
 	otherReady string
+	// lines: the card logged anything; firmware: lines from ATF or UEFI.
+	lines, firmware bool
+	// os: the OS wrote anything at all (Linux up, ready, not ready).
+	os bool
+	// noRshimLog says why the image cannot write the rshim log, if known.
+	noRshimLog string
 }
 
 func newWatch(images []bfb.Image) *watch {
@@ -288,6 +344,11 @@ func (w *watch) success() string {
 // line takes one new log line: done on success, an error wrapping ErrFailed
 // on failure.
 func (w *watch) line(out io.Writer, line string) (done bool, err error) {
+	w.lines = true
+	w.firmware = w.firmware || isFirmwareLine(line)
+	if strings.Contains(line, linuxUp) || strings.Contains(line, dpuReady) || strings.Contains(line, dpuNotReady) {
+		w.os = true
+	}
 	switch {
 	case strings.Contains(line, failure):
 		return false, fmt.Errorf("%s: %w", strings.TrimSpace(line), ErrFailed)
@@ -331,11 +392,37 @@ func (w *watch) timeout(after time.Duration) error {
 	if w.linuxUp && w.notReady == "" {
 		why = append(why, "the kernel said Linux up, lovelockd never reported")
 	}
+	if !w.os {
+		// The OS writes its lines through mlxbf-bootctl's rsh_log; a
+		// kernel without it is silent here even when it runs.
+		seen := "the card logged nothing"
+		if w.firmware {
+			seen = "the card logged boot firmware (ATF/UEFI) lines and nothing from the OS"
+		} else if w.lines {
+			seen = "the card logged lines, none from the boot firmware (ATF/UEFI) or the OS"
+		}
+		cause := "if the OS's kernel lacks mlxbf-bootctl (CONFIG_MLXBF_BOOTCTL, as Debian's does) it cannot write here even when it runs"
+		if w.noRshimLog != "" {
+			cause = w.noRshimLog + ", so it cannot write here even when it runs"
+		}
+		why = append(why, fmt.Sprintf("%s; %s: look at the card's UART console (%s)", seen, cause, uartConsoles))
+	}
 	msg := fmt.Sprintf("no %q after %v", w.success(), after)
 	if len(why) > 0 {
 		msg += ": " + strings.Join(why, "; ")
 	}
 	return fmt.Errorf("%s: %w", msg, ErrTimeout)
+}
+
+// isFirmwareLine reports whether a log line comes from the boot firmware:
+// the PSC, ATF (BL1, BL2, BL31) or UEFI ("INFO[UEFI]: ...").
+func isFirmwareLine(line string) bool {
+	for _, src := range []string{"[PSC]", "[BL1]", "[BL2]", "[BL2R]", "[BL31]", "[UEFI]"} {
+		if strings.Contains(line, src) {
+			return true
+		}
+	}
+	return false
 }
 
 // logLines returns the log part of the misc device's text: the lines after

@@ -3,6 +3,8 @@ package flash
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"io"
 	"os"
@@ -255,6 +257,60 @@ func TestFlashTimeout(t *testing.T) {
 	m, _ := os.ReadFile(filepath.Join(card.dir, "misc"))
 	if !strings.Contains(string(m), "CLEAR_ON_READ 0") {
 		t.Errorf("misc after flash = %q, want CLEAR_ON_READ 0 written", m)
+	}
+}
+
+// TestFlashTimeoutFirmwareOnly: a card whose log shows the boot firmware
+// and then nothing (a kernel without mlxbf-bootctl cannot write the rshim
+// log) times out with an error that says so and where to look instead; a
+// manifest beside the stream that says the kernel lacks it makes the flash
+// warn before it waits.
+func TestFlashTimeoutFirmwareOnly(t *testing.T) {
+	firmwareLog := []string{"INFO[PSC]: PSC BL1 START", "INFO[BL2]: start", "INFO[BL31]: start",
+		"INFO[UEFI]: UEFI loaded", "INFO[UEFI]: PXE boot disabled"}
+	for _, tc := range []struct {
+		name     string
+		manifest string // sha256 of the stream in manifest.json; "" none
+		want     []string
+	}{
+		{"no manifest", "", []string{"boot firmware (ATF/UEFI) lines and nothing from the OS",
+			"lacks mlxbf-bootctl (CONFIG_MLXBF_BOOTCTL, as Debian's does)", "UART console (ttyAMA1 on BlueField-2"}},
+		{"manifest says no rshim log", "stream", []string{"boot firmware (ATF/UEFI) lines and nothing from the OS",
+			"the image's kernel 6.12.99+deb12-arm64 lacks mlxbf-bootctl", "UART console (ttyAMA1 on BlueField-2"}},
+		{"another build's manifest", strings.Repeat("0", 64), []string{"as Debian's does"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			full, _, _ := streams(t)
+			sum := tc.manifest
+			if sum == "stream" {
+				raw, _ := os.ReadFile(full)
+				h := sha256.Sum256(raw)
+				sum = hex.EncodeToString(h[:])
+			}
+			if sum != "" {
+				m := `{"kernel": {"release": "6.12.99+deb12-arm64", "rshim_log": false}, "bfb": {"sha256": "` + sum + `"}}`
+				if err := os.WriteFile(filepath.Join(filepath.Dir(full), "manifest.json"), []byte(m), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			card := newFakeRshim(t, firmwareLog)
+			var out bytes.Buffer
+			_, err := Flash(context.Background(), Options{BFB: full, Rshim: card.dir, NoProgress: true,
+				Timeout: time.Second, Poll: 10 * time.Millisecond, Out: &out})
+			if !errors.Is(err, ErrTimeout) {
+				t.Fatalf("err = %v, want ErrTimeout\n%s", err, out.String())
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error lacks %q:\n%v", w, err)
+				}
+			}
+			warned := strings.Index(out.String(), "flash: warning: the image's kernel 6.12.99+deb12-arm64 lacks mlxbf-bootctl")
+			waiting := strings.Index(out.String(), "following the rshim log")
+			if wantWarn := tc.manifest == "stream"; wantWarn != (warned >= 0) || warned > waiting {
+				t.Errorf("warning at %d, wait at %d; want a warning before the wait: %v\n%s", warned, waiting, wantWarn, out.String())
+			}
+		})
 	}
 }
 

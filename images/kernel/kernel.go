@@ -257,6 +257,18 @@ type Contents struct {
 	ModuleData map[string][]byte
 }
 
+// ConfigOption returns the value of CONFIG_<name> in the kernel's config
+// ("y", "m", a number or string), or "" when it is not set.
+func (c *Contents) ConfigOption(name string) string {
+	key := "CONFIG_" + name + "="
+	for _, line := range strings.Split(string(c.Config), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), key); ok {
+			return v
+		}
+	}
+	return ""
+}
+
 // Extract takes the kernel, its config and the modules p.Modules needs out
 // of a verified .deb, in one pass over the package's data archive (through
 // `dpkg-deb --fsys-tarfile`). Modules stay as packaged (xz-compressed from

@@ -172,3 +172,12 @@ func TestExtract(t *testing.T) {
 		t.Fatal("Extract accepted a wrong release")
 	}
 }
+
+func TestConfigOption(t *testing.T) {
+	c := &Contents{Config: []byte("# CONFIG_MLXBF_BOOTCTL is not set\nCONFIG_BPF=y\nCONFIG_MLX5_CORE=m\nCONFIG_NR_CPUS=512\n")}
+	for name, want := range map[string]string{"BPF": "y", "MLX5_CORE": "m", "NR_CPUS": "512", "MLXBF_BOOTCTL": "", "BP": ""} {
+		if got := c.ConfigOption(name); got != want {
+			t.Errorf("ConfigOption(%s) = %q, want %q", name, got, want)
+		}
+	}
+}

@@ -182,7 +182,8 @@ func (b *builder) build(arch string) (*manifest, error) {
 		return nil, err
 	}
 	m.Kernel = kernelInfo{Package: pkg.Package, PackageVersion: pkg.Version, PackageSHA256: pkg.SHA256,
-		Release: kc.Release, File: kernelName(arch), Size: len(kc.Kernel), SHA256: sum(kc.Kernel)}
+		Release: kc.Release, File: kernelName(arch), Size: len(kc.Kernel), SHA256: sum(kc.Kernel),
+		RshimLog: rshimLog(kc)}
 
 	a := initramfs.New()
 	for _, d := range []string{"/proc", "/sys", "/dev", "/run", "/tmp", "/etc/lovelock"} {
@@ -255,6 +256,23 @@ func (b *builder) build(arch string) (*manifest, error) {
 		return nil, err
 	}
 	return m, nil
+}
+
+// rshimLog says whether the image's kernel can write the rshim log that
+// `lovelock image flash` follows: it needs mlxbf-bootctl built in, or as a
+// module the image carries. Debian's kernels have neither.
+func rshimLog(kc *kernel.Contents) bool {
+	switch kc.ConfigOption("MLXBF_BOOTCTL") {
+	case "y":
+		return true
+	case "m":
+		for _, mod := range kc.Modules {
+			if mod.Name == "mlxbf_bootctl" {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func kernelName(arch string) string {
@@ -420,6 +438,9 @@ type kernelInfo struct {
 	File           string `json:"file"`
 	Size           int    `json:"size"`
 	SHA256         string `json:"sha256"`
+	// RshimLog: the kernel has mlxbf-bootctl, so /init can write the rshim
+	// log; the flash warns when it cannot.
+	RshimLog bool `json:"rshim_log"`
 }
 
 type fileInfo struct {
@@ -447,6 +468,9 @@ func (m *manifest) print(w io.Writer) {
 	mib := func(n int) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
 	fmt.Fprintf(w, "%s image %s: kernel %s (%s %s)\n", m.Arch, m.Version, m.Kernel.Release, m.Kernel.Package, m.Kernel.PackageVersion)
 	fmt.Fprintf(w, "  %-20s %10s  sha256 %s\n", m.Kernel.File, mib(m.Kernel.Size), m.Kernel.SHA256)
+	if !m.Kernel.RshimLog && m.Arch == "arm64" {
+		fmt.Fprintf(w, "  kernel lacks mlxbf-bootctl (CONFIG_MLXBF_BOOTCTL): a flash cannot see this image come up; watch the card's UART console\n")
+	}
 	fmt.Fprintf(w, "  %-20s %10s  sha256 %s (%d entries)\n", m.Initramfs.Path, mib(m.Initramfs.Size), m.Initramfs.SHA256, m.Initramfs.Entries)
 	if m.BFB != nil {
 		fmt.Fprintf(w, "  %-20s %10s  sha256 %s (firmware: %s)\n", m.BFB.File, mib(m.BFB.Size), m.BFB.SHA256, m.BFB.Firmware)
