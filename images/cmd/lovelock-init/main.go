@@ -132,23 +132,13 @@ func run(log *slog.Logger) error {
 		go func() { ch <- bootCheck(ctx, log, cfg, attach.DefaultDir, ready) }()
 	} else {
 		go func() {
-			// lovelockd says ready only when everything it was asked
-			// for runs; the API confirms it before the DPU says so.
-			for {
-				select {
-				case <-ready:
-					if err := confirmReady(ctx, apiSocket(cfg)); err != nil {
-						rs.write("DPU is not ready: " + err.Error())
-						continue
-					}
-					// With the version: the flash counts only the image
-					// it flashed as up, not an OS the card fell back to.
-					rs.write(bfb.ReadyMessage(buildinfo.Version))
-					rs.osUp()
-					return
-				case <-ctx.Done():
-					return
-				}
+			socket := apiSocket(cfg)
+			confirm := func(ctx context.Context) error { return confirmReady(ctx, socket) }
+			if announceReady(ctx, ready, confirm, readyRetry, rs.write) {
+				// With the version: the flash counts only the image it
+				// flashed as up, not an OS the card fell back to.
+				rs.write(bfb.ReadyMessage(buildinfo.Version))
+				rs.osUp()
 			}
 		}()
 	}
