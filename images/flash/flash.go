@@ -21,6 +21,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -129,11 +130,11 @@ func Flash(ctx context.Context, o Options) (Result, error) {
 	w.noRshimLog = p.noRshimLog
 	res.Lovelock = w.lovelock
 	if w.noRshimLog != "" {
-		fmt.Fprintf(o.Out, "flash: warning: %s: the card cannot write %q into the rshim log, so this flash will see "+
+		fmt.Fprintf(o.Out, "flash: warning: %s: the card cannot write %s into the rshim log, so this flash will see "+
 			"the firmware's lines and then time out even if the card is up; watch its UART console (%s)\n",
 			w.noRshimLog, w.success(), uartConsoles)
 	}
-	fmt.Fprintf(o.Out, "flash: stream pushed; following the rshim log (up to %v) until %q\n", o.Timeout, w.success())
+	fmt.Fprintf(o.Out, "flash: stream pushed; following the rshim log (up to %v) until %s\n", o.Timeout, w.success())
 	outcome, err := follow(ctx, t, o, w)
 	res.Outcome, res.Rebooted = outcome, w.rebooted
 	return res, err
@@ -333,12 +334,12 @@ func newWatch(images []bfb.Image) *watch {
 	return w
 }
 
-// success is the line that ends the wait successfully.
+// success names, quoted, the lines that end the wait successfully.
 func (w *watch) success() string {
 	if w.lovelock != "" {
-		return bfb.ReadyMessage(w.lovelock)
+		return strconv.Quote(bfb.ReadyMessage(w.lovelock))
 	}
-	return dpuReady + `" or "` + linuxUp
+	return strconv.Quote(dpuReady) + " or " + strconv.Quote(linuxUp)
 }
 
 // line takes one new log line: done on success, an error wrapping ErrFailed
@@ -407,7 +408,7 @@ func (w *watch) timeout(after time.Duration) error {
 		}
 		why = append(why, fmt.Sprintf("%s; %s: look at the card's UART console (%s)", seen, cause, uartConsoles))
 	}
-	msg := fmt.Sprintf("no %q after %v", w.success(), after)
+	msg := fmt.Sprintf("no %s after %v", w.success(), after)
 	if len(why) > 0 {
 		msg += ": " + strings.Join(why, "; ")
 	}
