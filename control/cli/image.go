@@ -139,7 +139,9 @@ func imageFlashCommand() *ucli.Command {
 		Usage: "write a .bfb onto a BlueField card through its rshim and wait for it to boot",
 		Description: "Validates the stream, checks the rshim device, pushes the stream (and bf.cfg) into\n" +
 			"RSHIM/boot with a progress bar, then follows the card's log in RSHIM/misc until it reports\n" +
-			"'DPU is ready' or 'Linux up' (success) or 'CRITICAL ERROR' (failure), or --timeout passes.\n" +
+			"success or 'CRITICAL ERROR' (failure), or --timeout passes. Success for a Lovelock stream is\n" +
+			"'DPU is ready (Lovelock VERSION)' with the version flashed (lovelockd healthy); for another\n" +
+			"OS's stream, 'DPU is ready' or 'Linux up'.\n" +
 			"Run it as root where the rshim driver runs (the host or the BMC), or elsewhere with\n" +
 			"--remote user@bmc to go through ssh. Exits non-zero unless the card reports success.",
 		Flags: []ucli.Flag{

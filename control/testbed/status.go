@@ -19,7 +19,9 @@ type Report struct {
 	// Prefix is the Spec's prefix.
 	Prefix string `json:"prefix"`
 	// Complete is true when every node, link, address, route and neighbour
-	// entry of the Spec is in place and every interface is administratively up.
+	// entry of the Spec is in place, every interface is administratively up,
+	// forwarding (IPv4 and IPv6) is as planned, and the far end of every DPU
+	// port runs an XDP program (xdp_pass, so redirected frames arrive).
 	Complete bool `json:"complete"`
 	// Nodes lists the Spec's nodes in order.
 	Nodes []NodeStatus `json:"nodes"`
@@ -39,8 +41,10 @@ type NodeStatus struct {
 	Description string `json:"description"`
 	// Present is true when the namespace exists.
 	Present bool `json:"present"`
-	// Forwarding is the node's net.ipv4.ip_forward.
-	Forwarding bool `json:"forwarding"`
+	// Forwarding is the node's net.ipv4.ip_forward, Forwarding6 its
+	// net.ipv6.conf.all.forwarding.
+	Forwarding  bool `json:"forwarding"`
+	Forwarding6 bool `json:"forwarding6"`
 	// Interfaces lists every interface in the namespace, in index order.
 	Interfaces []InterfaceStatus `json:"interfaces,omitempty"`
 }
@@ -62,6 +66,8 @@ type InterfaceStatus struct {
 	Peer string `json:"peer,omitempty"`
 	// Addresses are the addresses in CIDR form, IPv6 link-local left out.
 	Addresses []string `json:"addresses,omitempty"`
+	// XDP is true when an XDP program is attached.
+	XDP bool `json:"xdp,omitempty"`
 }
 
 // LinkStatus is one planned veth pair.
@@ -107,6 +113,15 @@ func Status(spec Spec) (Report, error) {
 		}
 		st.Links = append(st.Links, ls)
 	}
+	// Without a program on the far end, veth drops what XDP redirects into
+	// a DPU port, counted nowhere (xdppass.go).
+	peers, ports := dpuPortPeers(spec)
+	for i, p := range peers {
+		if l := found[p.Node][p.Iface]; l != nil && !xdpAttached(l) {
+			problem("%s (far end of DPU port %s): no XDP program, so frames redirected out of %s are dropped; `lovelock testbed up` attaches xdp_pass again",
+				p, ports[i], ports[i])
+		}
+	}
 	st.Complete = len(st.Problems) == 0
 	return st, nil
 }
@@ -131,7 +146,12 @@ func inspectNode(p *nodePlan, ns *NodeStatus, problem func(string, ...any)) (map
 
 	err = llnetns.Do(h, func() error {
 		v, err := readSysctl("net/ipv4/ip_forward")
+		if err != nil {
+			return err
+		}
 		ns.Forwarding = v == "1"
+		v, err = readSysctl("net/ipv6/conf/all/forwarding")
+		ns.Forwarding6 = v == "1"
 		return err
 	})
 	if err != nil {
@@ -139,6 +159,9 @@ func inspectNode(p *nodePlan, ns *NodeStatus, problem func(string, ...any)) (map
 	}
 	if ns.Forwarding != p.spec.Forwarding {
 		problem("node %s: ip_forward is %v, want %v", p.spec.Name, ns.Forwarding, p.spec.Forwarding)
+	}
+	if ns.Forwarding6 != p.spec.Forwarding {
+		problem("node %s: IPv6 forwarding (net.ipv6.conf.all.forwarding) is %v, want %v", p.spec.Name, ns.Forwarding6, p.spec.Forwarding)
 	}
 
 	var links []netlink.Link
@@ -162,7 +185,7 @@ func inspectNode(p *nodePlan, ns *NodeStatus, problem func(string, ...any)) (map
 		is := InterfaceStatus{
 			Name: a.Name, Kind: l.Type(), MAC: a.HardwareAddr.String(),
 			Up: a.Flags&net.FlagUp != 0, OperState: a.OperState.String(),
-			Master: byIndex[a.MasterIndex],
+			Master: byIndex[a.MasterIndex], XDP: xdpAttached(l),
 		}
 		if ifc := p.iface(a.Name); ifc != nil && ifc.kind == "veth" {
 			is.Peer = ifc.peer.String()
@@ -265,4 +288,9 @@ func (s Report) Summary() string {
 	}
 	return fmt.Sprintf("testbed %s: incomplete, %d of %d nodes present: %s%s",
 		s.Prefix, present, len(s.Nodes), strings.Join(first, "; "), more)
+}
+
+func xdpAttached(l netlink.Link) bool {
+	x := l.Attrs().Xdp
+	return x != nil && x.Attached
 }

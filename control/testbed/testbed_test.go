@@ -254,6 +254,45 @@ func TestLifecycle(t *testing.T) {
 		}
 	})
 
+	t.Run("Status sees a lost xdp_pass and IPv6 forwarding off", func(t *testing.T) {
+		// The fabric's end of dpu0's uplink loses its xdp_pass; dpu1 stops
+		// forwarding IPv6.
+		err := spec.Run("fabric", func() error {
+			l, err := netlink.LinkByName("dpu0-p0")
+			if err != nil {
+				return err
+			}
+			return netlink.LinkSetXdpFd(l, -1)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = spec.Run("dpu1", func() error { return writeSysctl("net/ipv6/conf/all/forwarding", "0") })
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := Status(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Complete {
+			t.Errorf("Status says complete without xdp_pass on fabric/dpu0-p0 and IPv6 forwarding in dpu1")
+		}
+		for _, want := range []string{
+			"fabric/dpu0-p0 (far end of DPU port dpu0/p0): no XDP program",
+			"`lovelock testbed up` attaches xdp_pass again",
+			"node dpu1: IPv6 forwarding (net.ipv6.conf.all.forwarding) is false, want true",
+		} {
+			if !slices.ContainsFunc(st.Problems, func(p string) bool { return strings.Contains(p, want) }) {
+				t.Errorf("problems lack %q:\n%s", want, strings.Join(st.Problems, "\n"))
+			}
+		}
+		if err := Up(ctx, spec); err != nil {
+			t.Fatalf("Up: %v", err)
+		}
+		requireComplete(t, spec)
+	})
+
 	t.Run("UDP between every pair", func(t *testing.T) {
 		requireAllPairsUDP(t, spec, "udp4", spec.NodeAddr)
 		requireAllPairsUDP(t, spec, "udp6", spec.NodeAddr6)

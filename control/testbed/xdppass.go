@@ -19,21 +19,27 @@ import (
 // the interface after Up returns and goes with it (Down, or the interface
 // deleted); a far end that runs an XDP program already is left as it is.
 
-// ensurePeerPass attaches xdp_pass to the far ends of the DPUs' ports.
-func ensurePeerPass(spec Spec) error {
+// dpuPortPeers returns the far ends of the DPUs' ports: the veth ends whose
+// other end is a DPU's, in the Spec's link order, each with that DPU port.
+func dpuPortPeers(spec Spec) (peers, ports []Endpoint) {
 	roles := map[string]Role{}
 	for _, n := range spec.Nodes {
 		roles[n.Name] = n.Role
 	}
-	var peers []Endpoint
 	for _, l := range spec.Links {
 		switch {
 		case roles[l.A.Node] == RoleDPU && roles[l.B.Node] != RoleDPU:
-			peers = append(peers, l.B)
+			peers, ports = append(peers, l.B), append(ports, l.A)
 		case roles[l.B.Node] == RoleDPU && roles[l.A.Node] != RoleDPU:
-			peers = append(peers, l.A)
+			peers, ports = append(peers, l.A), append(ports, l.B)
 		}
 	}
+	return peers, ports
+}
+
+// ensurePeerPass attaches xdp_pass to the far ends of the DPUs' ports.
+func ensurePeerPass(spec Spec) error {
+	peers, _ := dpuPortPeers(spec)
 	if len(peers) == 0 {
 		return nil
 	}
@@ -48,7 +54,7 @@ func ensurePeerPass(spec Spec) error {
 			if err != nil {
 				return err
 			}
-			if x := l.Attrs().Xdp; x != nil && x.Attached {
+			if xdpAttached(l) {
 				return nil
 			}
 			return netlink.LinkSetXdpFdWithFlags(l, s.XDPPass.FD(), nl.XDP_FLAGS_DRV_MODE)

@@ -237,3 +237,20 @@ func must[T any](v T, err error) T {
 	}
 	return v
 }
+
+func TestLovelockVersion(t *testing.T) {
+	for _, tc := range []struct {
+		desc, want string
+		ok         bool
+	}{
+		{LovelockDescription("v1.2-3-gabc-dirty"), "v1.2-3-gabc-dirty", true},
+		{LovelockDescription("dev") + "\x00\x00", "dev", true},
+		{"DOCA BlueField OS", "", false},
+		{"Lovelock  from rshim", "", false},
+		{"Lovelock v1 from eMMC", "", false},
+	} {
+		if got, ok := LovelockVersion(tc.desc); got != tc.want || ok != tc.ok {
+			t.Errorf("LovelockVersion(%q) = %q, %v; want %q, %v", tc.desc, got, ok, tc.want, tc.ok)
+		}
+	}
+}

@@ -1,5 +1,7 @@
 package bfb
 
+import "strings"
+
 // RshimBootPath is the UEFI device path of a kernel that comes in the rshim
 // boot stream, as NVIDIA's build-bfb writes it for device "rshim".
 const RshimBootPath = "VenHw(F019E406-8C9C-11E5-8797-001ACA00BFC4)/Image"
@@ -39,3 +41,27 @@ func (o OS) Images() []Image {
 		{ID: IDInitramfs, Data: o.Initramfs},
 	})
 }
+
+// LovelockDescription is the boot description of a Lovelock image's stream;
+// `lovelock image flash` reads the version back from it (LovelockVersion).
+func LovelockDescription(version string) string { return "Lovelock " + version + " from rshim" }
+
+// LovelockVersion returns the version of the Lovelock image a boot
+// description names, and false for another OS's description.
+func LovelockVersion(desc string) (string, bool) {
+	v, ok := strings.CutPrefix(strings.TrimRight(desc, "\x00 \n"), "Lovelock ")
+	if !ok {
+		return "", false
+	}
+	v, ok = strings.CutSuffix(v, " from rshim")
+	if !ok || v == "" || strings.Contains(v, " ") {
+		return "", false
+	}
+	return v, true
+}
+
+// ReadyMessage is the line the Lovelock image's /init writes into the rshim
+// log once lovelockd reports health ok. It names the version, so that the
+// flash counts only the image it flashed as up, not an OS the card fell back
+// to (NVIDIA's says plain "DPU is ready").
+func ReadyMessage(version string) string { return "DPU is ready (Lovelock " + version + ")" }

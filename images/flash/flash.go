@@ -10,6 +10,9 @@ package flash
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +20,8 @@ import (
 	"os"
 	"os/exec"
 	"path"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -39,10 +44,17 @@ var (
 )
 
 // Log lines the card's firmware and OS write into the rshim log.
-var (
-	successMarkers = []string{"DPU is ready", "Linux up"}
-	failureMarkers = []string{"CRITICAL ERROR"}
-	rebootMarker   = "Rebooting..."
+const (
+	// linuxUp: the kernel runs (Lovelock's /init writes it before
+	// lovelockd starts, NVIDIA's bfup once the OS is up).
+	linuxUp = "Linux up"
+	// dpuReady: the OS is up. Lovelock's /init writes it with its version
+	// (bfb.ReadyMessage) once lovelockd reports health ok.
+	dpuReady = "DPU is ready"
+	// dpuNotReady: lovelockd runs but is not healthy; the reason follows.
+	dpuNotReady = "DPU is not ready"
+	failure     = "CRITICAL ERROR"
+	reboot      = "Rebooting..."
 )
 
 // Options says what to flash where.
@@ -82,6 +94,9 @@ type Result struct {
 	Outcome string
 	// Rebooted says whether the card logged a reboot on the way.
 	Rebooted bool
+	// Lovelock is the version of the Lovelock image flashed (from the
+	// stream's boot description); empty for another OS's stream.
+	Lovelock string
 }
 
 // Flash validates, pushes and follows. It returns an error wrapping
@@ -97,7 +112,7 @@ func Flash(ctx context.Context, o Options) (Result, error) {
 	if o.Timeout == 0 {
 		o.Timeout = 20 * time.Minute
 	}
-	stream, err := Prepare(o)
+	p, err := prepare(o)
 	if err != nil {
 		return res, err
 	}
@@ -105,57 +120,119 @@ func Flash(ctx context.Context, o Options) (Result, error) {
 	if err := t.check(ctx); err != nil {
 		return res, err
 	}
-	fmt.Fprintf(o.Out, "flash: pushing %d bytes to %s\n", len(stream), t)
-	n, err := push(ctx, t, stream, o)
+	fmt.Fprintf(o.Out, "flash: pushing %d bytes to %s\n", len(p.stream), t)
+	n, err := push(ctx, t, p.stream, o)
 	res.Bytes = n
 	if err != nil {
 		return res, err
 	}
-	fmt.Fprintf(o.Out, "flash: stream pushed; following the rshim log (up to %v)\n", o.Timeout)
-	outcome, rebooted, err := follow(ctx, t, o)
-	res.Outcome, res.Rebooted = outcome, rebooted
+	w := newWatch(p.images)
+	w.noRshimLog = p.noRshimLog
+	res.Lovelock = w.lovelock
+	if w.noRshimLog != "" {
+		fmt.Fprintf(o.Out, "flash: warning: %s: the card cannot write %s into the rshim log, so this flash will see "+
+			"the firmware's lines and then time out even if the card is up; watch its UART console (%s)\n",
+			w.noRshimLog, w.success(), uartConsoles)
+	}
+	fmt.Fprintf(o.Out, "flash: stream pushed; following the rshim log (up to %v) until %s\n", o.Timeout, w.success())
+	outcome, err := follow(ctx, t, o, w)
+	res.Outcome, res.Rebooted = outcome, w.rebooted
 	return res, err
 }
 
 // Prepare reads and validates the stream the options describe and returns
 // the bytes to push: the BFB (laid over Firmware when given), then bf.cfg.
 func Prepare(o Options) ([]byte, error) {
+	p, err := prepare(o)
+	return p.stream, err
+}
+
+// prepared is a validated stream.
+type prepared struct {
+	// stream is what is pushed: the images, then bf.cfg.
+	stream []byte
+	// images are the stream's images (after laying it over Firmware).
+	images []bfb.Image
+	// noRshimLog, when set, says why the image's kernel cannot write the
+	// rshim log (from the build's manifest.json beside the stream).
+	noRshimLog string
+}
+
+// uartConsoles is where a card's console is when the rshim log is silent.
+const uartConsoles = "ttyAMA1 on BlueField-2, ttyAMA0 on BlueField-3"
+
+// manifest is the part of mkimage's manifest.json the flash reads.
+type manifest struct {
+	Kernel struct {
+		Release string `json:"release"`
+		// RshimLog is absent in manifests older than the field.
+		RshimLog *bool `json:"rshim_log"`
+	} `json:"kernel"`
+	BFB *struct {
+		SHA256 string `json:"sha256"`
+	} `json:"bfb"`
+}
+
+// noRshimLog reads manifest.json beside the stream file bfbFile and, when
+// it describes that very stream (same sha256), says whether its kernel
+// lacks the rshim log. Anything else (no manifest, another build's) says
+// nothing.
+func noRshimLog(bfbFile string, raw []byte) string {
+	b, err := os.ReadFile(filepath.Join(filepath.Dir(bfbFile), "manifest.json"))
+	if err != nil {
+		return ""
+	}
+	var m manifest
+	if json.Unmarshal(b, &m) != nil || m.BFB == nil || m.Kernel.RshimLog == nil || *m.Kernel.RshimLog {
+		return ""
+	}
+	h := sha256.Sum256(raw)
+	if m.BFB.SHA256 != hex.EncodeToString(h[:]) {
+		return ""
+	}
+	return fmt.Sprintf("the image's kernel %s lacks mlxbf-bootctl (CONFIG_MLXBF_BOOTCTL, says %s)",
+		m.Kernel.Release, filepath.Join(filepath.Dir(bfbFile), "manifest.json"))
+}
+
+func prepare(o Options) (prepared, error) {
 	raw, err := os.ReadFile(o.BFB)
 	if err != nil {
-		return nil, fmt.Errorf("bfb: %w", err)
+		return prepared{}, fmt.Errorf("bfb: %w", err)
 	}
 	images, err := bfb.ReadValid(bytes.NewReader(raw))
 	if err != nil {
-		return nil, fmt.Errorf("bfb %s: %w", o.BFB, err)
+		return prepared{}, fmt.Errorf("bfb %s: %w", o.BFB, err)
 	}
+	noLog := noRshimLog(o.BFB, raw)
 	if o.Firmware != "" {
 		fwRaw, err := os.ReadFile(o.Firmware)
 		if err != nil {
-			return nil, fmt.Errorf("firmware: %w", err)
+			return prepared{}, fmt.Errorf("firmware: %w", err)
 		}
 		fw, err := bfb.ReadValid(bytes.NewReader(fwRaw))
 		if err != nil {
-			return nil, fmt.Errorf("firmware %s: %w", o.Firmware, err)
+			return prepared{}, fmt.Errorf("firmware %s: %w", o.Firmware, err)
 		}
 		if !bfb.HasFirmware(fw) {
-			return nil, fmt.Errorf("firmware %s: holds no BL2 image: %w", o.Firmware, ErrNoFirmware)
+			return prepared{}, fmt.Errorf("firmware %s: holds no BL2 image: %w", o.Firmware, ErrNoFirmware)
 		}
-		if raw, err = bfb.Marshal(bfb.Merge(fw, images)); err != nil {
-			return nil, err
+		images = bfb.Merge(fw, images)
+		if raw, err = bfb.Marshal(images); err != nil {
+			return prepared{}, err
 		}
 	} else if !bfb.HasFirmware(images) && !o.AllowOSOnly {
-		return nil, fmt.Errorf("bfb %s: %w: a card boots a pushed stream from reset, so it needs ATF and UEFI; "+
+		return prepared{}, fmt.Errorf("bfb %s: %w: a card boots a pushed stream from reset, so it needs ATF and UEFI; "+
 			"pass --firmware /lib/firmware/mellanox/boot/default.bfb (from mlxbf-bootimages) or build the image "+
 			"with DEFAULT_BFB=..., or --allow-os-only if you know better", o.BFB, ErrNoFirmware)
 	}
 	if o.Config != "" {
 		cfg, err := os.ReadFile(o.Config)
 		if err != nil {
-			return nil, fmt.Errorf("bf.cfg: %w", err)
+			return prepared{}, fmt.Errorf("bf.cfg: %w", err)
 		}
 		raw = append(raw, cfg...)
 	}
-	return raw, nil
+	return prepared{stream: raw, images: images, noRshimLog: noLog}, nil
 }
 
 func push(ctx context.Context, t target, stream []byte, o Options) (int64, error) {
@@ -188,13 +265,13 @@ func push(ctx context.Context, t target, stream []byte, o Options) (int64, error
 	return n, nil
 }
 
-// follow reads the rshim log until a success or failure marker, or the
-// timeout. Like bfb-install, it turns on the log display and clear-on-read
-// first and turns clear-on-read off at the end.
-func follow(ctx context.Context, t target, o Options) (string, bool, error) {
+// follow reads the rshim log until w says the card succeeded or failed, or
+// the timeout. Like bfb-install, it turns on the log display and
+// clear-on-read first and turns clear-on-read off at the end.
+func follow(ctx context.Context, t target, o Options, w *watch) (string, error) {
 	for _, cmd := range []string{"CLEAR_ON_READ 1", "DISPLAY_LEVEL 2"} {
 		if err := t.writeMisc(ctx, cmd); err != nil {
-			return "", false, err
+			return "", err
 		}
 	}
 	defer func() {
@@ -206,39 +283,147 @@ func follow(ctx context.Context, t target, o Options) (string, bool, error) {
 	tick := time.NewTicker(o.Poll)
 	defer tick.Stop()
 	var last []string
-	rebooted := false
 	for {
 		misc, err := t.readMisc(ctx)
 		if err != nil {
-			return "", rebooted, err
+			return "", err
 		}
 		cur := logLines(misc)
 		for _, line := range newLines(last, cur) {
 			fmt.Fprintf(o.Out, "card: %s\n", line)
-			if strings.Contains(line, rebootMarker) {
-				rebooted = true
-			}
-			for _, m := range failureMarkers {
-				if strings.Contains(line, m) {
-					return line, rebooted, fmt.Errorf("%s: %w", strings.TrimSpace(line), ErrFailed)
-				}
-			}
-			for _, m := range successMarkers {
-				if strings.Contains(line, m) {
-					fmt.Fprintf(o.Out, "flash: done: %s\n", m)
-					return strings.TrimSpace(line), rebooted, nil
-				}
+			if done, err := w.line(o.Out, line); done || err != nil {
+				return line, err
 			}
 		}
 		last = cur
 		select {
 		case <-ctx.Done():
-			return "", rebooted, ctx.Err()
+			return "", ctx.Err()
 		case <-deadline.C:
-			return "", rebooted, fmt.Errorf("no %q or %q after %v: %w", successMarkers[0], successMarkers[1], o.Timeout, ErrTimeout)
+			return "", w.timeout(o.Timeout)
 		case <-tick.C:
 		}
 	}
+}
+
+// watch decides what the card's log lines mean for one flash.
+type watch struct {
+	// lovelock is the version of the Lovelock image flashed, from the
+	// stream's boot description; empty for another OS's stream.
+	lovelock string
+	rebooted bool
+	// linuxUp: the flashed OS's kernel logged that it runs.
+	linuxUp bool
+	// notReady is the last "DPU is not ready" reason.
+	notReady string
+	// otherReady is the last ready line that was not the flashed image's.
+	otherReady string
+	// lines: the card logged anything; firmware: lines from ATF or UEFI.
+	lines, firmware bool
+	// os: the OS wrote anything at all (Linux up, ready, not ready).
+	os bool
+	// noRshimLog says why the image cannot write the rshim log, if known.
+	noRshimLog string
+}
+
+func newWatch(images []bfb.Image) *watch {
+	w := &watch{}
+	if desc, ok := bfb.Find(images, bfb.IDBootDesc, 0); ok {
+		w.lovelock, _ = bfb.LovelockVersion(string(desc.Data))
+	}
+	return w
+}
+
+// success names, quoted, the lines that end the wait successfully.
+func (w *watch) success() string {
+	if w.lovelock != "" {
+		return strconv.Quote(bfb.ReadyMessage(w.lovelock))
+	}
+	return strconv.Quote(dpuReady) + " or " + strconv.Quote(linuxUp)
+}
+
+// line takes one new log line: done on success, an error wrapping ErrFailed
+// on failure.
+func (w *watch) line(out io.Writer, line string) (done bool, err error) {
+	w.lines = true
+	w.firmware = w.firmware || isFirmwareLine(line)
+	if strings.Contains(line, linuxUp) || strings.Contains(line, dpuReady) || strings.Contains(line, dpuNotReady) {
+		w.os = true
+	}
+	switch {
+	case strings.Contains(line, failure):
+		return false, fmt.Errorf("%s: %w", strings.TrimSpace(line), ErrFailed)
+	case strings.Contains(line, reboot):
+		w.rebooted = true
+	case w.lovelock == "":
+		// Another OS's stream (NVIDIA's, to go back): its own bfup says
+		// Linux up once the OS runs.
+		if strings.Contains(line, dpuReady) || strings.Contains(line, linuxUp) {
+			fmt.Fprintf(out, "flash: done: %s\n", strings.TrimSpace(line))
+			return true, nil
+		}
+	case strings.Contains(line, bfb.ReadyMessage(w.lovelock)):
+		fmt.Fprintf(out, "flash: done: Lovelock %s is up and lovelockd healthy\n", w.lovelock)
+		return true, nil
+	case strings.Contains(line, dpuNotReady):
+		_, reason, _ := strings.Cut(line, dpuNotReady)
+		w.notReady = strings.TrimSpace(strings.TrimPrefix(reason, ":"))
+		fmt.Fprintf(out, "flash: Lovelock is up but lovelockd is not ready yet: %s; waiting\n", w.notReady)
+	case strings.Contains(line, dpuReady):
+		// A stale line from before the reset, or the card fell back to
+		// the OS on its eMMC: either way not the image just flashed.
+		w.otherReady = strings.TrimSpace(line)
+		fmt.Fprintf(out, "flash: %q is not %q: another OS (or an earlier boot) says so; waiting\n", w.otherReady, bfb.ReadyMessage(w.lovelock))
+	case strings.Contains(line, linuxUp):
+		w.linuxUp = true
+		fmt.Fprintf(out, "flash: the kernel runs; waiting for lovelockd to report healthy\n")
+	}
+	return false, nil
+}
+
+// timeout explains a wait that ran out.
+func (w *watch) timeout(after time.Duration) error {
+	var why []string
+	if w.notReady != "" {
+		why = append(why, "last not-ready reason: "+w.notReady)
+	}
+	if w.otherReady != "" {
+		why = append(why, fmt.Sprintf("the card said %q, which is not the flashed image (did it boot another OS?)", w.otherReady))
+	}
+	if w.linuxUp && w.notReady == "" {
+		why = append(why, "the kernel said Linux up, lovelockd never reported")
+	}
+	if !w.os {
+		// The OS writes its lines through mlxbf-bootctl's rsh_log; a
+		// kernel without it is silent here even when it runs.
+		seen := "the card logged nothing"
+		if w.firmware {
+			seen = "the card logged boot firmware (ATF/UEFI) lines and nothing from the OS"
+		} else if w.lines {
+			seen = "the card logged lines, none from the boot firmware (ATF/UEFI) or the OS"
+		}
+		cause := "if the OS's kernel lacks mlxbf-bootctl (CONFIG_MLXBF_BOOTCTL, as Debian's does) it cannot write here even when it runs"
+		if w.noRshimLog != "" {
+			cause = w.noRshimLog + ", so it cannot write here even when it runs"
+		}
+		why = append(why, fmt.Sprintf("%s; %s: look at the card's UART console (%s)", seen, cause, uartConsoles))
+	}
+	msg := fmt.Sprintf("no %s after %v", w.success(), after)
+	if len(why) > 0 {
+		msg += ": " + strings.Join(why, "; ")
+	}
+	return fmt.Errorf("%s: %w", msg, ErrTimeout)
+}
+
+// isFirmwareLine reports whether a log line comes from the boot firmware:
+// the PSC, ATF (BL1, BL2, BL31) or UEFI ("INFO[UEFI]: ...").
+func isFirmwareLine(line string) bool {
+	for _, src := range []string{"[PSC]", "[BL1]", "[BL2]", "[BL2R]", "[BL31]", "[UEFI]"} {
+		if strings.Contains(line, src) {
+			return true
+		}
+	}
+	return false
 }
 
 // logLines returns the log part of the misc device's text: the lines after

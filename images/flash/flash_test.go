@@ -3,10 +3,13 @@ package flash
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -102,12 +105,22 @@ func (f *fakeRshim) got() []byte {
 	return f.received
 }
 
-// streams writes a firmware stream and an OS-only stream into dir.
+// testVersion is the version of the Lovelock image the test streams carry.
+const testVersion = "v1.2.3-4-gabcdef"
+
+// streams writes a Lovelock image's stream with firmware, its OS-only
+// stream and a firmware stream into dir.
 func streams(t *testing.T) (full, osOnly, firmware string) {
+	t.Helper()
+	return streamsOf(t, bfb.LovelockDescription(testVersion))
+}
+
+// streamsOf is streams with another boot description (another OS's).
+func streamsOf(t *testing.T, desc string) (full, osOnly, firmware string) {
 	t.Helper()
 	dir := t.TempDir()
 	osImages := bfb.OS{Kernel: bytes.Repeat([]byte("K"), 3<<20+5), Initramfs: []byte("initrd"),
-		Description: "test", ArgsBF2: "console=ttyAMA1", ArgsBF3: "console=ttyAMA0"}.Images()
+		Description: desc, ArgsBF2: "console=ttyAMA1", ArgsBF3: "console=ttyAMA0"}.Images()
 	fw := []bfb.Image{{ID: bfb.IDBL2, Data: []byte("bl2")}, {ID: bfb.IDBL31, Data: []byte("bl31")}, {ID: bfb.IDBL33, Data: []byte("uefi")}}
 	write := func(name string, images []bfb.Image) string {
 		b, err := bfb.Marshal(images)
@@ -123,8 +136,13 @@ func streams(t *testing.T) (full, osOnly, firmware string) {
 	return write("full.bfb", bfb.Merge(fw, osImages)), write("os.bfb", osImages), write("default.bfb", fw)
 }
 
-var okLog = []string{"INFO[PSC]: PSC BL1 START", "INFO[BL2]: start", "INFO[BL31]: start",
-	"INFO[UEFI]: UEFI loaded", "INFO[MISC]: Rebooting...", "INFO[MISC]: Linux up", "INFO[MISC]: DPU is ready"}
+// bootLog is what firmware logs on the way to the OS.
+var bootLog = []string{"INFO[PSC]: PSC BL1 START", "INFO[BL2]: start", "INFO[BL31]: start",
+	"INFO[UEFI]: UEFI loaded", "INFO[MISC]: Rebooting..."}
+
+// okLog is a Lovelock image of testVersion coming up.
+var okLog = append(slices.Clone(bootLog), "INFO[MISC]: Linux up",
+	"INFO[MISC]: DPU is not ready: lovelockd is starting", "INFO[MISC]: "+bfb.ReadyMessage(testVersion))
 
 func TestFlashSuccess(t *testing.T) {
 	full, _, _ := streams(t)
@@ -142,16 +160,74 @@ func TestFlashSuccess(t *testing.T) {
 	if !bytes.Equal(card.got(), want) {
 		t.Fatalf("card received %d bytes, want the bfb and bf.cfg (%d bytes)", len(card.got()), len(want))
 	}
-	if res.Bytes != int64(len(want)) || res.Outcome != "INFO[MISC]: Linux up" || !res.Rebooted {
+	if res.Bytes != int64(len(want)) || res.Outcome != "INFO[MISC]: "+bfb.ReadyMessage(testVersion) ||
+		!res.Rebooted || res.Lovelock != testVersion {
 		t.Fatalf("result %+v", res)
 	}
-	for _, s := range []string{"flash", "card: INFO[BL2]: start", "card: INFO[MISC]: Rebooting...", "flash: done: Linux up"} {
+	for _, s := range []string{"flash", "card: INFO[BL2]: start", "card: INFO[MISC]: Rebooting...",
+		"card: INFO[MISC]: Linux up", "not ready yet: lovelockd is starting", "flash: done: Lovelock " + testVersion} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("output lacks %q:\n%s", s, out.String())
 		}
 	}
 	if strings.Contains(out.String(), "DEV_NAME") {
 		t.Errorf("settings lines printed as log:\n%s", out.String())
+	}
+}
+
+// TestFlashLovelockReady: a Lovelock image counts as flashed only when its
+// /init says ready with the version flashed. "Linux up" comes before
+// lovelockd runs, and another version's (or another OS's) ready line is a
+// card that booted something else.
+func TestFlashLovelockReady(t *testing.T) {
+	full, _, _ := streams(t)
+	for _, tc := range []struct {
+		name string
+		log  []string
+		want []string // in the timeout error; none: success
+	}{
+		{"right version", okLog, nil},
+		{"linux up only", append(slices.Clone(bootLog), "INFO[MISC]: Linux up"),
+			[]string{"Linux up, lovelockd never reported"}},
+		{"other version", append(slices.Clone(bootLog), "INFO[MISC]: Linux up", "INFO[MISC]: DPU is ready (Lovelock v0.9.0)"),
+			[]string{`"INFO[MISC]: DPU is ready (Lovelock v0.9.0)", which is not the flashed image`}},
+		{"another OS", append(slices.Clone(bootLog), "INFO[MISC]: Linux up", "INFO[MISC]: DPU is ready"),
+			[]string{`"INFO[MISC]: DPU is ready", which is not the flashed image`}},
+		{"not ready", append(slices.Clone(bootLog), "INFO[MISC]: Linux up", "INFO[MISC]: DPU is not ready: lovelockd runs degraded: attachment p0 xdp: busy"),
+			[]string{"last not-ready reason: lovelockd runs degraded: attachment p0 xdp: busy"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			card := newFakeRshim(t, tc.log)
+			var out bytes.Buffer
+			res, err := Flash(context.Background(), Options{BFB: full, Rshim: card.dir, NoProgress: true,
+				Timeout: time.Second, Poll: 10 * time.Millisecond, Out: &out})
+			if tc.want == nil {
+				if err != nil {
+					t.Fatalf("%v\n%s", err, out.String())
+				}
+				return
+			}
+			if !errors.Is(err, ErrTimeout) {
+				t.Fatalf("err = %v (result %+v), want ErrTimeout\n%s", err, res, out.String())
+			}
+			for _, w := range append(tc.want, bfb.ReadyMessage(testVersion)) {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error lacks %q: %v", w, err)
+				}
+			}
+		})
+	}
+}
+
+// TestFlashOtherOS: for another OS's stream (NVIDIA's, to go back) its own
+// "Linux up" still ends the wait.
+func TestFlashOtherOS(t *testing.T) {
+	full, _, _ := streamsOf(t, "DOCA BlueField OS")
+	card := newFakeRshim(t, append(slices.Clone(bootLog), "INFO[MISC]: Linux up"))
+	res, err := Flash(context.Background(), Options{BFB: full, Rshim: card.dir, NoProgress: true,
+		Timeout: 10 * time.Second, Poll: 10 * time.Millisecond})
+	if err != nil || res.Outcome != "INFO[MISC]: Linux up" || res.Lovelock != "" {
+		t.Fatalf("result %+v, err %v", res, err)
 	}
 }
 
@@ -181,6 +257,60 @@ func TestFlashTimeout(t *testing.T) {
 	m, _ := os.ReadFile(filepath.Join(card.dir, "misc"))
 	if !strings.Contains(string(m), "CLEAR_ON_READ 0") {
 		t.Errorf("misc after flash = %q, want CLEAR_ON_READ 0 written", m)
+	}
+}
+
+// TestFlashTimeoutFirmwareOnly: a card whose log shows the boot firmware
+// and then nothing (a kernel without mlxbf-bootctl cannot write the rshim
+// log) times out with an error that says so and where to look instead; a
+// manifest beside the stream that says the kernel lacks it makes the flash
+// warn before it waits.
+func TestFlashTimeoutFirmwareOnly(t *testing.T) {
+	firmwareLog := []string{"INFO[PSC]: PSC BL1 START", "INFO[BL2]: start", "INFO[BL31]: start",
+		"INFO[UEFI]: UEFI loaded", "INFO[UEFI]: PXE boot disabled"}
+	for _, tc := range []struct {
+		name     string
+		manifest string // sha256 of the stream in manifest.json; "" none
+		want     []string
+	}{
+		{"no manifest", "", []string{"boot firmware (ATF/UEFI) lines and nothing from the OS",
+			"lacks mlxbf-bootctl (CONFIG_MLXBF_BOOTCTL, as Debian's does)", "UART console (ttyAMA1 on BlueField-2"}},
+		{"manifest says no rshim log", "stream", []string{"boot firmware (ATF/UEFI) lines and nothing from the OS",
+			"the image's kernel 6.12.99+deb12-arm64 lacks mlxbf-bootctl", "UART console (ttyAMA1 on BlueField-2"}},
+		{"another build's manifest", strings.Repeat("0", 64), []string{"as Debian's does"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			full, _, _ := streams(t)
+			sum := tc.manifest
+			if sum == "stream" {
+				raw, _ := os.ReadFile(full)
+				h := sha256.Sum256(raw)
+				sum = hex.EncodeToString(h[:])
+			}
+			if sum != "" {
+				m := `{"kernel": {"release": "6.12.99+deb12-arm64", "rshim_log": false}, "bfb": {"sha256": "` + sum + `"}}`
+				if err := os.WriteFile(filepath.Join(filepath.Dir(full), "manifest.json"), []byte(m), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			card := newFakeRshim(t, firmwareLog)
+			var out bytes.Buffer
+			_, err := Flash(context.Background(), Options{BFB: full, Rshim: card.dir, NoProgress: true,
+				Timeout: time.Second, Poll: 10 * time.Millisecond, Out: &out})
+			if !errors.Is(err, ErrTimeout) {
+				t.Fatalf("err = %v, want ErrTimeout\n%s", err, out.String())
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error lacks %q:\n%v", w, err)
+				}
+			}
+			warned := strings.Index(out.String(), "flash: warning: the image's kernel 6.12.99+deb12-arm64 lacks mlxbf-bootctl")
+			waiting := strings.Index(out.String(), "following the rshim log")
+			if wantWarn := tc.manifest == "stream"; wantWarn != (warned >= 0) || warned > waiting {
+				t.Errorf("warning at %d, wait at %d; want a warning before the wait: %v\n%s", warned, waiting, wantWarn, out.String())
+			}
+		})
 	}
 }
 

@@ -32,6 +32,10 @@ import (
 // downloaded: the mirror has moved on to a newer kernel.
 var ErrNotOnMirror = errors.New("pinned kernel package is not on the mirror any more")
 
+// ErrDownload reports that apt could not download the pinned package
+// although apt's lists offer it: the network, a proxy or apt itself failed.
+var ErrDownload = errors.New("kernel package download failed")
+
 // ErrChecksum reports a downloaded package whose sha256 is not the pinned one.
 var ErrChecksum = errors.New("kernel package sha256 mismatch")
 
@@ -143,7 +147,7 @@ func Fetch(ctx context.Context, p Package, arch, cacheDir string, log io.Writer)
 	cmd.Stderr = io.MultiWriter(log, &out)
 	fmt.Fprintf(log, "kernel: apt-get download %s\n", spec)
 	if err := cmd.Run(); err != nil {
-		return "", notOnMirror(ctx, p, arch, strings.TrimSpace(out.String()), err)
+		return "", downloadFailed(ctx, p, arch, strings.TrimSpace(out.String()), err)
 	}
 	got := filepath.Join(tmp, p.DebName(arch))
 	if err := verify(got, p.SHA256); err != nil {
@@ -155,8 +159,49 @@ func Fetch(ctx context.Context, p Package, arch, cacheDir string, log io.Writer)
 	return deb, nil
 }
 
-// notOnMirror explains a failed download: it asks apt what the mirror offers
-// now, so the message says how far it has moved on and how to re-pin.
+// downloadFailed explains a failed download. Only when apt's lists do not
+// offer the pinned version has the mirror moved on (ErrNotOnMirror, and
+// re-pinning is the fix); otherwise the download itself failed, and
+// re-pinning would not help.
+func downloadFailed(ctx context.Context, p Package, arch, aptOut string, err error) error {
+	listed, lerr := offered(ctx, p, arch)
+	if lerr == nil && !listed {
+		return notOnMirror(ctx, p, arch, aptOut, err)
+	}
+	check := "apt's lists offer that version"
+	if lerr != nil {
+		check = "could not ask apt whether its lists offer that version: " + lerr.Error()
+	}
+	return fmt.Errorf("kernel: %s %s (%s): %w (apt-get download: %v: %s); %s\n"+
+		"  fix: check the network and apt's sources and proxy (apt-get download %s:%s=%s shows apt's whole output), then run make image again",
+		p.Package, p.Version, arch, ErrDownload, err, lastLine(aptOut), check, p.Package, arch, p.Version)
+}
+
+// offered says whether apt's lists offer version p.Version of the package
+// from a source (`apt-cache madison`; dpkg's status, an installed version,
+// does not count: apt-get download cannot fetch from it).
+func offered(ctx context.Context, p Package, arch string) (bool, error) {
+	name := p.Package + ":" + arch
+	cmd := exec.CommandContext(ctx, "apt-cache", "madison", name)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return false, fmt.Errorf("apt-cache madison %s: %w: %s", name, err, strings.TrimSpace(stderr.String()))
+	}
+	// " linux-image-… | 6.12.117-1~deb12u1 | http://deb.debian.org/debian bookworm/main arm64 Packages"
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Split(line, "|")
+		if len(f) == 3 && strings.TrimSpace(f[1]) == p.Version && !strings.Contains(f[2], "dpkg/status") {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// notOnMirror explains a download that failed because the mirror moved on:
+// it asks apt what the mirror offers now, so the message says how far it has
+// moved on and how to re-pin.
 func notOnMirror(ctx context.Context, p Package, arch, aptOut string, err error) error {
 	now, _ := exec.CommandContext(ctx, "apt-cache", "policy", p.Package+":"+arch).Output()
 	current := "nothing"
@@ -255,6 +300,18 @@ type Contents struct {
 	Builtin []string
 	// ModuleData maps Info.Path to the module file, uncompressed.
 	ModuleData map[string][]byte
+}
+
+// ConfigOption returns the value of CONFIG_<name> in the kernel's config
+// ("y", "m", a number or string), or "" when it is not set.
+func (c *Contents) ConfigOption(name string) string {
+	key := "CONFIG_" + name + "="
+	for _, line := range strings.Split(string(c.Config), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), key); ok {
+			return v
+		}
+	}
+	return ""
 }
 
 // Extract takes the kernel, its config and the modules p.Modules needs out

@@ -172,3 +172,75 @@ func TestExtract(t *testing.T) {
 		t.Fatal("Extract accepted a wrong release")
 	}
 }
+
+func TestConfigOption(t *testing.T) {
+	c := &Contents{Config: []byte("# CONFIG_MLXBF_BOOTCTL is not set\nCONFIG_BPF=y\nCONFIG_MLX5_CORE=m\nCONFIG_NR_CPUS=512\n")}
+	for name, want := range map[string]string{"BPF": "y", "MLX5_CORE": "m", "NR_CPUS": "512", "MLXBF_BOOTCTL": "", "BP": ""} {
+		if got := c.ConfigOption(name); got != want {
+			t.Errorf("ConfigOption(%s) = %q, want %q", name, got, want)
+		}
+	}
+}
+
+// fakeApt puts apt-get and apt-cache scripts first on PATH: apt-get download
+// fails with aptErr, apt-cache madison lists madison, apt-cache depends and
+// show describe a newer kernel.
+func fakeApt(t *testing.T, aptErr, madison string) {
+	t.Helper()
+	dir := t.TempDir()
+	scripts := map[string]string{
+		"apt-get": "#!/bin/sh\necho \"" + aptErr + "\" >&2\nexit 100\n",
+		"apt-cache": "#!/bin/sh\ncase \"$1\" in\n" +
+			"madison) printf '%s\\n' \"" + madison + "\" ;;\n" +
+			"policy) echo \"$2:\"; echo '  Candidate: 2' ;;\n" +
+			"depends) echo \"linux-image-cloud-amd64\"; echo '  Depends: linux-image-new' ;;\n" +
+			"show) echo 'Version: 2'; echo 'SHA256: abc' ;;\n" +
+			"esac\n",
+	}
+	for name, script := range scripts {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+}
+
+// TestFetchFailure: a failed download is "not on the mirror" (re-pin) only
+// when apt's lists no longer offer the pinned version; otherwise it is a
+// download failure with apt's error and no advice to re-pin.
+func TestFetchFailure(t *testing.T) {
+	p := Package{Flavor: "cloud-amd64", Package: "linux-image-old", Version: "1", SHA256: strings.Repeat("0", 64)}
+	for _, tc := range []struct {
+		name, madison string
+		want          error
+		says, not     []string
+	}{
+		{"network", " linux-image-old | 1 | http://deb.debian.org/debian bookworm/main amd64 Packages", ErrDownload,
+			[]string{"Could not resolve 'deb.debian.org'", "apt's lists offer that version", "check the network"},
+			[]string{"IMAGE_APT_UPDATE", "image-lock"}},
+		{"moved on", " linux-image-old | 2 | http://deb.debian.org/debian bookworm/main amd64 Packages", ErrNotOnMirror,
+			[]string{"linux-image-new 2", "make image-lock"}, nil},
+		{"installed only", " linux-image-old | 1 | /var/lib/dpkg/status", ErrNotOnMirror, nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fakeApt(t, "E: Failed to fetch http://deb.debian.org/x.deb  Could not resolve 'deb.debian.org'", tc.madison)
+			_, err := Fetch(context.Background(), p, "amd64", t.TempDir(), &bytes.Buffer{})
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("err = %v, want %v", err, tc.want)
+			}
+			if tc.want == ErrDownload && errors.Is(err, ErrNotOnMirror) {
+				t.Errorf("a download failure is reported as not on the mirror: %v", err)
+			}
+			for _, s := range tc.says {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("error lacks %q: %v", s, err)
+				}
+			}
+			for _, s := range tc.not {
+				if strings.Contains(err.Error(), s) {
+					t.Errorf("error says %q: %v", s, err)
+				}
+			}
+		})
+	}
+}

@@ -208,10 +208,31 @@ func driverName(iface string) string {
 
 // apiSocket is the API socket lovelockd is started with.
 func apiSocket(cfg *appconfig.Config) string {
+	return socketArg(cfg.Lovelockd.Args)
+}
+
+// socketArg returns the value of the last socket flag in args, in every
+// form lovelockd's flag parsing takes (--socket PATH, --socket=PATH,
+// -socket PATH, -socket=PATH), or the default socket.
+func socketArg(args []string) string {
 	socket := api.DefaultSocket
-	for i, a := range cfg.Lovelockd.Args {
-		if a == "--socket" && i+1 < len(cfg.Lovelockd.Args) {
-			socket = cfg.Lovelockd.Args[i+1]
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			break // the rest are not flags
+		}
+		if !strings.HasPrefix(a, "-") {
+			continue
+		}
+		name, val, inline := strings.Cut(strings.TrimPrefix(a[1:], "-"), "=")
+		if name != "socket" {
+			continue
+		}
+		if inline {
+			socket = val
+		} else if i+1 < len(args) {
+			socket = args[i+1]
+			i++
 		}
 	}
 	return socket
@@ -248,4 +269,44 @@ func confirmReady(ctx context.Context, socket string) error {
 		return fmt.Errorf("status: %w", err)
 	}
 	return healthy(st)
+}
+
+// readyRetry is how often /init asks lovelockd's API again after it said
+// ready but the API did not confirm it.
+const readyRetry = 5 * time.Second
+
+// announceReady waits for lovelockd's ready line, then asks confirm until
+// the API confirms it, and returns true; false when ctx ends first.
+// lovelockd logs ready only when its state changes, so a failed
+// confirmation is retried every retry (and at the next ready line) rather
+// than waiting for a line that may never come. say gets "DPU is not ready:
+// REASON" once per reason: the rshim log holds about 1 KiB in all.
+func announceReady(ctx context.Context, ready <-chan struct{}, confirm func(context.Context) error,
+	retry time.Duration, say func(string)) bool {
+	select {
+	case <-ready:
+	case <-ctx.Done():
+		return false
+	}
+	last := ""
+	for {
+		err := confirm(ctx)
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		if why := err.Error(); why != last {
+			say("DPU is not ready: " + why)
+			last = why
+		}
+		t := time.NewTimer(retry)
+		select {
+		case <-ready:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
 }

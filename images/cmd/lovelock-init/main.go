@@ -19,11 +19,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -31,6 +33,7 @@ import (
 	"github.com/lovelock-dpu/lovelock/control/attach"
 	"github.com/lovelock-dpu/lovelock/control/buildinfo"
 	"github.com/lovelock-dpu/lovelock/images/appconfig"
+	"github.com/lovelock-dpu/lovelock/images/bfb"
 	"github.com/lovelock-dpu/lovelock/images/kmod"
 )
 
@@ -107,7 +110,8 @@ func run(log *slog.Logger) error {
 	if err := setupNetwork(ctx, log, cfg); err != nil {
 		log.Error("network", "err", err)
 	}
-	rshimLog(log, "Linux up")
+	rs := newRshim(log)
+	rs.write("Linux up")
 
 	ready := make(chan struct{}, 1)
 	sup := &supervisor{
@@ -128,21 +132,13 @@ func run(log *slog.Logger) error {
 		go func() { ch <- bootCheck(ctx, log, cfg, attach.DefaultDir, ready) }()
 	} else {
 		go func() {
-			// lovelockd says ready only when everything it was asked
-			// for runs; the API confirms it before the DPU says so.
-			for {
-				select {
-				case <-ready:
-					if err := confirmReady(ctx, apiSocket(cfg)); err != nil {
-						rshimLog(log, "DPU is not ready: "+err.Error())
-						continue
-					}
-					rshimLog(log, "DPU is ready")
-					osUp(log)
-					return
-				case <-ctx.Done():
-					return
-				}
+			socket := apiSocket(cfg)
+			confirm := func(ctx context.Context) error { return confirmReady(ctx, socket) }
+			if announceReady(ctx, ready, confirm, readyRetry, rs.write) {
+				// With the version: the flash counts only the image it
+				// flashed as up, not an OS the card fell back to.
+				rs.write(bfb.ReadyMessage(buildinfo.Version))
+				rs.osUp()
 			}
 		}()
 	}
@@ -249,33 +245,79 @@ func powerOff(log *slog.Logger, cmd int) {
 	}
 }
 
-// Messages for the rshim log, which the BMC or host reads from
-// /dev/rshim0/misc (what `lovelock image flash` follows). The driver that
-// offers them (mlxbf-bootctl) is in NVIDIA's BlueField kernel, not in
-// Debian's: without it these are no-ops.
-var rshimLogPaths = []string{
-	"/sys/devices/platform/MLNXBF04:00/driver/rsh_log",
+// rshim writes the rshim log, which the BMC or host reads from
+// /dev/rshim0/misc (what `lovelock image flash` follows), and sets the
+// card's os_up flag. The driver that offers them (mlxbf-bootctl) is in
+// NVIDIA's BlueField kernel, not in Debian's: without it the flash cannot
+// see the card come up, so /init says so on the console, once.
+type rshim struct {
+	log      *slog.Logger
+	logPaths []string
+	upPaths  []string
+	missing  sync.Once
 }
 
-var osUpPaths = []string{
-	"/sys/devices/platform/MLNXBF04:00/driver/os_up",
-	"/sys/devices/platform/MLNXBF04:00/os_up",
-}
-
-func rshimLog(log *slog.Logger, msg string) {
-	for _, p := range rshimLogPaths {
-		if err := os.WriteFile(p, []byte(msg+"\n"), 0); err == nil {
-			log.Info("rshim log", "msg", msg)
-			return
-		}
+func newRshim(log *slog.Logger) *rshim {
+	return &rshim{
+		log:      log,
+		logPaths: []string{"/sys/devices/platform/MLNXBF04:00/driver/rsh_log"},
+		upPaths: []string{
+			"/sys/devices/platform/MLNXBF04:00/driver/os_up",
+			"/sys/devices/platform/MLNXBF04:00/os_up",
+		},
 	}
 }
 
-func osUp(log *slog.Logger) {
-	for _, p := range osUpPaths {
-		if err := os.WriteFile(p, []byte("1\n"), 0); err == nil {
-			log.Info("os_up set")
-			return
-		}
+// write appends msg to the rshim log; it logs msg on the console either way.
+func (r *rshim) write(msg string) {
+	if err := writeFirst(r.logPaths, msg+"\n"); err != nil {
+		r.absent(err)
+		r.log.Info("rshim log unavailable", "msg", msg)
+		return
 	}
+	r.log.Info("rshim log", "msg", msg)
+}
+
+// osUp sets the card's os_up flag.
+func (r *rshim) osUp() {
+	if err := writeFirst(r.upPaths, "1\n"); err != nil {
+		r.absent(err)
+		return
+	}
+	r.log.Info("os_up set")
+}
+
+func (r *rshim) absent(err error) {
+	if !errors.Is(err, fs.ErrNotExist) {
+		r.log.Warn("rshim", "err", err)
+		return
+	}
+	r.missing.Do(func() {
+		r.log.Warn("no rshim log: this kernel lacks mlxbf-bootctl (CONFIG_MLXBF_BOOTCTL), so `lovelock image flash` "+
+			"cannot see this boot and will time out although the card runs; follow this console instead",
+			"tried", strings.Join(r.logPaths, " "))
+	})
+}
+
+// writeFirst writes data into the first of paths that exists (sysfs
+// attributes: never created). It fails with fs.ErrNotExist when none does.
+func writeFirst(paths []string, data string) error {
+	for _, p := range paths {
+		f, err := os.OpenFile(p, os.O_WRONLY, 0)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		_, err = f.WriteString(data)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("%s: %w", strings.Join(paths, ", "), fs.ErrNotExist)
 }

@@ -15,8 +15,10 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -75,6 +77,10 @@ func buildCommand() *ucli.Command {
 		Action: func(c *ucli.Context) error {
 			lock, err := kernel.LoadLock(c.String("lock"))
 			if err != nil {
+				return err
+			}
+			// A wrong DEFAULT_BFB fails now, not after minutes of building.
+			if _, _, err := loadFirmware(c.String("default-bfb")); err != nil {
 				return err
 			}
 			b := builder{
@@ -148,6 +154,9 @@ type builder struct {
 	defaultBFB string
 }
 
+// buildinfoVersion is the symbol the linker stamps the version into.
+const buildinfoVersion = "github.com/lovelock-dpu/lovelock/control/buildinfo.Version"
+
 // binaries the image carries: where they come from and where they go.
 var binaries = []struct{ pkg, dst string }{
 	{"./images/cmd/lovelock-init", "/init"},
@@ -179,7 +188,8 @@ func (b *builder) build(arch string) (*manifest, error) {
 		return nil, err
 	}
 	m.Kernel = kernelInfo{Package: pkg.Package, PackageVersion: pkg.Version, PackageSHA256: pkg.SHA256,
-		Release: kc.Release, File: kernelName(arch), Size: len(kc.Kernel), SHA256: sum(kc.Kernel)}
+		Release: kc.Release, File: kernelName(arch), Size: len(kc.Kernel), SHA256: sum(kc.Kernel),
+		RshimLog: rshimLog(kc)}
 
 	a := initramfs.New()
 	for _, d := range []string{"/proc", "/sys", "/dev", "/run", "/tmp", "/etc/lovelock"} {
@@ -231,27 +241,72 @@ func (b *builder) build(arch string) (*manifest, error) {
 	if err := a.WriteGzip(&initrd); err != nil {
 		return nil, err
 	}
-	m.Initramfs = fileInfo{Path: "initramfs.cpio.gz", Size: initrd.Len(), SHA256: sum(initrd.Bytes()), Entries: a.Len()}
+	m.Initramfs = fileInfo{Path: initramfsName, Size: initrd.Len(), SHA256: sum(initrd.Bytes()), Entries: a.Len()}
 
-	if err := writeFile(filepath.Join(dir, m.Kernel.File), kc.Kernel); err != nil {
+	if err := b.install(dir, arch, kc.Kernel, initrd.Bytes(), m); err != nil {
 		return nil, err
 	}
-	if err := writeFile(filepath.Join(dir, "initramfs.cpio.gz"), initrd.Bytes()); err != nil {
-		return nil, err
-	}
+	return m, nil
+}
+
+// Output names that do not depend on the architecture.
+const (
+	manifestName  = "manifest.json"
+	initramfsName = "initramfs.cpio.gz"
+	bfbName       = "lovelock.bfb"
+)
+
+// install writes one architecture's kernel, initramfs, .bfb (arm64) and
+// manifest into dir. Whatever can fail on the inputs (the firmware stream)
+// runs before the first write, and the old manifest and .bfb are removed
+// before any file is replaced, the new manifest written last: a failed
+// build never leaves a manifest or .bfb beside files it does not describe.
+func (b *builder) install(dir, arch string, k, initrd []byte, m *manifest) error {
+	var stream []byte
 	if arch == "arm64" {
-		if err := b.writeBFB(dir, kc.Kernel, initrd.Bytes(), m); err != nil {
-			return nil, err
+		var err error
+		if stream, m.BFB, err = b.bfbStream(k, initrd); err != nil {
+			return err
 		}
 	}
 	js, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if err := writeFile(filepath.Join(dir, "manifest.json"), append(js, '\n')); err != nil {
-		return nil, err
+	for _, name := range []string{manifestName, bfbName} {
+		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("remove the previous build's %s: %w", name, err)
+		}
 	}
-	return m, nil
+	if err := writeFile(filepath.Join(dir, m.Kernel.File), k); err != nil {
+		return err
+	}
+	if err := writeFile(filepath.Join(dir, initramfsName), initrd); err != nil {
+		return err
+	}
+	if stream != nil {
+		if err := writeFile(filepath.Join(dir, bfbName), stream); err != nil {
+			return err
+		}
+	}
+	return writeFile(filepath.Join(dir, manifestName), append(js, '\n'))
+}
+
+// rshimLog says whether the image's kernel can write the rshim log that
+// `lovelock image flash` follows: it needs mlxbf-bootctl built in, or as a
+// module the image carries. Debian's kernels have neither.
+func rshimLog(kc *kernel.Contents) bool {
+	switch kc.ConfigOption("MLXBF_BOOTCTL") {
+	case "y":
+		return true
+	case "m":
+		for _, mod := range kc.Modules {
+			if mod.Name == "mlxbf_bootctl" {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func kernelName(arch string) string {
@@ -290,7 +345,11 @@ func (b *builder) goBuild(arch, pkg string) ([]byte, error) {
 	}
 	tmp.Close()
 	defer os.Remove(tmp.Name())
-	args := []string{"build", "-trimpath", "-buildvcs=false", "-ldflags", b.ldflags, "-o", tmp.Name(), pkg}
+	// The version last: /init announces it in its ready line and the flash
+	// compares it with the stream's boot description, so the two must agree
+	// whatever --ldflags says (the linker takes the last -X).
+	ldflags := strings.TrimSpace(b.ldflags + " -X " + buildinfoVersion + "=" + b.version)
+	args := []string{"build", "-trimpath", "-buildvcs=false", "-ldflags", ldflags, "-o", tmp.Name(), pkg}
 	cmd := exec.CommandContext(b.ctx, b.goCmd, args...)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+arch)
 	var out bytes.Buffer
@@ -331,49 +390,59 @@ func (b *builder) addConfigs(a *initramfs.Archive, m *manifest) error {
 	return nil
 }
 
-// writeBFB writes lovelock.bfb: the OS images over the firmware of
-// --default-bfb, or the OS images alone.
-func (b *builder) writeBFB(dir string, k, initrd []byte, m *manifest) error {
-	desc := fmt.Sprintf("Lovelock %s from rshim", b.version)
+// loadFirmware reads and checks the card's firmware stream (--default-bfb)
+// and returns its images and the file's sha256; none when file is empty.
+func loadFirmware(file string) ([]bfb.Image, string, error) {
+	if file == "" {
+		return nil, "", nil
+	}
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		return nil, "", fmt.Errorf("default bfb: %w (DEFAULT_BFB names the card's firmware stream, default.bfb from "+
+			"mlxbf-bootimages; leave it empty for an OS-only .bfb)", err)
+	}
+	fw, err := bfb.ReadValid(bytes.NewReader(raw))
+	if err != nil {
+		return nil, "", fmt.Errorf("default bfb %s: %w", file, err)
+	}
+	if !bfb.HasFirmware(fw) {
+		return nil, "", fmt.Errorf("default bfb %s: holds no BL2 image: not a firmware stream (want the card's default.bfb)", file)
+	}
+	return fw, sum(raw), nil
+}
+
+// bfbStream returns lovelock.bfb and its manifest entry: the OS images over
+// the firmware of --default-bfb, or the OS images alone.
+func (b *builder) bfbStream(k, initrd []byte) ([]byte, *bfbInfo, error) {
 	extra := " initrd=initramfs"
 	osImages := bfb.OS{
-		Kernel: k, Initramfs: initrd, Description: desc,
+		Kernel: k, Initramfs: initrd, Description: bfb.LovelockDescription(b.version),
 		ArgsBF2: bfb.ConsoleBF2 + extra,
 		ArgsBF3: bfb.ConsoleBF3 + extra,
 	}.Images()
 	images := osImages
-	info := &bfbInfo{File: "lovelock.bfb", Firmware: "none: OS-only stream (build with DEFAULT_BFB=/path/to/default.bfb to flash a card)"}
+	info := &bfbInfo{File: bfbName, Firmware: "none: OS-only stream (build with DEFAULT_BFB=/path/to/default.bfb to flash a card)"}
 	if b.defaultBFB != "" {
-		f, err := os.Open(b.defaultBFB)
+		fw, fwSum, err := loadFirmware(b.defaultBFB)
 		if err != nil {
-			return fmt.Errorf("default bfb: %w", err)
+			return nil, nil, err
 		}
-		fw, err := bfb.ReadValid(f)
-		f.Close()
-		if err != nil {
-			return fmt.Errorf("default bfb %s: %w", b.defaultBFB, err)
-		}
-		if !bfb.HasFirmware(fw) {
-			return fmt.Errorf("default bfb %s: holds no BL2 image: not a firmware stream", b.defaultBFB)
-		}
-		raw, _ := os.ReadFile(b.defaultBFB)
 		images = bfb.Merge(fw, osImages)
-		info.Firmware = fmt.Sprintf("%s (sha256 %s)", filepath.Base(b.defaultBFB), sum(raw))
+		info.Firmware = fmt.Sprintf("%s (sha256 %s)", filepath.Base(b.defaultBFB), fwSum)
 	}
 	stream, err := bfb.Marshal(images)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	// Read back what was written: the writer and the reader agree.
 	if _, err := bfb.ReadValid(bytes.NewReader(stream)); err != nil {
-		return fmt.Errorf("bfb self-check: %w", err)
+		return nil, nil, fmt.Errorf("bfb self-check: %w", err)
 	}
 	info.Size, info.SHA256 = len(stream), sum(stream)
 	for _, img := range images {
 		info.Images = append(info.Images, fmt.Sprintf("%s v%d %d bytes", img.ID, img.Version, len(img.Data)))
 	}
-	m.BFB = info
-	return writeFile(filepath.Join(dir, info.File), stream)
+	return stream, info, nil
 }
 
 func sum(b []byte) string {
@@ -413,6 +482,9 @@ type kernelInfo struct {
 	File           string `json:"file"`
 	Size           int    `json:"size"`
 	SHA256         string `json:"sha256"`
+	// RshimLog: the kernel has mlxbf-bootctl, so /init can write the rshim
+	// log; the flash warns when it cannot.
+	RshimLog bool `json:"rshim_log"`
 }
 
 type fileInfo struct {
@@ -440,6 +512,9 @@ func (m *manifest) print(w io.Writer) {
 	mib := func(n int) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
 	fmt.Fprintf(w, "%s image %s: kernel %s (%s %s)\n", m.Arch, m.Version, m.Kernel.Release, m.Kernel.Package, m.Kernel.PackageVersion)
 	fmt.Fprintf(w, "  %-20s %10s  sha256 %s\n", m.Kernel.File, mib(m.Kernel.Size), m.Kernel.SHA256)
+	if !m.Kernel.RshimLog && m.Arch == "arm64" {
+		fmt.Fprintf(w, "  kernel lacks mlxbf-bootctl (CONFIG_MLXBF_BOOTCTL): a flash cannot see this image come up; watch the card's UART console\n")
+	}
 	fmt.Fprintf(w, "  %-20s %10s  sha256 %s (%d entries)\n", m.Initramfs.Path, mib(m.Initramfs.Size), m.Initramfs.SHA256, m.Initramfs.Entries)
 	if m.BFB != nil {
 		fmt.Fprintf(w, "  %-20s %10s  sha256 %s (firmware: %s)\n", m.BFB.File, mib(m.BFB.Size), m.BFB.SHA256, m.BFB.Firmware)
