@@ -13,21 +13,6 @@ import (
 	"github.com/lovelock-dpu/lovelock/control/testenv"
 )
 
-// udpFrame is an Ethernet/IPv4/UDP frame to dport with a small payload.
-func udpFrame(dport uint16) []byte {
-	f := make([]byte, 14+20+8+4)
-	binary.BigEndian.PutUint16(f[12:], 0x0800)
-	ip := f[14:]
-	ip[0], ip[8], ip[9] = 0x45, 64, 17
-	binary.BigEndian.PutUint16(ip[2:], 20+8+4)
-	copy(ip[12:], []byte{10, 0, 0, 1, 10, 0, 0, 2})
-	udp := ip[20:]
-	binary.BigEndian.PutUint16(udp[0:], 5555)
-	binary.BigEndian.PutUint16(udp[2:], dport)
-	binary.BigEndian.PutUint16(udp[4:], 8+4)
-	return f
-}
-
 // dportRules drops UDP to port with rule ID id; everything else passes.
 func dportRules(port uint16, id uint32) *bpf.Ruleset {
 	var k bpf.RuleKey
@@ -59,16 +44,16 @@ func TestApplyClassify(t *testing.T) {
 		}
 		return ret
 	}
-	if got := run(udpFrame(7000)); got != xdpPass {
+	if got := run(testenv.UDPFrame(7000)); got != xdpPass {
 		t.Errorf("no rule set: verdict %d, want pass", got)
 	}
 	if err := s.Apply(dportRules(7000, 1)); err != nil {
 		t.Fatal(err)
 	}
-	if got := run(udpFrame(7000)); got != xdpDrop {
+	if got := run(testenv.UDPFrame(7000)); got != xdpDrop {
 		t.Errorf("dport 7000: verdict %d, want drop", got)
 	}
-	if got := run(udpFrame(7001)); got != xdpPass {
+	if got := run(testenv.UDPFrame(7001)); got != xdpPass {
 		t.Errorf("dport 7001: verdict %d, want pass (default)", got)
 	}
 	if c, err := s.RuleCounter(1); err != nil || c.Packets != 1 {
@@ -82,7 +67,7 @@ func TestApplyClassify(t *testing.T) {
 	if err := s.Apply(bad); err == nil {
 		t.Error("rule ID 0 accepted")
 	}
-	if got := run(udpFrame(7000)); got != xdpDrop {
+	if got := run(testenv.UDPFrame(7000)); got != xdpDrop {
 		t.Errorf("a refused set changed the live one: verdict %d", got)
 	}
 }
@@ -120,7 +105,7 @@ func TestApplyFullTable(t *testing.T) {
 	rs := &bpf.Ruleset{Shapes: []bpf.Shape{shape}}
 	// Entry i: UDP from 10.0.0.(i>>16) to port i&0xffff, rule 1 + i%65535.
 	frameOf := func(i int) []byte {
-		f := udpFrame(uint16(i))
+		f := testenv.UDPFrame(uint16(i))
 		f[14+15] = byte(i >> 16)
 		return f
 	}
@@ -222,10 +207,10 @@ func TestTCGSODefaultDrop(t *testing.T) {
 			binary.NativeEndian.PutUint32(gso[m.Offset.Bytes():], 1448)
 		}
 	}
-	bigTCP := append(udpFrame(80), make([]byte, 40)...)
+	bigTCP := append(testenv.UDPFrame(80), make([]byte, 40)...)
 	bigTCP[14+9] = 6
 	binary.BigEndian.PutUint16(bigTCP[14+2:], 0) // the length does not fit 16 bits
-	tunnel := append(udpFrame(4789), make([]byte, 40)...)
+	tunnel := append(testenv.UDPFrame(4789), make([]byte, 40)...)
 	binary.BigEndian.PutUint16(tunnel[14+2:], 0)
 	binary.BigEndian.PutUint16(tunnel[14+20+4:], 0)
 	const tcOK, tcShot = 0, 2

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"encoding/binary"
 	"io"
 	"log/slog"
 	"os"
@@ -78,29 +77,24 @@ func TestStateRoundTrip(t *testing.T) {
 	}
 }
 
-// udpFrame is an Ethernet/IPv4/UDP frame to dport.
-func udpFrame(dport uint16) []byte {
-	f := make([]byte, 14+20+8+4)
-	binary.BigEndian.PutUint16(f[12:], 0x0800)
-	ip := f[14:]
-	ip[0], ip[8], ip[9] = 0x45, 64, 17
-	binary.BigEndian.PutUint16(ip[2:], 20+8+4)
-	copy(ip[12:], []byte{10, 0, 0, 1, 10, 0, 0, 2})
-	binary.BigEndian.PutUint16(ip[20:], 5555)
-	binary.BigEndian.PutUint16(ip[22:], dport)
-	binary.BigEndian.PutUint16(ip[24:], 8+4)
-	return f
+// tempConfig is lovelockd's default configuration with its pins on a
+// fresh bpffs and its state and socket in a temporary directory, also
+// returned.
+func tempConfig(t *testing.T) (config.Config, string) {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := config.Defaults()
+	cfg.PinDir = filepath.Join(testenv.BPFFS(t), "lovelock")
+	cfg.State = filepath.Join(dir, "state.json")
+	cfg.Socket = filepath.Join(dir, "api.sock")
+	return cfg, dir
 }
 
 // TestConfigRulesKeepCounters: rules from the config's rule file have no
 // IDs; a restart over the same pins, and an upgrade to another port, must
 // find them under the IDs they had and leave their counters alone.
 func TestConfigRulesKeepCounters(t *testing.T) {
-	dir := t.TempDir()
-	cfg := config.Defaults()
-	cfg.PinDir = filepath.Join(testenv.BPFFS(t), "lovelock")
-	cfg.State = filepath.Join(dir, "state.json")
-	cfg.Socket = filepath.Join(dir, "api.sock")
+	cfg, dir := tempConfig(t)
 	cfg.Metrics = ""
 	cfg.Rules = filepath.Join(dir, "rules.yaml")
 	if err := os.WriteFile(cfg.Rules, []byte(`rules:
@@ -128,7 +122,7 @@ func TestConfigRulesKeepCounters(t *testing.T) {
 	}
 	for port, n := range map[uint16]int{7000: 3, 7001: 2} {
 		for range n {
-			if _, err := d.node.Steer.XDP.Run(&ebpf.RunOptions{Data: udpFrame(port)}); err != nil {
+			if _, err := d.node.Steer.XDP.Run(&ebpf.RunOptions{Data: testenv.UDPFrame(port)}); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -3,15 +3,12 @@ package daemon_test
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"syscall"
@@ -21,6 +18,7 @@ import (
 
 	"github.com/lovelock-dpu/lovelock/control/api"
 	"github.com/lovelock-dpu/lovelock/control/cli"
+	"github.com/lovelock-dpu/lovelock/control/testenv"
 	"github.com/lovelock-dpu/lovelock/dataplane/farmem"
 	"github.com/lovelock-dpu/lovelock/dataplane/farmem/fmap"
 )
@@ -321,7 +319,7 @@ func TestFarMemoryRegionFreed(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	v, fault, ok := touchFar(b, len(b)-1)
+	v, fault, ok := testenv.ReadByte(b, len(b)-1)
 	if ok {
 		t.Fatalf("the last byte of a freed region read %d, as if it were there", v)
 	}
@@ -330,20 +328,4 @@ func TestFarMemoryRegionFreed(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "its data is lost") || !strings.Contains(err.Error(), "unknown region") {
 		t.Fatalf("Close: %v, want the poisoned chunk, its data lost: unknown region", err)
 	}
-}
-
-// touchFar reads b[i], returning where a SIGBUS hit instead.
-func touchFar(b []byte, i int) (v byte, fault uintptr, ok bool) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if r := recover(); r != nil {
-			var ae interface{ Addr() uintptr }
-			if e, isErr := r.(runtime.Error); isErr && errors.As(e, &ae) {
-				fault, ok = ae.Addr(), false
-				return
-			}
-			panic(r)
-		}
-	}()
-	return b[i], 0, true
 }

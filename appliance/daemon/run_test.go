@@ -5,12 +5,10 @@ import (
 	"errors"
 	"log/slog"
 	"net"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/lovelock-dpu/lovelock/appliance/config"
 	"github.com/lovelock-dpu/lovelock/control/testenv"
 )
 
@@ -23,11 +21,7 @@ func (brokenListener) Accept() (net.Conn, error) { return nil, errors.New("accep
 // and stops everything it started, without waiting for ctx to end.
 func TestRunServeFails(t *testing.T) {
 	testenv.RequirePriv(t)
-	dir := t.TempDir()
-	cfg := config.Defaults()
-	cfg.PinDir = filepath.Join(testenv.BPFFS(t), "lovelock")
-	cfg.State = filepath.Join(dir, "state.json")
-	cfg.Socket = filepath.Join(dir, "api.sock")
+	cfg, _ := tempConfig(t)
 	cfg.Metrics = "127.0.0.1:0"
 	cfg.Normalize()
 	d, err := New(cfg, slog.New(slog.DiscardHandler))

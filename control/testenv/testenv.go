@@ -1,7 +1,8 @@
 // Package testenv holds the helpers that privileged tests share: the root
 // check that skips (or, under LOVELOCK_REQUIRE_PRIV=1, fails), throwaway
-// network namespaces, and bpffs. Everything it creates is removed through
-// tb.Cleanup.
+// network namespaces, and bpffs; and a few pieces several packages' tests
+// need alike (a UDP frame for the steering programs, a read that may
+// fault). Everything it creates is removed through tb.Cleanup.
 package testenv
 
 import (

@@ -290,6 +290,30 @@ func TestStaleBaseHandshake(t *testing.T) {
 	}
 }
 
+// deadPeerRTO is deadPeerCluster's retransmit timeout; its peer timeout
+// is eight of them.
+const deadPeerRTO = 10 * time.Millisecond
+
+// deadPeerCluster starts a cluster on an in-process network and a clock the
+// test advances (nothing sleeps), with one rank per client, small bundles,
+// two buffers per destination and short timeouts, so that a peer is
+// declared dead within a few clock steps.
+func deadPeerCluster(t *testing.T, mode Mode, nodes, clientsPerNode int) (*testCluster, *manualClock) {
+	t.Helper()
+	mem := memnet.New(memnet.Options{})
+	clk := newManualClock()
+	clk.quiet = func() bool { return mem.Queued() == 0 }
+	tc := startCluster(t, spec{mode: mode, nodes: nodes, clientsPerNode: clientsPerNode, ranksPerClient: 1, workers: 1,
+		mem: mem, clock: clk, handler: true,
+		tune: func(c *Config) {
+			c.TransferSize = 512
+			c.BuffersPerDest = 2
+			c.RetransmitTimeout = Duration(deadPeerRTO)
+			c.PeerTimeout = Duration(8 * deadPeerRTO)
+		}})
+	return tc, clk
+}
+
 // TestDeadAgent: a client whose agent is killed (no drain, no goodbye) does
 // not block silently. Once the agent has not answered for peer_timeout,
 // the Send waiting for a buffer and every later Send fail with ErrPeerDead,
@@ -298,18 +322,8 @@ func TestStaleBaseHandshake(t *testing.T) {
 // probes find it and messages flow. The test runs on an in-process network
 // and a clock it advances: nothing sleeps.
 func TestDeadAgent(t *testing.T) {
-	mem := memnet.New(memnet.Options{})
-	clk := newManualClock()
-	clk.quiet = func() bool { return mem.Queued() == 0 }
-	const rto = 10 * time.Millisecond
-	tc := startCluster(t, spec{mode: ModeDPU, nodes: 2, clientsPerNode: 1, ranksPerClient: 1, workers: 1,
-		mem: mem, clock: clk, handler: true,
-		tune: func(c *Config) {
-			c.TransferSize = 512
-			c.BuffersPerDest = 2
-			c.RetransmitTimeout = Duration(rto)
-			c.PeerTimeout = Duration(8 * rto)
-		}})
+	tc, clk := deadPeerCluster(t, ModeDPU, 2, 1)
+	const rto = deadPeerRTO
 	src, dst := tc.clients[0][0], uint32(1) // rank 1 is node1's client
 	ctx := context.Background()
 	if err := src.Send(dst, payload(0, 0, dst, 100)); err != nil {
@@ -384,18 +398,8 @@ func TestDeadAgent(t *testing.T) {
 // dead, the messages it drops for that client's ranks count as dead_peer
 // drops only, not also as delivered (handed to the client's send buffers).
 func TestDeadClientNotDelivered(t *testing.T) {
-	mem := memnet.New(memnet.Options{})
-	clk := newManualClock()
-	clk.quiet = func() bool { return mem.Queued() == 0 }
-	const rto = 10 * time.Millisecond
-	tc := startCluster(t, spec{mode: ModeHost, nodes: 1, clientsPerNode: 2, ranksPerClient: 1, workers: 1,
-		mem: mem, clock: clk, handler: true,
-		tune: func(c *Config) {
-			c.TransferSize = 512
-			c.BuffersPerDest = 2
-			c.RetransmitTimeout = Duration(rto)
-			c.PeerTimeout = Duration(8 * rto)
-		}})
+	tc, clk := deadPeerCluster(t, ModeHost, 1, 2)
+	const rto = deadPeerRTO
 	src, a := tc.clients[0][0], tc.agents[0]
 	dead := tc.cfg.Nodes[0].Clients[1].Ranks[0].Lo
 	if err := tc.clients[0][1].Close(); err != nil {

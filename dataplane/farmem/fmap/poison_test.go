@@ -3,16 +3,15 @@ package fmap
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
-	"runtime"
-	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/lovelock-dpu/lovelock/control/testenv"
 )
 
 const (
@@ -134,22 +133,7 @@ func helperFetchFail() error {
 	}
 	b := m.Bytes()
 	// touch reads b[i]; a SIGBUS there comes back as the fault's address.
-	touch := func(i int) (v byte, fault uintptr, ok bool) {
-		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-		defer func() {
-			r := recover()
-			if r == nil {
-				return
-			}
-			var ae interface{ Addr() uintptr }
-			if e, isErr := r.(runtime.Error); isErr && errors.As(e, &ae) {
-				fault, ok = ae.Addr(), false
-				return
-			}
-			panic(r)
-		}()
-		return b[i], 0, true
-	}
+	touch := func(i int) (byte, uintptr, bool) { return testenv.ReadByte(b, i) }
 	base := uintptr(unsafe.Pointer(&b[0]))
 	const probe = fetchFailChunk + 4096 + 7
 	fmt.Println("TOUCHING")

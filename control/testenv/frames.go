@@ -1,0 +1,45 @@
+package testenv
+
+import (
+	"encoding/binary"
+	"errors"
+	"runtime"
+	"runtime/debug"
+)
+
+// UDPFrame is an Ethernet/IPv4/UDP frame from 10.0.0.1:5555 to
+// 10.0.0.2:dport with a 4-byte payload: what steering tests run through
+// the programs (BPF_PROG_RUN).
+func UDPFrame(dport uint16) []byte {
+	f := make([]byte, 14+20+8+4)
+	binary.BigEndian.PutUint16(f[12:], 0x0800)
+	ip := f[14:]
+	ip[0], ip[8], ip[9] = 0x45, 64, 17
+	binary.BigEndian.PutUint16(ip[2:], 20+8+4)
+	copy(ip[12:], []byte{10, 0, 0, 1, 10, 0, 0, 2})
+	udp := ip[20:]
+	binary.BigEndian.PutUint16(udp[0:], 5555)
+	binary.BigEndian.PutUint16(udp[2:], dport)
+	binary.BigEndian.PutUint16(udp[4:], 8+4)
+	return f
+}
+
+// ReadByte reads b[i] from memory that may fault (a far-memory mapping
+// whose chunk was poisoned raises SIGBUS): ok is false and fault the
+// address when the read faulted. Any other panic goes on.
+func ReadByte(b []byte, i int) (v byte, fault uintptr, ok bool) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		r := recover()
+		if r == nil {
+			return
+		}
+		var ae interface{ Addr() uintptr }
+		if e, isErr := r.(runtime.Error); isErr && errors.As(e, &ae) {
+			fault, ok = ae.Addr(), false
+			return
+		}
+		panic(r)
+	}()
+	return b[i], 0, true
+}
