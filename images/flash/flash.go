@@ -28,6 +28,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 
 	"github.com/lovelock-dpu/lovelock/images/bfb"
+	"github.com/lovelock-dpu/lovelock/images/manifest"
 )
 
 // Errors callers test for.
@@ -161,29 +162,17 @@ type prepared struct {
 // uartConsoles is where a card's console is when the rshim log is silent.
 const uartConsoles = "ttyAMA1 on BlueField-2, ttyAMA0 on BlueField-3"
 
-// manifest is the part of mkimage's manifest.json the flash reads.
-type manifest struct {
-	Kernel struct {
-		Release string `json:"release"`
-		// RshimLog is absent in manifests older than the field.
-		RshimLog *bool `json:"rshim_log"`
-	} `json:"kernel"`
-	BFB *struct {
-		SHA256 string `json:"sha256"`
-	} `json:"bfb"`
-}
-
 // noRshimLog reads manifest.json beside the stream file bfbFile and, when
 // it describes that very stream (same sha256), says whether its kernel
 // lacks the rshim log. Anything else (no manifest, another build's) says
 // nothing.
 func noRshimLog(bfbFile string, raw []byte) string {
-	b, err := os.ReadFile(filepath.Join(filepath.Dir(bfbFile), "manifest.json"))
+	b, err := os.ReadFile(filepath.Join(filepath.Dir(bfbFile), manifest.Name))
 	if err != nil {
 		return ""
 	}
-	var m manifest
-	if json.Unmarshal(b, &m) != nil || m.BFB == nil || m.Kernel.RshimLog == nil || *m.Kernel.RshimLog {
+	var m manifest.Manifest
+	if json.Unmarshal(b, &m) != nil || m.BFB == nil || !m.NoRshimLog() {
 		return ""
 	}
 	h := sha256.Sum256(raw)
@@ -191,7 +180,7 @@ func noRshimLog(bfbFile string, raw []byte) string {
 		return ""
 	}
 	return fmt.Sprintf("the image's kernel %s lacks mlxbf-bootctl (CONFIG_MLXBF_BOOTCTL, says %s)",
-		m.Kernel.Release, filepath.Join(filepath.Dir(bfbFile), "manifest.json"))
+		m.Kernel.Release, filepath.Join(filepath.Dir(bfbFile), manifest.Name))
 }
 
 func prepare(o Options) (prepared, error) {

@@ -34,6 +34,7 @@ import (
 	"github.com/lovelock-dpu/lovelock/images/initramfs"
 	"github.com/lovelock-dpu/lovelock/images/kernel"
 	"github.com/lovelock-dpu/lovelock/images/kmod"
+	"github.com/lovelock-dpu/lovelock/images/manifest"
 )
 
 func main() {
@@ -101,7 +102,7 @@ func buildCommand() *ucli.Command {
 				if err != nil {
 					return fmt.Errorf("%s: %w", arch, err)
 				}
-				m.print(c.App.Writer)
+				m.Print(c.App.Writer)
 				fmt.Fprintf(c.App.Writer, "%s: built in %v\n\n", arch, time.Since(start).Round(100*time.Millisecond))
 			}
 			return nil
@@ -164,7 +165,7 @@ var binaries = []struct{ pkg, dst string }{
 	{"./control/cmd/lovelock", "/usr/bin/lovelock"},
 }
 
-func (b *builder) build(arch string) (*manifest, error) {
+func (b *builder) build(arch string) (*manifest.Manifest, error) {
 	pkg, err := b.lock.For(arch)
 	if err != nil {
 		return nil, err
@@ -173,7 +174,7 @@ func (b *builder) build(arch string) (*manifest, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	m := &manifest{Version: b.version, Arch: arch}
+	m := &manifest.Manifest{Version: b.version, Arch: arch}
 
 	// Kernel first: a mirror that moved on is the likeliest failure.
 	deb, err := kernel.Fetch(b.ctx, pkg, arch, b.cache, b.log)
@@ -187,9 +188,9 @@ func (b *builder) build(arch string) (*manifest, error) {
 	if err := checkKernelFormat(arch, kc.Kernel); err != nil {
 		return nil, err
 	}
-	m.Kernel = kernelInfo{Package: pkg.Package, PackageVersion: pkg.Version, PackageSHA256: pkg.SHA256,
+	m.Kernel = manifest.Kernel{Package: pkg.Package, PackageVersion: pkg.Version, PackageSHA256: pkg.SHA256,
 		Release: kc.Release, File: kernelName(arch), Size: len(kc.Kernel), SHA256: sum(kc.Kernel),
-		RshimLog: rshimLog(kc)}
+		RshimLog: ptr(rshimLog(kc))}
 
 	a := initramfs.New()
 	for _, d := range []string{"/proc", "/sys", "/dev", "/run", "/tmp", "/etc/lovelock"} {
@@ -210,7 +211,7 @@ func (b *builder) build(arch string) (*manifest, error) {
 		if err := a.AddFile(bin.dst, 0o755, data); err != nil {
 			return nil, err
 		}
-		m.Binaries = append(m.Binaries, fileInfo{Path: bin.dst, Size: len(data), SHA256: sum(data)})
+		m.Binaries = append(m.Binaries, manifest.File{Path: bin.dst, Size: len(data), SHA256: sum(data)})
 	}
 	if err := b.addConfigs(a, m); err != nil {
 		return nil, err
@@ -228,7 +229,7 @@ func (b *builder) build(arch string) (*manifest, error) {
 		if err := a.AddFile(modDir+"/"+mod.Path, 0o644, data); err != nil {
 			return nil, err
 		}
-		m.Modules = append(m.Modules, moduleInfo{Name: mod.Name, Path: mod.Path, Size: len(data)})
+		m.Modules = append(m.Modules, manifest.Module{Name: mod.Name, Path: mod.Path, Size: len(data)})
 	}
 	m.Builtin = kc.Builtin
 	osRelease := fmt.Sprintf("NAME=Lovelock\nID=lovelock\nVERSION=%s\nPRETTY_NAME=\"Lovelock %s (%s, Debian kernel %s)\"\n",
@@ -241,7 +242,7 @@ func (b *builder) build(arch string) (*manifest, error) {
 	if err := a.WriteGzip(&initrd); err != nil {
 		return nil, err
 	}
-	m.Initramfs = fileInfo{Path: initramfsName, Size: initrd.Len(), SHA256: sum(initrd.Bytes()), Entries: a.Len()}
+	m.Initramfs = manifest.File{Path: initramfsName, Size: initrd.Len(), SHA256: sum(initrd.Bytes()), Entries: a.Len()}
 
 	if err := b.install(dir, arch, kc.Kernel, initrd.Bytes(), m); err != nil {
 		return nil, err
@@ -251,7 +252,6 @@ func (b *builder) build(arch string) (*manifest, error) {
 
 // Output names that do not depend on the architecture.
 const (
-	manifestName  = "manifest.json"
 	initramfsName = "initramfs.cpio.gz"
 	bfbName       = "lovelock.bfb"
 )
@@ -261,7 +261,7 @@ const (
 // runs before the first write, and the old manifest and .bfb are removed
 // before any file is replaced, the new manifest written last: a failed
 // build never leaves a manifest or .bfb beside files it does not describe.
-func (b *builder) install(dir, arch string, k, initrd []byte, m *manifest) error {
+func (b *builder) install(dir, arch string, k, initrd []byte, m *manifest.Manifest) error {
 	var stream []byte
 	if arch == "arm64" {
 		var err error
@@ -273,7 +273,7 @@ func (b *builder) install(dir, arch string, k, initrd []byte, m *manifest) error
 	if err != nil {
 		return err
 	}
-	for _, name := range []string{manifestName, bfbName} {
+	for _, name := range []string{manifest.Name, bfbName} {
 		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("remove the previous build's %s: %w", name, err)
 		}
@@ -289,7 +289,7 @@ func (b *builder) install(dir, arch string, k, initrd []byte, m *manifest) error
 			return err
 		}
 	}
-	return writeFile(filepath.Join(dir, manifestName), append(js, '\n'))
+	return writeFile(filepath.Join(dir, manifest.Name), append(js, '\n'))
 }
 
 // rshimLog says whether the image's kernel can write the rshim log that
@@ -363,7 +363,7 @@ func (b *builder) goBuild(arch, pkg string) ([]byte, error) {
 // addConfigs ships every *.json of the config directory under
 // /etc/lovelock/, each validated; appliance.json is what /init reads
 // unless the kernel command line names another (lovelock.config=).
-func (b *builder) addConfigs(a *initramfs.Archive, m *manifest) error {
+func (b *builder) addConfigs(a *initramfs.Archive, m *manifest.Manifest) error {
 	files, err := filepath.Glob(filepath.Join(b.configDir, "*.json"))
 	if err != nil {
 		return err
@@ -382,7 +382,7 @@ func (b *builder) addConfigs(a *initramfs.Archive, m *manifest) error {
 		if err := a.AddFile(dst, 0o644, data); err != nil {
 			return err
 		}
-		m.Configs = append(m.Configs, fileInfo{Path: dst, Size: len(data), SHA256: sum(data)})
+		m.Configs = append(m.Configs, manifest.File{Path: dst, Size: len(data), SHA256: sum(data)})
 	}
 	if !haveDefault {
 		return fmt.Errorf("config dir %s has no appliance.json", b.configDir)
@@ -413,7 +413,7 @@ func loadFirmware(file string) ([]bfb.Image, string, error) {
 
 // bfbStream returns lovelock.bfb and its manifest entry: the OS images over
 // the firmware of --default-bfb, or the OS images alone.
-func (b *builder) bfbStream(k, initrd []byte) ([]byte, *bfbInfo, error) {
+func (b *builder) bfbStream(k, initrd []byte) ([]byte, *manifest.BFB, error) {
 	extra := " initrd=initramfs"
 	osImages := bfb.OS{
 		Kernel: k, Initramfs: initrd, Description: bfb.LovelockDescription(b.version),
@@ -421,7 +421,7 @@ func (b *builder) bfbStream(k, initrd []byte) ([]byte, *bfbInfo, error) {
 		ArgsBF3: bfb.ConsoleBF3 + extra,
 	}.Images()
 	images := osImages
-	info := &bfbInfo{File: bfbName, Firmware: "none: OS-only stream (build with DEFAULT_BFB=/path/to/default.bfb to flash a card)"}
+	info := &manifest.BFB{File: bfbName, Firmware: "none: OS-only stream (build with DEFAULT_BFB=/path/to/default.bfb to flash a card)"}
 	if b.defaultBFB != "" {
 		fw, fwSum, err := loadFirmware(b.defaultBFB)
 		if err != nil {
@@ -460,68 +460,4 @@ func writeFile(path string, data []byte) error {
 	return os.Rename(tmp, path)
 }
 
-// manifest describes one architecture's image; it carries no timestamps,
-// so it is as reproducible as the image.
-type manifest struct {
-	Version   string       `json:"version"`
-	Arch      string       `json:"arch"`
-	Kernel    kernelInfo   `json:"kernel"`
-	Initramfs fileInfo     `json:"initramfs"`
-	BFB       *bfbInfo     `json:"bfb,omitempty"`
-	Binaries  []fileInfo   `json:"binaries"`
-	Configs   []fileInfo   `json:"configs"`
-	Modules   []moduleInfo `json:"modules"`
-	Builtin   []string     `json:"builtin_modules,omitempty"`
-}
-
-type kernelInfo struct {
-	Package        string `json:"package"`
-	PackageVersion string `json:"package_version"`
-	PackageSHA256  string `json:"package_sha256"`
-	Release        string `json:"release"`
-	File           string `json:"file"`
-	Size           int    `json:"size"`
-	SHA256         string `json:"sha256"`
-	// RshimLog: the kernel has mlxbf-bootctl, so /init can write the rshim
-	// log; the flash warns when it cannot.
-	RshimLog bool `json:"rshim_log"`
-}
-
-type fileInfo struct {
-	Path    string `json:"path"`
-	Size    int    `json:"size"`
-	SHA256  string `json:"sha256"`
-	Entries int    `json:"entries,omitempty"`
-}
-
-type moduleInfo struct {
-	Name string `json:"name"`
-	Path string `json:"path"`
-	Size int    `json:"size"`
-}
-
-type bfbInfo struct {
-	File     string   `json:"file"`
-	Size     int      `json:"size"`
-	SHA256   string   `json:"sha256"`
-	Firmware string   `json:"firmware"`
-	Images   []string `json:"images"`
-}
-
-func (m *manifest) print(w io.Writer) {
-	mib := func(n int) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
-	fmt.Fprintf(w, "%s image %s: kernel %s (%s %s)\n", m.Arch, m.Version, m.Kernel.Release, m.Kernel.Package, m.Kernel.PackageVersion)
-	fmt.Fprintf(w, "  %-20s %10s  sha256 %s\n", m.Kernel.File, mib(m.Kernel.Size), m.Kernel.SHA256)
-	if !m.Kernel.RshimLog && m.Arch == "arm64" {
-		fmt.Fprintf(w, "  kernel lacks mlxbf-bootctl (CONFIG_MLXBF_BOOTCTL): a flash cannot see this image come up; watch the card's UART console\n")
-	}
-	fmt.Fprintf(w, "  %-20s %10s  sha256 %s (%d entries)\n", m.Initramfs.Path, mib(m.Initramfs.Size), m.Initramfs.SHA256, m.Initramfs.Entries)
-	if m.BFB != nil {
-		fmt.Fprintf(w, "  %-20s %10s  sha256 %s (firmware: %s)\n", m.BFB.File, mib(m.BFB.Size), m.BFB.SHA256, m.BFB.Firmware)
-	}
-	var mods []string
-	for _, mod := range m.Modules {
-		mods = append(mods, mod.Name)
-	}
-	fmt.Fprintf(w, "  modules: %s (built in: %s)\n", strings.Join(mods, " "), strings.Join(m.Builtin, " "))
-}
+func ptr[T any](v T) *T { return &v }

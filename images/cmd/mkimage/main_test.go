@@ -10,6 +10,7 @@ import (
 
 	"github.com/lovelock-dpu/lovelock/images/kernel"
 	"github.com/lovelock-dpu/lovelock/images/kmod"
+	"github.com/lovelock-dpu/lovelock/images/manifest"
 )
 
 func TestCheckKernelFormat(t *testing.T) {
@@ -59,11 +60,11 @@ func TestRshimLog(t *testing.T) {
 // with the manifest's sha256 (no manifest at all is consistent too).
 func requireConsistent(t *testing.T, dir string) {
 	t.Helper()
-	js, err := os.ReadFile(filepath.Join(dir, manifestName))
+	js, err := os.ReadFile(filepath.Join(dir, manifest.Name))
 	if os.IsNotExist(err) {
 		return
 	}
-	var m manifest
+	var m manifest.Manifest
 	if err := json.Unmarshal(js, &m); err != nil {
 		t.Fatal(err)
 	}
@@ -90,9 +91,9 @@ func TestInstallFailsCleanly(t *testing.T) {
 	}
 	build := func(b *builder, dir, fill string) error {
 		k, initrd := image(fill), []byte("initramfs "+fill)
-		m := &manifest{Version: b.version, Arch: "arm64",
-			Kernel:    kernelInfo{File: kernelName("arm64"), Size: len(k), SHA256: sum(k)},
-			Initramfs: fileInfo{Path: initramfsName, Size: len(initrd), SHA256: sum(initrd)}}
+		m := &manifest.Manifest{Version: b.version, Arch: "arm64",
+			Kernel:    manifest.Kernel{File: kernelName("arm64"), Size: len(k), SHA256: sum(k)},
+			Initramfs: manifest.File{Path: initramfsName, Size: len(initrd), SHA256: sum(initrd)}}
 		return b.install(dir, "arm64", k, initrd, m)
 	}
 	dir := t.TempDir()
@@ -120,7 +121,7 @@ func TestInstallFailsCleanly(t *testing.T) {
 		t.Fatal("build succeeded although the initramfs could not be written")
 	}
 	requireConsistent(t, dir)
-	for _, name := range []string{manifestName, bfbName} {
+	for _, name := range []string{manifest.Name, bfbName} {
 		if _, err := os.Stat(filepath.Join(dir, name)); !os.IsNotExist(err) {
 			t.Errorf("%s of the previous build left: %v", name, err)
 		}
