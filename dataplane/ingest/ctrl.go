@@ -260,7 +260,11 @@ type GPULayout struct {
 	Index int    `json:"index"`
 	Kind  string `json:"kind"` // devmem.Kind
 	Name  string `json:"name"`
-	Card  string `json:"card"` // MIG card model, e.g. "H100-80GB"
+	// UUID is the device's (devmem.Info.UUID; empty for shm): the handles
+	// of its buffers carry it, so that an importer finds the GPU whatever
+	// its own CUDA ordinals are.
+	UUID string `json:"uuid,omitempty"`
+	Card string `json:"card"` // MIG card model, e.g. "H100-80GB"
 	// HandleKind is how its buffers import (devmem.HandleKind).
 	HandleKind string `json:"handle_kind"`
 	// Slots are indexed by MIG memory slice: work placed on an instance

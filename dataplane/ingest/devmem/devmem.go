@@ -92,10 +92,15 @@ const (
 type Handle struct {
 	Kind HandleKind `json:"kind"`
 	Size int        `json:"size"`
-	// Device is the exporting device's index (CUDA kinds import on it).
-	Device int    `json:"device"`
-	FD     int    `json:"-"`
-	IPC    []byte `json:"ipc,omitempty"`
+	// Device is the exporting device's index in the exporter's process.
+	Device int `json:"device"`
+	// UUID is the exporting device's (Info.UUID), where it has one. CUDA
+	// kinds import on the GPU with this UUID: an ordinal names another GPU
+	// in a process whose CUDA_VISIBLE_DEVICES or CUDA_DEVICE_ORDER differ.
+	// Without it (an older exporter) they import on ordinal Device.
+	UUID string `json:"uuid,omitempty"`
+	FD   int    `json:"-"`
+	IPC  []byte `json:"ipc,omitempty"`
 }
 
 // Importer maps handles on the writer's side.

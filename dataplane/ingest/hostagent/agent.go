@@ -502,7 +502,7 @@ func (a *Agent) Layout() ingest.Layout {
 	l := ingest.Layout{Epoch: a.epoch}
 	for _, g := range a.gpus {
 		info := g.dev.Info()
-		gl := ingest.GPULayout{Index: g.index, Kind: string(info.Kind), Name: info.Name, Card: g.card}
+		gl := ingest.GPULayout{Index: g.index, Kind: string(info.Kind), Name: info.Name, UUID: info.UUID, Card: g.card}
 		for s := range g.slots {
 			gl.Slots = append(gl.Slots, ingest.SlotLayout{Slot: s, InBytes: g.slots[s].in.Size(), OutBytes: g.slots[s].out.Size()})
 		}

@@ -161,7 +161,7 @@ func FetchLayout(ctx context.Context, path string, epoch uint64) (ingest.Layout,
 	for _, g := range l.GPUs {
 		for _, s := range g.Slots {
 			for k, size := range []int{s.InBytes, s.OutBytes} {
-				h := devmem.Handle{Kind: devmem.HandleKind(g.HandleKind), Size: size, Device: g.Index, FD: -1}
+				h := devmem.Handle{Kind: devmem.HandleKind(g.HandleKind), Size: size, Device: g.Index, UUID: g.UUID, FD: -1}
 				if h.Kind == devmem.HandleCUDAIPC {
 					h.IPC = s.InIPC
 					if k == 1 {

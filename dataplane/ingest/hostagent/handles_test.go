@@ -14,6 +14,9 @@ import (
 	"github.com/lovelock-dpu/lovelock/dataplane/transport/memnet"
 )
 
+// testUUID is the device UUID startAgent's GPU reports.
+const testUUID = "GPU-00112233-4455-6677-8899-aabbccddeeff"
+
 func startAgent(t *testing.T, allow []uint32) (*Agent, string) {
 	t.Helper()
 	n := memnet.New(memnet.Options{})
@@ -24,7 +27,7 @@ func startAgent(t *testing.T, allow []uint32) (*Agent, string) {
 	sock := filepath.Join(t.TempDir(), "h.sock")
 	ck, _ := model.Builtin("checksum")
 	ready := make(chan error, 1)
-	a, err := New(Config{Transport: tr, DPU: netip.MustParseAddrPort("10.0.0.2:1"), Devices: []devmem.Device{devmem.NewShm(devmem.Info{})},
+	a, err := New(Config{Transport: tr, DPU: netip.MustParseAddrPort("10.0.0.2:1"), Devices: []devmem.Device{devmem.NewShm(devmem.Info{UUID: testUUID})},
 		Cards: []string{"H100-80GB"}, HandleSocket: sock, AllowUIDs: allow, Models: []*model.Model{ck}, SlotInput: 4096, SlotOutput: 64,
 		Ready: func() { _, err := os.Stat(sock); ready <- err }})
 	if err != nil {
@@ -89,6 +92,16 @@ func TestHandles(t *testing.T) {
 	}
 	if len(l.GPUs) != 1 || len(l.GPUs[0].Slots) != 8 || len(hs) != 16 {
 		t.Fatalf("layout: %d GPUs, %d handles", len(l.GPUs), len(hs))
+	}
+	// The handles name the GPU by UUID too: an ordinal differs between
+	// processes with different CUDA_VISIBLE_DEVICES.
+	if l.GPUs[0].UUID != testUUID {
+		t.Errorf("layout says UUID %q, want %q", l.GPUs[0].UUID, testUUID)
+	}
+	for i, h := range hs {
+		if h.UUID != testUUID || h.Device != 0 {
+			t.Errorf("handle %d names device %d, UUID %q; want 0, %q", i, h.Device, h.UUID, testUUID)
+		}
 	}
 	maps := importAll(t, hs)
 	// Slot 3's input, seen from the host.

@@ -102,7 +102,7 @@ func (b *buffer) Size() int { return b.size }
 // close-on-exec, the caller's to close or pass on) or a legacy IPC handle
 // (HandleCUDAIPC, which another process opens; not this one).
 func (b *buffer) Export() (devmem.Handle, error) {
-	h := devmem.Handle{Size: b.size, Device: b.d.info.Index, FD: -1}
+	h := devmem.Handle{Size: b.size, Device: b.d.info.Index, UUID: b.d.info.UUID, FD: -1}
 	err := b.d.t.do(func() error {
 		if err := b.live(); err != nil {
 			return err

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"encoding/hex"
 	"fmt"
 	"strings"
 
@@ -113,16 +114,16 @@ func (d *Device) setup() error {
 	if err := cu.check("cuDeviceGetName", cu.cuDeviceGetName(&name[0], int32(len(name)), d.dev)); err != nil {
 		return err
 	}
-	var uuid [16]byte
-	if err := cu.check("cuDeviceGetUuid", cu.cuDeviceGetUuid(&uuid, d.dev)); err != nil {
-		return err
-	}
 	var mem uintptr
 	if err := cu.check("cuDeviceTotalMem_v2", cu.cuDeviceTotalMem(&mem, d.dev)); err != nil {
 		return err
 	}
 	d.info = devmem.Info{Index: d.opts.Index, Kind: devmem.KindCUDA, Name: cString(name[:]), MemBytes: uint64(mem)}
-	d.info.UUID = formatUUID(uuid, strings.Contains(d.info.Name, " MIG "))
+	_, uuid, err := deviceUUID(cu, d.dev)
+	if err != nil {
+		return err
+	}
+	d.info.UUID = uuid
 	if cu.cuDeviceGetPCIBusId != nil {
 		var bus [32]byte
 		if cu.cuDeviceGetPCIBusId(&bus[0], int32(len(bus)), d.dev) == cuSuccess {
@@ -215,6 +216,35 @@ func (d *Device) describeMIG() {
 	if name, err := nv.name(gpu); err == nil && d.info.Card == "" {
 		d.info.Card = CardName(name, d.info.MemBytes)
 	}
+}
+
+// deviceUUID returns dev's UUID (cuDeviceGetUuid_v2: a MIG device's own),
+// as bytes and as nvidia-smi writes it.
+func deviceUUID(cu *driver, dev cuDevice) ([16]byte, string, error) {
+	var name [256]byte
+	if err := cu.check("cuDeviceGetName", cu.cuDeviceGetName(&name[0], int32(len(name)), dev)); err != nil {
+		return [16]byte{}, "", err
+	}
+	var u [16]byte
+	if err := cu.check("cuDeviceGetUuid", cu.cuDeviceGetUuid(&u, dev)); err != nil {
+		return [16]byte{}, "", err
+	}
+	return u, formatUUID(u, strings.Contains(cString(name[:]), " MIG ")), nil
+}
+
+// parseUUID reads a UUID that formatUUID wrote (GPU-… or MIG-…).
+func parseUUID(s string) ([16]byte, error) {
+	var u [16]byte
+	hexs, ok := strings.CutPrefix(s, "GPU-")
+	if !ok {
+		hexs, ok = strings.CutPrefix(s, "MIG-")
+	}
+	b, err := hex.DecodeString(strings.ReplaceAll(hexs, "-", ""))
+	if !ok || err != nil || len(b) != len(u) || strings.Count(hexs, "-") != 4 {
+		return u, fmt.Errorf("device UUID %q: want GPU- or MIG- and 32 hex digits, as nvidia-smi writes it", s)
+	}
+	copy(u[:], b)
+	return u, nil
 }
 
 // formatUUID writes a device UUID as nvidia-smi does: a MIG device's

@@ -16,6 +16,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -259,6 +260,109 @@ func TestGPUImportChild(t *testing.T) {
 				t.Fatal("the child's bytes differ in the buffer")
 			}
 		})
+	}
+}
+
+// visibleGPUs returns how many GPUs this process sees and the
+// CUDA_VISIBLE_DEVICES entries that name them, in this process's order.
+func visibleGPUs(t *testing.T) (int, []string) {
+	t.Helper()
+	cu, err := loadDriver("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int32
+	if err := cu.check("cuInit", cu.cuInit(0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := cu.check("cuDeviceGetCount", cu.cuDeviceGetCount(&n)); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	if v, ok := os.LookupEnv("CUDA_VISIBLE_DEVICES"); ok {
+		names = strings.Split(v, ",")[:n]
+	} else {
+		for i := range int(n) {
+			names = append(names, fmt.Sprint(i))
+		}
+	}
+	return int(n), names
+}
+
+// TestGPUImportReordered: the importing process numbers the GPUs the other
+// way round (CUDA_VISIBLE_DEVICES reversed), as a DPU writer started with
+// another environment than the GPU host agent would, and still maps the
+// exporter's GPU, not the one that has the exporter's ordinal here. It
+// exports from the last GPU, which is the child's ordinal 0; with one GPU
+// the order cannot differ and only the lookup is checked.
+func TestGPUImportReordered(t *testing.T) {
+	n, names := visibleGPUs(t)
+	if n < 2 {
+		t.Logf("%d GPU: the child sees the same order; only the lookup by device is checked", n)
+	}
+	slices.Reverse(names)
+	for _, opts := range []Options{{Index: n - 1}, {Index: n - 1, LegacyIPC: true}} {
+		t.Run(fmt.Sprintf("legacy=%v", opts.LegacyIPC), func(t *testing.T) {
+			d := openDevice(t, opts)
+			const n = 1<<20 + 3
+			b := alloc(t, d, n)
+			if err := b.WriteAt(pattern(1, n), 0); err != nil {
+				t.Fatal(err)
+			}
+			h, err := b.Export()
+			if err != nil {
+				t.Fatal(err)
+			}
+			js, err := json.Marshal(h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command(os.Args[0], "-test.run=^$")
+			cmd.Env = append(os.Environ(), envChild+"=1", envHandle+"="+string(js), "CUDA_VISIBLE_DEVICES="+strings.Join(names, ","))
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			if h.Kind == devmem.HandleCUDAFD {
+				f := os.NewFile(uintptr(h.FD), "cuda-fd")
+				defer f.Close()
+				cmd.ExtraFiles = []*os.File{f}
+			}
+			if err := cmd.Run(); err != nil {
+				t.Fatalf("child with CUDA_VISIBLE_DEVICES=%s importing %s's %s handle: %v: %s", strings.Join(names, ","), d.Info().UUID, h.Kind, err, stderr.String())
+			}
+			got := make([]byte, n)
+			if err := b.ReadAt(got, 0); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, pattern(2, n)) {
+				t.Fatal("the child's bytes differ in the buffer")
+			}
+		})
+	}
+}
+
+// TestGPUImportHiddenGPU: a handle of a GPU this process does not see
+// fails with an error that names its UUID and says to check
+// CUDA_VISIBLE_DEVICES; it does not fall back to the handle's ordinal.
+func TestGPUImportHiddenGPU(t *testing.T) {
+	im, err := NewImporter(ImporterOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer im.Close()
+	const hidden = "GPU-deadbeef-0000-4000-8000-00000000f00d"
+	_, err = im.Import(devmem.Handle{Kind: devmem.HandleCUDAIPC, Size: 4096, Device: 0, UUID: hidden, FD: -1, IPC: make([]byte, ipcHandleLen)})
+	if !errors.Is(err, ErrNoDevice) {
+		t.Fatalf("import on a hidden GPU: %v, want ErrNoDevice", err)
+	}
+	for _, want := range []string{"no GPU with UUID " + hidden, "check CUDA_VISIBLE_DEVICES"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%q does not say %q", err, want)
+		}
+	}
+	t.Logf("hidden GPU: %v", err)
+	_, err = im.Import(devmem.Handle{Kind: devmem.HandleCUDAIPC, Size: 4096, UUID: "GPU-1", FD: -1, IPC: make([]byte, ipcHandleLen)})
+	if err == nil || !strings.Contains(err.Error(), `"GPU-1"`) {
+		t.Errorf("import with a malformed UUID: %v", err)
 	}
 }
 

@@ -2,6 +2,9 @@ package cuda
 
 import (
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -21,14 +24,16 @@ type ImporterOptions struct {
 // Importer maps exported CUDA buffers into this process: the DPU-side
 // writer on the testbed, a separate process on the GPU host. It opens a
 // device's primary context, on a locked thread of its own, the first time
-// a handle of that device arrives. Its methods, and its mappings', may be
-// called from any goroutine.
+// a handle of that device arrives. It finds the device by the handle's
+// UUID among the GPUs this process sees, not by the exporter's ordinal,
+// which follows the exporter's CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER.
+// Its methods, and its mappings', may be called from any goroutine.
 type Importer struct {
 	cu   *driver
 	opts ImporterOptions
 
 	mu     sync.Mutex
-	ctxs   map[int]*importCtx
+	ctxs   map[string]*importCtx // by devKey
 	closed bool
 }
 
@@ -55,7 +60,7 @@ func NewImporter(opts ImporterOptions) (*Importer, error) {
 	if opts.Staging == 0 {
 		opts.Staging = DefaultStaging
 	}
-	return &Importer{cu: cu, opts: opts, ctxs: map[int]*importCtx{}}, nil
+	return &Importer{cu: cu, opts: opts, ctxs: map[string]*importCtx{}}, nil
 }
 
 // Import implements devmem.Importer. It takes ownership of h.FD: the
@@ -79,7 +84,7 @@ func (im *Importer) Import(h devmem.Handle) (devmem.Mapping, error) {
 	if h.Kind == devmem.HandleCUDAIPC && len(h.IPC) != ipcHandleLen {
 		return nil, fmt.Errorf("cuda import: IPC handle of %d bytes, want %d", len(h.IPC), ipcHandleLen)
 	}
-	c, err := im.context(h.Device)
+	c, err := im.context(h)
 	if err != nil {
 		return nil, fmt.Errorf("cuda import: %w", err)
 	}
@@ -97,32 +102,53 @@ func (im *Importer) Import(h devmem.Handle) (devmem.Mapping, error) {
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("cuda import %s handle of %d bytes on device %d: %w", h.Kind, h.Size, h.Device, err)
+		return nil, fmt.Errorf("cuda import %s handle of %d bytes on %s: %w", h.Kind, h.Size, devName(h), err)
 	}
 	return m, nil
 }
 
-// context returns device index's context, opening it on first use.
-func (im *Importer) context(index int) (*importCtx, error) {
+// devKey names the device a handle imports on: its UUID, or for a handle
+// without one (an older exporter) the exporter's ordinal.
+func devKey(h devmem.Handle) string {
+	if h.UUID != "" {
+		return h.UUID
+	}
+	return "#" + strconv.Itoa(h.Device)
+}
+
+// devName names the device of h in messages.
+func devName(h devmem.Handle) string {
+	if h.UUID != "" {
+		return h.UUID
+	}
+	return fmt.Sprintf("device %d (the exporter's ordinal: the handle has no UUID)", h.Device)
+}
+
+// context returns the context of the device h names, opening it on first
+// use.
+func (im *Importer) context(h devmem.Handle) (*importCtx, error) {
 	im.mu.Lock()
 	defer im.mu.Unlock()
 	if im.closed {
 		return nil, ErrClosed
 	}
-	if c := im.ctxs[index]; c != nil {
+	key := devKey(h)
+	if c := im.ctxs[key]; c != nil {
 		return c, nil
 	}
 	c := &importCtx{cu: im.cu, mappings: map[*mapping]struct{}{}}
-	t, err := startThread(func() error { return c.init(index, im.opts.Staging) }, c.fini)
+	t, err := startThread(func() error { return c.init(h.UUID, h.Device, im.opts.Staging) }, c.fini)
 	if err != nil {
-		return nil, fmt.Errorf("device %d: %w", index, err)
+		return nil, fmt.Errorf("%s: %w", devName(h), err)
 	}
 	c.t = t
-	im.ctxs[index] = c
+	im.ctxs[key] = c
 	return c, nil
 }
 
-func (c *importCtx) init(index, staging int) error {
+// init opens the device with uuid, or without one the device with
+// ordinal index, and makes its primary context current.
+func (c *importCtx) init(uuid string, index, staging int) error {
 	cu := c.cu
 	if err := cu.check("cuInit", cu.cuInit(0)); err != nil {
 		return err
@@ -131,10 +157,13 @@ func (c *importCtx) init(index, staging int) error {
 	if err := cu.check("cuDeviceGetCount", cu.cuDeviceGetCount(&n)); err != nil {
 		return err
 	}
-	if index < 0 || index >= int(n) {
-		return fmt.Errorf("%w: index %d, the driver sees %d GPUs", ErrNoDevice, index, n)
+	var err error
+	if uuid != "" {
+		c.dev, err = findUUID(cu, uuid, int(n))
+	} else {
+		err = openOrdinal(cu, &c.dev, index, int(n))
 	}
-	if err := cu.check("cuDeviceGet", cu.cuDeviceGet(&c.dev, int32(index))); err != nil {
+	if err != nil {
 		return err
 	}
 	if err := cu.check("cuDevicePrimaryCtxRetain", cu.cuDevicePrimaryCtxRetain(&c.ctx, c.dev)); err != nil {
@@ -144,7 +173,6 @@ func (c *importCtx) init(index, staging int) error {
 		cu.cuDevicePrimaryCtxRelease(c.dev)
 		return err
 	}
-	var err error
 	if cu.hasVMM() {
 		c.gran, err = granularity(cu, c.dev)
 	}
@@ -281,4 +309,44 @@ func (m *mapping) release() error {
 		return unmapHandle(m.c.cu, m.ptr, m.span, m.handle)
 	}
 	return m.c.cu.check("cuIpcCloseMemHandle", m.c.cu.cuIpcCloseMemHandle(m.ptr))
+}
+
+// openOrdinal gets the device with ordinal index of the n this process
+// sees.
+func openOrdinal(cu *driver, dev *cuDevice, index, n int) error {
+	if index < 0 || index >= n {
+		return fmt.Errorf("%w: index %d, the driver sees %d GPUs", ErrNoDevice, index, n)
+	}
+	return cu.check("cuDeviceGet", cu.cuDeviceGet(dev, int32(index)))
+}
+
+// findUUID returns the device whose UUID is uuid (as Info.UUID writes it)
+// among the n this process sees. The error for a GPU not among them names
+// the UUID, the ones seen, and CUDA_VISIBLE_DEVICES, which hides GPUs.
+func findUUID(cu *driver, uuid string, n int) (cuDevice, error) {
+	want, err := parseUUID(uuid)
+	if err != nil {
+		return 0, err
+	}
+	seen := make([]string, 0, n)
+	for i := range n {
+		var dev cuDevice
+		if err := cu.check("cuDeviceGet", cu.cuDeviceGet(&dev, int32(i))); err != nil {
+			return 0, err
+		}
+		u, s, err := deviceUUID(cu, dev)
+		if err != nil {
+			return 0, err
+		}
+		if u == want {
+			return dev, nil
+		}
+		seen = append(seen, fmt.Sprintf("%d: %s", i, s))
+	}
+	env := "CUDA_VISIBLE_DEVICES is not set"
+	if v, ok := os.LookupEnv("CUDA_VISIBLE_DEVICES"); ok {
+		env = fmt.Sprintf("CUDA_VISIBLE_DEVICES=%q", v)
+	}
+	return 0, fmt.Errorf("%w: no GPU with UUID %s among the %d this process sees [%s] (%s): the exporter's GPU is hidden from this process; check CUDA_VISIBLE_DEVICES of this process, which must include that GPU (by index or by UUID)",
+		ErrNoDevice, uuid, n, strings.Join(seen, ", "), env)
 }

@@ -138,4 +138,15 @@ func TestFormatUUID(t *testing.T) {
 	if got, want := formatUUID(u, true), "MIG-12345678-9abc-def0-0123-456789abcdef"; got != want {
 		t.Errorf("formatUUID of a MIG device = %q, want %q", got, want)
 	}
+	for _, mig := range []bool{false, true} {
+		if got, err := parseUUID(formatUUID(u, mig)); err != nil || got != u {
+			t.Errorf("parseUUID(%q) = %x, %v, want %x", formatUUID(u, mig), got, err, u)
+		}
+	}
+	for _, bad := range []string{"", "GPU-", "12345678-9abc-def0-0123-456789abcdef", "GPU-12345678-9abc-def0-0123-456789abcd",
+		"GPU-12345678-9abc-def0-0123-456789abcdefff", "GPU-123456789abcdef00123456789abcdef", "GPU-12345678-9abc-def0-0123-456789abcdeg", "0"} {
+		if _, err := parseUUID(bad); err == nil || !strings.Contains(err.Error(), "32 hex digits") {
+			t.Errorf("parseUUID(%q): %v, want an error", bad, err)
+		}
+	}
 }

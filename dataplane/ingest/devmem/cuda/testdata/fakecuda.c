@@ -13,6 +13,16 @@
 // POSIX-fd attribute, FAKE_CREATE_NOT_SUPPORTED=1 makes cuMemCreate fail
 // with CUDA_ERROR_NOT_SUPPORTED, FAKE_JIT_FAIL=1 fails the module load with
 // a JIT log.
+//
+// The machine has FAKE_GPUS physical GPUs (default 2), which differ only in
+// their UUIDs (byte 0 is the physical number). A process sees them as the
+// driver would under CUDA_VISIBLE_DEVICES (indices only, read at load: the
+// list ends at the first index that is not a GPU), so two processes may
+// number them differently. Every allocation remembers its physical GPU, and
+// the GPUs have no peer access to each other: mapping memory of one GPU for
+// another (cuMemSetAccess) or opening its IPC handle in another GPU's
+// context fails with CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, so an importer
+// that picks the wrong ordinal fails instead of passing by luck.
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <stdlib.h>
@@ -28,9 +38,24 @@ typedef int CUresult; typedef int CUdevice; typedef void *CUcontext; typedef uns
 typedef struct { unsigned type, req; unsigned ltype; int lid; void *w; unsigned char c, g; unsigned short u; unsigned char r[4]; } Prop;
 typedef struct { unsigned ltype; int lid; unsigned flags; } Access;
 typedef struct { char reserved[64]; } Ipc;
-static __thread void *cur;
-static int ctxobj;
+#define MAXGPU 8
+static __thread int *cur;
+static int ctxobj[MAXGPU]; // the primary context of each physical GPU
 #define NEEDCTX if (!cur) return 201
+#define CURGPU ((int)(cur - ctxobj))
+static int ngpus = 2, nvis, vis[MAXGPU]; // vis[ordinal] is a physical GPU
+__attribute__((constructor)) static void visible(void) {
+	const char *g = getenv("FAKE_GPUS"), *v = getenv("CUDA_VISIBLE_DEVICES");
+	if (g) ngpus = atoi(g);
+	if (ngpus < 1 || ngpus > MAXGPU) ngpus = 1;
+	if (!v) { for (nvis = 0; nvis < ngpus; nvis++) vis[nvis] = nvis; return; }
+	for (const char *p = v; *p && nvis < MAXGPU; ) {
+		char *end; long i = strtol(p, &end, 10);
+		if (end == p || i < 0 || i >= ngpus || (*end && *end != ',')) break;
+		vis[nvis++] = (int)i; p = *end ? end + 1 : end;
+	}
+}
+static int gpuof(int ordinal) { return ordinal >= 0 && ordinal < nvis ? vis[ordinal] : -1; }
 #define GRAN (2u<<20)
 static int tids[4096]; static int ntids;
 static void notetid(void) { int t = syscall(SYS_gettid); for (int i = 0; i < ntids; i++) if (tids[i] == t) return; if (ntids < 4096) tids[ntids++] = t; }
@@ -38,25 +63,30 @@ int fake_threads(void) { return ntids; }
 
 CUresult cuInit(unsigned f) { return f ? 1 : 0; }
 CUresult cuDriverGetVersion(int *v) { *v = 12040; return 0; }
-CUresult cuGetErrorName(CUresult r, const char **s) { *s = r == 801 ? "CUDA_ERROR_NOT_SUPPORTED" : r == 201 ? "CUDA_ERROR_INVALID_CONTEXT" : r == 218 ? "CUDA_ERROR_INVALID_PTX" : "CUDA_ERROR_OTHER"; return 0; }
+CUresult cuGetErrorName(CUresult r, const char **s) { *s = r == 801 ? "CUDA_ERROR_NOT_SUPPORTED" : r == 201 ? "CUDA_ERROR_INVALID_CONTEXT" : r == 218 ? "CUDA_ERROR_INVALID_PTX" :
+	r == 217 ? "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED" : r == 101 ? "CUDA_ERROR_INVALID_DEVICE" : "CUDA_ERROR_OTHER"; return 0; }
 CUresult cuGetErrorString(CUresult r, const char **s) { *s = "fake error text"; return 0; }
-CUresult cuDeviceGetCount(int *n) { *n = 1; return 0; }
-CUresult cuDeviceGet(CUdevice *d, int o) { if (o != 0) return 101; *d = 0; return 0; }
+CUresult cuDeviceGetCount(int *n) { *n = nvis; return 0; }
+CUresult cuDeviceGet(CUdevice *d, int o) { if (gpuof(o) < 0) return 101; *d = o; return 0; }
 CUresult cuDeviceGetName(char *n, int len, CUdevice d) { snprintf(n, len, "fake libcuda (testdata/fakecuda.c) as NVIDIA H100 80GB HBM3"); return 0; }
-CUresult cuDeviceGetUuid_v2(unsigned char *u, CUdevice d) { for (int i = 0; i < 16; i++) u[i] = i * 17; return 0; }
+CUresult cuDeviceGetUuid_v2(unsigned char *u, CUdevice d) { if (gpuof(d) < 0) return 101; for (int i = 0; i < 16; i++) u[i] = i * 17; u[0] = gpuof(d); return 0; }
 CUresult cuDeviceTotalMem_v2(size_t *b, CUdevice d) { *b = 81559ull << 20; return 0; }
 CUresult cuDeviceGetAttribute(int *v, int a, CUdevice d) {
 	*v = a == 16 ? 132 : a == 102 ? 1 : a == 103 ? (getenv("FAKE_NO_FD") ? 0 : 1) : 0; return 0; }
-CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) { *c = &ctxobj; return 0; }
+CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) { if (gpuof(d) < 0) return 101; *c = &ctxobj[gpuof(d)]; return 0; }
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { return 0; }
-CUresult cuCtxPushCurrent_v2(CUcontext c) { if (c != &ctxobj) return 201; cur = c; notetid(); return 0; }
+CUresult cuCtxPushCurrent_v2(CUcontext c) { if ((int *)c < ctxobj || (int *)c >= ctxobj + ngpus) return 201; cur = c; notetid(); return 0; }
 CUresult cuCtxPopCurrent_v2(CUcontext *c) { *c = cur; cur = 0; return 0; }
 CUresult cuCtxSynchronize(void) { NEEDCTX; return 0; }
 
 // cuMemAlloc memory is a memfd too, so legacy IPC handles work across processes.
+// Every memfd is named after its physical GPU ("fake1", "fakevmm1"), so a
+// process that receives one knows where the memory lives.
 struct blk { void *p; size_t n; int fd; };
 static struct blk blks[4096];
-static void *memfd_map(size_t n, int *fdp) { int fd = memfd_create("fake", 0); ftruncate(fd, n); void *p = mmap(0, n, PROT_READ|PROT_WRITE, MAP_SHARED, fd, 0); *fdp = fd; return p; }
+static void *memfd_map(size_t n, int *fdp) { char name[16]; snprintf(name, sizeof name, "fake%d", CURGPU); int fd = memfd_create(name, 0); ftruncate(fd, n); void *p = mmap(0, n, PROT_READ|PROT_WRITE, MAP_SHARED, fd, 0); *fdp = fd; return p; }
+static int gpuoffd(int fd) { char path[64], link[128]; snprintf(path, sizeof path, "/proc/self/fd/%d", fd); ssize_t k = readlink(path, link, sizeof link - 1);
+	if (k < 0) return -1; link[k] = 0; const char *p = strstr(link, "memfd:fake"); if (!p) return -1; p += 10; if (!strncmp(p, "vmm", 3)) p += 3; return atoi(p); }
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { NEEDCTX; notetid(); int fd; void *m = memfd_map(n, &fd);
 	for (int i = 0; i < 4096; i++) if (!blks[i].p) { blks[i] = (struct blk){m, n, fd}; *p = (CUdeviceptr)m; return 0; } return 2; }
 CUresult cuMemFree_v2(CUdeviceptr p) { NEEDCTX; for (int i = 0; i < 4096; i++) if (blks[i].p == (void *)p) { munmap(blks[i].p, blks[i].n); close(blks[i].fd); blks[i].p = 0; return 0; } return 1; }
@@ -76,6 +106,7 @@ CUresult cuIpcGetMemHandle(Ipc *h, CUdeviceptr p) {
 		memcpy(h->reserved + 8, &pid, 4);
 		memcpy(h->reserved + 12, &blks[i].fd, 4);
 		memcpy(h->reserved + 16, &blks[i].n, 8);
+		h->reserved[24] = (char)CURGPU;
 		h->reserved[63] = 0x5a;
 		return 0;
 	}
@@ -85,6 +116,7 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, Ipc h, unsigned flags) { NEEDCTX;
 	if (memcmp(h.reserved, "FAKEIPC", 8) || h.reserved[63] != 0x5a || flags != 1) return 1;
 	int pid, fd; size_t n; memcpy(&pid, h.reserved + 8, 4); memcpy(&fd, h.reserved + 12, 4); memcpy(&n, h.reserved + 16, 8);
 	if (pid == getpid()) return 201;
+	if (h.reserved[24] != CURGPU) return 217; // another GPU's memory, and no peer access
 	char path[64]; snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, fd); int f = open(path, O_RDWR); if (f < 0) return 999;
 	void *m = mmap(0, n, PROT_READ|PROT_WRITE, MAP_SHARED, f, 0); close(f); *p = (CUdeviceptr)m; return 0; }
 CUresult cuIpcCloseMemHandle(CUdeviceptr p) { NEEDCTX; return 0; }
@@ -116,20 +148,30 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
 		return 0; }
 	return 400; }
 
-static int propok(const Prop *p) { return sizeof(Prop) == 32 && p->type == 1 && p->req == 1 && p->ltype == 1 && p->lid == 0 && !p->w; }
+static int propok(const Prop *p) { return sizeof(Prop) == 32 && p->type == 1 && p->req == 1 && p->ltype == 1 && gpuof(p->lid) >= 0 && !p->w; }
 CUresult cuMemGetAllocationGranularity(size_t *g, const Prop *p, int opt) { if (!propok(p) || opt != 0) return 1; *g = GRAN; return 0; }
 CUresult cuMemCreate(unsigned long long *h, size_t n, const Prop *p, unsigned long long fl) { NEEDCTX;
 	if (getenv("FAKE_CREATE_NOT_SUPPORTED")) return 801;
-	if (!propok(p) || n % GRAN || fl) return 1; int fd = memfd_create("fakevmm", 0); ftruncate(fd, n); *h = (unsigned long long)fd + 1000; return 0; }
+	if (!propok(p) || n % GRAN || fl) return 1; char name[16]; snprintf(name, sizeof name, "fakevmm%d", gpuof(p->lid));
+	int fd = memfd_create(name, 0); ftruncate(fd, n); *h = (unsigned long long)fd + 1000; return 0; }
 CUresult cuMemRelease(unsigned long long h) { close((int)(h - 1000)); return 0; }
 CUresult cuMemAddressReserve(CUdeviceptr *p, size_t n, size_t al, CUdeviceptr a, unsigned long long f) { NEEDCTX;
 	if (n % GRAN || al || a || f) return 1; void *m = mmap(0, n, PROT_NONE, MAP_PRIVATE|MAP_ANONYMOUS, -1, 0); *p = (CUdeviceptr)m; return 0; }
 CUresult cuMemAddressFree(CUdeviceptr p, size_t n) { munmap((void *)p, n); return 0; }
+// The physical GPU of each mapped range, for cuMemSetAccess.
+struct vmap { CUdeviceptr p; int gpu; };
+static struct vmap vmaps[4096];
 CUresult cuMemMap(CUdeviceptr p, size_t n, size_t off, unsigned long long h, unsigned long long f) { NEEDCTX;
-	if (off || f) return 1; void *m = mmap((void *)p, n, PROT_NONE, MAP_SHARED|MAP_FIXED, (int)(h - 1000), 0); return m == (void *)p ? 0 : 1; }
-CUresult cuMemUnmap(CUdeviceptr p, size_t n) { mmap((void *)p, n, PROT_NONE, MAP_PRIVATE|MAP_ANONYMOUS|MAP_FIXED, -1, 0); return 0; }
+	if (off || f) return 1; void *m = mmap((void *)p, n, PROT_NONE, MAP_SHARED|MAP_FIXED, (int)(h - 1000), 0); if (m != (void *)p) return 1;
+	int gpu = gpuoffd((int)(h - 1000));
+	for (int i = 0; i < 4096; i++) if (__sync_bool_compare_and_swap(&vmaps[i].p, 0, p)) { vmaps[i].gpu = gpu; return 0; } return 2; }
+CUresult cuMemUnmap(CUdeviceptr p, size_t n) { mmap((void *)p, n, PROT_NONE, MAP_PRIVATE|MAP_ANONYMOUS|MAP_FIXED, -1, 0);
+	for (int i = 0; i < 4096; i++) __sync_bool_compare_and_swap(&vmaps[i].p, p, 0); return 0; }
 CUresult cuMemSetAccess(CUdeviceptr p, size_t n, const Access *d, size_t c) { NEEDCTX;
-	if (c != 1 || d->ltype != 1 || d->lid != 0 || d->flags != 3) return 1; return mprotect((void *)p, n, PROT_READ|PROT_WRITE) ? 1 : 0; }
+	if (c != 1 || d->ltype != 1 || gpuof(d->lid) < 0 || d->flags != 3) return 1;
+	int gpu = -1; for (int i = 0; i < 4096; i++) if (vmaps[i].p == p) gpu = vmaps[i].gpu;
+	if (gpu != gpuof(d->lid)) return 217; // another GPU's memory, and no peer access
+	return mprotect((void *)p, n, PROT_READ|PROT_WRITE) ? 1 : 0; }
 CUresult cuMemExportToShareableHandle(void *out, unsigned long long h, int kind, unsigned long long f) { NEEDCTX;
 	if (kind != 1 || f) return 1; *(int *)out = dup((int)(h - 1000)); return 0; }
 CUresult cuMemImportFromShareableHandle(unsigned long long *h, void *os, int kind) { NEEDCTX;
