@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -90,9 +91,13 @@ type inferred struct {
 }
 
 func goInfer(ctx context.Context, a *Agent, in []byte) chan inferred {
+	return goInferModel(ctx, a, "checksum", in)
+}
+
+func goInferModel(ctx context.Context, a *Agent, mdl string, in []byte) chan inferred {
 	ch := make(chan inferred, 1)
 	go func() {
-		res, err := a.Infer(ctx, &ingest.Request{Model: "checksum", Input: in})
+		res, err := a.Infer(ctx, &ingest.Request{Model: mdl, Input: in})
 		ch <- inferred{res, err}
 	}()
 	return ch
@@ -241,6 +246,149 @@ func TestCanceledIsNotDeadline(t *testing.T) {
 			s := r.agent.Stats()
 			if s.Refused["deadline"] != tc.deadline || s.Canceled != 1-tc.deadline {
 				t.Errorf("deadline refusals %d, canceled %d; want %d, %d (refused %v)", s.Refused["deadline"], s.Canceled, tc.deadline, 1-tc.deadline, s.Refused)
+			}
+		})
+	}
+}
+
+// slowModel is a model only the tests' host agent runs: the checksum, but
+// each run says it started and then waits until the test lets it end, as
+// a model that runs longer than its caller waits.
+type slowModel struct {
+	started chan struct{} // closed when the first run began
+	release chan struct{} // closed: runs end
+	runs    atomic.Int32
+	once    sync.Once
+}
+
+func newSlowModel() *slowModel {
+	return &slowModel{started: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (s *slowModel) model() *model.Model {
+	ck, _ := model.Builtin("checksum")
+	return &model.Model{Name: "slow", Doc: "the checksum, as slow as the test says", Multiple: 1, OutputSize: ck.OutputSize,
+		Reference: func(in, out []byte) int {
+			if s.runs.Add(1) == 1 {
+				close(s.started)
+			}
+			<-s.release
+			return ck.Reference(in, out)
+		}}
+}
+
+// finish lets every run end.
+func (s *slowModel) finish() { s.once.Do(func() { close(s.release) }) }
+
+// TestGiveUpWhileRunning: an Infer caller whose deadline passes, or who
+// cancels, while the GPU host still runs its model is answered at once
+// (deadline, or canceled), counted once; its slot stays reserved for as
+// long as the run goes on (a request waiting for it is not placed, the
+// host is never rung for a busy slot); the run's late completion is
+// neither delivered nor counted, as a result or as a protocol error; and
+// the slot then goes to the waiting request.
+func TestGiveUpWhileRunning(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		timeout time.Duration // the caller's deadline; 0: it cancels
+	}{
+		{"deadline", time.Second},
+		{"canceled", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			slow := newSlowModel()
+			// Both models take the whole GPU, so both requests use slot 0.
+			r := newRig(t, rigOptions{models: []ModelConfig{{Name: "slow", Profile: "7g.80gb"}, {Name: "checksum", Profile: "7g.80gb"}},
+				hostModels: []*model.Model{slow.model()}})
+			t.Cleanup(slow.finish) // before the rig stops: the host waits for its runs
+			a := r.agent
+			ctx, cancel := context.WithCancel(context.Background())
+			if tc.timeout > 0 {
+				ctx, cancel = context.WithTimeout(context.Background(), tc.timeout)
+			}
+			defer cancel()
+
+			first := goInferModel(ctx, a, "slow", randomBytes(1, 4096))
+			select {
+			case <-slow.started:
+			case o := <-first:
+				t.Fatalf("the first request ended before its model ran: %+v, %v", o.res, o.err)
+			case <-time.After(10 * time.Second):
+				t.Fatal("the slow model never started")
+			}
+			in := randomBytes(2, 4096)
+			second := goInfer(context.Background(), a, in)
+			waitQueued(t, a, 1)
+
+			if tc.timeout == 0 {
+				cancel()
+			}
+			o := await(t, first, "request given up")
+			switch {
+			case o.err == nil:
+				t.Fatalf("request given up: result %+v, want an error", o.res)
+			case tc.timeout == 0 && !errors.Is(o.err, context.Canceled):
+				t.Errorf("canceled: %v, want an error wrapping context.Canceled", o.err)
+			case tc.timeout > 0 && ingest.StatusOf(o.err) != ingest.StatusDeadline:
+				t.Errorf("deadline passed: %v, want status deadline", o.err)
+			}
+			var wantDeadline, wantCanceled uint64 = 1, 0
+			if tc.timeout == 0 {
+				wantDeadline, wantCanceled = 0, 1
+			}
+			counted := func(when string) {
+				t.Helper()
+				s := a.Stats()
+				if s.Refused["deadline"] != wantDeadline || s.Canceled != wantCanceled || len(s.Refused) != int(wantDeadline) {
+					t.Errorf("%s: refused %v, canceled %d; want deadline %d, canceled %d, nothing else", when, s.Refused, s.Canceled, wantDeadline, wantCanceled)
+				}
+				if s.ProtocolErrors != 0 || s.LateResults != 0 {
+					t.Errorf("%s: %d host protocol errors, %d late results; want none", when, s.ProtocolErrors, s.LateResults)
+				}
+			}
+			counted("answered")
+
+			// The model still runs: for longer than the doorbell timeout,
+			// which the DPU rings again on and the host answers "running".
+			time.Sleep(4 * r.cfg.DoorbellTimeout)
+			select {
+			case o := <-second:
+				t.Fatalf("the waiting request was answered while the first one's model still ran: %+v, %v", o.res, o.err)
+			default:
+			}
+			if s := a.Stats(); s.Queued != 1 || s.InFlight != 2 || s.Completed != 0 || s.Rerings == 0 {
+				t.Errorf("while the model runs: queued %d, in flight %d, completed %d, doorbells rung again %d; want 1, 2, 0, > 0",
+					s.Queued, s.InFlight, s.Completed, s.Rerings)
+			}
+			if hs := r.host.Stats(); hs.Completed != 0 || hs.Failed != 0 || hs.Repeats == 0 {
+				t.Errorf("host while the model runs: completed %d, failed %d, repeated doorbells %d; want 0, 0, > 0", hs.Completed, hs.Failed, hs.Repeats)
+			}
+			counted("while the model runs")
+
+			slow.finish()
+			o = await(t, second, "waiting request")
+			want := model.Checksum(in)
+			if o.err != nil || !bytes.Equal(o.res.Output, want[:]) {
+				t.Fatalf("waiting request: %+v, %v; want checksum %x", o.res, o.err, want)
+			}
+			if o.res.GPU != 0 || o.res.Slice != "7g.80gb@0" {
+				t.Errorf("waiting request ran on GPU %d slice %s, want the first one's slot, GPU 0 7g.80gb@0", o.res.GPU, o.res.Slice)
+			}
+			select {
+			case o := <-first:
+				t.Errorf("the given-up request was answered again: %+v, %v", o.res, o.err)
+			default:
+			}
+			s := a.Stats()
+			if s.Completed != 1 || s.InFlight != 0 || s.Queued != 0 || s.BufferBytes != 0 {
+				t.Errorf("after: completed %d, in flight %d, queued %d, buffered %d; want 1, 0, 0, 0", s.Completed, s.InFlight, s.Queued, s.BufferBytes)
+			}
+			if hs := r.host.Stats(); hs.Completed != 2 || hs.Failed != 0 {
+				t.Errorf("host after: completed %d, failed %d; want 2 (the slow run, then the waiting request), 0", hs.Completed, hs.Failed)
+			}
+			counted("after")
+			if n := slow.runs.Load(); n != 1 {
+				t.Errorf("the slow model ran %d times, want 1", n)
 			}
 		})
 	}

@@ -48,6 +48,8 @@ type rig struct {
 	hostDone   chan error
 	hostTr     transport.Transport
 	gpus       int
+	// hostModels are models the host runs beside the built-in ones.
+	hostModels []*model.Model
 }
 
 type rigOptions struct {
@@ -58,6 +60,9 @@ type rigOptions struct {
 	slotIn  int
 	faults  memnet.Faults
 	tweak   func(*Config)
+	// hostModels are models the host agent runs beside the built-in
+	// ones (a test's own, e.g. one it can slow down).
+	hostModels []*model.Model
 }
 
 func newRig(t *testing.T, o rigOptions) *rig {
@@ -68,7 +73,8 @@ func newRig(t *testing.T, o rigOptions) *rig {
 	if o.models == nil {
 		o.models = []ModelConfig{{Name: "checksum"}, {Name: "mlp"}}
 	}
-	r := &rig{t: t, net: memnet.New(memnet.Options{Seed: 1, MaxPayload: 8972, Faults: o.faults}), socket: filepath.Join(t.TempDir(), "ingest.sock"), gpus: o.gpus}
+	r := &rig{t: t, net: memnet.New(memnet.Options{Seed: 1, MaxPayload: 8972, Faults: o.faults}), socket: filepath.Join(t.TempDir(), "ingest.sock"), gpus: o.gpus,
+		hostModels: o.hostModels}
 	r.cfg = Config{Importer: devmem.ShmImporter{}, Models: o.models, Tenants: o.tenants, Pools: o.pools,
 		ReassemblyTimeout: 300 * time.Millisecond, DoorbellTimeout: 100 * time.Millisecond}
 	if o.tweak != nil {
@@ -135,7 +141,7 @@ func (r *rig) startHost(slotIn int) {
 	ck, _ := model.Builtin("checksum")
 	mlp, _ := model.Builtin("mlp")
 	h, err := hostagent.New(hostagent.Config{Transport: tr, DPU: dpuHostAddr, Devices: devs, Cards: cards, HandleSocket: r.socket,
-		Models: []*model.Model{ck, mlp}, SlotInput: slotIn, Heartbeat: 50 * time.Millisecond})
+		Models: append([]*model.Model{ck, mlp}, r.hostModels...), SlotInput: slotIn, Heartbeat: 50 * time.Millisecond})
 	if err != nil {
 		r.t.Fatal(err)
 	}
