@@ -1,7 +1,11 @@
 package cli
 
 import (
+	"fmt"
+	"reflect"
 	"regexp"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/messaging"
@@ -40,5 +44,36 @@ func TestMsgStatsRefused(t *testing.T) {
 		if !regexp.MustCompile(re).MatchString(out) {
 			t.Errorf("msg stats output does not match %q:\n%s", re, out)
 		}
+	}
+}
+
+// TestMsgStatsDropsBreakdown: the drops line names every counter its total
+// sums, closed (messages a client's Close could not send) among them, so
+// that the parts add up to the total.
+func TestMsgStatsDropsBreakdown(t *testing.T) {
+	var dr messaging.DropStats
+	v := reflect.ValueOf(&dr).Elem()
+	for i := range v.NumField() {
+		v.Field(i).SetUint(1 << i) // each counter a bit of its own
+	}
+	sock := serveFake(t, &fakeService{msg: &messaging.Stats{Role: "client", Node: "node0", Client: "c0", Mode: messaging.ModeDPU, Drops: dr}})
+	out, _, err := runCLI(sock, "msg", "stats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^drops: (\d+) in all: (.*)$`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no drops line:\n%s", out)
+	}
+	var sum uint64
+	for _, n := range regexp.MustCompile(`\d+`).FindAllString(m[2], -1) {
+		k, _ := strconv.ParseUint(n, 10, 64)
+		sum += k
+	}
+	if m[1] != strconv.FormatUint(dr.Total(), 10) || sum != dr.Total() {
+		t.Errorf("drops line: total %s, its parts sum to %d; want both %d:\n%s", m[1], sum, dr.Total(), m[0])
+	}
+	if want := fmt.Sprintf("closed %d", dr.Closed); !strings.Contains(m[2], want) {
+		t.Errorf("drops line does not say %q:\n%s", want, m[0])
 	}
 }

@@ -72,7 +72,7 @@ type Client struct {
 	// The receive goroutine's own state.
 	recv   *receiver // incoming links, sequencing, credits
 	rx     []transport.Packet
-	out    []transport.Packet
+	out    batch
 	rxSize int
 	bufs   sync.Pool // of receive buffers handed to the delivery queue
 

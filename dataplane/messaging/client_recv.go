@@ -77,10 +77,9 @@ func (c *Client) receive(ctx context.Context) {
 			c.recv.handle(&c.rx[i], now)
 		}
 		c.recv.credits()
-		if len(c.out) > 0 {
-			_, _ = transport.SendAll(c.tr, c.out, func(transport.Packet, error) { c.ctr.drop(dropSendErrors, 1) })
-			clear(c.out)
-			c.out = c.out[:0]
+		if c.out.len() > 0 {
+			c.out.send(c.tr, &c.ctr)
+			c.out.reset()
 		}
 		c.recv.recycle()
 	}

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/messaging/bundle"
-	"github.com/lovelock-dpu/lovelock/dataplane/transport"
 )
 
 // shard is one independent send path: its own links (send buffers and
@@ -20,7 +19,7 @@ type shard struct {
 	links    []*outLink // by hop, created on first use
 	byPeer   map[uint32]*outLink
 	dirty    []*outLink
-	out      []transport.Packet
+	out      batch
 	lastSend int64          // the time of the last Send the timer goroutine knows of
 	sends    uint64         // Sends so far; the fast path counts, it reads no clock
 	seen     uint64         // sends when the timer goroutine last looked
@@ -58,12 +57,11 @@ func (s *shard) addDirty(l *outLink) {
 // send hands the shard's queued datagrams to the transport. The shard's
 // lock is held: the buffers must not change until the kernel has them.
 func (s *shard) send() {
-	if len(s.out) == 0 {
+	if s.out.len() == 0 {
 		return
 	}
-	_, _ = transport.SendAll(s.c.tr, s.out, func(transport.Packet, error) { s.c.ctr.drop(dropSendErrors, 1) })
-	clear(s.out)
-	s.out = s.out[:0]
+	s.out.send(s.c.tr, &s.c.ctr)
+	s.out.reset()
 }
 
 // wake wakes the goroutines waiting for this shard's buffers.

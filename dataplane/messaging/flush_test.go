@@ -2,6 +2,7 @@ package messaging
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -246,5 +247,100 @@ func TestCloseCountsUnsent(t *testing.T) {
 	}
 	if d := c.Stats().Drops.Closed; d != lost {
 		t.Errorf("drops.closed %d, want %d (the messages the peer never received)", d, lost)
+	}
+}
+
+// TestSentCountsTaken: a next hop's sent counters (bundles, messages,
+// bytes, retransmits, probes) count what the transport took, and
+// send_errors what it refused, on clients and agents alike. While a
+// client's or an agent's transport refuses their bundles, nothing counts
+// as sent to that next hop; once it takes them, each bundle counts once,
+// and sent and send_errors partition what was attempted.
+func TestSentCountsTaken(t *testing.T) {
+	const n = 10
+	type owner struct{ node, client int } // client -1: the node's agent
+	gates := map[owner][]*gate{}
+	tc := startCluster(t, spec{mode: ModeDPU, nodes: 2, clientsPerNode: 1, ranksPerClient: 1, workers: 1, handler: true,
+		mem: memnet.New(memnet.Options{}),
+		wrap: func(node, c int, tr transport.Transport) transport.Transport {
+			g := &gate{Transport: tr}
+			gates[owner{node, c}] = append(gates[owner{node, c}], g)
+			return g
+		}})
+	shut := func(o owner, on bool) {
+		for _, g := range gates[o] {
+			g.shut.Store(on)
+		}
+	}
+	src, agent1 := tc.clients[0][0], tc.agents[1]
+	rank := tc.cfg.Nodes[1].Clients[0].Ranks[0].Lo
+
+	// The client's transport refuses its bundles: Flush hands the bundle
+	// over, the retransmission timer tries again, nothing is taken.
+	shut(owner{0, 0}, true)
+	for i := range uint32(n) {
+		if err := src.Send(rank, payload(0, i, rank, 100)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Millisecond)
+	err := src.Flush(ctx)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Flush with every bundle refused: %v, want the deadline", err)
+	}
+	st := src.Stats()
+	if d, _ := st.Dest("node0"); d.Bundles != 0 || d.Messages != 0 || d.Bytes != 0 || d.Retransmits != 0 || st.Drops.SendErrors == 0 {
+		t.Errorf("client, every bundle refused: sent %d bundles, %d messages, %d bytes, %d retransmits; %d send errors; want nothing sent, send errors",
+			d.Bundles, d.Messages, d.Bytes, d.Retransmits, st.Drops.SendErrors)
+	}
+
+	// The client's bundle goes through; the receiving agent's transport
+	// refuses the bundles for its client.
+	shut(owner{1, -1}, true)
+	shut(owner{0, 0}, false)
+	eventually(t, 10*time.Second, "agent node1 refusing a bundle for its client", func() bool {
+		return agent1.Stats().Drops.SendErrors > 0
+	})
+	st = agent1.Stats()
+	if d, _ := st.Dest("node1/c0"); d.Bundles != 0 || d.Messages != 0 || d.Bytes != 0 || d.Retransmits != 0 {
+		t.Errorf("agent node1, every bundle to its client refused: sent %d bundles, %d messages, %d bytes, %d retransmits; want nothing",
+			d.Bundles, d.Messages, d.Bytes, d.Retransmits)
+	}
+
+	shut(owner{1, -1}, false)
+	waitCount(t, tc.sinks[1], n, 10*time.Second)
+	for o, gs := range gates {
+		var st Stats
+		if o.client < 0 {
+			st = tc.agents[o.node].Stats()
+		} else {
+			st = tc.clients[o.node][o.client].Stats()
+		}
+		name := fmt.Sprintf("%s/%s", st.Node, st.Role)
+		var took, bytes, probes, refused uint64
+		var s DestStats
+		eventually(t, 10*time.Second, name+"'s counters agreeing with its transport", func() bool {
+			took, bytes, probes, refused = 0, 0, 0, 0
+			for _, g := range gs {
+				b, by, p, r := g.counts()
+				took, bytes, probes, refused = took+b, bytes+by, probes+p, refused+r
+			}
+			if o.client < 0 {
+				st = tc.agents[o.node].Stats()
+			} else {
+				st = tc.clients[o.node][o.client].Stats()
+			}
+			s = st.Sent()
+			return s.Bundles+s.Retransmits == took && s.Bytes+s.RetransmitBytes == bytes && s.Probes == probes &&
+				st.Drops.SendErrors == refused
+		})
+		t.Logf("%s: sent %d bundles, %d retransmits, %d probes; %d send errors", name, s.Bundles, s.Retransmits, s.Probes, st.Drops.SendErrors)
+	}
+	if d, _ := src.Stats().Dest("node0"); d.Messages != n || d.Bundles == 0 {
+		t.Errorf("client: %d messages in %d bundles sent, want %d messages", d.Messages, d.Bundles, n)
+	}
+	if d, _ := agent1.Stats().Dest("node1/c0"); d.Messages != n || d.Bundles == 0 {
+		t.Errorf("agent node1: %d messages in %d bundles sent to its client, want %d messages", d.Messages, d.Bundles, n)
 	}
 }

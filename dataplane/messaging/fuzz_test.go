@@ -93,8 +93,8 @@ func FuzzAgent(f *testing.F) {
 				}
 			}
 			// Drop what would be sent: the fuzzer's datagrams go nowhere.
-			clear(w.out)
-			w.out, w.recv.due = w.out[:0], w.recv.due[:0]
+			w.out.reset()
+			w.recv.due = w.recv.due[:0]
 			for _, l := range w.links {
 				l.settle()
 			}

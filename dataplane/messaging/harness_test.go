@@ -54,6 +54,9 @@ type spec struct {
 	drain time.Duration
 	// clock, when set, is every agent's and client's Clock.
 	clock Clock
+	// wrap, when set, wraps every transport at start: node n's client c
+	// or, for c = -1, one of its agent's.
+	wrap func(n, c int, tr transport.Transport) transport.Transport
 }
 
 type testCluster struct {
@@ -151,6 +154,11 @@ func startCluster(t testing.TB, sp spec) *testCluster {
 				agentTrs = append(agentTrs, trs)
 				node.Agent = group[0].LocalAddr()
 			}
+			if sp.wrap != nil {
+				for i, tr := range agentTrs[n] {
+					agentTrs[n][i] = sp.wrap(n, -1, tr)
+				}
+			}
 		}
 		var ctrs []transport.Transport
 		for c := range sp.clientsPerNode {
@@ -173,6 +181,9 @@ func startCluster(t testing.TB, sp spec) *testCluster {
 			}
 			if err != nil {
 				t.Fatal(err)
+			}
+			if sp.wrap != nil {
+				tr = sp.wrap(n, c, tr)
 			}
 			ctrs = append(ctrs, tr)
 			node.Clients = append(node.Clients, ClientSpec{
@@ -481,4 +492,60 @@ type tlogWriter struct{ t testing.TB }
 func (w tlogWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimSpace(string(p)))
 	return len(p), nil
+}
+
+// gate is a transport under a test's control: while shut, it refuses every
+// bundle datagram (the one that a Send reaches, as a socket refuses one
+// datagram of a sendmmsg batch and takes those before it), and it counts
+// what it took by kind and what it refused. Without a transport under it,
+// it takes everything and delivers nothing.
+type gate struct {
+	transport.Transport
+	shut atomic.Bool
+
+	mu                           sync.Mutex
+	bundles, bundleBytes, probes uint64 // taken
+	refused                      uint64
+}
+
+func (g *gate) Send(pkts []transport.Packet) (int, error) {
+	n := len(pkts)
+	if g.shut.Load() {
+		for i, p := range pkts {
+			if h, _, err := wire.Decode(p.Data); err == nil && h.Type == wire.TypeBundle {
+				n = i
+				break
+			}
+		}
+	}
+	took := n
+	var err error
+	if g.Transport != nil && n > 0 {
+		took, err = g.Transport.Send(pkts[:n])
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, p := range pkts[:took] {
+		h, _, derr := wire.Decode(p.Data)
+		switch {
+		case derr != nil:
+		case h.Type == wire.TypeBundle:
+			g.bundles++
+			g.bundleBytes += uint64(len(p.Data))
+		case h.Flags&wire.FlagAckReq != 0:
+			g.probes++
+		}
+	}
+	if err != nil || n == len(pkts) {
+		return took, err
+	}
+	g.refused++
+	return took, fmt.Errorf("gate shut: %w", transport.ErrAddr)
+}
+
+// counts returns what the gate took and refused so far.
+func (g *gate) counts() (bundles, bundleBytes, probes, refused uint64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.bundles, g.bundleBytes, g.probes, g.refused
 }

@@ -2,6 +2,7 @@ package messaging
 
 import (
 	"encoding/binary"
+	"errors"
 	"math/bits"
 	"math/rand/v2"
 	"net/netip"
@@ -41,6 +42,79 @@ type txBuf struct {
 	seq    uint32
 	sentAt int64
 	sends  int
+	taken  bool // the transport took a transmission: later ones count as retransmits
+}
+
+// batch is an owner's datagrams for its next Send (an agent worker's, a
+// client shard's, a client's receive goroutine's), each with what it
+// carries, so that the sent counters count what the transport took and not
+// what was only queued.
+type batch struct {
+	pkts []transport.Packet
+	of   []batchItem // by datagram
+}
+
+// batchItem says what a datagram of a batch is: a bundle (buf) or a probe
+// (no buf) of the link st counts, or a credit (neither).
+type batchItem struct {
+	st  *destCounters
+	buf *txBuf
+}
+
+func (b *batch) add(p transport.Packet, st *destCounters, buf *txBuf) {
+	b.pkts = append(b.pkts, p)
+	b.of = append(b.of, batchItem{st: st, buf: buf})
+}
+
+func (b *batch) len() int { return len(b.pkts) }
+
+// reset empties the batch, keeping its arrays.
+func (b *batch) reset() {
+	clear(b.pkts)
+	clear(b.of)
+	b.pkts, b.of = b.pkts[:0], b.of[:0]
+}
+
+// send hands the batch to tr, datagram by datagram as Send reports them
+// taken (sendmmsg's count, the AF_XDP ring's). A bundle the transport took
+// counts in its link's bundles, messages and bytes the first time, in its
+// retransmits after; a probe in its probes. Every datagram it refused, and
+// every one left when it closed, counts in ctr's send_errors: sent and
+// send_errors partition what was attempted. The datagrams stay in b until
+// reset.
+func (b *batch) send(tr transport.Transport, ctr *counters) {
+	for i := 0; i < len(b.pkts); {
+		n, err := tr.Send(b.pkts[i:])
+		n = min(max(n, 0), len(b.pkts)-i)
+		for j := i; j < i+n; j++ {
+			b.of[j].taken(len(b.pkts[j].Data))
+		}
+		if i += n; i == len(b.pkts) {
+			return
+		}
+		if err == nil || errors.Is(err, transport.ErrClosed) {
+			ctr.drop(dropSendErrors, uint64(len(b.pkts)-i)) // it takes none of the rest
+			return
+		}
+		ctr.drop(dropSendErrors, 1) // b.pkts[i]; the rest may go
+		i++
+	}
+}
+
+// taken counts a datagram of size bytes the transport took.
+func (it batchItem) taken(size int) {
+	switch {
+	case it.buf != nil && !it.buf.taken:
+		it.buf.taken = true
+		it.st.bundles.Add(1)
+		it.st.bytes.Add(uint64(size))
+		it.st.messages.Add(uint64(it.buf.msgs))
+	case it.buf != nil:
+		it.st.retransmits.Add(1)
+		it.st.retransBytes.Add(uint64(size))
+	case it.st != nil:
+		it.st.probes.Add(1)
+	}
 }
 
 // progress is how far a message has been written into a link.
@@ -127,7 +201,7 @@ func (l *outLink) takeBuf() *txBuf {
 
 func (l *outLink) release(b *txBuf) {
 	b.b = b.b[:bundle.Overhead]
-	b.msgs, b.more, b.sends, b.first = 0, false, 0, 0
+	b.msgs, b.more, b.sends, b.first, b.taken = 0, false, 0, 0, false
 	l.free = append(l.free, b)
 }
 
@@ -198,7 +272,7 @@ const (
 // wait for a free buffer; p records how far it got. Full buffers are closed
 // and sent within the window (appended to out); newDirty is called when a
 // buffer receives its first record.
-func (l *outLink) write(rank uint32, payload []byte, p *progress, now int64, out *[]transport.Packet, newDirty func(*outLink)) writeResult {
+func (l *outLink) write(rank uint32, payload []byte, p *progress, now int64, out *batch, newDirty func(*outLink)) writeResult {
 	if p.started && p.epoch != l.epoch {
 		return writeDropped // the stream it began in is gone (peer reset): counted there
 	}
@@ -256,7 +330,7 @@ func (l *outLink) write(rank uint32, payload []byte, p *progress, now int64, out
 
 // close moves the buffer being filled, if it holds anything, to the ready
 // queue and sends what the window allows.
-func (l *outLink) close(why flushReason, now int64, out *[]transport.Packet) {
+func (l *outLink) close(why flushReason, now int64, out *batch) {
 	c := l.cur
 	if c == nil || len(c.b) == bundle.Overhead {
 		return
@@ -286,7 +360,7 @@ func (l *outLink) unsent() int {
 }
 
 // pump sends ready bundles while the window is open.
-func (l *outLink) pump(now int64, out *[]transport.Packet) {
+func (l *outLink) pump(now int64, out *batch) {
 	for l.waiting() > 0 && seqDiff(l.nextSeq, l.limit) < 0 && l.nextSeq-l.base < l.window {
 		b := l.ready[l.rhead]
 		l.ready[l.rhead] = nil
@@ -295,17 +369,16 @@ func (l *outLink) pump(now int64, out *[]transport.Packet) {
 		l.nextSeq++
 		l.inflight[b.seq%l.window] = b
 		l.transmit(b, now, out)
-		l.st.bundles.Add(1)
-		l.st.bytes.Add(uint64(len(b.b)))
-		l.st.messages.Add(uint64(b.msgs))
 	}
 	if l.waiting() == 0 {
 		l.ready, l.rhead = l.ready[:0], 0 // keep the array: no allocation per bundle
 	}
 }
 
-// transmit (re)writes the bundle's header and preamble and queues it.
-func (l *outLink) transmit(b *txBuf, now int64, out *[]transport.Packet) {
+// transmit (re)writes the bundle's header and preamble and queues it. It
+// is counted (bundles, or retransmits) once the transport takes it
+// (batch.send).
+func (l *outLink) transmit(b *txBuf, now int64, out *batch) {
 	h := l.hdr
 	h.Seq = b.seq
 	h.Length = uint32(len(b.b) - wire.HeaderLen)
@@ -322,14 +395,14 @@ func (l *outLink) transmit(b *txBuf, now int64, out *[]transport.Packet) {
 	bundle.Preamble{Session: l.session, Base: l.base}.Put(b.b[wire.HeaderLen:])
 	b.sentAt = now
 	b.sends++
-	*out = append(*out, transport.Packet{Addr: l.addr, Data: b.b})
+	out.add(transport.Packet{Addr: l.addr, Data: b.b}, &l.st, b)
 }
 
 // onCredit applies a credit from the peer: frees what it acknowledges,
 // retransmits holes it reveals, opens the window and sends. It returns
 // false for a credit of another session (stale). l.freed says how many
 // buffers it freed.
-func (l *outLink) onCredit(ack uint32, c bundle.Credit, now, rto int64, out *[]transport.Packet) bool {
+func (l *outLink) onCredit(ack uint32, c bundle.Credit, now, rto int64, out *batch) bool {
 	l.freed = 0
 	if c.Session != l.session {
 		return false
@@ -374,7 +447,7 @@ func (l *outLink) onCredit(ack uint32, c bundle.Credit, now, rto int64, out *[]t
 		// most once per eighth of the retransmit timeout.
 		for q := ack; q != top; q++ {
 			if b := l.inflight[q%l.window]; b != nil && now-b.sentAt >= rto/8 {
-				l.retransmit(b, now, out)
+				l.transmit(b, now, out)
 			}
 		}
 	}
@@ -385,19 +458,13 @@ func (l *outLink) onCredit(ack uint32, c bundle.Credit, now, rto int64, out *[]t
 	return true
 }
 
-func (l *outLink) retransmit(b *txBuf, now int64, out *[]transport.Packet) {
-	l.transmit(b, now, out)
-	l.st.retransmits.Add(1)
-	l.st.retransBytes.Add(uint64(len(b.b)))
-}
-
 // maintain runs the link's timers: retransmission of bundles whose
 // acknowledgement is overdue (backing off per try), probes while the window
 // is closed with nothing in flight, and the dead-peer reset; for a dead
 // peer, a probe every eighth of peerTimeout to notice its return. It
 // returns whether the link still needs its timers and whether it was reset
 // (freeing its buffers).
-func (l *outLink) maintain(now, rto, peerTimeout int64, out *[]transport.Packet) (timed, reset bool) {
+func (l *outLink) maintain(now, rto, peerTimeout int64, out *batch) (timed, reset bool) {
 	if l.dead {
 		if now-l.lastProbe >= max(rto, peerTimeout/8) {
 			l.probe(now, out)
@@ -419,7 +486,7 @@ func (l *outLink) maintain(now, rto, peerTimeout int64, out *[]transport.Packet)
 			continue
 		}
 		if now-b.sentAt >= rto<<min(b.sends-1, 6) {
-			l.retransmit(b, now, out)
+			l.transmit(b, now, out)
 		}
 	}
 	if l.base == l.nextSeq && l.waiting() > 0 && now-l.lastHeard >= rto && now-l.lastProbe >= rto {
@@ -430,14 +497,13 @@ func (l *outLink) maintain(now, rto, peerTimeout int64, out *[]transport.Packet)
 
 // probe asks the receiver for a fresh credit: a credit datagram with
 // FlagAckReq whose Seq is our base.
-func (l *outLink) probe(now int64, out *[]transport.Packet) {
+func (l *outLink) probe(now int64, out *batch) {
 	h := l.hdr
 	h.Type, h.Flags, h.Seq = wire.TypeCredit, wire.FlagAckReq, l.base
 	p := bundle.Credit{Session: l.session}.AppendTo(make([]byte, 0, bundle.CreditLen))
 	l.probeBuf = h.AppendTo(l.probeBuf[:0], p)
 	l.lastProbe = now
-	l.st.probes.Add(1)
-	*out = append(*out, transport.Packet{Addr: l.addr, Data: l.probeBuf})
+	out.add(transport.Packet{Addr: l.addr, Data: l.probeBuf}, &l.st, nil) // counted once the transport takes it
 }
 
 // reset declares the peer dead: every buffered message is dropped (and

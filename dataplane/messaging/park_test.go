@@ -70,13 +70,13 @@ func TestParkedBundleKeepsBuffer(t *testing.T) {
 	// blocklist runs, and the parked messages go out.
 	out := w.links[w.a.table.lookup(1)]
 	// What the worker produced is sent (and dropped: no client listens).
-	clear(w.out)
-	w.out, w.recv.due = w.out[:0], w.recv.due[:0]
+	w.out.reset()
+	w.recv.due = w.recv.due[:0]
 	for _, l := range w.links {
 		l.settle()
 	}
 	w.now++
-	sent := len(w.out)
+	sent := w.out.len()
 	w.credit(wire.Header{Version: wire.Version, Type: wire.TypeCredit, Src: out.hdr.Dst, Dst: out.hdr.Src, Seq: out.nextSeq},
 		bundle.Credit{Session: out.session, Limit: out.nextSeq + 1}, out.addr, nil, w.now)
 	if !w.unblock {
@@ -88,7 +88,7 @@ func TestParkedBundleKeepsBuffer(t *testing.T) {
 		t.Fatalf("after the credit: %d blocked, %d free buffers (want the parked one back)", len(w.blocked), len(w.free))
 	}
 	var onWire []byte
-	for _, p := range w.out[sent:] {
+	for _, p := range w.out.pkts[sent:] {
 		onWire = append(onWire, p.Data...)
 	}
 	for i := 0; i < 8; i++ {

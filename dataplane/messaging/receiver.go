@@ -24,7 +24,7 @@ type receiver struct {
 	peerTO   int64
 	ctr      *counters
 	owner    rxOwner
-	out      *[]transport.Packet // the owner's batch: probe answers and credits go there
+	out      *batch // the owner's batch: probe answers and credits go there
 
 	in   map[linkKey]*inLink
 	due  []*inLink // links owing a credit
@@ -51,7 +51,7 @@ type rxOwner interface {
 	credit(h wire.Header, c bundle.Credit, addr netip.AddrPort, raw []byte, now int64)
 }
 
-func newReceiver(cfg *Config, maxLinks int, ctr *counters, owner rxOwner, out *[]transport.Packet) *receiver {
+func newReceiver(cfg *Config, maxLinks int, ctr *counters, owner rxOwner, out *batch) *receiver {
 	if maxLinks <= 0 {
 		maxLinks = 4096
 	}
@@ -192,7 +192,7 @@ func (r *receiver) onCredit(h wire.Header, payload []byte, addr netip.AddrPort, 
 	var d []byte
 	r.slab, d = appendCredit(r.slab, r.tenant, h.Dst, h.Src, h.Seq,
 		bundle.Credit{Session: c.Session, Limit: h.Seq + uint32(r.window)})
-	*r.out = append(*r.out, transport.Packet{Addr: addr, Data: d})
+	r.out.add(transport.Packet{Addr: addr, Data: d}, nil, nil)
 }
 
 // creditDue puts l on the list of links owing a credit.
@@ -211,7 +211,7 @@ func (r *receiver) credits() {
 		ack, c := l.credit()
 		var d []byte
 		r.slab, d = appendCredit(r.slab, r.tenant, l.self, l.key.src, ack, c)
-		*r.out = append(*r.out, transport.Packet{Addr: l.peer(), Data: d})
+		r.out.add(transport.Packet{Addr: l.peer(), Data: d}, nil, nil)
 	}
 	clear(r.due)
 	r.due = r.due[:0]

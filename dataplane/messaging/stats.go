@@ -47,9 +47,11 @@ type DestStats struct {
 	// ("node1/c0").
 	Name string `json:"name"`
 	Addr string `json:"addr"`
-	// Bytes, Messages and Bundles count first transmissions of bundles:
+	// Bytes, Messages and Bundles count bundles the transport took
+	// (sendmmsg, or the AF_XDP ring), each once, the first time it took it:
 	// their datagram bytes (headers included), the messages that begin in
-	// them, and the bundles.
+	// them, and the bundles. A datagram the transport refused counts in
+	// Drops.SendErrors instead.
 	Bytes    uint64 `json:"bytes"`
 	Messages uint64 `json:"messages"`
 	Bundles  uint64 `json:"bundles"`
@@ -57,16 +59,18 @@ type DestStats struct {
 	AvgBundleBytes float64 `json:"avg_bundle_bytes"`
 	// Flushes counts why bundles were closed.
 	Flushes FlushCounts `json:"flushes"`
-	// Retransmits counts bundles sent again, RetransmitBytes their bytes.
+	// Retransmits counts bundles the transport took again, RetransmitBytes
+	// their bytes.
 	Retransmits     uint64 `json:"retransmits"`
 	RetransmitBytes uint64 `json:"retransmit_bytes"`
 	// Blocked counts the times a message found no free send buffer and
 	// had to wait: on an agent's blocklist, or in a client's Send.
 	Blocked uint64 `json:"blocked"`
-	// Probes counts credit probes sent: while the receiver's window stayed
-	// closed with nothing in flight, to a dead next hop until it answers,
-	// and to confirm the link's base to a receiver whose credit acked less
-	// than it (one met in mid-stream after a restart).
+	// Probes counts credit probes the transport took: while the
+	// receiver's window stayed closed with nothing in flight, to a dead
+	// next hop until it answers, and to confirm the link's base to a
+	// receiver whose credit acked less than it (one met in mid-stream
+	// after a restart).
 	Probes uint64 `json:"probes"`
 	// PeerResets counts declarations that the next hop is dead.
 	PeerResets uint64 `json:"peer_resets"`
@@ -156,7 +160,9 @@ type DropStats struct {
 	// StaleCredit: credits for a link that no longer exists (an earlier
 	// session).
 	StaleCredit uint64 `json:"stale_credit"`
-	// SendErrors: datagrams the transport refused.
+	// SendErrors: datagrams the transport refused, or did not take
+	// because it closed. With the sent counters (DestStats), they
+	// partition the datagrams attempted.
 	SendErrors uint64 `json:"send_errors"`
 	// Mailbox: credits lost between agent workers (the mailbox was full).
 	Mailbox uint64 `json:"mailbox"`

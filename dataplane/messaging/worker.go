@@ -40,7 +40,7 @@ type worker struct {
 	rx     []transport.Packet
 	rxSize int      // the size of a receive buffer
 	free   [][]byte // receive buffers back from parked bundles
-	out    []transport.Packet
+	out    batch
 
 	now, lastRecv                int64
 	nextFlush, nextMaint, nextGC int64
@@ -563,10 +563,9 @@ func (w *worker) flushOut() {
 		w.delivered = 0
 	}
 	w.recv.credits()
-	if len(w.out) > 0 {
-		_, _ = transport.SendAll(w.tr, w.out, func(transport.Packet, error) { w.ctr.drop(dropSendErrors, 1) })
-		clear(w.out)
-		w.out = w.out[:0]
+	if w.out.len() > 0 {
+		w.out.send(w.tr, &w.ctr)
+		w.out.reset()
 		w.busy() // something went out: the next maintenance looks at every link
 	}
 	w.recv.recycle()
