@@ -329,3 +329,60 @@ func TestFarMemoryRegionFreed(t *testing.T) {
 		t.Fatalf("Close: %v, want the poisoned chunk, its data lost: unknown region", err)
 	}
 }
+
+// TestFarMemoryCachedRegionFreed: TestFarMemoryRegionFreed with the region
+// in dpu0's static cache. mem0 tells dpu0 of the free, so a chunk not yet
+// fetched, touched 100 ms after it, raises SIGBUS instead of reading the
+// freed bytes from dpu0's cache (which, before the notice, served them
+// until its next list of mem0's regions, up to 2 s); `lovelock mem stats`
+// shows the notice on both nodes.
+func TestFarMemoryCachedRegionFreed(t *testing.T) {
+	c := startMemCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var info farmem.RegionInfo
+	if err := c.mem.client().ServiceCall(ctx, http.MethodPost, "memserver", "regions", api.MemCreate{Size: 1 << 20}, &info); err != nil {
+		t.Fatal(err)
+	}
+	m, err := fmap.Map(ctx, c.hostSocket, fmap.RegionRef{ID: uint64(info.ID), ReadOnly: true}, fmap.Options{FetchTimeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := m.Advise(ctx, fmap.Advice{Static: []fmap.Extent{{Offset: 0, Size: 1 << 20}}}); err != nil || !res.Static {
+		t.Fatalf("static advice: %+v, %v", res, err)
+	}
+	b := m.Bytes()
+	if b[0] != 0 {
+		t.Fatalf("a new region reads %d", b[0])
+	}
+	var st farmem.AgentStats
+	if err := c.dpu.client().ServiceStats(ctx, "farmem", &st); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Cache.Regions) != 1 || st.Cache.Regions[0].Region != info.ID || st.Cache.Regions[0].StaticHits == 0 {
+		t.Fatalf("dpu0's cache %+v: want region %d's first chunk served from its static range", st.Cache.Regions, info.ID)
+	}
+	if err := c.mem.client().ServiceCall(ctx, http.MethodDelete, "memserver", fmt.Sprintf("regions/%d", info.ID), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if v, _, ok := testenv.ReadByte(b, len(b)-1); ok {
+		t.Fatalf("100 ms after the free, the last byte of the freed region read %d from dpu0's cache, as if it were there", v)
+	}
+	if err := m.Close(); err == nil || !strings.Contains(err.Error(), "unknown region") {
+		t.Fatalf("Close: %v, want the poisoned chunk, its data lost: unknown region", err)
+	}
+	lovelock := func(d *daemonProc, args ...string) string {
+		var out, errOut bytes.Buffer
+		if err := cli.Run(ctx, cli.App(&out, &errOut), append([]string{"lovelock", "--socket", d.socket}, args...)); err != nil {
+			t.Fatalf("lovelock %v: %v\n%s", args, err, errOut.String())
+		}
+		return out.String()
+	}
+	if out := lovelock(c.mem, "mem", "stats"); !strings.Contains(out, "freed notices sent 1 ") {
+		t.Errorf("mem stats on mem0: want one freed notice sent\n%s", out)
+	}
+	if out := lovelock(c.dpu, "mem", "stats"); !strings.Contains(out, ", 1 regions dropped from the caches, 0 refused") {
+		t.Errorf("mem stats on dpu0: want the region dropped by mem0's notice\n%s", out)
+	}
+}

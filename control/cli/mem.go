@@ -181,8 +181,8 @@ func memStats(c *ucli.Context) error {
 	if s := rep.Server; s != nil {
 		fmt.Fprintf(w, "memory server: %d regions of %d tenants, %d with a writer; %s of %s used\n", s.Regions, s.Tenants, s.Writers,
 			farmem.Size(s.Used), farmem.Size(s.Capacity))
-		fmt.Fprintf(w, "  requests %d, read %d B, written %d B, duplicates %d, malformed %d\n", s.Link.Requests, s.ReadBytes, s.WriteBytes,
-			s.Link.Duplicates, s.Link.Malformed)
+		fmt.Fprintf(w, "  requests %d, read %d B, written %d B, duplicates %d, malformed %d; freed notices sent %d (to agents that cache a freed region)\n",
+			s.Link.Requests, s.ReadBytes, s.WriteBytes, s.Link.Duplicates, s.Link.Malformed, s.FreedNotices)
 		printMemErrors(w, s.Errors)
 	}
 	if a := rep.Agent; a != nil {
@@ -192,6 +192,8 @@ func memStats(c *ucli.Context) error {
 		fmt.Fprintf(w, "  bytes: server→host %d, host→server %d; fabric datagrams tx %d rx %d, retransmits %d, timeouts %d\n",
 			a.ReadBytes, a.WriteBytes, a.Fabric.TXDatagrams, a.Fabric.RXDatagrams, a.Fabric.Retransmits, a.Fabric.Timeouts)
 		fmt.Fprintf(w, "  latency to the memory node: p50 %.0f µs, p99 %.0f µs (%d requests)\n", a.Latency.P50us, a.Latency.P99us, a.Latency.Count)
+		fmt.Fprintf(w, "  freed notices from memory nodes: %d received, %d regions dropped from the caches, %d refused (not from the region's memory node)\n",
+			a.FreedNotices.Received, a.FreedNotices.Dropped, a.FreedNotices.Refused)
 		printMemErrors(w, a.Errors)
 		printMemCache(w, &a.Cache)
 	}

@@ -115,6 +115,9 @@ type Agent struct {
 
 	forwarded, fwdBatches atomic.Uint64 // host requests sent on, and their batches
 
+	// Freed notices of memory nodes (NoticeStats).
+	noticesIn, noticesDropped, noticesRefused atomic.Uint64
+
 	refreshMu    sync.Mutex // one refresh at a time
 	lastRefresh  time.Time  // when the last refresh started; under refreshMu
 	refreshedAll bool       // whether it listed every memory node; under refreshMu
@@ -190,6 +193,25 @@ type AgentStats struct {
 	Latency Latency `json:"latency"`
 	// Cache is the static and dynamic caches' state and counters.
 	Cache CacheStats `json:"cache"`
+	// FreedNotices counts the memory nodes' notices that a region the
+	// agent caches was freed on them.
+	FreedNotices NoticeStats `json:"freed_notices"`
+}
+
+// NoticeStats count the notices memory nodes send when they free a region
+// that the agent read into its caches (OpFreed; docs/farmem.md,
+// "Coherence").
+type NoticeStats struct {
+	// Received counts every notice that arrived, repeats included.
+	Received uint64 `json:"received"`
+	// Dropped counts the regions a notice made the agent drop from its
+	// routes and caches at once. A repeat, or the notice of a region the
+	// agent freed itself, finds nothing left to drop.
+	Dropped uint64 `json:"dropped"`
+	// Refused counts notices not from the memory node that serves the
+	// region (forged, or misdirected), or of a version or length the
+	// agent does not know; they change nothing.
+	Refused uint64 `json:"refused"`
 }
 
 // NewAgent validates cfg and opens (or takes) the transports.
@@ -239,7 +261,9 @@ func NewAgent(cfg AgentConfig, opts AgentOptions) (*Agent, error) {
 		}
 	}
 	for _, t := range fabric {
-		a.fabric = append(a.fabric, newRequester(cfg.Config, t, &a.fctr, &a.lat, a.complete))
+		f := newRequester(cfg.Config, t, &a.fctr, &a.lat, a.complete)
+		f.notice = a.regionFreed
+		a.fabric = append(a.fabric, f)
 	}
 	for i, t := range hosts {
 		a.hosts = append(a.hosts, &hostWorker{a: a, tr: t, resp: newResponder(cfg.Config, &a.hctr),
@@ -447,7 +471,8 @@ func (a *Agent) Stats() AgentStats {
 	st := AgentStats{Servers: len(a.cfg.Servers), Regions: nreg, HostRequests: a.hostReqs.Load(),
 		Batches: batches, ReadBytes: a.readBytes.Load(), WriteBytes: a.writeBytes.Load(),
 		Host: a.hctr.snapshot(), Fabric: a.fctr.snapshot(), Errors: a.errs.snapshot(), Latency: a.lat.summary(),
-		Cache: a.cache.stats()}
+		Cache: a.cache.stats(), FreedNotices: NoticeStats{Received: a.noticesIn.Load(), Dropped: a.noticesDropped.Load(),
+			Refused: a.noticesRefused.Load()}}
 	st.Forwarded = a.forwarded.Load()
 	st.OwnRequests = st.Fabric.Requests - min(st.Forwarded, st.Fabric.Requests)
 	if batches > 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -202,7 +203,7 @@ func (a *Agent) fillLoop(ctx context.Context) {
 		var calls []*call
 		for lo := uint64(0); lo < uint64(j.n); lo += chunk {
 			hi := min(uint64(j.n), lo+chunk)
-			calls = append(calls, &call{rec: Record{Op: OpRead, Region: j.key.region, Offset: base + lo, Size: uint32(hi - lo)},
+			calls = append(calls, &call{rec: Record{Op: OpRead, Region: j.key.region, Offset: base + lo, Size: uint32(hi - lo), Aux: ReadCaches},
 				buf: buf[lo:hi], dst: a.cfg.Servers[srv].Addr, user: f})
 		}
 		f.pending.Store(int32(len(calls)))
@@ -306,7 +307,7 @@ func (a *Agent) readInto(ctx context.Context, tenant, region uint32, srv int, of
 	var calls []*call
 	for lo := uint64(0); lo < uint64(len(buf)); lo += chunk {
 		hi := min(uint64(len(buf)), lo+chunk)
-		calls = append(calls, &call{rec: Record{Op: OpRead, Region: region, Offset: off + lo, Size: uint32(hi - lo)},
+		calls = append(calls, &call{rec: Record{Op: OpRead, Region: region, Offset: off + lo, Size: uint32(hi - lo), Aux: ReadCaches},
 			buf: buf[lo:hi], dst: a.cfg.Servers[srv].Addr, tenant: tenant, done: make(chan struct{})})
 	}
 	// Issue in window-sized groups so that a large range does not hold
@@ -431,8 +432,9 @@ func (a *Agent) knownRegions() []uint32 {
 // there, past the agent): its route, and its static ranges and entries,
 // which would otherwise be served, and hold the static budget, for good.
 // A region the cache has not learnt keeps its per-region settings: it may
-// be one that the config names before it is created.
-func (a *Agent) forgetRegion(id uint32, why string) {
+// be one that the config names before it is created. It reports whether
+// there was anything to drop.
+func (a *Agent) forgetRegion(id uint32, why string) bool {
 	a.mu.Lock()
 	_, routed := a.regions[id]
 	delete(a.regions, id)
@@ -443,5 +445,31 @@ func (a *Agent) forgetRegion(id uint32, why string) {
 	}
 	if routed || cached {
 		a.log.Info("farmem: agent: region gone from its memory node; dropped from the agent's routes and caches", "region", id, "why", why)
+	}
+	return routed || cached
+}
+
+// regionFreed takes a memory node's notice that it freed a region (OpFreed,
+// from a fabric receive loop): the region's route, static ranges and
+// entries go at once, so that the next read of it gets the memory node's
+// "unknown region" instead of the freed bytes. Only the memory node that
+// serves the region may say so: a notice from any other address (a host
+// that forges one to evict another tenant's bytes), or of a version or
+// length this agent does not know, is refused and counted. That is the
+// check the agent makes of the node's replies, by source address.
+func (a *Agent) regionFreed(from netip.AddrPort, rec *Record) {
+	a.noticesIn.Add(1)
+	srv, ok := a.route(&Record{Op: OpRead, Region: rec.Region})
+	valid := rec.Aux == NoticeVersion && len(rec.Data) == 0 && rec.Status == StatusOK
+	if !ok || !valid || a.cfg.Servers[srv].Addr != from {
+		if a.noticesRefused.Add(1) == 1 {
+			a.log.Warn("farmem: agent: refused a notice that a region was freed: not from the memory node that serves it, "+
+				"or of an unknown version; further ones are only counted (lovelock mem stats)",
+				"region", rec.Region, "from", from, "version", rec.Aux, "known", ok)
+		}
+		return
+	}
+	if a.forgetRegion(rec.Region, "its memory node sent notice that it was freed") {
+		a.noticesDropped.Add(1)
 	}
 }

@@ -878,13 +878,15 @@ func TestStaticLoadWaitsForWrites(t *testing.T) {
 }
 
 // TestFreedRegionForgotten frees regions on the memory node directly (as
-// `lovelock mem free` does), past the agent that caches them. Once the
-// agent hears of the free (a forwarded read answered "unknown region", or
-// its periodic list of the node), no read of the region's static range or
-// of its cached entry returns the old bytes, and the static budget is
-// given back.
+// `lovelock mem free` does), past the agent that caches them, and loses
+// every notice of the free the node sends (TestFreedRegionNotice has
+// them arrive). Once the agent hears of the free all the same (a forwarded
+// read answered "unknown region", or its periodic list of the node), no
+// read of the region's static range or of its cached entry returns the old
+// bytes, and the static budget is given back.
 func TestFreedRegionForgotten(t *testing.T) {
-	srv, _ := startServer(t, t.TempDir(), listen(t, loopback))
+	lossy := &dropNotices{Transport: listen(t, loopback)}
+	srv, _ := startServer(t, t.TempDir(), lossy)
 	const chunk, esz, size = 64 << 10, 256 << 10, 1 << 20
 	a := startCachingAgent(t, srv, CacheConfig{Size: 4 * esz, EntrySize: esz, BNet: 1, BIntra: 1 << 40, Window: 1 << 30,
 		Prefetcher: PrefetchHints})
@@ -967,6 +969,9 @@ func TestFreedRegionForgotten(t *testing.T) {
 	t.Logf("the agent served the freed region for %v", time.Since(start))
 	if st := a.Stats().Cache; st.StaticBytes != 0 {
 		t.Fatalf("cache after the free: %d static bytes; want none", st.StaticBytes)
+	}
+	if lossy.dropped.Load() == 0 || a.Stats().FreedNotices.Received != 0 {
+		t.Fatalf("%d notices lost, %+v received: want every notice sent and lost", lossy.dropped.Load(), a.Stats().FreedNotices)
 	}
 }
 

@@ -8,11 +8,12 @@
 // AgentStats, ClientStats).
 //
 // Every datagram is UDP to the Lovelock port with the Lovelock header
-// (dataplane/wire) of type mem-read, mem-write (requests) or mem-reply,
-// followed by this package's payload: an 8-byte preamble and one or more
-// records, each a request or a reply, or a fragment of one. Chunks (64 KiB
-// by default) span several datagrams; every hop reassembles them with
-// bounded memory. Requests carry IDs: requesters retransmit on timeout with
+// (dataplane/wire) of type mem-read, mem-write (requests) or mem-reply
+// (replies, and a memory node's notices that it freed a region the DPU
+// agent caches), followed by this package's payload: an 8-byte preamble
+// and one or more records, each a request or a reply, or a fragment of
+// one. Chunks (64 KiB by default) span several datagrams; every hop
+// reassembles them with bounded memory. Requests carry IDs: requesters retransmit on timeout with
 // backoff and a bounded number of tries, responders answer duplicates from a
 // small reply cache, so loss, reordering and duplication on either link never
 // turn into a hang or wrong data. docs/farmem.md describes the formats, the

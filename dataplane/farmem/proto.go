@@ -56,9 +56,29 @@ const (
 	// Range entries (size 0: the whole region). Reply after they are
 	// loaded: aux = ranges loaded (a memory node answers 0).
 	OpStatic Op = 11
+	// OpFreed is a notice, not a reply: a memory node sends it,
+	// unsolicited and in mem-reply datagrams of its own (ID 0), to the
+	// peers whose reads asked for it (ReadCaches) when it frees their
+	// region, so that a DPU agent drops the region's cached bytes at once
+	// (docs/farmem.md, "Coherence"): region = the freed region, aux =
+	// NoticeVersion, no data. It is sent a few times against loss and never
+	// answered. A receiver acts only on a version it knows with that
+	// version's data length, and only from the memory node that serves the
+	// region. Peers that predate it reject the datagram as malformed (an
+	// unknown op); a memory node sends it only to peers that asked.
+	OpFreed Op = 12
 )
 
-func (o Op) known() bool { return o >= OpRead && o <= OpStatic }
+// ReadCaches, in an OpRead's aux, says that the requester keeps the bytes
+// (a DPU agent's entry fill or static load): the memory node then sends it
+// OpFreed when it frees the region. Memory nodes that predate it ignore it.
+const ReadCaches uint32 = 1
+
+// NoticeVersion is the version of OpFreed notices this package sends and
+// acts on (in the record's aux); version 1 carries no data.
+const NoticeVersion uint32 = 1
+
+func (o Op) known() bool { return o >= OpRead && o <= OpFreed }
 
 // HintDynamic, in an OpHint's aux, makes its ranges the only ones of the
 // region that the DPU agent's dynamic cache holds (no ranges: all of it).
@@ -67,7 +87,7 @@ const HintDynamic uint32 = 1 << 8
 
 // String names the op.
 func (o Op) String() string {
-	names := [...]string{"", "read", "write", "create", "open", "renew", "release", "free", "list", "sync", "hint", "static"}
+	names := [...]string{"", "read", "write", "create", "open", "renew", "release", "free", "list", "sync", "hint", "static", "freed"}
 	if o.known() {
 		return names[o]
 	}
@@ -204,7 +224,7 @@ func (r *Record) check(t wire.Type) error {
 	if !r.Op.known() {
 		return fmt.Errorf("%w: %v", ErrMalformed, r.Op)
 	}
-	if t != wire.TypeMemReply && r.Op.requestType() != t {
+	if t != wire.TypeMemReply && (r.Op.requestType() != t || r.Op == OpFreed) {
 		return fmt.Errorf("%w: %v request in a %v datagram", ErrMalformed, r.Op, t)
 	}
 	fragmented := r.Op == OpWrite && t != wire.TypeMemReply || r.Op == OpRead && t == wire.TypeMemReply && r.Status == StatusOK

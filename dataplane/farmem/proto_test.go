@@ -140,6 +140,7 @@ func FuzzDecode(f *testing.F) {
 		Record{Op: OpWrite, Region: 2, ID: 9, Size: 1000, Data: make([]byte, 512)},
 		Record{Op: OpWrite, Region: 2, ID: 9, Size: 1000, Frag: 512, Data: make([]byte, 488)}))
 	f.Add(AppendDatagram(nil, wire.Header{Type: wire.TypeMemReply}, 0, Record{Op: OpList, Data: make([]byte, 40)}))
+	f.Add(AppendDatagram(nil, wire.Header{Type: wire.TypeMemReply, Dst: 5}, 0, Record{Op: OpFreed, Region: 5, Aux: NoticeVersion}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, floor, recs, err := Decode(b, nil)
 		if err != nil {

@@ -49,6 +49,10 @@ type requester struct {
 	ctr      *linkCounters
 	lat      *histogram
 	complete func([]*call) // called with every batch of completed calls
+	// notice takes the OpFreed notices that arrive (from, the sender;
+	// rec aliases the receive buffer); nil counts them as orphans.
+	// Called from the receive loop, without mu.
+	notice func(from netip.AddrPort, rec *Record)
 
 	slots chan struct{} // the window
 
@@ -274,13 +278,21 @@ func (r *requester) recvLoop(ctx context.Context) error {
 				r.ctr.malformed.Add(1)
 				continue
 			}
+			notices := false
 			r.mu.Lock()
 			for i := range recs {
+				if recs[i].Op == OpFreed {
+					notices = true
+					continue
+				}
 				if c := r.accept(p.Addr, &recs[i]); c != nil {
 					done = append(done, c)
 				}
 			}
 			r.mu.Unlock()
+			if notices {
+				r.notices(p.Addr, recs)
+			}
 		}
 		if len(done) > 0 {
 			now := time.Now()
@@ -288,6 +300,19 @@ func (r *requester) recvLoop(ctx context.Context) error {
 				r.lat.record(now.Sub(c.start))
 			}
 			r.complete(done)
+		}
+	}
+}
+
+// notices hands the OpFreed records of one datagram to the owner.
+func (r *requester) notices(from netip.AddrPort, recs []Record) {
+	for i := range recs {
+		switch {
+		case recs[i].Op != OpFreed:
+		case r.notice == nil:
+			r.ctr.orphans.Add(1)
+		default:
+			r.notice(from, &recs[i])
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -57,7 +58,11 @@ type Server struct {
 	errs  statusCounters
 	read  atomic.Uint64
 	wrote atomic.Uint64
-	log   *slog.Logger
+	// notices counts the freed notices sent (one per peer and free,
+	// repeats not counted).
+	notices atomic.Uint64
+	log     *slog.Logger
+	done    chan struct{} // closed by Close: repeats of notices stop
 
 	wg        sync.WaitGroup // creates with a preload, running off the loop
 	closeOnce sync.Once
@@ -68,14 +73,18 @@ type ServerStats struct {
 	Regions int `json:"regions"`
 	// Tenants counts the tenants that own regions, Writers the regions
 	// whose writer lease is held.
-	Tenants    int         `json:"tenants"`
-	Writers    int         `json:"writers"`
-	Used       uint64      `json:"used_bytes"`
-	Capacity   uint64      `json:"capacity_bytes"`
-	ReadBytes  uint64      `json:"read_bytes"`
-	WriteBytes uint64      `json:"write_bytes"`
-	Link       LinkStats   `json:"link"`
-	Errors     ErrorCounts `json:"errors"`
+	Tenants    int    `json:"tenants"`
+	Writers    int    `json:"writers"`
+	Used       uint64 `json:"used_bytes"`
+	Capacity   uint64 `json:"capacity_bytes"`
+	ReadBytes  uint64 `json:"read_bytes"`
+	WriteBytes uint64 `json:"write_bytes"`
+	// FreedNotices counts the notices that a region was freed sent to
+	// the peers that cache it (OpFreed; one per peer and free, not
+	// counting its repeats).
+	FreedNotices uint64      `json:"freed_notices"`
+	Link         LinkStats   `json:"link"`
+	Errors       ErrorCounts `json:"errors"`
 }
 
 // NewServer validates opts, opens (or creates) the state directory,
@@ -116,7 +125,7 @@ func NewServer(opts ServerOptions) (*Server, error) {
 		_ = tr.Close()
 		return nil, fmt.Errorf("farmem: server: transport carries %d-byte datagrams, need %d", tr.MaxPayload(), MinDatagram)
 	}
-	s := &Server{opts: opts, st: st, tr: tr, log: log}
+	s := &Server{opts: opts, st: st, tr: tr, log: log, done: make(chan struct{})}
 	s.resp = newResponder(opts.Config, &s.ctr)
 	log.Info("farmem: server ready", "addr", tr.LocalAddr(), "regions", len(st.regions), "used", st.used, "capacity", opts.Capacity)
 	return s, nil
@@ -130,8 +139,58 @@ func (s *Server) Create(tenant uint32, size uint64, writable bool, preload strin
 	return s.st.create(tenant, size, writable, preload)
 }
 
-// Free deletes region id of tenant (0: any tenant) and its backing file.
-func (s *Server) Free(tenant, id uint32) error { return s.st.free(tenant, id) }
+// Free deletes region id of tenant (0: any tenant) and its backing file,
+// and tells the peers that cache it (DPU agents) that it is gone.
+func (s *Server) Free(tenant, id uint32) error {
+	cachers, err := s.st.free(tenant, id)
+	if err == nil {
+		s.noticeFreed(id, cachers, netip.AddrPort{})
+	}
+	return err
+}
+
+// Repeats of a freed notice: it is sent at once and again after each of
+// these times the retransmission timeout, against loss. A notice lost
+// every time leaves the peer to learn of the free from its periodic list
+// of the node's regions (docs/farmem.md, "Coherence").
+var noticeRepeats = []int{1, 5}
+
+// noticeFreed sends OpFreed for region id to each of peers but except
+// (the peer that asked for the free, which knows), at once and then
+// repeated off the caller's goroutine. Fire and forget: nothing answers a
+// notice.
+func (s *Server) noticeFreed(id uint32, peers []netip.AddrPort, except netip.AddrPort) {
+	peers = slices.DeleteFunc(slices.Clone(peers), func(p netip.AddrPort) bool { return p == except })
+	if len(peers) == 0 {
+		return
+	}
+	s.notices.Add(uint64(len(peers)))
+	b := AppendDatagram(nil, wire.Header{Type: wire.TypeMemReply, Dst: id}, 0,
+		Record{Op: OpFreed, Region: id, Aux: NoticeVersion})
+	pkts := make([]transport.Packet, len(peers))
+	for i, p := range peers {
+		pkts[i] = transport.Packet{Addr: p, Data: b}
+	}
+	send := func() {
+		n, _ := transport.SendAll(s.tr, pkts, nil)
+		s.ctr.sent(n, n*len(b))
+	}
+	send()
+	s.log.Info("farmem: server: region freed; told the peers that cache it", "region", id, "peers", len(peers))
+	go func() {
+		rt := s.opts.RetransmitTimeout.D()
+		prev := 0
+		for _, k := range noticeRepeats {
+			select {
+			case <-s.done:
+				return
+			case <-time.After(time.Duration(k-prev) * rt):
+			}
+			prev = k
+			send()
+		}
+	}()
+}
 
 // List returns tenant's regions (0: every region) in ID order.
 func (s *Server) List(tenant uint32) []RegionInfo { return s.st.list(tenant, 0, s.opts.Now()) }
@@ -151,13 +210,16 @@ func (s *Server) Stats() ServerStats {
 		}
 	}
 	return ServerStats{Regions: len(regions), Tenants: len(tenants), Writers: writers, Used: used, Capacity: s.opts.Capacity,
-		ReadBytes: s.read.Load(), WriteBytes: s.wrote.Load(), Link: s.ctr.snapshot(), Errors: s.errs.snapshot()}
+		ReadBytes: s.read.Load(), WriteBytes: s.wrote.Load(), FreedNotices: s.notices.Load(), Link: s.ctr.snapshot(), Errors: s.errs.snapshot()}
 }
 
 // Close closes the transport and the backing files; Run returns.
 func (s *Server) Close() error {
 	var err error
-	s.closeOnce.Do(func() { err = s.tr.Close() })
+	s.closeOnce.Do(func() {
+		close(s.done)
+		err = s.tr.Close()
+	})
 	return err
 }
 
@@ -268,6 +330,11 @@ func (s *Server) execute(pk *packer, q *request, buf []byte) {
 		}
 		switch rec.Op {
 		case OpRead:
+			if rec.Aux&ReadCaches != 0 && !r.noteCacher(q.src) {
+				// Freed since get: the requester would keep bytes that
+				// no notice covers.
+				return fmt.Errorf("%w: %d", ErrUnknownRegion, rec.Region)
+			}
 			data = buf[:rec.Size]
 			if err := r.readAt(data, rec.Offset); err != nil {
 				data = nil
@@ -297,7 +364,11 @@ func (s *Server) execute(pk *packer, q *request, buf []byte) {
 		case OpRelease:
 			return r.holds(rec.Aux, now, false, true, ttl)
 		case OpFree:
-			return s.st.free(q.tenant, rec.Region)
+			cachers, err := s.st.free(q.tenant, rec.Region)
+			if err == nil {
+				s.noticeFreed(rec.Region, cachers, q.src)
+			}
+			return err
 		case OpSync:
 			if err := r.f.Sync(); err != nil {
 				return fmt.Errorf("%w: %v", ErrIO, err)

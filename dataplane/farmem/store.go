@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -96,6 +98,52 @@ type region struct {
 	mu    sync.Mutex // lease
 	lease uint32
 	exp   time.Time
+
+	// cachers are the peers whose reads asked to hear of the region's free
+	// (ReadCaches), the most recent last, at most maxCachers; freed is set
+	// when the region is freed, after which none is added.
+	cmu     sync.Mutex
+	cachers []netip.AddrPort
+	freed   bool
+}
+
+// maxCachers bounds the peers a region remembers for its freed notice (the
+// DPU agents that cache it: one per compute node that reads it, and one
+// per fabric socket of each). Beyond it the one that read least recently
+// is forgotten, and learns of the free from its periodic list instead.
+const maxCachers = 16
+
+// noteCacher remembers peer as one that caches the region's bytes. It is
+// called before the read: a free that comes after it tells peer, and a
+// free that came before it makes it fail (false), so that no bytes read
+// from the region reach a peer that the free did not tell.
+func (r *region) noteCacher(peer netip.AddrPort) bool {
+	r.cmu.Lock()
+	defer r.cmu.Unlock()
+	if r.freed {
+		return false
+	}
+	if i := slices.Index(r.cachers, peer); i >= 0 {
+		if i < len(r.cachers)-1 {
+			r.cachers = append(slices.Delete(r.cachers, i, i+1), peer)
+		}
+		return true
+	}
+	if len(r.cachers) >= maxCachers {
+		r.cachers = slices.Delete(r.cachers, 0, 1)
+	}
+	r.cachers = append(r.cachers, peer)
+	return true
+}
+
+// takeCachers marks the region freed and returns the peers to tell.
+func (r *region) takeCachers() []netip.AddrPort {
+	r.cmu.Lock()
+	defer r.cmu.Unlock()
+	r.freed = true
+	c := r.cachers
+	r.cachers = nil
+	return c
 }
 
 type metaFile struct {
@@ -357,21 +405,24 @@ func (s *store) get(tenant, id uint32) (*region, error) {
 	return r, nil
 }
 
-func (s *store) free(tenant, id uint32) error {
+// free deletes region id of tenant (0: any) and returns the peers that
+// cache it (region.noteCacher), to be told.
+func (s *store) free(tenant, id uint32) ([]netip.AddrPort, error) {
 	r, err := s.get(tenant, id)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.regions[id] != r {
-		return fmt.Errorf("%w: %d", ErrUnknownRegion, id)
+		return nil, fmt.Errorf("%w: %d", ErrUnknownRegion, id)
 	}
 	delete(s.regions, id)
 	if err := s.saveMeta(); err != nil {
 		s.regions[id] = r
-		return fmt.Errorf("%w: metadata: %v", ErrIO, err)
+		return nil, fmt.Errorf("%w: metadata: %v", ErrIO, err)
 	}
+	cachers := r.takeCachers()
 	s.used -= r.info.Size
 	_ = r.f.Close()
 	_ = os.Remove(regionFile(s.dir, id))
@@ -379,7 +430,7 @@ func (s *store) free(tenant, id uint32) error {
 	// forget it only leaves a line in leases.json that the next start
 	// ignores.
 	_ = s.recordLease(id, 0)
-	return nil
+	return cachers, nil
 }
 
 // list returns tenant's regions (all for tenant 0) with IDs from first on,

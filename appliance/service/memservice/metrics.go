@@ -18,6 +18,7 @@ var (
 	srvReqs     = prometheus.NewDesc("lovelock_mem_server_requests_total", "Requests the memory server executed.", nil, nil)
 	srvDups     = prometheus.NewDesc("lovelock_mem_server_duplicates_total", "Requests that arrived again and were answered from the reply cache or ignored.", nil, nil)
 	srvErrors   = prometheus.NewDesc("lovelock_mem_server_errors_total", "Requests the memory server refused or failed, by kind.", []string{"kind"}, nil)
+	srvNotices  = prometheus.NewDesc("lovelock_mem_server_freed_notices_total", "Notices that a region was freed sent to the agents that cache it (repeats not counted).", nil, nil)
 
 	agentReqs    = prometheus.NewDesc("lovelock_mem_agent_host_requests_total", "Requests the far-memory agent took from host processes.", nil, nil)
 	agentFwd     = prometheus.NewDesc("lovelock_mem_agent_forwarded_total", "Requests the far-memory agent forwarded to memory nodes.", nil, nil)
@@ -27,6 +28,7 @@ var (
 	agentRetx    = prometheus.NewDesc("lovelock_mem_agent_retransmits_total", "Requests the agent sent to memory nodes again after a timeout.", nil, nil)
 	agentTimeout = prometheus.NewDesc("lovelock_mem_agent_timeouts_total", "Requests that failed after every try (no answer from the memory node).", nil, nil)
 	agentErrors  = prometheus.NewDesc("lovelock_mem_agent_errors_total", "Replies to hosts by failure kind.", []string{"kind"}, nil)
+	agentNotices = prometheus.NewDesc("lovelock_mem_agent_freed_notices_total", "Memory nodes' notices that a region was freed, by outcome (received, dropped: regions dropped from the caches, refused: not from the region's memory node).", []string{"outcome"}, nil)
 	hostMaps     = prometheus.NewDesc("lovelock_mem_host_mappings", "Far-memory mappings the host agent serves.", nil, nil)
 	hostReqs     = prometheus.NewDesc("lovelock_mem_host_requests_total", "Requests the host agent sent for its mappings' faults and write-backs.", nil, nil)
 	hostRetx     = prometheus.NewDesc("lovelock_mem_host_retransmits_total", "Requests the host agent sent again after a timeout.", nil, nil)
@@ -46,7 +48,7 @@ var (
 
 // Describe implements prometheus.Collector.
 func (s *ServerService) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{srvRegions, srvTenants, srvWriters, srvUsed, srvCapacity, srvData, srvReqs, srvDups, srvErrors} {
+	for _, d := range []*prometheus.Desc{srvRegions, srvTenants, srvWriters, srvUsed, srvCapacity, srvData, srvReqs, srvDups, srvErrors, srvNotices} {
 		ch <- d
 	}
 }
@@ -71,6 +73,7 @@ func (s *ServerService) Collect(ch chan<- prometheus.Metric) {
 	counter(srvData, st.WriteBytes, "write")
 	counter(srvReqs, st.Link.Requests)
 	counter(srvDups, st.Link.Duplicates)
+	counter(srvNotices, st.FreedNotices)
 	for kind, v := range errorKinds(st.Errors) {
 		counter(srvErrors, v, kind)
 	}
@@ -78,7 +81,7 @@ func (s *ServerService) Collect(ch chan<- prometheus.Metric) {
 
 // Describe implements prometheus.Collector.
 func (s *AgentService) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{agentReqs, agentFwd, agentBatches, agentOwn, agentData, agentRetx, agentTimeout, agentErrors, agentLatency,
+	for _, d := range []*prometheus.Desc{agentReqs, agentFwd, agentBatches, agentOwn, agentData, agentRetx, agentTimeout, agentErrors, agentNotices, agentLatency,
 		cacheOn, cacheRate, cacheThresh, cacheSwitch, cacheEntries, cacheStatic, cacheReads, cacheWaited, cachePrefet} {
 		ch <- d
 	}
@@ -102,6 +105,9 @@ func (s *AgentService) Collect(ch chan<- prometheus.Metric) {
 	counter(agentData, st.WriteBytes, "write")
 	counter(agentRetx, st.Fabric.Retransmits)
 	counter(agentTimeout, st.Fabric.Timeouts)
+	counter(agentNotices, st.FreedNotices.Received, "received")
+	counter(agentNotices, st.FreedNotices.Dropped, "dropped")
+	counter(agentNotices, st.FreedNotices.Refused, "refused")
 	for kind, v := range errorKinds(st.Errors) {
 		counter(agentErrors, v, kind)
 	}
