@@ -153,14 +153,16 @@ func schedSimulateCommand() *ucli.Command {
 			"   bestfit    the GPU left with the fewest free memory slices\n" +
 			"   lovelock   eq. 1 online: GPUs in use, then deadline misses, then fragmentation growth\n" +
 			"The trace's GPUs (V100, T4, …) have no MIG: with --nodes every GPU of the node list stands\n" +
-			"for one --card. The trace has no deadlines: each request's is arrival + slack × run time.",
+			"for one --card. The trace has no deadlines: each request's is arrival + slack × run time.\n" +
+			"MISSED counts requests that ended after their deadline, or, without one (--slack 0), that\n" +
+			"started after arrival + --reconfig (the scheduler's reading: due on arrival), and UNSERVED ones.",
 		Flags: []ucli.Flag{
 			&ucli.StringFlag{Name: "trace", Required: true, Usage: "pod list CSV (openb_pod_list format)"},
 			&ucli.StringFlag{Name: "nodes", Usage: "node list CSV (openb_node_list format): the fleet, one --card per GPU"},
 			&ucli.StringFlag{Name: "card", Value: "H100-80GB", Usage: "with --nodes, the MIG card each GPU stands for: " + cardNames()},
 			&ucli.StringFlag{Name: "gpus", Usage: "the fleet as COUNTxCARD[,COUNTxCARD…], e.g. 64xH100-80GB (default unless --nodes)"},
 			&ucli.StringFlag{Name: "policy", Value: "all", Usage: "naive, firstfit, bestfit, lovelock or all"},
-			&ucli.Float64Flag{Name: "slack", Value: 2, Usage: "deadline = arrival + slack × run time; 0: none (start on arrival or count late)"},
+			&ucli.Float64Flag{Name: "slack", Value: 2, Usage: "deadline = arrival + slack × run time; 0: none (start on arrival, plus --reconfig, or count late)"},
 			&ucli.DurationFlag{Name: "reconfig", Usage: "time to create a MIG instance on idle slices, added before each request's work"},
 			&ucli.Float64Flag{Name: "wait-margin", Usage: "lovelock: share of a request's slack kept in reserve when it waits for a slot instead of opening a GPU (0: wait up to the latest start)"},
 			&ucli.StringFlag{Name: "frag", Value: sched.FragDefault.String(), Usage: "lovelock's fragmentation tie-breaker: next (FGD: free slices the next request cannot use) or stranded (free slices no expected profile can use)"},
@@ -241,7 +243,8 @@ func schedSimulateCommand() *ucli.Command {
 				return err
 			}
 			fmt.Fprintln(w, "\nALLOC RATE: requested GPU share ÷ GPUs in use, over time. FRAG: share of the free memory slices of GPUs in use\n"+
-				"that a typical request cannot use. µS: time to decide one arrival.")
+				"that a typical request cannot use. MISSED: ended after the deadline (without one: started after arrival +\n"+
+				"--reconfig), or never started. µS: time to decide one arrival.")
 			return nil
 		},
 	}

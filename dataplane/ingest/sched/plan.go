@@ -94,11 +94,9 @@ func (s *Scheduler) plan(reqs []*Request, now time.Duration) (placed []Placed, o
 			return nil, false, nil
 		}
 		// Time in nanoseconds from now; a request without a deadline is
-		// meant to start on arrival.
-		dl := int(r.Deadline - now)
-		if r.Deadline == 0 {
-			dl = int(max(r.Arrival, now)-now) + dur
-		}
+		// due as if placed on arrival (Due), so one that has waited is
+		// late already, as Simulate counts it.
+		dl := int(s.Due(r) - now)
 		in.Jobs = append(in.Jobs, Job{Profile: p, Duration: dur, Deadline: dl})
 	}
 	n := 0

@@ -363,13 +363,24 @@ func (s *Scheduler) move(g int, change func()) {
 	}
 }
 
-// LatestStart is the last moment r can start and still meet its deadline (its
-// arrival if it has none: work without a deadline starts on arrival).
-func (s *Scheduler) LatestStart(r *Request, now time.Duration) time.Duration {
+// Due is when r must be done to be on time: its deadline, or, for a request
+// without one, its arrival plus the reconfiguration time plus its duration
+// (work without a deadline is due to be placed on arrival). It is the one
+// definition of a miss: Simulate counts a request that ends after it, or is
+// never placed, the windowed planner prices a miss by it, and LatestStart
+// follows from it.
+func (s *Scheduler) Due(r *Request) time.Duration {
 	if r.Deadline == 0 {
-		return r.Arrival
+		return r.Arrival + s.cfg.Reconfig + r.Duration
 	}
-	return r.Deadline - r.Duration - s.cfg.Reconfig
+	return r.Deadline
+}
+
+// LatestStart is the last moment r can be placed and still be done by Due:
+// its deadline less its duration and the reconfiguration time (its arrival
+// if it has no deadline: work without a deadline starts on arrival).
+func (s *Scheduler) LatestStart(r *Request, now time.Duration) time.Duration {
+	return s.Due(r) - r.Duration - s.cfg.Reconfig
 }
 
 func (s *Scheduler) observe(prof []int) {

@@ -17,7 +17,7 @@ type Result struct {
 	Placed    int
 	Rejected  int // no card of the fleet can serve them (ErrUnfit)
 	Unserved  int // still waiting when the trace ended (fill mode: refused)
-	Misses    int // finished after their deadline (or never started)
+	Misses    int // finished after Scheduler.Due (their deadline, or without one started after arrival + Reconfig), or never started
 	MissSize  int // Σ memory slices of the missed requests (eq. 1's Σ m_i δ_i)
 	GPUHours  float64
 	GPUsUsed  int // distinct GPUs that ever held an instance (eq. 1's Σ Y_j)
@@ -122,7 +122,7 @@ func Simulate(cfg Config, reqs []Request, opt SimOptions) (Result, error) {
 		used[a.GPU] = true
 		res.Placed++
 		res.PeakInUse = max(res.PeakInUse, s.InUse())
-		if r.Deadline != 0 && a.End > r.Deadline {
+		if a.End > s.Due(r) {
 			res.Misses++
 			res.MissSize += s.cards[s.gpus[a.GPU].card].card.Profiles[a.Placement.Profile].MemSlices
 		}
@@ -169,15 +169,14 @@ func Simulate(cfg Config, reqs []Request, opt SimOptions) (Result, error) {
 		record(t)
 	}
 	for _, r := range d.Queued() {
+		// Never placed: late, with a deadline or without (Due).
 		res.Unserved++
-		if r.Deadline != 0 {
-			res.Misses++
-			if p, err := s.resolve(r); err == nil {
-				for ci, pi := range p {
-					if pi >= 0 {
-						res.MissSize += s.cards[ci].card.Profiles[pi].MemSlices
-						break
-					}
+		res.Misses++
+		if p, err := s.resolve(r); err == nil {
+			for ci, pi := range p {
+				if pi >= 0 {
+					res.MissSize += s.cards[ci].card.Profiles[pi].MemSlices
+					break
 				}
 			}
 		}

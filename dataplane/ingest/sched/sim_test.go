@@ -121,3 +121,68 @@ func TestFillWithdrawsSkipped(t *testing.T) {
 		}
 	}
 }
+
+// TestMissesWithoutDeadline: a request without a deadline is due to start on
+// arrival (LatestStart); Simulate counts it late when it starts after its
+// arrival plus the reconfiguration time, as it does a request that ends
+// after its deadline. Three 1000 s whole-GPU requests at 0 on one H100 run
+// one after the other: two of them start late.
+func TestMissesWithoutDeadline(t *testing.T) {
+	sec := func(n int) time.Duration { return time.Duration(n) * time.Second }
+	whole := func(deadline time.Duration) []Request {
+		var rs []Request
+		for i := range 3 {
+			rs = append(rs, Request{ID: uint64(i + 1), Profile: "7g.80gb", Duration: sec(1000), Deadline: deadline})
+		}
+		return rs
+	}
+	for _, tc := range []struct {
+		name     string
+		reqs     []Request
+		gpus     int
+		reconfig time.Duration
+		misses   int
+		size     int
+	}{
+		{"no deadline, one GPU: two start late", whole(0), 1, 0, 2, 16},
+		{"no deadline, reconfiguration is not late", whole(0), 3, sec(5), 0, 0},
+		{"no deadline, one GPU, with reconfiguration", whole(0), 1, sec(5), 2, 16},
+		{"deadlines met one after the other", whole(sec(3000)), 1, 0, 0, 0},
+		{"deadlines, the last misses", whole(sec(2500)), 1, 0, 1, 8},
+		{"no deadline, a slice each", []Request{
+			{ID: 1, Profile: "1g.10gb", Duration: sec(10)},
+			{ID: 2, Profile: "3g.40gb", Arrival: sec(1), Duration: sec(10)},
+		}, 2, 0, 0, 0}, // naive: a GPU each
+	} {
+		for _, p := range Policies() {
+			t.Run(tc.name+"/"+p.String(), func(t *testing.T) {
+				cfg := Config{Policy: p, Fleet: []Fleet{{"H100-80GB", tc.gpus}}, Reconfig: tc.reconfig}
+				res, err := Simulate(cfg, tc.reqs, SimOptions{Assignments: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				size := tc.size
+				if p == Naive && tc.size > 0 {
+					size = 8 * tc.misses // a whole GPU each
+				}
+				if res.Misses != tc.misses || res.MissSize != size {
+					t.Errorf("%d misses (%d slices), want %d (%d); assignments %+v", res.Misses, res.MissSize, tc.misses, size, res.Assignment)
+				}
+				// The same definition as LatestStart: late is placed after it.
+				s, err := New(cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				late := 0
+				for _, r := range tc.reqs {
+					if a := res.Assignment[r.ID]; a.Start-cfg.Reconfig > s.LatestStart(&r, 0) {
+						late++
+					}
+				}
+				if late != res.Misses {
+					t.Errorf("%d placed after their latest start, %d misses", late, res.Misses)
+				}
+			})
+		}
+	}
+}
