@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strings"
 
@@ -310,7 +311,8 @@ func schedSynthCommand() *ucli.Command {
 		UsageText: "lovelock sched synth --out PODS.csv [--pods N] [--mix mixed | --mix MILLI[xGPUS]:WEIGHT,…] [--seed S] [--gap SECONDS] [--duration SECONDS]",
 		Description: "Pods arrive with exponential gaps and run for log-normal times; gpu_milli follows the share\n" +
 			"mix: a name (small, mixed, large, whole) or a list such as 100:3,500:1,1000x2:1 (1000x2: two\n" +
-			"whole GPUs). The same seed writes the same trace.",
+			"whole GPUs; weights finite and > 0). --gap and --duration must be finite and > 0. The same seed\n" +
+			"writes the same trace.",
 		Flags: []ucli.Flag{
 			&ucli.StringFlag{Name: "out", Required: true, Usage: "file to write ('-' for standard output)"},
 			&ucli.IntFlag{Name: "pods", Value: 10000, Usage: "number of pods"},
@@ -323,6 +325,14 @@ func schedSynthCommand() *ucli.Command {
 			mix, err := trace.ParseMix(c.String("mix"))
 			if err != nil {
 				return fmt.Errorf("--mix: %w", err)
+			}
+			if n := c.Int("pods"); n <= 0 {
+				return fmt.Errorf("--pods %d: want at least 1", n)
+			}
+			for _, name := range []string{"gap", "duration"} {
+				if v := c.Float64(name); !(v > 0) || math.IsInf(v, 1) {
+					return fmt.Errorf("--%s %g: want a finite number of seconds > 0", name, v)
+				}
 			}
 			pods, err := trace.Synth(trace.SynthOptions{Pods: c.Int("pods"), Mix: mix, Seed: c.Uint64("seed"),
 				MeanGap: c.Float64("gap"), MeanDuration: c.Float64("duration"), MaxWait: 30})

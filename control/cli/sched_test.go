@@ -116,6 +116,9 @@ func TestSchedSimulateErrors(t *testing.T) {
 		"p0,1,1,1,100,,LS,Running,0,10,0\np1,1,1,1,x,,LS,Running,0,10,0\n"), 0o644)
 	nodes := filepath.Join(dir, "nodes.csv")
 	os.WriteFile(nodes, []byte("sn,cpu_milli,memory_mib,gpu,model\nn0,1,1,8,G2\n"), 0o644)
+	quote := filepath.Join(dir, "quote.csv")
+	os.WriteFile(quote, []byte("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"+
+		"p\"1,1000,1024,1,480,,LS,Succeeded,0,1000,0\n"), 0o644)
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -127,6 +130,13 @@ func TestSchedSimulateErrors(t *testing.T) {
 		{[]string{"simulate", "--trace", bad, "--frag", "fgd"}, "--frag: unknown fragmentation measure"},
 		{[]string{"simulate", "--trace", filepath.Join(dir, "none.csv")}, "no such file"},
 		{[]string{"synth", "--out", "-", "--mix", "abc"}, "--mix"},
+		{[]string{"simulate", "--trace", quote}, "line 2: malformed trace: parse error on line 2"},
+		{[]string{"synth", "--out", "-", "--mix", "100:NaN"}, `--mix: share mix "100:NaN": "100:NaN": weight NaN: want a finite number > 0`},
+		{[]string{"synth", "--out", "-", "--mix", "100:1,500:inf"}, `"500:inf": weight +Inf: want a finite number > 0`},
+		{[]string{"synth", "--out", "-", "--gap", "NaN"}, "--gap NaN: want a finite number of seconds > 0"},
+		{[]string{"synth", "--out", "-", "--gap", "0"}, "--gap 0: want a finite number of seconds > 0"},
+		{[]string{"synth", "--out", "-", "--duration", "Inf"}, "--duration +Inf: want a finite number of seconds > 0"},
+		{[]string{"synth", "--out", "-", "--pods", "0"}, "--pods 0: want at least 1"},
 	} {
 		_, err := runSchedCmd(t, tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
