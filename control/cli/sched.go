@@ -163,9 +163,9 @@ func schedSimulateCommand() *ucli.Command {
 			&ucli.StringFlag{Name: "card", Value: "H100-80GB", Usage: "with --nodes, the MIG card each GPU stands for: " + cardNames()},
 			&ucli.StringFlag{Name: "gpus", Usage: "the fleet as COUNTxCARD[,COUNTxCARD…], e.g. 64xH100-80GB (default unless --nodes)"},
 			&ucli.StringFlag{Name: "policy", Value: "all", Usage: "naive, firstfit, bestfit, lovelock or all"},
-			&ucli.Float64Flag{Name: "slack", Value: 2, Usage: "deadline = arrival + slack × run time; 0: none (start on arrival, plus --reconfig, or count late)"},
-			&ucli.DurationFlag{Name: "reconfig", Usage: "time to create a MIG instance on idle slices, added before each request's work"},
-			&ucli.Float64Flag{Name: "wait-margin", Usage: "lovelock: share of a request's slack kept in reserve when it waits for a slot instead of opening a GPU (0: wait up to the latest start)"},
+			&ucli.Float64Flag{Name: "slack", Value: 2, Usage: "deadline = arrival + slack × run time, finite and ≥ 0 (below 1 every request misses); 0: none (start on arrival, plus --reconfig, or count late)"},
+			&ucli.DurationFlag{Name: "reconfig", Usage: "time to create a MIG instance on idle slices, added before each request's work (≥ 0)"},
+			&ucli.Float64Flag{Name: "wait-margin", Usage: "lovelock: share of a request's slack kept in reserve when it waits for a slot instead of opening a GPU, in [0, 1) (0: wait up to the latest start)"},
 			&ucli.StringFlag{Name: "frag", Value: sched.FragDefault.String(), Usage: "lovelock's fragmentation tie-breaker: next (FGD: free slices the next request cannot use) or stranded (free slices no expected profile can use)"},
 			&ucli.StringFlag{Name: "plot", Usage: "write an SVG plot of GPUs in use over time, one line per policy, to this file"},
 			outputFlag(),
@@ -187,11 +187,24 @@ func schedSimulateCommand() *ucli.Command {
 			if err != nil {
 				return fmt.Errorf("--frag: %w", err)
 			}
+			slack, reconfig, margin := c.Float64("slack"), c.Duration("reconfig"), c.Float64("wait-margin")
+			switch {
+			case !(slack >= 0) || math.IsInf(slack, 1):
+				return fmt.Errorf("--slack %g: want a finite number ≥ 0: the deadline is arrival + slack × run time, 0 for none", slack)
+			case reconfig < 0:
+				return fmt.Errorf("--reconfig %v: negative: use 0 (instances ready at once) or the time creating a MIG instance takes", reconfig)
+			case !(margin >= 0 && margin < 1):
+				return fmt.Errorf("--wait-margin %g: outside [0, 1): use 0 to wait up to a request's latest start, or a share of its slack to keep, e.g. 0.5", margin)
+			}
+			if slack > 0 && (slack < 1 || slack == 1 && reconfig > 0) {
+				fmt.Fprintf(c.App.ErrWriter, "warning: --slack %g: every request misses its deadline: arrival + %g × run time is before arrival + --reconfig (%v) + run time; use a larger --slack, or 0 for none\n",
+					slack, slack, reconfig)
+			}
 			pods, err := trace.LoadPods(c.String("trace"))
 			if err != nil {
 				return fmt.Errorf("--trace: %w", err)
 			}
-			reqs, st, err := trace.Map(pods, trace.MapOptions{Slack: c.Float64("slack")})
+			reqs, st, err := trace.Map(pods, trace.MapOptions{Slack: slack})
 			if err != nil {
 				return fmt.Errorf("--trace %s: %w", c.String("trace"), err)
 			}
@@ -201,7 +214,7 @@ func schedSimulateCommand() *ucli.Command {
 			var results []sched.Result
 			var curves []sched.Curve
 			for _, p := range policies {
-				r, err := sched.Simulate(sched.Config{Policy: p, Fleet: fleet, Reconfig: c.Duration("reconfig"), WaitMargin: c.Float64("wait-margin"), Frag: frag}, reqs,
+				r, err := sched.Simulate(sched.Config{Policy: p, Fleet: fleet, Reconfig: reconfig, WaitMargin: margin, Frag: frag}, reqs,
 					sched.SimOptions{Series: c.String("plot") != ""})
 				if err != nil {
 					return fmt.Errorf("simulate %s: %w", p, err)

@@ -109,6 +109,35 @@ func TestSchedSimulate(t *testing.T) {
 	}
 }
 
+// TestSchedSimulateWarnsImpossibleSlack: with 0 < --slack < 1 every deadline
+// is before arrival + run time, so every request misses it by construction.
+func TestSchedSimulateWarnsImpossibleSlack(t *testing.T) {
+	dir := t.TempDir()
+	pods := filepath.Join(dir, "pods.csv")
+	if _, err := runSchedCmd(t, "synth", "--out", pods, "--pods", "20", "--seed", "3"); err != nil {
+		t.Fatal(err)
+	}
+	const warning = "every request misses its deadline"
+	for _, tc := range []struct {
+		args []string
+		warn bool
+	}{
+		{[]string{"--slack", "0.5"}, true},
+		{[]string{"--slack", "1", "--reconfig", "1s"}, true},
+		{[]string{"--slack", "1"}, false},
+		{[]string{"--slack", "2"}, false},
+		{[]string{"--slack", "0"}, false},
+	} {
+		out, err := runSchedCmd(t, append([]string{"simulate", "--trace", pods, "--policy", "bestfit"}, tc.args...)...)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		if strings.Contains(out, warning) != tc.warn {
+			t.Errorf("%v: warned %v, want %v:\n%s", tc.args, !tc.warn, tc.warn, out)
+		}
+	}
+}
+
 func TestSchedSimulateErrors(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.csv")
@@ -137,6 +166,12 @@ func TestSchedSimulateErrors(t *testing.T) {
 		{[]string{"synth", "--out", "-", "--gap", "0"}, "--gap 0: want a finite number of seconds > 0"},
 		{[]string{"synth", "--out", "-", "--duration", "Inf"}, "--duration +Inf: want a finite number of seconds > 0"},
 		{[]string{"synth", "--out", "-", "--pods", "0"}, "--pods 0: want at least 1"},
+		{[]string{"simulate", "--trace", bad, "--slack", "NaN"}, "--slack NaN: want a finite number ≥ 0"},
+		{[]string{"simulate", "--trace", bad, "--slack", "-1"}, "--slack -1: want a finite number ≥ 0"},
+		{[]string{"simulate", "--trace", bad, "--slack", "Inf"}, "--slack +Inf: want a finite number ≥ 0"},
+		{[]string{"simulate", "--trace", bad, "--reconfig", "-5s"}, "--reconfig -5s: negative: use 0"},
+		{[]string{"simulate", "--trace", bad, "--wait-margin", "-0.5"}, "--wait-margin -0.5: outside [0, 1): use 0"},
+		{[]string{"simulate", "--trace", bad, "--wait-margin", "1"}, "--wait-margin 1: outside [0, 1)"},
 	} {
 		_, err := runSchedCmd(t, tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

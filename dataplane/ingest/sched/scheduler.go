@@ -96,10 +96,11 @@ type Scheduler struct {
 	profOfBuf []int
 }
 
-// New returns a scheduler for cfg.Fleet, every GPU empty.
+// New returns a scheduler for cfg.Fleet, every GPU empty. It refuses a
+// configuration Config.Validate refuses.
 func New(cfg Config) (*Scheduler, error) {
-	if len(cfg.Fleet) == 0 {
-		return nil, fmt.Errorf("scheduler: empty fleet: give GPUs, e.g. 64xH100-80GB")
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	s := &Scheduler{cfg: cfg, running: map[uint64]running{}, waiting: map[uint64]reservation{}}
 	total := 0

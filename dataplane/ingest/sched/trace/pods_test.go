@@ -175,3 +175,35 @@ func TestSynthRefusesBadNumbers(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestMapRefusesBadSlack: a slack that is not a finite number ≥ 0 quietly
+// meant "no deadlines" (NaN, negative) or a deadline before arrival (+Inf).
+func TestMapRefusesBadSlack(t *testing.T) {
+	pods, err := ReadPods(strings.NewReader(header + "p,8000,100,1,500,,LS,Succeeded,10,110,10\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		slack    float64
+		want     string // "" for none
+		deadline time.Duration
+	}{
+		{0, "", 0},
+		{2, "", 210 * time.Second},
+		{0.5, "", 60 * time.Second},
+		{math.NaN(), "slack NaN: want a finite number ≥ 0", 0},
+		{-1, "slack -1: want a finite number ≥ 0", 0},
+		{math.Inf(1), "slack +Inf: want a finite number ≥ 0", 0},
+		{1e300, "slack 1e+300 puts the deadline of pod p (line 2) past", 0},
+	} {
+		reqs, _, err := Map(pods, MapOptions{Slack: tc.slack})
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("slack %g: %v", tc.slack, err)
+		case tc.want == "" && reqs[0].Deadline != tc.deadline:
+			t.Errorf("slack %g: deadline %v, want %v", tc.slack, reqs[0].Deadline, tc.deadline)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("slack %g: error %v, want one containing %q", tc.slack, err, tc.want)
+		}
+	}
+}
