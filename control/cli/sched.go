@@ -166,7 +166,7 @@ func schedSimulateCommand() *ucli.Command {
 			&ucli.Float64Flag{Name: "slack", Value: 2, Usage: "deadline = arrival + slack × run time, finite and ≥ 0 (below 1 every request misses); 0: none (start on arrival, plus --reconfig, or count late)"},
 			&ucli.DurationFlag{Name: "reconfig", Usage: "time to create a MIG instance on idle slices, added before each request's work (≥ 0)"},
 			&ucli.Float64Flag{Name: "wait-margin", Usage: "lovelock: share of a request's slack kept in reserve when it waits for a slot instead of opening a GPU, in [0, 1) (0: wait up to the latest start)"},
-			&ucli.StringFlag{Name: "frag", Value: sched.FragDefault.String(), Usage: "lovelock's fragmentation tie-breaker: next (FGD: free slices the next request cannot use) or stranded (free slices no expected profile can use)"},
+			&ucli.StringFlag{Name: "frag", Value: sched.FragDefault.String(), Usage: "lovelock's fragmentation tie-breaker: next (FGD: free slices the next request cannot use) or stranded (free slices no expected profile can use); FRAG reports next's rate either way"},
 			&ucli.StringFlag{Name: "plot", Usage: "write an SVG plot of GPUs in use over time, one line per policy, to this file"},
 			outputFlag(),
 		},
@@ -257,8 +257,8 @@ func schedSimulateCommand() *ucli.Command {
 				return err
 			}
 			fmt.Fprintln(w, "\nALLOC RATE: requested GPU share ÷ GPUs in use, over time. FRAG: share of the free memory slices of GPUs in use\n"+
-				"that a typical request cannot use. MISSED: ended after the deadline (without one: started after arrival +\n"+
-				"--reconfig), or never started. µS: time to decide one arrival.")
+				"that a typical request cannot use (FGD's fragmentation rate, over time; 1: no free slice is usable). MISSED: ended\n"+
+				"after the deadline (without one: started after arrival + --reconfig), or never started. µS: time to decide one arrival.")
 			return nil
 		},
 	}

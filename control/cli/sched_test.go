@@ -138,6 +138,40 @@ func TestSchedSimulateWarnsImpossibleSlack(t *testing.T) {
 	}
 }
 
+// TestSchedSimulateFrag: FRAG is what its footnote says, the share of the
+// free memory slices of GPUs in use that a typical request cannot use.
+func TestSchedSimulateFrag(t *testing.T) {
+	dir := t.TempDir()
+	const head = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
+	for _, tc := range []struct {
+		name, pods, want string
+	}{
+		// 4g.40gb, 2g.20gb and 1g.10gb: slice 7 is left, and nothing can use it.
+		{"4g, 2g and 1g", "a,1,1,1,480,,LS,Succeeded,0,1000,0\nb,1,1,1,240,,LS,Succeeded,0,1000,0\nc,1,1,1,100,,LS,Succeeded,0,1000,0\n", "1.000"},
+		{"a whole GPU", "a,1,1,1,1000,,LS,Succeeded,0,1000,0\n", "0.000"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(dir, "pods.csv")
+			if err := os.WriteFile(path, []byte(head+tc.pods), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			out, err := runSchedCmd(t, "simulate", "--trace", path, "--gpus", "1xH100-80GB", "--policy", "firstfit,bestfit,lovelock")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(out, "FRAG: share of the free memory slices of GPUs in use") {
+				t.Errorf("footnote lacks FRAG's meaning:\n%s", out)
+			}
+			for _, line := range strings.Split(out, "\n") {
+				f := strings.Fields(line)
+				if len(f) > 4 && (f[0] == "firstfit" || f[0] == "bestfit" || f[0] == "lovelock") && f[4] != tc.want {
+					t.Errorf("%s: FRAG %s, want %s:\n%s", f[0], f[4], tc.want, out)
+				}
+			}
+		})
+	}
+}
+
 func TestSchedSimulateErrors(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.csv")

@@ -3,6 +3,7 @@ package sched
 import (
 	"errors"
 	"math"
+	"math/bits"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -15,7 +16,7 @@ import (
 // the state index agrees with them.
 func checkState(t *testing.T, s *Scheduler) {
 	t.Helper()
-	inUse := 0
+	inUse, free := 0, 0
 	for g := range s.gpus {
 		c, l := s.Layout(g)
 		if err := c.Validate(l); err != nil {
@@ -34,10 +35,14 @@ func checkState(t *testing.T, s *Scheduler) {
 		}
 		if len(l) > 0 {
 			inUse++
+			free += mig.MemorySlices - bits.OnesCount8(used|s.gpus[g].resv)
 		}
 	}
 	if inUse != s.InUse() {
 		t.Fatalf("%d GPUs hold instances, InUse says %d", inUse, s.InUse())
+	}
+	if free != s.Free() {
+		t.Fatalf("%d slices free on the GPUs in use, Free says %d", free, s.Free())
 	}
 }
 

@@ -26,8 +26,11 @@ type Result struct {
 	// requests over the GPUs in use, integrated over time; in fill mode it is
 	// FGD's: the share placed over the fleet's capacity.
 	AllocRate float64
-	// Frag is the time-averaged fraction of the free memory slices of GPUs
-	// in use that a typical request cannot use.
+	// Frag is FGD's fragmentation rate: the share of the free memory
+	// slices of the GPUs in use (Scheduler.Free) that a typical request,
+	// drawn from the mix, cannot use (Scheduler.Fragmentation). In a replay
+	// both are integrated over time before dividing; in fill mode it is
+	// the rate at the end. 0 when no slice of a GPU in use is free.
 	Frag float64
 	// Decision latency of Place on arrivals.
 	Decisions int
@@ -104,16 +107,16 @@ func Simulate(cfg Config, reqs []Request, opt SimOptions) (Result, error) {
 		last      time.Duration
 		gpuTime   float64 // GPU·seconds
 		shareTime float64 // share·seconds (thousandths)
-		fragTime  float64 // free-slice fraction·GPU·seconds
+		fragTime  float64 // unusable free slices·seconds (expected)
+		freeTime  float64 // free slices of GPUs in use·seconds
 	)
 	d.OnDecision = func(dt time.Duration) { lat = append(lat, dt.Nanoseconds()) }
 	advance := func(t time.Duration) {
 		if dt := (t - last).Seconds(); dt > 0 {
 			gpuTime += float64(s.InUse()) * dt
 			shareTime += float64(s.Shares()) * dt
-			if s.InUse() > 0 {
-				fragTime += s.Fragmentation() / 8 * dt
-			}
+			fragTime += s.Fragmentation() * dt
+			freeTime += float64(s.Free()) * dt
 		}
 		last = t
 	}
@@ -189,7 +192,9 @@ func Simulate(cfg Config, reqs []Request, opt SimOptions) (Result, error) {
 	res.GPUHours = gpuTime / 3600
 	if gpuTime > 0 {
 		res.AllocRate = shareTime / 1000 / gpuTime
-		res.Frag = fragTime / gpuTime
+	}
+	if freeTime > 0 {
+		res.Frag = fragTime / freeTime
 	}
 	res.Decisions = len(lat)
 	res.MeanNs, res.P50Ns, res.P99Ns = latencyStats(lat)
@@ -271,8 +276,8 @@ func Fill(cfg Config, reqs []Request, target float64) (Result, error) {
 	res.AllocRate = placed / capacity
 	res.PeakInUse = s.InUse()
 	res.GPUsUsed = s.InUse()
-	if s.InUse() > 0 {
-		res.Frag = s.Fragmentation() / 8 / float64(s.InUse())
+	if s.Free() > 0 {
+		res.Frag = s.Fragmentation() / float64(s.Free())
 	}
 	res.Decisions = len(lat)
 	res.MeanNs, res.P50Ns, res.P99Ns = latencyStats(lat)

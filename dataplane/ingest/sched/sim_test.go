@@ -186,3 +186,47 @@ func TestMissesWithoutDeadline(t *testing.T) {
 		}
 	}
 }
+
+// TestFragIsShareOfFreeSlices: Result.Frag is FGD's fragmentation rate, the
+// share of the free memory slices of the GPUs in use that a typical request
+// cannot use, in a replay (over time) and in fill mode. A 4g.40gb, a 2g.20gb
+// and a 1g.10gb on one H100 leave slice 7 free, which no profile can use:
+// 1, where the rate over all slices of the GPUs in use said 0.125.
+func TestFragIsShareOfFreeSlices(t *testing.T) {
+	only1g := []float64{1, 0, 0, 0, 0, 0, 0} // H100 profile 0: 1g.10gb
+	req := func(id int, profile string) Request {
+		return Request{ID: uint64(id), Profile: profile, Duration: time.Minute}
+	}
+	for _, tc := range []struct {
+		name string
+		reqs []Request
+		gpus int
+		mix  []float64
+		want float64
+	}{
+		{"4g, 2g and 1g: slice 7 is nobody's", []Request{req(1, "4g.40gb"), req(2, "2g.20gb"), req(3, "1g.10gb")}, 1, nil, 1},
+		{"one 1g, 1g mix: slice 7 of 7 free", []Request{req(1, "1g.10gb")}, 1, only1g, 1.0 / 7},
+		{"a full GPU has no free slice", []Request{req(1, "7g.80gb"), req(2, "1g.10gb")}, 2, only1g, 1.0 / 7},
+		{"nothing free", []Request{req(1, "7g.80gb")}, 1, nil, 0},
+	} {
+		for _, p := range []Policy{FirstFit, BestFit, Lovelock} {
+			t.Run(tc.name+"/"+p.String(), func(t *testing.T) {
+				cfg := Config{Policy: p, Fleet: []Fleet{{"H100-80GB", tc.gpus}}, Mix: tc.mix}
+				res, err := Simulate(cfg, tc.reqs, SimOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.Placed != len(tc.reqs) || math.Abs(res.Frag-tc.want) > 1e-9 {
+					t.Errorf("replay: %d placed, frag %.4f, want %.4f", res.Placed, res.Frag, tc.want)
+				}
+				res, err = Fill(cfg, tc.reqs, 10)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.Placed != len(tc.reqs) || math.Abs(res.Frag-tc.want) > 1e-9 {
+					t.Errorf("fill: %d placed, frag %.4f, want %.4f", res.Placed, res.Frag, tc.want)
+				}
+			})
+		}
+	}
+}
