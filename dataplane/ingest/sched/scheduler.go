@@ -382,8 +382,7 @@ func (s *Scheduler) move(g int, change func()) {
 // without one, its arrival plus the reconfiguration time plus its duration
 // (work without a deadline is due to be placed on arrival). It is the one
 // definition of a miss: Simulate counts a request that ends after it, or is
-// never placed, the windowed planner prices a miss by it, and LatestStart
-// follows from it.
+// never placed, and LatestStart follows from it.
 func (s *Scheduler) Due(r *Request) time.Duration {
 	if r.Deadline == 0 {
 		return r.Arrival + s.cfg.Reconfig + r.Duration
