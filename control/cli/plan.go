@@ -47,6 +47,12 @@ func planModelFlags() []string {
 	}
 }
 
+// planWorkloadFlags returns the flags that describe the workload: only the
+// projection of μ (--project) and the search read them.
+func planWorkloadFlags() []string {
+	return []string{planFlagCPUShare, planFlagNetworkShare, planFlagCPURatio, planFlagBandwidthRatio}
+}
+
 // planFieldFlag returns the flag that sets a planner field.
 func planFieldFlag(field string) (string, bool) {
 	flag, ok := map[string]string{
@@ -86,7 +92,8 @@ traditional / Lovelock, so above 1 favours Lovelock. See docs/planner.md.
                                         + (1 − cpu-share − network-share)
 
 Modes:
-   evaluate (default)   cost and energy ratios for --phi and --mu (or --project)
+   evaluate (default)   cost and energy ratios for --phi and --mu (or --project); the workload
+                        flags need --project
    --scenario paper     every worked example of the paper, computed next to its printed numbers
    search               --target-slowdown gives the smallest φ whose projected μ meets it;
                         --target-cost-ratio the largest φ whose cost ratio meets it
@@ -221,8 +228,18 @@ func runPlan(c *ucli.Context) error {
 }
 
 // planInputs builds the model inputs from the flags, deriving c_p, p_p and
-// c_f from shares where those flags are given.
+// c_f from shares where those flags are given. Workload flags are refused
+// where nothing reads them: evaluating with a given μ.
 func planInputs(c *ucli.Context) (planner.Inputs, error) {
+	if !c.Bool(planFlagProject) && !c.IsSet(planFlagTargetSlowdown) && !c.IsSet(planFlagTargetCost) {
+		for _, name := range planWorkloadFlags() {
+			if c.IsSet(name) {
+				return planner.Inputs{}, fmt.Errorf("plan: --%s describes the workload, which only --%s and a search target (--%s, --%s) use; "+
+					"evaluating takes μ from --%s: add --%s, or drop --%s", name, planFlagProject, planFlagTargetSlowdown, planFlagTargetCost,
+					planFlagMu, planFlagProject, name)
+			}
+		}
+	}
 	in := planner.Inputs{
 		ServerCost:  c.Float64(planFlagServerCost),
 		ServerPower: c.Float64(planFlagServerPower),

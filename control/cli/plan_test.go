@@ -195,6 +195,36 @@ func TestPlanErrors(t *testing.T) {
 	}
 }
 
+// TestPlanWorkloadFlagsNeedProjection: the workload flags feed only the
+// projection of μ (--project) and the search; evaluating with --mu ignored
+// them and printed the default μ's result.
+func TestPlanWorkloadFlagsNeedProjection(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		args []string
+		want string // substring of the error; "" for none
+	}{
+		{"shares without --project", []string{"--phi", "2", "--cpu-share", "0.9", "--network-share", "0.1"},
+			"plan: --cpu-share describes the workload, which only --project and a search target (--target-slowdown, --target-cost-ratio) use"},
+		{"network share with --mu", []string{"--mu", "1.1", "--network-share", "0.5"}, "--network-share describes the workload"},
+		{"cpu ratio alone", []string{"--cpu-ratio", "3"}, "--cpu-ratio describes the workload"},
+		{"bandwidth ratio, --project off", []string{"--project=false", "--bandwidth-ratio", "2"}, "add --project, or drop --bandwidth-ratio"},
+		{"with --project", []string{"--phi", "2", "--project", "--cpu-share", "0.9", "--network-share", "0.1"}, ""},
+		{"in a search", []string{"--target-slowdown", "1", "--cpu-ratio", "3"}, ""},
+		{"hardware flags alone", []string{"--phi", "2", "--mu", "1.1", "--pcie-share", "0.5"}, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			out, err := runPlanCmd(t, tt.args...)
+			switch {
+			case tt.want == "" && err != nil:
+				t.Fatalf("%v\n%s", err, out)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Fatalf("error %v, want one containing %q; output:\n%s", err, tt.want, out)
+			}
+		})
+	}
+}
+
 func TestPlanHelp(t *testing.T) {
 	out, err := runPlanCmd(t, "--help")
 	if err != nil {

@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strings"
 
@@ -153,17 +154,19 @@ func schedSimulateCommand() *ucli.Command {
 			"   bestfit    the GPU left with the fewest free memory slices\n" +
 			"   lovelock   eq. 1 online: GPUs in use, then deadline misses, then fragmentation growth\n" +
 			"The trace's GPUs (V100, T4, …) have no MIG: with --nodes every GPU of the node list stands\n" +
-			"for one --card. The trace has no deadlines: each request's is arrival + slack × run time.",
+			"for one --card. The trace has no deadlines: each request's is arrival + slack × run time.\n" +
+			"MISSED counts requests that ended after their deadline, or, without one (--slack 0), that\n" +
+			"started after arrival + --reconfig (the scheduler's reading: due on arrival), and UNSERVED ones.",
 		Flags: []ucli.Flag{
 			&ucli.StringFlag{Name: "trace", Required: true, Usage: "pod list CSV (openb_pod_list format)"},
 			&ucli.StringFlag{Name: "nodes", Usage: "node list CSV (openb_node_list format): the fleet, one --card per GPU"},
 			&ucli.StringFlag{Name: "card", Value: "H100-80GB", Usage: "with --nodes, the MIG card each GPU stands for: " + cardNames()},
 			&ucli.StringFlag{Name: "gpus", Usage: "the fleet as COUNTxCARD[,COUNTxCARD…], e.g. 64xH100-80GB (default unless --nodes)"},
 			&ucli.StringFlag{Name: "policy", Value: "all", Usage: "naive, firstfit, bestfit, lovelock or all"},
-			&ucli.Float64Flag{Name: "slack", Value: 2, Usage: "deadline = arrival + slack × run time; 0: none (start on arrival or count late)"},
-			&ucli.DurationFlag{Name: "reconfig", Usage: "time to create a MIG instance on idle slices, added before each request's work"},
-			&ucli.Float64Flag{Name: "wait-margin", Usage: "lovelock: share of a request's slack kept in reserve when it waits for a slot instead of opening a GPU (0: wait up to the latest start)"},
-			&ucli.StringFlag{Name: "frag", Value: sched.FragDefault.String(), Usage: "lovelock's fragmentation tie-breaker: next (FGD: free slices the next request cannot use) or stranded (free slices no expected profile can use)"},
+			&ucli.Float64Flag{Name: "slack", Value: 2, Usage: "deadline = arrival + slack × run time, finite and ≥ 0 (below 1 every request misses); 0: none (start on arrival, plus --reconfig, or count late)"},
+			&ucli.DurationFlag{Name: "reconfig", Usage: "time to create a MIG instance on idle slices, added before each request's work (≥ 0)"},
+			&ucli.Float64Flag{Name: "wait-margin", Usage: "lovelock: share of a request's slack kept in reserve when it waits for a slot instead of opening a GPU, in [0, 1) (0: wait up to the latest start)"},
+			&ucli.StringFlag{Name: "frag", Value: sched.FragDefault.String(), Usage: "lovelock's fragmentation tie-breaker: next (FGD: free slices the next request cannot use) or stranded (free slices no expected profile can use); FRAG reports next's rate either way"},
 			&ucli.StringFlag{Name: "plot", Usage: "write an SVG plot of GPUs in use over time, one line per policy, to this file"},
 			outputFlag(),
 		},
@@ -184,11 +187,24 @@ func schedSimulateCommand() *ucli.Command {
 			if err != nil {
 				return fmt.Errorf("--frag: %w", err)
 			}
+			slack, reconfig, margin := c.Float64("slack"), c.Duration("reconfig"), c.Float64("wait-margin")
+			switch {
+			case !(slack >= 0) || math.IsInf(slack, 1):
+				return fmt.Errorf("--slack %g: want a finite number ≥ 0: the deadline is arrival + slack × run time, 0 for none", slack)
+			case reconfig < 0:
+				return fmt.Errorf("--reconfig %v: negative: use 0 (instances ready at once) or the time creating a MIG instance takes", reconfig)
+			case !(margin >= 0 && margin < 1):
+				return fmt.Errorf("--wait-margin %g: outside [0, 1): use 0 to wait up to a request's latest start, or a share of its slack to keep, e.g. 0.5", margin)
+			}
+			if slack > 0 && (slack < 1 || slack == 1 && reconfig > 0) {
+				fmt.Fprintf(c.App.ErrWriter, "warning: --slack %g: every request misses its deadline: arrival + %g × run time is before arrival + --reconfig (%v) + run time; use a larger --slack, or 0 for none\n",
+					slack, slack, reconfig)
+			}
 			pods, err := trace.LoadPods(c.String("trace"))
 			if err != nil {
 				return fmt.Errorf("--trace: %w", err)
 			}
-			reqs, st, err := trace.Map(pods, trace.MapOptions{Slack: c.Float64("slack")})
+			reqs, st, err := trace.Map(pods, trace.MapOptions{Slack: slack})
 			if err != nil {
 				return fmt.Errorf("--trace %s: %w", c.String("trace"), err)
 			}
@@ -198,7 +214,7 @@ func schedSimulateCommand() *ucli.Command {
 			var results []sched.Result
 			var curves []sched.Curve
 			for _, p := range policies {
-				r, err := sched.Simulate(sched.Config{Policy: p, Fleet: fleet, Reconfig: c.Duration("reconfig"), WaitMargin: c.Float64("wait-margin"), Frag: frag}, reqs,
+				r, err := sched.Simulate(sched.Config{Policy: p, Fleet: fleet, Reconfig: reconfig, WaitMargin: margin, Frag: frag}, reqs,
 					sched.SimOptions{Series: c.String("plot") != ""})
 				if err != nil {
 					return fmt.Errorf("simulate %s: %w", p, err)
@@ -241,7 +257,8 @@ func schedSimulateCommand() *ucli.Command {
 				return err
 			}
 			fmt.Fprintln(w, "\nALLOC RATE: requested GPU share ÷ GPUs in use, over time. FRAG: share of the free memory slices of GPUs in use\n"+
-				"that a typical request cannot use. µS: time to decide one arrival.")
+				"that a typical request cannot use (FGD's fragmentation rate, over time; 1: no free slice is usable). MISSED: ended\n"+
+				"after the deadline (without one: started after arrival + --reconfig), or never started. µS: time to decide one arrival.")
 			return nil
 		},
 	}
@@ -307,7 +324,8 @@ func schedSynthCommand() *ucli.Command {
 		UsageText: "lovelock sched synth --out PODS.csv [--pods N] [--mix mixed | --mix MILLI[xGPUS]:WEIGHT,…] [--seed S] [--gap SECONDS] [--duration SECONDS]",
 		Description: "Pods arrive with exponential gaps and run for log-normal times; gpu_milli follows the share\n" +
 			"mix: a name (small, mixed, large, whole) or a list such as 100:3,500:1,1000x2:1 (1000x2: two\n" +
-			"whole GPUs). The same seed writes the same trace.",
+			"whole GPUs; weights finite and > 0). --gap and --duration must be finite and > 0. The same seed\n" +
+			"writes the same trace.",
 		Flags: []ucli.Flag{
 			&ucli.StringFlag{Name: "out", Required: true, Usage: "file to write ('-' for standard output)"},
 			&ucli.IntFlag{Name: "pods", Value: 10000, Usage: "number of pods"},
@@ -320,6 +338,14 @@ func schedSynthCommand() *ucli.Command {
 			mix, err := trace.ParseMix(c.String("mix"))
 			if err != nil {
 				return fmt.Errorf("--mix: %w", err)
+			}
+			if n := c.Int("pods"); n <= 0 {
+				return fmt.Errorf("--pods %d: want at least 1", n)
+			}
+			for _, name := range []string{"gap", "duration"} {
+				if v := c.Float64(name); !(v > 0) || math.IsInf(v, 1) {
+					return fmt.Errorf("--%s %g: want a finite number of seconds > 0", name, v)
+				}
 			}
 			pods, err := trace.Synth(trace.SynthOptions{Pods: c.Int("pods"), Mix: mix, Seed: c.Uint64("seed"),
 				MeanGap: c.Float64("gap"), MeanDuration: c.Float64("duration"), MaxWait: 30})

@@ -109,6 +109,69 @@ func TestSchedSimulate(t *testing.T) {
 	}
 }
 
+// TestSchedSimulateWarnsImpossibleSlack: with 0 < --slack < 1 every deadline
+// is before arrival + run time, so every request misses it by construction.
+func TestSchedSimulateWarnsImpossibleSlack(t *testing.T) {
+	dir := t.TempDir()
+	pods := filepath.Join(dir, "pods.csv")
+	if _, err := runSchedCmd(t, "synth", "--out", pods, "--pods", "20", "--seed", "3"); err != nil {
+		t.Fatal(err)
+	}
+	const warning = "every request misses its deadline"
+	for _, tc := range []struct {
+		args []string
+		warn bool
+	}{
+		{[]string{"--slack", "0.5"}, true},
+		{[]string{"--slack", "1", "--reconfig", "1s"}, true},
+		{[]string{"--slack", "1"}, false},
+		{[]string{"--slack", "2"}, false},
+		{[]string{"--slack", "0"}, false},
+	} {
+		out, err := runSchedCmd(t, append([]string{"simulate", "--trace", pods, "--policy", "bestfit"}, tc.args...)...)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		if strings.Contains(out, warning) != tc.warn {
+			t.Errorf("%v: warned %v, want %v:\n%s", tc.args, !tc.warn, tc.warn, out)
+		}
+	}
+}
+
+// TestSchedSimulateFrag: FRAG is what its footnote says, the share of the
+// free memory slices of GPUs in use that a typical request cannot use.
+func TestSchedSimulateFrag(t *testing.T) {
+	dir := t.TempDir()
+	const head = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
+	for _, tc := range []struct {
+		name, pods, want string
+	}{
+		// 4g.40gb, 2g.20gb and 1g.10gb: slice 7 is left, and nothing can use it.
+		{"4g, 2g and 1g", "a,1,1,1,480,,LS,Succeeded,0,1000,0\nb,1,1,1,240,,LS,Succeeded,0,1000,0\nc,1,1,1,100,,LS,Succeeded,0,1000,0\n", "1.000"},
+		{"a whole GPU", "a,1,1,1,1000,,LS,Succeeded,0,1000,0\n", "0.000"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(dir, "pods.csv")
+			if err := os.WriteFile(path, []byte(head+tc.pods), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			out, err := runSchedCmd(t, "simulate", "--trace", path, "--gpus", "1xH100-80GB", "--policy", "firstfit,bestfit,lovelock")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(out, "FRAG: share of the free memory slices of GPUs in use") {
+				t.Errorf("footnote lacks FRAG's meaning:\n%s", out)
+			}
+			for _, line := range strings.Split(out, "\n") {
+				f := strings.Fields(line)
+				if len(f) > 4 && (f[0] == "firstfit" || f[0] == "bestfit" || f[0] == "lovelock") && f[4] != tc.want {
+					t.Errorf("%s: FRAG %s, want %s:\n%s", f[0], f[4], tc.want, out)
+				}
+			}
+		})
+	}
+}
+
 func TestSchedSimulateErrors(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.csv")
@@ -116,6 +179,9 @@ func TestSchedSimulateErrors(t *testing.T) {
 		"p0,1,1,1,100,,LS,Running,0,10,0\np1,1,1,1,x,,LS,Running,0,10,0\n"), 0o644)
 	nodes := filepath.Join(dir, "nodes.csv")
 	os.WriteFile(nodes, []byte("sn,cpu_milli,memory_mib,gpu,model\nn0,1,1,8,G2\n"), 0o644)
+	quote := filepath.Join(dir, "quote.csv")
+	os.WriteFile(quote, []byte("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"+
+		"p\"1,1000,1024,1,480,,LS,Succeeded,0,1000,0\n"), 0o644)
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -127,6 +193,19 @@ func TestSchedSimulateErrors(t *testing.T) {
 		{[]string{"simulate", "--trace", bad, "--frag", "fgd"}, "--frag: unknown fragmentation measure"},
 		{[]string{"simulate", "--trace", filepath.Join(dir, "none.csv")}, "no such file"},
 		{[]string{"synth", "--out", "-", "--mix", "abc"}, "--mix"},
+		{[]string{"simulate", "--trace", quote}, "line 2: malformed trace: parse error on line 2"},
+		{[]string{"synth", "--out", "-", "--mix", "100:NaN"}, `--mix: share mix "100:NaN": "100:NaN": weight NaN: want a finite number > 0`},
+		{[]string{"synth", "--out", "-", "--mix", "100:1,500:inf"}, `"500:inf": weight +Inf: want a finite number > 0`},
+		{[]string{"synth", "--out", "-", "--gap", "NaN"}, "--gap NaN: want a finite number of seconds > 0"},
+		{[]string{"synth", "--out", "-", "--gap", "0"}, "--gap 0: want a finite number of seconds > 0"},
+		{[]string{"synth", "--out", "-", "--duration", "Inf"}, "--duration +Inf: want a finite number of seconds > 0"},
+		{[]string{"synth", "--out", "-", "--pods", "0"}, "--pods 0: want at least 1"},
+		{[]string{"simulate", "--trace", bad, "--slack", "NaN"}, "--slack NaN: want a finite number ≥ 0"},
+		{[]string{"simulate", "--trace", bad, "--slack", "-1"}, "--slack -1: want a finite number ≥ 0"},
+		{[]string{"simulate", "--trace", bad, "--slack", "Inf"}, "--slack +Inf: want a finite number ≥ 0"},
+		{[]string{"simulate", "--trace", bad, "--reconfig", "-5s"}, "--reconfig -5s: negative: use 0"},
+		{[]string{"simulate", "--trace", bad, "--wait-margin", "-0.5"}, "--wait-margin -0.5: outside [0, 1): use 0"},
+		{[]string{"simulate", "--trace", bad, "--wait-margin", "1"}, "--wait-margin 1: outside [0, 1)"},
 	} {
 		_, err := runSchedCmd(t, tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -93,14 +93,15 @@ type Config struct {
 	Policy Policy
 	Fleet  []Fleet
 	Speeds Speeds
-	// Reconfig is the time to create a GPU instance on idle slices; work
-	// starts that much after it is placed. Running instances are never moved.
+	// Reconfig is the time to create a GPU instance on idle slices (≥ 0);
+	// work starts that much after it is placed. Running instances are never
+	// moved.
 	Reconfig time.Duration
 	// WaitMargin is the share of a request's slack (latest start − now)
 	// that Lovelock keeps in reserve when it decides to wait for a slot
-	// rather than open a GPU: 0 waits up to the latest start, as eq. 1
-	// asks; 0.5 waits at most half the slack, which avoids misses when a
-	// saturated fleet meets a burst, at the price of more GPUs opened.
+	// rather than open a GPU, in [0, 1): 0 waits up to the latest start, as
+	// eq. 1 asks; 0.5 waits at most half the slack, which avoids misses when
+	// a saturated fleet meets a burst, at the price of more GPUs opened.
 	WaitMargin float64
 	// Mix is the expected share of requests per profile index (the same seven
 	// on every card), the target workload of the fragmentation measure. Nil:
@@ -113,6 +114,23 @@ type Config struct {
 	// are planned exactly while they and the GPUs in use are few. The zero
 	// value is the default; Window{Requests: -1} turns it off.
 	Window Window
+}
+
+// Validate checks the settings New depends on, saying what to use instead:
+// a fleet, a reconfiguration time of at least 0 (a negative one would start
+// work before it is placed) and a wait margin in [0, 1) (below 0 Lovelock
+// would wait past a request's latest start).
+func (c Config) Validate() error {
+	if len(c.Fleet) == 0 {
+		return fmt.Errorf("scheduler: empty fleet: give GPUs, e.g. 64xH100-80GB")
+	}
+	if c.Reconfig < 0 {
+		return fmt.Errorf("scheduler: reconfiguration time %v is negative: use 0 (instances ready at once) or the time creating a MIG instance takes", c.Reconfig)
+	}
+	if !(c.WaitMargin >= 0 && c.WaitMargin < 1) {
+		return fmt.Errorf("scheduler: wait margin %g outside [0, 1): use 0 to wait up to a request's latest start, or a share of its slack to keep in reserve, e.g. 0.5", c.WaitMargin)
+	}
+	return nil
 }
 
 // FragMeasure names the fragmentation measure Lovelock uses as its

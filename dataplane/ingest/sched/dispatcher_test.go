@@ -43,9 +43,9 @@ func TestDispatcherRequestPath(t *testing.T) {
 	}
 
 	// A waiting request withdrawn by its client leaves nothing behind.
-	late := &Request{ID: 4, Profile: "7g.80gb", Duration: time.Second, Deadline: time.Hour}
-	if _, err := d.Arrive(11*time.Second, []*Request{{ID: 5, Profile: "7g.80gb", Duration: time.Minute},
-		{ID: 6, Profile: "7g.80gb", Duration: time.Minute}, late}, placed); err != nil {
+	late := &Request{ID: 4, Profile: "7g.80gb", Arrival: 11 * time.Second, Duration: time.Second, Deadline: time.Hour}
+	if _, err := d.Arrive(11*time.Second, []*Request{{ID: 5, Profile: "7g.80gb", Arrival: 11 * time.Second, Duration: time.Minute},
+		{ID: 6, Profile: "7g.80gb", Arrival: 11 * time.Second, Duration: time.Minute}, late}, placed); err != nil {
 		t.Fatal(err)
 	}
 	// 5 opens the second GPU; 6 and 4 queue behind the 3g on the first.

@@ -132,13 +132,17 @@ func (in *Instance) Cost(sched []Slot) (int, error) {
 	return cost + in.Weights.GPU*len(used), nil
 }
 
-// Requests returns the jobs as requests, one time unit a second.
+// Requests returns the jobs as requests, one time unit a second. A job due
+// at 0 is due 1 ns before it: a Request's deadline 0 means none.
 func (in *Instance) Requests() []Request {
 	rs := make([]Request, len(in.Jobs))
 	for i, j := range in.Jobs {
 		rs[i] = Request{ID: uint64(i + 1), Profile: in.Card.Profiles[j.Profile].Name,
 			Arrival: time.Duration(j.Release) * time.Second, Duration: time.Duration(j.Duration) * time.Second,
 			Deadline: time.Duration(j.Deadline) * time.Second}
+		if j.Deadline == 0 {
+			rs[i].Deadline = -1
+		}
 	}
 	return rs
 }

@@ -93,9 +93,11 @@ func (s *Scheduler) plan(reqs []*Request, now time.Duration) (placed []Placed, o
 		if dur < 1 {
 			return nil, false, nil
 		}
-		// Time in nanoseconds from now; a request without a deadline is
-		// meant to start on arrival.
-		dl := int(r.Deadline - now)
+		// Time in nanoseconds from now. A request without a deadline is
+		// priced as due if placed now, not by Due: one that has waited is
+		// late by Due already, and a miss already paid for would let the
+		// plan put it off at no cost, again at every step.
+		dl := int(s.Due(r) - now)
 		if r.Deadline == 0 {
 			dl = int(max(r.Arrival, now)-now) + dur
 		}

@@ -2,6 +2,7 @@ package sched
 
 import (
 	"fmt"
+	"math/bits"
 	"time"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/mig"
@@ -84,6 +85,7 @@ type Scheduler struct {
 	inUse   int
 	shares  int     // requested GPU share of running requests, thousandths
 	fragSum float64 // Σ fragmentation of GPUs in use, in memory slices
+	freeSum int     // Σ free memory slices of GPUs in use (not held, not reserved)
 
 	waiting  map[uint64]reservation // told to wait (ErrWait), not placed since
 	resvGPUs bucket                 // GPUs with reserved slices
@@ -96,10 +98,11 @@ type Scheduler struct {
 	profOfBuf []int
 }
 
-// New returns a scheduler for cfg.Fleet, every GPU empty.
+// New returns a scheduler for cfg.Fleet, every GPU empty. It refuses a
+// configuration Config.Validate refuses.
 func New(cfg Config) (*Scheduler, error) {
-	if len(cfg.Fleet) == 0 {
-		return nil, fmt.Errorf("scheduler: empty fleet: give GPUs, e.g. 64xH100-80GB")
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	s := &Scheduler{cfg: cfg, running: map[uint64]running{}, waiting: map[uint64]reservation{}}
 	total := 0
@@ -181,10 +184,11 @@ func (s *Scheduler) setMix(mix []float64) {
 			cs.tie = strandedTable(&cs.card, mix, &cs.frag)
 		}
 	}
-	s.fragSum = 0
+	s.fragSum, s.freeSum = 0, 0
 	for g := range s.gpus {
 		if s.gpus[g].st.Instances() > 0 {
 			s.fragSum += s.cards[s.gpus[g].card].frag[s.state(g)]
+			s.freeSum += freeSlices(s.state(g))
 		}
 	}
 }
@@ -203,8 +207,17 @@ func (s *Scheduler) Running() int { return len(s.running) }
 func (s *Scheduler) Shares() int { return s.shares }
 
 // Fragmentation returns the summed fragmentation of the GPUs in use: the
-// expected number of their free memory slices a typical request cannot use.
+// expected number of their free memory slices a typical request (drawn from
+// the mix) cannot use, FGD's measure (FragNext) whatever Config.Frag is.
+// Divided by Free it is FGD's fragmentation rate, Result.Frag.
 func (s *Scheduler) Fragmentation() float64 { return s.fragSum }
+
+// Free returns the free memory slices of the GPUs in use: held by no
+// instance and reserved for no waiting request.
+func (s *Scheduler) Free() int { return s.freeSum }
+
+// freeSlices returns the memory slices free in a GPU state.
+func freeSlices(state int) int { return mig.MemorySlices - bits.OnesCount8(uint8(state)) }
 
 // Layout returns the instances on GPU g and its card.
 func (s *Scheduler) Layout(g int) (mig.Card, mig.Layout) {
@@ -347,9 +360,11 @@ func (s *Scheduler) move(g int, change func()) {
 	nw, busy := s.state(g), gs.st.Instances() > 0
 	if wasBusy {
 		s.fragSum -= cs.frag[old]
+		s.freeSum -= freeSlices(old)
 	}
 	if busy {
 		s.fragSum += cs.frag[nw]
+		s.freeSum += freeSlices(nw)
 	}
 	switch {
 	case busy && !wasBusy:
@@ -363,13 +378,23 @@ func (s *Scheduler) move(g int, change func()) {
 	}
 }
 
-// LatestStart is the last moment r can start and still meet its deadline (its
-// arrival if it has none: work without a deadline starts on arrival).
-func (s *Scheduler) LatestStart(r *Request, now time.Duration) time.Duration {
+// Due is when r must be done to be on time: its deadline, or, for a request
+// without one, its arrival plus the reconfiguration time plus its duration
+// (work without a deadline is due to be placed on arrival). It is the one
+// definition of a miss: Simulate counts a request that ends after it, or is
+// never placed, and LatestStart follows from it.
+func (s *Scheduler) Due(r *Request) time.Duration {
 	if r.Deadline == 0 {
-		return r.Arrival
+		return r.Arrival + s.cfg.Reconfig + r.Duration
 	}
-	return r.Deadline - r.Duration - s.cfg.Reconfig
+	return r.Deadline
+}
+
+// LatestStart is the last moment r can be placed and still be done by Due:
+// its deadline less its duration and the reconfiguration time (its arrival
+// if it has no deadline: work without a deadline starts on arrival).
+func (s *Scheduler) LatestStart(r *Request, now time.Duration) time.Duration {
+	return s.Due(r) - r.Duration - s.cfg.Reconfig
 }
 
 func (s *Scheduler) observe(prof []int) {

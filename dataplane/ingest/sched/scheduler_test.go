@@ -2,7 +2,10 @@ package sched
 
 import (
 	"errors"
+	"math"
+	"math/bits"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,7 +16,7 @@ import (
 // the state index agrees with them.
 func checkState(t *testing.T, s *Scheduler) {
 	t.Helper()
-	inUse := 0
+	inUse, free := 0, 0
 	for g := range s.gpus {
 		c, l := s.Layout(g)
 		if err := c.Validate(l); err != nil {
@@ -32,10 +35,14 @@ func checkState(t *testing.T, s *Scheduler) {
 		}
 		if len(l) > 0 {
 			inUse++
+			free += mig.MemorySlices - bits.OnesCount8(used|s.gpus[g].resv)
 		}
 	}
 	if inUse != s.InUse() {
 		t.Fatalf("%d GPUs hold instances, InUse says %d", inUse, s.InUse())
+	}
+	if free != s.Free() {
+		t.Fatalf("%d slices free on the GPUs in use, Free says %d", free, s.Free())
 	}
 }
 
@@ -295,6 +302,44 @@ func TestBackfillYields(t *testing.T) {
 				t.Fatalf("waiting request expected at %v (%v), want %v", at, ok, tc.at)
 			}
 			checkState(t, s)
+		})
+	}
+}
+
+// TestNewValidates: New refuses settings that make no sense and says what to
+// use: a negative reconfiguration time started work before it was placed
+// (and halved GPU-hours), a wait margin below 0 waited past the latest start.
+func TestNewValidates(t *testing.T) {
+	fleet := []Fleet{{"H100-80GB", 1}}
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want string // "" for none
+	}{
+		{"defaults", Config{Fleet: fleet}, ""},
+		{"reconfig and margin", Config{Fleet: fleet, Reconfig: 5 * time.Second, WaitMargin: 0.5}, ""},
+		{"negative reconfig", Config{Fleet: fleet, Reconfig: -time.Second}, "reconfiguration time -1s is negative: use 0"},
+		{"negative margin", Config{Fleet: fleet, WaitMargin: -0.5}, "wait margin -0.5 outside [0, 1): use 0"},
+		{"margin 1", Config{Fleet: fleet, WaitMargin: 1}, "wait margin 1 outside [0, 1)"},
+		{"margin NaN", Config{Fleet: fleet, WaitMargin: math.NaN()}, "wait margin NaN outside [0, 1)"},
+		{"empty fleet", Config{}, "empty fleet"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, p := range Policies() {
+				cfg := tc.cfg
+				cfg.Policy = p
+				_, err := New(cfg)
+				_, derr := NewDispatcher(cfg)
+				_, serr := Simulate(cfg, []Request{{ID: 1, Profile: "1g.10gb", Duration: time.Second}}, SimOptions{})
+				for _, e := range []error{err, derr, serr} {
+					if tc.want == "" && e != nil {
+						t.Errorf("%s: %v", p, e)
+					}
+					if tc.want != "" && (e == nil || !strings.Contains(e.Error(), tc.want)) {
+						t.Errorf("%s: error %v, want one containing %q", p, e, tc.want)
+					}
+				}
+			}
 		})
 	}
 }

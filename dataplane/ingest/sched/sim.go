@@ -17,7 +17,7 @@ type Result struct {
 	Placed    int
 	Rejected  int // no card of the fleet can serve them (ErrUnfit)
 	Unserved  int // still waiting when the trace ended (fill mode: refused)
-	Misses    int // finished after their deadline (or never started)
+	Misses    int // finished after Scheduler.Due (their deadline, or without one started after arrival + Reconfig), or never started
 	MissSize  int // Σ memory slices of the missed requests (eq. 1's Σ m_i δ_i)
 	GPUHours  float64
 	GPUsUsed  int // distinct GPUs that ever held an instance (eq. 1's Σ Y_j)
@@ -26,8 +26,11 @@ type Result struct {
 	// requests over the GPUs in use, integrated over time; in fill mode it is
 	// FGD's: the share placed over the fleet's capacity.
 	AllocRate float64
-	// Frag is the time-averaged fraction of the free memory slices of GPUs
-	// in use that a typical request cannot use.
+	// Frag is FGD's fragmentation rate: the share of the free memory
+	// slices of the GPUs in use (Scheduler.Free) that a typical request,
+	// drawn from the mix, cannot use (Scheduler.Fragmentation). In a replay
+	// both are integrated over time before dividing; in fill mode it is
+	// the rate at the end. 0 when no slice of a GPU in use is free.
 	Frag float64
 	// Decision latency of Place on arrivals.
 	Decisions int
@@ -104,16 +107,16 @@ func Simulate(cfg Config, reqs []Request, opt SimOptions) (Result, error) {
 		last      time.Duration
 		gpuTime   float64 // GPU·seconds
 		shareTime float64 // share·seconds (thousandths)
-		fragTime  float64 // free-slice fraction·GPU·seconds
+		fragTime  float64 // unusable free slices·seconds (expected)
+		freeTime  float64 // free slices of GPUs in use·seconds
 	)
 	d.OnDecision = func(dt time.Duration) { lat = append(lat, dt.Nanoseconds()) }
 	advance := func(t time.Duration) {
 		if dt := (t - last).Seconds(); dt > 0 {
 			gpuTime += float64(s.InUse()) * dt
 			shareTime += float64(s.Shares()) * dt
-			if s.InUse() > 0 {
-				fragTime += s.Fragmentation() / 8 * dt
-			}
+			fragTime += s.Fragmentation() * dt
+			freeTime += float64(s.Free()) * dt
 		}
 		last = t
 	}
@@ -122,7 +125,7 @@ func Simulate(cfg Config, reqs []Request, opt SimOptions) (Result, error) {
 		used[a.GPU] = true
 		res.Placed++
 		res.PeakInUse = max(res.PeakInUse, s.InUse())
-		if r.Deadline != 0 && a.End > r.Deadline {
+		if a.End > s.Due(r) {
 			res.Misses++
 			res.MissSize += s.cards[s.gpus[a.GPU].card].card.Profiles[a.Placement.Profile].MemSlices
 		}
@@ -169,15 +172,14 @@ func Simulate(cfg Config, reqs []Request, opt SimOptions) (Result, error) {
 		record(t)
 	}
 	for _, r := range d.Queued() {
+		// Never placed: late, with a deadline or without (Due).
 		res.Unserved++
-		if r.Deadline != 0 {
-			res.Misses++
-			if p, err := s.resolve(r); err == nil {
-				for ci, pi := range p {
-					if pi >= 0 {
-						res.MissSize += s.cards[ci].card.Profiles[pi].MemSlices
-						break
-					}
+		res.Misses++
+		if p, err := s.resolve(r); err == nil {
+			for ci, pi := range p {
+				if pi >= 0 {
+					res.MissSize += s.cards[ci].card.Profiles[pi].MemSlices
+					break
 				}
 			}
 		}
@@ -190,7 +192,9 @@ func Simulate(cfg Config, reqs []Request, opt SimOptions) (Result, error) {
 	res.GPUHours = gpuTime / 3600
 	if gpuTime > 0 {
 		res.AllocRate = shareTime / 1000 / gpuTime
-		res.Frag = fragTime / gpuTime
+	}
+	if freeTime > 0 {
+		res.Frag = fragTime / freeTime
 	}
 	res.Decisions = len(lat)
 	res.MeanNs, res.P50Ns, res.P99Ns = latencyStats(lat)
@@ -272,8 +276,8 @@ func Fill(cfg Config, reqs []Request, target float64) (Result, error) {
 	res.AllocRate = placed / capacity
 	res.PeakInUse = s.InUse()
 	res.GPUsUsed = s.InUse()
-	if s.InUse() > 0 {
-		res.Frag = s.Fragmentation() / 8 / float64(s.InUse())
+	if s.Free() > 0 {
+		res.Frag = s.Fragmentation() / float64(s.Free())
 	}
 	res.Decisions = len(lat)
 	res.MeanNs, res.P50Ns, res.P99Ns = latencyStats(lat)

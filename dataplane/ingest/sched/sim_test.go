@@ -121,3 +121,112 @@ func TestFillWithdrawsSkipped(t *testing.T) {
 		}
 	}
 }
+
+// TestMissesWithoutDeadline: a request without a deadline is due to start on
+// arrival (LatestStart); Simulate counts it late when it starts after its
+// arrival plus the reconfiguration time, as it does a request that ends
+// after its deadline. Three 1000 s whole-GPU requests at 0 on one H100 run
+// one after the other: two of them start late.
+func TestMissesWithoutDeadline(t *testing.T) {
+	sec := func(n int) time.Duration { return time.Duration(n) * time.Second }
+	whole := func(deadline time.Duration) []Request {
+		var rs []Request
+		for i := range 3 {
+			rs = append(rs, Request{ID: uint64(i + 1), Profile: "7g.80gb", Duration: sec(1000), Deadline: deadline})
+		}
+		return rs
+	}
+	for _, tc := range []struct {
+		name     string
+		reqs     []Request
+		gpus     int
+		reconfig time.Duration
+		misses   int
+		size     int
+	}{
+		{"no deadline, one GPU: two start late", whole(0), 1, 0, 2, 16},
+		{"no deadline, reconfiguration is not late", whole(0), 3, sec(5), 0, 0},
+		{"no deadline, one GPU, with reconfiguration", whole(0), 1, sec(5), 2, 16},
+		{"deadlines met one after the other", whole(sec(3000)), 1, 0, 0, 0},
+		{"deadlines, the last misses", whole(sec(2500)), 1, 0, 1, 8},
+		{"no deadline, a slice each", []Request{
+			{ID: 1, Profile: "1g.10gb", Duration: sec(10)},
+			{ID: 2, Profile: "3g.40gb", Arrival: sec(1), Duration: sec(10)},
+		}, 2, 0, 0, 0}, // naive: a GPU each
+	} {
+		for _, p := range Policies() {
+			t.Run(tc.name+"/"+p.String(), func(t *testing.T) {
+				cfg := Config{Policy: p, Fleet: []Fleet{{"H100-80GB", tc.gpus}}, Reconfig: tc.reconfig}
+				res, err := Simulate(cfg, tc.reqs, SimOptions{Assignments: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				size := tc.size
+				if p == Naive && tc.size > 0 {
+					size = 8 * tc.misses // a whole GPU each
+				}
+				if res.Misses != tc.misses || res.MissSize != size {
+					t.Errorf("%d misses (%d slices), want %d (%d); assignments %+v", res.Misses, res.MissSize, tc.misses, size, res.Assignment)
+				}
+				// The same definition as LatestStart: late is placed after it.
+				s, err := New(cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				late := 0
+				for _, r := range tc.reqs {
+					if a := res.Assignment[r.ID]; a.Start-cfg.Reconfig > s.LatestStart(&r, 0) {
+						late++
+					}
+				}
+				if late != res.Misses {
+					t.Errorf("%d placed after their latest start, %d misses", late, res.Misses)
+				}
+			})
+		}
+	}
+}
+
+// TestFragIsShareOfFreeSlices: Result.Frag is FGD's fragmentation rate, the
+// share of the free memory slices of the GPUs in use that a typical request
+// cannot use, in a replay (over time) and in fill mode. A 4g.40gb, a 2g.20gb
+// and a 1g.10gb on one H100 leave slice 7 free, which no profile can use:
+// 1, where the rate over all slices of the GPUs in use said 0.125.
+func TestFragIsShareOfFreeSlices(t *testing.T) {
+	only1g := []float64{1, 0, 0, 0, 0, 0, 0} // H100 profile 0: 1g.10gb
+	req := func(id int, profile string) Request {
+		return Request{ID: uint64(id), Profile: profile, Duration: time.Minute}
+	}
+	for _, tc := range []struct {
+		name string
+		reqs []Request
+		gpus int
+		mix  []float64
+		want float64
+	}{
+		{"4g, 2g and 1g: slice 7 is nobody's", []Request{req(1, "4g.40gb"), req(2, "2g.20gb"), req(3, "1g.10gb")}, 1, nil, 1},
+		{"one 1g, 1g mix: slice 7 of 7 free", []Request{req(1, "1g.10gb")}, 1, only1g, 1.0 / 7},
+		{"a full GPU has no free slice", []Request{req(1, "7g.80gb"), req(2, "1g.10gb")}, 2, only1g, 1.0 / 7},
+		{"nothing free", []Request{req(1, "7g.80gb")}, 1, nil, 0},
+	} {
+		for _, p := range []Policy{FirstFit, BestFit, Lovelock} {
+			t.Run(tc.name+"/"+p.String(), func(t *testing.T) {
+				cfg := Config{Policy: p, Fleet: []Fleet{{"H100-80GB", tc.gpus}}, Mix: tc.mix}
+				res, err := Simulate(cfg, tc.reqs, SimOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.Placed != len(tc.reqs) || math.Abs(res.Frag-tc.want) > 1e-9 {
+					t.Errorf("replay: %d placed, frag %.4f, want %.4f", res.Placed, res.Frag, tc.want)
+				}
+				res, err = Fill(cfg, tc.reqs, 10)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.Placed != len(tc.reqs) || math.Abs(res.Frag-tc.want) > 1e-9 {
+					t.Errorf("fill: %d placed, frag %.4f, want %.4f", res.Placed, res.Frag, tc.want)
+				}
+			})
+		}
+	}
+}

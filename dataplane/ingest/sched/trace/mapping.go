@@ -2,6 +2,7 @@ package trace
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/sched"
@@ -10,7 +11,9 @@ import (
 // MapOptions set how pods become requests.
 type MapOptions struct {
 	// Slack sets each request's deadline to arrival + Slack × duration; the
-	// trace has no deadlines. 0: none (work starts on arrival or is late).
+	// trace has no deadlines. 0: none (work starts on arrival or is late,
+	// sched.Scheduler.Due). It must be finite and ≥ 0; below 1 every
+	// request misses its deadline.
 	Slack float64
 }
 
@@ -37,6 +40,9 @@ type MapStats struct {
 //   - pods without GPUs or without a deletion time are left out and counted.
 func Map(pods []Pod, opt MapOptions) ([]sched.Request, MapStats, error) {
 	st := MapStats{Pods: len(pods)}
+	if !(opt.Slack >= 0) || math.IsInf(opt.Slack, 1) {
+		return nil, st, fmt.Errorf("slack %g: want a finite number ≥ 0 (deadline = arrival + slack × run time; 0: none)", opt.Slack)
+	}
 	var out []sched.Request
 	id := uint64(0)
 	for _, p := range pods {
@@ -62,6 +68,10 @@ func Map(pods []Pod, opt MapOptions) ([]sched.Request, MapStats, error) {
 			Share:      p.GPUMilli,
 		}
 		if opt.Slack > 0 {
+			if float64(r.Arrival)+opt.Slack*float64(r.Duration) >= math.MaxInt64 {
+				return nil, st, fmt.Errorf("slack %g puts the deadline of pod %s (line %d) past %d s, the latest time a trace can hold: lower it",
+					opt.Slack, p.Name, p.Line, MaxSeconds)
+			}
 			r.Deadline = r.Arrival + time.Duration(opt.Slack*float64(r.Duration))
 			if r.Deadline == r.Arrival {
 				r.Deadline++ // a zero-length pod still has a deadline

@@ -56,7 +56,7 @@ func table(r io.Reader, want []string, row func(line int, get func(string) strin
 	cr.TrimLeadingSpace = true
 	head, err := cr.Read()
 	if err != nil {
-		return fmt.Errorf("line 1: header: %w: %w", ErrMalformed, err)
+		return fmt.Errorf("line %d: header: %w", readLine(err, 1), readErr(err))
 	}
 	col := map[string]int{}
 	for i, h := range head {
@@ -72,10 +72,12 @@ func table(r io.Reader, want []string, row func(line int, get func(string) strin
 		if err == io.EOF {
 			return nil
 		}
-		line, _ := cr.FieldPos(0)
 		if err != nil {
-			return fmt.Errorf("%w: %w", ErrMalformed, err)
+			// FieldPos is only defined after a successful read: a row that
+			// fails in its first field has none.
+			return fmt.Errorf("line %d: %w", readLine(err, 0), readErr(err))
 		}
+		line, _ := cr.FieldPos(0)
 		if len(rec) != len(head) {
 			return fmt.Errorf("line %d: %d fields, header has %d: %w", line, len(rec), len(head), ErrMalformed)
 		}
@@ -84,6 +86,26 @@ func table(r io.Reader, want []string, row func(line int, get func(string) strin
 			return fmt.Errorf("line %d: %w", line, err)
 		}
 	}
+}
+
+// readLine returns the line on which the record a csv.Reader failed on
+// starts, from its *csv.ParseError (def if err is not one).
+func readLine(err error, def int) int {
+	var pe *csv.ParseError
+	if errors.As(err, &pe) {
+		return pe.StartLine
+	}
+	return def
+}
+
+// readErr wraps a failed read: a parse error is a malformed trace, another
+// error (the file's) is not.
+func readErr(err error) error {
+	var pe *csv.ParseError
+	if errors.As(err, &pe) {
+		return fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	return fmt.Errorf("read: %w", err)
 }
 
 func intField(get func(string) string, name string, optional bool) (int64, error) {

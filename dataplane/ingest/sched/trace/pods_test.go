@@ -3,6 +3,7 @@ package trace
 import (
 	"bytes"
 	"errors"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -25,6 +26,9 @@ func TestReadPodsMalformed(t *testing.T) {
 		{"deleted before created", "p1,1,10,1,500,,LS,Running,5,4,5\n", "line 2: deletion_time 4 before creation_time 5"},
 		{"short row", "p1,1,10,1,500,,LS\n", "line 2: 7 fields, header has 11"},
 		{"empty creation", "p1,1,10,1,500,,LS,Running,,10,5\n", "line 2: column creation_time"},
+		{"bare quote in the first field", good + "p\"1,1000,1024,1,480,,LS,Succeeded,0,1000,0\n", "line 3: malformed trace: parse error on line 3"},
+		{"bare quote later", "p1,1\"0,1024,1,480,,LS,Succeeded,0,1000,0\n", "line 2: malformed trace: parse error on line 2"},
+		{"unterminated quote", good + "\"p2,1000\n", "line 3: malformed trace:"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := ReadPods(strings.NewReader(header + tc.body))
@@ -109,7 +113,97 @@ func TestReadNodes(t *testing.T) {
 	if err != nil || len(fleet) != 1 || fleet[0].Count != 10 {
 		t.Fatalf("fleet %+v, %v", fleet, err)
 	}
-	if _, err := ReadNodes(strings.NewReader("sn,cpu_milli,memory_mib,gpu,model\nn0,1,1,x,G2\n")); err == nil || !strings.Contains(err.Error(), "line 2: column gpu") {
-		t.Fatalf("bad gpu count: %v", err)
+	for _, tc := range []struct{ name, body, want string }{
+		{"bad gpu count", "n0,1,1,x,G2\n", "line 2: column gpu"},
+		{"bare quote", "n0,1,1,8,G2\nn\"1,1,1,8,G2\n", "line 3: malformed trace: parse error on line 3"},
+		{"unterminated quote", "\"n0,1,1,8,G2\n", "line 2: malformed trace:"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ReadNodes(strings.NewReader("sn,cpu_milli,memory_mib,gpu,model\n" + tc.body))
+			if err == nil || !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestSynthRefusesBadNumbers: weights and means must be finite and above 0;
+// NaN panicked, an infinite weight drew only its share, a NaN gap wrote
+// creation times the reader refuses.
+func TestSynthRefusesBadNumbers(t *testing.T) {
+	for _, tc := range []struct{ mix, want string }{
+		{"100:NaN", `"100:NaN": weight NaN: want a finite number > 0`},
+		{"100:1,500:inf", `"500:inf": weight +Inf: want a finite number > 0`},
+		{"100:1,500:-Inf", `"500:-Inf": weight -Inf: want a finite number > 0`},
+		{"100:0", `"100:0": weight 0: want a finite number > 0`},
+		{"100:-1", `"100:-1": weight -1: want a finite number > 0`},
+		{"100:x", `"100:x": weight "x" is not a number`},
+	} {
+		t.Run("mix "+tc.mix, func(t *testing.T) {
+			if _, err := ParseMix(tc.mix); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+	nan, inf := math.NaN(), math.Inf(1)
+	good := SynthOptions{Pods: 10, Mix: []Share{{100, 1, 1}}, MeanGap: 1, MeanDuration: 60}
+	for _, tc := range []struct {
+		name string
+		edit func(*SynthOptions)
+		want string
+	}{
+		{"gap NaN", func(o *SynthOptions) { o.MeanGap = nan }, "mean gap NaN s: want a finite number > 0"},
+		{"gap infinite", func(o *SynthOptions) { o.MeanGap = inf }, "mean gap +Inf s: want a finite number > 0"},
+		{"gap 0", func(o *SynthOptions) { o.MeanGap = 0 }, "mean gap 0 s: want a finite number > 0"},
+		{"duration NaN", func(o *SynthOptions) { o.MeanDuration = nan }, "mean duration NaN s: want a finite number > 0"},
+		{"duration negative", func(o *SynthOptions) { o.MeanDuration = -1 }, "mean duration -1 s: want a finite number > 0"},
+		{"weight NaN", func(o *SynthOptions) { o.Mix = []Share{{100, 1, 1}, {500, 1, nan}} }, "share 500x1: weight NaN: want a finite number > 0"},
+		{"weight infinite", func(o *SynthOptions) { o.Mix = []Share{{100, 1, 1}, {500, 1, inf}} }, "share 500x1: weight +Inf: want a finite number > 0"},
+		{"weights overflow", func(o *SynthOptions) { o.Mix = []Share{{100, 1, math.MaxFloat64}, {500, 1, math.MaxFloat64}} }, "weights sum to +Inf"},
+		{"no pods", func(o *SynthOptions) { o.Pods = 0 }, "0 pods"},
+		{"times past the trace's range", func(o *SynthOptions) { o.MeanGap = 1e18 }, "past"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := good
+			tc.edit(&o)
+			if _, err := Synth(o); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+	if _, err := Synth(good); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestMapRefusesBadSlack: a slack that is not a finite number ≥ 0 quietly
+// meant "no deadlines" (NaN, negative) or a deadline before arrival (+Inf).
+func TestMapRefusesBadSlack(t *testing.T) {
+	pods, err := ReadPods(strings.NewReader(header + "p,8000,100,1,500,,LS,Succeeded,10,110,10\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		slack    float64
+		want     string // "" for none
+		deadline time.Duration
+	}{
+		{0, "", 0},
+		{2, "", 210 * time.Second},
+		{0.5, "", 60 * time.Second},
+		{math.NaN(), "slack NaN: want a finite number ≥ 0", 0},
+		{-1, "slack -1: want a finite number ≥ 0", 0},
+		{math.Inf(1), "slack +Inf: want a finite number ≥ 0", 0},
+		{1e300, "slack 1e+300 puts the deadline of pod p (line 2) past", 0},
+	} {
+		reqs, _, err := Map(pods, MapOptions{Slack: tc.slack})
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("slack %g: %v", tc.slack, err)
+		case tc.want == "" && reqs[0].Deadline != tc.deadline:
+			t.Errorf("slack %g: deadline %v, want %v", tc.slack, reqs[0].Deadline, tc.deadline)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("slack %g: error %v, want one containing %q", tc.slack, err, tc.want)
+		}
 	}
 }

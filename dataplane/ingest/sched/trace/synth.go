@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Share is one entry of a share mix: pods asking gpu_milli Milli (1000 with
@@ -49,8 +50,11 @@ func ParseMix(s string) ([]Share, error) {
 				return nil, fmt.Errorf("share mix %q: %q: GPUS must be ≥ 1, and > 1 only with MILLI 1000", s, part)
 			}
 		}
-		if sh.Weight, err = strconv.ParseFloat(weight, 64); err != nil || sh.Weight < 0 {
-			return nil, fmt.Errorf("share mix %q: %q: bad weight", s, part)
+		if sh.Weight, err = strconv.ParseFloat(weight, 64); err != nil {
+			return nil, fmt.Errorf("share mix %q: %q: weight %q is not a number", s, part, weight)
+		}
+		if err := checkPositive("weight", sh.Weight, ""); err != nil {
+			return nil, fmt.Errorf("share mix %q: %q: %w", s, part, err)
 		}
 		out = append(out, sh)
 	}
@@ -67,21 +71,43 @@ type SynthOptions struct {
 	MaxWait      int64   // scheduled_time − creation_time is uniform in [0, MaxWait]
 }
 
+// checkPositive refuses a value that is not a finite number above 0 (NaN,
+// ±Inf, 0 or less), naming it.
+func checkPositive(what string, v float64, unit string) error {
+	if !(v > 0) || math.IsInf(v, 1) {
+		return fmt.Errorf("%s %g%s: want a finite number > 0", what, v, unit)
+	}
+	return nil
+}
+
+// MaxSeconds is the latest time a trace can hold, in seconds since its
+// start (about 292 years): a request's times are time.Durations.
+const MaxSeconds = math.MaxInt64 / int64(time.Second)
+
 // Synth returns a trace with the columns of openb_pod_list, deterministic in
-// its seed.
+// its seed. Weights and means must be finite and above 0.
 func Synth(opt SynthOptions) ([]Pod, error) {
-	if opt.Pods <= 0 || len(opt.Mix) == 0 || opt.MeanGap <= 0 || opt.MeanDuration <= 0 {
-		return nil, fmt.Errorf("synthetic trace: need Pods, Mix, MeanGap and MeanDuration > 0")
+	if opt.Pods <= 0 || len(opt.Mix) == 0 {
+		return nil, fmt.Errorf("synthetic trace: %d pods, %d shares in the mix: want at least one of each", opt.Pods, len(opt.Mix))
+	}
+	if err := checkPositive("mean gap", opt.MeanGap, " s"); err != nil {
+		return nil, fmt.Errorf("synthetic trace: %w", err)
+	}
+	if err := checkPositive("mean duration", opt.MeanDuration, " s"); err != nil {
+		return nil, fmt.Errorf("synthetic trace: %w", err)
 	}
 	rng := rand.New(rand.NewPCG(opt.Seed, 0x5ced))
 	cum := make([]float64, len(opt.Mix))
 	total := 0.0
 	for i, s := range opt.Mix {
+		if err := checkPositive("weight", s.Weight, ""); err != nil {
+			return nil, fmt.Errorf("synthetic trace: share %dx%d: %w", s.Milli, s.GPUs, err)
+		}
 		total += s.Weight
 		cum[i] = total
 	}
-	if total <= 0 {
-		return nil, fmt.Errorf("synthetic trace: mix weights sum to 0")
+	if math.IsInf(total, 1) {
+		return nil, fmt.Errorf("synthetic trace: mix weights sum to %g: scale them down", total)
 	}
 	const sigma = 1.0
 	mu := math.Log(opt.MeanDuration) - sigma*sigma/2
@@ -95,7 +121,12 @@ func Synth(opt SynthOptions) ([]Pod, error) {
 		if opt.MaxWait > 0 {
 			sched += rng.Int64N(opt.MaxWait + 1)
 		}
-		dur := int64(math.Max(1, math.Round(math.Exp(mu+sigma*rng.NormFloat64()))))
+		d := math.Max(1, math.Round(math.Exp(mu+sigma*rng.NormFloat64())))
+		if t+float64(opt.MaxWait)+d > float64(MaxSeconds) {
+			return nil, fmt.Errorf("synthetic trace: pod %d would end past %d s, the latest time a trace can hold: lower the mean gap (%g s) or duration (%g s)",
+				i, MaxSeconds, opt.MeanGap, opt.MeanDuration)
+		}
+		dur := int64(d)
 		pods[i] = Pod{
 			Name: fmt.Sprintf("synth-pod-%05d", i), CPUMilli: 4000 * s.GPUs, MemoryMiB: 16384 * s.GPUs,
 			NumGPU: s.GPUs, GPUMilli: s.Milli, QoS: "LS", Phase: "Succeeded",

@@ -115,7 +115,7 @@ func synth(mix string, pods int, seed uint64, slack float64) []sched.Request {
 func replay(f []sched.Fleet, mixes []string, pods int, slack float64) {
 	fmt.Printf("== Replay: %d synthetic pods per mix (mean gap 1 s, mean run 600 s, log-normal), fleet %dx%s, deadline slack %.1f\n",
 		pods, f[0].Count, f[0].Card, slack)
-	fmt.Println("   GPU-hours: ∫ GPUs holding an instance dt; alloc: requested share ÷ GPUs in use; frag: unusable free slices of GPUs in use")
+	fmt.Println("   GPU-hours: ∫ GPUs holding an instance dt; alloc: requested share ÷ GPUs in use; frag: share of the free slices of GPUs in use a typical request cannot use")
 	w := table()
 	fmt.Fprintln(w, "mix\tpolicy\tGPU-hours\tvs naive\talloc\tfrag\tmissed\tunserved\tGPUs used\tmean µs\tp99 µs\t")
 	for _, mix := range mixes {
@@ -145,7 +145,7 @@ func replay(f []sched.Fleet, mixes []string, pods int, slack float64) {
 
 func fill(f []sched.Fleet, mixes []string, seeds int) {
 	fmt.Printf("== FGD-style fill: pods sampled until requests reach 130%% of %dx%s, no departures, %d seeds\n", f[0].Count, f[0].Card, seeds)
-	fmt.Println("   alloc: GPU share placed ÷ fleet capacity (FGD's allocation rate), mean ± sd over seeds")
+	fmt.Println("   alloc: GPU share placed ÷ fleet capacity (FGD's allocation rate), mean ± sd over seeds; frag: share of the free slices of GPUs in use a typical request cannot use, at the end")
 	w := table()
 	fmt.Fprintln(w, "mix\tpolicy\talloc\t± sd\tvs bestfit\tfrag\tmean µs\t")
 	for _, mix := range mixes {
