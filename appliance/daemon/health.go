@@ -81,7 +81,11 @@ func (d *Daemon) retryRules() {
 	if !failed {
 		return
 	}
-	if _, err := d.install(d.state.Rules, d.owned); err != nil {
+	_, warnings, err := d.install(d.state.Rules, d.owned)
+	for _, w := range warnings {
+		d.log.Warn("rules", "warning", w)
+	}
+	if err != nil {
 		d.setFailure("rules", rulesFailure(err, d.node.Loaded))
 		return
 	}
