@@ -270,7 +270,10 @@ func (d *Daemon) announce(ctx context.Context, kicks <-chan struct{}) {
 	defer t.Stop()
 	for {
 		// A service degraded by a missing XDP attachment runs as asked
-		// once an operator attaches (lovelock iface attach).
+		// once an operator attaches (lovelock iface attach), and is
+		// degraded again after a detach; reserved rules that did not
+		// compile are retried. Recheck takes d.mu itself (through
+		// steering): it must not be held here.
 		for _, s := range d.supervisors {
 			s.Recheck()
 		}
