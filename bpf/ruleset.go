@@ -208,13 +208,26 @@ func (rs *Ruleset) Validate() error {
 	return nil
 }
 
+// ErrNotDrained reports an Apply whose new rule set is live, but whose
+// wait for the readers of the previous one failed. The set was applied:
+// callers keep it as their state and warn. The next Apply waits the
+// readers out before it rewrites their slot.
+var ErrNotDrained = errors.New("the new rule set is live; readers of the previous one were not waited out")
+
 // Apply installs rs as the live rule set, atomically. The data plane has two
 // slots, each a rule table and the shapeset built for it, and active_set
-// names the live one. Apply fills a fresh table for the other slot, puts it
-// there, flips active_set, then replaces the old slot's table with itself:
-// that update returns only after the kernel waited for every running
-// program, so when Apply returns no packet is still being classified by the
-// previous set, and the next Apply may rewrite its slot.
+// names the live one. Apply fills a fresh table for the other slot and puts
+// it there, which returns only after the kernel waited for every running
+// program, so no packet still reads that slot when Apply rewrites its
+// shapeset; then it flips active_set, and replaces the old slot's table with
+// itself to wait out that slot's readers in the same way, so that when
+// Apply returns no packet is still being classified by the previous set.
+//
+// The flip is the commit point. An error before it leaves the previous set
+// live. An error after it wraps ErrNotDrained: the new set is live and the
+// caller must treat it as applied. Its slot is safe all the same, since the
+// next Apply, in this process or another, waits out the slot's readers
+// before it rewrites it.
 func (s *Steer) Apply(rs *Ruleset) error {
 	if err := rs.Validate(); err != nil {
 		return err
@@ -244,23 +257,33 @@ func (s *Steer) Apply(rs *Ruleset) error {
 	for i, sh := range rs.Shapes {
 		ss.Shapes[i].Mask, ss.Shapes[i].MaxPrio = sh.Mask(), sh.MaxPrio
 	}
-	// The slot is idle: the previous Apply waited out its last readers.
-	if err := s.shapesets.Update(slot, &ss, ebpf.UpdateAny); err != nil {
-		return fmt.Errorf("steer: write shapes: %w", err)
-	}
+	// Putting the table in waits out the slot's readers, which the Apply
+	// that left the slot did too unless its wait failed (ErrNotDrained):
+	// only then is the shapeset, rewritten in place, safe to write.
 	if err := s.rulesets.Update(slot, m, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("steer: install rule set map: %w", err)
+	}
+	if err := s.shapesets.Update(slot, &ss, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("steer: write shapes: %w", err)
 	}
 	if err := s.activeSet.Update(uint32(0), slot, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("steer: swap in rule set: %w", err)
 	}
-	return s.waitReaders(live)
+	if err := s.waitReaders(live); err != nil {
+		return fmt.Errorf("%w: %w", ErrNotDrained, err)
+	}
+	return nil
 }
 
 // waitReaders returns once no program can still be using slot: it writes the
 // slot's map back into its place, and the kernel waits for running programs
 // before a map-in-map update returns.
 func (s *Steer) waitReaders(slot uint32) error {
+	if s.drainFault != nil {
+		if err := s.drainFault(); err != nil {
+			return fmt.Errorf("steer: wait for readers of the old rule set: %w", err)
+		}
+	}
 	var id ebpf.MapID
 	if err := s.rulesets.Lookup(slot, &id); err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) {

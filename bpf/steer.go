@@ -96,6 +96,10 @@ type Steer struct {
 	xskSlots   *ebpf.Map
 
 	inner *ebpf.MapSpec // template of a rule table
+
+	// drainFault, when set, makes waitReaders fail with its error before
+	// it waits: tests make the wait after a flip fail with it.
+	drainFault func() error
 }
 
 func (s *Steer) pins() []struct {

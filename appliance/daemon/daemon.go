@@ -60,6 +60,9 @@ type Daemon struct {
 	// listenMetrics opens the metrics listener; nil is net.Listen. Tests
 	// set it to make the metrics server fail.
 	listenMetrics func(network, addr string) (net.Listener, error)
+	// swap swaps a compiled rule set in; nil is node.Steer.Apply. Tests
+	// set it to make the wait after the flip fail (bpf.ErrNotDrained).
+	swap func(*bpf.Ruleset) error
 }
 
 // New opens the data plane and reconciles it with the state file. Pins of
@@ -140,7 +143,11 @@ func fillUpgrade(s *bpf.Steer, op rules.Set, port uint16) error {
 	if err != nil {
 		return fmt.Errorf("the state file's rules: %w (the old data plane keeps running)", err)
 	}
-	return s.Apply(compiled)
+	// The new programs run nowhere yet: no reader to wait out.
+	if err := s.Apply(compiled); err != nil && !errors.Is(err, bpf.ErrNotDrained) {
+		return err
+	}
+	return nil
 }
 
 // withIDs gives set's rules IDs when any lacks one: 1..n in rule order,
@@ -180,7 +187,10 @@ func (d *Daemon) reconcile() {
 	// as this daemon knows; lovelockd's own rules from an earlier run, if
 	// any are left, go with this swap.
 	d.live = d.state.Rules
-	op, err := d.install(d.state.Rules, nil)
+	op, warnings, err := d.install(d.state.Rules, nil)
+	for _, w := range warnings {
+		d.log.Warn("restore rules", "warning", w)
+	}
 	if err != nil {
 		err = rulesFailure(err, d.node.Loaded)
 		if d.node.Loaded {
@@ -398,14 +408,14 @@ func (d *Daemon) replace(set rules.Set) (api.Applied, error) {
 	if err != nil {
 		return api.Applied{}, err
 	}
-	op, err := d.install(set, d.owned)
+	op, warnings, err := d.install(set, d.owned)
 	if err != nil {
 		return api.Applied{}, err
 	}
 	d.setFailure("rules", nil)
 	next := d.state
 	next.Rules, next.HasRules = op, true
-	res := api.Applied{Rules: len(d.live.Rules), Owned: len(d.owned), Warnings: shadowed(op, d.owned, d.cfg.Port)}
+	res := api.Applied{Rules: len(d.live.Rules), Owned: len(d.owned), Warnings: append(warnings, shadowed(op, d.owned, d.cfg.Port)...)}
 	for _, w := range res.Warnings {
 		d.log.Warn("rules", "warning", w)
 	}
@@ -414,22 +424,26 @@ func (d *Daemon) replace(set rules.Set) (api.Applied, error) {
 
 // install swaps in the operator's set op followed by owned, IDs assigned
 // against the live set (a rule keeps its ID by name), and returns op with
-// its IDs. Callers hold d.mu.
-func (d *Daemon) install(op rules.Set, owned []rules.Rule) (rules.Set, error) {
+// its IDs and apply's warnings. Callers hold d.mu.
+func (d *Daemon) install(op rules.Set, owned []rules.Rule) (rules.Set, []string, error) {
 	merged := cloneSet(op)
 	merged.Rules = append(merged.Rules, owned...)
 	assignIDs(&merged, d.live)
-	if err := d.apply(merged); err != nil {
-		return rules.Set{}, err
+	warnings, err := d.apply(merged)
+	if err != nil {
+		return rules.Set{}, nil, err
 	}
 	d.live, d.owned = merged, owned
 	op.Rules = merged.Rules[:len(op.Rules):len(op.Rules)]
-	return op, nil
+	return op, warnings, nil
 }
 
 // apply compiles set and swaps it in. Rule IDs that are new to the data
 // plane get their counters zeroed first, so a reused ID starts from zero.
-func (d *Daemon) apply(set rules.Set) error {
+// A swap whose set went live but whose wait for the old set's readers
+// failed (bpf.ErrNotDrained) is applied: apply returns no error but a
+// warning for the caller to log or pass on.
+func (d *Daemon) apply(set rules.Set) (warnings []string, err error) {
 	used := map[string]int{}
 	compiled, err := rules.Compile(&set, func(name string) (int, error) {
 		idx, err := resolveIface(name)
@@ -439,7 +453,7 @@ func (d *Daemon) apply(set rules.Set) error {
 		return idx, err
 	}, d.cfg.Port)
 	if err != nil {
-		return &api.BadRequestError{Err: err}
+		return nil, &api.BadRequestError{Err: err}
 	}
 	old := map[uint32]bool{}
 	for _, r := range d.live.Rules {
@@ -448,15 +462,22 @@ func (d *Daemon) apply(set rules.Set) error {
 	for _, r := range set.Rules {
 		if !old[r.ID] {
 			if err := d.node.Steer.ResetRuleCounter(r.ID); err != nil {
-				return err
+				return nil, err
 			}
 		}
 	}
-	if err := d.node.Steer.Apply(compiled); err != nil {
-		return err
+	swap := d.swap
+	if swap == nil {
+		swap = d.node.Steer.Apply
+	}
+	if err := swap(compiled); err != nil {
+		if !errors.Is(err, bpf.ErrNotDrained) {
+			return nil, err
+		}
+		warnings = append(warnings, fmt.Sprintf("rules applied, but: %v", err))
 	}
 	d.ruleIfaces = used
-	return nil
+	return warnings, nil
 }
 
 func (d *Daemon) save(next State) error {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/lovelock-dpu/lovelock/bpf"
 	"github.com/lovelock-dpu/lovelock/control/api"
+	"github.com/lovelock-dpu/lovelock/control/attach"
 	"github.com/lovelock-dpu/lovelock/control/testbed"
 )
 
@@ -259,6 +260,60 @@ rules:
 	if xdpProg(t, spec, "dpu0", "late0") == 0 {
 		t.Error("late0 has no XDP program")
 	}
+}
+
+// TestServiceXDPDetached: a service on AF_XDP sockets runs as asked while
+// the steering program runs in XDP on its interface. An operator's detach
+// makes it, and the node, degraded, saying how to fix it; an attach makes
+// it run as asked again, without a restart.
+func TestServiceXDPDetached(t *testing.T) {
+	spec := bed(t)
+	cfg := filepath.Join(t.TempDir(), "dpu2.yaml")
+	if err := os.WriteFile(cfg, []byte(`
+ingest:
+  listen: "10.77.0.12:61440"
+  host_listen: "10.77.12.2:61441"
+  transport: xdp
+  interfaces: [p0]
+  models: [{name: checksum}]
+  tenants: [{id: 1, models: [checksum]}]
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, spec, "dpu2", "--config", cfg)
+	ctx := context.Background()
+	// state returns the ingest service's state and reasons, and the node's
+	// health with its failures' names.
+	state := func() (api.ServiceState, string, api.Health, string) {
+		st, err := d.client().Status(ctx)
+		if err != nil || len(st.Services) != 1 {
+			return "", "", "", fmt.Sprint(err)
+		}
+		var what []string
+		for _, f := range st.Failures {
+			what = append(what, f.What)
+		}
+		return st.Services[0].State, strings.Join(st.Services[0].Degraded, "; "), st.Health, strings.Join(what, ", ")
+	}
+	running := func() bool {
+		svc, why, h, _ := state()
+		return svc == api.ServiceRunning && why == "" && h == api.HealthOK
+	}
+	eventually(t, "ingest to run on AF_XDP on p0", running)
+
+	if err := d.client().Detach(ctx, "p0", attach.HookXDP); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "ingest to be degraded after the detach", func() bool {
+		svc, why, h, fails := state()
+		return svc == api.ServiceDegraded && strings.Contains(why, "no steering program in XDP on p0") &&
+			strings.Contains(why, "lovelock iface attach p0") && h == api.HealthDegraded && fails == "service ingest"
+	})
+
+	if _, err := d.client().Attach(ctx, attach.Attachment{Iface: "p0", Hook: attach.HookXDP}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "ingest to run as asked after the attach", running)
 }
 
 // passOnPeerNetlink attaches xdp_pass to iface in node the old way, through

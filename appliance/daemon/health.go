@@ -81,7 +81,11 @@ func (d *Daemon) retryRules() {
 	if !failed {
 		return
 	}
-	if _, err := d.install(d.state.Rules, d.owned); err != nil {
+	_, warnings, err := d.install(d.state.Rules, d.owned)
+	for _, w := range warnings {
+		d.log.Warn("rules", "warning", w)
+	}
+	if err != nil {
 		d.setFailure("rules", rulesFailure(err, d.node.Loaded))
 		return
 	}
@@ -266,7 +270,10 @@ func (d *Daemon) announce(ctx context.Context, kicks <-chan struct{}) {
 	defer t.Stop()
 	for {
 		// A service degraded by a missing XDP attachment runs as asked
-		// once an operator attaches (lovelock iface attach).
+		// once an operator attaches (lovelock iface attach), and is
+		// degraded again after a detach; reserved rules that did not
+		// compile are retried. Recheck takes d.mu itself (through
+		// steering): it must not be held here.
 		for _, s := range d.supervisors {
 			s.Recheck()
 		}

@@ -92,11 +92,12 @@ func (s steering) Reserve(name string, rs []rules.Rule) ([]string, error) {
 	} else {
 		next[name] = rs
 	}
-	if _, err := d.install(d.state.Rules, service.Merge(next)); err != nil {
+	_, warnings, err := d.install(d.state.Rules, service.Merge(next))
+	if err != nil {
 		return nil, err
 	}
 	d.reserved = next
-	return shadowed(d.state.Rules, rs, d.cfg.Port), nil
+	return append(warnings, shadowed(d.state.Rules, rs, d.cfg.Port)...), nil
 }
 
 // supervisor returns the supervisor of the named service, nil if this node

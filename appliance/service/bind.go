@@ -50,55 +50,96 @@ type Binding struct {
 	// Degraded says, one line each, what Bind bound short of the needs
 	// while the service still runs: e.g. reserved rules that did not
 	// compile, so its traffic reaches it through the kernel sockets
-	// only. Empty when everything is as asked. Reasons says which still
-	// hold after Recheck.
+	// only. Empty when everything is as asked. Reasons says what holds
+	// now, after Recheck.
 	Degraded []string
 
-	name       string
-	steer      Steering
-	registered []xskSlot
-	reserved   bool
-	log        *slog.Logger
+	name  string
+	steer Steering
+	log   *slog.Logger
 	// onReady is the supervisor's: it reports the service running. Nil
 	// for a binding without one (benches).
 	onReady func()
 	ready   sync.Once
 
+	// steerMu serialises Recheck's calls on steer with Close, so that a
+	// retried Reserve cannot follow the Close that removes the rules.
+	// Nothing holding it waits for mu.
+	steerMu    sync.Mutex
+	closed     bool
+	registered []xskSlot
+	reserved   bool
+
 	mu sync.Mutex
-	// reasons are Degraded less those Recheck found gone.
+	// reasons are every way the binding may fall short, in the order
+	// found; those active hold now.
 	reasons []degradation
 }
 
-// degradation is one way a binding falls short of its needs.
+// degradation is one way a binding may fall short of its needs.
 type degradation struct {
-	why string
-	// gone reports whether the cause has gone since (an operator fixed
-	// it); nil when only a new binding can fix it.
-	gone func() bool
+	why    string
+	active bool
+	// check finds out again whether the cause holds (holds) and, if so,
+	// why (empty: as before); ok false when it cannot tell, which leaves
+	// the reason as it is. Nil when only a new binding can fix it. It
+	// runs with steerMu held.
+	check func() (holds bool, why string, ok bool)
 }
 
-// Reasons returns what the binding falls short of its needs in now:
-// Degraded less the reasons Recheck found gone.
+// Reasons returns what the binding falls short of its needs in now: the
+// reasons Bind found, as the last Recheck left them.
 func (b *Binding) Reasons() []string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var out []string
 	for _, r := range b.reasons {
-		out = append(out, r.why)
+		if r.active {
+			out = append(out, r.why)
+		}
 	}
 	return out
 }
 
-// Recheck drops the reasons whose cause has gone, e.g. the steering
-// program attached in XDP on an interface since Bind, and reports
-// whether any went. Reasons only a new binding fixes (multi-buffer
-// sockets refused, reserved rules that did not compile) stay.
+// Recheck evaluates again every reason an operator can make hold or go,
+// and reports whether Reasons changed. The steering program in XDP on
+// each interface the binding receives on is checked both ways: detached,
+// the service is degraded again. Reserved rules that did not compile
+// with the operator's set are reserved again (the operator may have
+// changed the set, or an interface appeared), and once they are that
+// reason is gone for good. Multi-buffer sockets refused stay until a new
+// binding.
 func (b *Binding) Recheck() bool {
+	b.steerMu.Lock()
+	defer b.steerMu.Unlock()
+	if b.closed {
+		return false
+	}
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	n := len(b.reasons)
-	b.reasons = slices.DeleteFunc(b.reasons, func(r degradation) bool { return r.gone != nil && r.gone() })
-	return len(b.reasons) != n
+	next := slices.Clone(b.reasons)
+	b.mu.Unlock()
+	changed := false
+	for i := range next {
+		r := &next[i]
+		if r.check == nil {
+			continue
+		}
+		holds, why, ok := r.check()
+		if !ok {
+			continue
+		}
+		if why == "" || !holds {
+			why = r.why
+		}
+		if holds != r.active || why != r.why {
+			changed = true
+		}
+		r.active, r.why = holds, why
+	}
+	b.mu.Lock()
+	b.reasons = next
+	b.mu.Unlock()
+	return changed
 }
 
 // Ready says the service has opened everything it serves on (sockets,
@@ -156,7 +197,9 @@ func Bind(st Steering, log *slog.Logger, name string, n Needs) (_ *Binding, err 
 			sgErr := err
 			b.Groups, err = openGroups(xdp.GroupOptions{Interfaces: x.Interfaces, Addr: x.Addr}, x.Workers, x.Kernel)
 			if err == nil {
-				b.degrade(fmt.Sprintf("multi-buffer AF_XDP refused (%v): single-buffer sockets, datagrams up to %d bytes on the AF_XDP path", sgErr, b.Groups[0].MaxPayload()), nil)
+				b.degrade(fmt.Sprintf("multi-buffer AF_XDP refused (%v): single-buffer sockets, datagrams up to %d bytes on the AF_XDP path; "+
+					"it stays so until the service binds again (restart lovelockd, e.g. systemctl restart lovelockd, once the kernel or driver takes XDP_USE_SG)",
+					sgErr, b.Groups[0].MaxPayload()), true, nil)
 			}
 		}
 		if err != nil {
@@ -174,12 +217,16 @@ func Bind(st Steering, log *slog.Logger, name string, n Needs) (_ *Binding, err 
 				b.registered = append(b.registered, xskSlot{t.Ifindex(), t.Queue()})
 			}
 		}
+		// Checked now and at every Recheck: an operator may attach
+		// the program later, or detach it.
 		for _, iface := range x.Interfaces {
-			ok, err := st.XDPAttached(iface)
-			if err == nil && !ok {
-				b.degrade(fmt.Sprintf("no steering program in XDP on %s: its traffic reaches the service through the kernel socket only (fix: lovelock iface attach %s)", iface, iface),
-					func() bool { ok, err := st.XDPAttached(iface); return err == nil && ok })
+			check := func() (bool, string, bool) {
+				ok, err := st.XDPAttached(iface)
+				return !ok, "", err == nil
 			}
+			missing, _, known := check()
+			b.degrade(fmt.Sprintf("no steering program in XDP on %s: its traffic reaches the service through the kernel socket only (fix: lovelock iface attach %s)", iface, iface),
+				missing && known, check)
 		}
 	}
 	if len(n.Rules) > 0 {
@@ -192,15 +239,38 @@ func Bind(st Steering, log *slog.Logger, name string, n Needs) (_ *Binding, err 
 				return nil, fmt.Errorf("%s: reserved steering rules: %w", name, err)
 			}
 			// The kernel sockets still carry everything, only slower.
-			b.degrade(fmt.Sprintf("reserved steering rules do not compile with the operator's set, so traffic reaches the service through its kernel sockets only: %v", err), nil)
+			// Recheck tries again until they compile.
+			b.degrade(reserveFailed(err), true, func() (bool, string, bool) {
+				if b.reserved {
+					return false, "", true
+				}
+				warnings, err := st.Reserve(name, n.Rules)
+				if err != nil {
+					return true, reserveFailed(err), true
+				}
+				b.reserved = true
+				b.logWarnings(warnings)
+				return false, "", true
+			})
 		} else {
 			b.reserved = true
 		}
-		for _, w := range warnings {
-			log.Warn("rules", "service", name, "warning", w)
-		}
+		b.logWarnings(warnings)
 	}
 	return b, nil
+}
+
+// reserveFailed is the degraded reason for reserved rules that did not
+// compile with the operator's set.
+func reserveFailed(err error) string {
+	return fmt.Sprintf("reserved steering rules do not compile with the operator's set, so traffic reaches the service through its kernel sockets only: %v "+
+		"(retried every second: this goes once they compile, e.g. after the operator's rules change, see 'lovelock rule list', or an interface they name appears)", err)
+}
+
+func (b *Binding) logWarnings(warnings []string) {
+	for _, w := range warnings {
+		b.log.Warn("rules", "service", b.name, "warning", w)
+	}
 }
 
 // checkXDP refuses needs the steering program cannot serve.
@@ -231,15 +301,23 @@ func checkReserved(name string, rs []rules.Rule) error {
 	return nil
 }
 
-func (b *Binding) degrade(why string, gone func() bool) {
-	b.Degraded = append(b.Degraded, why)
-	b.reasons = append(b.reasons, degradation{why, gone})
-	b.log.Error("service degraded", "service", b.name, "why", why)
+// degrade records a way the binding may fall short of its needs: active
+// if it does now (then Degraded says so), check to find out again (nil:
+// only a new binding fixes it).
+func (b *Binding) degrade(why string, active bool, check func() (bool, string, bool)) {
+	b.reasons = append(b.reasons, degradation{why: why, active: active, check: check})
+	if active {
+		b.Degraded = append(b.Degraded, why)
+		b.log.Error("service degraded", "service", b.name, "why", why)
+	}
 }
 
 // Close undoes Bind: the reserved rules are removed, the sockets
 // unregistered and closed. It is safe to call more than once.
 func (b *Binding) Close() {
+	b.steerMu.Lock()
+	defer b.steerMu.Unlock()
+	b.closed = true
 	if b.reserved {
 		if _, err := b.steer.Reserve(b.name, nil); err != nil {
 			b.log.Error("remove reserved steering rules", "service", b.name, "err", err)

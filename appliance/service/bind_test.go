@@ -30,6 +30,7 @@ type fakeSteering struct {
 	port     uint16
 	reserved map[string][]rules.Rule
 	failRule bool
+	reserves int // Reserve calls
 }
 
 func (f *fakeSteering) Port() uint16                             { return f.port }
@@ -38,6 +39,7 @@ func (f *fakeSteering) SetXSK(int, uint32, int) error            { return nil }
 func (f *fakeSteering) SetXSKMultiBuffer(int, uint32, int) error { return nil }
 func (f *fakeSteering) ClearXSK(int, uint32) error               { return nil }
 func (f *fakeSteering) Reserve(name string, rs []rules.Rule) ([]string, error) {
+	f.reserves++
 	if f.failRule && rs != nil {
 		return nil, errorString("rules do not compile")
 	}
@@ -108,6 +110,53 @@ func TestBindRulesOnly(t *testing.T) {
 	st.failRule = true
 	if _, err := Bind(st, slog.Default(), "svc", Needs{Rules: []rules.Rule{reservedRule("svc/a")}}); err == nil || !strings.Contains(err.Error(), "do not compile") {
 		t.Errorf("bind with failing rules: %v", err)
+	}
+}
+
+// TestBindReserveRetried: reserved rules that did not compile with the
+// operator's set are tried again at each Recheck, which says so in the
+// reason; once they compile they are reserved and the reason is gone
+// for good. A closed binding reserves nothing again.
+func TestBindReserveRetried(t *testing.T) {
+	openGroups = func(xdp.GroupOptions, int, udp.Options) ([]*xdp.Group, error) { return nil, nil }
+	t.Cleanup(func() { openGroups = xdp.OpenGroups })
+	needs := Needs{XDP: &XDPNeeds{Interfaces: []string{"p0"}, Addr: netip.MustParseAddrPort("10.77.0.1:61440"), Workers: 1},
+		Rules: []rules.Rule{reservedRule("svc/a")}}
+	st := &fakeSteering{port: 61440, failRule: true}
+	b, err := Bind(st, slog.New(slog.DiscardHandler), "svc", needs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := b.Reasons(); len(r) != 1 || !strings.Contains(r[0], "reserved steering rules do not compile") || !strings.Contains(r[0], "retried every second") {
+		t.Fatalf("reasons %q; want the rules that did not compile, and that they are retried", r)
+	}
+	if b.Recheck() || len(b.Reasons()) != 1 || st.reserves != 2 {
+		t.Errorf("recheck, rules still failing: reasons %q after %d Reserve calls; want one reason, unchanged, after 2", b.Reasons(), st.reserves)
+	}
+	st.failRule = false // the operator changed their rules
+	if !b.Recheck() || len(b.Reasons()) != 0 || len(st.reserved["svc"]) != 1 {
+		t.Errorf("recheck, rules compile: reasons %q, reserved %v; want none left, the rules reserved", b.Reasons(), st.reserved)
+	}
+	if b.Recheck() || st.reserves != 3 {
+		t.Errorf("recheck once reserved: %d Reserve calls, want no more than 3", st.reserves)
+	}
+	if len(b.Degraded) != 1 {
+		t.Errorf("Degraded %q; want the reason found at bind", b.Degraded)
+	}
+	b.Close()
+	if len(st.reserved) != 0 {
+		t.Errorf("rules left reserved after Close: %v", st.reserved)
+	}
+
+	st.failRule = true
+	b, err = Bind(st, slog.New(slog.DiscardHandler), "svc", needs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	st.failRule = false
+	if b.Recheck() || len(st.reserved) != 0 {
+		t.Errorf("recheck after Close reserved %v", st.reserved)
 	}
 }
 
@@ -279,6 +328,13 @@ func TestBindMultiBufferFallback(t *testing.T) {
 		!strings.Contains(b.Degraded[0], "up to 1472 bytes") || !strings.Contains(b.String(), "single-buffer") ||
 		b.Groups[0].Transports()[0].MultiBuffer() {
 		t.Fatalf("binding %s, degraded %q after %d refusals: want single-buffer sockets, said", b, b.Degraded, refusals)
+	}
+	if !strings.Contains(b.Degraded[0], "until the service binds again (restart lovelockd") {
+		t.Errorf("degraded %q: want it to say that only a restart fixes it", b.Degraded[0])
+	}
+	b.Recheck()
+	if r := b.Reasons(); len(r) != 1 || r[0] != b.Degraded[0] {
+		t.Errorf("reasons after a recheck %q; want the refusal still", r)
 	}
 	p.send(t, wire.TypeBundle, "to the socket")
 	pkts := []transport.Packet{{Data: make([]byte, 2048)}}

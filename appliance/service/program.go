@@ -1,6 +1,7 @@
 package service
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -59,7 +60,9 @@ func (p *Program) ClearXSK(ifindex int, queue uint32) error {
 }
 
 // Reserve implements Steering: the rule set becomes every service's
-// reserved rules, in service name order, over a default of pass.
+// reserved rules, in service name order, over a default of pass. A set
+// that went live without its old readers waited out (bpf.ErrNotDrained)
+// is reserved, with a warning.
 func (p *Program) Reserve(service string, rs []rules.Rule) ([]string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -80,11 +83,15 @@ func (p *Program) Reserve(service string, rs []rules.Rule) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	var warnings []string
 	if err := p.Steer.Apply(compiled); err != nil {
-		return nil, err
+		if !errors.Is(err, bpf.ErrNotDrained) {
+			return nil, err
+		}
+		warnings = append(warnings, fmt.Sprintf("rules applied, but: %v", err))
 	}
 	p.reserved = next
-	return nil, nil
+	return warnings, nil
 }
 
 // Merge returns the reserved rules of every service, in service name

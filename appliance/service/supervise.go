@@ -181,32 +181,39 @@ func (s *Supervisor) runOnce(ctx context.Context) (time.Duration, error) {
 	return up(), err
 }
 
-// Recheck re-evaluates a degraded service's reasons: those whose cause
-// has gone since it was bound (an operator attached the steering program
-// in XDP) go, and a service with none left is running. lovelockd calls it
-// as it checks its health.
+// Recheck re-evaluates a serving service's reasons to be degraded
+// (Binding.Recheck): a degraded service whose reasons have all gone (an
+// operator attached the steering program in XDP) is running, and a running
+// one with a reason back (an operator detached it) is degraded. lovelockd
+// calls it as it checks its health.
 func (s *Supervisor) Recheck() {
 	s.mu.Lock()
 	b := s.bound
-	degraded := s.status.State == api.ServiceDegraded
 	s.mu.Unlock()
-	if b == nil || !degraded || !b.Recheck() {
+	if b == nil || !b.Recheck() {
 		return
 	}
 	left := b.Reasons()
+	var was, now api.ServiceState
 	s.update(func(st *api.ServiceStatus) {
 		if s.bound != b { // that run has ended meanwhile
 			return
 		}
-		st.Degraded = left
-		if len(left) == 0 {
-			st.State = api.ServiceRunning
+		was = st.State
+		st.Degraded, st.State = left, api.ServiceRunning
+		if len(left) > 0 {
+			st.State = api.ServiceDegraded
 		}
+		now = st.State
 	})
-	if len(left) == 0 {
+	switch {
+	case now == "":
+	case len(left) == 0:
 		s.log.Info("service no longer degraded: running as asked", "on", b.String())
-	} else {
-		s.log.Info("service less degraded", "still", left)
+	case was == api.ServiceRunning:
+		s.log.Error("service degraded", "why", left)
+	default:
+		s.log.Info("service still degraded, for other reasons", "why", left)
 	}
 }
 

@@ -285,7 +285,8 @@ func (l *lateXDP) XDPAttached(string) (bool, error) { return l.attached.Load(), 
 
 // TestSupervisorRecheck: a service degraded because the steering program
 // was not in XDP on its interface runs as asked once it is: Recheck finds
-// the cause gone. Before that it stays degraded.
+// the cause gone. Before that it stays degraded. Detached again, it is
+// degraded again, and running once more after the next attach.
 func TestSupervisorRecheck(t *testing.T) {
 	openGroups = func(xdp.GroupOptions, int, udp.Options) ([]*xdp.Group, error) { return nil, nil }
 	t.Cleanup(func() { openGroups = xdp.OpenGroups })
@@ -312,5 +313,47 @@ func TestSupervisorRecheck(t *testing.T) {
 	}
 	if r := svc.bound.Reasons(); len(r) != 0 || len(svc.bound.Degraded) != 1 {
 		t.Errorf("binding's reasons %q, as bound %q; want none left, one at bind", r, svc.bound.Degraded)
+	}
+	sup.Recheck()
+	if s := sup.Status(); s.State != api.ServiceRunning {
+		t.Errorf("rechecked again, XDP still there: %+v; want running", s)
+	}
+	st.attached.Store(false) // lovelock iface detach p0
+	sup.Recheck()
+	if s := sup.Status(); s.State != api.ServiceDegraded || len(s.Degraded) != 1 || !strings.Contains(s.Degraded[0], "no steering program in XDP on p0") ||
+		!strings.Contains(s.Degraded[0], "lovelock iface attach p0") {
+		t.Errorf("rechecked after the detach: %+v; want degraded, saying so and how to fix it", s)
+	}
+	st.attached.Store(true)
+	sup.Recheck()
+	if s := sup.Status(); s.State != api.ServiceRunning || len(s.Degraded) != 0 {
+		t.Errorf("rechecked after attaching again: %+v; want running", s)
+	}
+}
+
+// TestSupervisorRecheckRunningAtBind: a service bound with the steering
+// program in XDP is running, and degraded once an operator detaches it.
+func TestSupervisorRecheckRunningAtBind(t *testing.T) {
+	openGroups = func(xdp.GroupOptions, int, udp.Options) ([]*xdp.Group, error) { return nil, nil }
+	t.Cleanup(func() { openGroups = xdp.OpenGroups })
+	svc := &xdpService{fakeService{running: make(chan struct{})}}
+	st := &lateXDP{fakeSteering: fakeSteering{port: 61440}}
+	st.attached.Store(true)
+	sup := NewSupervisor(svc, st, slog.New(slog.DiscardHandler), time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { sup.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	<-svc.running
+	if s := sup.Status(); s.State != api.ServiceRunning || len(s.Degraded) != 0 {
+		t.Fatalf("bound with XDP: %+v; want running", s)
+	}
+	st.attached.Store(false)
+	sup.Recheck()
+	if s := sup.Status(); s.State != api.ServiceDegraded || len(s.Degraded) != 1 || !strings.Contains(s.Degraded[0], "no steering program in XDP on p0") {
+		t.Errorf("rechecked after the detach: %+v; want degraded, saying so", s)
+	}
+	if len(svc.bound.Degraded) != 0 {
+		t.Errorf("binding's Degraded %q; want none: it was bound as asked", svc.bound.Degraded)
 	}
 }

@@ -362,7 +362,9 @@ func (b *bench) measure(ctx context.Context, r *row) (_ *result, err error) {
 		prog = b.floor.prog
 	}
 	if r.rs != nil {
-		if err := b.s.Apply(r.rs); err != nil {
+		if err := b.s.Apply(r.rs); errors.Is(err, bpf.ErrNotDrained) {
+			fmt.Fprintf(os.Stderr, "bench-steer: warning: %v\n", err)
+		} else if err != nil {
 			return nil, err
 		}
 	}
