@@ -142,6 +142,11 @@ func (c *Config) defaults() error {
 			}
 		}
 	}
+	if c.Reconfig < 0 {
+		// The scheduler would start work before it is placed; it refuses
+		// it too, but only once a GPU host registers.
+		return fmt.Errorf("ingest agent: reconfig %v is negative: use 0 (MIG instances ready at once) or the time creating one takes", c.Reconfig)
+	}
 	if len(c.Tenants) == 0 && len(c.Pools) > 1 {
 		return errors.New("ingest agent: several pools but no tenants: grant each tenant a pool")
 	}

@@ -164,6 +164,9 @@ func ReadPods(r io.Reader) ([]Pod, error) {
 			return fmt.Errorf("deletion_time %d before creation_time %d: %w", p.Deletion, p.Creation, ErrMalformed)
 		case p.Scheduled >= 0 && p.Scheduled < p.Creation:
 			return fmt.Errorf("scheduled_time %d before creation_time %d: %w", p.Scheduled, p.Creation, ErrMalformed)
+		case max(p.Creation, p.Deletion, p.Scheduled) > MaxSeconds:
+			// Times become nanoseconds (time.Duration) when mapped.
+			return fmt.Errorf("times past %d s (292 years), the latest a trace can hold: are they in seconds since the trace's start? %w", MaxSeconds, ErrMalformed)
 		}
 		pods = append(pods, p)
 		return nil

@@ -29,6 +29,7 @@ func TestReadPodsMalformed(t *testing.T) {
 		{"bare quote in the first field", good + "p\"1,1000,1024,1,480,,LS,Succeeded,0,1000,0\n", "line 3: malformed trace: parse error on line 3"},
 		{"bare quote later", "p1,1\"0,1024,1,480,,LS,Succeeded,0,1000,0\n", "line 2: malformed trace: parse error on line 2"},
 		{"unterminated quote", good + "\"p2,1000\n", "line 3: malformed trace:"},
+		{"time past what a trace holds", "p1,1,10,1,500,,LS,Running,1700000000000,1700000000010,\n", "line 2: times past 9223372036 s"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := ReadPods(strings.NewReader(header + tc.body))
