@@ -185,6 +185,10 @@ func Bind(st Steering, log *slog.Logger, name string, n Needs) (_ *Binding, err 
 			b.Close()
 		}
 	}()
+	// Refused before anything is opened.
+	if err := checkReserved(name, n.Rules); err != nil {
+		return nil, err
+	}
 	if x := n.XDP; x != nil {
 		if err := checkXDP(st, x); err != nil {
 			return nil, fmt.Errorf("%s: transport xdp: %w", name, err)
@@ -230,9 +234,6 @@ func Bind(st Steering, log *slog.Logger, name string, n Needs) (_ *Binding, err 
 		}
 	}
 	if len(n.Rules) > 0 {
-		if err := checkReserved(name, n.Rules); err != nil {
-			return nil, err
-		}
 		warnings, err := st.Reserve(name, n.Rules)
 		if err != nil {
 			if n.XDP == nil {

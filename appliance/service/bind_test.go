@@ -80,6 +80,10 @@ func TestBindRefuses(t *testing.T) {
 		{"no workers", Needs{XDP: &XDPNeeds{Interfaces: []string{"p0"}, Addr: addr}}, "0 workers"},
 		{"unreserved name", Needs{Rules: []rules.Rule{{Name: "mine", Priority: api.OwnedPriority, Action: rules.Pass()}}}, `reserved rule "mine"`},
 		{"unreserved priority", Needs{Rules: []rules.Rule{{Name: api.OwnedRulePrefix + "x", Priority: 5, Action: rules.Pass()}}}, "priority 4000000000 or more"},
+		// Refused before it opens sockets on an interface (which this
+		// one lacks, so opening would fail first).
+		{"unreserved name with sockets", Needs{XDP: &XDPNeeds{Interfaces: []string{"lovelock-none0"}, Addr: addr, Workers: 1},
+			Rules: []rules.Rule{{Name: "mine", Priority: api.OwnedPriority, Action: rules.Pass()}}}, `reserved rule "mine"`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			st := &fakeSteering{port: 61440}
