@@ -9,7 +9,7 @@ import (
 )
 
 var (
-	msgBytes    = prometheus.NewDesc("lovelock_msg_sent_bytes_total", "Bundle bytes the messaging agent sent, by next hop (first transmissions).", []string{"dest"}, nil)
+	msgBytes    = prometheus.NewDesc("lovelock_msg_sent_bytes_total", "Bundle bytes the messaging agent's transport took, by next hop (first transmissions; refused ones are send errors).", []string{"dest"}, nil)
 	msgMessages = prometheus.NewDesc("lovelock_msg_sent_messages_total", "Messages the messaging agent sent, by next hop.", []string{"dest"}, nil)
 	msgBundles  = prometheus.NewDesc("lovelock_msg_sent_bundles_total", "Bundles the messaging agent sent, by next hop.", []string{"dest"}, nil)
 	msgFlushes  = prometheus.NewDesc("lovelock_msg_flushes_total", "Bundles sent, by next hop and the reason they were closed.", []string{"dest", "reason"}, nil)
