@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 
 	ucli "github.com/urfave/cli/v2"
@@ -104,11 +105,16 @@ func takesValue(flags []ucli.Flag, a string) bool {
 	return false // unknown (or help): urfave/cli reports it
 }
 
-// quietUsageErrors makes flag errors short: "lovelock rule add: invalid value
-// "x" for flag -priority: …; see 'lovelock rule add --help'", instead of the
-// error followed by the command's whole help. Required flags are checked the
-// same way (urfave/cli prints the help before a missing required flag).
-func quietUsageErrors(app *ucli.App) {
+// setupCommands walks app's command tree once App has built it. Usage
+// errors become one line: "lovelock rule add: invalid value "x" for flag
+// -priority: …; see 'lovelock rule add --help'", instead of the error
+// followed by the command's whole help. Required flags are checked the same
+// way (urfave/cli prints the help before a missing required flag). And
+// every command refuses positional arguments it does not take (checkArgs):
+// a group (a command with subcommands) one that names none of them, a
+// command without ArgsUsage any; commands with ArgsUsage check theirs in
+// their action with checkArgs.
+func setupCommands(app *ucli.App) {
 	onUsage := func(name string) ucli.OnUsageErrorFunc {
 		return func(_ *ucli.Context, err error, _ bool) error {
 			return fmt.Errorf("%s: %w; see '%s --help'", name, err, name)
@@ -129,9 +135,31 @@ func quietUsageErrors(app *ucli.App) {
 					}
 				}
 			}
-			if len(required) > 0 {
+			// A group's arguments are known only once urfave/cli looked
+			// for a subcommand among them: its action checks them. A
+			// command's are checked before anything else, missing flags
+			// included.
+			noArgs := len(c.Subcommands) == 0 && strings.TrimSpace(c.ArgsUsage) == ""
+			if len(c.Subcommands) > 0 {
+				action := c.Action
+				c.Action = func(ctx *ucli.Context) error {
+					if err := checkArgs(ctx, 0); err != nil {
+						return err
+					}
+					if action == nil {
+						return ucli.ShowSubcommandHelp(ctx)
+					}
+					return action(ctx)
+				}
+			}
+			if noArgs || len(required) > 0 {
 				before := c.Before
 				c.Before = func(ctx *ucli.Context) error {
+					if noArgs {
+						if err := checkArgs(ctx, 0); err != nil {
+							return err
+						}
+					}
 					var missing []string
 					for _, n := range required {
 						if !ctx.IsSet(n) {
@@ -151,4 +179,37 @@ func quietUsageErrors(app *ucli.App) {
 		}
 	}
 	walk("lovelock", app.Commands)
+}
+
+// checkArgs refuses the positional arguments of the command ctx runs past
+// its first max, naming the first one and the command's --help: "lovelock
+// rules: unknown command "aply"; see 'lovelock rules --help'" for a group,
+// "lovelock status: unexpected argument "extra": it takes no arguments, only
+// flags; see 'lovelock status --help'" otherwise. "help" (urfave/cli's help command)
+// is not refused.
+func checkArgs(ctx *ucli.Context, max int) error {
+	if ctx.NArg() <= max {
+		return nil
+	}
+	arg := ctx.Args().Get(max)
+	if max == 0 && (arg == "help" || arg == "h") {
+		return nil
+	}
+	name := "lovelock"
+	if ctx.Command != nil && ctx.Command.HelpName != "" {
+		name = ctx.Command.HelpName
+	}
+	switch {
+	case isGroup(ctx.Command):
+		return fmt.Errorf("%s: unknown command %q; see '%s --help'", name, arg, name)
+	case max == 0:
+		return fmt.Errorf("%s: unexpected argument %q: it takes no arguments, only flags; see '%s --help'", name, arg, name)
+	}
+	return fmt.Errorf("%s: unexpected argument %q: it takes only %s; see '%s --help'", name, arg, ctx.Command.ArgsUsage, name)
+}
+
+// isGroup says whether c has subcommands besides the help command urfave/cli
+// adds to every command.
+func isGroup(c *ucli.Command) bool {
+	return c != nil && slices.ContainsFunc(c.Subcommands, func(s *ucli.Command) bool { return s.Name != "help" })
 }

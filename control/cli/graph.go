@@ -92,8 +92,11 @@ func graphConvertCommand() *ucli.Command {
 			outFlag(),
 		},
 		Action: func(c *ucli.Context) error {
-			if c.NArg() != 1 {
+			if c.NArg() == 0 {
 				return errors.New("graph convert: want one edge list file (or - for stdin)")
+			}
+			if err := checkArgs(c, 1); err != nil {
+				return err
 			}
 			var r io.Reader = os.Stdin
 			if p := c.Args().First(); p != "-" {
@@ -139,8 +142,11 @@ func graphInfoCommand() *ucli.Command {
 			if err != nil {
 				return err
 			}
-			if c.NArg() != 1 {
+			if c.NArg() == 0 {
 				return errors.New("graph info: want one CSR file")
+			}
+			if err := checkArgs(c, 1); err != nil {
+				return err
 			}
 			g, img, err := loadCSR(c.Args().First())
 			if err != nil {

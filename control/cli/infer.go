@@ -110,9 +110,6 @@ type inferResult struct {
 }
 
 func infer(c *ucli.Context) error {
-	if c.NArg() > 0 {
-		return fmt.Errorf("infer takes no arguments, got %q (see 'lovelock infer --help')", c.Args().Slice())
-	}
 	asJSON, err := wantJSON(c)
 	if err != nil {
 		return err

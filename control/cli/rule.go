@@ -147,8 +147,11 @@ func ruleAdd(c *ucli.Context) error {
 }
 
 func ruleDel(c *ucli.Context) error {
-	if c.NArg() != 1 {
+	if c.NArg() == 0 {
 		return errors.New("rule del: want exactly one rule name (see 'lovelock rule list')")
+	}
+	if err := checkArgs(c, 1); err != nil {
+		return err
 	}
 	res, err := client(c).DeleteRule(c.Context, c.Args().First())
 	if err != nil {
