@@ -32,8 +32,10 @@ func graphCommand() *ucli.Command {
 	}
 }
 
+// outFlag is the file gen and convert write. Its short name is -w, as
+// capture's --write: -o is --output (the format) on every command.
 func outFlag() ucli.Flag {
-	return &ucli.StringFlag{Name: "out", Aliases: []string{"o"}, Usage: "the CSR `FILE` to write", Required: true}
+	return &ucli.StringFlag{Name: "out", Aliases: []string{"w"}, Usage: "the CSR `FILE` to write", Required: true}
 }
 
 // writeCSR writes img to path through a temporary file and a rename, so a
