@@ -55,6 +55,54 @@ func TestHelp(t *testing.T) {
 	}
 }
 
+// TestHelpRequired: help marks the flags a command cannot run without
+// "(required)", never with their zero value as a default, and gives
+// optional ones their default.
+func TestHelpRequired(t *testing.T) {
+	for _, tc := range []struct {
+		cmd  string
+		flag string // the flag's help line starts with it
+		want string // and ends with it
+	}{
+		{"rule add", "--name value", "(required)"},
+		{"rule add", "--action value", "(required)"},
+		{"rule add", "--priority value", "(default: 0)"},
+		{"rules apply", "--file value, -f value", "(required)"},
+		{"image flash", "--bfb value", "(required)"},
+		{"sched simulate", "--trace value", "(required)"},
+		{"sched synth", "--out value", "(required)"},
+		{"graph gen", "--scale value", "(required)"},
+		{"graph gen", "--out FILE, -w FILE", "(required)"},
+		{"graph convert", "--out FILE, -w FILE", "(required)"},
+		{"graph run", "--app value", "(required)"},
+		{"graph run", "--graph FILE", "(required)"},
+		{"graph gen", "--edge-factor value", "(default: 16)"},
+		// Flags whose 0 picks a default say which.
+		{"graph run", "--iterations value", "PageRank iterations (default: 20)"},
+		{"graph run", "--workers value", "(default: GOMAXPROCS)"},
+		{"infer", "--concurrency value", "(default: 1, or 1024 with --rate)"},
+	} {
+		t.Run(tc.cmd+" "+tc.flag, func(t *testing.T) {
+			var out bytes.Buffer
+			if err := App(&out, &out).Run(append(append([]string{"lovelock"}, strings.Fields(tc.cmd)...), "--help")); err != nil {
+				t.Fatal(err)
+			}
+			var line string
+			for _, l := range strings.Split(out.String(), "\n") {
+				if strings.HasPrefix(strings.TrimSpace(l), tc.flag+" ") {
+					line = strings.TrimSpace(l)
+				}
+			}
+			if !strings.HasSuffix(line, tc.want) {
+				t.Errorf("help line %q, want it to end with %q\n%s", line, tc.want, out.String())
+			}
+			if tc.want == "(required)" && strings.Contains(line, "default:") {
+				t.Errorf("help line %q gives a required flag a default", line)
+			}
+		})
+	}
+}
+
 func TestUnknownCommand(t *testing.T) {
 	var out bytes.Buffer
 	err := App(&out, &out).Run([]string{"lovelock", "frobnicate"})

@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"fmt"
-	"reflect"
 	"slices"
 	"strings"
 
@@ -95,8 +94,8 @@ func takesValue(flags []ucli.Flag, a string) bool {
 	for _, f := range flags {
 		for _, n := range f.Names() {
 			if n == name {
-				if _, ok := f.(*ucli.BoolFlag); ok {
-					return false
+				if df, ok := f.(ucli.DocGenerationFlag); ok {
+					return df.TakesValue()
 				}
 				return true
 			}
@@ -108,8 +107,9 @@ func takesValue(flags []ucli.Flag, a string) bool {
 // setupCommands walks app's command tree once App has built it. Usage
 // errors become one line: "lovelock rule add: invalid value "x" for flag
 // -priority: …; see 'lovelock rule add --help'", instead of the error
-// followed by the command's whole help. Required flags are checked the same
-// way (urfave/cli prints the help before a missing required flag). And
+// followed by the command's whole help. Flags declared Required are checked
+// the same way (urfave/cli prints the help before a missing required flag),
+// and their help says "(required)" (requiredFlag). And
 // every command refuses positional arguments it does not take (checkArgs):
 // a group (a command with subcommands) one that names none of them, a
 // command without ArgsUsage any; commands with ArgsUsage check theirs in
@@ -127,12 +127,10 @@ func setupCommands(app *ucli.App) {
 			full := prefix + " " + c.Name
 			c.OnUsageError = onUsage(full)
 			var required []string
-			for _, f := range c.Flags {
-				if rf, ok := f.(ucli.RequiredFlag); ok && rf.IsRequired() {
+			for i, f := range c.Flags {
+				if rf, ok := f.(requirable); ok && rf.IsRequired() {
 					required = append(required, f.Names()[0])
-					if v := reflect.ValueOf(f).Elem().FieldByName("Required"); v.IsValid() && v.CanSet() {
-						v.SetBool(false)
-					}
+					c.Flags[i] = requiredFlag{rf}
 				}
 			}
 			// A group's arguments are known only once urfave/cli looked
@@ -213,3 +211,23 @@ func checkArgs(ctx *ucli.Context, max int) error {
 func isGroup(c *ucli.Command) bool {
 	return c != nil && slices.ContainsFunc(c.Subcommands, func(s *ucli.Command) bool { return s.Name != "help" })
 }
+
+// requirable is what requiredFlag needs of a flag: every flag type of
+// urfave/cli has it.
+type requirable interface {
+	ucli.DocGenerationFlag
+	ucli.CategorizableFlag
+	ucli.ActionableFlag
+	ucli.RequiredFlag
+}
+
+// requiredFlag is a flag declared Required, as setupCommands sets it up:
+// its help ends in "(required)" instead of its zero value as a default
+// ("--scale value  log2 of the number of vertices (default: 0)"), and
+// urfave/cli does not check it (IsRequired is false), setupCommands does.
+type requiredFlag struct{ requirable }
+
+func (f requiredFlag) String() string         { return ucli.FlagStringer(f) }
+func (f requiredFlag) GetUsage() string       { return f.requirable.GetUsage() + " (required)" }
+func (f requiredFlag) GetDefaultText() string { return "" }
+func (f requiredFlag) IsRequired() bool       { return false }

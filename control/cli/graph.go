@@ -258,11 +258,13 @@ func graphRunCommand() *ucli.Command {
 			&ucli.StringFlag{Name: "buffer", Usage: "host buffer: bytes or a unit (default a third of the file)"},
 			&ucli.StringFlag{Name: "chunk", Usage: "mapping chunk size (default 64KiB)"},
 			&ucli.IntFlag{Name: "read-ahead", Usage: "chunks the host agent fetches ahead of a sequential run of faults (0: off, the default; 16 suits scans)"},
-			&ucli.IntFlag{Name: "workers", Usage: "engine goroutines (default GOMAXPROCS)"},
-			&ucli.Int64Flag{Name: "source", Value: -1, Usage: "BFS source (default the vertex with the most edges)"},
-			&ucli.IntFlag{Name: "iterations", Usage: "PageRank iterations (default 20)"},
-			&ucli.IntFlag{Name: "samples", Usage: "Radii sources (default 64)"},
-			&ucli.IntFlag{Name: "bc-sources", Usage: "BC sources (default 4)"},
+			// 0 (-1 for the source) picks the engine's default: help
+			// says which, not the zero.
+			&ucli.IntFlag{Name: "workers", Usage: "engine goroutines", DefaultText: "GOMAXPROCS"},
+			&ucli.Int64Flag{Name: "source", Value: -1, Usage: "BFS source", DefaultText: "the vertex with the most edges"},
+			&ucli.IntFlag{Name: "iterations", Usage: "PageRank iterations", DefaultText: "20"},
+			&ucli.IntFlag{Name: "samples", Usage: "Radii sources", DefaultText: "64"},
+			&ucli.IntFlag{Name: "bc-sources", Usage: "BC sources", DefaultText: "4"},
 			&ucli.Uint64Flag{Name: "seed", Usage: "seed of the Radii and BC samples"},
 			&ucli.Float64Flag{Name: "tolerance", Value: graph.DefaultTolerance, Usage: "relative tolerance of the PageRank and BC check"},
 			&ucli.StringFlag{Name: "cache", Value: "off", Usage: "DPU cache mode: off, static (the offsets in the DPU's static cache) or dynamic (the DPU's dynamic cache with --prefetch)"},

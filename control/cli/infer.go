@@ -73,7 +73,7 @@ func inferCommand() *ucli.Command {
 			&ucli.IntFlag{Name: "count", Usage: "requests to send (load)"},
 			&ucli.Float64Flag{Name: "rate", Usage: "open loop: requests per second, at most --concurrency outstanding (load)"},
 			&ucli.DurationFlag{Name: "duration", Usage: "send for this long (load)"},
-			&ucli.IntFlag{Name: "concurrency", Usage: "closed loop: requests outstanding (default 1); open loop: the most outstanding (default 1024)"},
+			&ucli.IntFlag{Name: "concurrency", Usage: "closed loop: requests outstanding; open loop (--rate): the most outstanding", DefaultText: "1, or 1024 with --rate"},
 			&ucli.DurationFlag{Name: "timeout", Value: ingestclient.DefaultTimeout, Usage: "initial retransmission timeout (doubles on each retransmission)"},
 			&ucli.IntFlag{Name: "retries", Value: ingestclient.DefaultRetries, Usage: "retransmissions, and retries after overloaded or host-unavailable; 0: none"},
 			&ucli.IntFlag{Name: "mtu", Value: 1500, Usage: "path MTU the datagrams must fit; 0: up to 64 KiB (IP fragments)"},

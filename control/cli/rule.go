@@ -31,7 +31,7 @@ var matchFlags = []struct{ name, usage string }{
 func ruleCommand() *ucli.Command {
 	addFlags := []ucli.Flag{
 		&ucli.StringFlag{Name: "name", Required: true, Usage: "unique rule name (counters follow it across changes)"},
-		&ucli.UintFlag{Name: "priority", Required: true, Usage: "higher wins; rules that can match the same packet need different priorities"},
+		&ucli.UintFlag{Name: "priority", Usage: "higher wins, 0 is the lowest; rules that can match the same packet need different priorities"},
 		&ucli.StringFlag{Name: "action", Required: true, Usage: "pass, drop, redirect:IFACE or xsk:QUEUE"},
 	}
 	for _, m := range matchFlags {
