@@ -6,7 +6,9 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"strconv"
 
 	"sigs.k8s.io/yaml"
 
@@ -106,6 +108,27 @@ func (c *Config) Normalize() {
 	}
 }
 
+// validMetrics checks the metrics address ("" for none, as Normalize
+// spells off): HOST:PORT with a numeric port, as net.Listen takes it. The
+// host may be empty (every address) or a name.
+func validMetrics(addr string) error {
+	if addr == "" {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		var ae *net.AddrError
+		if errors.As(err, &ae) {
+			err = errors.New(ae.Err)
+		}
+		return fmt.Errorf("config: metrics %q: want HOST:PORT, e.g. 127.0.0.1:9477, or off (%v)", addr, err)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("config: metrics %q: the port must be a number from 0 to 65535", addr)
+	}
+	return nil
+}
+
 // Validate checks the configuration.
 func (c Config) Validate() error {
 	if c.PinDir == "" || c.State == "" || c.Socket == "" {
@@ -113,6 +136,9 @@ func (c Config) Validate() error {
 	}
 	if c.Port == 0 {
 		return errors.New("config: port must be 1-65535")
+	}
+	if err := validMetrics(c.Metrics); err != nil {
+		return err
 	}
 	// The services' sections, each checked by its service.
 	var sections []interface{ Validate() error }

@@ -102,10 +102,18 @@ func run(c *ucli.Context) error {
 		return err
 	}
 
-	d, err := daemon.New(cfg, log)
+	// Everything lovelockd serves on first: a start that fails there
+	// (another lovelockd on the socket, the metrics address taken) must
+	// not have opened, upgraded or reconciled the data plane.
+	ln, err := daemon.Listen(cfg)
 	if err != nil {
 		return err
 	}
+	d, err := daemon.New(cfg, log)
+	if err != nil {
+		ln.Close()
+		return err
+	}
 	defer d.Close()
-	return d.Run(c.Context)
+	return d.Run(c.Context, ln)
 }
