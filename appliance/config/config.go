@@ -81,9 +81,20 @@ func Defaults() Config {
 	}
 }
 
-// Load reads the configuration at path over the defaults. A missing file at
-// the default path is not an error; a missing file named explicitly is.
+// Load reads the configuration at path over the defaults and validates it.
+// A missing file at the default path is not an error; a missing file named
+// explicitly is.
 func Load(path string, explicit bool) (Config, error) {
+	cfg, err := Read(path, explicit)
+	if err != nil {
+		return cfg, err
+	}
+	return cfg, cfg.Validate()
+}
+
+// Read is Load without the validation, for a caller that overrides fields
+// first (lovelockd's flags) and validates the result.
+func Read(path string, explicit bool) (Config, error) {
 	cfg := Defaults()
 	data, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) && !explicit {
@@ -96,7 +107,7 @@ func Load(path string, explicit bool) (Config, error) {
 		return cfg, fmt.Errorf("config %s: %w", path, rules.YAMLError(data, err))
 	}
 	cfg.Normalize()
-	return cfg, cfg.Validate()
+	return cfg, nil
 }
 
 // Normalize spells settings one way; call it again after overriding

@@ -118,13 +118,9 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 		return nil, err
 	}
 	if !state.HasRules && cfg.Rules != "" {
-		data, err := os.ReadFile(cfg.Rules)
+		set, err := readRules(cfg.Rules)
 		if err != nil {
-			return nil, fmt.Errorf("rules file: %w", err)
-		}
-		set, err := rules.ParseFile(cfg.Rules, data)
-		if err != nil {
-			return nil, fmt.Errorf("rules file %s: %w", cfg.Rules, err)
+			return nil, err
 		}
 		state.Rules, state.HasRules = *set, true
 	}
@@ -169,6 +165,60 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 	log.Info("data plane opened", "pins", cfg.PinDir, "loaded", node.Loaded, "version", buildinfo.Version)
 	d.reconcile()
 	return d, nil
+}
+
+// readRules reads and parses the config's rule file.
+func readRules(path string) (*rules.Set, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("rules file: %w", err)
+	}
+	set, err := rules.ParseFile(path, data)
+	if err != nil {
+		return nil, fmt.Errorf("rules file %s: %w", path, err)
+	}
+	return set, nil
+}
+
+// Check checks what New reads before it opens the data plane, changing
+// nothing: the state file, and the config's rule file, parsed and compiled
+// as New would. Interfaces are looked up by name in the calling thread's
+// network namespace; one that is not there is no error (lovelockd would
+// start degraded, the rules not applied until it appears) but a note, as
+// is a rule file the state file's rules take the place of.
+func Check(cfg config.Config) (notes []string, err error) {
+	state, err := LoadState(cfg.State)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Rules == "" {
+		return nil, nil
+	}
+	set, err := readRules(cfg.Rules)
+	if err != nil {
+		return nil, err
+	}
+	if state.HasRules {
+		notes = append(notes, fmt.Sprintf("the state file %s holds rules: lovelockd restores them, not the rule file's", cfg.State))
+	}
+	var missing []string
+	resolve := func(name string) (int, error) {
+		if idx, err := resolveIface(name); err == nil {
+			return idx, nil
+		}
+		// A stand-in, one per name (Compile asks once per name) and far
+		// above the ifindexes a node has, so the check goes on.
+		missing = append(missing, name)
+		return 1<<30 + len(missing), nil
+	}
+	if _, err := rules.Compile(set, resolve, cfg.Port); err != nil {
+		return notes, fmt.Errorf("rules file %s: %w", cfg.Rules, err)
+	}
+	for _, name := range missing {
+		notes = append(notes, fmt.Sprintf("rules file %s: interface %s is not in this network namespace: "+
+			"lovelockd would start degraded and apply the rules once it appears", cfg.Rules, name))
+	}
+	return notes, nil
 }
 
 // fillUpgrade installs the operator's rule set op, under the IDs the state
