@@ -6,7 +6,9 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"strconv"
 
 	"sigs.k8s.io/yaml"
 
@@ -79,9 +81,20 @@ func Defaults() Config {
 	}
 }
 
-// Load reads the configuration at path over the defaults. A missing file at
-// the default path is not an error; a missing file named explicitly is.
+// Load reads the configuration at path over the defaults and validates it.
+// A missing file at the default path is not an error; a missing file named
+// explicitly is.
 func Load(path string, explicit bool) (Config, error) {
+	cfg, err := Read(path, explicit)
+	if err != nil {
+		return cfg, err
+	}
+	return cfg, cfg.Validate()
+}
+
+// Read is Load without the validation, for a caller that overrides fields
+// first (lovelockd's flags) and validates the result.
+func Read(path string, explicit bool) (Config, error) {
 	cfg := Defaults()
 	data, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) && !explicit {
@@ -94,7 +107,7 @@ func Load(path string, explicit bool) (Config, error) {
 		return cfg, fmt.Errorf("config %s: %w", path, rules.YAMLError(data, err))
 	}
 	cfg.Normalize()
-	return cfg, cfg.Validate()
+	return cfg, nil
 }
 
 // Normalize spells settings one way; call it again after overriding
@@ -106,6 +119,27 @@ func (c *Config) Normalize() {
 	}
 }
 
+// validMetrics checks the metrics address ("" for none, as Normalize
+// spells off): HOST:PORT with a numeric port, as net.Listen takes it. The
+// host may be empty (every address) or a name.
+func validMetrics(addr string) error {
+	if addr == "" {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		var ae *net.AddrError
+		if errors.As(err, &ae) {
+			err = errors.New(ae.Err)
+		}
+		return fmt.Errorf("config: metrics %q: want HOST:PORT, e.g. 127.0.0.1:9477, or off (%v)", addr, err)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("config: metrics %q: the port must be a number from 0 to 65535", addr)
+	}
+	return nil
+}
+
 // Validate checks the configuration.
 func (c Config) Validate() error {
 	if c.PinDir == "" || c.State == "" || c.Socket == "" {
@@ -113,6 +147,9 @@ func (c Config) Validate() error {
 	}
 	if c.Port == 0 {
 		return errors.New("config: port must be 1-65535")
+	}
+	if err := validMetrics(c.Metrics); err != nil {
+		return err
 	}
 	// The services' sections, each checked by its service.
 	var sections []interface{ Validate() error }

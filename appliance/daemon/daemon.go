@@ -57,12 +57,50 @@ type Daemon struct {
 	// so a re-created interface needs the set compiled again.
 	ruleIfaces map[string]int
 
-	// listenMetrics opens the metrics listener; nil is net.Listen. Tests
-	// set it to make the metrics server fail.
-	listenMetrics func(network, addr string) (net.Listener, error)
 	// swap swaps a compiled rule set in; nil is node.Steer.Apply. Tests
 	// set it to make the wait after the flip fail (bpf.ErrNotDrained).
 	swap func(*bpf.Ruleset) error
+}
+
+// Listeners are the sockets a Daemon serves on.
+type Listeners struct {
+	// API is the local API's unix socket.
+	API *api.Listener
+	// Metrics is the Prometheus endpoint's; nil when the config turns it
+	// off.
+	Metrics net.Listener
+}
+
+// Listen opens cfg's API socket and metrics address. lovelockd calls it
+// before New, so that what it cannot serve on, a socket another lovelockd
+// answers on (api.ErrSocketInUse) or a metrics address in use or not on
+// this node, fails the start before the data plane is opened, upgraded,
+// attached or given rules.
+func Listen(cfg config.Config) (*Listeners, error) {
+	ln, err := api.Listen(cfg.Socket)
+	if err != nil {
+		return nil, err
+	}
+	l := &Listeners{API: ln}
+	if cfg.Metrics != "" {
+		if l.Metrics, err = net.Listen("tcp", cfg.Metrics); err != nil {
+			ln.Close()
+			return nil, metricsListenError(err)
+		}
+	}
+	return l, nil
+}
+
+// Close closes the listeners, removing the API socket (api.Listener.Close).
+// Run closes them itself: Close is for a start that fails before Run.
+func (l *Listeners) Close() error {
+	var errs []error
+	if l.Metrics != nil {
+		if err := l.Metrics.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(append(errs, l.API.Close())...)
 }
 
 // New opens the data plane and reconciles it with the state file. Pins of
@@ -80,13 +118,9 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 		return nil, err
 	}
 	if !state.HasRules && cfg.Rules != "" {
-		data, err := os.ReadFile(cfg.Rules)
+		set, err := readRules(cfg.Rules)
 		if err != nil {
-			return nil, fmt.Errorf("rules file: %w", err)
-		}
-		set, err := rules.ParseFile(cfg.Rules, data)
-		if err != nil {
-			return nil, fmt.Errorf("rules file %s: %w", cfg.Rules, err)
+			return nil, err
 		}
 		state.Rules, state.HasRules = *set, true
 	}
@@ -131,6 +165,60 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 	log.Info("data plane opened", "pins", cfg.PinDir, "loaded", node.Loaded, "version", buildinfo.Version)
 	d.reconcile()
 	return d, nil
+}
+
+// readRules reads and parses the config's rule file.
+func readRules(path string) (*rules.Set, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("rules file: %w", err)
+	}
+	set, err := rules.ParseFile(path, data)
+	if err != nil {
+		return nil, fmt.Errorf("rules file %s: %w", path, err)
+	}
+	return set, nil
+}
+
+// Check checks what New reads before it opens the data plane, changing
+// nothing: the state file, and the config's rule file, parsed and compiled
+// as New would. Interfaces are looked up by name in the calling thread's
+// network namespace; one that is not there is no error (lovelockd would
+// start degraded, the rules not applied until it appears) but a note, as
+// is a rule file the state file's rules take the place of.
+func Check(cfg config.Config) (notes []string, err error) {
+	state, err := LoadState(cfg.State)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Rules == "" {
+		return nil, nil
+	}
+	set, err := readRules(cfg.Rules)
+	if err != nil {
+		return nil, err
+	}
+	if state.HasRules {
+		notes = append(notes, fmt.Sprintf("the state file %s holds rules: lovelockd restores them, not the rule file's", cfg.State))
+	}
+	var missing []string
+	resolve := func(name string) (int, error) {
+		if idx, err := resolveIface(name); err == nil {
+			return idx, nil
+		}
+		// A stand-in, one per name (Compile asks once per name) and far
+		// above the ifindexes a node has, so the check goes on.
+		missing = append(missing, name)
+		return 1<<30 + len(missing), nil
+	}
+	if _, err := rules.Compile(set, resolve, cfg.Port); err != nil {
+		return notes, fmt.Errorf("rules file %s: %w", cfg.Rules, err)
+	}
+	for _, name := range missing {
+		notes = append(notes, fmt.Sprintf("rules file %s: interface %s is not in this network namespace: "+
+			"lovelockd would start degraded and apply the rules once it appears", cfg.Rules, name))
+	}
+	return notes, nil
 }
 
 // fillUpgrade installs the operator's rule set op, under the IDs the state
@@ -213,22 +301,17 @@ func (d *Daemon) Close() error {
 	return d.node.Close()
 }
 
-// Run serves the API and metrics until ctx ends, and supervises the
-// services; it returns once every goroutine it started has stopped. It
-// fails before saying ready when the API socket or the metrics address is
-// taken (a live lovelockd answers on the socket: api.ErrSocketInUse).
-func (d *Daemon) Run(ctx context.Context) error {
+// Run serves the API and metrics on ln (Listen's, opened before New) until
+// ctx ends, and supervises the services; it returns once every goroutine
+// it started has stopped, with ln closed.
+func (d *Daemon) Run(ctx context.Context, ln *Listeners) error {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
 	errc := make(chan error, 2)
-	ln, err := api.Listen(d.cfg.Socket)
-	if err != nil {
-		return err
-	}
 	wg.Go(func() {
-		if err := ln.Serve(ctx, api.Handler(d)); err != nil {
+		if err := ln.API.Serve(ctx, api.Handler(d)); err != nil {
 			errc <- err
 		}
 	})
@@ -237,15 +320,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	for _, s := range d.supervisors {
 		reg.MustRegister(s.Service())
 	}
-	if d.cfg.Metrics != "" {
-		listen := d.listenMetrics
-		if listen == nil {
-			listen = net.Listen
-		}
-		mln, err := listen("tcp", d.cfg.Metrics)
-		if err != nil {
-			return metricsListenError(err)
-		}
+	if mln := ln.Metrics; mln != nil {
 		srv := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})}
 		wg.Go(func() { <-ctx.Done(); srv.Close() })
 		wg.Go(func() {

@@ -24,17 +24,19 @@ func TestRunServeFails(t *testing.T) {
 	cfg, _ := tempConfig(t)
 	cfg.Metrics = "127.0.0.1:0"
 	cfg.Normalize()
-	d, err := New(cfg, slog.New(slog.DiscardHandler))
+	ln, err := Listen(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer d.Close()
-	d.listenMetrics = func(network, addr string) (net.Listener, error) {
-		ln, err := net.Listen(network, addr)
-		return brokenListener{ln}, err
+	ln.Metrics = brokenListener{ln.Metrics}
+	d, err := New(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		ln.Close()
+		t.Fatal(err)
 	}
+	defer d.Close()
 	done := make(chan error, 1)
-	go func() { done <- d.Run(context.Background()) }()
+	go func() { done <- d.Run(context.Background(), ln) }()
 	select {
 	case err := <-done:
 		if err == nil || !strings.Contains(err.Error(), "socket broke") {

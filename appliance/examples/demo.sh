@@ -160,7 +160,7 @@ say "graph analytics over far memory: PageRank on host1, its CSR on mem0, the ed
 # host1 with a buffer of a third of it, and its edge arrays are served by
 # dpu1's dynamic edge cache with SODA's prefetcher; the run is checked
 # against the same app in memory (graph run fails otherwise).
-"$lovelock" graph gen --scale 16 -o "$RUN/g.csr"
+"$lovelock" graph gen --scale 16 --out "$RUN/g.csr"
 "$lovelock" testbed exec --prefix "$PREFIX" host1 -- "$lovelock" graph run --app pagerank --graph "$RUN/g.csr" \
 	--host-socket "$RUN/farmem.sock" --mem-socket "$RUN/mem0.sock" --dpu-socket "$RUN/dpu1.sock" --cache dynamic
 

@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"syscall"
 
@@ -20,6 +22,14 @@ import (
 
 // ErrNoDaemon reports that no lovelockd answers on the socket.
 var ErrNoDaemon = errors.New("lovelockd is not running (start it with 'systemctl start lovelockd' or run lovelockd)")
+
+// ErrNotSocket reports that the socket's path holds something else (a
+// file, a directory): no lovelockd can serve there either (Listen refuses
+// it).
+var ErrNotSocket = errors.New("exists and is not a socket: remove it, or pass --socket PATH")
+
+// ErrNoSocket reports a client given no socket path.
+var ErrNoSocket = errors.New("no API socket given: pass --socket PATH (default " + DefaultSocket + ")")
 
 // Client talks to lovelockd over its unix socket.
 type Client struct {
@@ -38,6 +48,9 @@ func NewClient(socket string) *Client {
 }
 
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	if c.socket == "" {
+		return ErrNoSocket
+	}
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
@@ -53,6 +66,11 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+			// connect(2) says ECONNREFUSED on a file or a directory
+			// too, where no daemon can listen.
+			if fi, err := os.Stat(c.socket); err == nil && fi.Mode().Type() != fs.ModeSocket {
+				return fmt.Errorf("%s: %w", c.socket, ErrNotSocket)
+			}
 			return fmt.Errorf("%s: %w", c.socket, ErrNoDaemon)
 		}
 		return fmt.Errorf("lovelockd at %s: %w", c.socket, err)

@@ -124,3 +124,47 @@ func TestNotASocket(t *testing.T) {
 		t.Errorf("the file was touched: %q, %v", b, err)
 	}
 }
+
+// TestClientSocketErrors: a client says what is wrong with its socket path.
+// Before, a regular file or a directory there was "lovelockd is not
+// running" (which lovelockd itself then refused: "not a socket"), and an
+// empty path the raw "dial unix: missing address".
+func TestClientSocketErrors(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, []byte("keep"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sub := filepath.Join(dir, "dir")
+	if err := os.Mkdir(sub, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	stale := filepath.Join(dir, "stale.sock")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: stale, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.SetUnlinkOnClose(false)
+	ln.Close()
+	for _, tc := range []struct {
+		name, path string
+		is         error
+		want       string
+	}{
+		{"regular file", file, api.ErrNotSocket, file + ": exists and is not a socket: remove it, or pass --socket PATH"},
+		{"directory", sub, api.ErrNotSocket, sub + ": exists and is not a socket: remove it, or pass --socket PATH"},
+		{"missing", filepath.Join(dir, "none.sock"), api.ErrNoDaemon, "lovelockd is not running"},
+		{"stale socket", stale, api.ErrNoDaemon, "lovelockd is not running"},
+		{"empty", "", api.ErrNoSocket, "no API socket given: pass --socket PATH"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := api.NewClient(tc.path).Status(context.Background())
+			if !errors.Is(err, tc.is) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err = %v, want %v saying %q", err, tc.is, tc.want)
+			}
+		})
+	}
+	if b, err := os.ReadFile(file); err != nil || string(b) != "keep" {
+		t.Errorf("the file was touched: %q, %v", b, err)
+	}
+}

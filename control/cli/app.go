@@ -5,7 +5,6 @@
 package cli
 
 import (
-	"fmt"
 	"io"
 
 	ucli "github.com/urfave/cli/v2"
@@ -43,8 +42,8 @@ func App(stdout, stderr io.Writer) *ucli.App {
 			schedCommand(),
 		},
 		Action: func(c *ucli.Context) error {
-			if c.Args().Present() {
-				return fmt.Errorf("unknown command %q: see 'lovelock --help'", c.Args().First())
+			if err := checkArgs(c, 0); err != nil {
+				return err
 			}
 			return ucli.ShowAppHelp(c)
 		},
@@ -53,6 +52,6 @@ func App(stdout, stderr io.Writer) *ucli.App {
 		// Errors are printed once, by main, with the exit code it chooses.
 		ExitErrHandler: func(*ucli.Context, error) {},
 	}
-	quietUsageErrors(app)
+	setupCommands(app)
 	return app
 }

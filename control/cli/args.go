@@ -3,7 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
-	"reflect"
+	"slices"
 	"strings"
 
 	ucli "github.com/urfave/cli/v2"
@@ -94,8 +94,8 @@ func takesValue(flags []ucli.Flag, a string) bool {
 	for _, f := range flags {
 		for _, n := range f.Names() {
 			if n == name {
-				if _, ok := f.(*ucli.BoolFlag); ok {
-					return false
+				if df, ok := f.(ucli.DocGenerationFlag); ok {
+					return df.TakesValue()
 				}
 				return true
 			}
@@ -104,11 +104,17 @@ func takesValue(flags []ucli.Flag, a string) bool {
 	return false // unknown (or help): urfave/cli reports it
 }
 
-// quietUsageErrors makes flag errors short: "lovelock rule add: invalid value
-// "x" for flag -priority: …; see 'lovelock rule add --help'", instead of the
-// error followed by the command's whole help. Required flags are checked the
-// same way (urfave/cli prints the help before a missing required flag).
-func quietUsageErrors(app *ucli.App) {
+// setupCommands walks app's command tree once App has built it. Usage
+// errors become one line: "lovelock rule add: invalid value "x" for flag
+// -priority: …; see 'lovelock rule add --help'", instead of the error
+// followed by the command's whole help. Flags declared Required are checked
+// the same way (urfave/cli prints the help before a missing required flag),
+// and their help says "(required)" (requiredFlag). And
+// every command refuses positional arguments it does not take (checkArgs):
+// a group (a command with subcommands) one that names none of them, a
+// command without ArgsUsage any; commands with ArgsUsage check theirs in
+// their action with checkArgs.
+func setupCommands(app *ucli.App) {
 	onUsage := func(name string) ucli.OnUsageErrorFunc {
 		return func(_ *ucli.Context, err error, _ bool) error {
 			return fmt.Errorf("%s: %w; see '%s --help'", name, err, name)
@@ -121,17 +127,37 @@ func quietUsageErrors(app *ucli.App) {
 			full := prefix + " " + c.Name
 			c.OnUsageError = onUsage(full)
 			var required []string
-			for _, f := range c.Flags {
-				if rf, ok := f.(ucli.RequiredFlag); ok && rf.IsRequired() {
+			for i, f := range c.Flags {
+				if rf, ok := f.(requirable); ok && rf.IsRequired() {
 					required = append(required, f.Names()[0])
-					if v := reflect.ValueOf(f).Elem().FieldByName("Required"); v.IsValid() && v.CanSet() {
-						v.SetBool(false)
-					}
+					c.Flags[i] = requiredFlag{rf}
 				}
 			}
-			if len(required) > 0 {
+			// A group's arguments are known only once urfave/cli looked
+			// for a subcommand among them: its action checks them. A
+			// command's are checked before anything else, missing flags
+			// included.
+			noArgs := len(c.Subcommands) == 0 && strings.TrimSpace(c.ArgsUsage) == ""
+			if len(c.Subcommands) > 0 {
+				action := c.Action
+				c.Action = func(ctx *ucli.Context) error {
+					if err := checkArgs(ctx, 0); err != nil {
+						return err
+					}
+					if action == nil {
+						return ucli.ShowSubcommandHelp(ctx)
+					}
+					return action(ctx)
+				}
+			}
+			if noArgs || len(required) > 0 {
 				before := c.Before
 				c.Before = func(ctx *ucli.Context) error {
+					if noArgs {
+						if err := checkArgs(ctx, 0); err != nil {
+							return err
+						}
+					}
 					var missing []string
 					for _, n := range required {
 						if !ctx.IsSet(n) {
@@ -152,3 +178,56 @@ func quietUsageErrors(app *ucli.App) {
 	}
 	walk("lovelock", app.Commands)
 }
+
+// checkArgs refuses the positional arguments of the command ctx runs past
+// its first max, naming the first one and the command's --help: "lovelock
+// rules: unknown command "aply"; see 'lovelock rules --help'" for a group,
+// "lovelock status: unexpected argument "extra": it takes no arguments, only
+// flags; see 'lovelock status --help'" otherwise. "help" (urfave/cli's help command)
+// is not refused.
+func checkArgs(ctx *ucli.Context, max int) error {
+	if ctx.NArg() <= max {
+		return nil
+	}
+	arg := ctx.Args().Get(max)
+	if max == 0 && (arg == "help" || arg == "h") {
+		return nil
+	}
+	name := "lovelock"
+	if ctx.Command != nil && ctx.Command.HelpName != "" {
+		name = ctx.Command.HelpName
+	}
+	switch {
+	case isGroup(ctx.Command):
+		return fmt.Errorf("%s: unknown command %q; see '%s --help'", name, arg, name)
+	case max == 0:
+		return fmt.Errorf("%s: unexpected argument %q: it takes no arguments, only flags; see '%s --help'", name, arg, name)
+	}
+	return fmt.Errorf("%s: unexpected argument %q: it takes only %s; see '%s --help'", name, arg, ctx.Command.ArgsUsage, name)
+}
+
+// isGroup says whether c has subcommands besides the help command urfave/cli
+// adds to every command.
+func isGroup(c *ucli.Command) bool {
+	return c != nil && slices.ContainsFunc(c.Subcommands, func(s *ucli.Command) bool { return s.Name != "help" })
+}
+
+// requirable is what requiredFlag needs of a flag: every flag type of
+// urfave/cli has it.
+type requirable interface {
+	ucli.DocGenerationFlag
+	ucli.CategorizableFlag
+	ucli.ActionableFlag
+	ucli.RequiredFlag
+}
+
+// requiredFlag is a flag declared Required, as setupCommands sets it up:
+// its help ends in "(required)" instead of its zero value as a default
+// ("--scale value  log2 of the number of vertices (default: 0)"), and
+// urfave/cli does not check it (IsRequired is false), setupCommands does.
+type requiredFlag struct{ requirable }
+
+func (f requiredFlag) String() string         { return ucli.FlagStringer(f) }
+func (f requiredFlag) GetUsage() string       { return f.requirable.GetUsage() + " (required)" }
+func (f requiredFlag) GetDefaultText() string { return "" }
+func (f requiredFlag) IsRequired() bool       { return false }

@@ -58,7 +58,9 @@ func TestUsageErrorsAreShort(t *testing.T) {
 		want string
 	}{
 		{[]string{"rule", "add", "--name", "a", "--priority", "x", "--action", "drop"}, "lovelock rule add: invalid value \"x\" for flag -priority"},
-		{[]string{"rule", "add", "--name", "a"}, "lovelock rule add: missing --priority, --action; see 'lovelock rule add --help'"},
+		{[]string{"rule", "add", "--name", "a"}, "lovelock rule add: missing --action; see 'lovelock rule add --help'"},
+		{[]string{"rule", "add"}, "lovelock rule add: missing --name, --action; see 'lovelock rule add --help'"},
+		{[]string{"graph", "gen"}, "lovelock graph gen: missing --scale, --out; see 'lovelock graph gen --help'"},
 		{[]string{"stats", "--frobnicate"}, "lovelock stats: flag provided but not defined: -frobnicate; see 'lovelock stats --help'"},
 		{[]string{"--frobnicate"}, "flag provided but not defined: -frobnicate"},
 	} {

@@ -32,8 +32,10 @@ func graphCommand() *ucli.Command {
 	}
 }
 
+// outFlag is the file gen and convert write. Its short name is -w, as
+// capture's --write: -o is --output (the format) on every command.
 func outFlag() ucli.Flag {
-	return &ucli.StringFlag{Name: "out", Aliases: []string{"o"}, Usage: "the CSR `FILE` to write", Required: true}
+	return &ucli.StringFlag{Name: "out", Aliases: []string{"w"}, Usage: "the CSR `FILE` to write", Required: true}
 }
 
 // writeCSR writes img to path through a temporary file and a rename, so a
@@ -92,8 +94,11 @@ func graphConvertCommand() *ucli.Command {
 			outFlag(),
 		},
 		Action: func(c *ucli.Context) error {
-			if c.NArg() != 1 {
+			if c.NArg() == 0 {
 				return errors.New("graph convert: want one edge list file (or - for stdin)")
+			}
+			if err := checkArgs(c, 1); err != nil {
+				return err
 			}
 			var r io.Reader = os.Stdin
 			if p := c.Args().First(); p != "-" {
@@ -139,8 +144,11 @@ func graphInfoCommand() *ucli.Command {
 			if err != nil {
 				return err
 			}
-			if c.NArg() != 1 {
+			if c.NArg() == 0 {
 				return errors.New("graph info: want one CSR file")
+			}
+			if err := checkArgs(c, 1); err != nil {
+				return err
 			}
 			g, img, err := loadCSR(c.Args().First())
 			if err != nil {
@@ -250,11 +258,13 @@ func graphRunCommand() *ucli.Command {
 			&ucli.StringFlag{Name: "buffer", Usage: "host buffer: bytes or a unit (default a third of the file)"},
 			&ucli.StringFlag{Name: "chunk", Usage: "mapping chunk size (default 64KiB)"},
 			&ucli.IntFlag{Name: "read-ahead", Usage: "chunks the host agent fetches ahead of a sequential run of faults (0: off, the default; 16 suits scans)"},
-			&ucli.IntFlag{Name: "workers", Usage: "engine goroutines (default GOMAXPROCS)"},
-			&ucli.Int64Flag{Name: "source", Value: -1, Usage: "BFS source (default the vertex with the most edges)"},
-			&ucli.IntFlag{Name: "iterations", Usage: "PageRank iterations (default 20)"},
-			&ucli.IntFlag{Name: "samples", Usage: "Radii sources (default 64)"},
-			&ucli.IntFlag{Name: "bc-sources", Usage: "BC sources (default 4)"},
+			// 0 (-1 for the source) picks the engine's default: help
+			// says which, not the zero.
+			&ucli.IntFlag{Name: "workers", Usage: "engine goroutines", DefaultText: "GOMAXPROCS"},
+			&ucli.Int64Flag{Name: "source", Value: -1, Usage: "BFS source", DefaultText: "the vertex with the most edges"},
+			&ucli.IntFlag{Name: "iterations", Usage: "PageRank iterations", DefaultText: "20"},
+			&ucli.IntFlag{Name: "samples", Usage: "Radii sources", DefaultText: "64"},
+			&ucli.IntFlag{Name: "bc-sources", Usage: "BC sources", DefaultText: "4"},
 			&ucli.Uint64Flag{Name: "seed", Usage: "seed of the Radii and BC samples"},
 			&ucli.Float64Flag{Name: "tolerance", Value: graph.DefaultTolerance, Usage: "relative tolerance of the PageRank and BC check"},
 			&ucli.StringFlag{Name: "cache", Value: "off", Usage: "DPU cache mode: off, static (the offsets in the DPU's static cache) or dynamic (the DPU's dynamic cache with --prefetch)"},

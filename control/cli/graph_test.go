@@ -47,7 +47,7 @@ func TestGraphHelp(t *testing.T) {
 func TestGraphFiles(t *testing.T) {
 	dir := t.TempDir()
 	g := filepath.Join(dir, "g.csr")
-	out, err := runGraph(t, "gen", "--scale", "8", "--edge-factor", "4", "-o", g)
+	out, err := runGraph(t, "gen", "--scale", "8", "--edge-factor", "4", "-w", g)
 	if err != nil || !strings.Contains(out, "256 vertices") {
 		t.Fatalf("gen: %v\n%s", err, out)
 	}
@@ -63,7 +63,7 @@ func TestGraphFiles(t *testing.T) {
 	el := filepath.Join(dir, "path.txt")
 	os.WriteFile(el, []byte("# a path\n0 1\n1 2\n2 3\n"), 0o600)
 	p := filepath.Join(dir, "path.csr")
-	if out, err := runGraph(t, "convert", "-o", p, el); err != nil || !strings.Contains(out, "4 vertices, 6 edges stored (undirected)") {
+	if out, err := runGraph(t, "convert", "-w", p, el); err != nil || !strings.Contains(out, "4 vertices, 6 edges stored (undirected)") {
 		t.Fatalf("convert: %v\n%s", err, out)
 	}
 	out, err = runGraph(t, "run", "--local", "--app", "bfs", "--source", "0", "--graph", p)
@@ -82,12 +82,49 @@ func TestGraphFiles(t *testing.T) {
 		{[]string{"run", "--app", "sssp", "--graph", p}, "unknown app"},
 		{[]string{"run", "--app", "bfs", "--graph", p}, "give --region"},
 		{[]string{"run", "--app", "bfs", "--graph", el, "--local"}, "malformed CSR"},
-		{[]string{"convert", "-o", p, filepath.Join(dir, "none")}, "no such file"},
+		{[]string{"convert", "-w", p, filepath.Join(dir, "none")}, "no such file"},
 	} {
 		out, err := runGraph(t, bad.args...)
 		if err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("graph %v: %v, want an error with %q\n%s", bad.args, err, bad.want, out)
 		}
+	}
+}
+
+// TestGraphOutFlag: -o is --output on every command, so gen and convert
+// take their file as --out or -w; before, graph gen --scale 4 -o json wrote
+// a graph to a file named json.
+func TestGraphOutFlag(t *testing.T) {
+	t.Chdir(t.TempDir())
+	if err := os.WriteFile("path.txt", []byte("0 1\n1 2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args  []string
+		want  string // in the error; "" for none
+		wrote string // the file written
+	}{
+		{[]string{"gen", "--scale", "4", "-o", "json"}, "flag provided but not defined: -o", ""},
+		{[]string{"convert", "path.txt", "-o", "json"}, "flag provided but not defined: -o", ""},
+		{[]string{"gen", "--scale", "4", "-w", "a.csr"}, "", "a.csr"},
+		{[]string{"gen", "--scale", "4", "--out", "b.csr"}, "", "b.csr"},
+		{[]string{"convert", "path.txt", "-w", "c.csr"}, "", "c.csr"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			out, err := runGraph(t, tc.args...)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("%v\n%s", err, out)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("err = %v, want %q\n%s", err, tc.want, out)
+			}
+			if _, err := os.Stat("json"); err == nil {
+				t.Error("wrote a file named json")
+			}
+			if _, err := os.Stat(tc.wrote); tc.wrote != "" && err != nil {
+				t.Errorf("%s not written: %v", tc.wrote, err)
+			}
+		})
 	}
 }
 
@@ -147,10 +184,10 @@ func TestGraphRunFar(t *testing.T) {
 	testenv.RequirePriv(t)
 	dir := t.TempDir()
 	g, other := filepath.Join(dir, "g.csr"), filepath.Join(dir, "other.csr")
-	if out, err := runGraph(t, "gen", "--scale", "11", "--edge-factor", "8", "-o", g); err != nil {
+	if out, err := runGraph(t, "gen", "--scale", "11", "--edge-factor", "8", "-w", g); err != nil {
 		t.Fatalf("gen: %v\n%s", err, out)
 	}
-	if out, err := runGraph(t, "gen", "--scale", "11", "--edge-factor", "8", "--seed", "2", "-o", other); err != nil {
+	if out, err := runGraph(t, "gen", "--scale", "11", "--edge-factor", "8", "--seed", "2", "-w", other); err != nil {
 		t.Fatalf("gen: %v\n%s", err, out)
 	}
 	for id, f := range map[string]string{"1": g, "2": other} {

@@ -81,8 +81,11 @@ func ifaceList(c *ucli.Context) error {
 }
 
 func oneIface(c *ucli.Context) (string, error) {
-	if c.NArg() != 1 {
+	if c.NArg() == 0 {
 		return "", fmt.Errorf("%s: want exactly one interface name (see --help)", c.Command.FullName())
+	}
+	if err := checkArgs(c, 1); err != nil {
+		return "", err
 	}
 	return c.Args().First(), nil
 }

@@ -52,8 +52,11 @@ func imageInspectCommand() *ucli.Command {
 			&ucli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "table", Usage: "table or json"},
 		},
 		Action: func(c *ucli.Context) error {
-			if c.NArg() != 1 {
-				return fmt.Errorf("image inspect: want one FILE.bfb, got %d arguments", c.NArg())
+			if c.NArg() == 0 {
+				return errors.New("image inspect: want one FILE.bfb")
+			}
+			if err := checkArgs(c, 1); err != nil {
+				return err
 			}
 			file := c.Args().First()
 			f, err := os.Open(file)

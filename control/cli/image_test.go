@@ -28,6 +28,7 @@ func imageRun(t *testing.T, args ...string) (string, error) {
 		ErrWriter:      &out,
 		ExitErrHandler: func(*ucli.Context, error) {},
 	}
+	setupCommands(app)
 	err := app.Run(append([]string{"lovelock", "image"}, args...))
 	return out.String(), err
 }

@@ -73,7 +73,7 @@ func inferCommand() *ucli.Command {
 			&ucli.IntFlag{Name: "count", Usage: "requests to send (load)"},
 			&ucli.Float64Flag{Name: "rate", Usage: "open loop: requests per second, at most --concurrency outstanding (load)"},
 			&ucli.DurationFlag{Name: "duration", Usage: "send for this long (load)"},
-			&ucli.IntFlag{Name: "concurrency", Usage: "closed loop: requests outstanding (default 1); open loop: the most outstanding (default 1024)"},
+			&ucli.IntFlag{Name: "concurrency", Usage: "closed loop: requests outstanding; open loop (--rate): the most outstanding", DefaultText: "1, or 1024 with --rate"},
 			&ucli.DurationFlag{Name: "timeout", Value: ingestclient.DefaultTimeout, Usage: "initial retransmission timeout (doubles on each retransmission)"},
 			&ucli.IntFlag{Name: "retries", Value: ingestclient.DefaultRetries, Usage: "retransmissions, and retries after overloaded or host-unavailable; 0: none"},
 			&ucli.IntFlag{Name: "mtu", Value: 1500, Usage: "path MTU the datagrams must fit; 0: up to 64 KiB (IP fragments)"},
@@ -110,8 +110,8 @@ type inferResult struct {
 }
 
 func infer(c *ucli.Context) error {
-	if c.NArg() > 0 {
-		return fmt.Errorf("infer takes no arguments, got %q (see 'lovelock infer --help')", c.Args().Slice())
+	if err := inferFlagsInRange(c); err != nil {
+		return err
 	}
 	asJSON, err := wantJSON(c)
 	if err != nil {
@@ -126,6 +126,10 @@ func infer(c *ucli.Context) error {
 		return err
 	}
 	name := c.String("model")
+	maxPayload, err := inferMaxPayload(c.Int("mtu"), dpu, name)
+	if err != nil {
+		return err
+	}
 	input, err := inferInput(c, name)
 	if err != nil {
 		return err
@@ -144,10 +148,6 @@ func infer(c *ucli.Context) error {
 		return inferGRPC(c, addr, name, input, check, asJSON)
 	}
 
-	maxPayload := 0
-	if mtu := c.Int("mtu"); mtu > 0 {
-		maxPayload = udp.MaxPayloadForMTU(mtu, dpu.Addr().Is6() && !dpu.Addr().Is4In6())
-	}
 	tr, err := udp.Listen(bind, udp.Options{MaxPayload: maxPayload})
 	if err != nil {
 		return fmt.Errorf("infer: %w", err)
@@ -221,6 +221,56 @@ func infer(c *ucli.Context) error {
 		printInfer(c.App.Writer, &rep)
 	}
 	return failure
+}
+
+// inferFlagsInRange refuses, before anything is read or sent, a number
+// flag outside what it takes, naming the flag, its value and what it
+// takes (--mtu: inferMaxPayload).
+func inferFlagsInRange(c *ucli.Context) error {
+	dur := func(flag string) (time.Duration, bool) { return c.Duration(flag), c.IsSet(flag) }
+	if n := c.Int("count"); c.IsSet("count") && n < 1 {
+		return fmt.Errorf("infer: --count %d: want 1 or more requests", n)
+	}
+	if d, set := dur("duration"); set && d <= 0 {
+		return fmt.Errorf("infer: --duration %s: want a time > 0", d)
+	}
+	if r := c.Float64("rate"); c.IsSet("rate") && !(r > 0 && !math.IsInf(r, 1)) {
+		return fmt.Errorf("infer: --rate %v: want requests per second, finite and > 0 (left out: a closed loop)", r)
+	}
+	if n := c.Int("concurrency"); n < 0 {
+		return fmt.Errorf("infer: --concurrency %d: want 1 or more (left out: 1, or 1024 with --rate)", n)
+	}
+	if d, _ := dur("deadline"); d < 0 {
+		return fmt.Errorf("infer: --deadline %s: want a time ≥ 0 (0: none)", d)
+	}
+	// 0 would be the client's default: the flag shows it instead.
+	if d, _ := dur("timeout"); d <= 0 {
+		return fmt.Errorf("infer: --timeout %s: want a time > 0", d)
+	}
+	if n := c.Int("retries"); n < 0 {
+		return fmt.Errorf("infer: --retries %d: want 0 or more (0: none)", n)
+	}
+	return nil
+}
+
+// inferMaxPayload returns the datagram size for --mtu (0: the protocol's
+// limit), refusing an MTU whose datagrams cannot carry a request for model
+// to dpu or one past an IP packet's 65535 bytes.
+func inferMaxPayload(mtu int, dpu netip.AddrPort, model string) (int, error) {
+	if mtu == 0 {
+		return 0, nil
+	}
+	v6 := dpu.Addr().Is6() && !dpu.Addr().Is4In6()
+	// A datagram holds the Lovelock header and a result header, or an
+	// input header, the model's name and a byte of input
+	// (ingestclient.New, ingest.MaxFragment).
+	need := wire.HeaderLen + max(ingest.ResultHeaderLen, ingest.InputHeaderLen+len(model)) + 1
+	least := need + mtu - udp.MaxPayloadForMTU(mtu, v6)
+	if mtu < least || mtu > 65535 {
+		return 0, fmt.Errorf("infer: --mtu %d: want 0 (datagrams up to 64 KiB, in IP fragments) or %d to 65535 (the path's MTU; "+
+			"%d is the least whose datagrams carry a request for model %s)", mtu, least, least, model)
+	}
+	return udp.MaxPayloadForMTU(mtu, v6), nil
 }
 
 // inferExplain adds what to do to the errors a user meets first.

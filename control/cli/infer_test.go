@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest"
@@ -93,6 +94,51 @@ func TestInferJSON(t *testing.T) {
 	}
 	if rep.Load == nil || rep.Load.OK != 10 || rep.Check != "ok" || rep.Size != 5000 || rep.Client.Requests != 10 {
 		t.Errorf("report %+v", rep)
+	}
+}
+
+// TestInferFlagRanges: a flag out of range is refused before anything is
+// sent, naming the flag, the value and what is allowed. Before, --duration
+// -1s said "a load needs --count or --duration", --rate -5 said "rate -5",
+// --mtu 10 "udp: max payload -18 outside 1..65507", and a negative
+// --concurrency, --deadline or --timeout ran as if left out.
+func TestInferFlagRanges(t *testing.T) {
+	var sent atomic.Int64
+	dpu := fakeIngestDPU(t, func(r *clienttest.Request) clienttest.Answer { sent.Add(1); return clienttest.Reference(r) })
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--duration", "-1s"}, "--duration -1s: want a time > 0"},
+		{[]string{"--duration", "0s"}, "--duration 0s: want a time > 0"},
+		{[]string{"--count", "-3"}, "--count -3: want 1 or more requests"},
+		{[]string{"--count", "0"}, "--count 0: want 1 or more requests"},
+		{[]string{"--count", "5", "--concurrency", "-2"}, "--concurrency -2: want 1 or more (left out: 1, or 1024 with --rate)"},
+		{[]string{"--deadline", "-1s"}, "--deadline -1s: want a time ≥ 0 (0: none)"},
+		{[]string{"--timeout", "-1s"}, "--timeout -1s: want a time > 0"},
+		{[]string{"--timeout", "0s"}, "--timeout 0s: want a time > 0"},
+		{[]string{"--retries", "-1"}, "--retries -1: want 0 or more (0: none)"},
+		{[]string{"--count", "5", "--rate", "-5"}, "--rate -5: want requests per second, finite and > 0 (left out: a closed loop)"},
+		{[]string{"--count", "5", "--rate", "0"}, "--rate 0: want requests per second"},
+		{[]string{"--count", "5", "--rate", "NaN"}, "--rate NaN: want requests per second"},
+		{[]string{"--count", "5", "--rate", "+Inf"}, "--rate +Inf: want requests per second"},
+		{[]string{"--mtu", "10"}, "--mtu 10: want 0 (datagrams up to 64 KiB, in IP fragments) or 85 to 65535"},
+		{[]string{"--mtu", "84"}, "--mtu 84: want 0 (datagrams up to 64 KiB, in IP fragments) or 85 to 65535"},
+		{[]string{"--mtu", "-1"}, "--mtu -1: want 0"},
+		{[]string{"--mtu", "65536"}, "--mtu 65536: want 0"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			out, err := runInfer(dpu, append([]string{"--size", "100"}, tc.args...)...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err = %v, want %q\n%s", err, tc.want, out)
+			}
+		})
+	}
+	if n := sent.Load(); n != 0 {
+		t.Errorf("%d requests sent", n)
+	}
+	if out, err := runInfer(dpu, "--size", "100", "--mtu", "1280"); err != nil {
+		t.Errorf("--mtu 1280: %v\n%s", err, out)
 	}
 }
 

@@ -100,8 +100,11 @@ func memCommand() *ucli.Command {
 				ArgsUsage: "ID",
 				Flags:     []ucli.Flag{tenant},
 				Action: func(c *ucli.Context) error {
-					if c.NArg() != 1 {
+					if c.NArg() == 0 {
 						return errors.New("mem free: want one region ID (see 'lovelock mem regions')")
+					}
+					if err := checkArgs(c, 1); err != nil {
+						return err
 					}
 					id, err := strconv.ParseUint(c.Args().First(), 10, 32)
 					if err != nil {

@@ -162,9 +162,6 @@ func planCommand() *ucli.Command {
 }
 
 func runPlan(c *ucli.Context) error {
-	if c.NArg() > 0 {
-		return fmt.Errorf("plan: unexpected argument %q: plan takes only flags (see lovelock plan --help)", c.Args().First())
-	}
 	format := c.String(planFlagOutput)
 	if format != "table" && format != "json" {
 		return fmt.Errorf("plan: invalid --%s %q: use table or json", planFlagOutput, format)

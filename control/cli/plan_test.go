@@ -23,6 +23,7 @@ func runPlanCmd(t *testing.T, args ...string) (string, error) {
 		Writer:    &buf,
 		ErrWriter: &buf,
 	}
+	setupCommands(app)
 	err := app.Run(append([]string{"lovelock", "plan"}, args...))
 	return buf.String(), err
 }

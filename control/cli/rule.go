@@ -31,7 +31,7 @@ var matchFlags = []struct{ name, usage string }{
 func ruleCommand() *ucli.Command {
 	addFlags := []ucli.Flag{
 		&ucli.StringFlag{Name: "name", Required: true, Usage: "unique rule name (counters follow it across changes)"},
-		&ucli.UintFlag{Name: "priority", Required: true, Usage: "higher wins; rules that can match the same packet need different priorities"},
+		&ucli.UintFlag{Name: "priority", Usage: "higher wins, 0 is the lowest; rules that can match the same packet need different priorities"},
 		&ucli.StringFlag{Name: "action", Required: true, Usage: "pass, drop, redirect:IFACE or xsk:QUEUE"},
 	}
 	for _, m := range matchFlags {
@@ -147,8 +147,11 @@ func ruleAdd(c *ucli.Context) error {
 }
 
 func ruleDel(c *ucli.Context) error {
-	if c.NArg() != 1 {
+	if c.NArg() == 0 {
 		return errors.New("rule del: want exactly one rule name (see 'lovelock rule list')")
+	}
+	if err := checkArgs(c, 1); err != nil {
+		return err
 	}
 	res, err := client(c).DeleteRule(c.Context, c.Args().First())
 	if err != nil {

@@ -140,6 +140,29 @@ func TestRuleAddForce(t *testing.T) {
 	}
 }
 
+// TestRuleAddPriority: --priority is optional, 0 by default, as a rule
+// file's priority is (docs/rules.md).
+func TestRuleAddPriority(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want uint32
+	}{
+		{[]string{"--name", "dns", "--proto", "udp", "--dport", "53", "--action", "drop"}, 0},
+		{[]string{"--name", "web", "--proto", "tcp", "--dport", "443", "--action", "pass", "--priority", "7"}, 7},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			svc := &fakeService{set: rules.Set{Default: rules.Pass()}}
+			sock := serveFake(t, svc)
+			if _, _, err := runCLI(sock, append([]string{"rule", "add"}, tc.args...)...); err != nil {
+				t.Fatal(err)
+			}
+			if len(svc.set.Rules) != 1 || svc.set.Rules[0].Priority != tc.want {
+				t.Errorf("rules %+v, want one of priority %d", svc.set.Rules, tc.want)
+			}
+		})
+	}
+}
+
 // TestStatsJSON: counter keys are lower case, and --watch --output json
 // prints JSON lines, with rates from the second sample on.
 func TestStatsJSON(t *testing.T) {

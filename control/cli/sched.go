@@ -31,12 +31,6 @@ func schedCommand() *ucli.Command {
 		Usage:       "MIG placement of accelerator work: card layouts, trace simulation",
 		Description: schedDescription,
 		Subcommands: []*ucli.Command{schedLayoutCommand(), schedSimulateCommand(), schedSynthCommand()},
-		Action: func(c *ucli.Context) error {
-			if c.Args().Present() {
-				return fmt.Errorf("unknown command %q: see 'lovelock sched --help'", c.Args().First())
-			}
-			return ucli.ShowSubcommandHelp(c)
-		},
 	}
 }
 

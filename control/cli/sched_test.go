@@ -18,6 +18,7 @@ func runSchedCmd(t *testing.T, args ...string) (string, error) {
 	var buf bytes.Buffer
 	app := &ucli.App{Name: "lovelock", Commands: []*ucli.Command{schedCommand()}, Writer: &buf, ErrWriter: &buf,
 		ExitErrHandler: func(*ucli.Context, error) {}}
+	setupCommands(app)
 	err := app.Run(append([]string{"lovelock", "sched"}, args...))
 	return buf.String(), err
 }

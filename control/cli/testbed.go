@@ -139,9 +139,6 @@ func testbedSpec(c *ucli.Context) testbed.Spec {
 }
 
 func testbedUp(c *ucli.Context) error {
-	if c.NArg() > 0 {
-		return fmt.Errorf("testbed up takes no arguments, got %q", c.Args().Slice())
-	}
 	spec := testbedSpec(c)
 	if err := testbed.Up(c.Context, spec); err != nil {
 		return err
@@ -153,9 +150,6 @@ func testbedUp(c *ucli.Context) error {
 }
 
 func testbedDown(c *ucli.Context) error {
-	if c.NArg() > 0 {
-		return fmt.Errorf("testbed down takes no arguments, got %q", c.Args().Slice())
-	}
 	spec := testbedSpec(c)
 	if err := testbed.Down(c.Context, spec); err != nil {
 		return err
@@ -172,9 +166,6 @@ func testbedPrefixArg(prefix string) string {
 }
 
 func testbedStatus(c *ucli.Context) error {
-	if c.NArg() > 0 {
-		return fmt.Errorf("testbed status takes no arguments, got %q", c.Args().Slice())
-	}
 	format := c.String("output")
 	if format != "table" && format != "json" {
 		return fmt.Errorf("testbed status: unknown --output %q: want table or json", format)

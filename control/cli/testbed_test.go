@@ -21,13 +21,15 @@ import (
 // testbedApp is a minimal app holding only the testbed command, with its
 // output captured, so these tests do not depend on the rest of the CLI.
 func testbedApp(out *bytes.Buffer) *ucli.App {
-	return &ucli.App{
+	app := &ucli.App{
 		Name:           "lovelock",
 		Writer:         out,
 		ErrWriter:      out,
 		Commands:       []*ucli.Command{testbedCommand()},
 		ExitErrHandler: func(*ucli.Context, error) {}, // never os.Exit in a test
 	}
+	setupCommands(app) // as App does: `testbed up extra` must not bring it up
+	return app
 }
 
 func runTestbedCLI(t *testing.T, args ...string) (string, error) {

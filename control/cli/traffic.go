@@ -179,8 +179,11 @@ func trafficClassNames() string {
 }
 
 func traffic(c *ucli.Context) error {
-	if c.NArg() != 1 {
+	if c.NArg() == 0 {
 		return errors.New("testbed traffic: want the sending node, e.g. host0")
+	}
+	if err := checkArgs(c, 1); err != nil {
+		return err
 	}
 	spec := testbedSpec(c)
 	from := c.Args().First()

@@ -7,6 +7,9 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -21,14 +24,54 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	if err := app().RunContext(ctx, os.Args); err != nil {
-		slog.Error("lovelockd failed", "err", err)
-		os.Exit(1)
-	}
+	code := lovelockd(ctx, os.Args, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
 }
 
-func app() *ucli.App {
+// lovelockd runs the daemon on args and returns its exit status. The error
+// it stops on is logged through the handler --json-log chose (text when the
+// flags did not parse); --check's verdict is printed.
+func lovelockd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	m := &daemonCmd{stdout: stdout, stderr: stderr}
+	err := m.app().RunContext(ctx, args)
+	var failed checkFailed
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &failed):
+		fmt.Fprintf(stderr, "lovelockd --check: %v\n", failed.err)
+		return 1
+	}
+	log := m.log
+	if log == nil {
+		log = newLogger(stderr, false)
+	}
+	log.Error("lovelockd failed", "err", err)
+	return 1
+}
+
+// daemonCmd is one run of lovelockd: where it writes, and the logger its
+// flags chose, once they are parsed.
+type daemonCmd struct {
+	stdout, stderr io.Writer
+	log            *slog.Logger
+}
+
+func newLogger(w io.Writer, json bool) *slog.Logger {
+	if json {
+		return slog.New(slog.NewJSONHandler(w, nil))
+	}
+	return slog.New(slog.NewTextHandler(w, nil))
+}
+
+// checkFailed is the error --check found.
+type checkFailed struct{ err error }
+
+func (e checkFailed) Error() string { return e.err.Error() }
+func (e checkFailed) Unwrap() error { return e.err }
+
+func (m *daemonCmd) app() *ucli.App {
 	def := config.Defaults()
 	return &ucli.App{
 		Name:    "lovelockd",
@@ -56,21 +99,63 @@ func app() *ucli.App {
 			&ucli.BoolFlag{Name: "msg-multi-buffer", Value: true, Usage: "with --msg-transport xdp: bind the AF_XDP sockets with XDP_USE_SG, so bundles up to the MTU take the AF_XDP path " +
 				"(false: one XDP buffer, 3478 B on veth); where the driver refuses it, single-buffer sockets and the service reports degraded"},
 			&ucli.BoolFlag{Name: "json-log", Usage: "log as JSON instead of text"},
+			&ucli.BoolFlag{Name: "check", Usage: "only check the config file with the flags applied, the state file and the rule file (parsed and compiled), " +
+				"print \"config OK\" or the error and exit 0 or 1; touches neither the data plane nor the API socket"},
 		},
-		Action: run,
+		Before: func(c *ucli.Context) error {
+			m.log = newLogger(m.stderr, c.Bool("json-log"))
+			return nil
+		},
+		Action:    m.run,
+		Writer:    m.stdout,
+		ErrWriter: m.stderr,
+		// The error is logged once, by lovelockd, with the exit status.
+		ExitErrHandler: func(*ucli.Context, error) {},
 	}
 }
 
-func run(c *ucli.Context) error {
-	var handler slog.Handler = slog.NewTextHandler(os.Stderr, nil)
-	if c.Bool("json-log") {
-		handler = slog.NewJSONHandler(os.Stderr, nil)
+func (m *daemonCmd) run(c *ucli.Context) error {
+	cfg, err := configOf(c)
+	if c.Bool("check") {
+		if err == nil {
+			var notes []string
+			notes, err = daemon.Check(cfg)
+			for _, n := range notes {
+				fmt.Fprintf(m.stderr, "note: %s\n", n)
+			}
+		}
+		if err != nil {
+			return checkFailed{err}
+		}
+		fmt.Fprintln(m.stdout, "config OK")
+		return nil
 	}
-	log := slog.New(handler)
-
-	cfg, err := config.Load(c.String("config"), c.IsSet("config"))
 	if err != nil {
 		return err
+	}
+
+	// Everything lovelockd serves on first: a start that fails there
+	// (another lovelockd on the socket, the metrics address taken) must
+	// not have opened, upgraded or reconciled the data plane.
+	ln, err := daemon.Listen(cfg)
+	if err != nil {
+		return err
+	}
+	d, err := daemon.New(cfg, m.log)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	defer d.Close()
+	return d.Run(c.Context, ln)
+}
+
+// configOf reads the config file, applies the flags over it and validates
+// the result: a flag may fix what the file has wrong.
+func configOf(c *ucli.Context) (config.Config, error) {
+	cfg, err := config.Read(c.String("config"), c.IsSet("config"))
+	if err != nil {
+		return cfg, err
 	}
 	for flag, dst := range map[string]*string{"pin-dir": &cfg.PinDir, "state": &cfg.State, "socket": &cfg.Socket, "metrics": &cfg.Metrics, "rules": &cfg.Rules} {
 		if c.IsSet(flag) {
@@ -98,14 +183,5 @@ func run(c *ucli.Context) error {
 		}
 		cfg.Messaging = &m
 	}
-	if err := cfg.Validate(); err != nil {
-		return err
-	}
-
-	d, err := daemon.New(cfg, log)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Run(c.Context)
+	return cfg, cfg.Validate()
 }
