@@ -34,7 +34,7 @@ func servicesCommand() *ucli.Command {
 			}
 			w := c.App.Writer
 			if len(svcs) == 0 {
-				fmt.Fprintln(w, "lovelockd runs no service (see its config: messaging)")
+				fmt.Fprintln(w, "lovelockd runs no service: its config (/etc/lovelock/lovelockd.yaml) enables none of messaging, memory_server, far_memory, far_memory_host, ingest, ingest_host (docs/services.md)")
 				return nil
 			}
 			tw := newTable(w)
