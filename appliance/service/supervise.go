@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -142,7 +143,8 @@ func (s *Supervisor) runOnce(ctx context.Context) (time.Duration, error) {
 		}
 		return s.now().Sub(s.readyAt)
 	}
-	needs, err := s.svc.Plan()
+	var needs Needs
+	err := s.guard(func() (err error) { needs, err = s.svc.Plan(); return err })
 	if err != nil {
 		return 0, err
 	}
@@ -171,7 +173,7 @@ func (s *Supervisor) runOnce(ctx context.Context) (time.Duration, error) {
 		s.mu.Unlock()
 		s.log.Info("service running", "on", b.String())
 	}
-	err = s.svc.Run(ctx, b)
+	err = s.guard(func() error { return s.svc.Run(ctx, b) })
 	if err == nil && ctx.Err() == nil {
 		err = errors.New("returned before it was stopped")
 	}
@@ -179,6 +181,21 @@ func (s *Supervisor) runOnce(ctx context.Context) (time.Duration, error) {
 		return up(), fmt.Errorf("run: %w", err)
 	}
 	return up(), err
+}
+
+// guard calls f, the service's Plan or Run, and turns a panic on its
+// goroutine into an error, so that one service's bug fails that service,
+// which restarts with the usual backoff, and not lovelockd with every other
+// service. The stack goes to the log. A panic on a goroutine the service
+// started itself still ends lovelockd: Go cannot recover it from here.
+func (s *Supervisor) guard(f func() error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			s.log.Error("service panicked: a bug, please report it with this stack", "panic", p, "stack", string(debug.Stack()))
+			err = fmt.Errorf("panicked: %v (a bug: the stack is in lovelockd's log)", p)
+		}
+	}()
+	return f()
 }
 
 // Recheck re-evaluates a serving service's reasons to be degraded

@@ -126,6 +126,51 @@ func TestSupervisorRunFails(t *testing.T) {
 	}
 }
 
+// panicService panics in Plan or Run, once each, then runs.
+type panicService struct {
+	fakeService
+	plans, runs atomic.Int32
+}
+
+func (p *panicService) Plan() (Needs, error) {
+	if p.plans.Add(1) == 1 {
+		panic("plan: nil map")
+	}
+	return p.fakeService.Plan()
+}
+
+func (p *panicService) Run(ctx context.Context, b *Binding) error {
+	if p.runs.Add(1) == 1 {
+		_ = at(nil, 3) // a bug: a runtime error
+	}
+	return p.fakeService.Run(ctx, b)
+}
+
+func at(s []int, i int) int { return s[i] }
+
+// TestSupervisorPanic: a service whose Plan or Run panics fails, with
+// the panic as its error, and is restarted like any failed run; the
+// process (lovelockd, every other service) goes on, and the failed run's
+// reserved rules are removed.
+func TestSupervisorPanic(t *testing.T) {
+	svc := &panicService{fakeService: fakeService{running: make(chan struct{}, 1)}}
+	st := &fakeSteering{port: 61440}
+	sup := NewSupervisor(svc, st, slog.Default(), time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { sup.Run(ctx); close(done) }()
+	<-svc.running
+	s := sup.Status()
+	cancel()
+	<-done
+	if s.State != api.ServiceRunning || s.Restarts != 2 || !strings.HasPrefix(s.Error, "run: panicked: runtime error: index out of range [3]") {
+		t.Errorf("after a panic in Plan and one in Run: %+v; want running, 2 restarts, the run's panic as the last error", s)
+	}
+	if len(st.reserved) != 0 {
+		t.Errorf("reserved %v after stop", st.reserved)
+	}
+}
+
 // TestSupervisorStartingUntilReady: a service bound but still opening its
 // sockets is starting, not running, until it says it is ready; on later
 // runs it keeps its failed state until then.
