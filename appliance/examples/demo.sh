@@ -51,8 +51,12 @@ services_up() {
 }
 
 cleanup() {
-	for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-	wait 2>/dev/null || true
+	# Last started first, each waited for: the Python worker goes before
+	# the lovelockd it is attached to (else it reports the closed socket).
+	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+		kill "${pids[i]}" 2>/dev/null || true
+		wait "${pids[i]}" 2>/dev/null || true
+	done
 	# Removing the pins detaches the programs: the demo leaves nothing behind.
 	rm -rf /sys/fs/bpf/lovelock-demo-* 2>/dev/null || true
 	"$lovelock" testbed down --prefix "$PREFIX" >/dev/null 2>&1 || true
