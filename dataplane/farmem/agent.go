@@ -115,6 +115,13 @@ type Agent struct {
 
 	forwarded, fwdBatches atomic.Uint64 // host requests sent on, and their batches
 
+	// unresolved counts the host requests waiting in resolve for a refresh
+	// to find their memory node (at most cfg.Window; those beyond are
+	// answered StatusUnavailable and counted in unresolvedRefused).
+	unresolved        atomic.Int64
+	unresolvedRefused atomic.Uint64
+	readBufAllocs     atomic.Uint64 // buffers readBuf had to make (the pool was empty)
+
 	// Freed notices of memory nodes (NoticeStats).
 	noticesIn, noticesDropped, noticesRefused atomic.Uint64
 
@@ -196,6 +203,23 @@ type AgentStats struct {
 	// FreedNotices counts the memory nodes' notices that a region the
 	// agent caches was freed on them.
 	FreedNotices NoticeStats `json:"freed_notices"`
+	// Overload counts what the agent turned away to bound its memory and
+	// goroutines when hosts send more than it can hold (docs/farmem.md,
+	// "The DPU agent", "Bounds").
+	Overload OverloadStats `json:"overload"`
+}
+
+// OverloadStats are the agent's bounds on work a host can make it hold,
+// and what it turned away at them. A request turned away is answered
+// StatusUnavailable: the host tries again later.
+type OverloadStats struct {
+	// Unresolved is the host requests waiting now for the agent to learn
+	// which memory node serves their region (a refresh, which a silent
+	// node makes last seconds); UnresolvedLimit bounds them (the config's
+	// window), and UnresolvedRefused counts those refused beyond it.
+	Unresolved        int    `json:"unresolved"`
+	UnresolvedLimit   int    `json:"unresolved_limit"`
+	UnresolvedRefused uint64 `json:"unresolved_refused"`
 }
 
 // NoticeStats count the notices memory nodes send when they free a region
@@ -433,9 +457,12 @@ func (a *Agent) route(rec *Record) (int, bool) {
 // StatusUnknownRegion, or StatusUnavailable when a memory node did not
 // answer its list (the region may be on it: the host retries, and does not
 // take the region for gone). It runs on a goroutine of its own, so that the
-// worker's loop keeps receiving meanwhile.
+// worker's loop keeps receiving meanwhile. The misses count as unresolved
+// (admitUnresolved) until they are answered or issued; a read gets its
+// buffer only once it has a memory node to go to.
 func (w *hostWorker) resolve(ctx context.Context, misses []*call, arrived time.Time) {
 	a := w.a
+	defer a.unresolved.Add(-int64(len(misses)))
 	notFound := StatusUnknownRegion
 	if !a.refresh(ctx, arrived) {
 		notFound = StatusUnavailable
@@ -446,6 +473,9 @@ func (w *hostWorker) resolve(ctx context.Context, misses []*call, arrived time.T
 		hr := k.user.(*hostReq)
 		if srv, ok := a.route(&k.rec); ok {
 			hr.server, k.dst = srv, a.cfg.Servers[srv].Addr
+			if k.rec.Op == OpRead {
+				k.buf = a.readBuf(int(k.rec.Size))
+			}
 			a.countWrite(k)
 			found = append(found, k)
 			continue
@@ -472,7 +502,9 @@ func (a *Agent) Stats() AgentStats {
 		Batches: batches, ReadBytes: a.readBytes.Load(), WriteBytes: a.writeBytes.Load(),
 		Host: a.hctr.snapshot(), Fabric: a.fctr.snapshot(), Errors: a.errs.snapshot(), Latency: a.lat.summary(),
 		Cache: a.cache.stats(), FreedNotices: NoticeStats{Received: a.noticesIn.Load(), Dropped: a.noticesDropped.Load(),
-			Refused: a.noticesRefused.Load()}}
+			Refused: a.noticesRefused.Load()},
+		Overload: OverloadStats{Unresolved: int(a.unresolved.Load()), UnresolvedLimit: a.cfg.Window,
+			UnresolvedRefused: a.unresolvedRefused.Load()}}
 	st.Forwarded = a.forwarded.Load()
 	st.OwnRequests = st.Fabric.Requests - min(st.Forwarded, st.Fabric.Requests)
 	if batches > 0 {
@@ -562,22 +594,46 @@ func (a *Agent) forward(ctx context.Context, fab *requester, calls []*call) erro
 
 // forwardLocked makes the call that sends host request q on to its memory
 // node, and adds it to calls, or to misses when the agent does not know the
-// node of q's region yet (resolve asks the nodes). Call with w.mu held.
+// node of q's region yet (resolve asks the nodes); beyond the bound on such
+// requests (admitUnresolved) it answers StatusUnavailable instead. A read's
+// buffer is taken only once the call has a memory node. Call with w.mu
+// held.
 func (w *hostWorker) forwardLocked(q *request, calls, misses []*call) ([]*call, []*call) {
 	a := w.a
 	hr := &hostReq{w: w, src: q.src, tenant: q.tenant, id: q.rec.ID}
+	srv, ok := a.route(&q.rec)
+	if !ok && !a.admitUnresolved() {
+		if q.rec.Op == OpWrite {
+			a.cache.endWrite(q.rec.Region, q.rec.Offset, uint64(q.rec.Size))
+		}
+		w.replyLocked(hr, Record{Op: q.rec.Op, Region: q.rec.Region, Status: StatusUnavailable, Size: q.rec.Size}, nil)
+		return calls, misses
+	}
 	k := &call{rec: q.rec, tenant: q.tenant, user: hr}
 	k.rec.Data, k.data = nil, q.rec.Data
-	if q.rec.Op == OpRead {
-		k.buf = a.readBuf(int(q.rec.Size))
-	}
-	srv, ok := a.route(&q.rec)
 	if !ok {
 		return calls, append(misses, k)
+	}
+	if q.rec.Op == OpRead {
+		k.buf = a.readBuf(int(q.rec.Size))
 	}
 	hr.server, k.dst = srv, a.cfg.Servers[srv].Addr
 	a.countWrite(k)
 	return append(calls, k), misses
+}
+
+// admitUnresolved counts one more request waiting for a refresh to find
+// its memory node, and reports whether there was room: at most the
+// config's window of them wait (a silent memory node makes a refresh last
+// the fabric's retry budget, about 5 s, and hosts may send requests for
+// regions no node knows faster than that). A refused one is counted.
+func (a *Agent) admitUnresolved() bool {
+	if a.unresolved.Add(1) > int64(a.cfg.Window) {
+		a.unresolved.Add(-1)
+		a.unresolvedRefused.Add(1)
+		return false
+	}
+	return true
 }
 
 // countWrite counts a write's page data as forwarded, once its call has a
@@ -821,6 +877,7 @@ func (a *Agent) readBuf(n int) []byte {
 	if p, ok := a.readBufs.Get().(*[]byte); ok && cap(*p) >= n {
 		return (*p)[:n]
 	}
+	a.readBufAllocs.Add(1)
 	return make([]byte, n, a.cfg.ChunkSize)
 }
 
