@@ -122,6 +122,16 @@ type Agent struct {
 	unresolvedRefused atomic.Uint64
 	readBufAllocs     atomic.Uint64 // buffers readBuf had to make (the pool was empty)
 
+	// statics queues the hosts' static loads for the staticLoaders
+	// loaders (staticLoop); staticPending counts those queued or loading.
+	statics       chan staticJob
+	staticPending atomic.Int64
+	staticRefused atomic.Uint64 // refused: the queue was full
+	// Refusals of hints and static loads, counted, and logged at most once
+	// per refusalLogEvery.
+	hintsRefused, staticFailed atomic.Uint64
+	hintLog, staticLog         sometimes
+
 	// Freed notices of memory nodes (NoticeStats).
 	noticesIn, noticesDropped, noticesRefused atomic.Uint64
 
@@ -140,6 +150,10 @@ type hostWorker struct {
 
 	mu sync.Mutex // pk: replies from the completion loops
 	pk *packer
+
+	// logLater are the lines local logs (rate-limited) while it holds
+	// mu: the run loop writes them once mu is released. Run loop only.
+	logLater []func()
 }
 
 // hostReq is what a forwarded call remembers of its host request.
@@ -203,6 +217,9 @@ type AgentStats struct {
 	// FreedNotices counts the memory nodes' notices that a region the
 	// agent caches was freed on them.
 	FreedNotices NoticeStats `json:"freed_notices"`
+	// Refused counts hints and static loads the agent refused, each kind
+	// logged at most once a minute.
+	Refused RefusedStats `json:"refused"`
 	// Overload counts what the agent turned away to bound its memory and
 	// goroutines when hosts send more than it can hold (docs/farmem.md,
 	// "The DPU agent", "Bounds").
@@ -220,6 +237,27 @@ type OverloadStats struct {
 	Unresolved        int    `json:"unresolved"`
 	UnresolvedLimit   int    `json:"unresolved_limit"`
 	UnresolvedRefused uint64 `json:"unresolved_refused"`
+	// StaticQueued is the hosts' static loads queued or loading now
+	// (op static; a few load at once, the others wait in one queue);
+	// StaticLimit bounds them, and StaticRefused counts those refused
+	// beyond it.
+	StaticQueued  int    `json:"static_queued"`
+	StaticLimit   int    `json:"static_limit"`
+	StaticRefused uint64 `json:"static_refused"`
+}
+
+// RefusedStats count the hosts' hints and static loads that the agent
+// refused or could not carry out (their replies' statuses are in
+// AgentStats.Errors as well).
+type RefusedStats struct {
+	// Hints counts hints refused: malformed ranges or flags, a region
+	// of another tenant or unknown to the agent.
+	Hints uint64 `json:"hints"`
+	// StaticLoads counts static loads that failed: a region unknown or
+	// of another tenant, a range outside it or beyond static_size, a
+	// memory node that did not answer. Those refused for a full queue are
+	// in OverloadStats.StaticRefused instead.
+	StaticLoads uint64 `json:"static_loads"`
 }
 
 // NoticeStats count the notices memory nodes send when they free a region
@@ -277,7 +315,8 @@ func NewAgent(cfg AgentConfig, opts AgentOptions) (*Agent, error) {
 			return fail(fmt.Errorf("transport carries %d-byte datagrams, need %d", t.MaxPayload(), MinDatagram))
 		}
 	}
-	a := &Agent{cfg: cfg, log: log, regions: make(map[uint32]int), cache: newCache(cfg.Cache, cfg.ChunkSize)}
+	a := &Agent{cfg: cfg, log: log, regions: make(map[uint32]int), cache: newCache(cfg.Cache, cfg.ChunkSize),
+		statics: make(chan staticJob, staticQueue), hintLog: sometimes{every: refusalLogEvery}, staticLog: sometimes{every: refusalLogEvery}}
 	a.cache.onFill = a.retryWaiters
 	for i, s := range cfg.Servers {
 		for _, r := range s.Regions {
@@ -351,6 +390,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		defer wg.Done()
 		a.fillLoop(ctx)
 	}()
+	for range staticLoaders {
+		wg.Go(func() { a.staticLoop(ctx) })
+	}
 	go func() {
 		defer wg.Done()
 		a.watchRegions(ctx)
@@ -504,7 +546,9 @@ func (a *Agent) Stats() AgentStats {
 		Cache: a.cache.stats(), FreedNotices: NoticeStats{Received: a.noticesIn.Load(), Dropped: a.noticesDropped.Load(),
 			Refused: a.noticesRefused.Load()},
 		Overload: OverloadStats{Unresolved: int(a.unresolved.Load()), UnresolvedLimit: a.cfg.Window,
-			UnresolvedRefused: a.unresolvedRefused.Load()}}
+			UnresolvedRefused: a.unresolvedRefused.Load(), StaticQueued: int(a.staticPending.Load()),
+			StaticLimit: staticQueue + staticLoaders, StaticRefused: a.staticRefused.Load()},
+		Refused: RefusedStats{Hints: a.hintsRefused.Load(), StaticLoads: a.staticFailed.Load()}}
 	st.Forwarded = a.forwarded.Load()
 	st.OwnRequests = st.Fabric.Requests - min(st.Forwarded, st.Fabric.Requests)
 	if batches > 0 {
@@ -572,6 +616,11 @@ func (w *hostWorker) run(ctx context.Context) error {
 		}
 		w.flushLocked()
 		w.mu.Unlock()
+		for i, l := range w.logLater {
+			l()
+			w.logLater[i] = nil
+		}
+		w.logLater = w.logLater[:0]
 		if len(misses) > 0 {
 			go w.resolve(ctx, misses, arrived)
 			misses = nil

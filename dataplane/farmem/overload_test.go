@@ -2,8 +2,11 @@ package farmem
 
 import (
 	"context"
+	"log/slog"
 	"net/netip"
 	"runtime"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -80,7 +83,6 @@ func TestUnresolvedBounded(t *testing.T) {
 	silent := listen(t, loopback) // never read: every list of it times out
 	agent, _ := startAgent(t, listen(t, loopback), []netip.AddrPort{srv.Addr(), silent.LocalAddr()}, nil)
 	p := rawPeer{t: t, tr: listen(t, loopback), to: agent.Addr()}
-	g0 := runtime.NumGoroutine()
 	limit := agent.Stats().Overload.UnresolvedLimit
 	if limit != DefaultWindow {
 		t.Fatalf("unresolved limit %d, want the window %d", limit, DefaultWindow)
@@ -96,10 +98,100 @@ func TestUnresolvedBounded(t *testing.T) {
 	if allocs := agent.readBufAllocs.Load(); allocs != 0 {
 		t.Errorf("%d read buffers made for reads with no memory node to go to: want none", allocs)
 	}
-	if g := runtime.NumGoroutine() - g0; g > 10 {
-		t.Errorf("%d more goroutines after %d reads of an unknown region: want a few", g, n)
+	if g := goroutinesIn("farmem.(*hostWorker).resolve"); g > limit {
+		t.Errorf("%d goroutines wait to resolve %d reads of an unknown region: want at most %d", g, n, limit)
 	}
 	if got := p.replies(StatusUnavailable, n-limit); got < n-limit {
 		t.Errorf("%d reads answered unavailable, want at least %d", got, n-limit)
 	}
+}
+
+// countLog counts the log lines that contain each of its strings.
+type countLog struct {
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+func (c *countLog) Enabled(context.Context, slog.Level) bool { return true }
+func (c *countLog) WithAttrs([]slog.Attr) slog.Handler       { return c }
+func (c *countLog) WithGroup(string) slog.Handler            { return c }
+func (c *countLog) Handle(_ context.Context, r slog.Record) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for s := range c.counts {
+		if strings.Contains(r.Message, s) {
+			c.counts[s]++
+		}
+	}
+	return nil
+}
+
+func (c *countLog) count(s string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.counts[s]
+}
+
+// TestStaticLoadsBounded: with the only memory node silent, a static load
+// of a region the agent does not know waits seconds for a refresh. A
+// flood of them holds a few loaders and one bounded queue, not a goroutine
+// each; the rest are answered "unavailable" at once and counted. A flood
+// of refused hints is counted, and each kind is logged once, not per
+// record.
+func TestStaticLoadsBounded(t *testing.T) {
+	silent := listen(t, loopback) // never read
+	logs := &countLog{counts: map[string]int{"hint refused": 0, "static load refused": 0}}
+	cfg := AgentConfig{Config: testConfig(), Servers: []ServerSpec{{Addr: silent.LocalAddr()}}}
+	agent, err := NewAgent(cfg, AgentOptions{HostTransports: []transport.Transport{listen(t, loopback)},
+		FabricTransports: []transport.Transport{listen(t, loopback)}, Logger: slog.New(logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, agent.Run)
+	p := rawPeer{t: t, tr: listen(t, loopback), to: agent.Addr()}
+	n := flood(p, wire.TypeMemRead, 20, 200, func(id uint64) Record { return Record{Op: OpStatic, Region: 999, ID: id} })
+	hints := flood(p, wire.TypeMemRead, 5, 200, func(id uint64) Record {
+		return Record{Op: OpHint, Region: 999, ID: 1<<20 + id, Aux: 0x200} // unknown flag
+	})
+	waitFor(t, "the agent to take every request", func() bool { return agent.Stats().HostRequests == uint64(n+hints) })
+	st := agent.Stats()
+	limit := st.Overload.StaticLimit
+	if limit != staticQueue+staticLoaders || st.Overload.StaticQueued > limit || st.Overload.StaticRefused < uint64(n-limit) {
+		t.Errorf("overload %+v after %d static loads of an unknown region: want at most %d queued, the rest refused", st.Overload, n, staticQueue+staticLoaders)
+	}
+	if st.Refused.Hints != uint64(hints) {
+		t.Errorf("refused %+v: want %d hints", st.Refused, hints)
+	}
+	if g := goroutinesIn("farmem.(*Agent).loadStatic"); g > staticLoaders {
+		t.Errorf("%d goroutines load %d static loads of an unknown region: want at most %d", g, n, staticLoaders)
+	}
+	if got := p.replies(StatusUnavailable, n-limit); got < n-limit {
+		t.Errorf("%d static loads answered unavailable, want at least %d", got, n-limit)
+	}
+	// Logged once the worker released its lock: wait for the first line
+	// of each; a second could come only a minute later.
+	waitFor(t, "the refusals' log lines", func() bool { return logs.count("hint refused") > 0 && logs.count("static load refused") > 0 })
+	if h, s := logs.count("hint refused"), logs.count("static load refused"); h != 1 || s != 1 {
+		t.Errorf("logged %d refused hints and %d refused static loads in %d and %d: want each once", h, s, hints, n-limit)
+	}
+}
+
+// goroutinesIn counts the goroutines with fn on their stack.
+func goroutinesIn(fn string) int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	c := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, fn+"(") {
+			c++
+		}
+	}
+	return c
 }
