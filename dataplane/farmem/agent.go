@@ -115,6 +115,23 @@ type Agent struct {
 
 	forwarded, fwdBatches atomic.Uint64 // host requests sent on, and their batches
 
+	// unresolved counts the host requests waiting in resolve for a refresh
+	// to find their memory node (at most cfg.Window; those beyond are
+	// answered StatusUnavailable and counted in unresolvedRefused).
+	unresolved        atomic.Int64
+	unresolvedRefused atomic.Uint64
+	readBufAllocs     atomic.Uint64 // buffers readBuf had to make (the pool was empty)
+
+	// statics queues the hosts' static loads for the staticLoaders
+	// loaders (staticLoop); staticPending counts those queued or loading.
+	statics       chan staticJob
+	staticPending atomic.Int64
+	staticRefused atomic.Uint64 // refused: the queue was full
+	// Refusals of hints and static loads, counted, and logged at most once
+	// per refusalLogEvery.
+	hintsRefused, staticFailed atomic.Uint64
+	hintLog, staticLog         sometimes
+
 	// Freed notices of memory nodes (NoticeStats).
 	noticesIn, noticesDropped, noticesRefused atomic.Uint64
 
@@ -133,6 +150,10 @@ type hostWorker struct {
 
 	mu sync.Mutex // pk: replies from the completion loops
 	pk *packer
+
+	// logLater are the lines local logs (rate-limited) while it holds
+	// mu: the run loop writes them once mu is released. Run loop only.
+	logLater []func()
 }
 
 // hostReq is what a forwarded call remembers of its host request.
@@ -196,6 +217,47 @@ type AgentStats struct {
 	// FreedNotices counts the memory nodes' notices that a region the
 	// agent caches was freed on them.
 	FreedNotices NoticeStats `json:"freed_notices"`
+	// Refused counts hints and static loads the agent refused, each kind
+	// logged at most once a minute.
+	Refused RefusedStats `json:"refused"`
+	// Overload counts what the agent turned away to bound its memory and
+	// goroutines when hosts send more than it can hold (docs/farmem.md,
+	// "The DPU agent", "Bounds").
+	Overload OverloadStats `json:"overload"`
+}
+
+// OverloadStats are the agent's bounds on work a host can make it hold,
+// and what it turned away at them. A request turned away is answered
+// StatusUnavailable: the host tries again later.
+type OverloadStats struct {
+	// Unresolved is the host requests waiting now for the agent to learn
+	// which memory node serves their region (a refresh, which a silent
+	// node makes last seconds); UnresolvedLimit bounds them (the config's
+	// window), and UnresolvedRefused counts those refused beyond it.
+	Unresolved        int    `json:"unresolved"`
+	UnresolvedLimit   int    `json:"unresolved_limit"`
+	UnresolvedRefused uint64 `json:"unresolved_refused"`
+	// StaticQueued is the hosts' static loads queued or loading now
+	// (op static; a few load at once, the others wait in one queue);
+	// StaticLimit bounds them, and StaticRefused counts those refused
+	// beyond it.
+	StaticQueued  int    `json:"static_queued"`
+	StaticLimit   int    `json:"static_limit"`
+	StaticRefused uint64 `json:"static_refused"`
+}
+
+// RefusedStats count the hosts' hints and static loads that the agent
+// refused or could not carry out (their replies' statuses are in
+// AgentStats.Errors as well).
+type RefusedStats struct {
+	// Hints counts hints refused: malformed ranges or flags, a region
+	// of another tenant or unknown to the agent.
+	Hints uint64 `json:"hints"`
+	// StaticLoads counts static loads that failed: a region unknown or
+	// of another tenant, a range outside it or beyond static_size, a
+	// memory node that did not answer. Those refused for a full queue are
+	// in OverloadStats.StaticRefused instead.
+	StaticLoads uint64 `json:"static_loads"`
 }
 
 // NoticeStats count the notices memory nodes send when they free a region
@@ -253,7 +315,8 @@ func NewAgent(cfg AgentConfig, opts AgentOptions) (*Agent, error) {
 			return fail(fmt.Errorf("transport carries %d-byte datagrams, need %d", t.MaxPayload(), MinDatagram))
 		}
 	}
-	a := &Agent{cfg: cfg, log: log, regions: make(map[uint32]int), cache: newCache(cfg.Cache, cfg.ChunkSize)}
+	a := &Agent{cfg: cfg, log: log, regions: make(map[uint32]int), cache: newCache(cfg.Cache, cfg.ChunkSize),
+		statics: make(chan staticJob, staticQueue), hintLog: sometimes{every: refusalLogEvery}, staticLog: sometimes{every: refusalLogEvery}}
 	a.cache.onFill = a.retryWaiters
 	for i, s := range cfg.Servers {
 		for _, r := range s.Regions {
@@ -327,6 +390,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		defer wg.Done()
 		a.fillLoop(ctx)
 	}()
+	for range staticLoaders {
+		wg.Go(func() { a.staticLoop(ctx) })
+	}
 	go func() {
 		defer wg.Done()
 		a.watchRegions(ctx)
@@ -433,9 +499,12 @@ func (a *Agent) route(rec *Record) (int, bool) {
 // StatusUnknownRegion, or StatusUnavailable when a memory node did not
 // answer its list (the region may be on it: the host retries, and does not
 // take the region for gone). It runs on a goroutine of its own, so that the
-// worker's loop keeps receiving meanwhile.
+// worker's loop keeps receiving meanwhile. The misses count as unresolved
+// (admitUnresolved) until they are answered or issued; a read gets its
+// buffer only once it has a memory node to go to.
 func (w *hostWorker) resolve(ctx context.Context, misses []*call, arrived time.Time) {
 	a := w.a
+	defer a.unresolved.Add(-int64(len(misses)))
 	notFound := StatusUnknownRegion
 	if !a.refresh(ctx, arrived) {
 		notFound = StatusUnavailable
@@ -446,6 +515,9 @@ func (w *hostWorker) resolve(ctx context.Context, misses []*call, arrived time.T
 		hr := k.user.(*hostReq)
 		if srv, ok := a.route(&k.rec); ok {
 			hr.server, k.dst = srv, a.cfg.Servers[srv].Addr
+			if k.rec.Op == OpRead {
+				k.buf = a.readBuf(int(k.rec.Size))
+			}
 			a.countWrite(k)
 			found = append(found, k)
 			continue
@@ -472,7 +544,11 @@ func (a *Agent) Stats() AgentStats {
 		Batches: batches, ReadBytes: a.readBytes.Load(), WriteBytes: a.writeBytes.Load(),
 		Host: a.hctr.snapshot(), Fabric: a.fctr.snapshot(), Errors: a.errs.snapshot(), Latency: a.lat.summary(),
 		Cache: a.cache.stats(), FreedNotices: NoticeStats{Received: a.noticesIn.Load(), Dropped: a.noticesDropped.Load(),
-			Refused: a.noticesRefused.Load()}}
+			Refused: a.noticesRefused.Load()},
+		Overload: OverloadStats{Unresolved: int(a.unresolved.Load()), UnresolvedLimit: a.cfg.Window,
+			UnresolvedRefused: a.unresolvedRefused.Load(), StaticQueued: int(a.staticPending.Load()),
+			StaticLimit: staticQueue + staticLoaders, StaticRefused: a.staticRefused.Load()},
+		Refused: RefusedStats{Hints: a.hintsRefused.Load(), StaticLoads: a.staticFailed.Load()}}
 	st.Forwarded = a.forwarded.Load()
 	st.OwnRequests = st.Fabric.Requests - min(st.Forwarded, st.Fabric.Requests)
 	if batches > 0 {
@@ -540,6 +616,11 @@ func (w *hostWorker) run(ctx context.Context) error {
 		}
 		w.flushLocked()
 		w.mu.Unlock()
+		for i, l := range w.logLater {
+			l()
+			w.logLater[i] = nil
+		}
+		w.logLater = w.logLater[:0]
 		if len(misses) > 0 {
 			go w.resolve(ctx, misses, arrived)
 			misses = nil
@@ -562,22 +643,46 @@ func (a *Agent) forward(ctx context.Context, fab *requester, calls []*call) erro
 
 // forwardLocked makes the call that sends host request q on to its memory
 // node, and adds it to calls, or to misses when the agent does not know the
-// node of q's region yet (resolve asks the nodes). Call with w.mu held.
+// node of q's region yet (resolve asks the nodes); beyond the bound on such
+// requests (admitUnresolved) it answers StatusUnavailable instead. A read's
+// buffer is taken only once the call has a memory node. Call with w.mu
+// held.
 func (w *hostWorker) forwardLocked(q *request, calls, misses []*call) ([]*call, []*call) {
 	a := w.a
 	hr := &hostReq{w: w, src: q.src, tenant: q.tenant, id: q.rec.ID}
+	srv, ok := a.route(&q.rec)
+	if !ok && !a.admitUnresolved() {
+		if q.rec.Op == OpWrite {
+			a.cache.endWrite(q.rec.Region, q.rec.Offset, uint64(q.rec.Size))
+		}
+		w.replyLocked(hr, Record{Op: q.rec.Op, Region: q.rec.Region, Status: StatusUnavailable, Size: q.rec.Size}, nil)
+		return calls, misses
+	}
 	k := &call{rec: q.rec, tenant: q.tenant, user: hr}
 	k.rec.Data, k.data = nil, q.rec.Data
-	if q.rec.Op == OpRead {
-		k.buf = a.readBuf(int(q.rec.Size))
-	}
-	srv, ok := a.route(&q.rec)
 	if !ok {
 		return calls, append(misses, k)
+	}
+	if q.rec.Op == OpRead {
+		k.buf = a.readBuf(int(q.rec.Size))
 	}
 	hr.server, k.dst = srv, a.cfg.Servers[srv].Addr
 	a.countWrite(k)
 	return append(calls, k), misses
+}
+
+// admitUnresolved counts one more request waiting for a refresh to find
+// its memory node, and reports whether there was room: at most the
+// config's window of them wait (a silent memory node makes a refresh last
+// the fabric's retry budget, about 5 s, and hosts may send requests for
+// regions no node knows faster than that). A refused one is counted.
+func (a *Agent) admitUnresolved() bool {
+	if a.unresolved.Add(1) > int64(a.cfg.Window) {
+		a.unresolved.Add(-1)
+		a.unresolvedRefused.Add(1)
+		return false
+	}
+	return true
 }
 
 // countWrite counts a write's page data as forwarded, once its call has a
@@ -821,6 +926,7 @@ func (a *Agent) readBuf(n int) []byte {
 	if p, ok := a.readBufs.Get().(*[]byte); ok && cap(*p) >= n {
 		return (*p)[:n]
 	}
+	a.readBufAllocs.Add(1)
 	return make([]byte, n, a.cfg.ChunkSize)
 }
 

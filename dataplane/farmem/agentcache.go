@@ -13,9 +13,10 @@ import (
 // local answers, from the agent itself, the requests its caches serve: a
 // read that hits the static or the dynamic cache, a write into a static
 // range (refused: static ranges are read-only), a hint, and a static load
-// (on a goroutine of its own). It returns false for what goes on to a
-// memory node; a write then has its overlapping entries invalidated
-// before it leaves. Call with w.mu held.
+// (queued for the loaders, or refused StatusUnavailable when the queue is
+// full). It returns false for what goes on to a memory node; a write then
+// has its overlapping entries invalidated before it leaves. Call with w.mu
+// held, from the run loop: the lines it logs wait in w.logLater.
 func (w *hostWorker) local(ctx context.Context, q *request) bool {
 	a := w.a
 	rec := &q.rec
@@ -55,34 +56,100 @@ func (w *hostWorker) local(ctx context.Context, q *request) bool {
 			reply.Aux = uint32(n)
 		}
 		if err != nil {
-			a.log.Info("farmem: agent: hint refused", "region", rec.Region, "err", err)
+			a.hintsRefused.Add(1)
+			if ok, held := a.hintLog.allow(time.Now()); ok {
+				region, tenant := rec.Region, q.tenant
+				w.logLater = append(w.logLater, func() {
+					a.log.Info("farmem: agent: hint refused; further refusals within a minute are only counted (lovelock mem stats --json: refused)",
+						"region", region, "tenant", tenant, "err", err, "refused_unlogged", held)
+				})
+			}
 			reply.Status = statusOf(err)
 		}
 		w.replyLocked(&hr, reply, nil)
 		return true
 	case OpStatic:
 		hr := &hostReq{w: w, src: q.src, tenant: q.tenant, id: rec.ID}
-		region, data, tenant := rec.Region, rec.Data, q.tenant
-		go func() {
-			reply := Record{Op: OpStatic, Region: region}
-			ranges, err := parseRanges(data)
-			if err == nil {
-				err = a.loadStatic(ctx, tenant, region, ranges)
+		job := staticJob{hr: hr, region: rec.Region, data: rec.Data, arrived: time.Now()}
+		if a.staticPending.Add(1) <= staticQueue+staticLoaders {
+			select {
+			case a.statics <- job:
+				return true
+			default: // full: the loaders are between jobs, or Run is ending
 			}
-			if err != nil {
-				a.log.Info("farmem: agent: static load refused", "region", region, "err", err)
-				reply.Status = statusOf(err)
-			} else {
-				reply.Aux = uint32(len(ranges))
-			}
-			w.mu.Lock()
-			w.replyLocked(hr, reply, nil)
-			w.flushLocked()
-			w.mu.Unlock()
-		}()
+		}
+		a.staticPending.Add(-1)
+		a.staticRefused.Add(1)
+		if ok, held := a.staticLog.allow(time.Now()); ok {
+			region, tenant := rec.Region, q.tenant
+			w.logLater = append(w.logLater, func() {
+				a.log.Info("farmem: agent: static load refused, too many queued; further refusals within a minute are only counted (lovelock mem stats --json: overload)",
+					"region", region, "tenant", tenant, "queued", staticQueue+staticLoaders, "refused_unlogged", held)
+			})
+		}
+		w.replyLocked(hr, Record{Op: OpStatic, Region: rec.Region, Status: StatusUnavailable}, nil)
 		return true
 	}
 	return false
+}
+
+// The hosts' static loads: staticLoaders load at once, from one queue of
+// staticQueue; a load beyond both is refused (StatusUnavailable: the host
+// tries again). A load of a region the agent does not know waits for a
+// refresh, seconds with a silent memory node: a goroutine per load would
+// let a host park thousands (one per record).
+const (
+	staticLoaders = 4
+	staticQueue   = 64
+)
+
+// refusalLogEvery is how often a refused hint or static load is logged at
+// most (per kind); the others are counted (AgentStats.Refused, Overload).
+const refusalLogEvery = time.Minute
+
+// staticJob is a host's static load, queued.
+type staticJob struct {
+	hr      *hostReq
+	region  uint32
+	data    []byte // the ranges, not parsed yet
+	arrived time.Time
+}
+
+// staticLoop is a static loader: it carries out the hosts' static loads
+// from the queue, one at a time, and answers each.
+func (a *Agent) staticLoop(ctx context.Context) {
+	for {
+		var j staticJob
+		select {
+		case <-ctx.Done():
+			return
+		case j = <-a.statics:
+		}
+		reply := Record{Op: OpStatic, Region: j.region}
+		ranges, err := parseRanges(j.data)
+		if err == nil {
+			err = a.loadStatic(ctx, j.hr.tenant, j.region, ranges, j.arrived)
+		}
+		a.staticPending.Add(-1)
+		if err != nil {
+			if ctx.Err() != nil {
+				return // no answer: the host asks the agent's next run
+			}
+			a.staticFailed.Add(1)
+			if ok, held := a.staticLog.allow(time.Now()); ok {
+				a.log.Info("farmem: agent: static load refused; further refusals within a minute are only counted (lovelock mem stats --json: refused)",
+					"region", j.region, "tenant", j.hr.tenant, "err", err, "refused_unlogged", held)
+			}
+			reply.Status = statusOf(err)
+		} else {
+			reply.Aux = uint32(len(ranges))
+		}
+		w := j.hr.w
+		w.mu.Lock()
+		w.replyLocked(j.hr, reply, nil)
+		w.flushLocked()
+		w.mu.Unlock()
+	}
 }
 
 // readLocked answers a read from the caches, or parks it on its entry
@@ -235,13 +302,15 @@ func (a *Agent) fillLoop(ctx context.Context) {
 
 // loadStatic reads ranges of region (size 0: the whole region) from its
 // memory node as tenant and installs them in the static cache. The memory
-// node checks the tenant; the static budget bounds the bytes.
-func (a *Agent) loadStatic(ctx context.Context, tenant, region uint32, ranges []Range) error {
+// node checks the tenant; the static budget bounds the bytes. A region the
+// agent does not know waits for a refresh that started after since (the
+// load's arrival: loads queued behind one refresh share it).
+func (a *Agent) loadStatic(ctx context.Context, tenant, region uint32, ranges []Range, since time.Time) error {
 	rec := Record{Op: OpRead, Region: region}
 	srv, ok := a.route(&rec)
 	size := a.cache.regionSize(region)
 	if !ok || size == 0 {
-		all := a.refresh(ctx, time.Now())
+		all := a.refresh(ctx, since)
 		srv, ok = a.route(&rec)
 		size = a.cache.regionSize(region)
 		if (!ok || size == 0) && !all {
@@ -368,7 +437,7 @@ const (
 func (a *Agent) loadConfiguredRange(ctx context.Context, region uint32, r Range) {
 	wait, logged := staticRetryMin, false
 	for {
-		err := a.loadStatic(ctx, 0, region, []Range{r})
+		err := a.loadStatic(ctx, 0, region, []Range{r}, time.Now())
 		switch {
 		case err == nil:
 			a.log.Info("farmem: agent: static range loaded", "region", region, "offset", r.Offset, "size", r.Size)

@@ -170,3 +170,22 @@ func (c *linkCounters) sent(pkts, bytes int) {
 	c.txDgrams.Add(uint64(pkts))
 	c.txBytes.Add(uint64(bytes))
 }
+
+// sometimes lets one event in each interval through (to be logged) and
+// counts the ones it holds back, without locks.
+type sometimes struct {
+	every time.Duration
+	next  atomic.Int64 // Unix nanoseconds before which events are held back
+	held  atomic.Uint64
+}
+
+// allow reports whether the event at now may be logged, and how many were
+// held back since the last one that was.
+func (s *sometimes) allow(now time.Time) (bool, uint64) {
+	n := s.next.Load()
+	if now.UnixNano() < n || !s.next.CompareAndSwap(n, now.Add(s.every).UnixNano()) {
+		s.held.Add(1)
+		return false, 0
+	}
+	return true, s.held.Swap(0)
+}
