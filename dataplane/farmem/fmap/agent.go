@@ -36,7 +36,8 @@ type Agent struct {
 // using their mappings then block on their next fault.
 //
 // If a Backend returned by open is an io.Closer, Serve closes it when its
-// mapping ends.
+// mapping ends; on the program's Close it does so before answering, and the
+// Close's error includes the backend's.
 func (a *Agent) Serve(ctx context.Context, ln *net.UnixListener, open func(context.Context, RegionRef) (Backend, error)) error {
 	log := a.Logger
 	if log == nil {
@@ -103,7 +104,7 @@ func serveConn(ctx context.Context, c *net.UnixConn, open func(context.Context, 
 	return region, &st, err
 }
 
-func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Context, RegionRef) (Backend, error), regionOut *RegionRef, hOut **handler) error {
+func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Context, RegionRef) (Backend, error), regionOut *RegionRef, hOut **handler) (err error) {
 	defer c.Close()
 	stopConn := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
 	defer stopConn()
@@ -125,9 +126,24 @@ func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Contex
 	if err != nil {
 		return reply(c, fmt.Errorf("fmap agent: open %s: %w", region, err))
 	}
-	if cl, ok := be.(io.Closer); ok {
-		defer cl.Close()
+	// The backend is closed (for a far-memory region: its writer lease
+	// released) before Close is answered, so that the program may map the
+	// region writable again at once, and a failing release is reported to
+	// it; on every other end, its error joins the mapping's.
+	backendOpen := true
+	closeBackend := func() error {
+		if !backendOpen {
+			return nil
+		}
+		backendOpen = false
+		if cl, ok := be.(io.Closer); ok {
+			if err := cl.Close(); err != nil {
+				return fmt.Errorf("fmap agent: close %s: %w", region, err)
+			}
+		}
+		return nil
 	}
+	defer func() { err = errors.Join(err, closeBackend()) }()
 	var opts Options
 	if req.Options != nil {
 		opts = *req.Options
@@ -172,10 +188,11 @@ func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Contex
 	faultErr := make(chan error, 1)
 	wg.Go(func() { faultErr <- h.faultLoop(hctx, uf) })
 	wg.Go(func() { h.cleaner(hctx) })
-	defer func() {
+	stopHandler := func() {
 		cancel()
 		wg.Wait()
-	}()
+	}
+	defer stopHandler()
 	if err := writeFrame(c, frame{}); err != nil {
 		// The program is gone before it could touch anything it wrote.
 		return err
@@ -217,7 +234,11 @@ func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Contex
 				return err
 			}
 		case opClose:
-			return reply(c, h.flush(true))
+			// The program uses its bytes no more: stop serving them, then
+			// release the backend before answering.
+			ferr := h.flush(true)
+			stopHandler()
+			return reply(c, errors.Join(ferr, closeBackend()))
 		default:
 			if err := respond(c, fmt.Errorf("fmap agent: unknown request %q", req.Op)); err != nil {
 				return err
