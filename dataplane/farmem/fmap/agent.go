@@ -35,6 +35,13 @@ type Agent struct {
 // At the end every mapping's dirty chunks are written back; programs still
 // using their mappings then block on their next fault.
 //
+// An accept that fails for want of resources (EMFILE, ENFILE, ENOBUFS,
+// ENOMEM) or for a connection aborted before it was accepted is retried
+// after a short backoff (5 ms doubling to 1 s), with a warning at most
+// every acceptLogEvery. Any other accept error ends Serve: it closes ln
+// first, so that no program connects into a backlog nobody accepts from,
+// ends every mapping as when ctx ends, and returns the error.
+//
 // If a Backend returned by open is an io.Closer, Serve closes it when its
 // mapping ends; on the program's Close it does so before answering, and the
 // Close's error includes the backend's.
@@ -43,11 +50,20 @@ func (a *Agent) Serve(ctx context.Context, ln *net.UnixListener, open func(conte
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	defer ln.Close()
+	// The mappings end with connCtx: when ctx ends, or when Serve returns
+	// on an accept error.
+	connCtx, endConns := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		ln.Close()
+		endConns()
+		wg.Wait()
+	}()
 	stop := context.AfterFunc(ctx, func() { ln.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
-	var wg sync.WaitGroup
-	defer wg.Wait()
+	var backoff time.Duration
+	var lastLog time.Time
+	failed := 0 // accept errors since the last warning
 	for {
 		c, err := ln.AcceptUnix()
 		if err != nil {
@@ -58,13 +74,29 @@ func (a *Agent) Serve(ctx context.Context, ln *net.UnixListener, open func(conte
 			if errors.As(err, &ne) && ne.Timeout() {
 				continue
 			}
-			return fmt.Errorf("fmap agent: accept: %w", err)
+			if !temporaryAccept(err) {
+				return fmt.Errorf("fmap agent: accept: %w", err)
+			}
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			if failed++; time.Since(lastLog) >= acceptLogEvery {
+				log.Warn("fmap agent: accept failed; retrying", "err", err, "retry_in", backoff, "failures", failed)
+				lastLog, failed = time.Now(), 0
+			}
+			t := time.NewTimer(backoff)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return nil
+			}
+			continue
 		}
+		backoff = 0
 		wg.Go(func() {
 			// A mapping that fails ends only that program's connection; the
 			// program sees the error in its Map, Sync or Close.
 			pid := peerPID(c)
-			region, st, err := serveConn(ctx, c, open)
+			region, st, err := serveConn(connCtx, c, open)
 			if err != nil {
 				log.Warn("fmap mapping ended with an error", "pid", pid, "region", region.String(), "err", err)
 			}
@@ -73,6 +105,21 @@ func (a *Agent) Serve(ctx context.Context, ln *net.UnixListener, open func(conte
 			}
 		})
 	}
+}
+
+// acceptLogEvery bounds how often Serve logs accept errors it retries.
+const acceptLogEvery = 10 * time.Second
+
+// temporaryAccept reports whether an accept error may clear by itself:
+// descriptors or buffers run out (another mapping's end frees them), or a
+// program gave up on its connection before it was accepted.
+func temporaryAccept(err error) bool {
+	for _, e := range []error{unix.EMFILE, unix.ENFILE, unix.ENOBUFS, unix.ENOMEM, unix.ECONNABORTED} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // peerPID names the program on the other end of c, for logs.
