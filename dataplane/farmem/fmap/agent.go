@@ -32,8 +32,11 @@ type Agent struct {
 // opens each one's region with open, and serves its faults. ln must be a
 // stream ("unix") listener; whoever can connect to it can have regions
 // mapped, so restrict the socket's mode. Serve closes ln when it returns.
-// At the end every mapping's dirty chunks are written back; programs still
-// using their mappings then block on their next fault.
+// At the end every mapping's dirty chunks are written back, and the
+// mappings of programs still using them are poisoned (UFFDIO_POISON, Linux
+// 6.6+): their next touch raises SIGBUS instead of blocking on a fault that
+// nobody serves. An agent killed outright (SIGKILL) poisons nothing: its
+// programs block on their next fault.
 //
 // An accept that fails for want of resources (EMFILE, ENFILE, ENOBUFS,
 // ENOMEM) or for a connection aborted before it was accepted is retried
@@ -249,10 +252,18 @@ func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Contex
 		req, fds, err := readFrame(c)
 		closeAll(fds)
 		if err != nil {
-			// The program exited without Close, or the agent stops: its
-			// memfd is still readable here, so write its dirty chunks back.
+			if ctx.Err() != nil && !errors.Is(err, io.EOF) {
+				// The agent stops while the program still maps the
+				// region: write its dirty chunks back with the faults no
+				// longer served (a write from here on waits), then make
+				// its pages raise SIGBUS, since nobody will serve them.
+				stopHandler()
+				return errors.Join(h.flush(true), h.retire())
+			}
+			// The program exited without Close: its memfd is still
+			// readable here, so write its dirty chunks back.
 			ferr := h.flush(true)
-			if errors.Is(err, io.EOF) || ctx.Err() != nil {
+			if errors.Is(err, io.EOF) {
 				return ferr
 			}
 			return errors.Join(err, ferr)

@@ -1,15 +1,23 @@
 package fmap
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
+	"runtime/debug"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -160,4 +168,185 @@ func TestAcceptErrors(t *testing.T) {
 			t.Fatal("Close of a mapping the agent ended succeeded")
 		}
 	})
+}
+
+const (
+	stopSize  = 1 << 20
+	stopChunk = 64 << 10
+)
+
+// TestAgentStopPoisons stops the host agent while a program maps a region
+// with a clean chunk (0) and a dirty one (1) resident. The agent writes
+// chunk 1 back, then poisons the whole mapping, so that the program's next
+// touches raise SIGBUS at once instead of blocking forever on a fault
+// nobody reads: a read of an absent chunk, a read and a write of the clean
+// chunk (write-protected before), and a read of the dirty chunk; and a
+// thread blocked in a fault whose fetch the agent was retrying (chunk 7)
+// gets SIGBUS too. (Before, each of them blocked until the program was
+// killed.)
+func TestAgentStopPoisons(t *testing.T) {
+	testenv.RequirePriv(t)
+	if f, err := uffdFeatures(); err == nil && f&featurePoison == 0 {
+		t.Fatalf("this kernel's userfaultfd lacks UFFD_FEATURE_POISON (features %#x): the test needs Linux 6.6 or later", f)
+	}
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	be := &countingBackend{MemBackend: NewMemBackend(stopSize)}
+	be.failReadAt.Store(1 + 7*stopChunk) // chunk 7's fetch fails, and is retried for good
+	actx, stopAgent := context.WithCancel(t.Context())
+	defer stopAgent()
+	done := make(chan error, 1)
+	logs := &logLines{}
+	agent := &Agent{Logger: slog.New(slog.NewTextHandler(tbWriter{t, logs}, nil))}
+	go func() {
+		done <- agent.Serve(actx, ln, func(context.Context, RegionRef) (Backend, error) { return be, nil })
+	}()
+
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.count=1")
+	cmd.Env = append(os.Environ(), helperEnv+"=agentstop", "FMAP_SOCK="+sock)
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := bufio.NewScanner(stdout)
+	var out []string
+	for lines.Scan() {
+		out = append(out, lines.Text())
+		if lines.Text() == "READY" {
+			break
+		}
+	}
+
+	stopAgent()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return 10 s after its context ended")
+	}
+	got := make([]byte, stopChunk)
+	be.ReadAt(got, stopChunk)
+	for i, v := range got {
+		if v != 0xd1 {
+			t.Fatalf("byte %d of dirty chunk 1 is %#x in the backend after the agent stopped, want 0xd1", stopChunk+i, v)
+		}
+	}
+
+	io.WriteString(stdin, "go\n")
+	for lines.Scan() {
+		out = append(out, lines.Text())
+	}
+	err = cmd.Wait()
+	all := strings.Join(out, "\n")
+	t.Log(all)
+	if err != nil {
+		t.Fatalf("program: %v (a touch blocked until the program was killed?)", err)
+	}
+	for _, w := range []string{"BLOCKED sigbus", "ABSENT sigbus", "CLEAN sigbus", "CLEANWRITE sigbus", "DIRTY sigbus"} {
+		if !strings.Contains(all, w) {
+			t.Errorf("program printed no %q", w)
+		}
+	}
+}
+
+// helperAgentStop maps region 1, reads chunk 0 and writes chunk 1, says
+// READY, and once told (the agent has stopped meanwhile) touches the
+// mapping, printing for each touch whether it raised SIGBUS, and how long
+// it took.
+func helperAgentStop() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	m, err := Map(ctx, os.Getenv("FMAP_SOCK"), RegionRef{ID: 1},
+		Options{ChunkSize: stopChunk, BufferBytes: stopSize, FetchTimeout: -1})
+	if err != nil {
+		return err
+	}
+	b := m.Bytes()
+	fmt.Println("CHUNK0", b[100]) // chunk 0: resident, clean, write-protected
+	for i := stopChunk; i < 2*stopChunk; i++ {
+		b[i] = 0xd1 // chunk 1: resident, dirty
+	}
+	base := uintptr(unsafe.Pointer(&b[0]))
+	blocked := make(chan string, 1)
+	go func() {
+		_, fault, ok := testenv.ReadByte(b, 7*stopChunk+3)
+		switch {
+		case ok:
+			blocked <- "BLOCKED read"
+		case fault != base+7*stopChunk+3:
+			blocked <- fmt.Sprintf("BLOCKED SIGBUS at offset %d, want %d", fault-base, 7*stopChunk+3)
+		default:
+			blocked <- "BLOCKED sigbus"
+		}
+	}()
+	time.Sleep(200 * time.Millisecond) // the goroutine's fault is being retried
+	fmt.Println("READY")
+	bufio.NewReader(os.Stdin).ReadString('\n')
+	select {
+	case s := <-blocked:
+		fmt.Println(s)
+	case <-time.After(5 * time.Second):
+		return fmt.Errorf("the fault blocked when the agent stopped is still blocked 5 s later")
+	}
+	for _, tc := range []struct {
+		name  string
+		i     int
+		write bool
+	}{
+		{"ABSENT", 5*stopChunk + 7, false},
+		{"CLEAN", 200, false},
+		{"CLEANWRITE", 300, true},
+		{"DIRTY", stopChunk + 9, false},
+	} {
+		start := time.Now()
+		var fault uintptr
+		var ok bool
+		if tc.write {
+			fault, ok = writeByte(b, tc.i, 1)
+		} else {
+			_, fault, ok = testenv.ReadByte(b, tc.i)
+		}
+		if ok {
+			fmt.Printf("%s read or wrote\n", tc.name)
+			continue
+		}
+		if fault != base+uintptr(tc.i) {
+			return fmt.Errorf("%s: SIGBUS at offset %d, want %d", tc.name, fault-base, tc.i)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			return fmt.Errorf("%s: SIGBUS after %v", tc.name, d)
+		}
+		fmt.Printf("%s sigbus after %v\n", tc.name, time.Since(start).Round(time.Microsecond))
+	}
+	fmt.Printf("CLOSE %v\n", m.Close()) // the agent is gone: an error
+	return nil
+}
+
+// writeByte writes b[i] = v to memory that may fault, as testenv.ReadByte
+// reads.
+func writeByte(b []byte, i int, v byte) (fault uintptr, ok bool) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		r := recover()
+		if r == nil {
+			return
+		}
+		var ae interface{ Addr() uintptr }
+		if e, isErr := r.(runtime.Error); isErr && errors.As(e, &ae) {
+			fault, ok = ae.Addr(), false
+			return
+		}
+		panic(r)
+	}()
+	b[i] = v
+	return 0, true
 }
