@@ -32,21 +32,41 @@ type Agent struct {
 // opens each one's region with open, and serves its faults. ln must be a
 // stream ("unix") listener; whoever can connect to it can have regions
 // mapped, so restrict the socket's mode. Serve closes ln when it returns.
-// At the end every mapping's dirty chunks are written back; programs still
-// using their mappings then block on their next fault.
+// At the end every mapping's dirty chunks are written back, and the
+// mappings of programs still using them are poisoned (UFFDIO_POISON, Linux
+// 6.6+): their next touch raises SIGBUS instead of blocking on a fault that
+// nobody serves. An agent killed outright (SIGKILL) poisons nothing: its
+// programs block on their next fault.
+//
+// An accept that fails for want of resources (EMFILE, ENFILE, ENOBUFS,
+// ENOMEM) or for a connection aborted before it was accepted is retried
+// after a short backoff (5 ms doubling to 1 s), with a warning at most
+// every acceptLogEvery. Any other accept error ends Serve: it closes ln
+// first, so that no program connects into a backlog nobody accepts from,
+// ends every mapping as when ctx ends, and returns the error.
 //
 // If a Backend returned by open is an io.Closer, Serve closes it when its
-// mapping ends.
+// mapping ends; on the program's Close it does so before answering, and the
+// Close's error includes the backend's.
 func (a *Agent) Serve(ctx context.Context, ln *net.UnixListener, open func(context.Context, RegionRef) (Backend, error)) error {
 	log := a.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	defer ln.Close()
+	// The mappings end with connCtx: when ctx ends, or when Serve returns
+	// on an accept error.
+	connCtx, endConns := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		ln.Close()
+		endConns()
+		wg.Wait()
+	}()
 	stop := context.AfterFunc(ctx, func() { ln.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
-	var wg sync.WaitGroup
-	defer wg.Wait()
+	var backoff time.Duration
+	var lastLog time.Time
+	failed := 0 // accept errors since the last warning
 	for {
 		c, err := ln.AcceptUnix()
 		if err != nil {
@@ -57,13 +77,29 @@ func (a *Agent) Serve(ctx context.Context, ln *net.UnixListener, open func(conte
 			if errors.As(err, &ne) && ne.Timeout() {
 				continue
 			}
-			return fmt.Errorf("fmap agent: accept: %w", err)
+			if !temporaryAccept(err) {
+				return fmt.Errorf("fmap agent: accept: %w", err)
+			}
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			if failed++; time.Since(lastLog) >= acceptLogEvery {
+				log.Warn("fmap agent: accept failed; retrying", "err", err, "retry_in", backoff, "failures", failed)
+				lastLog, failed = time.Now(), 0
+			}
+			t := time.NewTimer(backoff)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return nil
+			}
+			continue
 		}
+		backoff = 0
 		wg.Go(func() {
 			// A mapping that fails ends only that program's connection; the
 			// program sees the error in its Map, Sync or Close.
 			pid := peerPID(c)
-			region, st, err := serveConn(ctx, c, open)
+			region, st, err := serveConn(connCtx, c, open)
 			if err != nil {
 				log.Warn("fmap mapping ended with an error", "pid", pid, "region", region.String(), "err", err)
 			}
@@ -72,6 +108,21 @@ func (a *Agent) Serve(ctx context.Context, ln *net.UnixListener, open func(conte
 			}
 		})
 	}
+}
+
+// acceptLogEvery bounds how often Serve logs accept errors it retries.
+const acceptLogEvery = 10 * time.Second
+
+// temporaryAccept reports whether an accept error may clear by itself:
+// descriptors or buffers run out (another mapping's end frees them), or a
+// program gave up on its connection before it was accepted.
+func temporaryAccept(err error) bool {
+	for _, e := range []error{unix.EMFILE, unix.ENFILE, unix.ENOBUFS, unix.ENOMEM, unix.ECONNABORTED} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // peerPID names the program on the other end of c, for logs.
@@ -103,7 +154,7 @@ func serveConn(ctx context.Context, c *net.UnixConn, open func(context.Context, 
 	return region, &st, err
 }
 
-func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Context, RegionRef) (Backend, error), regionOut *RegionRef, hOut **handler) error {
+func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Context, RegionRef) (Backend, error), regionOut *RegionRef, hOut **handler) (err error) {
 	defer c.Close()
 	stopConn := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
 	defer stopConn()
@@ -125,9 +176,24 @@ func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Contex
 	if err != nil {
 		return reply(c, fmt.Errorf("fmap agent: open %s: %w", region, err))
 	}
-	if cl, ok := be.(io.Closer); ok {
-		defer cl.Close()
+	// The backend is closed (for a far-memory region: its writer lease
+	// released) before Close is answered, so that the program may map the
+	// region writable again at once, and a failing release is reported to
+	// it; on every other end, its error joins the mapping's.
+	backendOpen := true
+	closeBackend := func() error {
+		if !backendOpen {
+			return nil
+		}
+		backendOpen = false
+		if cl, ok := be.(io.Closer); ok {
+			if err := cl.Close(); err != nil {
+				return fmt.Errorf("fmap agent: close %s: %w", region, err)
+			}
+		}
+		return nil
 	}
+	defer func() { err = errors.Join(err, closeBackend()) }()
 	var opts Options
 	if req.Options != nil {
 		opts = *req.Options
@@ -172,10 +238,11 @@ func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Contex
 	faultErr := make(chan error, 1)
 	wg.Go(func() { faultErr <- h.faultLoop(hctx, uf) })
 	wg.Go(func() { h.cleaner(hctx) })
-	defer func() {
+	stopHandler := func() {
 		cancel()
 		wg.Wait()
-	}()
+	}
+	defer stopHandler()
 	if err := writeFrame(c, frame{}); err != nil {
 		// The program is gone before it could touch anything it wrote.
 		return err
@@ -185,10 +252,18 @@ func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Contex
 		req, fds, err := readFrame(c)
 		closeAll(fds)
 		if err != nil {
-			// The program exited without Close, or the agent stops: its
-			// memfd is still readable here, so write its dirty chunks back.
+			if ctx.Err() != nil && !errors.Is(err, io.EOF) {
+				// The agent stops while the program still maps the
+				// region: write its dirty chunks back with the faults no
+				// longer served (a write from here on waits), then make
+				// its pages raise SIGBUS, since nobody will serve them.
+				stopHandler()
+				return errors.Join(h.flush(true), h.retire())
+			}
+			// The program exited without Close: its memfd is still
+			// readable here, so write its dirty chunks back.
 			ferr := h.flush(true)
-			if errors.Is(err, io.EOF) || ctx.Err() != nil {
+			if errors.Is(err, io.EOF) {
 				return ferr
 			}
 			return errors.Join(err, ferr)
@@ -217,7 +292,11 @@ func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Contex
 				return err
 			}
 		case opClose:
-			return reply(c, h.flush(true))
+			// The program uses its bytes no more: stop serving them, then
+			// release the backend before answering.
+			ferr := h.flush(true)
+			stopHandler()
+			return reply(c, errors.Join(ferr, closeBackend()))
 		default:
 			if err := respond(c, fmt.Errorf("fmap agent: unknown request %q", req.Op)); err != nil {
 				return err

@@ -713,6 +713,63 @@ func (h *handler) flush(final bool) error {
 	return fmt.Errorf("%w (%s)", errs[0], strings.Join(notes, "; "))
 }
 
+// retire makes every page of the mapping raise SIGBUS from now on, for an
+// agent that stops while the program still maps the region: nobody will
+// read the program's userfaultfd any more, so without it the program's next
+// fault (a touch of an absent chunk, a write to a clean one) would block
+// forever. Call it after the fault loop and the cleaner have stopped and the
+// final write-back has run, so that no write can land any more (every
+// writable chunk was dirty and was protected for its write-back).
+//
+// The agent cannot madvise(MADV_DONTNEED) the program's memory, so it
+// zaps the present pages by punching the whole memfd, as eviction does;
+// UFFDIO_POISON then marks every page (it skips present ones). A page
+// that was write-protected leaves a uffd-wp marker when zapped, which
+// poisoning would step over (EEXIST) and a touch would fault MISSING on:
+// lifting the protection on the range first clears the markers. Poisoning
+// and lifting the protection wake the threads blocked in the range, which
+// retry and get SIGBUS.
+func (h *handler) retire() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.gone {
+		return nil // the program exited: nobody to wake
+	}
+	f, err := uffdFeatures()
+	if err != nil {
+		return fmt.Errorf("poison the mapping: %w; its program blocks on its next fault", err)
+	}
+	if f&featurePoison == 0 {
+		return fmt.Errorf("poison the mapping: this kernel's userfaultfd lacks UFFD_FEATURE_POISON (Linux 6.6+; features %#x): its program blocks on its next fault", f)
+	}
+	n := uint64(h.r.mapLen)
+	if err := unix.Fallocate(h.memfd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, int64(n)); err != nil {
+		return fmt.Errorf("poison the mapping: punch the memfd: %w; its program blocks on its next fault", err)
+	}
+	for i := range h.state {
+		if h.state[i] != absent && h.state[i] != poisoned {
+			h.occupied--
+		}
+		h.state[i] = poisoned
+		h.dirty[i] = false
+	}
+	err = uffdWriteProtect(h.uffd, h.base, n, false)
+	if err == nil {
+		err = uffdPoison(h.uffd, h.base, n, h.r.pageSize)
+	}
+	if err == nil {
+		err = uffdWake(h.uffd, h.base, n)
+	}
+	if errors.Is(err, errGone) {
+		h.gone = true
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("poison the mapping: %w; its program may block on its next fault", err)
+	}
+	return nil
+}
+
 // snapshot returns the handler's counters.
 func (h *handler) snapshot() Stats {
 	h.mu.Lock()

@@ -201,6 +201,8 @@ func helperProcess(role string) error {
 		err = helperEExist()
 	case "exit-dirty":
 		err = helperExitDirty()
+	case "agentstop":
+		err = helperAgentStop()
 	default:
 		err = fmt.Errorf("unknown role %q", role)
 	}

@@ -52,7 +52,8 @@ type Options struct {
 	// (and otherwise ends the program with "unexpected fault address"), and
 	// Sync and Close report the error. Default DefaultFetchTimeout; a
 	// negative value retries until the agent stops, the faulting thread
-	// blocked all along. A fetch that fails with ErrLost (the region was
+	// blocked all along (an agent that stops gracefully then poisons the
+	// mapping: the fault raises SIGBUS). A fetch that fails with ErrLost (the region was
 	// freed, a wrong tenant) is poisoned at once, whatever the timeout.
 	// Without UFFD_FEATURE_POISON in the kernel the agent retries as if it
 	// were negative.
