@@ -197,6 +197,10 @@ func memStats(c *ucli.Context) error {
 		fmt.Fprintf(w, "  latency to the memory node: p50 %.0f µs, p99 %.0f µs (%d requests)\n", a.Latency.P50us, a.Latency.P99us, a.Latency.Count)
 		fmt.Fprintf(w, "  freed notices from memory nodes: %d received, %d regions dropped from the caches, %d refused (not from the region's memory node)\n",
 			a.FreedNotices.Received, a.FreedNotices.Dropped, a.FreedNotices.Refused)
+		o := a.Overload
+		fmt.Fprintf(w, "  turned away (answered unavailable): %d reads or writes waiting for their region's node (now %d of %d), %d static loads (now %d of %d queued or loading)\n",
+			o.UnresolvedRefused, o.Unresolved, o.UnresolvedLimit, o.StaticRefused, o.StaticQueued, o.StaticLimit)
+		fmt.Fprintf(w, "  refused: %d hints, %d static loads failed\n", a.Refused.Hints, a.Refused.StaticLoads)
 		printMemErrors(w, a.Errors)
 		printMemCache(w, &a.Cache)
 	}

@@ -29,6 +29,8 @@ var (
 	agentTimeout = prometheus.NewDesc("lovelock_mem_agent_timeouts_total", "Requests that failed after every try (no answer from the memory node).", nil, nil)
 	agentErrors  = prometheus.NewDesc("lovelock_mem_agent_errors_total", "Replies to hosts by failure kind.", []string{"kind"}, nil)
 	agentNotices = prometheus.NewDesc("lovelock_mem_agent_freed_notices_total", "Memory nodes' notices that a region was freed, by outcome (received, dropped: regions dropped from the caches, refused: not from the region's memory node).", []string{"outcome"}, nil)
+	agentTurned  = prometheus.NewDesc("lovelock_mem_agent_turned_away_total", "Host requests the agent answered unavailable at its bounds, by what was full (unresolved: waiting for their region's memory node; static: static loads queued).", []string{"bound"}, nil)
+	agentRefused = prometheus.NewDesc("lovelock_mem_agent_refused_total", "Hosts' hints refused and static loads that failed, by kind (hint, static).", []string{"kind"}, nil)
 	hostMaps     = prometheus.NewDesc("lovelock_mem_host_mappings", "Far-memory mappings the host agent serves.", nil, nil)
 	hostReqs     = prometheus.NewDesc("lovelock_mem_host_requests_total", "Requests the host agent sent for its mappings' faults and write-backs.", nil, nil)
 	hostRetx     = prometheus.NewDesc("lovelock_mem_host_retransmits_total", "Requests the host agent sent again after a timeout.", nil, nil)
@@ -81,7 +83,7 @@ func (s *ServerService) Collect(ch chan<- prometheus.Metric) {
 
 // Describe implements prometheus.Collector.
 func (s *AgentService) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{agentReqs, agentFwd, agentBatches, agentOwn, agentData, agentRetx, agentTimeout, agentErrors, agentNotices, agentLatency,
+	for _, d := range []*prometheus.Desc{agentReqs, agentFwd, agentBatches, agentOwn, agentData, agentRetx, agentTimeout, agentErrors, agentNotices, agentTurned, agentRefused, agentLatency,
 		cacheOn, cacheRate, cacheThresh, cacheSwitch, cacheEntries, cacheStatic, cacheReads, cacheWaited, cachePrefet} {
 		ch <- d
 	}
@@ -108,6 +110,10 @@ func (s *AgentService) Collect(ch chan<- prometheus.Metric) {
 	counter(agentNotices, st.FreedNotices.Received, "received")
 	counter(agentNotices, st.FreedNotices.Dropped, "dropped")
 	counter(agentNotices, st.FreedNotices.Refused, "refused")
+	counter(agentTurned, st.Overload.UnresolvedRefused, "unresolved")
+	counter(agentTurned, st.Overload.StaticRefused, "static")
+	counter(agentRefused, st.Refused.Hints, "hint")
+	counter(agentRefused, st.Refused.StaticLoads, "static")
 	for kind, v := range errorKinds(st.Errors) {
 		counter(agentErrors, v, kind)
 	}
