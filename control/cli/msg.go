@@ -57,9 +57,9 @@ func msgCommand() *ucli.Command {
 				dr := st.Drops
 				// Every counter that Total sums, so that the parts add up.
 				fmt.Fprintf(w, "drops: %d in all: malformed %d, bad bundle %d, bad credit %d, unknown rank %d, wrong tenant %d, "+
-					"wrong dest %d, out of window %d, oversize %d, orphans %d, too many links %d, dead peer %d, send errors %d, mailbox %d, closed %d\n",
+					"wrong dest %d, out of window %d, oversize %d, orphans %d, too many links %d, stale gap %d, dead peer %d, send errors %d, mailbox %d, closed %d\n",
 					dr.Total(), dr.Malformed, dr.BadBundle, dr.BadCredit, dr.UnknownRank, dr.WrongTenant, dr.WrongDest, dr.OutOfWindow,
-					dr.Oversize, dr.Orphans, dr.TooManyLinks, dr.DeadPeer, dr.SendErrors, dr.Mailbox, dr.Closed)
+					dr.Oversize, dr.Orphans, dr.TooManyLinks, dr.StaleGap, dr.DeadPeer, dr.SendErrors, dr.Mailbox, dr.Closed)
 				if len(st.Transport) > 0 {
 					fmt.Fprintln(w, "\ntransport (xsk: AF_XDP sockets; kernel: what XDP passed to the stack, and what no AF_XDP socket could send):")
 					tw := newTable(w)

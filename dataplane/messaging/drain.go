@@ -15,12 +15,17 @@ func (w *worker) flushAll() {
 
 // drained reports whether a draining worker is done: nothing waits to be
 // routed or completed, and every bundle it sent was acknowledged (or its
-// peer is dead, which drops what it held).
+// peer is dead, which drops what it held). Bundles held above a stale gap
+// (receiver.staleGap) wait for nothing that will come: they are dropped,
+// not waited for.
 func (w *worker) drained() bool {
 	if len(w.blocked) > 0 || len(w.mailbox) > 0 {
 		return false
 	}
 	for _, l := range w.recv.in {
+		if w.recv.staleGap(l, w.now) {
+			w.recv.dropGap(l)
+		}
 		if len(l.work) > 0 || l.held > 0 || l.cur.active || l.unfinished() {
 			return false
 		}

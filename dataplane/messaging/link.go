@@ -587,7 +587,8 @@ type inLink struct {
 	// to a credit behind its base, confirms where the link starts.
 	unsure    bool
 	lastSeen  int64
-	creditDue bool // on the owner's credit list
+	gapSince  int64 // when the gap below the bundles held opened, or last moved on
+	creditDue bool  // on the owner's credit list
 
 	// Message processing: an agent routes, a client delivers. Only the
 	// processing side touches these.

@@ -22,6 +22,8 @@ type receiver struct {
 	window   int
 	maxLinks int
 	peerTO   int64
+	gapTO    int64 // a gap open longer than this is stale (staleGap)
+	roomAt   int64 // a full table has no room to make before this (makeRoom)
 	ctr      *counters
 	owner    rxOwner
 	out      *batch // the owner's batch: probe answers and credits go there
@@ -57,7 +59,8 @@ func newReceiver(cfg *Config, maxLinks int, ctr *counters, owner rxOwner, out *b
 	}
 	return &receiver{
 		tenant: cfg.Tenant, window: cfg.BuffersPerDest, maxLinks: maxLinks, peerTO: int64(cfg.PeerTimeout),
-		ctr: ctr, owner: owner, out: out, in: map[linkKey]*inLink{},
+		gapTO: staleGapTimeouts * int64(cfg.PeerTimeout),
+		ctr:   ctr, owner: owner, out: out, in: map[linkKey]*inLink{},
 	}
 }
 
@@ -102,12 +105,9 @@ func (r *receiver) onBundle(p *transport.Packet, h wire.Header, payload []byte, 
 			r.ctr.refused.Add(1)
 			return
 		}
-		if len(r.in) >= r.maxLinks {
-			r.forget(now)
-			if len(r.in) >= r.maxLinks {
-				r.ctr.drop(dropTooManyLinks, 1)
-				return
-			}
+		if len(r.in) >= r.maxLinks && !r.makeRoom(now) {
+			r.ctr.drop(dropTooManyLinks, 1)
+			return
 		}
 		l = newInLink(key, h.Dst, p.Addr, r.window, pre.Base, sureStart(h.Seq, pre.Base, h.Flags), now)
 		r.in[key] = l
@@ -134,6 +134,9 @@ func (r *receiver) onBundle(p *transport.Packet, h wire.Header, payload []byte, 
 		r.ctr.drop(dropOutOfWindow, 1)
 	case vStash:
 		r.ctr.outOfOrder.Add(1)
+		if l.held == 0 {
+			l.gapSince = now // a gap opens
+		}
 		l.stash(h.Seq, h.Flags, records, size)
 	case vInOrder:
 		r.owner.inOrder(l, r.accept(l, h.Flags, records, size, false), p)
@@ -143,6 +146,9 @@ func (r *receiver) onBundle(p *transport.Packet, h wire.Header, payload []byte, 
 				break
 			}
 			r.owner.inOrder(l, r.accept(l, s.flags, s.data, s.size, true), nil)
+		}
+		if l.held > 0 {
+			l.gapSince = now // the gap moved on: a later one is open now
 		}
 	}
 	r.creditDue(l)
@@ -227,13 +233,92 @@ func (r *receiver) recycle() {
 	}
 }
 
-// forget drops the incoming links that have been silent for 6 peer
-// timeouts and hold nothing: no bundle held early or waiting to be
-// processed, no credit owed.
+// staleGapTimeouts is how many peer timeouts a gap below a bundle held out
+// of order may stay open before the receiver gives up on it. A live sender
+// resends a hole on every credit that acknowledges a bundle above it (at
+// most once per retransmit_timeout/8) and on its retransmission timer (at
+// least every 64 retransmit timeouts), and resets the link (a new session)
+// once it has heard nothing for peer_timeout, which it does soon after its
+// window fills: the receiver grants nothing beyond the hole. A gap open for
+// two peer timeouts has outlasted every resend a sender still on this
+// session makes (at least three at the smallest peer_timeout allowed, 4
+// retransmit timeouts; about 35 at the defaults), with one peer timeout of
+// margin for the sender's silence to start: its sender is gone, has reset,
+// or is hostile (two datagrams, seq 0 and 2, pinned a link for good).
+const staleGapTimeouts = 2
+
+// staleGap reports whether l holds bundles above a gap open for longer
+// than gapTO.
+func (r *receiver) staleGap(l *inLink, now int64) bool {
+	return l.held > 0 && now-l.gapSince > r.gapTO
+}
+
+// dropGap drops the bundles l holds above a stale gap, counted in
+// stale_gap. A fragmented message in progress is lost with them: nothing
+// waits for its rest any more. The link can then be forgotten or evicted
+// like any other.
+func (r *receiver) dropGap(l *inLink) {
+	r.ctr.drop(dropStaleGap, uint64(l.held))
+	for i := range l.ooo {
+		l.ooo[i] = rxSlot{}
+	}
+	l.held = 0
+	if l.unfinished() {
+		l.valPending = bundle.Unknown
+	}
+}
+
+// settled reports whether l holds nothing: no bundle held early or waiting
+// to be processed, no credit owed.
+func settled(l *inLink) bool {
+	return l.held == 0 && l.next.Load() == l.consumed.Load() && !l.creditDue
+}
+
+// forget drops the bundles held above stale gaps, and the incoming links
+// that have been silent for 6 peer timeouts and hold nothing.
 func (r *receiver) forget(now int64) {
 	for k, l := range r.in {
-		if now-l.lastSeen > 6*r.peerTO && l.held == 0 && l.next.Load() == l.consumed.Load() && !l.creditDue {
+		if r.staleGap(l, now) {
+			r.dropGap(l)
+		}
+		if now-l.lastSeen > 6*r.peerTO && settled(l) {
 			delete(r.in, k)
 		}
 	}
+}
+
+// makeRoom is called for a new link when the table is full. It drops the
+// bundles held above stale gaps and evicts every link silent for longer
+// than peer_timeout that holds nothing, and reports whether that made
+// room. Such a link's sender has had everything it sent acknowledged (it
+// resends what is not, and each resend refreshes lastSeen) or has reset
+// the link, so its state is no longer needed: a sender that comes back
+// starts again where its base says (or, met through a resend, after the
+// probe that confirms it). Links heard from within peer_timeout are never evicted, however
+// many new sessions arrive: a flood of new links (endpoints and sessions
+// are not authenticated) cannot push out live ones; it is refused
+// (too_many_links). One sweep evicts every evictable link and notes when
+// the next one can become evictable at the earliest, and new links are
+// refused without a sweep until then, so a flood costs no scan per
+// datagram.
+func (r *receiver) makeRoom(now int64) bool {
+	if now < r.roomAt {
+		return false
+	}
+	next := int64(1<<63 - 1)
+	for k, l := range r.in {
+		if r.staleGap(l, now) {
+			r.dropGap(l)
+		}
+		if now-l.lastSeen > r.peerTO && settled(l) {
+			delete(r.in, k)
+			continue
+		}
+		next = min(next, l.lastSeen+r.peerTO+1)
+	}
+	if len(r.in) < r.maxLinks {
+		return true
+	}
+	r.roomAt = next
+	return false
 }

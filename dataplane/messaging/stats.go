@@ -154,6 +154,10 @@ type DropStats struct {
 	// TooManyLinks: bundles from a new link when the receiver already
 	// tracks its maximum of links.
 	TooManyLinks uint64 `json:"too_many_links"`
+	// StaleGap: bundles held out of order above a gap that stayed open
+	// for two peer timeouts (its sender is gone, has reset the link, or is
+	// hostile), dropped so that the link can be forgotten.
+	StaleGap uint64 `json:"stale_gap"`
 	// DeadPeer: messages dropped because their next hop stopped answering
 	// for peer_timeout.
 	DeadPeer uint64 `json:"dead_peer"`
@@ -175,7 +179,7 @@ type DropStats struct {
 // harmless.
 func (d DropStats) Total() uint64 {
 	return d.Malformed + d.BadBundle + d.BadCredit + d.UnknownRank + d.WrongTenant + d.WrongDest +
-		d.OutOfWindow + d.Oversize + d.Orphans + d.TooManyLinks + d.DeadPeer + d.SendErrors + d.Mailbox + d.Closed
+		d.OutOfWindow + d.Oversize + d.Orphans + d.TooManyLinks + d.StaleGap + d.DeadPeer + d.SendErrors + d.Mailbox + d.Closed
 }
 
 // Dest returns the destination named name and whether there is one.
@@ -277,6 +281,7 @@ const (
 	dropSendErrors
 	dropMailbox
 	dropClosed
+	dropStaleGap
 	numDropReasons
 )
 
@@ -309,7 +314,7 @@ func (c *counters) addTo(r *RecvStats, d *DropStats) {
 	for i, f := range []*uint64{
 		&d.Malformed, &d.BadBundle, &d.BadCredit, &d.UnknownRank, &d.WrongTenant, &d.WrongDest,
 		&d.OutOfWindow, &d.Oversize, &d.Orphans, &d.TooManyLinks, &d.DeadPeer, &d.StaleCredit,
-		&d.SendErrors, &d.Mailbox, &d.Closed,
+		&d.SendErrors, &d.Mailbox, &d.Closed, &d.StaleGap,
 	} {
 		*f += c.drops[i].Load()
 	}

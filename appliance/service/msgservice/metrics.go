@@ -64,7 +64,7 @@ func collect(st messaging.Stats, ch chan<- prometheus.Metric) {
 	for reason, v := range map[string]uint64{
 		"malformed": dr.Malformed, "bad_bundle": dr.BadBundle, "bad_credit": dr.BadCredit, "unknown_rank": dr.UnknownRank,
 		"wrong_tenant": dr.WrongTenant, "wrong_dest": dr.WrongDest, "out_of_window": dr.OutOfWindow, "oversize": dr.Oversize,
-		"orphans": dr.Orphans, "too_many_links": dr.TooManyLinks, "dead_peer": dr.DeadPeer, "send_errors": dr.SendErrors,
+		"orphans": dr.Orphans, "too_many_links": dr.TooManyLinks, "stale_gap": dr.StaleGap, "dead_peer": dr.DeadPeer, "send_errors": dr.SendErrors,
 		"mailbox": dr.Mailbox,
 	} {
 		counter(msgDrops, v, reason)
