@@ -37,6 +37,13 @@ import (
 //	28 T bytes text: the slice name on success, the error message on failure
 //	then the fragment's bytes
 //
+// Every input fragment but the one that ends the input carries at least
+// MinFragment bytes, and an input may not arrive in more than a bounded
+// number of separate pieces at once (the DPU agent's limit, 1024): the
+// DPU refuses the request as bad-request otherwise. Clients cut inputs at
+// their datagram size (MaxFragment), which on any IP path (576 bytes at
+// least) leaves more than MinFragment.
+//
 // Loss is the client's to repair: it sends the request again after a
 // timeout, and the DPU ignores fragments it already has, fills holes with
 // the rest, and answers a request it already completed from its memory of
@@ -45,7 +52,11 @@ const (
 	InputHeaderLen  = 24
 	ResultHeaderLen = 28
 	MaxModelName    = 64
-	maxText         = 1024
+	// MinFragment is the least input a fragment carries, unless it is
+	// the input's last (ends at its length): an IPv4 path's least MTU,
+	// 576 bytes, leaves 436 with a model name of MaxModelName.
+	MinFragment = 256
+	maxText     = 1024
 )
 
 // Input is one input fragment.

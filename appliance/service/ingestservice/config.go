@@ -3,11 +3,13 @@ package ingestservice
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/farmem"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/agent"
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/kserve"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/mig"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/model"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/sched"
@@ -44,8 +46,37 @@ type Config struct {
 	QueueLimit  int             `json:"queue_limit,omitempty"`
 	Buffer      farmem.Size     `json:"buffer,omitempty"`
 	HostTimeout farmem.Duration `json:"host_timeout,omitempty"`
-	// GRPCMaxMessage is the largest gRPC request accepted (default 64MiB).
+	// GRPCMaxMessage is the largest gRPC request accepted; default: the
+	// largest input a model takes (its max_input; 8 MiB, the GPU host's
+	// default slot_input, for a model without one) plus 1 MiB. Raise it
+	// with the host's slot_input.
 	GRPCMaxMessage farmem.Size `json:"grpc_max_message,omitempty"`
+	// GRPCMaxStreams bounds the calls in progress on one gRPC connection
+	// (default 16), GRPCMaxConnections the connections served at once
+	// (default 16; more wait to be accepted).
+	GRPCMaxStreams     int `json:"grpc_max_streams,omitempty"`
+	GRPCMaxConnections int `json:"grpc_max_connections,omitempty"`
+}
+
+// defaultSlotInput is the GPU host's default slot_input
+// (hostagent.Config.SlotInput), which the DPU cannot know before the host
+// registers.
+const defaultSlotInput = 8 << 20
+
+// kserveOptions are the gRPC front end's options: its message limit is
+// the largest input a model may take plus kserve.MsgOverhead unless
+// grpc_max_message says otherwise.
+func (c *Config) kserveOptions(version string) kserve.Options {
+	largest := 0
+	for _, m := range c.Models {
+		in := int(m.MaxInput)
+		if in <= 0 || in > defaultSlotInput {
+			in = defaultSlotInput
+		}
+		largest = max(largest, in)
+	}
+	return kserve.Options{Version: version, MaxRecvMsgSize: int(c.GRPCMaxMessage), MaxInput: largest,
+		MaxConcurrentStreams: uint32(c.GRPCMaxStreams), MaxConnections: c.GRPCMaxConnections}
 }
 
 // ModelConfig is one model the agent serves.
@@ -81,6 +112,9 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("config: ingest: transport %q: want udp or xdp", c.Transport)
 	case c.XDP() && len(c.Interfaces) == 0:
 		return errors.New("config: ingest: transport xdp needs interfaces (the DPU's uplink, e.g. [p0])")
+	case c.GRPCMaxStreams < 0 || c.GRPCMaxConnections < 0 || c.GRPCMaxStreams > math.MaxUint32:
+		return fmt.Errorf("config: ingest: grpc_max_streams %d, grpc_max_connections %d: want 0 (the default, 16 each) or more",
+			c.GRPCMaxStreams, c.GRPCMaxConnections)
 	case len(c.Models) == 0:
 		return fmt.Errorf("config: ingest: no models: list at least one (built in: %v)", model.BuiltinNames())
 	}

@@ -168,8 +168,9 @@ func (s *Service) Run(ctx context.Context, b *service.Binding) error {
 	var wg sync.WaitGroup
 	var grpcErr error
 	if grpcLn != nil {
-		opts := kserve.Options{Version: buildinfo.Version, MaxRecvMsgSize: int(s.cfg.GRPCMaxMessage)}
+		opts := s.cfg.kserveOptions(buildinfo.Version)
 		srv := kserve.NewGRPCServer(a, a, opts)
+		grpcLn = opts.Listener(grpcLn)
 		wg.Add(2)
 		go func() {
 			defer wg.Done()

@@ -256,6 +256,19 @@ func (a *Agent) inputLocked(now time.Time, from netip.AddrPort, b []byte, out []
 		return out
 	}
 	r, ok := a.reqs[key]
+	if err := fragmentCheck(in); err != nil {
+		// Fragments this small are no client's: refuse the request
+		// before holding anything for it.
+		a.stats.fragmentRefusals.Add(1)
+		if ok && r.state == receiving {
+			a.failLocked(r, err)
+			return out
+		}
+		if !ok {
+			a.countRefusal(err)
+			return a.refuseLocked(now, key, h.Tenant, err, out)
+		}
+	}
 	if !ok {
 		r, err = a.openLocked(now, key, h.Tenant, in)
 		if err != nil {
@@ -275,6 +288,11 @@ func (a *Agent) inputLocked(now time.Time, from netip.AddrPort, b []byte, out []
 		a.stats.duplicates.Add(1)
 		return out
 	}
+	if len(r.have) > maxInputIntervals {
+		a.stats.fragmentRefusals.Add(1)
+		a.failLocked(r, ingest.Errorf(ingest.StatusBadRequest, "input arrives in more than %d separate pieces at once: send its fragments in order", maxInputIntervals))
+		return out
+	}
 	copy(r.buf[in.Offset:], in.Data)
 	r.last = now
 	if r.have.covers(len(r.buf)) {
@@ -284,6 +302,24 @@ func (a *Agent) inputLocked(now time.Time, from netip.AddrPort, b []byte, out []
 		}
 	}
 	return out
+}
+
+// maxInputIntervals bounds the separate pieces (runs of received bytes
+// with holes between them) of one input being reassembled. Fragments sent
+// in order, with the holes loss and reordering leave, stay far below it;
+// a client that scatters them on purpose is refused, so that no request
+// costs the agent, under its lock, more than a small bounded amount per
+// fragment.
+const maxInputIntervals = 1024
+
+// fragmentCheck refuses a fragment shorter than ingest.MinFragment that
+// does not end its input.
+func fragmentCheck(in ingest.Input) error {
+	if len(in.Data) < ingest.MinFragment && uint64(in.Offset)+uint64(len(in.Data)) != uint64(in.Total) {
+		return ingest.Errorf(ingest.StatusBadRequest, "fragment of %d bytes at offset %d of %d: every fragment but the input's last must carry at least %d bytes (use datagrams of at least %d bytes)",
+			len(in.Data), in.Offset, in.Total, ingest.MinFragment, ingest.MinFragment+wire.HeaderLen+ingest.InputHeaderLen+len(in.Model))
+	}
+	return nil
 }
 
 // openLocked validates a new request and gives it a buffer.

@@ -22,6 +22,7 @@ type counters struct {
 	bytesToDevice, bytesFromDevice, resultDatagrams, sendErrors atomic.Uint64
 	registrations, registerFailed, hostLost, reassemblyTimeouts atomic.Uint64
 	resultsForgotten, protocolErrors, canceled                  atomic.Uint64
+	fragmentRefusals                                            atomic.Uint64
 	refused                                                     [16]atomic.Uint64 // by ingest.Status
 }
 
@@ -95,15 +96,20 @@ type Stats struct {
 	// deadline passed while the model ran).
 	LateResults        uint64 `json:"late_results"`
 	ReassemblyTimeouts uint64 `json:"reassembly_timeouts"`
-	BytesToDevice      uint64 `json:"bytes_to_device"`
-	BytesFromDevice    uint64 `json:"bytes_from_device"`
-	Doorbells          uint64 `json:"doorbells"`
-	Rerings            uint64 `json:"doorbells_rerung"`
-	StaleCompletions   uint64 `json:"stale_completions"`
-	Registrations      uint64 `json:"registrations"`
-	RegisterFailed     uint64 `json:"registrations_failed"`
-	HostLost           uint64 `json:"host_lost"`
-	SendErrors         uint64 `json:"send_errors"`
+	// FragmentRefusals are requests refused (bad-request, also counted
+	// in Refused) for a fragment under ingest.MinFragment that was not
+	// the input's last, or for arriving in more than 1024 separate
+	// pieces at once.
+	FragmentRefusals uint64 `json:"fragment_refusals"`
+	BytesToDevice    uint64 `json:"bytes_to_device"`
+	BytesFromDevice  uint64 `json:"bytes_from_device"`
+	Doorbells        uint64 `json:"doorbells"`
+	Rerings          uint64 `json:"doorbells_rerung"`
+	StaleCompletions uint64 `json:"stale_completions"`
+	Registrations    uint64 `json:"registrations"`
+	RegisterFailed   uint64 `json:"registrations_failed"`
+	HostLost         uint64 `json:"host_lost"`
+	SendErrors       uint64 `json:"send_errors"`
 	// ProtocolErrors are host replies that contradict the request they
 	// name (a completion for another GPU or slot); they are ignored.
 	ProtocolErrors uint64 `json:"host_protocol_errors"`
@@ -139,7 +145,8 @@ func (a *Agent) Stats() Stats {
 		Fragments: a.stats.fragments.Load(), BytesIn: a.stats.bytesIn.Load(), Received: a.stats.received.Load(),
 		Completed: a.stats.completed.Load(), Canceled: a.stats.canceled.Load(), Malformed: a.stats.malformed.Load(), Duplicates: a.stats.duplicates.Load(),
 		Resent: a.stats.resent.Load(), ResultsForgotten: a.stats.resultsForgotten.Load(), LateResults: a.stats.lateResults.Load(), ReassemblyTimeouts: a.stats.reassemblyTimeouts.Load(),
-		BytesToDevice: a.stats.bytesToDevice.Load(), BytesFromDevice: a.stats.bytesFromDevice.Load(),
+		FragmentRefusals: a.stats.fragmentRefusals.Load(),
+		BytesToDevice:    a.stats.bytesToDevice.Load(), BytesFromDevice: a.stats.bytesFromDevice.Load(),
 		Doorbells: a.stats.doorbells.Load(), Rerings: a.stats.rerings.Load(), StaleCompletions: a.stats.staleCompletions.Load(),
 		Registrations: a.stats.registrations.Load(), RegisterFailed: a.stats.registerFailed.Load(), HostLost: a.stats.hostLost.Load(),
 		SendErrors: a.stats.sendErrors.Load(), ProtocolErrors: a.stats.protocolErrors.Load(), Refused: map[string]uint64{},

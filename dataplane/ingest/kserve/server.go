@@ -2,10 +2,12 @@ package kserve
 
 import (
 	"context"
+	"net"
 	"sort"
 	"strconv"
 	"strings"
 
+	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
@@ -23,9 +25,26 @@ const TenantHeader = "lovelock-tenant"
 const DefaultTenant uint32 = 0
 
 // DefaultMaxRecvMsgSize is the largest request message the server takes
-// when Options leaves it zero: 64 MiB, above gRPC's own default of 4 MiB,
-// which is too small for the inputs accelerator ingest carries.
+// when Options gives neither MaxRecvMsgSize nor MaxInput: 64 MiB, above
+// gRPC's own default of 4 MiB, which is too small for the inputs
+// accelerator ingest carries. Infer allows messages this large each way.
 const DefaultMaxRecvMsgSize = 64 << 20
+
+// MsgOverhead is what a request message may hold besides its input when
+// the limit comes from Options.MaxInput: names, shape, parameters, and
+// raw BYTES elements' length prefixes.
+const MsgOverhead = 1 << 20
+
+// DefaultMaxConcurrentStreams and DefaultMaxConnections bound the calls
+// in progress on one connection and the connections served at once when
+// Options leaves them zero. A call's message is read whole before it is
+// checked, so together with the message limit they bound what callers can
+// make the server hold: 16 connections of 16 calls of a 9 MiB message
+// (8 MiB slots) is 2.3 GiB at most.
+const (
+	DefaultMaxConcurrentStreams = 16
+	DefaultMaxConnections       = 16
+)
 
 // The names the server gives things: the one input and output tensor in
 // ModelMetadata (a request's input may have any name), the single model
@@ -45,24 +64,63 @@ type Options struct {
 	// Empty reports "unknown".
 	Version string
 	// MaxRecvMsgSize bounds a request message, input included, in bytes;
-	// zero means DefaultMaxRecvMsgSize. gRPC fixes it when the server is
-	// made, so it applies only through NewGRPCServer or ServerOptions,
-	// not Register. Clients must allow as much on their side (Triton's
-	// Python client does; Infer does up to DefaultMaxRecvMsgSize).
+	// zero means MaxInput plus MsgOverhead, or DefaultMaxRecvMsgSize
+	// without MaxInput. gRPC fixes it when the server is made, so it
+	// applies only through NewGRPCServer or ServerOptions, not Register.
+	// Clients must allow as much on their side (Triton's Python client
+	// does; Infer does up to DefaultMaxRecvMsgSize).
 	MaxRecvMsgSize int
+	// MaxInput is the largest input any model takes (the GPU host's
+	// slot input, or the largest max_input), from which the message
+	// limit follows when MaxRecvMsgSize is zero. Each call is checked
+	// against its own model's MaxInput from the catalog besides.
+	MaxInput int
+	// MaxConcurrentStreams bounds the calls in progress on one
+	// connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: a client's
+	// further calls wait for one to end); zero means
+	// DefaultMaxConcurrentStreams.
+	MaxConcurrentStreams uint32
+	// MaxConnections bounds the connections served at once by a
+	// listener from Listener: further ones wait in the kernel's accept
+	// queue until one closes. Zero means DefaultMaxConnections.
+	MaxConnections int
 }
 
 func (o Options) maxRecv() int {
-	if o.MaxRecvMsgSize > 0 {
+	switch {
+	case o.MaxRecvMsgSize > 0:
 		return o.MaxRecvMsgSize
+	case o.MaxInput > 0:
+		return o.MaxInput + MsgOverhead
 	}
 	return DefaultMaxRecvMsgSize
 }
 
+func (o Options) maxStreams() uint32 {
+	if o.MaxConcurrentStreams > 0 {
+		return o.MaxConcurrentStreams
+	}
+	return DefaultMaxConcurrentStreams
+}
+
+func (o Options) maxConns() int {
+	if o.MaxConnections > 0 {
+		return o.MaxConnections
+	}
+	return DefaultMaxConnections
+}
+
 // ServerOptions returns the grpc.ServerOptions the front end needs, for a
-// caller that makes its own grpc.Server and then calls Register.
+// caller that makes its own grpc.Server and then calls Register: the
+// message limit and the calls per connection.
 func (o Options) ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{grpc.MaxRecvMsgSize(o.maxRecv())}
+	return []grpc.ServerOption{grpc.MaxRecvMsgSize(o.maxRecv()), grpc.MaxConcurrentStreams(o.maxStreams())}
+}
+
+// Listener returns ln limited to MaxConnections connections at once; serve
+// the grpc.Server on it.
+func (o Options) Listener(ln net.Listener) net.Listener {
+	return netutil.LimitListener(ln, o.maxConns())
 }
 
 // Server is the KServe v2 GRPCInferenceService over a Submitter and a
@@ -184,7 +242,7 @@ func (s *Server) infer(ctx context.Context, r *pb.ModelInferRequest) (*pb.ModelI
 			return nil, badRequest("model %s has one output, %q; the request asks for %q", info.Name, OutputName, o.GetName())
 		}
 	}
-	data, bytesElems, err := inputBytes(r)
+	data, bytesElems, err := inputBytes(r, info.MaxInput)
 	if err != nil {
 		return nil, err
 	}

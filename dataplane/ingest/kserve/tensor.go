@@ -47,11 +47,20 @@ func badRequest(format string, args ...any) *ingest.Error {
 // contents when the request has them (not copied), the typed contents
 // converted to little-endian bytes otherwise. For BYTES tensors it also
 // returns the element count, which their byte length does not give.
-func inputBytes(req *pb.ModelInferRequest) (data []byte, elems int64, err error) {
+//
+// With limit > 0 (the model's MaxInput), a tensor whose shape, typed
+// element count or BYTES elements say more than limit bytes is refused as
+// too-large before anything is converted or copied: typed contents take
+// up to 8 times their wire size once converted, and empty BYTES elements
+// are 2 bytes each on the wire.
+func inputBytes(req *pb.ModelInferRequest, limit int) (data []byte, elems int64, err error) {
 	if n := len(req.GetInputs()); n != 1 {
 		return nil, 0, badRequest("model %s takes exactly one input tensor, the request has %d; send the input as one tensor", req.GetModelName(), n)
 	}
 	in := req.GetInputs()[0]
+	if err := checkSize(req, limit); err != nil {
+		return nil, 0, err
+	}
 	raw := req.GetRawInputContents()
 	if len(raw) > 0 {
 		if len(raw) != 1 {
@@ -66,6 +75,48 @@ func inputBytes(req *pb.ModelInferRequest) (data []byte, elems int64, err error)
 		return raw[0], 0, nil
 	}
 	return contentsBytes(in.GetDatatype(), in.GetContents())
+}
+
+// checkSize refuses, as too-large, a single input tensor that says it is
+// over limit bytes: by its shape (fixed-size datatypes), by the number of
+// typed elements it carries, or for BYTES by its element count or the
+// sum of its elements' lengths. It allocates nothing.
+func checkSize(req *pb.ModelInferRequest, limit int) error {
+	if limit <= 0 {
+		return nil
+	}
+	in := req.GetInputs()[0]
+	dt, c := in.GetDatatype(), in.GetContents()
+	tooLarge := func(what string) error {
+		return ingest.Errorf(ingest.StatusTooLarge, "input %q: %s exceeds model %s's largest, %d bytes; split it into smaller requests",
+			in.GetName(), what, req.GetModelName(), limit)
+	}
+	if size := elemSize(dt); size > 0 {
+		if elems, ok := product(in.GetShape()); ok && elems*int64(size) > int64(limit) {
+			return tooLarge(fmt.Sprintf("shape %v of %s, %d bytes,", in.GetShape(), dt, elems*int64(size)))
+		}
+	}
+	if dt == "BYTES" {
+		if elems, ok := product(in.GetShape()); ok && elems > int64(limit) {
+			return tooLarge(fmt.Sprintf("shape %v, %d BYTES elements,", in.GetShape(), elems))
+		}
+		if n := len(c.GetBytesContents()); n > limit {
+			return tooLarge(fmt.Sprintf("a BYTES tensor of %d elements", n))
+		}
+		total := 0
+		for _, e := range c.GetBytesContents() {
+			if total += len(e); total > limit {
+				return tooLarge("its BYTES elements together")
+			}
+		}
+		return nil
+	}
+	typed := max(len(c.GetBoolContents()), len(c.GetIntContents()), len(c.GetInt64Contents()), len(c.GetUintContents()),
+		len(c.GetUint64Contents()), len(c.GetFp32Contents()), len(c.GetFp64Contents()))
+	if size := max(elemSize(dt), 1); int64(typed)*int64(size) > int64(limit) {
+		return tooLarge(fmt.Sprintf("%d typed elements of %s, %d bytes,", typed, dt, int64(typed)*int64(size)))
+	}
+	return nil
 }
 
 func hasContents(c *pb.InferTensorContents) bool {
