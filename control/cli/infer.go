@@ -261,10 +261,10 @@ func inferMaxPayload(mtu int, dpu netip.AddrPort, model string) (int, error) {
 		return 0, nil
 	}
 	v6 := dpu.Addr().Is6() && !dpu.Addr().Is4In6()
-	// A datagram holds the Lovelock header and a result header, or an
-	// input header, the model's name and a byte of input
-	// (ingestclient.New, ingest.MaxFragment).
-	need := wire.HeaderLen + max(ingest.ResultHeaderLen, ingest.InputHeaderLen+len(model)) + 1
+	// A datagram holds the Lovelock header and a result header and a
+	// byte, or an input header, the model's name and the least fragment
+	// the DPU takes (ingest.MaxFragment, ingest.MinFragment).
+	need := wire.HeaderLen + max(ingest.ResultHeaderLen+1, ingest.InputHeaderLen+len(model)+ingest.MinFragment)
 	least := need + mtu - udp.MaxPayloadForMTU(mtu, v6)
 	if mtu < least || mtu > 65535 {
 		return 0, fmt.Errorf("infer: --mtu %d: want 0 (datagrams up to 64 KiB, in IP fragments) or %d to 65535 (the path's MTU; "+

@@ -122,8 +122,8 @@ func TestInferFlagRanges(t *testing.T) {
 		{[]string{"--count", "5", "--rate", "0"}, "--rate 0: want requests per second"},
 		{[]string{"--count", "5", "--rate", "NaN"}, "--rate NaN: want requests per second"},
 		{[]string{"--count", "5", "--rate", "+Inf"}, "--rate +Inf: want requests per second"},
-		{[]string{"--mtu", "10"}, "--mtu 10: want 0 (datagrams up to 64 KiB, in IP fragments) or 85 to 65535"},
-		{[]string{"--mtu", "84"}, "--mtu 84: want 0 (datagrams up to 64 KiB, in IP fragments) or 85 to 65535"},
+		{[]string{"--mtu", "10"}, "--mtu 10: want 0 (datagrams up to 64 KiB, in IP fragments) or 340 to 65535"},
+		{[]string{"--mtu", "339"}, "--mtu 339: want 0 (datagrams up to 64 KiB, in IP fragments) or 340 to 65535 (the path's MTU; 340 is the least whose datagrams carry a request for model checksum)"},
 		{[]string{"--mtu", "-1"}, "--mtu -1: want 0"},
 		{[]string{"--mtu", "65536"}, "--mtu 65536: want 0"},
 	} {

@@ -211,6 +211,10 @@ func (c *Client) infer(ctx context.Context, model string, input []byte, deadline
 		return nil, fmt.Errorf("ingest client: input of %d bytes, the protocol carries < 4 GiB: %w", len(input), ErrInvalid)
 	case frag <= 0:
 		return nil, fmt.Errorf("ingest client: %d-byte datagrams leave no room for input: %w", c.tr.MaxPayload(), ErrInvalid)
+	case frag < ingest.MinFragment && len(input) > frag:
+		// The DPU refuses fragments this small (ingest.MinFragment).
+		return nil, fmt.Errorf("ingest client: %d-byte datagrams carry %d input bytes each with model %s, the DPU takes fragments of %d at least: "+
+			"send over a path with a larger MTU (any IP path's 576 bytes will do): %w", c.tr.MaxPayload(), frag, model, ingest.MinFragment, ErrInvalid)
 	}
 	var due time.Time
 	if deadline > 0 {

@@ -589,12 +589,13 @@ func TestInvalid(t *testing.T) {
 		{"checksum", nil},
 		{string(make([]byte, 65)), []byte{1}},
 		{string(bytes.Repeat([]byte{'m'}, 60)), []byte{1}}, // no room left in a 100-byte datagram
+		{"checksum", make([]byte, 200)},                    // fragments under ingest.MinFragment, which the DPU refuses
 	} {
 		if _, err := r.c.Infer(context.Background(), tc.model, tc.in, 0); !errors.Is(err, ErrInvalid) {
 			t.Errorf("model %q, %d bytes: err = %v, want ErrInvalid", tc.model, len(tc.in), err)
 		}
 	}
-	if st := r.c.Stats(); st.TxDatagrams != 0 || st.Errors["invalid"] != 4 {
+	if st := r.c.Stats(); st.TxDatagrams != 0 || st.Errors["invalid"] != 5 {
 		t.Errorf("stats %+v", st)
 	}
 }
