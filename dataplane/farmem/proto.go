@@ -40,7 +40,7 @@ const (
 	OpRead    Op = 1 // region, offset, size → data
 	OpWrite   Op = 2 // region, offset, size, aux=lease, data fragments → status
 	OpCreate  Op = 3 // offset=size, aux=CreateFlags, data=preload path → region, offset=size
-	OpOpen    Op = 4 // region, aux=1 for a writer → offset=size, aux=lease, size=flags
+	OpOpen    Op = 4 // region, aux=1 for a writer, size=its lapsed lease (OpOpen's retake) → offset=size, aux=lease, size=flags
 	OpRenew   Op = 5 // region, aux=lease → status
 	OpRelease Op = 6 // region, aux=lease → status
 	OpFree    Op = 7 // region → status
@@ -68,6 +68,14 @@ const (
 	// unknown op); a memory node sends it only to peers that asked.
 	OpFreed Op = 12
 )
+
+// OpOpen's retake: a writer whose lease lapsed or was lost to a restart
+// asks for it back with the old lease in the request's size (0: a new
+// writer). The memory node gives it back only if no other writer was
+// granted the region since (it keeps the last lease granted in
+// leases.json); otherwise it answers StatusWriterBusy, which the client
+// reports as ErrLeaseLost. Memory nodes that predate it ignore the size
+// and grant the lease whenever no other writer holds it.
 
 // ReadCaches, in an OpRead's aux, says that the requester keeps the bytes
 // (a DPU agent's entry fill or static load): the memory node then sends it

@@ -350,12 +350,13 @@ func (s *Server) execute(pk *packer, q *request, buf []byte) {
 			}
 			s.wrote.Add(uint64(len(rec.Data)))
 		case OpOpen:
-			reply.Offset = r.info.Size
+			reply.Offset, reply.Size = r.info.Size, 0
 			if r.info.Writable {
 				reply.Size = CreateWritable
 			}
 			if rec.Aux == 1 {
-				lease, err := r.acquire(now, ttl)
+				// Size: the lease the writer held before (OpenRetake).
+				lease, err := r.acquire(now, ttl, rec.Size)
 				reply.Aux = lease
 				return err
 			}

@@ -1,6 +1,7 @@
 package farmem
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/json"
@@ -74,7 +75,10 @@ func parseInfos(b []byte) ([]RegionInfo, error) {
 // for one TTL from the restart, which its holder's renewals extend. Expiry
 // times are not written (renewals would cost an fsync each); a holder that
 // died holds its region for at most one TTL after a restart, as it would
-// without one.
+// without one. The file also keeps, per region, the last lease granted
+// (released or expired ones too), so that a writer whose lease lapsed takes
+// it again only if no other writer was granted the region since, across
+// restarts as well (region.acquire).
 type store struct {
 	dir      string
 	capacity uint64
@@ -85,19 +89,25 @@ type store struct {
 	used     uint64          // bytes of regions and reservations
 	nextID   uint32
 
-	// leaseMu orders the writes of leases.json; leases is what it holds,
-	// by region. Lock order: a region's mu, then leaseMu.
+	// leaseMu orders the writes of leases.json; leases and last are what
+	// it holds, by region: the leases held, and the last one granted.
+	// Lock order: a region's mu, then leaseMu.
 	leaseMu sync.Mutex
 	leases  map[uint32]uint32
+	last    map[uint32]uint32
 }
 
 type region struct {
 	info  RegionInfo
 	f     *os.File
 	st    *store
-	mu    sync.Mutex // lease
+	mu    sync.Mutex // lease, exp, last
 	lease uint32
 	exp   time.Time
+	// last is the last lease granted, held or not (0: none known): a
+	// writer that asks for its lapsed lease back gets it only if it is
+	// still this one.
+	last uint32
 
 	// cachers are the peers whose reads asked to hear of the region's free
 	// (ReadCaches), the most recent last, at most maxCachers; freed is set
@@ -156,9 +166,12 @@ const (
 	leasesName = "leases.json"
 )
 
-// leaseFile is leases.json: the writer lease of each region that has one.
+// leaseFile is leases.json: the writer lease of each region that has one,
+// and the last lease granted of each region that had one (servers that
+// predate it ignore it; without it, the held lease counts as the last).
 type leaseFile struct {
 	Leases map[uint32]uint32 `json:"leases"`
+	Last   map[uint32]uint32 `json:"last,omitempty"`
 }
 
 func regionFile(dir string, id uint32) string {
@@ -173,7 +186,7 @@ func openStore(dir string, capacity uint64, idBase uint32, leaseUntil time.Time)
 		return nil, fmt.Errorf("farmem: state dir: %w", err)
 	}
 	s := &store{dir: dir, capacity: capacity, regions: make(map[uint32]*region), reserved: make(map[uint32]bool), nextID: max(idBase, 1),
-		leases: make(map[uint32]uint32)}
+		leases: make(map[uint32]uint32), last: make(map[uint32]uint32)}
 	data, err := os.ReadFile(filepath.Join(dir, metaName))
 	if errors.Is(err, os.ErrNotExist) {
 		return s, nil
@@ -208,35 +221,54 @@ func openStore(dir string, capacity uint64, idBase uint32, leaseUntil time.Time)
 			r.lease, r.exp = lease, leaseUntil
 			s.leases[ri.ID] = lease
 		}
+		if last := cmp.Or(lf.Last[ri.ID], r.lease); last != 0 && ri.Writable {
+			r.last = last
+			s.last[ri.ID] = last
+		}
 		s.regions[ri.ID] = r
 		s.used += ri.Size
 	}
 	return s, nil
 }
 
-// recordLease writes region id's lease (0: none) to leases.json.
-func (s *store) recordLease(id, lease uint32) error {
+// recordLease writes region id's lease (0: none; a non-zero one is also
+// the last granted) to leases.json. forget drops the region's entries
+// altogether (it was freed).
+func (s *store) recordLease(id, lease uint32, forget bool) error {
 	s.leaseMu.Lock()
 	defer s.leaseMu.Unlock()
 	old, had := s.leases[id]
-	if lease == 0 {
+	oldLast, hadLast := s.last[id]
+	switch {
+	case forget:
+		if !had && !hadLast {
+			return nil
+		}
+		delete(s.leases, id)
+		delete(s.last, id)
+	case lease == 0:
 		if !had {
 			return nil
 		}
 		delete(s.leases, id)
-	} else {
+	default:
 		s.leases[id] = lease
+		s.last[id] = lease
 	}
-	data, err := json.MarshalIndent(leaseFile{Leases: s.leases}, "", "  ")
+	data, err := json.MarshalIndent(leaseFile{Leases: s.leases, Last: s.last}, "", "  ")
 	if err == nil {
 		err = writeAtomic(s.dir, leasesName, data)
 	}
 	if err != nil {
-		if had {
-			s.leases[id] = old
-		} else {
-			delete(s.leases, id)
+		restore := func(m map[uint32]uint32, v uint32, ok bool) {
+			if ok {
+				m[id] = v
+			} else {
+				delete(m, id)
+			}
 		}
+		restore(s.leases, old, had)
+		restore(s.last, oldLast, hadLast)
 		return fmt.Errorf("%w: recording the writer lease of region %d: %v", ErrIO, id, err)
 	}
 	return nil
@@ -429,7 +461,7 @@ func (s *store) free(tenant, id uint32) ([]netip.AddrPort, error) {
 	// A lease of a region that is gone blocks nothing: a failure to
 	// forget it only leaves a line in leases.json that the next start
 	// ignores.
-	_ = s.recordLease(id, 0)
+	_ = s.recordLease(id, 0, true)
 	return cachers, nil
 }
 
@@ -453,28 +485,40 @@ func (s *store) list(tenant, first uint32, now time.Time) []RegionInfo {
 }
 
 // acquire grants the writer lease of r, or fails with ErrWriterBusy while
-// another unexpired lease is held.
-func (r *region) acquire(now time.Time, ttl time.Duration) (uint32, error) {
+// another unexpired lease is held. old, when not 0, is the lease the
+// writer held before (it lapsed, or the server lost it): the writer gets
+// it back only if no other lease was granted since; otherwise another
+// writer may have written, the old holder's writes not yet acknowledged
+// must not land over that, and it gets ErrWriterBusy (its client reports
+// ErrLeaseLost). A region whose last grant is unknown (leases.json was
+// removed) gives old back if no one holds it, as before.
+func (r *region) acquire(now time.Time, ttl time.Duration, old uint32) (uint32, error) {
 	if !r.info.Writable {
 		return 0, fmt.Errorf("%w: region %d", ErrReadOnly, r.info.ID)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.lease != 0 && now.Before(r.exp) {
+	if old != 0 && r.last != 0 && r.last != old {
+		return 0, fmt.Errorf("%w: region %d: lease %08x lost, another writer was granted the region since", ErrWriterBusy, r.info.ID, old)
+	}
+	held := r.lease != 0 && now.Before(r.exp)
+	if held && (old == 0 || r.lease != old) {
 		return 0, fmt.Errorf("%w: region %d", ErrWriterBusy, r.info.ID)
 	}
-	var lease uint32
-	for lease == 0 || lease == r.lease {
+	lease := old
+	for lease == 0 || old == 0 && (lease == r.lease || lease == r.last) {
 		var b [4]byte
 		_, _ = rand.Read(b[:])
 		lease = binary.BigEndian.Uint32(b[:])
 	}
-	// Recorded before it is granted: a lease the server would forget in a
-	// restart is not one writer at a time.
-	if err := r.st.recordLease(r.info.ID, lease); err != nil {
-		return 0, err
+	if r.lease != lease {
+		// Recorded before it is granted: a lease the server would forget
+		// in a restart is not one writer at a time.
+		if err := r.st.recordLease(r.info.ID, lease, false); err != nil {
+			return 0, err
+		}
 	}
-	r.lease = lease
+	r.lease, r.last = lease, lease
 	r.exp = now.Add(ttl)
 	return r.lease, nil
 }
@@ -492,7 +536,7 @@ func (r *region) holds(lease uint32, now time.Time, renew, release bool, ttl tim
 		// If this write fails the lease stays in leases.json, where a
 		// restart would restore it for one TTL: a delay for the next
 		// writer, never a second writer, so the release stands.
-		_ = r.st.recordLease(r.info.ID, 0)
+		_ = r.st.recordLease(r.info.ID, 0, false)
 	case renew:
 		r.exp = now.Add(ttl)
 	}
