@@ -157,6 +157,7 @@ func (c *Client) Create(ctx context.Context, size uint64, o CreateOptions) (Regi
 	if o.Writable {
 		k.rec.Aux = CreateWritable
 	}
+	k.rec.setNonce(newNonce()) // a repeat the memory node did not cache makes no second region
 	if err := c.do(ctx, k); err != nil {
 		return RegionInfo{}, fmt.Errorf("farmem: create: %w", err)
 	}
@@ -250,6 +251,7 @@ func (r *Region) open(ctx context.Context, old uint32) error {
 	k := &call{rec: Record{Op: OpOpen, Region: r.id}}
 	if r.writer {
 		k.rec.Aux, k.rec.Size = 1, old
+		k.rec.setNonce(newNonce()) // a repeat the memory node did not cache is not refused by its own lease
 	}
 	if err := r.c.do(ctx, k); err != nil {
 		return err
