@@ -157,6 +157,7 @@ func (c *Client) Create(ctx context.Context, size uint64, o CreateOptions) (Regi
 	if o.Writable {
 		k.rec.Aux = CreateWritable
 	}
+	k.rec.setNonce(newNonce()) // a repeat the memory node did not cache makes no second region
 	if err := c.do(ctx, k); err != nil {
 		return RegionInfo{}, fmt.Errorf("farmem: create: %w", err)
 	}
@@ -206,7 +207,7 @@ func (c *Client) Alloc(ctx context.Context, size uint64) (*Region, error) {
 // renewed in the background until Close.
 func (c *Client) Open(ctx context.Context, id uint32, writer bool) (*Region, error) {
 	r := &Region{c: c, id: id, writer: writer, stop: make(chan struct{}), stopped: make(chan struct{})}
-	if err := r.open(ctx); err != nil {
+	if err := r.open(ctx, 0); err != nil {
 		return nil, fmt.Errorf("farmem: open region %d: %w", id, err)
 	}
 	if writer {
@@ -233,6 +234,7 @@ type Region struct {
 	mu     sync.Mutex
 	lease  uint32
 	closed bool
+	lost   error   // wraps ErrLeaseLost once another writer got the region; under mu
 	static []Range // ranges in the DPU agent's static cache; under mu
 
 	stop, stopped chan struct{}
@@ -243,10 +245,13 @@ var (
 	_ io.WriterAt = (*Region)(nil)
 )
 
-func (r *Region) open(ctx context.Context) error {
+// open opens the region; a writer asks for the lease again with old, the
+// lease it held (0: a new writer).
+func (r *Region) open(ctx context.Context, old uint32) error {
 	k := &call{rec: Record{Op: OpOpen, Region: r.id}}
 	if r.writer {
-		k.rec.Aux = 1
+		k.rec.Aux, k.rec.Size = 1, old
+		k.rec.setNonce(newNonce()) // a repeat the memory node did not cache is not refused by its own lease
 	}
 	if err := r.c.do(ctx, k); err != nil {
 		return err
@@ -277,8 +282,23 @@ func (r *Region) currentLease() (uint32, error) {
 	return r.lease, nil
 }
 
+// lostErr returns the handle's ErrLeaseLost error, nil while it has not
+// lost its lease to another writer.
+func (r *Region) lostErr() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lost
+}
+
+// Err returns an error wrapping ErrLeaseLost once the writer's lease lapsed
+// and another writer was granted the region since (found by a write, a
+// Sync or a renewal): the bytes this handle reads may have been written by
+// it, and none of its writes are applied any more. Nil otherwise.
+func (r *Region) Err() error { return r.lostErr() }
+
 // renew keeps the writer lease alive at a third of its TTL, and takes it
-// again when the memory node lost it (a restart).
+// again when the memory node lost it (a restart) or it lapsed; it stops
+// once another writer got the region (ErrLeaseLost).
 func (r *Region) renew() {
 	defer close(r.stopped)
 	t := time.NewTicker(r.c.opts.LeaseTTL.D() / 3)
@@ -296,8 +316,8 @@ func (r *Region) renew() {
 			return
 		}
 		err = r.c.do(r.c.ctx, &call{rec: Record{Op: OpRenew, Region: r.id, Aux: lease}})
-		if errors.Is(err, ErrNotWriter) {
-			_ = r.reacquire(lease)
+		if errors.Is(err, ErrNotWriter) && errors.Is(r.reacquire(lease), ErrLeaseLost) {
+			return
 		}
 	}
 }
@@ -362,6 +382,9 @@ func (r *Region) WriteAt(p []byte, off int64) (int, error) {
 	if off < 0 || uint64(off) > r.size || uint64(len(p)) > r.size-uint64(off) {
 		return 0, fmt.Errorf("farmem: write region %d: %w: %d bytes at %d of %d", r.id, ErrOutOfRange, len(p), off, r.size)
 	}
+	if err := r.lostErr(); err != nil {
+		return 0, fmt.Errorf("farmem: write region %d: %w", r.id, err)
+	}
 	err := r.chunks(len(p), off, func(lo, hi int) error {
 		for try := 0; ; try++ {
 			lease, err := r.currentLease()
@@ -370,8 +393,9 @@ func (r *Region) WriteAt(p []byte, off int64) (int, error) {
 			}
 			err = r.c.do(r.c.ctx, &call{rec: Record{Op: OpWrite, Region: r.id, Offset: uint64(off) + uint64(lo), Size: uint32(hi - lo), Aux: lease}, data: p[lo:hi]})
 			if errors.Is(err, ErrNotWriter) && try == 0 {
-				// The memory node restarted and lost the lease: take it
-				// again (refused if another writer got it meanwhile).
+				// The lease lapsed, or the memory node lost it: take it
+				// again, unless another writer got it meanwhile
+				// (ErrLeaseLost: this chunk is not written).
 				if err := r.reacquire(lease); err != nil {
 					return err
 				}
@@ -387,24 +411,49 @@ func (r *Region) WriteAt(p []byte, off int64) (int, error) {
 }
 
 // reacquire takes the writer lease again after the memory node reported
-// lease old invalid, once for all the chunks that saw it fail.
+// lease old invalid, once for all the chunks that saw it fail. The memory
+// node gives it back only if no other writer was granted the region since;
+// if one was, the handle has lost the region for good: it returns, and from
+// then on every write and Sync returns, an error wrapping ErrLeaseLost.
 func (r *Region) reacquire(old uint32) error {
 	r.reacq.Lock()
 	defer r.reacq.Unlock()
 	r.mu.Lock()
-	changed := r.lease != old
+	changed, lost := r.lease != old, r.lost
 	r.mu.Unlock()
+	if lost != nil {
+		return lost
+	}
 	if changed {
 		return nil
 	}
-	return r.open(r.c.ctx)
+	err := r.open(r.c.ctx, old)
+	if !errors.Is(err, ErrWriterBusy) {
+		return err
+	}
+	lost = fmt.Errorf("%w: region %d was granted to another writer after this writer's lease lapsed; "+
+		"writes through this handle not acknowledged before are not applied (%w)", ErrLeaseLost, r.id, err)
+	r.mu.Lock()
+	if r.lost == nil {
+		r.lost = lost
+	}
+	lost = r.lost
+	r.mu.Unlock()
+	if l := r.c.opts.Logger; l != nil {
+		l.Warn("farmem: writer lease lost", "region", r.id, "err", lost)
+	}
+	return lost
 }
 
 // Sync makes every acknowledged write durable on the memory node's disk
 // (fsync of the backing file).
+// A writer that lost its lease to another writer gets ErrLeaseLost.
 func (r *Region) Sync() error {
 	if _, err := r.currentLease(); err != nil {
 		return err
+	}
+	if err := r.lostErr(); err != nil {
+		return fmt.Errorf("farmem: sync region %d: %w", r.id, err)
 	}
 	if err := r.c.do(r.c.ctx, &call{rec: Record{Op: OpSync, Region: r.id}}); err != nil {
 		return fmt.Errorf("farmem: sync region %d: %w", r.id, err)
@@ -428,6 +477,9 @@ func (r *Region) Close() error {
 	}
 	close(r.stop)
 	<-r.stopped
+	if r.lostErr() != nil {
+		return nil // no lease to release: another writer has the region
+	}
 	if err := r.c.do(r.c.ctx, &call{rec: Record{Op: OpRelease, Region: r.id, Aux: lease}}); err != nil {
 		return fmt.Errorf("farmem: close region %d: %w", r.id, err)
 	}

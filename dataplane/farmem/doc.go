@@ -43,6 +43,13 @@ var (
 	// ErrNotWriter: a write or writer operation without a valid writer
 	// lease (never granted, released, expired, or lost to a server restart).
 	ErrNotWriter = errors.New("farmem: no valid writer lease")
+	// ErrLeaseLost: a writer's lease lapsed (its client could not renew it
+	// for a TTL) and another writer was granted the region since, so it
+	// may have written: the handle's writes that were not acknowledged
+	// are not applied, and every later write and Sync through the handle
+	// fails with it. Errors wrapping it also wrap ErrWriterBusy (the
+	// memory node's answer to the handle's try to take the lease back).
+	ErrLeaseLost = errors.New("farmem: writer lease lost to another writer")
 	// ErrReadOnly: a writer asked for on a region created read-only.
 	ErrReadOnly = errors.New("farmem: region is read-only")
 	// ErrNoSpace: the server's capacity would be exceeded.

@@ -77,7 +77,11 @@ func (p *packer) add(addr netip.AddrPort, tenant uint32, typ wire.Type, r Record
 		if len(data) > p.room() {
 			return fmt.Errorf("%w: %v record of %d data bytes exceeds a %d-byte datagram", ErrBadRequest, r.Op, len(data), p.max)
 		}
-		i := p.dgram(addr, tenant, typ, r.Region, RecordHdrLen+len(data))
+		dst := r.Region
+		if r.Op == OpCreate && typ != wire.TypeMemReply {
+			dst = 0 // a create request's region holds half its nonce
+		}
+		i := p.dgram(addr, tenant, typ, dst, RecordHdrLen+len(data))
 		p.put(i, &r, data)
 		return nil
 	}

@@ -1,6 +1,7 @@
 package farmem
 
 import (
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -39,8 +40,8 @@ type Op uint8
 const (
 	OpRead    Op = 1 // region, offset, size → data
 	OpWrite   Op = 2 // region, offset, size, aux=lease, data fragments → status
-	OpCreate  Op = 3 // offset=size, aux=CreateFlags, data=preload path → region, offset=size
-	OpOpen    Op = 4 // region, aux=1 for a writer → offset=size, aux=lease, size=flags
+	OpCreate  Op = 3 // offset=size, aux=CreateFlags, region<<32|size=nonce, data=preload path → region, offset=size
+	OpOpen    Op = 4 // region, aux=1 for a writer, size=its lapsed lease (OpOpen's retake), offset=nonce → offset=size, aux=lease, size=flags
 	OpRenew   Op = 5 // region, aux=lease → status
 	OpRelease Op = 6 // region, aux=lease → status
 	OpFree    Op = 7 // region → status
@@ -68,6 +69,56 @@ const (
 	// unknown op); a memory node sends it only to peers that asked.
 	OpFreed Op = 12
 )
+
+// OpOpen's retake: a writer whose lease lapsed or was lost to a restart
+// asks for it back with the old lease in the request's size (0: a new
+// writer). The memory node gives it back only if no other writer was
+// granted the region since (it keeps the last lease granted in
+// leases.json); otherwise it answers StatusWriterBusy, which the client
+// reports as ErrLeaseLost. Memory nodes that predate it ignore the size
+// and grant the lease whenever no other writer holds it.
+
+// Nonces: a client gives each create and each writer's open a random
+// non-zero 64-bit nonce, the same in every retransmission of it (an open:
+// in offset; a create: the high half in region, the low half in size), and
+// the memory node keeps it with the region it made or the lease it granted
+// (regions.json, leases.json). A repeat that its reply cache cannot answer
+// (the memory node restarted, or a restarted DPU agent forwards it again
+// under a new ID) gets the first answer: the same region, the same lease.
+// 0 is no nonce (peers that predate it, which send zeros there; memory
+// nodes that predate it ignore it). A create's header dst stays 0.
+
+// nonce returns a create's or open's nonce, 0 for other ops.
+func (r *Record) nonce() uint64 {
+	switch r.Op {
+	case OpCreate:
+		return uint64(r.Region)<<32 | uint64(r.Size)
+	case OpOpen:
+		return r.Offset
+	}
+	return 0
+}
+
+// setNonce puts n into a create or open request.
+func (r *Record) setNonce(n uint64) {
+	switch r.Op {
+	case OpCreate:
+		r.Region, r.Size = uint32(n>>32), uint32(n)
+	case OpOpen:
+		r.Offset = n
+	}
+}
+
+// newNonce returns a random non-zero nonce.
+func newNonce() uint64 {
+	var b [8]byte
+	for {
+		_, _ = rand.Read(b[:])
+		if n := binary.BigEndian.Uint64(b[:]); n != 0 {
+			return n
+		}
+	}
+}
 
 // ReadCaches, in an OpRead's aux, says that the requester keeps the bytes
 // (a DPU agent's entry fill or static load): the memory node then sends it

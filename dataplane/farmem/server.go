@@ -136,7 +136,7 @@ func (s *Server) Addr() netip.AddrPort { return s.tr.LocalAddr() }
 
 // Create makes a region for tenant (lovelockd's API calls it directly).
 func (s *Server) Create(tenant uint32, size uint64, writable bool, preload string) (RegionInfo, error) {
-	return s.st.create(tenant, size, writable, preload)
+	return s.st.create(tenant, size, writable, preload, 0)
 }
 
 // Free deletes region id of tenant (0: any tenant) and its backing file,
@@ -302,6 +302,7 @@ func (s *Server) execute(pk *packer, q *request, buf []byte) {
 		}
 		switch rec.Op {
 		case OpCreate:
+			reply.Region, reply.Size = 0, 0 // the request's are its nonce
 			preload := string(rec.Data)
 			if preload != "" {
 				var err error
@@ -310,7 +311,7 @@ func (s *Server) execute(pk *packer, q *request, buf []byte) {
 					return err
 				}
 			}
-			ri, err := s.st.create(q.tenant, rec.Offset, rec.Aux&CreateWritable != 0, preload)
+			ri, err := s.st.create(q.tenant, rec.Offset, rec.Aux&CreateWritable != 0, preload, rec.nonce())
 			reply.Region, reply.Offset = ri.ID, ri.Size
 			return err
 		case OpList:
@@ -350,12 +351,13 @@ func (s *Server) execute(pk *packer, q *request, buf []byte) {
 			}
 			s.wrote.Add(uint64(len(rec.Data)))
 		case OpOpen:
-			reply.Offset = r.info.Size
+			reply.Offset, reply.Size = r.info.Size, 0
 			if r.info.Writable {
 				reply.Size = CreateWritable
 			}
 			if rec.Aux == 1 {
-				lease, err := r.acquire(now, ttl)
+				// Size: the lease the writer held before (OpenRetake).
+				lease, err := r.acquire(now, ttl, rec.Size, rec.nonce())
 				reply.Aux = lease
 				return err
 			}

@@ -1,6 +1,7 @@
 package farmem
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/json"
@@ -74,7 +75,10 @@ func parseInfos(b []byte) ([]RegionInfo, error) {
 // for one TTL from the restart, which its holder's renewals extend. Expiry
 // times are not written (renewals would cost an fsync each); a holder that
 // died holds its region for at most one TTL after a restart, as it would
-// without one.
+// without one. The file also keeps, per region, the last lease granted
+// (released or expired ones too), so that a writer whose lease lapsed takes
+// it again only if no other writer was granted the region since, across
+// restarts as well (region.acquire).
 type store struct {
 	dir      string
 	capacity uint64
@@ -85,19 +89,44 @@ type store struct {
 	used     uint64          // bytes of regions and reservations
 	nextID   uint32
 
-	// leaseMu orders the writes of leases.json; leases is what it holds,
-	// by region. Lock order: a region's mu, then leaseMu.
+	// leaseMu orders the writes of leases.json; leases and last are what
+	// it holds, by region: the leases held, and the last one granted.
+	// Lock order: a region's mu, then leaseMu.
 	leaseMu sync.Mutex
 	leases  map[uint32]uint32
+	last    map[uint32]uint32
+	nonces  map[uint32]uint64 // of the opens that got the leases held
+
+	// byNonce finds a region by the nonce of the create that made it, so
+	// that a repeated create (after a restart, or forwarded again by a
+	// restarted DPU agent) answers the first one's region; creating holds
+	// the nonces of creates in progress. Under mu.
+	byNonce  map[createKey]uint32
+	creating map[createKey]chan struct{}
+}
+
+// createKey is a create's nonce, of its tenant.
+type createKey struct {
+	tenant uint32
+	nonce  uint64
 }
 
 type region struct {
 	info  RegionInfo
 	f     *os.File
 	st    *store
-	mu    sync.Mutex // lease
+	mu    sync.Mutex // lease, exp, last, nonce
 	lease uint32
 	exp   time.Time
+	// nonce is that of the open that got lease (0: none): a repeat of
+	// that open gets the same lease back instead of ErrWriterBusy.
+	nonce uint64
+	// createNonce is that of the create that made the region (0: none).
+	createNonce uint64
+	// last is the last lease granted, held or not (0: none known): a
+	// writer that asks for its lapsed lease back gets it only if it is
+	// still this one.
+	last uint32
 
 	// cachers are the peers whose reads asked to hear of the region's free
 	// (ReadCaches), the most recent last, at most maxCachers; freed is set
@@ -149,6 +178,9 @@ func (r *region) takeCachers() []netip.AddrPort {
 type metaFile struct {
 	NextID  uint32       `json:"next_id"`
 	Regions []RegionInfo `json:"regions"`
+	// CreateNonces are the nonces of the creates that made the regions,
+	// by region (servers that predate them ignore them).
+	CreateNonces map[uint32]uint64 `json:"create_nonces,omitempty"`
 }
 
 const (
@@ -156,9 +188,14 @@ const (
 	leasesName = "leases.json"
 )
 
-// leaseFile is leases.json: the writer lease of each region that has one.
+// leaseFile is leases.json: the writer lease of each region that has one,
+// and the last lease granted of each region that had one (servers that
+// predate it ignore it; without it, the held lease counts as the last).
 type leaseFile struct {
 	Leases map[uint32]uint32 `json:"leases"`
+	Last   map[uint32]uint32 `json:"last,omitempty"`
+	// Nonces are those of the opens that got the leases held.
+	Nonces map[uint32]uint64 `json:"nonces,omitempty"`
 }
 
 func regionFile(dir string, id uint32) string {
@@ -173,7 +210,8 @@ func openStore(dir string, capacity uint64, idBase uint32, leaseUntil time.Time)
 		return nil, fmt.Errorf("farmem: state dir: %w", err)
 	}
 	s := &store{dir: dir, capacity: capacity, regions: make(map[uint32]*region), reserved: make(map[uint32]bool), nextID: max(idBase, 1),
-		leases: make(map[uint32]uint32)}
+		leases: make(map[uint32]uint32), last: make(map[uint32]uint32), nonces: make(map[uint32]uint64),
+		byNonce: make(map[createKey]uint32), creating: make(map[createKey]chan struct{})}
 	data, err := os.ReadFile(filepath.Join(dir, metaName))
 	if errors.Is(err, os.ErrNotExist) {
 		return s, nil
@@ -207,6 +245,18 @@ func openStore(dir string, capacity uint64, idBase uint32, leaseUntil time.Time)
 		if lease := lf.Leases[ri.ID]; lease != 0 && ri.Writable {
 			r.lease, r.exp = lease, leaseUntil
 			s.leases[ri.ID] = lease
+			if n := lf.Nonces[ri.ID]; n != 0 {
+				r.nonce = n
+				s.nonces[ri.ID] = n
+			}
+		}
+		if n := m.CreateNonces[ri.ID]; n != 0 {
+			r.createNonce = n
+			s.byNonce[createKey{ri.Tenant, n}] = ri.ID
+		}
+		if last := cmp.Or(lf.Last[ri.ID], r.lease); last != 0 && ri.Writable {
+			r.last = last
+			s.last[ri.ID] = last
 		}
 		s.regions[ri.ID] = r
 		s.used += ri.Size
@@ -214,28 +264,53 @@ func openStore(dir string, capacity uint64, idBase uint32, leaseUntil time.Time)
 	return s, nil
 }
 
-// recordLease writes region id's lease (0: none) to leases.json.
-func (s *store) recordLease(id, lease uint32) error {
+// recordLease writes region id's lease (0: none; a non-zero one is also
+// the last granted) and the nonce of the open that got it (0: none) to
+// leases.json. forget drops the region's entries altogether (it was freed).
+func (s *store) recordLease(id, lease uint32, nonce uint64, forget bool) error {
 	s.leaseMu.Lock()
 	defer s.leaseMu.Unlock()
 	old, had := s.leases[id]
-	if lease == 0 {
+	oldLast, hadLast := s.last[id]
+	oldNonce, hadNonce := s.nonces[id]
+	delete(s.nonces, id)
+	switch {
+	case forget:
+		if !had && !hadLast {
+			return nil
+		}
+		delete(s.leases, id)
+		delete(s.last, id)
+	case lease == 0:
 		if !had {
 			return nil
 		}
 		delete(s.leases, id)
-	} else {
+	default:
 		s.leases[id] = lease
+		s.last[id] = lease
+		if nonce != 0 {
+			s.nonces[id] = nonce
+		}
 	}
-	data, err := json.MarshalIndent(leaseFile{Leases: s.leases}, "", "  ")
+	data, err := json.MarshalIndent(leaseFile{Leases: s.leases, Last: s.last, Nonces: s.nonces}, "", "  ")
 	if err == nil {
 		err = writeAtomic(s.dir, leasesName, data)
 	}
 	if err != nil {
-		if had {
-			s.leases[id] = old
+		restore := func(m map[uint32]uint32, v uint32, ok bool) {
+			if ok {
+				m[id] = v
+			} else {
+				delete(m, id)
+			}
+		}
+		restore(s.leases, old, had)
+		restore(s.last, oldLast, hadLast)
+		if hadNonce {
+			s.nonces[id] = oldNonce
 		} else {
-			delete(s.leases, id)
+			delete(s.nonces, id)
 		}
 		return fmt.Errorf("%w: recording the writer lease of region %d: %v", ErrIO, id, err)
 	}
@@ -257,6 +332,12 @@ func (s *store) saveMeta() error {
 		ri := r.info
 		ri.Writer = false
 		m.Regions = append(m.Regions, ri)
+		if r.createNonce != 0 {
+			if m.CreateNonces == nil {
+				m.CreateNonces = make(map[uint32]uint64)
+			}
+			m.CreateNonces[ri.ID] = r.createNonce
+		}
 	}
 	sort.Slice(m.Regions, func(i, j int) bool { return m.Regions[i].ID < m.Regions[j].ID })
 	data, err := json.MarshalIndent(m, "", "  ")
@@ -302,8 +383,41 @@ func syncDir(dir string) error {
 // file at preload (size 0 takes the file's size; a larger size pads with
 // zeros). Capacity counts region sizes, and the backing file's blocks are
 // reserved (fallocate) where the file system can, so a full server refuses
-// instead of failing writes later.
-func (s *store) create(tenant uint32, size uint64, writable bool, preload string) (RegionInfo, error) {
+// instead of failing writes later. A create with the nonce (not 0) of one
+// that made a region of the tenant returns that region instead; a create
+// with the nonce of one in progress waits for it if it preloads (it runs off
+// the server's loop), and otherwise fails with ErrUnavailable, to be
+// retransmitted (only a forged one can meet that: a create without a
+// preload runs on the loop, one at a time).
+func (s *store) create(tenant uint32, size uint64, writable bool, preload string, nonce uint64) (RegionInfo, error) {
+	if nonce != 0 {
+		k := createKey{tenant, nonce}
+		for {
+			s.mu.Lock()
+			if id, ok := s.byNonce[k]; ok {
+				r := s.regions[id]
+				s.mu.Unlock()
+				return r.info, nil
+			}
+			ch, busy := s.creating[k]
+			if !busy {
+				s.creating[k] = make(chan struct{})
+				s.mu.Unlock()
+				break
+			}
+			s.mu.Unlock()
+			if preload == "" {
+				return RegionInfo{}, fmt.Errorf("%w: a create with nonce %016x is in progress", ErrUnavailable, nonce)
+			}
+			<-ch
+		}
+		defer func() {
+			s.mu.Lock()
+			close(s.creating[k])
+			delete(s.creating, k)
+			s.mu.Unlock()
+		}()
+	}
 	var src *os.File
 	if preload != "" {
 		f, err := os.Open(preload)
@@ -379,13 +493,16 @@ func (s *store) create(tenant uint32, size uint64, writable bool, preload string
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.reserved, id)
-	s.regions[id] = &region{info: ri, f: f, st: s}
+	s.regions[id] = &region{info: ri, f: f, st: s, createNonce: nonce}
 	if err := s.saveMeta(); err != nil {
 		delete(s.regions, id)
 		s.used -= size
 		f.Close()
 		os.Remove(path)
 		return RegionInfo{}, fmt.Errorf("%w: metadata: %v", ErrIO, err)
+	}
+	if nonce != 0 {
+		s.byNonce[createKey{tenant, nonce}] = id
 	}
 	return ri, nil
 }
@@ -422,6 +539,9 @@ func (s *store) free(tenant, id uint32) ([]netip.AddrPort, error) {
 		s.regions[id] = r
 		return nil, fmt.Errorf("%w: metadata: %v", ErrIO, err)
 	}
+	if r.createNonce != 0 {
+		delete(s.byNonce, createKey{r.info.Tenant, r.createNonce})
+	}
 	cachers := r.takeCachers()
 	s.used -= r.info.Size
 	_ = r.f.Close()
@@ -429,7 +549,7 @@ func (s *store) free(tenant, id uint32) ([]netip.AddrPort, error) {
 	// A lease of a region that is gone blocks nothing: a failure to
 	// forget it only leaves a line in leases.json that the next start
 	// ignores.
-	_ = s.recordLease(id, 0)
+	_ = s.recordLease(id, 0, 0, true)
 	return cachers, nil
 }
 
@@ -453,28 +573,49 @@ func (s *store) list(tenant, first uint32, now time.Time) []RegionInfo {
 }
 
 // acquire grants the writer lease of r, or fails with ErrWriterBusy while
-// another unexpired lease is held.
-func (r *region) acquire(now time.Time, ttl time.Duration) (uint32, error) {
+// another unexpired lease is held. old, when not 0, is the lease the
+// writer held before (it lapsed, or the server lost it): the writer gets
+// it back only if no other lease was granted since; otherwise another
+// writer may have written, the old holder's writes not yet acknowledged
+// must not land over that, and it gets ErrWriterBusy (its client reports
+// ErrLeaseLost). A region whose last grant is unknown (leases.json was
+// removed) gives old back if no one holds it, as before. nonce, when not 0,
+// is the open's: a repeat of the open that got the lease now held (or
+// lapsed with no grant since) gets that lease again, renewed, so that a
+// retransmitted open that the reply cache does not answer (a restart of
+// the server, or of the DPU agent that forwards it under a new ID) is not
+// refused by its own lease.
+func (r *region) acquire(now time.Time, ttl time.Duration, old uint32, nonce uint64) (uint32, error) {
 	if !r.info.Writable {
 		return 0, fmt.Errorf("%w: region %d", ErrReadOnly, r.info.ID)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.lease != 0 && now.Before(r.exp) {
+	if nonce != 0 && r.nonce == nonce && r.lease != 0 {
+		r.exp = now.Add(ttl)
+		return r.lease, nil
+	}
+	if old != 0 && r.last != 0 && r.last != old {
+		return 0, fmt.Errorf("%w: region %d: lease %08x lost, another writer was granted the region since", ErrWriterBusy, r.info.ID, old)
+	}
+	held := r.lease != 0 && now.Before(r.exp)
+	if held && (old == 0 || r.lease != old) {
 		return 0, fmt.Errorf("%w: region %d", ErrWriterBusy, r.info.ID)
 	}
-	var lease uint32
-	for lease == 0 || lease == r.lease {
+	lease := old
+	for lease == 0 || old == 0 && (lease == r.lease || lease == r.last) {
 		var b [4]byte
 		_, _ = rand.Read(b[:])
 		lease = binary.BigEndian.Uint32(b[:])
 	}
-	// Recorded before it is granted: a lease the server would forget in a
-	// restart is not one writer at a time.
-	if err := r.st.recordLease(r.info.ID, lease); err != nil {
-		return 0, err
+	if r.lease != lease || r.nonce != nonce {
+		// Recorded before it is granted: a lease the server would forget
+		// in a restart is not one writer at a time.
+		if err := r.st.recordLease(r.info.ID, lease, nonce, false); err != nil {
+			return 0, err
+		}
 	}
-	r.lease = lease
+	r.lease, r.last, r.nonce = lease, lease, nonce
 	r.exp = now.Add(ttl)
 	return r.lease, nil
 }
@@ -488,11 +629,11 @@ func (r *region) holds(lease uint32, now time.Time, renew, release bool, ttl tim
 	}
 	switch {
 	case release:
-		r.lease = 0
+		r.lease, r.nonce = 0, 0
 		// If this write fails the lease stays in leases.json, where a
 		// restart would restore it for one TTL: a delay for the next
 		// writer, never a second writer, so the release stands.
-		_ = r.st.recordLease(r.info.ID, 0)
+		_ = r.st.recordLease(r.info.ID, 0, 0, false)
 	case renew:
 		r.exp = now.Add(ttl)
 	}
