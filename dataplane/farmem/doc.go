@@ -65,13 +65,14 @@ var (
 	ErrNoServer = errors.New("farmem: no memory node for region")
 )
 
-// Lost reports whether err says that a region's bytes cannot be had by
-// asking again: the region is unknown to every memory node (it was freed),
-// belongs to another tenant, or the request is malformed or out of its
-// range. An unreachable node (ErrUnavailable, ErrNoServer) or its failing
-// disk (ErrIO) may come back, and is not lost.
+// Lost reports whether err says that a region's bytes cannot be had, or
+// written, by asking again: the region is unknown to every memory node (it
+// was freed), belongs to another tenant, the request is malformed or out of
+// its range, or the writer lost its lease to another writer
+// (ErrLeaseLost). An unreachable node (ErrUnavailable, ErrNoServer) or its
+// failing disk (ErrIO) may come back, and is not lost.
 func Lost(err error) bool {
-	for _, e := range []error{ErrUnknownRegion, ErrWrongTenant, ErrOutOfRange, ErrBadRequest} {
+	for _, e := range []error{ErrUnknownRegion, ErrWrongTenant, ErrOutOfRange, ErrBadRequest, ErrLeaseLost} {
 		if errors.Is(err, e) {
 			return true
 		}

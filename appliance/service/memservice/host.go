@@ -138,6 +138,17 @@ func (r *countedRegion) ReadAt(p []byte, off int64) (int, error) {
 	return n, err
 }
 
+// WriteAt marks them too: a write-back that can never land (the region is
+// gone, or another writer got it after this one's lease lapsed) poisons its
+// chunk instead of staying dirty in the program's buffer for good.
+func (r *countedRegion) WriteAt(p []byte, off int64) (int, error) {
+	n, err := r.Region.WriteAt(p, off)
+	if farmem.Lost(err) {
+		err = fmt.Errorf("%w (%w)", err, fmap.ErrLost)
+	}
+	return n, err
+}
+
 // listenUnix listens on path, mode 0600, replacing a socket nobody answers
 // on and refusing one a live process serves.
 func listenUnix(path string) (*net.UnixListener, error) {

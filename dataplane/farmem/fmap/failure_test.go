@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lovelock-dpu/lovelock/control/testenv"
 )
 
 const syncErrSize = 1 << 20
@@ -306,5 +308,64 @@ func helperEvictFail() error {
 		return fmt.Errorf("%d inline + %d background evictions, but %d evictions", st.Inline, st.Background, st.Evictions)
 	}
 	m.Close() // fails: the backend takes no writes
+	return nil
+}
+
+// TestWritesLostPoison: write-backs that can never land (ErrLost: the
+// region was freed, or another writer got it after this one's lease
+// lapsed) poison their chunks instead of keeping them dirty in the buffer
+// for good: the program goes on within its buffer, a touch of such a chunk
+// raises SIGBUS, and Sync and Close report the lost writes. Before, every
+// such chunk stayed resident and dirty, the buffer filled past its
+// capacity, and the chunks went on serving writes that were never kept.
+func TestWritesLostPoison(t *testing.T) {
+	a := startAgent(t)
+	be := a.add(1, NewMemBackend(syncErrSize))
+	be.writesLost.Store(true)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	t.Log(runHelper(t, ctx, "writeslost", "FMAP_SOCK="+a.sock))
+	if n := be.writes.Load(); n != 0 {
+		t.Errorf("%d writes reached the backend, want none", n)
+	}
+}
+
+func helperWritesLost() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const chunks = syncErrSize / DefaultChunkSize
+	m, err := Map(ctx, os.Getenv("FMAP_SOCK"), RegionRef{ID: 1}, Options{BufferBytes: 2 * DefaultChunkSize})
+	if err != nil {
+		return err
+	}
+	b := m.Bytes()
+	for c := range chunks {
+		if _, ok := writeByte(b, c*DefaultChunkSize, 1); !ok {
+			return fmt.Errorf("chunk %d: SIGBUS on its first write", c)
+		}
+	}
+	st, err := m.Stats(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("STATS %+v\n", st)
+	if st.Inline+st.Background != st.Evictions {
+		return fmt.Errorf("%d inline + %d background evictions, but %d evictions", st.Inline, st.Background, st.Evictions)
+	}
+	if st.Poisoned < chunks-2 || st.Resident > st.Capacity {
+		return fmt.Errorf("%d of %d chunks poisoned, %d resident of %d: want the chunks evicted poisoned and the buffer within its capacity",
+			st.Poisoned, chunks, st.Resident, st.Capacity)
+	}
+	if _, _, ok := testenv.ReadByte(b, 0); ok {
+		return errors.New("chunk 0, whose write-back was lost: read without SIGBUS")
+	}
+	serr := m.Sync(ctx)
+	fmt.Printf("SYNC %v\n", serr)
+	if serr == nil || !strings.Contains(serr.Error(), "can never be written back") {
+		return fmt.Errorf("Sync: %v, want the lost writes reported", serr)
+	}
+	if cerr := m.Close(); cerr == nil {
+		return errors.New("Close: nil, want the lost writes reported")
+	}
 	return nil
 }

@@ -332,6 +332,47 @@ func (h *handler) poisonChunk(addr uint64, after time.Duration, cause error) (bo
 	return true, nil
 }
 
+// dropLostLocked gives up on chunk ci, being evicted or flushed, whose
+// write-back failed with ErrLost (the region is gone, or another writer
+// holds it since this one's lease lapsed): its writes can never land, so
+// rather than stay dirty in the buffer for good (a buffer full of such
+// chunks would leave faults no slot), it is dropped and poisoned, its
+// accesses raise SIGBUS, and every Sync reports the loss. The chunk is
+// write-protected (for its write-back): it is punched out first, then the
+// protection lifted, which clears the uffd-wp markers poisoning would step
+// over (see retire), and wakes writers waiting on it, whose retried faults
+// find the chunk poisoned. On failure the chunk is left as it was.
+func (h *handler) dropLostLocked(ci int, cause error) error {
+	off, n := h.span(ci)
+	if err := unix.Fallocate(h.memfd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(off), int64(n)); err != nil {
+		return err
+	}
+	if !h.gone {
+		err := uffdWriteProtect(h.uffd, h.base+off, n, false)
+		if err == nil {
+			err = uffdPoison(h.uffd, h.base+off, n, h.r.pageSize)
+		}
+		if err == nil {
+			err = uffdWake(h.uffd, h.base+off, n)
+		}
+		if errors.Is(err, errGone) {
+			h.gone = true
+		} else if err != nil {
+			return err
+		}
+	}
+	h.state[ci] = poisoned
+	h.dirty[ci] = false
+	h.occupied--
+	h.stats.Poisoned++
+	if h.poison == nil {
+		h.poison = fmt.Errorf("chunk %d (bytes %d-%d) poisoned, its accesses raise SIGBUS: its writes can never be written back: %w",
+			ci, off, off+n-1, cause)
+	}
+	h.cond.Broadcast()
+	return nil
+}
+
 func (h *handler) countRetry() {
 	h.mu.Lock()
 	h.stats.Retries++
@@ -558,6 +599,12 @@ func (h *handler) evictLocked(ci int, buf []byte) error {
 	}
 	h.mu.Lock()
 	h.cond.Broadcast()
+	if err != nil && dirty && errors.Is(err, ErrLost) {
+		if derr := h.dropLostLocked(ci, err); derr == nil {
+			h.stats.Evictions++ // it left the buffer; Sync reports its lost writes
+			return nil
+		}
+	}
 	if err != nil {
 		h.state[ci] = resident
 		h.dirty[ci] = h.dirty[ci] || dirty
@@ -646,7 +693,8 @@ func (h *handler) cleaner(ctx context.Context) {
 func (h *handler) flush(final bool) error {
 	buf := make([]byte, h.r.chunk)
 	var errs []error
-	failed := 0 // chunks left dirty
+	failed := 0  // chunks left dirty
+	dropped := 0 // chunks whose writes can never land, poisoned (dropLostLocked)
 	h.mu.Lock()
 	for ci := range h.state {
 		for h.state[ci] == evicting || h.state[ci] == fetching {
@@ -667,8 +715,16 @@ func (h *handler) flush(final bool) error {
 		h.mu.Unlock()
 		err := h.writeBack(ci, off, buf[:n])
 		h.mu.Lock()
-		h.state[ci] = resident
 		h.cond.Broadcast()
+		if err != nil && errors.Is(err, ErrLost) {
+			h.lru.remove(ci)
+			if derr := h.dropLostLocked(ci, err); derr == nil {
+				dropped++
+				continue
+			}
+			h.lru.pushFront(ci)
+		}
+		h.state[ci] = resident
 		if err != nil {
 			h.dirty[ci] = true
 			failed++
@@ -696,6 +752,13 @@ func (h *handler) flush(final bool) error {
 	var notes []string
 	if len(errs) > 1 {
 		notes = append(notes, fmt.Sprintf("and %d more errors", len(errs)-1))
+	}
+	if dropped > 0 {
+		what := fmt.Sprintf("%d chunks", dropped)
+		if dropped == 1 {
+			what = "1 chunk"
+		}
+		notes = append(notes, fmt.Sprintf("the writes in %s can never be written back and are lost; their accesses raise SIGBUS", what))
 	}
 	switch {
 	case failed > 0 && final:

@@ -34,6 +34,7 @@ type countingBackend struct {
 	failWrites    atomic.Bool  // inject write errors
 	failReadAt    atomic.Int64 // 1 + an offset whose reads fail; 0 for none
 	failLost      atomic.Bool  // those reads fail with ErrLost
+	writesLost    atomic.Bool  // every write fails with ErrLost
 }
 
 func (c *countingBackend) ReadAt(p []byte, off int64) (int, error) {
@@ -50,6 +51,9 @@ func (c *countingBackend) ReadAt(p []byte, off int64) (int, error) {
 func (c *countingBackend) WriteAt(p []byte, off int64) (int, error) {
 	if c.failWrites.Load() {
 		return 0, fmt.Errorf("injected write error at %d", off)
+	}
+	if c.writesLost.Load() {
+		return 0, fmt.Errorf("injected write error at %d: another writer holds the region: %w", off, ErrLost)
 	}
 	c.writes.Add(1)
 	return c.MemBackend.WriteAt(p, off)
@@ -197,6 +201,8 @@ func helperProcess(role string) error {
 		err = helperCancelSync()
 	case "evictfail":
 		err = helperEvictFail()
+	case "writeslost":
+		err = helperWritesLost()
 	case "eexist":
 		err = helperEExist()
 	case "exit-dirty":
