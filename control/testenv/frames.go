@@ -28,6 +28,18 @@ func UDPFrame(dport uint16) []byte {
 // whose chunk was poisoned raises SIGBUS): ok is false and fault the
 // address when the read faulted. Any other panic goes on.
 func ReadByte(b []byte, i int) (v byte, fault uintptr, ok bool) {
+	fault, ok = faulting(func() { v = b[i] })
+	return v, fault, ok
+}
+
+// WriteByte writes b[i] = v to memory that may fault, as ReadByte reads.
+func WriteByte(b []byte, i int, v byte) (fault uintptr, ok bool) {
+	return faulting(func() { b[i] = v })
+}
+
+// faulting runs access, turning a memory fault in it into ok false and the
+// faulting address.
+func faulting(access func()) (fault uintptr, ok bool) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		r := recover()
@@ -41,5 +53,6 @@ func ReadByte(b []byte, i int) (v byte, fault uintptr, ok bool) {
 		}
 		panic(r)
 	}()
-	return b[i], 0, true
+	access()
+	return 0, true
 }

@@ -11,8 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
-	"runtime/debug"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -311,7 +309,7 @@ func helperAgentStop() error {
 		var fault uintptr
 		var ok bool
 		if tc.write {
-			fault, ok = writeByte(b, tc.i, 1)
+			fault, ok = testenv.WriteByte(b, tc.i, 1)
 		} else {
 			_, fault, ok = testenv.ReadByte(b, tc.i)
 		}
@@ -329,24 +327,4 @@ func helperAgentStop() error {
 	}
 	fmt.Printf("CLOSE %v\n", m.Close()) // the agent is gone: an error
 	return nil
-}
-
-// writeByte writes b[i] = v to memory that may fault, as testenv.ReadByte
-// reads.
-func writeByte(b []byte, i int, v byte) (fault uintptr, ok bool) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		r := recover()
-		if r == nil {
-			return
-		}
-		var ae interface{ Addr() uintptr }
-		if e, isErr := r.(runtime.Error); isErr && errors.As(e, &ae) {
-			fault, ok = ae.Addr(), false
-			return
-		}
-		panic(r)
-	}()
-	b[i] = v
-	return 0, true
 }

@@ -340,7 +340,7 @@ func helperWritesLost() error {
 	}
 	b := m.Bytes()
 	for c := range chunks {
-		if _, ok := writeByte(b, c*DefaultChunkSize, 1); !ok {
+		if _, ok := testenv.WriteByte(b, c*DefaultChunkSize, 1); !ok {
 			return fmt.Errorf("chunk %d: SIGBUS on its first write", c)
 		}
 	}
