@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"net"
@@ -71,6 +72,19 @@ func TestUsageErrorsAreShort(t *testing.T) {
 		}
 		if strings.Contains(out.String(), "USAGE:") || strings.Contains(out.String(), "Incorrect Usage") {
 			t.Errorf("%v: printed the help:\n%s", c.args, out.String())
+		}
+	}
+}
+
+// TestErrorLine: lovelock's error line names lovelock once.
+func TestErrorLine(t *testing.T) {
+	for _, c := range []struct{ err, want string }{
+		{"lovelock rules: unknown command \"aply\"; see 'lovelock rules --help'", "lovelock rules: unknown command \"aply\"; see 'lovelock rules --help'"},
+		{"infer: --mtu 10: want 0", "lovelock: infer: --mtu 10: want 0"},
+		{"lovelockd is not running", "lovelock: lovelockd is not running"},
+	} {
+		if got := ErrorLine(errors.New(c.err)); got != c.want {
+			t.Errorf("ErrorLine(%q) = %q, want %q", c.err, got, c.want)
 		}
 	}
 }

@@ -8,6 +8,17 @@ import (
 	"syscall"
 )
 
+// ErrorLine is the line lovelock prints for err (Explain's): prefixed with
+// "lovelock: " unless it names its command already, as usage errors do
+// ("lovelock rules: unknown command …").
+func ErrorLine(err error) string {
+	msg := Explain(err).Error()
+	if strings.HasPrefix(msg, "lovelock ") {
+		return msg
+	}
+	return "lovelock: " + msg
+}
+
 // Explain adds to err what the user can do about it where err does not say
 // so itself. Run by a user other than root, a permission error (the API
 // socket's "permission denied", netlink's "operation not permitted", bpffs's

@@ -15,7 +15,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if err := cli.Run(ctx, cli.App(os.Stdout, os.Stderr), os.Args); err != nil {
-		fmt.Fprintln(os.Stderr, "lovelock:", cli.Explain(err))
+		fmt.Fprintln(os.Stderr, cli.ErrorLine(err))
 		os.Exit(1)
 	}
 }
