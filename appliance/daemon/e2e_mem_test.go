@@ -303,6 +303,29 @@ func TestFarMemoryRegionFreed(t *testing.T) {
 	c := startMemCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	info, m := c.mapNewRegion(ctx, t)
+	b := m.Bytes()
+	if b[0] != 0 {
+		t.Fatalf("a new region reads %d", b[0])
+	}
+	c.freeRegion(ctx, t, info.ID)
+	start := time.Now()
+	v, fault, ok := testenv.ReadByte(b, len(b)-1)
+	if ok {
+		t.Fatalf("the last byte of a freed region read %d, as if it were there", v)
+	}
+	t.Logf("SIGBUS at offset %d after %v", fault-uintptr(unsafe.Pointer(&b[0])), time.Since(start))
+	err := m.Close()
+	if err == nil || !strings.Contains(err.Error(), "its data is lost") || !strings.Contains(err.Error(), "unknown region") {
+		t.Fatalf("Close: %v, want the poisoned chunk, its data lost: unknown region", err)
+	}
+}
+
+// mapNewRegion creates a 1 MiB region on mem0 through its API and maps it
+// read-only on host0, with an hour's fetch timeout: a touch that fails
+// sooner was poisoned for good.
+func (c memCluster) mapNewRegion(ctx context.Context, t *testing.T) (farmem.RegionInfo, *fmap.Mapping) {
+	t.Helper()
 	var info farmem.RegionInfo
 	if err := c.mem.client().ServiceCall(ctx, http.MethodPost, "memserver", "regions", api.MemCreate{Size: 1 << 20}, &info); err != nil {
 		t.Fatal(err)
@@ -311,22 +334,14 @@ func TestFarMemoryRegionFreed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := m.Bytes()
-	if b[0] != 0 {
-		t.Fatalf("a new region reads %d", b[0])
-	}
-	if err := c.mem.client().ServiceCall(ctx, http.MethodDelete, "memserver", fmt.Sprintf("regions/%d", info.ID), nil, nil); err != nil {
+	return info, m
+}
+
+// freeRegion frees region id on mem0 through its API.
+func (c memCluster) freeRegion(ctx context.Context, t *testing.T, id uint32) {
+	t.Helper()
+	if err := c.mem.client().ServiceCall(ctx, http.MethodDelete, "memserver", fmt.Sprintf("regions/%d", id), nil, nil); err != nil {
 		t.Fatal(err)
-	}
-	start := time.Now()
-	v, fault, ok := testenv.ReadByte(b, len(b)-1)
-	if ok {
-		t.Fatalf("the last byte of a freed region read %d, as if it were there", v)
-	}
-	t.Logf("SIGBUS at offset %d after %v", fault-uintptr(unsafe.Pointer(&b[0])), time.Since(start))
-	err = m.Close()
-	if err == nil || !strings.Contains(err.Error(), "its data is lost") || !strings.Contains(err.Error(), "unknown region") {
-		t.Fatalf("Close: %v, want the poisoned chunk, its data lost: unknown region", err)
 	}
 }
 
@@ -340,14 +355,7 @@ func TestFarMemoryCachedRegionFreed(t *testing.T) {
 	c := startMemCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var info farmem.RegionInfo
-	if err := c.mem.client().ServiceCall(ctx, http.MethodPost, "memserver", "regions", api.MemCreate{Size: 1 << 20}, &info); err != nil {
-		t.Fatal(err)
-	}
-	m, err := fmap.Map(ctx, c.hostSocket, fmap.RegionRef{ID: uint64(info.ID), ReadOnly: true}, fmap.Options{FetchTimeout: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
+	info, m := c.mapNewRegion(ctx, t)
 	if res, err := m.Advise(ctx, fmap.Advice{Static: []fmap.Extent{{Offset: 0, Size: 1 << 20}}}); err != nil || !res.Static {
 		t.Fatalf("static advice: %+v, %v", res, err)
 	}
@@ -362,9 +370,7 @@ func TestFarMemoryCachedRegionFreed(t *testing.T) {
 	if len(st.Cache.Regions) != 1 || st.Cache.Regions[0].Region != info.ID || st.Cache.Regions[0].StaticHits == 0 {
 		t.Fatalf("dpu0's cache %+v: want region %d's first chunk served from its static range", st.Cache.Regions, info.ID)
 	}
-	if err := c.mem.client().ServiceCall(ctx, http.MethodDelete, "memserver", fmt.Sprintf("regions/%d", info.ID), nil, nil); err != nil {
-		t.Fatal(err)
-	}
+	c.freeRegion(ctx, t, info.ID)
 	time.Sleep(100 * time.Millisecond)
 	if v, _, ok := testenv.ReadByte(b, len(b)-1); ok {
 		t.Fatalf("100 ms after the free, the last byte of the freed region read %d from dpu0's cache, as if it were there", v)

@@ -278,11 +278,26 @@ func TestEvictionCountsWithFailingWrites(t *testing.T) {
 	t.Log(runHelper(t, ctx, "evictfail", "FMAP_SOCK="+a.sock))
 }
 
+// mapTwoChunks maps region 1 of the agent at FMAP_SOCK with a buffer of
+// two chunks, so that writing a few chunks evicts.
+func mapTwoChunks(ctx context.Context) (*Mapping, error) {
+	return Map(ctx, os.Getenv("FMAP_SOCK"), RegionRef{ID: 1}, Options{BufferBytes: 2 * DefaultChunkSize})
+}
+
+// evictionsAddUp checks that only the evictions that happened count as
+// inline or background ones.
+func evictionsAddUp(st Stats) error {
+	if st.Inline+st.Background != st.Evictions {
+		return fmt.Errorf("%d inline + %d background evictions, but %d evictions", st.Inline, st.Background, st.Evictions)
+	}
+	return nil
+}
+
 func helperEvictFail() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const chunks = syncErrSize / DefaultChunkSize
-	m, err := Map(ctx, os.Getenv("FMAP_SOCK"), RegionRef{ID: 1}, Options{BufferBytes: 2 * DefaultChunkSize})
+	m, err := mapTwoChunks(ctx)
 	if err != nil {
 		return err
 	}
@@ -304,8 +319,8 @@ func helperEvictFail() error {
 	if serr == nil || st.Evictions == 0 {
 		return fmt.Errorf("want failed write-backs (Sync: %v) and some evictions (%d)", serr, st.Evictions)
 	}
-	if st.Inline+st.Background != st.Evictions {
-		return fmt.Errorf("%d inline + %d background evictions, but %d evictions", st.Inline, st.Background, st.Evictions)
+	if err := evictionsAddUp(st); err != nil {
+		return err
 	}
 	m.Close() // fails: the backend takes no writes
 	return nil
@@ -334,7 +349,7 @@ func helperWritesLost() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const chunks = syncErrSize / DefaultChunkSize
-	m, err := Map(ctx, os.Getenv("FMAP_SOCK"), RegionRef{ID: 1}, Options{BufferBytes: 2 * DefaultChunkSize})
+	m, err := mapTwoChunks(ctx)
 	if err != nil {
 		return err
 	}
@@ -349,8 +364,8 @@ func helperWritesLost() error {
 		return err
 	}
 	fmt.Printf("STATS %+v\n", st)
-	if st.Inline+st.Background != st.Evictions {
-		return fmt.Errorf("%d inline + %d background evictions, but %d evictions", st.Inline, st.Background, st.Evictions)
+	if err := evictionsAddUp(st); err != nil {
+		return err
 	}
 	if st.Poisoned < chunks-2 || st.Resident > st.Capacity {
 		return fmt.Errorf("%d of %d chunks poisoned, %d resident of %d: want the chunks evicted poisoned and the buffer within its capacity",
