@@ -264,7 +264,7 @@ func TestAgentRestart(t *testing.T) {
 // GPU or slot than the request was placed on is not its run: the agent
 // ignores it (a protocol error) instead of reading the request's slot.
 func TestCompletionOnAnotherSlot(t *testing.T) {
-	r := newRig(t, rigOptions{gpus: 2})
+	r := newRig(t, rigOptions{gpus: 2, tweak: noReRing})
 	a := r.agent
 	req := runningRequest(a, 1, 3)
 	for _, c := range []struct{ gpu, slot uint8 }{{1, 0}, {0, 3}} {
@@ -280,20 +280,27 @@ func TestCompletionOnAnotherSlot(t *testing.T) {
 }
 
 // runningRequest puts a request on gpu and slot into a's state, as if its
-// doorbell were rung, for tests that play the host's answers.
+// doorbell were rung just now, for tests that play the host's answers.
+// Their rigs take noReRing: a real doorbell would make the host run the
+// request's empty input and answer before the test does.
 func runningRequest(a *Agent, gpu, slot int) *request {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	req := &request{key: reqKey{id: 1}, seq: 1, model: a.models["checksum"], host: a.host, state: running, gpu: gpu, slot: slot, done: make(chan *outcome, 1)}
+	req := &request{key: reqKey{id: 1}, seq: 1, model: a.models["checksum"], host: a.host, state: running, gpu: gpu, slot: slot,
+		rungAt: time.Now(), done: make(chan *outcome, 1)}
 	a.reqs[req.key], a.bySeq[req.seq] = req, req
 	return req
 }
+
+// noReRing keeps the agent from ringing a test's doorbell again while the
+// test plays the host.
+func noReRing(c *Config) { c.DoorbellTimeout = time.Hour }
 
 // TestImpossibleOutputLength: a completion whose output would not fit the
 // slot's output buffer fails the request as internal, and no byte is
 // counted as read from the device.
 func TestImpossibleOutputLength(t *testing.T) {
-	r := newRig(t, rigOptions{})
+	r := newRig(t, rigOptions{tweak: noReRing})
 	a := r.agent
 	req := runningRequest(a, 0, 0)
 	a.complete(ingest.Ctrl{Op: ingest.OpComplete, Epoch: req.host.epoch, Request: req.seq, Length: uint32(req.host.slotOut(0) + 1)})
