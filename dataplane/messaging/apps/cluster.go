@@ -258,19 +258,26 @@ func (c *Cluster) Stats() (clients, agents []messaging.Stats) {
 	return clients, agents
 }
 
-// Close stops the clients and the agents, and returns the agents' errors.
+// Close stops the clients and the agents. It returns what their Close
+// calls and the agents' runs reported: a client's Close says how many
+// messages it could not send, which a caller must not be spared.
 func (c *Cluster) Close() error {
-	for _, cl := range c.Clients {
-		_ = cl.Close()
+	var errs []error
+	for i, cl := range c.Clients {
+		if err := cl.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("client %d: %w", i, err))
+		}
 	}
 	if c.cancel != nil {
 		c.cancel()
 	}
 	c.wg.Wait()
-	for _, a := range c.Agents {
-		_ = a.Close()
+	for i, a := range c.Agents {
+		if err := a.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("agent %d: %w", i, err))
+		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return errors.Join(c.errs...)
+	return errors.Join(append(errs, c.errs...)...)
 }
