@@ -182,7 +182,11 @@ func memStats(c *ucli.Context) error {
 	}
 	w := c.App.Writer
 	if s := rep.Server; s != nil {
-		fmt.Fprintf(w, "memory server: %d regions of %d tenants, %d with a writer; %s of %s used\n", s.Regions, s.Tenants, s.Writers,
+		most := ""
+		if s.MaxRegions > 0 { // 0: a lovelockd that predates max_regions
+			most = fmt.Sprintf(" (at most %d)", s.MaxRegions)
+		}
+		fmt.Fprintf(w, "memory server: %d regions%s of %d tenants, %d with a writer; %s of %s used\n", s.Regions, most, s.Tenants, s.Writers,
 			farmem.Size(s.Used), farmem.Size(s.Capacity))
 		fmt.Fprintf(w, "  requests %d, read %d B, written %d B, duplicates %d, malformed %d; freed notices sent %d (to agents that cache a freed region)\n",
 			s.Link.Requests, s.ReadBytes, s.WriteBytes, s.Link.Duplicates, s.Link.Malformed, s.FreedNotices)

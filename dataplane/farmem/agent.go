@@ -32,10 +32,11 @@ type AgentConfig struct {
 	// Listen is the host-facing address when the agent opens its own
 	// kernel UDP socket.
 	Listen netip.AddrPort `json:"listen,omitzero"`
-	// Servers are the memory nodes. Creates take turns over them, and a
-	// create a full node refuses goes on to the next; a list asks every
-	// node and merges the answers in region ID order. Give each node its
-	// own ServerOptions.IDBase so that their region IDs differ.
+	// Servers are the memory nodes. A create asks first the node its
+	// nonce picks (creates without one take turns), and a create a full
+	// node refuses goes on to the next; a list asks every node and merges
+	// the answers in region ID order. Give each node its own
+	// ServerOptions.IDBase so that their region IDs differ.
 	Servers []ServerSpec `json:"servers"`
 	// Cache configures the static and dynamic caches (docs/farmem.md,
 	// "DPU caches"); the zero value has a static cache only.
@@ -100,7 +101,7 @@ type Agent struct {
 	writeBytes atomic.Uint64
 	cache      *cache
 	fillRR     int           // fabric transport of the next fill; fill loop only
-	createRR   atomic.Uint32 // the memory node the next create asks first
+	createRR   atomic.Uint32 // the memory node the next create without a nonce asks first
 	// readBufs are chunk-sized buffers for forwarded reads, reused once
 	// the reply is packed (a read's reply is not kept for duplicates).
 	readBufs sync.Pool
@@ -480,6 +481,14 @@ func (a *Agent) listServer(ctx context.Context, i int, addr netip.AddrPort, list
 func (a *Agent) route(rec *Record) (int, bool) {
 	switch rec.Op {
 	case OpCreate:
+		// The nonce picks the first node, not a turn: a repeat of the
+		// create (the host retransmitting to the agent's next run, whose
+		// turn counter started over) asks the node that made the region,
+		// which answers with it rather than another node making a second.
+		// Random nonces spread creates as turns did.
+		if n := rec.nonce(); n != 0 {
+			return int(n % uint64(len(a.cfg.Servers))), true
+		}
 		return int(a.createRR.Add(1)-1) % len(a.cfg.Servers), true
 	case OpList:
 		return 0, true

@@ -212,3 +212,67 @@ func TestNoncelessPeers(t *testing.T) {
 		}
 	}
 }
+
+// TestRepeatedCreateSameNode: with several memory nodes, a create that a
+// restarted DPU agent forwards again (same nonce, no reply cache, its turn
+// counter back at the start) reaches the node that made the region and gets
+// it back, instead of making a second region on another node. The second
+// agent stands for the first's next run; the first agent's earlier creates
+// moved its turn over the nodes.
+func TestRepeatedCreateSameNode(t *testing.T) {
+	var nodes []netip.AddrPort
+	var servers []*Server
+	for i := range 2 {
+		s, err := NewServer(ServerOptions{Config: testConfig(), StateDir: t.TempDir(), Capacity: 1 << 20,
+			IDBase: uint32(1 + i<<20), Transport: listen(t, loopback)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		run(t, s.Run)
+		nodes, servers = append(nodes, s.Addr()), append(servers, s)
+	}
+	ctx := context.Background()
+	for i, tc := range []struct {
+		name  string
+		prior int // creates through the first agent before the repeated one
+		nonce uint64
+	}{
+		{"first create, even nonce", 0, 0x10},
+		{"first create, odd nonce", 0, 0x11},
+		{"after one create, even nonce", 1, 0x20},
+		{"after one create, odd nonce", 1, 0x21},
+		{"after two creates, odd nonce", 2, 0x31},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tenant := uint32(10 + i)
+			first, _ := startAgent(t, listen(t, loopback), nodes, nil)
+			c := newClient(t, first.Addr(), tenant)
+			for range tc.prior {
+				if _, err := c.Create(ctx, 4096, CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			create := func(c *Client) uint32 {
+				t.Helper()
+				k := &call{rec: Record{Op: OpCreate, Offset: 4096, Aux: CreateWritable}}
+				k.rec.setNonce(tc.nonce)
+				if err := c.do(ctx, k); err != nil {
+					t.Fatal(err)
+				}
+				return k.reply.Region
+			}
+			id := create(c)
+			next, _ := startAgent(t, listen(t, loopback), nodes, nil)
+			if again := create(newClient(t, next.Addr(), tenant)); again != id {
+				t.Errorf("the repeated create through the restarted agent got region %d, want %d", again, id)
+			}
+			held := 0
+			for _, s := range servers {
+				held += len(s.List(tenant))
+			}
+			if held != tc.prior+1 {
+				t.Errorf("the nodes hold %d regions of the tenant after %d creates and a repeat, want %d", held, tc.prior+1, tc.prior+1)
+			}
+		})
+	}
+}

@@ -248,7 +248,7 @@ func TestAgentLearnsRegions(t *testing.T) {
 }
 
 // TestAgentPlacesCreates: with two memory nodes, creates through the agent
-// take turns over them, a create that a full node refuses lands on the
+// spread over them (by their nonces), a create that a full node refuses lands on the
 // other, and only when both are full does the host get ErrNoSpace.
 func TestAgentPlacesCreates(t *testing.T) {
 	small, err := NewServer(ServerOptions{Config: testConfig(), StateDir: t.TempDir(), Capacity: 512 << 10, Transport: listen(t, loopback)})

@@ -1,6 +1,7 @@
 package farmem
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"github.com/lovelock-dpu/lovelock/dataplane/transport"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
 	"github.com/lovelock-dpu/lovelock/dataplane/wire"
+	"golang.org/x/sys/unix"
 )
 
 // ServerOptions configure a memory-node server.
@@ -26,6 +28,15 @@ type ServerOptions struct {
 	// Capacity is the most bytes of regions the server holds; creates
 	// beyond it fail with ErrNoSpace. Required.
 	Capacity uint64 `json:"capacity"`
+	// MaxRegions bounds the number of regions the server holds (0:
+	// DefaultMaxRegions): each keeps its backing file open, so without it
+	// a tenant creating many tiny regions runs the process out of file
+	// descriptors (EMFILE) for every other tenant and for restarts.
+	// Creates beyond it fail with ErrNoSpace. NewServer lowers it to leave
+	// 256 descriptors of the open-files limit (RLIMIT_NOFILE) to the rest
+	// of the process, and warns. Regions already in StateDir all load even beyond it; new
+	// creates are refused until enough are freed.
+	MaxRegions int `json:"max_regions,omitempty"`
 	// IDBase is the first region ID this server hands out, so that
 	// several memory nodes hand out distinct IDs (0: 1).
 	IDBase uint32 `json:"id_base,omitempty"`
@@ -47,6 +58,41 @@ type ServerOptions struct {
 	Now func() time.Time `json:"-"`
 }
 
+// Bounds of ServerOptions.MaxRegions.
+const (
+	// DefaultMaxRegions is a quarter of the kernel's default hard
+	// open-files limit (4096), which Go raises the soft limit to.
+	DefaultMaxRegions = 1024
+	// MaxRegionsLimit is the kernel's default fs.nr_open, the most
+	// descriptors a process may be allowed.
+	MaxRegionsLimit = 1 << 20
+)
+
+// fdReserve is the descriptors of the open-files limit a memory node
+// leaves to other than its regions: its sockets, metadata writes,
+// preloads, and the rest of lovelockd.
+const fdReserve = 256
+
+// CheckMaxRegions validates ServerOptions.MaxRegions (0 is the default).
+func CheckMaxRegions(n int) error {
+	if n < 0 || n > MaxRegionsLimit {
+		return fmt.Errorf("farmem: config: max_regions %d: want 0 (the default, %d) to %d", n, DefaultMaxRegions, MaxRegionsLimit)
+	}
+	return nil
+}
+
+// regionLimit returns the most regions a server holds: want, lowered when
+// it would not leave fdReserve of nofile (the open-files limit; half of it
+// when that is smaller) to the process's other files. lowered reports
+// whether it was.
+func regionLimit(want int, nofile uint64) (n int, lowered bool) {
+	room := nofile - min(fdReserve, nofile/2)
+	if uint64(want) <= room {
+		return want, false
+	}
+	return max(int(room), 1), true
+}
+
 // Server is a memory node: it owns regions and answers page reads and
 // writes and control operations from agents and clients.
 type Server struct {
@@ -61,8 +107,11 @@ type Server struct {
 	// notices counts the freed notices sent (one per peer and free,
 	// repeats not counted).
 	notices atomic.Uint64
-	log     *slog.Logger
-	done    chan struct{} // closed by Close: repeats of notices stop
+	// regionsFull is set while creates are refused for the region count,
+	// so that the warning is logged once each time it fills.
+	regionsFull atomic.Bool
+	log         *slog.Logger
+	done        chan struct{} // closed by Close: repeats of notices stop
 
 	wg        sync.WaitGroup // creates with a preload, running off the loop
 	closeOnce sync.Once
@@ -73,8 +122,11 @@ type ServerStats struct {
 	Regions int `json:"regions"`
 	// Tenants counts the tenants that own regions, Writers the regions
 	// whose writer lease is held.
-	Tenants    int    `json:"tenants"`
-	Writers    int    `json:"writers"`
+	Tenants int `json:"tenants"`
+	Writers int `json:"writers"`
+	// MaxRegions is the bound creates meet: ServerOptions.MaxRegions, or
+	// less where NewServer lowered it to the open-files limit.
+	MaxRegions int    `json:"max_regions"`
 	Used       uint64 `json:"used_bytes"`
 	Capacity   uint64 `json:"capacity_bytes"`
 	ReadBytes  uint64 `json:"read_bytes"`
@@ -100,6 +152,9 @@ func NewServer(opts ServerOptions) (*Server, error) {
 	if opts.Capacity == 0 {
 		return nil, errors.New("farmem: server: capacity is required")
 	}
+	if err := CheckMaxRegions(opts.MaxRegions); err != nil {
+		return nil, err
+	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
@@ -107,9 +162,23 @@ func NewServer(opts ServerOptions) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	st, err := openStore(opts.StateDir, opts.Capacity, opts.IDBase, opts.Now().Add(opts.LeaseTTL.D()))
+	maxRegions := cmp.Or(opts.MaxRegions, DefaultMaxRegions)
+	var nofile unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &nofile); err == nil {
+		if n, lowered := regionLimit(maxRegions, nofile.Cur); lowered {
+			log.Warn("farmem: server: the open-files limit leaves too few descriptors for max_regions: holding fewer regions; "+
+				"raise lovelockd's open-files limit (ulimit -n, LimitNOFILE=) or lower max_regions",
+				"max_regions", maxRegions, "holding_at_most", n, "open_files_limit", nofile.Cur, "limit_needed", maxRegions+fdReserve)
+			maxRegions = n
+		}
+	}
+	st, err := openStore(opts.StateDir, opts.Capacity, maxRegions, opts.IDBase, opts.Now().Add(opts.LeaseTTL.D()))
 	if err != nil {
 		return nil, err
+	}
+	if len(st.regions) >= maxRegions {
+		log.Warn("farmem: server: the state directory holds max_regions regions or more: all are served, and creates are refused until enough are freed (or raise max_regions)",
+			"regions", len(st.regions), "max_regions", maxRegions)
 	}
 	tr := opts.Transport
 	if tr == nil {
@@ -136,7 +205,23 @@ func (s *Server) Addr() netip.AddrPort { return s.tr.LocalAddr() }
 
 // Create makes a region for tenant (lovelockd's API calls it directly).
 func (s *Server) Create(tenant uint32, size uint64, writable bool, preload string) (RegionInfo, error) {
-	return s.st.create(tenant, size, writable, preload, 0)
+	ri, err := s.st.create(tenant, size, writable, preload, 0)
+	s.noteRegionsFull(tenant, err)
+	return ri, err
+}
+
+// noteRegionsFull logs, once each time the server fills, that creates are
+// refused for the region count: the wire carries only StatusNoSpace, which
+// a requester reads as bytes.
+func (s *Server) noteRegionsFull(tenant uint32, err error) {
+	switch {
+	case errors.Is(err, errRegionLimit):
+		if !s.regionsFull.Swap(true) {
+			s.log.Warn("farmem: server: creates refused: "+err.Error(), "tenant", tenant)
+		}
+	case err == nil:
+		s.regionsFull.Store(false)
+	}
 }
 
 // Free deletes region id of tenant (0: any tenant) and its backing file,
@@ -209,7 +294,7 @@ func (s *Server) Stats() ServerStats {
 			writers++
 		}
 	}
-	return ServerStats{Regions: len(regions), Tenants: len(tenants), Writers: writers, Used: used, Capacity: s.opts.Capacity,
+	return ServerStats{Regions: len(regions), Tenants: len(tenants), Writers: writers, MaxRegions: s.st.maxRegions, Used: used, Capacity: s.opts.Capacity,
 		ReadBytes: s.read.Load(), WriteBytes: s.wrote.Load(), FreedNotices: s.notices.Load(), Link: s.ctr.snapshot(), Errors: s.errs.snapshot()}
 }
 
@@ -313,6 +398,7 @@ func (s *Server) execute(pk *packer, q *request, buf []byte) {
 			}
 			ri, err := s.st.create(q.tenant, rec.Offset, rec.Aux&CreateWritable != 0, preload, rec.nonce())
 			reply.Region, reply.Offset = ri.ID, ri.Size
+			s.noteRegionsFull(q.tenant, err)
 			return err
 		case OpList:
 			infos := s.st.list(q.tenant, rec.Region, now)

@@ -82,6 +82,10 @@ func parseInfos(b []byte) ([]RegionInfo, error) {
 type store struct {
 	dir      string
 	capacity uint64
+	// maxRegions bounds the regions held and being created (each keeps
+	// its backing file open); a start may load more, which creates wait
+	// out.
+	maxRegions int
 
 	mu       sync.RWMutex
 	regions  map[uint32]*region
@@ -204,12 +208,14 @@ func regionFile(dir string, id uint32) string {
 
 // openStore loads the state directory (creating it), reopening every region
 // the metadata lists and restoring the writer leases held, each good until
-// leaseUntil.
-func openStore(dir string, capacity uint64, idBase uint32, leaseUntil time.Time) (*store, error) {
+// leaseUntil. It loads every region even beyond maxRegions (a limit lowered
+// since they were created must not lose them); creates then fail until
+// enough are freed.
+func openStore(dir string, capacity uint64, maxRegions int, idBase uint32, leaseUntil time.Time) (*store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("farmem: state dir: %w", err)
 	}
-	s := &store{dir: dir, capacity: capacity, regions: make(map[uint32]*region), reserved: make(map[uint32]bool), nextID: max(idBase, 1),
+	s := &store{dir: dir, capacity: capacity, maxRegions: maxRegions, regions: make(map[uint32]*region), reserved: make(map[uint32]bool), nextID: max(idBase, 1),
 		leases: make(map[uint32]uint32), last: make(map[uint32]uint32), nonces: make(map[uint32]uint64),
 		byNonce: make(map[createKey]uint32), creating: make(map[createKey]chan struct{})}
 	data, err := os.ReadFile(filepath.Join(dir, metaName))
@@ -238,6 +244,10 @@ func openStore(dir string, capacity uint64, idBase uint32, leaseUntil time.Time)
 		f, err := os.OpenFile(regionFile(dir, ri.ID), os.O_RDWR, 0)
 		if err != nil {
 			s.close()
+			if errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) {
+				return nil, fmt.Errorf("farmem: state: region %d: %w (the state directory holds %d regions, each kept open: "+
+					"raise the process's open-files limit, ulimit -n or LimitNOFILE=, above that with room to spare)", ri.ID, err, len(m.Regions))
+			}
 			return nil, fmt.Errorf("farmem: state: region %d: %w", ri.ID, err)
 		}
 		ri.Writer = false
@@ -379,11 +389,16 @@ func syncDir(dir string) error {
 	return d.Sync()
 }
 
+// errRegionLimit marks a create refused for the count of regions rather
+// than their bytes (it also wraps ErrNoSpace).
+var errRegionLimit = errors.New("too many regions")
+
 // create makes a region of size bytes, zero-filled, or preloaded from the
 // file at preload (size 0 takes the file's size; a larger size pads with
 // zeros). Capacity counts region sizes, and the backing file's blocks are
 // reserved (fallocate) where the file system can, so a full server refuses
-// instead of failing writes later. A create with the nonce (not 0) of one
+// instead of failing writes later; maxRegions counts regions (their open
+// files), so that tiny ones cannot run the process out of descriptors. A create with the nonce (not 0) of one
 // that made a region of the tenant returns that region instead; a create
 // with the nonce of one in progress waits for it if it preloads (it runs off
 // the server's loop), and otherwise fails with ErrUnavailable, to be
@@ -438,6 +453,11 @@ func (s *store) create(tenant uint32, size uint64, writable bool, preload string
 	// Reserve the ID and the capacity, then build the backing file without
 	// the lock (a preload may copy gigabytes), then publish the region.
 	s.mu.Lock()
+	if n := len(s.regions) + len(s.reserved); n >= s.maxRegions {
+		s.mu.Unlock()
+		return RegionInfo{}, fmt.Errorf("%w: %w: %d held, the most it may hold (max_regions %d; each keeps a file open): "+
+			"free regions, or raise the memory node's max_regions", ErrNoSpace, errRegionLimit, n, s.maxRegions)
+	}
 	if s.used+size > s.capacity || s.used+size < s.used {
 		free := s.capacity - s.used
 		s.mu.Unlock()

@@ -29,6 +29,9 @@ type ServerConfig struct {
 	// IDBase is the first region ID this server hands out; memory nodes
 	// of one cluster take disjoint ranges (0: 1).
 	IDBase uint32 `json:"id_base,omitempty"`
+	// MaxRegions is the most regions the server holds, however small
+	// (0: farmem.DefaultMaxRegions, 1024): each keeps a file open.
+	MaxRegions int `json:"max_regions,omitempty"`
 }
 
 // Validate checks the section.
@@ -44,13 +47,16 @@ func (c *ServerConfig) Validate() error {
 	if err := c.Config.Validate(); err != nil {
 		return fmt.Errorf("config: memory_server: %w", err)
 	}
+	if err := farmem.CheckMaxRegions(c.MaxRegions); err != nil {
+		return fmt.Errorf("config: memory_server: %w", err)
+	}
 	return nil
 }
 
 // options turns the section into the server's options.
 func (c *ServerConfig) options() farmem.ServerOptions {
 	return farmem.ServerOptions{Config: c.Config, StateDir: c.StateDir, Capacity: uint64(c.Capacity), IDBase: c.IDBase, Addr: c.Addr,
-		PreloadDir: c.PreloadDir}
+		PreloadDir: c.PreloadDir, MaxRegions: c.MaxRegions}
 }
 
 // AgentConfig is the far_memory section: the node (a DPU) runs the

@@ -59,6 +59,8 @@ func TestConfigs(t *testing.T) {
 		{"server no addr", `{"state_dir": "/x", "capacity": 100}`, &ServerConfig{}, "addr"},
 		{"server no dir", `{"addr": "10.77.0.20:61440", "capacity": 100}`, &ServerConfig{}, "state_dir is empty"},
 		{"server no capacity", `{"addr": "10.77.0.20:61440", "state_dir": "/x"}`, &ServerConfig{}, "capacity is 0"},
+		{"server max_regions", `{"addr": "10.77.0.20:61440", "state_dir": "/x", "capacity": 100, "max_regions": 64}`, &ServerConfig{}, ""},
+		{"server bad max_regions", `{"addr": "10.77.0.20:61440", "state_dir": "/x", "capacity": 100, "max_regions": -1}`, &ServerConfig{}, "memory_server: farmem: config: max_regions -1"},
 		{"server bad chunk", `{"addr": "10.77.0.20:61440", "state_dir": "/x", "capacity": 100, "chunk_size": 100}`, &ServerConfig{}, "chunk_size"},
 		{"agent ok", `{"listen": "10.77.0.10:61440", "servers": [{"addr": "10.77.0.20:61440"}]}`, &AgentConfig{}, ""},
 		{"agent no listen", `{"servers": [{"addr": "10.77.0.20:61440"}]}`, &AgentConfig{}, "listen"},

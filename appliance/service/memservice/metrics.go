@@ -14,6 +14,7 @@ var (
 	srvWriters  = prometheus.NewDesc("lovelock_mem_server_writers", "Regions whose writer lease is held.", nil, nil)
 	srvUsed     = prometheus.NewDesc("lovelock_mem_server_used_bytes", "Bytes of regions the memory server holds.", nil, nil)
 	srvCapacity = prometheus.NewDesc("lovelock_mem_server_capacity_bytes", "Bytes of regions the memory server may hold.", nil, nil)
+	srvMaxRegs  = prometheus.NewDesc("lovelock_mem_server_max_regions", "Regions the memory server may hold (max_regions, or less to fit its open-files limit).", nil, nil)
 	srvData     = prometheus.NewDesc("lovelock_mem_server_data_bytes_total", "Page data the memory server read or wrote, by direction (read: to requesters).", []string{"dir"}, nil)
 	srvReqs     = prometheus.NewDesc("lovelock_mem_server_requests_total", "Requests the memory server executed.", nil, nil)
 	srvDups     = prometheus.NewDesc("lovelock_mem_server_duplicates_total", "Requests that arrived again and were answered from the reply cache or ignored.", nil, nil)
@@ -50,7 +51,7 @@ var (
 
 // Describe implements prometheus.Collector.
 func (s *ServerService) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{srvRegions, srvTenants, srvWriters, srvUsed, srvCapacity, srvData, srvReqs, srvDups, srvErrors, srvNotices} {
+	for _, d := range []*prometheus.Desc{srvRegions, srvTenants, srvWriters, srvUsed, srvCapacity, srvMaxRegs, srvData, srvReqs, srvDups, srvErrors, srvNotices} {
 		ch <- d
 	}
 }
@@ -71,6 +72,7 @@ func (s *ServerService) Collect(ch chan<- prometheus.Metric) {
 	gauge(srvWriters, float64(st.Writers))
 	gauge(srvUsed, float64(st.Used))
 	gauge(srvCapacity, float64(st.Capacity))
+	gauge(srvMaxRegs, float64(st.MaxRegions))
 	counter(srvData, st.ReadBytes, "read")
 	counter(srvData, st.WriteBytes, "write")
 	counter(srvReqs, st.Link.Requests)
