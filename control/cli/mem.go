@@ -190,12 +190,16 @@ func memStats(c *ucli.Context) error {
 			farmem.Size(s.Used), farmem.Size(s.Capacity))
 		fmt.Fprintf(w, "  requests %d, read %d B, written %d B, duplicates %d, malformed %d; freed notices sent %d (to agents that cache a freed region)\n",
 			s.Link.Requests, s.ReadBytes, s.WriteBytes, s.Link.Duplicates, s.Link.Malformed, s.FreedNotices)
+		fmt.Fprintf(w, "  reply cache: %d replies evicted early (a late duplicate of one runs again; raise reply_cache_bytes if it grows)\n",
+			s.Link.RepliesEvicted)
 		printMemErrors(w, s.Errors)
 	}
 	if a := rep.Agent; a != nil {
 		fmt.Fprintf(w, "far-memory agent: %d memory nodes, %d regions known\n", a.Servers, a.Regions)
 		fmt.Fprintf(w, "  host requests %d, forwarded %d in %d batches (%.1f per batch); own requests %d (cache fills, static loads, region lists)\n",
 			a.HostRequests, a.Forwarded, a.Batches, a.AvgBatch, a.OwnRequests)
+		fmt.Fprintf(w, "  reply cache: %d replies to hosts evicted early (a late duplicate of one runs again; raise reply_cache_bytes if it grows)\n",
+			a.Host.RepliesEvicted)
 		fmt.Fprintf(w, "  bytes: server→host %d, host→server %d; fabric datagrams tx %d rx %d, retransmits %d, timeouts %d\n",
 			a.ReadBytes, a.WriteBytes, a.Fabric.TXDatagrams, a.Fabric.RXDatagrams, a.Fabric.Retransmits, a.Fabric.Timeouts)
 		fmt.Fprintf(w, "  latency to the memory node: p50 %.0f µs, p99 %.0f µs (%d requests)\n", a.Latency.P50us, a.Latency.P99us, a.Latency.Count)

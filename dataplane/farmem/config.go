@@ -62,6 +62,13 @@ type Config struct {
 	// ReplyCache bounds the replies a responder keeps per requester to
 	// answer duplicates of non-idempotent requests.
 	ReplyCache int `json:"reply_cache,omitempty"`
+	// ReplyCacheBytes bounds those replies across all requesters of one
+	// responder (a memory node's; each of a DPU agent's host workers'),
+	// each counted as its data plus 160 bytes: a write's reply carries no
+	// data, a control operation's a few bytes to one datagram. The
+	// oldest reply of any requester is dropped for a new one, and counted
+	// (replies_evicted).
+	ReplyCacheBytes Size `json:"reply_cache_bytes,omitempty"`
 }
 
 // Defaults of the knobs.
@@ -82,6 +89,14 @@ const (
 	DefaultReassembly = 256
 	DefaultLeaseTTL   = Duration(15 * time.Second)
 	DefaultReplyCache = 4096
+	// DefaultReplyCacheBytes holds about 200,000 write replies: 50
+	// requesters with full reply caches, far more with a window's worth
+	// each.
+	DefaultReplyCacheBytes = Size(32 << 20)
+	// MinReplyCacheBytes and MaxReplyCacheBytes bound ReplyCacheBytes:
+	// room for a few full windows, and well below a DPU's memory.
+	MinReplyCacheBytes = Size(1 << 20)
+	MaxReplyCacheBytes = Size(16 << 30)
 )
 
 // Defaults returns the configuration with every knob at its default.
@@ -105,6 +120,9 @@ func (c Config) WithDefaults() Config {
 	set(&c.Window, DefaultWindow)
 	set(&c.Reassembly, DefaultReassembly)
 	set(&c.ReplyCache, DefaultReplyCache)
+	if c.ReplyCacheBytes == 0 {
+		c.ReplyCacheBytes = DefaultReplyCacheBytes
+	}
 	setD(&c.RetransmitTimeout, DefaultRetransmitTimeout)
 	setD(&c.MaxRetransmitTimeout, DefaultMaxRetransmitTimeout)
 	setD(&c.LeaseTTL, DefaultLeaseTTL)
@@ -140,6 +158,9 @@ func (c Config) Validate() error {
 	}
 	if c.ReplyCache < 16 {
 		bad("reply_cache %d: want at least 16", c.ReplyCache)
+	}
+	if c.ReplyCacheBytes < MinReplyCacheBytes || c.ReplyCacheBytes > MaxReplyCacheBytes {
+		bad("reply_cache_bytes %v: want %v to %v", c.ReplyCacheBytes, MinReplyCacheBytes, MaxReplyCacheBytes)
 	}
 	return errors.Join(errs...)
 }

@@ -92,6 +92,8 @@ func TestConfigValidate(t *testing.T) {
 		{"max below timeout", func(c *Config) { c.MaxRetransmitTimeout = 1; c.RetransmitTimeout = 5 }, "retransmit_timeout"},
 		{"tries", func(c *Config) { c.Tries = 1000 }, "tries"},
 		{"lease", func(c *Config) { c.LeaseTTL = 1 }, "lease_ttl"},
+		{"reply cache bytes too small", func(c *Config) { c.ReplyCacheBytes = MinReplyCacheBytes - 1 }, "reply_cache_bytes"},
+		{"reply cache bytes too big", func(c *Config) { c.ReplyCacheBytes = MaxReplyCacheBytes + 1 }, "reply_cache_bytes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := Defaults()
@@ -194,6 +196,7 @@ window: 256
 reassembly: 256
 lease_ttl: 15s
 reply_cache: 4096
+reply_cache_bytes: 64MiB
 listen: 10.0.0.10:61440
 servers:
   - addr: 10.0.9.1:61440
@@ -207,7 +210,7 @@ servers:
 		t.Fatal(err)
 	}
 	if c.RetransmitTimeout.D() != 20*time.Millisecond || c.LeaseTTL.D() != 15*time.Second || c.ChunkSize != 64<<10 ||
-		len(c.Servers) != 1 || c.Servers[0].Addr != netip.MustParseAddrPort("10.0.9.1:61440") || len(c.Servers[0].Regions) != 2 {
+		c.ReplyCacheBytes != 64<<20 || len(c.Servers) != 1 || c.Servers[0].Addr != netip.MustParseAddrPort("10.0.9.1:61440") || len(c.Servers[0].Regions) != 2 {
 		t.Fatalf("parsed %+v", c)
 	}
 }

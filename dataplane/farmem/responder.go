@@ -35,6 +35,12 @@ type resend struct {
 // idempotent and not cached: a duplicate read that arrives after its reply
 // is read again. Servers use it towards their requesters, agents towards
 // their hosts. It is safe for concurrent use.
+//
+// The reply cache is bounded twice: ReplyCache replies per requester, and
+// ReplyCacheBytes (replyCost each) across all of them, so that many
+// requesters (or spoofed source ports) cannot make it hold maxSources x
+// ReplyCache replies. Either bound drops the oldest reply first: of the
+// requester, or of all requesters.
 type responder struct {
 	cfg Config
 	ctr *linkCounters
@@ -43,13 +49,69 @@ type responder struct {
 	sources map[netip.AddrPort]*source
 	asm     map[asmKey]*assembly
 	asmFIFO []asmKey
+	replies replyList // every cached reply, oldest first
+	bytes   uint64    // replyCost of the replies in it
 }
 
 type source struct {
 	floor    uint64
 	inflight map[uint64]struct{}
-	replies  map[uint64]Record // Data owned
-	order    []uint64          // replies in insertion order, for eviction
+	replies  map[uint64]*cachedReply
+	order    replyList // this requester's cached replies, oldest first
+}
+
+// cachedReply is one cached reply, on two lists: the responder's (all)
+// and its requester's (own).
+type cachedReply struct {
+	rec  Record // Data owned
+	src  *source
+	link [2]struct{ older, newer *cachedReply }
+}
+
+// The lists a cachedReply is on.
+const (
+	allReplies = iota
+	ownReplies
+)
+
+// replyCostOverhead is about what a cached reply costs besides its data:
+// the cachedReply (Record, five pointers, rounded up to its size class) and
+// its map entry.
+const replyCostOverhead = 160
+
+// replyCost is what a cached reply counts against ReplyCacheBytes.
+func replyCost(rec *Record) uint64 { return replyCostOverhead + uint64(cap(rec.Data)) }
+
+// replyList is an intrusive doubly linked list of cached replies, oldest
+// first, through their link[which].
+type replyList struct {
+	which          int
+	oldest, newest *cachedReply
+}
+
+func (l *replyList) push(c *cachedReply) {
+	c.link[l.which].older, c.link[l.which].newer = l.newest, nil
+	if l.newest != nil {
+		l.newest.link[l.which].newer = c
+	} else {
+		l.oldest = c
+	}
+	l.newest = c
+}
+
+func (l *replyList) remove(c *cachedReply) {
+	lk := &c.link[l.which]
+	if lk.older != nil {
+		lk.older.link[l.which].newer = lk.newer
+	} else {
+		l.oldest = lk.newer
+	}
+	if lk.newer != nil {
+		lk.newer.link[l.which].older = lk.older
+	} else {
+		l.newest = lk.older
+	}
+	lk.older, lk.newer = nil, nil
 }
 
 type asmKey struct {
@@ -65,7 +127,8 @@ type assembly struct {
 }
 
 func newResponder(cfg Config, ctr *linkCounters) *responder {
-	return &responder{cfg: cfg, ctr: ctr, sources: make(map[netip.AddrPort]*source), asm: make(map[asmKey]*assembly)}
+	return &responder{cfg: cfg, ctr: ctr, sources: make(map[netip.AddrPort]*source), asm: make(map[asmKey]*assembly),
+		replies: replyList{which: allReplies}}
 }
 
 func (r *responder) source(src netip.AddrPort) *source {
@@ -74,12 +137,16 @@ func (r *responder) source(src netip.AddrPort) *source {
 		if len(r.sources) >= maxSources {
 			for k, o := range r.sources {
 				if len(o.inflight) == 0 {
+					// Its replies leave the cache, and the total, with it.
+					for o.order.oldest != nil {
+						r.dropReply(o.order.oldest, true)
+					}
 					delete(r.sources, k)
 					break
 				}
 			}
 		}
-		s = &source{inflight: make(map[uint64]struct{}), replies: make(map[uint64]Record)}
+		s = &source{inflight: make(map[uint64]struct{}), replies: make(map[uint64]*cachedReply), order: replyList{which: ownReplies}}
 		r.sources[src] = s
 	}
 	return s
@@ -94,21 +161,19 @@ func (r *responder) accept(src netip.AddrPort, h wire.Header, floor uint64, recs
 	if floor > s.floor {
 		s.floor = floor
 		// Replies below the floor will never be asked for again.
-		kept := s.order[:0]
-		for _, id := range s.order {
-			if id < floor {
-				delete(s.replies, id)
-			} else {
-				kept = append(kept, id)
+		for c := s.order.oldest; c != nil; {
+			next := c.link[ownReplies].newer
+			if c.rec.ID < floor {
+				r.dropReply(c, false)
 			}
+			c = next
 		}
-		s.order = kept
 	}
 	for i := range recs {
 		rec := &recs[i]
-		if rep, ok := s.replies[rec.ID]; ok {
+		if c, ok := s.replies[rec.ID]; ok {
 			r.ctr.duplicates.Add(1)
-			dups = append(dups, resend{src, h.Tenant, rep})
+			dups = append(dups, resend{src, h.Tenant, c.rec})
 			continue
 		}
 		if _, ok := s.inflight[rec.ID]; ok {
@@ -190,6 +255,19 @@ func (r *responder) newAssembly(k asmKey, rec *Record) *assembly {
 
 // finish marks the request from src done; a reply of a non-idempotent
 // request (anything but a read or a list) is kept to answer duplicates.
+//
+// Dropping a reply early (for ReplyCache, ReplyCacheBytes or maxSources,
+// before its requester's floor passed it) is counted (RepliesEvicted). A
+// late duplicate of it below the floor its requester has sent since is
+// still dropped as stale; one that is not (its requester has not heard the
+// reply, or an older request of it is still outstanding) is executed again,
+// as all of them are after a restart of the responder: a write writes the
+// same bytes again (over a later write of its requester to them, should one
+// have come between: the one case where it is not harmless), a create or a
+// writer's open gets the first answer by its nonce, a renew or sync does it
+// again, and a release or free answers not writer or unknown region. The oldest reply goes first, so with room
+// for the live requesters' windows that is the reply of a requester that
+// stopped sending, whose duplicates no longer come.
 func (r *responder) finish(src netip.AddrPort, reply Record) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -198,11 +276,31 @@ func (r *responder) finish(src netip.AddrPort, reply Record) {
 	if reply.Op == OpRead || reply.Op == OpList {
 		return
 	}
+	if old := s.replies[reply.ID]; old != nil { // keeps the map and lists in step should an ID finish twice
+		r.dropReply(old, false)
+	}
 	reply.Data = append([]byte(nil), reply.Data...)
-	s.replies[reply.ID] = reply
-	s.order = append(s.order, reply.ID)
-	for len(s.order) > r.cfg.ReplyCache {
-		delete(s.replies, s.order[0])
-		s.order = s.order[1:]
+	c := &cachedReply{rec: reply, src: s}
+	s.replies[reply.ID] = c
+	s.order.push(c)
+	r.replies.push(c)
+	r.bytes += replyCost(&c.rec)
+	for len(s.replies) > r.cfg.ReplyCache {
+		r.dropReply(s.order.oldest, true)
+	}
+	for r.bytes > uint64(r.cfg.ReplyCacheBytes) && r.replies.oldest != nil {
+		r.dropReply(r.replies.oldest, true)
+	}
+}
+
+// dropReply removes c from the cache; early says it goes before its
+// requester's floor passed it, which is counted.
+func (r *responder) dropReply(c *cachedReply, early bool) {
+	delete(c.src.replies, c.rec.ID)
+	c.src.order.remove(c)
+	r.replies.remove(c)
+	r.bytes -= replyCost(&c.rec)
+	if early {
+		r.ctr.repliesEvicted.Add(1)
 	}
 }

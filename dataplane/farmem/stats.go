@@ -133,6 +133,10 @@ type LinkStats struct {
 	Duplicates uint64 `json:"duplicates"`
 	Stale      uint64 `json:"stale"`
 	Evicted    uint64 `json:"evicted"`
+	// RepliesEvicted counts cached replies dropped before their
+	// requester's floor passed them, for reply_cache, reply_cache_bytes or
+	// a forgotten requester: a late duplicate of one is executed again.
+	RepliesEvicted uint64 `json:"replies_evicted"`
 	// Malformed counts datagrams that failed Decode, wrong-direction
 	// records and replies to no outstanding request.
 	Malformed uint64 `json:"malformed"`
@@ -148,7 +152,7 @@ type LinkStats struct {
 type linkCounters struct {
 	requests, txDgrams, txBytes, rxDgrams, rxBytes atomic.Uint64
 	retransmits, timeouts, duplicates, stale       atomic.Uint64
-	evicted, malformed, orphans                    atomic.Uint64
+	evicted, malformed, orphans, repliesEvicted    atomic.Uint64
 	receives, sends                                atomic.Uint64
 }
 
@@ -157,7 +161,7 @@ func (c *linkCounters) snapshot() LinkStats {
 		Requests: c.requests.Load(), TXDatagrams: c.txDgrams.Load(), TXBytes: c.txBytes.Load(),
 		RXDatagrams: c.rxDgrams.Load(), RXBytes: c.rxBytes.Load(), Retransmits: c.retransmits.Load(),
 		Timeouts: c.timeouts.Load(), Duplicates: c.duplicates.Load(), Stale: c.stale.Load(),
-		Evicted: c.evicted.Load(), Malformed: c.malformed.Load(), Orphans: c.orphans.Load(),
+		Evicted: c.evicted.Load(), RepliesEvicted: c.repliesEvicted.Load(), Malformed: c.malformed.Load(), Orphans: c.orphans.Load(),
 		Receives: c.receives.Load(), Sends: c.sends.Load(),
 	}
 }

@@ -18,6 +18,7 @@ var (
 	srvData     = prometheus.NewDesc("lovelock_mem_server_data_bytes_total", "Page data the memory server read or wrote, by direction (read: to requesters).", []string{"dir"}, nil)
 	srvReqs     = prometheus.NewDesc("lovelock_mem_server_requests_total", "Requests the memory server executed.", nil, nil)
 	srvDups     = prometheus.NewDesc("lovelock_mem_server_duplicates_total", "Requests that arrived again and were answered from the reply cache or ignored.", nil, nil)
+	srvEvicted  = prometheus.NewDesc("lovelock_mem_server_replies_evicted_total", "Cached replies dropped for room (reply_cache, reply_cache_bytes) before their requester was done with them: a late duplicate of one is executed again.", nil, nil)
 	srvErrors   = prometheus.NewDesc("lovelock_mem_server_errors_total", "Requests the memory server refused or failed, by kind.", []string{"kind"}, nil)
 	srvNotices  = prometheus.NewDesc("lovelock_mem_server_freed_notices_total", "Notices that a region was freed sent to the agents that cache it (repeats not counted).", nil, nil)
 
@@ -28,6 +29,7 @@ var (
 	agentData    = prometheus.NewDesc("lovelock_mem_agent_data_bytes_total", "Page data through the far-memory agent, by direction (read: server to host).", []string{"dir"}, nil)
 	agentRetx    = prometheus.NewDesc("lovelock_mem_agent_retransmits_total", "Requests the agent sent to memory nodes again after a timeout.", nil, nil)
 	agentTimeout = prometheus.NewDesc("lovelock_mem_agent_timeouts_total", "Requests that failed after every try (no answer from the memory node).", nil, nil)
+	agentEvicted = prometheus.NewDesc("lovelock_mem_agent_host_replies_evicted_total", "Cached replies to hosts dropped for room (reply_cache, reply_cache_bytes) before their host was done with them: a late duplicate of one is executed again.", nil, nil)
 	agentErrors  = prometheus.NewDesc("lovelock_mem_agent_errors_total", "Replies to hosts by failure kind.", []string{"kind"}, nil)
 	agentNotices = prometheus.NewDesc("lovelock_mem_agent_freed_notices_total", "Memory nodes' notices that a region was freed, by outcome (received, dropped: regions dropped from the caches, refused: not from the region's memory node).", []string{"outcome"}, nil)
 	agentTurned  = prometheus.NewDesc("lovelock_mem_agent_turned_away_total", "Host requests the agent answered unavailable at its bounds, by what was full (unresolved: waiting for their region's memory node; static: static loads queued).", []string{"bound"}, nil)
@@ -51,7 +53,7 @@ var (
 
 // Describe implements prometheus.Collector.
 func (s *ServerService) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{srvRegions, srvTenants, srvWriters, srvUsed, srvCapacity, srvMaxRegs, srvData, srvReqs, srvDups, srvErrors, srvNotices} {
+	for _, d := range []*prometheus.Desc{srvRegions, srvTenants, srvWriters, srvUsed, srvCapacity, srvMaxRegs, srvData, srvReqs, srvDups, srvEvicted, srvErrors, srvNotices} {
 		ch <- d
 	}
 }
@@ -77,6 +79,7 @@ func (s *ServerService) Collect(ch chan<- prometheus.Metric) {
 	counter(srvData, st.WriteBytes, "write")
 	counter(srvReqs, st.Link.Requests)
 	counter(srvDups, st.Link.Duplicates)
+	counter(srvEvicted, st.Link.RepliesEvicted)
 	counter(srvNotices, st.FreedNotices)
 	for kind, v := range errorKinds(st.Errors) {
 		counter(srvErrors, v, kind)
@@ -85,7 +88,7 @@ func (s *ServerService) Collect(ch chan<- prometheus.Metric) {
 
 // Describe implements prometheus.Collector.
 func (s *AgentService) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{agentReqs, agentFwd, agentBatches, agentOwn, agentData, agentRetx, agentTimeout, agentErrors, agentNotices, agentTurned, agentRefused, agentLatency,
+	for _, d := range []*prometheus.Desc{agentReqs, agentFwd, agentBatches, agentOwn, agentData, agentRetx, agentTimeout, agentEvicted, agentErrors, agentNotices, agentTurned, agentRefused, agentLatency,
 		cacheOn, cacheRate, cacheThresh, cacheSwitch, cacheEntries, cacheStatic, cacheReads, cacheWaited, cachePrefet} {
 		ch <- d
 	}
@@ -109,6 +112,7 @@ func (s *AgentService) Collect(ch chan<- prometheus.Metric) {
 	counter(agentData, st.WriteBytes, "write")
 	counter(agentRetx, st.Fabric.Retransmits)
 	counter(agentTimeout, st.Fabric.Timeouts)
+	counter(agentEvicted, st.Host.RepliesEvicted)
 	counter(agentNotices, st.FreedNotices.Received, "received")
 	counter(agentNotices, st.FreedNotices.Dropped, "dropped")
 	counter(agentNotices, st.FreedNotices.Refused, "refused")
