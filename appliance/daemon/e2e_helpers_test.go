@@ -189,7 +189,13 @@ func listenUDP(t *testing.T, spec testbed.Spec, node string, port int) *udpCount
 	if err != nil {
 		t.Fatal(err)
 	}
-	u.conn.SetReadBuffer(8 << 20)
+	// SetReadBuffer is capped at rmem_max (a few hundred datagrams): a
+	// receiver stalled for tens of ms on a loaded machine would overflow
+	// it and the test count a loss that lovelockd did not cause. Root
+	// (these tests need it) may force a larger one.
+	if err := forceReadBuffer(u.conn, 32<<20); err != nil {
+		t.Fatal(err)
+	}
 	go func() {
 		defer close(u.done)
 		buf := make([]byte, 2048)
@@ -369,4 +375,23 @@ func scrapeMetrics(t *testing.T, spec testbed.Spec, node, addr string) []byte {
 		t.Fatal(err)
 	}
 	return metrics
+}
+
+// forceReadBuffer sets c's receive buffer to n bytes past rmem_max
+// (SO_RCVBUFFORCE, which needs CAP_NET_ADMIN).
+func forceReadBuffer(c *net.UDPConn, n int) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, n)
+	}); err != nil {
+		return err
+	}
+	if serr != nil {
+		return fmt.Errorf("SO_RCVBUFFORCE %d: %w", n, serr)
+	}
+	return nil
 }

@@ -581,7 +581,8 @@ func TestFillPacing(t *testing.T) {
 	const chunk, esz, entries = 64 << 10, 4 * 64 << 10, 6 // the default chunk size
 	a := startCachingAgent(t, srv, CacheConfig{Size: Size(entries * esz), EntrySize: Size(esz), BNet: 1, BIntra: 2,
 		Prefetcher: PrefetchHints, FillInflight: Size(chunk)})
-	r, want := writtenRegion(t, newClient(t, a.Addr(), 3), entries*esz, chunk)
+	c := newClient(t, a.Addr(), 3)
+	r, want := writtenRegion(t, c, entries*esz, chunk)
 	if n, err := r.Hint([]Range{{0, uint64(len(want))}}); err != nil || n != entries {
 		t.Fatalf("hint: %d fills started, %v; want %d", n, err, entries)
 	}
@@ -601,9 +602,12 @@ func TestFillPacing(t *testing.T) {
 			t.Fatalf("chunk at %d: other bytes than written", off)
 		}
 	}
+	// A read retransmitted just as its reply left is read again (read
+	// replies are not kept): on a loaded machine a read may count twice.
+	n, re := uint64(len(want)/chunk), c.Stats().Link.Retransmits
 	for _, rc := range a.Stats().Cache.Regions {
-		if rc.Region == r.ID() && (rc.Hits != uint64(len(want)/chunk) || rc.Misses != 0) {
-			t.Fatalf("cache %+v: want every read a hit", rc)
+		if rc.Region == r.ID() && (rc.Hits < n || rc.Hits > n+re || rc.Misses != 0) {
+			t.Fatalf("cache %+v: want every read a hit (%d reads, %d retransmitted)", rc, n, re)
 		}
 	}
 }

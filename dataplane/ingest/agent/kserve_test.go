@@ -85,7 +85,8 @@ func (r *rig) kserve() *grpc.ClientConn {
 // keeps its metadata throughout.
 func TestKServeReadiness(t *testing.T) {
 	r := newRig(t, rigOptions{models: []ModelConfig{{Name: "checksum"}, {Name: "mlp"}, {Name: "mine"}},
-		tweak: func(c *Config) { c.HostTimeout = 300 * time.Millisecond }})
+		// Long enough that a loaded machine does not lose the host between checks.
+		tweak: func(c *Config) { c.HostTimeout = 1500 * time.Millisecond }})
 	c := pb.NewGRPCInferenceServiceClient(r.kserve())
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

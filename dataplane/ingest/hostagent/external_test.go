@@ -457,9 +457,11 @@ func TestExternalWorkerFailures(t *testing.T) {
 // TestExternalRunTimeout: a worker that overruns the run timeout fails its
 // request and is disconnected.
 func TestExternalRunTimeout(t *testing.T) {
-	r := newExtRig(t, func(c *Config) { c.RunTimeout = 300 * time.Millisecond })
+	// Long enough for the good run after it, by a Python worker on a
+	// loaded machine.
+	r := newExtRig(t, func(c *Config) { c.RunTimeout = 2 * time.Second })
 	r.worker("affine", 1)
-	wantFailure(t, r.run(0, "affine", trigger(-3, 1)), ingest.StatusModelFailed, "did not answer within 300ms", "disconnected")
+	wantFailure(t, r.run(0, "affine", trigger(-3, 1)), ingest.StatusModelFailed, "did not answer within 2s", "disconnected")
 	r.waitWorkers("affine", 0, nil)
 	r.worker("affine", 1)
 	in := affineInput(2, 0)
@@ -475,7 +477,8 @@ func TestExternalRunTimeout(t *testing.T) {
 // worker is a Go stand-in, held busy as a run holds it, so that the wait,
 // not the worker's own run timeout, ends first.
 func TestExternalWorkersBusy(t *testing.T) {
-	r := newExtRig(t, func(c *Config) { c.RunTimeout = 200 * time.Millisecond })
+	// Long enough for the test to hand the freed worker its run.
+	r := newExtRig(t, func(c *Config) { c.RunTimeout = time.Second })
 	conn, err := net.Dial("unix", r.workers)
 	if err != nil {
 		t.Fatal(err)
@@ -500,7 +503,7 @@ func TestExternalWorkersBusy(t *testing.T) {
 	ids := []uint64{r.ring(0, "idle", []byte("x")), r.ring(1, "idle", []byte("y"))}
 	for _, id := range ids {
 		c := r.complete(id)
-		wantFailure(t, c, ingest.StatusOverloaded, "the one worker of model idle stayed busy for 200ms", "retry, or attach more workers")
+		wantFailure(t, c, ingest.StatusOverloaded, "the one worker of model idle stayed busy for 1s", "retry, or attach more workers")
 		if !c.Status.Retryable() {
 			t.Errorf("request %d: %s is not retryable", id, c.Status)
 		}
