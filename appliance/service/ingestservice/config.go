@@ -56,6 +56,14 @@ type Config struct {
 	// (default 16; more wait to be accepted).
 	GRPCMaxStreams     int `json:"grpc_max_streams,omitempty"`
 	GRPCMaxConnections int `json:"grpc_max_connections,omitempty"`
+	// GRPCMemoryBudget bounds the memory gRPC ModelInfer calls hold at
+	// once while their messages are decoded and converted (up to
+	// kserve.DecodeExpansion times a message's size) and then handed on;
+	// a call that finds too little waits briefly, then fails
+	// RESOURCE_EXHAUSTED for the client to retry. Default: 4 times what
+	// the largest message may take (about 1.1 GiB for 9 MiB messages); at
+	// least once that.
+	GRPCMemoryBudget farmem.Size `json:"grpc_memory_budget,omitempty"`
 }
 
 // defaultSlotInput is the GPU host's default slot_input
@@ -76,7 +84,7 @@ func (c *Config) kserveOptions(version string) kserve.Options {
 		largest = max(largest, in)
 	}
 	return kserve.Options{Version: version, MaxRecvMsgSize: int(c.GRPCMaxMessage), MaxInput: largest,
-		MaxConcurrentStreams: uint32(c.GRPCMaxStreams), MaxConnections: c.GRPCMaxConnections}
+		MaxConcurrentStreams: uint32(c.GRPCMaxStreams), MaxConnections: c.GRPCMaxConnections, MemoryBudget: int64(min(c.GRPCMemoryBudget, math.MaxInt64))}
 }
 
 // ModelConfig is one model the agent serves.
@@ -117,6 +125,9 @@ func (c *Config) Validate() error {
 			c.GRPCMaxStreams, c.GRPCMaxConnections)
 	case len(c.Models) == 0:
 		return fmt.Errorf("config: ingest: no models: list at least one (built in: %v)", model.BuiltinNames())
+	}
+	if err := c.kserveOptions("").Validate(); err != nil {
+		return fmt.Errorf("config: ingest: grpc_memory_budget %v: %w (grpc_max_message sets the message limit)", c.GRPCMemoryBudget, err)
 	}
 	if c.Policy != "" {
 		if _, err := sched.ParsePolicy(c.Policy); err != nil {

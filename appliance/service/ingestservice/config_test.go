@@ -7,6 +7,8 @@ import (
 
 	"github.com/lovelock-dpu/lovelock/control/api"
 	"github.com/lovelock-dpu/lovelock/control/rules"
+	"github.com/lovelock-dpu/lovelock/dataplane/farmem"
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/kserve"
 	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 )
 
@@ -20,18 +22,23 @@ func TestConfigValidate(t *testing.T) {
 		f    func(*Config)
 		want string // "" for valid
 	}{
-		"valid":            {func(*Config) {}, ""},
-		"xdp":              {func(c *Config) { c.Transport, c.Interfaces = "xdp", []string{"p0"} }, ""},
-		"no listen":        {func(c *Config) { c.Listen = netip.AddrPort{} }, "listen"},
-		"same addresses":   {func(c *Config) { c.HostListen = c.Listen }, "host_listen equals listen"},
-		"bad transport":    {func(c *Config) { c.Transport = "rdma" }, "want udp or xdp"},
-		"xdp, no ifaces":   {func(c *Config) { c.Transport = "xdp" }, "needs interfaces"},
-		"no models":        {func(c *Config) { c.Models = nil }, "no models"},
-		"bad policy":       {func(c *Config) { c.Policy = "random" }, "unknown policy"},
-		"unknown pool":     {func(c *Config) { c.Tenants = []TenantConfig{{ID: 1, Models: []string{"mlp"}, Pool: "x"}} }, `no pool "x"`},
-		"ungranted model":  {func(c *Config) { c.Tenants = []TenantConfig{{ID: 1, Models: []string{"resnet"}}} }, "not configured"},
-		"model twice":      {func(c *Config) { c.Models = append(c.Models, ModelConfig{Name: "mlp"}) }, "twice"},
-		"negative streams": {func(c *Config) { c.GRPCMaxStreams = -1 }, "grpc_max_streams -1"},
+		"valid":                    {func(*Config) {}, ""},
+		"xdp":                      {func(c *Config) { c.Transport, c.Interfaces = "xdp", []string{"p0"} }, ""},
+		"no listen":                {func(c *Config) { c.Listen = netip.AddrPort{} }, "listen"},
+		"same addresses":           {func(c *Config) { c.HostListen = c.Listen }, "host_listen equals listen"},
+		"bad transport":            {func(c *Config) { c.Transport = "rdma" }, "want udp or xdp"},
+		"xdp, no ifaces":           {func(c *Config) { c.Transport = "xdp" }, "needs interfaces"},
+		"no models":                {func(c *Config) { c.Models = nil }, "no models"},
+		"bad policy":               {func(c *Config) { c.Policy = "random" }, "unknown policy"},
+		"unknown pool":             {func(c *Config) { c.Tenants = []TenantConfig{{ID: 1, Models: []string{"mlp"}, Pool: "x"}} }, `no pool "x"`},
+		"ungranted model":          {func(c *Config) { c.Tenants = []TenantConfig{{ID: 1, Models: []string{"resnet"}}} }, "not configured"},
+		"model twice":              {func(c *Config) { c.Models = append(c.Models, ModelConfig{Name: "mlp"}) }, "twice"},
+		"negative streams":         {func(c *Config) { c.GRPCMaxStreams = -1 }, "grpc_max_streams -1"},
+		"budget below one message": {func(c *Config) { c.GRPCMemoryBudget = 256 << 20 }, "grpc_memory_budget 256MiB"},
+		"budget of one message":    {func(c *Config) { c.GRPCMemoryBudget = farmem.Size(kserve.DecodeCost(9 << 20)) }, ""},
+		"budget for a larger message": {func(c *Config) {
+			c.GRPCMemoryBudget, c.GRPCMaxMessage = farmem.Size(kserve.DecodeCost(9<<20)), 17<<20
+		}, "raise the budget"},
 	} {
 		c := validAgent()
 		tc.f(&c)
@@ -45,7 +52,7 @@ func TestConfigValidate(t *testing.T) {
 // TestKServeOptions: the gRPC front end's message limit follows the
 // largest input a model takes (8 MiB, the host's default slot, without
 // max_input), not kserve's 64 MiB default; grpc_max_message and the
-// stream and connection limits pass through.
+// stream, connection and memory limits pass through.
 func TestKServeOptions(t *testing.T) {
 	c := validAgent()
 	c.Models[1].MaxInput = 1 << 20
@@ -56,9 +63,9 @@ func TestKServeOptions(t *testing.T) {
 	if o := c.kserveOptions("v"); o.MaxInput != 2<<20 {
 		t.Errorf("models of max_input 2 and 1 MiB: %+v, want MaxInput 2 MiB", o)
 	}
-	c.GRPCMaxMessage, c.GRPCMaxStreams, c.GRPCMaxConnections = 32<<20, 4, 3
-	if o := c.kserveOptions("v"); o.MaxRecvMsgSize != 32<<20 || o.MaxConcurrentStreams != 4 || o.MaxConnections != 3 {
-		t.Errorf("grpc_max_message 32 MiB, streams 4, connections 3: %+v", o)
+	c.GRPCMaxMessage, c.GRPCMaxStreams, c.GRPCMaxConnections, c.GRPCMemoryBudget = 32<<20, 4, 3, 2<<30
+	if o := c.kserveOptions("v"); o.MaxRecvMsgSize != 32<<20 || o.MaxConcurrentStreams != 4 || o.MaxConnections != 3 || o.MemoryBudget != 2<<30 {
+		t.Errorf("grpc_max_message 32 MiB, streams 4, connections 3, memory budget 2 GiB: %+v", o)
 	}
 }
 

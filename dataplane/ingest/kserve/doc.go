@@ -10,7 +10,9 @@
 // output tensor; ingest statuses travel as gRPC codes (Code) with an
 // ErrorInfo detail naming the status (ErrorDomain). Besides the protocol's
 // own checks it refuses inputs over the model's MaxInput before they reach
-// the agent; grants, slices and deadlines are the agent's to enforce.
+// the agent, and bounds the memory calls hold at once while their messages
+// are decoded (Options.MemoryBudget); grants, slices and deadlines are the
+// agent's to enforce.
 // The tenant comes from the call's TenantHeader metadata (tenant 0 when
 // absent) and the deadline from the call's own (grpc-timeout).
 //

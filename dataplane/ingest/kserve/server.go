@@ -2,13 +2,17 @@ package kserve
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/encoding"
+	grpcproto "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest"
@@ -38,9 +42,10 @@ const MsgOverhead = 1 << 20
 // DefaultMaxConcurrentStreams and DefaultMaxConnections bound the calls
 // in progress on one connection and the connections served at once when
 // Options leaves them zero. A call's message is read whole before it is
-// checked, so together with the message limit they bound what callers can
-// make the server hold: 16 connections of 16 calls of a 9 MiB message
-// (8 MiB slots) is 2.3 GiB at most.
+// checked, so together with the message limit they bound the received
+// messages callers can make the server hold: 16 connections of 16 calls of
+// a 9 MiB message (8 MiB slots) is 2.3 GiB at most. Decoding them takes up
+// to DecodeExpansion times more, which Options.MemoryBudget bounds.
 const (
 	DefaultMaxConcurrentStreams = 16
 	DefaultMaxConnections       = 16
@@ -84,6 +89,47 @@ type Options struct {
 	// listener from Listener: further ones wait in the kernel's accept
 	// queue until one closes. Zero means DefaultMaxConnections.
 	MaxConnections int
+	// MemoryBudget bounds, in bytes, the memory ModelInfer calls hold at
+	// once, server-wide: each call takes its DecodeCost (from its
+	// message's size) before its message is decoded, keeps about its
+	// decoded size once its input is converted, and returns it when it
+	// ends. A call that finds too little waits up to BudgetWait, then
+	// fails with RESOURCE_EXHAUSTED (overloaded, retryable); one that
+	// needs more than the whole budget fails at once as too-large. Zero
+	// means DefaultBudgetMessages times the largest message's DecodeCost.
+	MemoryBudget int64
+	// BudgetWait is how long a call waits for MemoryBudget, or until its
+	// own deadline if sooner; zero means DefaultBudgetWait.
+	BudgetWait time.Duration
+}
+
+// Validate checks the options that can be wrong.
+func (o Options) Validate() error {
+	switch need := DecodeCost(o.maxRecv()); {
+	case o.MaxRecvMsgSize < 0 || o.MaxInput < 0 || o.MaxConnections < 0:
+		return fmt.Errorf("kserve: negative message, input or connection limit (%d, %d, %d): want 0 (the default) or more",
+			o.MaxRecvMsgSize, o.MaxInput, o.MaxConnections)
+	case o.MemoryBudget < 0 || o.BudgetWait < 0:
+		return fmt.Errorf("kserve: memory budget %d, budget wait %v: want 0 (the default) or more", o.MemoryBudget, o.BudgetWait)
+	case o.MemoryBudget > 0 && o.MemoryBudget < need:
+		return fmt.Errorf("kserve: memory budget %d bytes is less than the %d bytes decoding the largest message accepted (%d bytes) may take: raise the budget to at least that, or lower the message limit",
+			o.MemoryBudget, need, o.maxRecv())
+	}
+	return nil
+}
+
+func (o Options) budget() int64 {
+	if o.MemoryBudget > 0 {
+		return o.MemoryBudget
+	}
+	return DefaultBudgetMessages * DecodeCost(o.maxRecv())
+}
+
+func (o Options) budgetWait() time.Duration {
+	if o.BudgetWait > 0 {
+		return o.BudgetWait
+	}
+	return DefaultBudgetWait
 }
 
 func (o Options) maxRecv() int {
@@ -112,9 +158,12 @@ func (o Options) maxConns() int {
 
 // ServerOptions returns the grpc.ServerOptions the front end needs, for a
 // caller that makes its own grpc.Server and then calls Register: the
-// message limit and the calls per connection.
+// message limit, the calls per connection, and the codec that charges
+// ModelInfer messages to MemoryBudget before decoding them (gRPC's proto
+// codec otherwise; without it the budget bounds conversion, not decoding).
 func (o Options) ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{grpc.MaxRecvMsgSize(o.maxRecv()), grpc.MaxConcurrentStreams(o.maxStreams())}
+	return []grpc.ServerOption{grpc.MaxRecvMsgSize(o.maxRecv()), grpc.MaxConcurrentStreams(o.maxStreams()),
+		grpc.ForceServerCodecV2(budgetCodec{encoding.GetCodecV2(grpcproto.Name)})}
 }
 
 // Listener returns ln limited to MaxConnections connections at once; serve
@@ -124,20 +173,23 @@ func (o Options) Listener(ln net.Listener) net.Listener {
 }
 
 // Server is the KServe v2 GRPCInferenceService over a Submitter and a
-// Catalog. It keeps no state of its own: the catalog is read on each call.
+// Catalog. It keeps no state of its own but its memory budget: the catalog
+// is read on each call.
 type Server struct {
 	pb.UnimplementedGRPCInferenceServiceServer
-	sub  ingest.Submitter
-	cat  ingest.Catalog
-	opts Options
+	sub    ingest.Submitter
+	cat    ingest.Catalog
+	opts   Options
+	budget *budget
 }
 
 var _ pb.GRPCInferenceServiceServer = (*Server)(nil)
 
-// NewServer returns the service, to be registered on a grpc.Server with
-// inferencepb.RegisterGRPCInferenceServiceServer (Register does both).
+// NewServer returns the service. Register makes one and registers it with
+// ModelInfer's memory bounded by Options.MemoryBudget; registered with
+// inferencepb.RegisterGRPCInferenceServiceServer instead, it has no bound.
 func NewServer(sub ingest.Submitter, cat ingest.Catalog, opts Options) *Server {
-	return &Server{sub: sub, cat: cat, opts: opts}
+	return &Server{sub: sub, cat: cat, opts: opts, budget: newBudget(opts.budget(), opts.budgetWait())}
 }
 
 // Register registers the service on s and returns it. s should have been
@@ -145,7 +197,7 @@ func NewServer(sub ingest.Submitter, cat ingest.Catalog, opts Options) *Server {
 // refused.
 func Register(s *grpc.Server, sub ingest.Submitter, cat ingest.Catalog, opts Options) *Server {
 	srv := NewServer(sub, cat, opts)
-	pb.RegisterGRPCInferenceServiceServer(s, srv)
+	s.RegisterService(serviceDesc(), srv)
 	return srv
 }
 
@@ -246,6 +298,7 @@ func (s *Server) infer(ctx context.Context, r *pb.ModelInferRequest) (*pb.ModelI
 	if err != nil {
 		return nil, err
 	}
+	converted(ctx, r)
 	rows, err := checkInput(info, r.GetInputs()[0], len(data), bytesElems)
 	if err != nil {
 		return nil, err
