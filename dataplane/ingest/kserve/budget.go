@@ -98,18 +98,85 @@ func heldCost(wire, entries int, r *pb.ModelInferRequest) int64 {
 // a ModelInferRequest's wire form, without decoding it. A malformed tail
 // is not counted: protobuf decoding stops there too.
 func countEntries(b []byte) int {
-	n := 0
+	n, _ := scanRequest(b)
+	return n
+}
+
+// maxContentRuns bounds how often one input's typed contents field (bool
+// to fp64, packed) may appear in a message. protobuf-go grows a packed
+// field by exactly each run's length, copying what it holds, so a field
+// split into n one-element runs costs O(n²) to decode: 160 000 runs in
+// 480 KB took 20 s of CPU, and a 9 MiB message would take hours. Encoders
+// write each field as one run; a few are allowed for merged messages.
+const maxContentRuns = 16
+
+// scanRequest returns the input and output tensor entries of a
+// ModelInferRequest's wire form without decoding it, and refuses (bad
+// request) an input whose typed contents are split into more than
+// maxContentRuns packed runs. A malformed part is not looked into:
+// decoding refuses it.
+func scanRequest(b []byte) (entries int, err error) {
+	input := 0
 	for len(b) > 0 {
 		num, typ, l := protowire.ConsumeField(b)
 		if l < 0 {
 			break
 		}
 		if typ == protowire.BytesType && (num == 5 || num == 6) { // inputs, outputs
-			n++
+			entries++
+		}
+		if typ == protowire.BytesType && num == 5 {
+			if field, runs := contentRuns(b[:l]); runs > maxContentRuns {
+				return entries, ingest.Errorf(ingest.StatusBadRequest, "input %d: contents field %d comes in %d packed runs, at most %d are accepted: "+
+					"send each contents field as one packed run (as protobuf encoders do), or the input raw (raw_input_contents)", input, field, runs, maxContentRuns)
+			}
+			input++
 		}
 		b = b[l:]
 	}
-	return n
+	return entries, nil
+}
+
+// contentRuns returns the typed contents field of one input tensor field
+// (tag included) that comes in the most packed runs, and their count,
+// over every occurrence of its contents (which decoding merges).
+func contentRuns(field []byte) (worst protowire.Number, most int) {
+	_, _, n := protowire.ConsumeTag(field)
+	if n < 0 {
+		return 0, 0
+	}
+	tensor, m := protowire.ConsumeBytes(field[n:])
+	if m < 0 {
+		return 0, 0
+	}
+	var runs [8]int // by contents field number, 1 (bool) to 7 (fp64)
+	for len(tensor) > 0 {
+		num, typ, l := protowire.ConsumeField(tensor)
+		if l < 0 {
+			break
+		}
+		if num == 5 && typ == protowire.BytesType { // contents
+			_, _, tn := protowire.ConsumeTag(tensor)
+			contents, _ := protowire.ConsumeBytes(tensor[tn:])
+			for len(contents) > 0 {
+				cnum, ctyp, cl := protowire.ConsumeField(contents)
+				if cl < 0 {
+					break
+				}
+				if ctyp == protowire.BytesType && cnum >= 1 && cnum <= 7 {
+					runs[cnum]++
+				}
+				contents = contents[cl:]
+			}
+		}
+		tensor = tensor[l:]
+	}
+	for f, r := range runs {
+		if r > most {
+			worst, most = protowire.Number(f), r
+		}
+	}
+	return worst, most
 }
 
 // budget bounds the memory ModelInfer calls hold at once: each call
@@ -210,7 +277,11 @@ func (c budgetCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
 	b := buf.ReadOnlyData()
-	if err := r.charge(len(b), countEntries(b)); err != nil {
+	entries, err := scanRequest(b)
+	if err == nil {
+		err = r.charge(len(b), entries)
+	}
+	if err != nil {
 		// Returned here, gRPC would make it INTERNAL: the handler
 		// answers it instead.
 		r.err = err
