@@ -275,7 +275,7 @@ func TestFarMemoryErrors(t *testing.T) {
 	if out, err := lovelock(c.mem, "mem", "regions", "--tenant", "7", "-o", "json"); err != nil || strings.Count(out, `"id"`) != 1 || !strings.Contains(out, `"tenant": 7`) {
 		t.Errorf("mem regions --tenant 7: %v\n%s", err, out)
 	}
-	if out, err := lovelock(c.mem, "mem", "stats"); err != nil || !strings.Contains(out, "memory server: 2 regions of 2 tenants, 1 with a writer") {
+	if out, err := lovelock(c.mem, "mem", "stats"); err != nil || !strings.Contains(out, "memory server: 2 regions (at most 1024) of 2 tenants, 1 with a writer") {
 		t.Errorf("mem stats on mem0: %v\n%s", err, out)
 	}
 	if out, err := lovelock(c.dpu, "mem", "stats"); err != nil || !strings.Contains(out, "far-memory agent: 1 memory nodes") {
