@@ -43,16 +43,19 @@ func TestIngest(t *testing.T) {
 		}
 		return p
 	}
-	dpu := startDaemon(t, spec, "dpu2", "--xdp", "p0", "--config", file("dpu2.yaml", `
+	// lovelockd's API socket is in a directory of its own here, so the
+	// host's handle socket is named (the default is that directory).
+	dpu := startDaemon(t, spec, "dpu2", "--xdp", "p0", "--config", file("dpu2.yaml", fmt.Sprintf(`
 ingest:
   listen: "10.77.0.12:61440"
   host_listen: "10.77.12.2:61441"
+  host_socket: %q
   grpc: "10.77.0.12:8001"
   transport: xdp
   interfaces: [p0]
   models: [{name: checksum}, {name: mlp}]
   tenants: [{id: 1, models: [checksum, mlp]}]
-`))
+`, filepath.Join(dir, "ingest.sock"))))
 	host := startDaemon(t, spec, "gpu0", "--config", file("gpu0.yaml", fmt.Sprintf(`
 ingest_host:
   listen: "10.77.12.1:61441"

@@ -33,7 +33,7 @@ func services(d *Daemon) []service.Service {
 		out = append(out, memservice.NewHost(*c, d.log))
 	}
 	if c := d.cfg.Ingest; c != nil {
-		out = append(out, ingestservice.New(*c, d.cfg.Port, d.log))
+		out = append(out, ingestservice.New(*c, d.cfg.Port, d.cfg.Socket, d.log))
 	}
 	if c := d.cfg.IngestHost; c != nil {
 		out = append(out, ingestservice.NewHost(*c, d.log))

@@ -70,7 +70,8 @@ func ingestStats(c *ucli.Context) error {
 			fmt.Fprintf(w, "ingest agent: GPU host %s, epoch %s, %d GPUs, models %s; last heartbeat %v ago\n", h.Addr, h.Epoch, len(h.GPUs),
 				strings.Join(h.Models, ","), h.Seen.Round(time.Millisecond))
 		} else {
-			fmt.Fprintln(w, "ingest agent: no GPU host registered (start ingest_host on the GPU host)")
+			fmt.Fprintf(w, "ingest agent: no GPU host registered (start ingest_host on the GPU host; registrations are heard from host_peer %s naming a socket host_socket %s allows)\n",
+				a.HostPeer, a.HostSocket)
 		}
 		fmt.Fprintf(w, "  requests: %d received, %d completed, %d late, %d canceled by the caller; refused %s\n", a.Received, a.Completed, a.LateResults,
 			a.Canceled, refusals(a.Refused))
@@ -81,6 +82,8 @@ func ingestStats(c *ucli.Context) error {
 			a.P50.Round(time.Microsecond), a.P99.Round(time.Microsecond), a.Decision, a.Doorbells, a.Rerings, a.Resent)
 		fmt.Fprintf(w, "  host registrations %d (%d failed), host lost %d, host protocol errors %d, reassembly timeouts %d\n", a.Registrations, a.RegisterFailed, a.HostLost,
 			a.ProtocolErrors, a.ReassemblyTimeouts)
+		fmt.Fprintf(w, "  host control refused %d (from outside host_peer %s, or registrations naming a socket outside host_socket %s; the log says which)\n",
+			a.HostRefused, a.HostPeer, a.HostSocket)
 	}
 	if h := rep.Host; h != nil {
 		fmt.Fprintf(w, "GPU host agent: epoch %s, %d GPUs of %d slots; %s\n", h.Epoch, h.GPUs, h.Slots, hostRegistration(h))

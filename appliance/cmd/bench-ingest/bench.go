@@ -87,11 +87,12 @@ func (b *bench) measure(ctx context.Context, p path, loaded bool) (row, error) {
 	case 3:
 		hostSide, err = startChild(ctx, b.spec, b.dir, "gpu0", hostCPU, "udp-host", b.args()...)
 	case 4:
-		dpu, err = startChild(ctx, b.spec, b.dir, "dpu2", dpuCPU, "dpu-agent", b.args()...)
+		// The DPU agent dials only the socket its host registers with.
+		sock := []string{"-handle-socket", fmt.Sprintf("%s/handles-%d.sock", b.dir, time.Now().UnixNano())}
+		dpu, err = startChild(ctx, b.spec, b.dir, "dpu2", dpuCPU, "dpu-agent", append(b.args(), sock...)...)
 		if err == nil {
 			defer dpu.stop()
-			hostSide, err = startChild(ctx, b.spec, b.dir, "gpu0", hostCPU, "host-agent",
-				append(b.args(), "-handle-socket", fmt.Sprintf("%s/handles-%d.sock", b.dir, time.Now().UnixNano()))...)
+			hostSide, err = startChild(ctx, b.spec, b.dir, "gpu0", hostCPU, "host-agent", append(b.args(), sock...)...)
 		}
 	}
 	if err != nil {

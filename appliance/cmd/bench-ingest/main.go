@@ -42,7 +42,7 @@ var (
 	duration     = flag.Duration("duration", 3*time.Second, "measured time per row (after a warm-up)")
 	concurrency  = flag.Int("concurrency", 8, "closed-loop requests outstanding (TCP: connections)")
 	role         = flag.String("role", "", "internal: run as one role of the bench (set by the bench itself)")
-	handleSocket = flag.String("handle-socket", "", "internal: the host agent's handle socket")
+	handleSocket = flag.String("handle-socket", "", "internal: the host agent's handle socket (the DPU agent dials only it)")
 	executor     = flag.String("executor", "", "internal: the executor's socket (set by the bench)")
 	size         = new(int)
 )

@@ -224,7 +224,9 @@ func roleDPUAgent(ctx context.Context) error {
 		return err
 	}
 	defer host.Close()
+	hostAgent := netip.MustParseAddrPort(hostAgentAddr).Addr()
 	a, err := agent.New(agent.Config{Clients: clients, Host: host, Importer: devmem.ShmImporter{},
+		HostPeer: netip.PrefixFrom(hostAgent, hostAgent.BitLen()), HostSocket: *handleSocket,
 		Models: []agent.ModelConfig{{Name: *modelName}}, Logger: stderrLogger()})
 	if err != nil {
 		return err

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"net/netip"
+	"strings"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/farmem"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest"
@@ -21,6 +23,8 @@ import (
 //	ingest:
 //	  listen: 10.77.0.12:61440        # clients send inputs here (the uplink)
 //	  host_listen: 10.77.12.2:61441   # the GPU host's agent registers here
+//	  host_peer: 10.77.12.1           # ... from here only (default: host_listen's link)
+//	  host_socket: /run/lovelock/     # naming a handle socket here (default: lovelockd's run directory)
 //	  grpc: 10.77.0.12:8001           # KServe v2 front end (optional)
 //	  transport: xdp                  # or udp (default)
 //	  interfaces: [p0]                # AF_XDP sockets (transport xdp)
@@ -28,8 +32,21 @@ import (
 //	  tenants: [{id: 1, models: [mlp], pool: a}]
 //	  pools: {a: [0]}
 type Config struct {
-	Listen     netip.AddrPort   `json:"listen"`
-	HostListen netip.AddrPort   `json:"host_listen"`
+	Listen     netip.AddrPort `json:"listen"`
+	HostListen netip.AddrPort `json:"host_listen"`
+	// HostPeer is the address (or prefix) the GPU host's agent sends
+	// from, its ingest_host listen address: control datagrams from
+	// elsewhere are ignored, counted (host_refused) and logged once per
+	// source. Default: the network of the interface that holds
+	// host_listen's address, the host link (10.77.12.0/24 for dpu2 on the
+	// testbed).
+	HostPeer string `json:"host_peer,omitempty"`
+	// HostSocket is the handle socket a registration may name, the one
+	// the agent dials for the host's buffers (ingest_host socket): a
+	// path, or a directory ending in / for any socket directly in it.
+	// Default: the directory of lovelockd's API socket (/run/lovelock/),
+	// where the GPU host agent's socket is on the testbed and in the docs.
+	HostSocket string           `json:"host_socket,omitempty"`
 	GRPC       string           `json:"grpc,omitempty"`
 	Transport  string           `json:"transport,omitempty"`
 	Interfaces []string         `json:"interfaces,omitempty"`
@@ -116,6 +133,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("config: ingest: host_listen %q: want the address and port the GPU host's agent registers with, e.g. 10.77.12.2:61441", c.HostListen)
 	case c.HostListen == c.Listen:
 		return errors.New("config: ingest: host_listen equals listen: give the host's control channel an address or port of its own")
+	case c.HostPeer != "" && !c.hostPeer().IsValid():
+		return fmt.Errorf("config: ingest: host_peer %q: want the GPU host's address (its ingest_host listen address, e.g. 10.77.12.1) or its link's prefix (e.g. 10.77.12.0/24)", c.HostPeer)
 	case c.Transport != "" && c.Transport != "udp" && c.Transport != "xdp":
 		return fmt.Errorf("config: ingest: transport %q: want udp or xdp", c.Transport)
 	case c.XDP() && len(c.Interfaces) == 0:
@@ -148,7 +167,8 @@ func (c *Config) agentConfig() agent.Config {
 		pol, _ = sched.ParsePolicy(c.Policy)
 	}
 	cfg := agent.Config{Pools: c.Pools, Policy: pol, Reconfig: c.Reconfig.D(), PlanNodes: c.PlanNodes,
-		QueueLimit: c.QueueLimit, BufferBytes: int(c.Buffer), HostTimeout: c.HostTimeout.D()}
+		QueueLimit: c.QueueLimit, BufferBytes: int(c.Buffer), HostTimeout: c.HostTimeout.D(),
+		HostPeer: c.hostPeer(), HostSocket: c.HostSocket}
 	for _, m := range c.Models {
 		cfg.Models = append(cfg.Models, agent.ModelConfig{Name: m.Name, Compute: m.Compute, MemGB: m.MemGB, Profile: m.Profile, Duration: m.Duration.D(), MaxInput: int(m.MaxInput)})
 	}
@@ -156,6 +176,66 @@ func (c *Config) agentConfig() agent.Config {
 		cfg.Tenants = append(cfg.Tenants, agent.TenantConfig{ID: t.ID, Models: t.Models, Pool: t.Pool})
 	}
 	return cfg
+}
+
+// hostPeer parses host_peer: an address is a prefix of its own; the
+// zero Prefix when unset or malformed.
+func (c *Config) hostPeer() netip.Prefix {
+	if strings.Contains(c.HostPeer, "/") {
+		p, err := netip.ParsePrefix(c.HostPeer)
+		if err != nil || p.Addr().Is4In6() {
+			return netip.Prefix{} // sources are compared unmapped
+		}
+		return p
+	}
+	a, err := netip.ParseAddr(c.HostPeer)
+	if err != nil || a.Zone() != "" {
+		return netip.Prefix{}
+	}
+	a = a.Unmap()
+	return netip.PrefixFrom(a, a.BitLen())
+}
+
+// hostDefaults fills in what the agent hears from the GPU host when the
+// section does not say: registrations from host_listen's link (the
+// network of the interface in addrs that holds its address), naming a
+// socket in runDir, lovelockd's run directory.
+func (c *Config) hostDefaults(cfg *agent.Config, runDir string, addrs func() ([]net.Addr, error)) error {
+	if cfg.HostSocket == "" {
+		cfg.HostSocket = strings.TrimSuffix(runDir, "/") + "/"
+	}
+	if cfg.HostPeer.IsValid() {
+		return nil
+	}
+	listen := c.HostListen.Addr().Unmap()
+	if listen.IsUnspecified() {
+		return fmt.Errorf("config: ingest: host_listen %v is every address, so the GPU host's link is unknown: set host_peer to the host's address (its ingest_host listen address) or its link's prefix", c.HostListen)
+	}
+	as, err := addrs()
+	if err != nil {
+		return fmt.Errorf("ingest: find host_listen's link for the default host_peer: %w (or set host_peer)", err)
+	}
+	for _, a := range as {
+		n, ok := a.(*net.IPNet)
+		if !ok {
+			continue
+		}
+		ip, ok := netip.AddrFromSlice(n.IP)
+		if !ok || ip.Unmap() != listen {
+			continue
+		}
+		ones, bits := n.Mask.Size()
+		if listen.Is4() && bits == 128 {
+			ones -= 96
+		}
+		p := netip.PrefixFrom(listen, ones).Masked()
+		if !p.IsValid() || p.Bits() == listen.BitLen() {
+			return fmt.Errorf("config: ingest: host_listen %v has no network of its own (/%d on its interface), so the GPU host's link is unknown: set host_peer to the host's address (its ingest_host listen address)", listen, ones)
+		}
+		cfg.HostPeer = p
+		return nil
+	}
+	return fmt.Errorf("config: ingest: host_listen %v is on no interface of this node, so the GPU host's link is unknown: set host_peer to the host's address (its ingest_host listen address) or its link's prefix", listen)
 }
 
 // HostConfig is the ingest_host section: the node is a GPU host (gpu0 on

@@ -1,6 +1,7 @@
 package ingestservice
 
 import (
+	"net"
 	"net/netip"
 	"strings"
 	"testing"
@@ -36,6 +37,14 @@ func TestConfigValidate(t *testing.T) {
 		"negative streams":         {func(c *Config) { c.GRPCMaxStreams = -1 }, "grpc_max_streams -1"},
 		"budget below one message": {func(c *Config) { c.GRPCMemoryBudget = 256 << 20 }, "grpc_memory_budget 256MiB"},
 		"budget of one message":    {func(c *Config) { c.GRPCMemoryBudget = farmem.Size(kserve.DecodeCost(9 << 20)) }, ""},
+		"host address":             {func(c *Config) { c.HostPeer, c.HostSocket = "10.77.12.1", "/run/lovelock/ingest.sock" }, ""},
+		"host link":                {func(c *Config) { c.HostPeer, c.HostSocket = "10.77.12.0/24", "/run/lovelock/" }, ""},
+		"host v6 address":          {func(c *Config) { c.HostPeer = "fd77:12::1" }, ""},
+		"host peer not an address": {func(c *Config) { c.HostPeer = "gpu0" }, `host_peer "gpu0": want the GPU host's address`},
+		"host peer with host bits": {func(c *Config) { c.HostPeer = "10.77.12.1/24" }, "host_peer 10.77.12.1/24 has host bits set"},
+		"host peer mapped":         {func(c *Config) { c.HostPeer = "::ffff:10.77.12.0/120" }, `host_peer "::ffff:10.77.12.0/120"`},
+		"relative host socket":     {func(c *Config) { c.HostSocket = "ingest.sock" }, `host_socket "ingest.sock": want an absolute path`},
+		"host socket through ..":   {func(c *Config) { c.HostSocket = "/run/lovelock/../../tmp/" }, "without . or .."},
 		"budget for a larger message": {func(c *Config) {
 			c.GRPCMemoryBudget, c.GRPCMaxMessage = farmem.Size(kserve.DecodeCost(9<<20)), 17<<20
 		}, "raise the budget"},
@@ -131,5 +140,60 @@ func TestRules(t *testing.T) {
 		if _, err := rules.Compile(&set, func(string) (int, error) { return 2, nil }, wire.DefaultPort); err != nil {
 			t.Errorf("%s: rules do not compile: %v", tc.name, err)
 		}
+	}
+}
+
+// TestHostDefaults: without host_peer the agent hears registrations only
+// from host_listen's link (the network of the interface that holds its
+// address), without host_socket only naming a socket in lovelockd's run
+// directory; where the link cannot be told, lovelockd says to set
+// host_peer rather than hear everyone.
+func TestHostDefaults(t *testing.T) {
+	ipnet := func(s string) net.Addr {
+		ip, n, err := net.ParseCIDR(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.IP = ip
+		return n
+	}
+	// dpu2 on the testbed: lo, p0 on the fabric, pf0hpf towards gpu0.
+	dpu2 := []net.Addr{ipnet("127.0.0.1/8"), ipnet("10.77.0.12/24"), ipnet("fd77::12/64"), ipnet("10.77.12.2/24"), ipnet("fd77:12::2/64")}
+	for _, tc := range []struct {
+		name              string
+		listen            string
+		peer, socket      string // configured
+		addrs             []net.Addr
+		wantPeer, wantSoc string
+		wantErr           string
+	}{
+		{name: "testbed", listen: "10.77.12.2:61441", addrs: dpu2, wantPeer: "10.77.12.0/24", wantSoc: "/run/lovelock/"},
+		{name: "v6 host link", listen: "[fd77:12::2]:61441", addrs: dpu2, wantPeer: "fd77:12::/64", wantSoc: "/run/lovelock/"},
+		{name: "configured", listen: "10.77.12.2:61441", peer: "10.77.12.1", socket: "/run/gpu/ingest.sock", wantPeer: "10.77.12.1/32", wantSoc: "/run/gpu/ingest.sock"},
+		{name: "unspecified listen", listen: "0.0.0.0:61441", addrs: dpu2, wantErr: "host_listen 0.0.0.0:61441 is every address"},
+		{name: "listen on no interface", listen: "10.77.13.2:61441", addrs: dpu2, wantErr: "host_listen 10.77.13.2 is on no interface"},
+		{name: "point-to-point address", listen: "10.77.12.2:61441", addrs: []net.Addr{ipnet("10.77.12.2/32")}, wantErr: "has no network of its own"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := validAgent()
+			c.HostListen, c.HostPeer, c.HostSocket = netip.MustParseAddrPort(tc.listen), tc.peer, tc.socket
+			if err := c.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			cfg := c.agentConfig()
+			err := c.hostDefaults(&cfg, "/run/lovelock", func() ([]net.Addr, error) { return tc.addrs, nil })
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), "set host_peer") {
+					t.Fatalf("%v, want an error containing %q that says to set host_peer", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || cfg.HostPeer.String() != tc.wantPeer || cfg.HostSocket != tc.wantSoc {
+				t.Fatalf("host_peer %v, host_socket %q, %v; want %s, %q", cfg.HostPeer, cfg.HostSocket, err, tc.wantPeer, tc.wantSoc)
+			}
+			if err := cfg.Validate(); err != nil {
+				t.Errorf("the agent refuses the defaults: %v", err)
+			}
+		})
 	}
 }

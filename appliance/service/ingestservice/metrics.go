@@ -11,13 +11,14 @@ var (
 	agentQueued   = prometheus.NewDesc("lovelock_ingest_queued", "Requests waiting for a GPU slice.", nil, nil)
 	agentLatency  = prometheus.NewDesc("lovelock_ingest_latency_seconds", "Latency from an input's first fragment to its result, by quantile, over the last 4096 results.", []string{"quantile"}, nil)
 	agentHost     = prometheus.NewDesc("lovelock_ingest_host_registered", "1 while a GPU host is registered with the DPU ingest agent.", nil, nil)
+	agentRefused  = prometheus.NewDesc("lovelock_ingest_host_refused_total", "Control datagrams the DPU ingest agent refused: from outside host_peer, or registrations naming a handle socket host_socket does not allow.", nil, nil)
 	hostRuns      = prometheus.NewDesc("lovelock_ingest_host_runs_total", "Models the GPU host agent ran, by outcome.", []string{"outcome"}, nil)
 	hostDoorbells = prometheus.NewDesc("lovelock_ingest_host_doorbells_total", "Doorbells the GPU host agent took, by kind (new, repeat, stale).", []string{"kind"}, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (s *Service) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{agentReqs, agentBytes, agentInFlight, agentQueued, agentLatency, agentHost} {
+	for _, d := range []*prometheus.Desc{agentReqs, agentBytes, agentInFlight, agentQueued, agentLatency, agentHost, agentRefused} {
 		ch <- d
 	}
 }
@@ -52,6 +53,7 @@ func (s *Service) Collect(ch chan<- prometheus.Metric) {
 		reg = 1
 	}
 	gauge(agentHost, reg)
+	counter(agentRefused, st.HostRefused)
 }
 
 // Describe implements prometheus.Collector.

@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 
@@ -38,17 +39,24 @@ const socketBuffer = 16 << 20
 
 // Service runs a DPU's ingest agent.
 type Service struct {
-	cfg   Config
-	port  uint16
-	log   *slog.Logger
-	agent atomic.Pointer[agent.Agent]
-	mux   *http.ServeMux
+	cfg  Config
+	port uint16
+	// runDir is lovelockd's run directory (its API socket's), where a
+	// registration's handle socket may be unless host_socket says
+	// otherwise.
+	runDir string
+	log    *slog.Logger
+	agent  atomic.Pointer[agent.Agent]
+	mux    *http.ServeMux
 }
 
 // New returns the ingest service of cfg (validated by the caller); port is
-// lovelockd's Lovelock port.
-func New(cfg Config, port uint16, log *slog.Logger) *Service {
-	s := &Service{cfg: cfg, port: port, log: log.With("service", Name)}
+// lovelockd's Lovelock port, apiSocket its API socket ("": the default).
+func New(cfg Config, port uint16, apiSocket string, log *slog.Logger) *Service {
+	if apiSocket == "" {
+		apiSocket = api.DefaultSocket
+	}
+	s := &Service{cfg: cfg, port: port, runDir: filepath.Dir(apiSocket), log: log.With("service", Name)}
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("GET /models", s.models)
 	return s
@@ -146,6 +154,9 @@ func (s *Service) Run(ctx context.Context, b *service.Binding) error {
 	}
 	defer host.Close()
 	cfg := s.cfg.agentConfig()
+	if err := s.cfg.hostDefaults(&cfg, s.runDir, net.InterfaceAddrs); err != nil {
+		return err
+	}
 	imp := newImporter()
 	defer imp.Close()
 	cfg.Clients, cfg.Host, cfg.Importer, cfg.Logger = clients, host, imp, s.log
@@ -161,7 +172,7 @@ func (s *Service) Run(ctx context.Context, b *service.Binding) error {
 	}
 	s.agent.Store(a)
 	defer s.agent.Store(nil)
-	s.log.Info("ingest agent", "listen", s.cfg.Listen, "host_listen", s.cfg.HostListen, "grpc", s.cfg.GRPC, "transport", s.transport(), "models", len(cfg.Models))
+	s.log.Info("ingest agent", "listen", s.cfg.Listen, "host_listen", s.cfg.HostListen, "host_peer", cfg.HostPeer, "host_socket", cfg.HostSocket, "grpc", s.cfg.GRPC, "transport", s.transport(), "models", len(cfg.Models))
 	b.Ready()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -53,6 +53,11 @@ type Agent struct {
 	stats counters
 	lat   latencies
 
+	// refusedFrom are the sources whose refused control datagrams were
+	// logged, so each is logged once however often it sends; only the
+	// host receive loop touches it. Bounded by maxRefusedSources.
+	refusedFrom map[netip.Addr]bool
+
 	toClients, toHost *outbox
 }
 
@@ -134,10 +139,13 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Importer == nil {
 		return nil, errors.New("ingest agent: no importer for the host's buffers")
 	}
+	if err := cfg.hostRequired(); err != nil {
+		return nil, err
+	}
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, models: map[string]*modelState{}, start: time.Now(),
+	a := &Agent{cfg: cfg, models: map[string]*modelState{}, start: time.Now(), refusedFrom: map[netip.Addr]bool{},
 		reqs: map[reqKey]*request{}, bySeq: map[uint64]*request{}, results: map[reqKey]*doneResult{}, nextSeq: rand.Uint64()}
 	for _, m := range cfg.Models {
 		ms := &modelState{cfg: m, info: modelInfo(m), duration: m.Duration}
@@ -549,6 +557,13 @@ func (a *Agent) receiveHost(ctx context.Context) error {
 }
 
 func (a *Agent) control(ctx context.Context, from netip.AddrPort, b []byte) {
+	if !a.cfg.HostPeer.Contains(from.Addr().Unmap()) {
+		// Not the GPU host: whatever it says (a registration, a
+		// completion) is not heard, and it gets no answer.
+		a.refuseHost(from, "control datagram from outside host_peer ignored; if this is the GPU host's agent, set host_peer (lovelockd's ingest section) to its address or prefix",
+			"host_peer", a.cfg.HostPeer)
+		return
+	}
 	h, payload, err := wire.Decode(b)
 	if err != nil || h.Type != wire.TypeIngestCtrl {
 		a.stats.malformed.Add(1)
@@ -596,9 +611,40 @@ func (a *Agent) register(ctx context.Context, from netip.AddrPort, c ingest.Ctrl
 		a.mu.Unlock()
 		return
 	}
+	if !a.cfg.socketAllowed(c.Text) {
+		// Dialing it would let the sender point the agent at any unix
+		// socket of this machine.
+		a.mu.Unlock()
+		a.refuseHost(from, "GPU host registration ignored: its handle socket is not allowed by host_socket; if this host is legitimate, set host_socket (lovelockd's ingest section) to its ingest_host socket, or that socket's directory ending in /",
+			"socket", c.Text, "host_socket", a.cfg.HostSocket)
+		a.sendHost(from, &ingest.Ctrl{Op: ingest.OpRegisterAck, Epoch: c.Epoch, Status: ingest.StatusNotGranted,
+			Text: fmt.Sprintf("the DPU only dials handle sockets its host_socket allows (%s): make this host's ingest_host socket and the DPU's host_socket agree", a.cfg.HostSocket)})
+		return
+	}
 	a.fetching = c.Epoch
 	a.mu.Unlock()
 	go a.adopt(ctx, from, c)
+}
+
+// maxRefusedSources bounds the sources whose refusals are logged one by
+// one; beyond it only the counter tells, so that a sender cycling source
+// addresses cannot grow the agent's memory or flood its log.
+const maxRefusedSources = 256
+
+// refuseHost counts a control datagram refused and logs why, once per
+// source address.
+func (a *Agent) refuseHost(from netip.AddrPort, msg string, args ...any) {
+	a.stats.hostRefused.Add(1)
+	src := from.Addr().Unmap()
+	if a.refusedFrom[src] || len(a.refusedFrom) > maxRefusedSources {
+		return
+	}
+	a.refusedFrom[src] = true
+	if len(a.refusedFrom) > maxRefusedSources {
+		a.cfg.Logger.Warn("control datagrams refused from many sources; no more are logged one by one (see host_refused in lovelock ingest stats)", "sources", maxRefusedSources)
+		return
+	}
+	a.cfg.Logger.Warn(msg, append([]any{"from", from, "note", "logged once per source; lovelock ingest stats counts every one as host_refused"}, args...)...)
 }
 
 // adopt fetches and maps a new registration, then swaps it in: requests

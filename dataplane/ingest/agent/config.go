@@ -4,7 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
+	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest"
@@ -21,6 +24,18 @@ type Config struct {
 	Clients transport.Transport
 	// Host is the control socket towards the GPU host's agent.
 	Host transport.Transport
+	// HostPeer is where the GPU host's agent sends from: control
+	// datagrams from outside it are dropped unread and counted
+	// (Stats.HostRefused), so no other peer that reaches Host can
+	// register a host in its place or redirect its doorbells. An address
+	// is a /32 (/128) prefix. Required.
+	HostPeer netip.Prefix
+	// HostSocket is the handle socket a registration may name, the one
+	// the agent dials to fetch the host's buffers: an absolute path, or
+	// a directory ending in "/" for any socket directly in it (writable
+	// only by trusted users). A registration naming another is refused
+	// and counted. Required.
+	HostSocket string
 	// Importer maps the buffers the host registers (devmem.ShmImporter
 	// on the testbed).
 	Importer devmem.Importer
@@ -102,6 +117,9 @@ const DefaultPool = "default"
 func (c Config) Validate() error { return c.defaults() }
 
 func (c *Config) defaults() error {
+	if err := c.hostChecks(); err != nil {
+		return err
+	}
 	if len(c.Models) == 0 {
 		return fmt.Errorf("ingest agent: no models: configure at least one (built in: %v)", model.BuiltinNames())
 	}
@@ -181,6 +199,52 @@ func (c *Config) defaults() error {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	return nil
+}
+
+// hostChecks validates HostPeer and HostSocket where they are set; New
+// requires them (lovelockd fills in defaults before).
+func (c *Config) hostChecks() error {
+	if c.HostSocket != "" {
+		p := strings.TrimSuffix(c.HostSocket, "/")
+		if p == "" {
+			p = "/"
+		}
+		if !filepath.IsAbs(p) || filepath.Clean(p) != p {
+			return fmt.Errorf("ingest agent: host_socket %q: want an absolute path without . or .. (the GPU host's ingest_host socket, e.g. /run/lovelock/ingest.sock), or its directory ending in /", c.HostSocket)
+		}
+	}
+	if c.HostPeer.IsValid() && c.HostPeer != c.HostPeer.Masked() {
+		return fmt.Errorf("ingest agent: host_peer %v has host bits set: want the GPU host's address (%v) or its network (%v)",
+			c.HostPeer, c.HostPeer.Addr(), c.HostPeer.Masked())
+	}
+	return nil
+}
+
+// hostRequired refuses a config that does not say which GPU host the
+// agent serves.
+func (c *Config) hostRequired() error {
+	switch {
+	case !c.HostPeer.IsValid():
+		return errors.New("ingest agent: no host_peer: name the GPU host's address (its ingest_host listen address) or its link's prefix, e.g. 10.77.12.1 or 10.77.12.0/24")
+	case c.HostSocket == "":
+		return errors.New("ingest agent: no host_socket: name the GPU host's handle socket (its ingest_host socket, e.g. /run/lovelock/ingest.sock) or its directory ending in /")
+	}
+	return nil
+}
+
+// socketAllowed reports whether a registration may make the agent dial
+// the handle socket path.
+func (c *Config) socketAllowed(path string) bool {
+	if !filepath.IsAbs(path) || filepath.Clean(path) != path {
+		return false // .. or // would let a path leave the allowed directory
+	}
+	if dir, ok := strings.CutSuffix(c.HostSocket, "/"); ok {
+		if dir == "" {
+			dir = "/"
+		}
+		return filepath.Dir(path) == dir
+	}
+	return path == c.HostSocket
 }
 
 func poolNames(p map[string][]int) []string {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"math"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -50,6 +51,7 @@ func newExternalRig(t *testing.T) (*rig, *hostagent.Agent, string) {
 		t.Fatal(err)
 	}
 	r.agent, err = New(Config{Clients: clients, Host: hostSide, Importer: devmem.ShmImporter{},
+		HostPeer: netip.PrefixFrom(hostAddr.Addr(), 32), HostSocket: r.socket,
 		Models:            []ModelConfig{{Name: "checksum"}, {Name: "affine"}},
 		Tenants:           []TenantConfig{{ID: 1, Models: []string{"checksum", "affine"}}, {ID: 2, Models: []string{"checksum"}}},
 		ReassemblyTimeout: 300 * time.Millisecond, DoorbellTimeout: 100 * time.Millisecond})

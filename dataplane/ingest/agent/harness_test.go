@@ -75,7 +75,10 @@ func newRig(t *testing.T, o rigOptions) *rig {
 	}
 	r := &rig{t: t, net: memnet.New(memnet.Options{Seed: 1, MaxPayload: 8972, Faults: o.faults}), socket: filepath.Join(t.TempDir(), "ingest.sock"), gpus: o.gpus,
 		hostModels: o.hostModels}
+	// The host registers from hostAddr, naming a socket in the rig's
+	// directory: what the agent is configured to hear.
 	r.cfg = Config{Importer: devmem.ShmImporter{}, Models: o.models, Tenants: o.tenants, Pools: o.pools,
+		HostPeer: netip.PrefixFrom(hostAddr.Addr(), 32), HostSocket: filepath.Dir(r.socket) + "/",
 		ReassemblyTimeout: 300 * time.Millisecond, DoorbellTimeout: 100 * time.Millisecond}
 	if o.tweak != nil {
 		o.tweak(&r.cfg)

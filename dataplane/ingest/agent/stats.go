@@ -22,7 +22,7 @@ type counters struct {
 	bytesToDevice, bytesFromDevice, resultDatagrams, sendErrors atomic.Uint64
 	registrations, registerFailed, hostLost, reassemblyTimeouts atomic.Uint64
 	resultsForgotten, protocolErrors, canceled                  atomic.Uint64
-	fragmentRefusals                                            atomic.Uint64
+	fragmentRefusals, hostRefused                               atomic.Uint64
 	refused                                                     [16]atomic.Uint64 // by ingest.Status
 }
 
@@ -108,8 +108,18 @@ type Stats struct {
 	StaleCompletions uint64 `json:"stale_completions"`
 	Registrations    uint64 `json:"registrations"`
 	RegisterFailed   uint64 `json:"registrations_failed"`
-	HostLost         uint64 `json:"host_lost"`
-	SendErrors       uint64 `json:"send_errors"`
+	// HostRefused are control datagrams refused unanswered because they
+	// came from outside HostPeer, and registrations refused because they
+	// named a handle socket HostSocket does not allow: a peer that is
+	// not the GPU host, or the host with a setting that disagrees (the
+	// agent's log says which, once per source).
+	HostRefused uint64 `json:"host_refused"`
+	// HostPeer and HostSocket are where registrations are heard from and
+	// which handle sockets they may name (Config).
+	HostPeer   string `json:"host_peer"`
+	HostSocket string `json:"host_socket"`
+	HostLost   uint64 `json:"host_lost"`
+	SendErrors uint64 `json:"send_errors"`
 	// ProtocolErrors are host replies that contradict the request they
 	// name (a completion for another GPU or slot); they are ignored.
 	ProtocolErrors uint64 `json:"host_protocol_errors"`
@@ -149,6 +159,7 @@ func (a *Agent) Stats() Stats {
 		BytesToDevice:    a.stats.bytesToDevice.Load(), BytesFromDevice: a.stats.bytesFromDevice.Load(),
 		Doorbells: a.stats.doorbells.Load(), Rerings: a.stats.rerings.Load(), StaleCompletions: a.stats.staleCompletions.Load(),
 		Registrations: a.stats.registrations.Load(), RegisterFailed: a.stats.registerFailed.Load(), HostLost: a.stats.hostLost.Load(),
+		HostRefused: a.stats.hostRefused.Load(), HostPeer: a.cfg.HostPeer.String(), HostSocket: a.cfg.HostSocket,
 		SendErrors: a.stats.sendErrors.Load(), ProtocolErrors: a.stats.protocolErrors.Load(), Refused: map[string]uint64{},
 	}
 	for i := range a.stats.refused {
