@@ -535,6 +535,14 @@ func (d *Daemon) replace(set rules.Set) (api.Applied, error) {
 // against the live set (a rule keeps its ID by name), and returns op with
 // its IDs and apply's warnings. Callers hold d.mu.
 func (d *Daemon) install(op rules.Set, owned []rules.Rule) (rules.Set, []string, error) {
+	if n := len(op.Rules) + len(owned); n > rules.MaxID {
+		whose := ""
+		if len(owned) > 0 {
+			whose = fmt.Sprintf(" (%d of yours, %d of lovelockd's own for its services)", len(op.Rules), len(owned))
+		}
+		return rules.Set{}, nil, &api.BadRequestError{Err: fmt.Errorf("rules: %d rules%s, the data plane counts at most %d: remove %d",
+			n, whose, rules.MaxID, n-rules.MaxID)}
+	}
 	merged := cloneSet(op)
 	merged.Rules = append(merged.Rules, owned...)
 	assignIDs(&merged, d.live)
@@ -595,7 +603,10 @@ func (d *Daemon) recordRuleFileIDs() error {
 
 // apply compiles set and swaps it in. Rule counters are kept by ID, and
 // counted is the set whose rules they count: a rule whose ID counted gives
-// no rule has it zeroed before the swap, so it starts from zero. A swap whose set went live but whose wait for
+// no rule has it zeroed before the swap, so it starts from zero; one whose
+// ID is a removed rule's of counted (assignIDs reuses those only when
+// 1..MaxID runs out) has it zeroed once the swap returned, when the old set
+// no longer counts there. A swap whose set went live but whose wait for
 // the old set's readers failed (bpf.ErrNotDrained) is applied: apply
 // returns no error but a warning for the caller to log or pass on.
 func (d *Daemon) apply(set, counted rules.Set) (warnings []string, err error) {
@@ -614,11 +625,16 @@ func (d *Daemon) apply(set, counted rules.Set) (warnings []string, err error) {
 	for _, r := range counted.Rules {
 		owner[r.ID] = r.Name
 	}
+	var reused []uint32
 	for _, r := range set.Rules {
-		if _, ok := owner[r.ID]; !ok {
+		name, ok := owner[r.ID]
+		switch {
+		case !ok:
 			if err := d.node.Steer.ResetRuleCounter(r.ID); err != nil {
 				return nil, fmt.Errorf("rule %q: zero its counters: %w (the rule set was not changed)", r.Name, err)
 			}
+		case name != r.Name:
+			reused = append(reused, r.ID)
 		}
 	}
 	swap := d.swap
@@ -630,8 +646,20 @@ func (d *Daemon) apply(set, counted rules.Set) (warnings []string, err error) {
 			return nil, err
 		}
 		warnings = append(warnings, fmt.Sprintf("rules applied, but: %v", err))
+		if len(reused) > 0 {
+			// The old set's packets still in flight may count on the
+			// reused IDs after they are zeroed: say so, not fail, as the
+			// new set is live.
+			warnings = append(warnings, fmt.Sprintf("%d rules took the IDs of removed rules: their counters may include a few packets of those rules", len(reused)))
+		}
 	}
 	d.ruleIfaces = used
+	for _, id := range reused {
+		if err := d.node.Steer.ResetRuleCounter(id); err != nil {
+			warnings = append(warnings, fmt.Sprintf("rules applied, but the counters of rule ID %d, a removed rule's, were not zeroed: %v; they still hold that rule's packets", id, err))
+			break
+		}
+	}
 	return warnings, nil
 }
 
@@ -707,9 +735,12 @@ func ifaceNames() map[uint32]string {
 }
 
 // assignIDs gives every rule of set an ID: the one the rule of the same name
-// has in prev, else the lowest ID free in both sets. IDs index per-rule
-// counters, so a rule keeps its counters across rule set changes, and an ID
-// live in prev is never handed to a different rule in the same swap.
+// has in prev, else the lowest ID free in both sets, else, when 1..MaxID has
+// none left, the lowest ID of prev's that set does not use (a removed
+// rule's: the caller zeroes its counters once prev no longer runs, see
+// apply). IDs index per-rule counters, so a rule keeps its counters across
+// rule set changes. A set of more than MaxID rules gets IDs above it, which
+// Compile refuses.
 func assignIDs(set *rules.Set, prev rules.Set) {
 	byName := map[string]uint32{}
 	taken := map[uint32]bool{}
@@ -725,16 +756,26 @@ func assignIDs(set *rules.Set, prev rules.Set) {
 			used[id] = true
 		}
 	}
-	next := uint32(1)
+	next, spare := uint32(1), uint32(1)
 	for i := range set.Rules {
 		if set.Rules[i].ID != 0 {
 			continue
 		}
-		for used[next] || taken[next] {
+		for used[next] || (taken[next] && next <= rules.MaxID) {
 			next++
 		}
-		set.Rules[i].ID = next
-		used[next] = true
+		id := next
+		if next > rules.MaxID {
+			// Only IDs prev has and set does not use are left.
+			for spare <= rules.MaxID && used[spare] {
+				spare++
+			}
+			if spare <= rules.MaxID {
+				id = spare
+			}
+		}
+		set.Rules[i].ID = id
+		used[id] = true
 	}
 }
 

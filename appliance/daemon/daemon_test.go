@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -51,6 +52,53 @@ func TestAssignIDs(t *testing.T) {
 	assignIDs(&given, next)
 	if given.Rules[0].ID != 2 {
 		t.Errorf("caller ID kept: %d, want 2 (lowest free)", given.Rules[0].ID)
+	}
+}
+
+// TestAssignIDsReuse: a new rule gets an ID live in the previous set only
+// when 1..MaxID has no other left, and then the lowest such ID that the
+// new set does not keep, so that any set of up to MaxID rules fits.
+func TestAssignIDsReuse(t *testing.T) {
+	set := func(prefix string, n int) rules.Set {
+		s := rules.Set{Rules: make([]rules.Rule, n)}
+		for i := range n {
+			s.Rules[i].Name = fmt.Sprintf("%s%d", prefix, i)
+		}
+		return s
+	}
+	for _, tc := range []struct {
+		name       string
+		prev, next rules.Set
+		// IDs of next's rules by position; unlisted ones are only
+		// checked to be distinct and in 1..MaxID.
+		want map[int]uint32
+	}{
+		{name: "40000 replaced by 40000 renamed", prev: set("old-", 40000), next: set("new-", 40000),
+			// 40001..65535 first, then old-0's, old-1's, ...
+			want: map[int]uint32{0: 40001, rules.MaxID - 40000 - 1: rules.MaxID, rules.MaxID - 40000: 1, 39999: 40000 - (rules.MaxID - 40000)}},
+		{name: "all of MaxID renamed", prev: set("old-", rules.MaxID), next: set("new-", rules.MaxID),
+			want: map[int]uint32{0: 1, rules.MaxID - 1: rules.MaxID}},
+		{name: "kept rules keep theirs, the rest reused", prev: set("x", rules.MaxID),
+			next: rules.Set{Rules: append(set("new-", rules.MaxID-2).Rules, rules.Rule{Name: "x1"}, rules.Rule{Name: "x3"})},
+			want: map[int]uint32{0: 1, 1: 3, rules.MaxID - 2: 2, rules.MaxID - 1: 4}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assignIDs(&tc.prev, rules.Set{})
+			assignIDs(&tc.next, tc.prev)
+			seen := map[uint32]string{}
+			for i, r := range tc.next.Rules {
+				if r.ID < 1 || r.ID > rules.MaxID {
+					t.Fatalf("rule %d %q: ID %d outside 1..%d", i, r.Name, r.ID, rules.MaxID)
+				}
+				if o, dup := seen[r.ID]; dup {
+					t.Fatalf("rule %q: ID %d is also %q's", r.Name, r.ID, o)
+				}
+				seen[r.ID] = r.Name
+				if want, ok := tc.want[i]; ok && r.ID != want {
+					t.Errorf("rule %d %q: ID %d, want %d", i, r.Name, r.ID, want)
+				}
+			}
+		})
 	}
 }
 
