@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -43,6 +44,12 @@ type Daemon struct {
 	// (state.Rules) followed by owned, lovelockd's own rules.
 	live  rules.Set
 	owned []rules.Rule
+	// counted, when not nil, is the set whose rules the rule counters
+	// count where that is not live: after a reconcile that failed, the
+	// data plane still runs the previous start's rules (as far as the
+	// state file records them) while live lists the set to install. The
+	// next install zeroes by it and clears it.
+	counted *rules.Set
 	// reserved are the services' own rules by service; owned is their
 	// merge (service.Merge) as last installed.
 	reserved map[string][]rules.Rule
@@ -56,6 +63,13 @@ type Daemon struct {
 	// ifindexes it was compiled for: rules match and redirect by ifindex,
 	// so a re-created interface needs the set compiled again.
 	ruleIfaces map[string]int
+
+	// onDisk is the state file as read at start while the operator's rules
+	// are the config's rule file's, which the state file does not hold
+	// (HasRules false): the IDs they go live under are recorded in it
+	// (RuleFileIDs) without making the file's rules, or the config's
+	// attachments, the state file's. nil once a change saved the state.
+	onDisk *State
 
 	// swap swaps a compiled rule set in; nil is node.Steer.Apply. Tests
 	// set it to make the wait after the flip fail (bpf.ErrNotDrained).
@@ -117,19 +131,33 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The data plane's rule counters are kept by ID. prev is the operator's
+	// set as the data plane counts it, as far as the state file records:
+	// reconcile zeroes the counters of an ID prev does not give the same
+	// rule.
+	var prev rules.Set
+	var onDisk *State
 	if !state.HasRules && cfg.Rules != "" {
 		set, err := readRules(cfg.Rules)
 		if err != nil {
 			return nil, err
 		}
-		state.Rules, state.HasRules = *set, true
+		// The file gives no IDs (or every rule one, kept as written):
+		// each rule gets the one its name went live under last time, so
+		// an edited file moves no counters between rules.
+		prev = state.ruleFileSet()
+		if slices.ContainsFunc(set.Rules, func(r rules.Rule) bool { return r.ID == 0 }) {
+			assignIDs(set, prev)
+		}
+		loaded := state
+		onDisk = &loaded
+		state.Rules, state.HasRules, state.RuleFileIDs = *set, true, nil
+	} else {
+		// A state file written before IDs were recorded gives none:
+		// 1..n in order, as that version assigned them.
+		withIDs(&state.Rules)
+		prev = state.Rules
 	}
-	// The data plane's rule counters are kept by ID, and the rule file (or
-	// a state file written before IDs were recorded) gives none: assign
-	// them as an upgrade's fill does, so the same file gets the same IDs at
-	// every start and reconcile finds them live, not new (a new ID's
-	// counters are zeroed).
-	withIDs(&state.Rules)
 	// Pins of another build or port are upgraded under traffic
 	// (docs/steering.md, "Upgrades"): the new maps get the operator's
 	// rule set before any link runs the new programs.
@@ -142,7 +170,7 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 	if rep := node.Upgraded; rep != nil {
 		logUpgrade(log, cfg.PinDir, rep)
 	}
-	d := &Daemon{cfg: cfg, log: log, started: time.Now(), node: node, failures: map[string]failure{}, state: state}
+	d := &Daemon{cfg: cfg, log: log, started: time.Now(), node: node, failures: map[string]failure{}, state: state, onDisk: onDisk}
 	for _, svc := range services(d) {
 		d.supervisors = append(d.supervisors, service.NewSupervisor(svc, steering{d}, log, 0))
 	}
@@ -163,7 +191,7 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 	}
 	d.state = state
 	log.Info("data plane opened", "pins", cfg.PinDir, "loaded", node.Loaded, "version", buildinfo.Version)
-	d.reconcile()
+	d.reconcile(prev)
 	return d, nil
 }
 
@@ -267,30 +295,36 @@ func logUpgrade(log *slog.Logger, dir string, rep *attach.UpgradeReport) {
 }
 
 // reconcile brings the data plane to d.state, logging what it cannot do.
-func (d *Daemon) reconcile() {
+func (d *Daemon) reconcile(prev rules.Set) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.attachAll(nil)
-	// The data plane holds the state file's rules under their IDs, as far
-	// as this daemon knows; lovelockd's own rules from an earlier run, if
-	// any are left, go with this swap.
-	d.live = d.state.Rules
-	op, warnings, err := d.install(d.state.Rules, nil)
+	// The set goes live under the IDs New gave it, which an upgrade's fill
+	// used too; prev, the data plane's rules as far as the state file
+	// records, says which counters are another rule's history and are
+	// zeroed. lovelockd's own rules from an earlier run, if any are left,
+	// go with this swap.
+	op := cloneSet(d.state.Rules)
+	warnings, err := d.apply(op, prev)
 	for _, w := range warnings {
 		d.log.Warn("restore rules", "warning", w)
 	}
 	if err != nil {
 		err = rulesFailure(err, d.node.Loaded)
+		// A retry installs the set under the same IDs (assignIDs keeps
+		// live's), zeroing by what the data plane counts.
+		d.live, d.counted = op, &prev
 		if d.node.Loaded {
-			d.live = rules.Set{}
+			d.live, d.counted = rules.Set{}, nil
 		}
 		d.setFailure("rules", err)
 		d.log.Error("restore rules", "err", err)
 		return
 	}
-	// Keep the IDs: the state file, saved with the next change, records
-	// them for the next start.
-	d.state.Rules = op
+	d.live, d.owned = op, nil
+	if err := d.recordRuleFileIDs(); err != nil {
+		d.log.Warn("restore rules", "warning", err)
+	}
 	d.log.Info("rules applied", "rules", len(d.state.Rules.Rules), "default", d.state.Rules.Default)
 }
 
@@ -501,24 +535,81 @@ func (d *Daemon) replace(set rules.Set) (api.Applied, error) {
 // against the live set (a rule keeps its ID by name), and returns op with
 // its IDs and apply's warnings. Callers hold d.mu.
 func (d *Daemon) install(op rules.Set, owned []rules.Rule) (rules.Set, []string, error) {
+	if n := len(op.Rules) + len(owned); n > rules.MaxID {
+		whose := ""
+		if len(owned) > 0 {
+			whose = fmt.Sprintf(" (%d of yours, %d of lovelockd's own for its services)", len(op.Rules), len(owned))
+		}
+		return rules.Set{}, nil, &api.BadRequestError{Err: fmt.Errorf("rules: %d rules%s, the data plane counts at most %d: remove %d",
+			n, whose, rules.MaxID, n-rules.MaxID)}
+	}
 	merged := cloneSet(op)
 	merged.Rules = append(merged.Rules, owned...)
 	assignIDs(&merged, d.live)
-	warnings, err := d.apply(merged)
+	counted := d.live
+	if d.counted != nil {
+		counted = *d.counted
+	}
+	warnings, err := d.apply(merged, counted)
 	if err != nil {
 		return rules.Set{}, nil, err
 	}
-	d.live, d.owned = merged, owned
+	d.live, d.owned, d.counted = merged, owned, nil
 	op.Rules = merged.Rules[:len(op.Rules):len(op.Rules)]
 	return op, warnings, nil
 }
 
-// apply compiles set and swaps it in. Rule IDs that are new to the data
-// plane get their counters zeroed first, so a reused ID starts from zero.
-// A swap whose set went live but whose wait for the old set's readers
-// failed (bpf.ErrNotDrained) is applied: apply returns no error but a
-// warning for the caller to log or pass on.
-func (d *Daemon) apply(set rules.Set) (warnings []string, err error) {
+// reinstall swaps in the operator's recorded set again with owned
+// (install) and keeps the IDs it went live under: in d.state, and for the
+// rule file's rules in the state file (recordRuleFileIDs). Callers hold
+// d.mu.
+func (d *Daemon) reinstall(owned []rules.Rule) ([]string, error) {
+	op, warnings, err := d.install(d.state.Rules, owned)
+	if err != nil {
+		return nil, err
+	}
+	d.state.Rules = op
+	if err := d.recordRuleFileIDs(); err != nil {
+		warnings = append(warnings, err.Error())
+	}
+	return warnings, nil
+}
+
+// recordRuleFileIDs records in the state file the IDs the rule file's rules
+// went live under, by name, while the rule file is the operator's set
+// (d.onDisk): the next start gives each rule the ID its name had, and with
+// it its counters, however the file was edited meanwhile. Callers hold
+// d.mu.
+func (d *Daemon) recordRuleFileIDs() error {
+	if d.onDisk == nil {
+		return nil
+	}
+	ids := make(map[string]uint32, len(d.state.Rules.Rules))
+	for _, r := range d.state.Rules.Rules {
+		ids[r.Name] = r.ID
+	}
+	if maps.Equal(ids, d.onDisk.RuleFileIDs) {
+		return nil
+	}
+	next := *d.onDisk
+	next.RuleFileIDs = ids
+	if err := next.Save(d.cfg.State); err != nil {
+		return fmt.Errorf("the rule file's rule IDs were not recorded in the state file: %w "+
+			"(the next start counts from zero the rules whose IDs it does not find there)", err)
+	}
+	d.onDisk = &next
+	return nil
+}
+
+// apply compiles set and swaps it in. Rule counters are kept by ID, and
+// counted is the set whose rules they count: a rule whose ID counted gives
+// no rule has it zeroed before the swap, so it starts from zero; one whose
+// ID is a removed rule's of counted (assignIDs reuses those only when
+// 1..MaxID runs out) has it zeroed once the swap returned, when the old set
+// no longer counts there. A swap whose set went live but whose wait for
+// the old set's readers failed (bpf.ErrNotDrained) is applied: apply
+// returns no error but a warning for the caller to log or pass on.
+func (d *Daemon) apply(set, counted rules.Set) (warnings []string, err error) {
 	used := map[string]int{}
 	compiled, err := rules.Compile(&set, func(name string) (int, error) {
 		idx, err := resolveIface(name)
@@ -530,15 +621,20 @@ func (d *Daemon) apply(set rules.Set) (warnings []string, err error) {
 	if err != nil {
 		return nil, &api.BadRequestError{Err: err}
 	}
-	old := map[uint32]bool{}
-	for _, r := range d.live.Rules {
-		old[r.ID] = true
+	owner := make(map[uint32]string, len(counted.Rules))
+	for _, r := range counted.Rules {
+		owner[r.ID] = r.Name
 	}
+	var reused []uint32
 	for _, r := range set.Rules {
-		if !old[r.ID] {
+		name, ok := owner[r.ID]
+		switch {
+		case !ok:
 			if err := d.node.Steer.ResetRuleCounter(r.ID); err != nil {
-				return nil, err
+				return nil, fmt.Errorf("rule %q: zero its counters: %w (the rule set was not changed)", r.Name, err)
 			}
+		case name != r.Name:
+			reused = append(reused, r.ID)
 		}
 	}
 	swap := d.swap
@@ -550,8 +646,20 @@ func (d *Daemon) apply(set rules.Set) (warnings []string, err error) {
 			return nil, err
 		}
 		warnings = append(warnings, fmt.Sprintf("rules applied, but: %v", err))
+		if len(reused) > 0 {
+			// The old set's packets still in flight may count on the
+			// reused IDs after they are zeroed: say so, not fail, as the
+			// new set is live.
+			warnings = append(warnings, fmt.Sprintf("%d rules took the IDs of removed rules: their counters may include a few packets of those rules", len(reused)))
+		}
 	}
 	d.ruleIfaces = used
+	for _, id := range reused {
+		if err := d.node.Steer.ResetRuleCounter(id); err != nil {
+			warnings = append(warnings, fmt.Sprintf("rules applied, but the counters of rule ID %d, a removed rule's, were not zeroed: %v; they still hold that rule's packets", id, err))
+			break
+		}
+	}
 	return warnings, nil
 }
 
@@ -559,7 +667,8 @@ func (d *Daemon) save(next State) error {
 	if err := next.Save(d.cfg.State); err != nil {
 		return fmt.Errorf("the data plane changed but the state file was not written: %w", err)
 	}
-	d.state = next
+	// The state file holds the operator's rules with their IDs now.
+	d.state, d.onDisk = next, nil
 	return nil
 }
 
@@ -626,9 +735,12 @@ func ifaceNames() map[uint32]string {
 }
 
 // assignIDs gives every rule of set an ID: the one the rule of the same name
-// has in prev, else the lowest ID free in both sets. IDs index per-rule
-// counters, so a rule keeps its counters across rule set changes, and an ID
-// live in prev is never handed to a different rule in the same swap.
+// has in prev, else the lowest ID free in both sets, else, when 1..MaxID has
+// none left, the lowest ID of prev's that set does not use (a removed
+// rule's: the caller zeroes its counters once prev no longer runs, see
+// apply). IDs index per-rule counters, so a rule keeps its counters across
+// rule set changes. A set of more than MaxID rules gets IDs above it, which
+// Compile refuses.
 func assignIDs(set *rules.Set, prev rules.Set) {
 	byName := map[string]uint32{}
 	taken := map[uint32]bool{}
@@ -644,16 +756,26 @@ func assignIDs(set *rules.Set, prev rules.Set) {
 			used[id] = true
 		}
 	}
-	next := uint32(1)
+	next, spare := uint32(1), uint32(1)
 	for i := range set.Rules {
 		if set.Rules[i].ID != 0 {
 			continue
 		}
-		for used[next] || taken[next] {
+		for used[next] || (taken[next] && next <= rules.MaxID) {
 			next++
 		}
-		set.Rules[i].ID = next
-		used[next] = true
+		id := next
+		if next > rules.MaxID {
+			// Only IDs prev has and set does not use are left.
+			for spare <= rules.MaxID && used[spare] {
+				spare++
+			}
+			if spare <= rules.MaxID {
+				id = spare
+			}
+		}
+		set.Rules[i].ID = id
+		used[id] = true
 	}
 }
 

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
 
 	"github.com/lovelock-dpu/lovelock/appliance/config"
 	"github.com/lovelock-dpu/lovelock/control/attach"
@@ -50,6 +52,53 @@ func TestAssignIDs(t *testing.T) {
 	assignIDs(&given, next)
 	if given.Rules[0].ID != 2 {
 		t.Errorf("caller ID kept: %d, want 2 (lowest free)", given.Rules[0].ID)
+	}
+}
+
+// TestAssignIDsReuse: a new rule gets an ID live in the previous set only
+// when 1..MaxID has no other left, and then the lowest such ID that the
+// new set does not keep, so that any set of up to MaxID rules fits.
+func TestAssignIDsReuse(t *testing.T) {
+	set := func(prefix string, n int) rules.Set {
+		s := rules.Set{Rules: make([]rules.Rule, n)}
+		for i := range n {
+			s.Rules[i].Name = fmt.Sprintf("%s%d", prefix, i)
+		}
+		return s
+	}
+	for _, tc := range []struct {
+		name       string
+		prev, next rules.Set
+		// IDs of next's rules by position; unlisted ones are only
+		// checked to be distinct and in 1..MaxID.
+		want map[int]uint32
+	}{
+		{name: "40000 replaced by 40000 renamed", prev: set("old-", 40000), next: set("new-", 40000),
+			// 40001..65535 first, then old-0's, old-1's, ...
+			want: map[int]uint32{0: 40001, rules.MaxID - 40000 - 1: rules.MaxID, rules.MaxID - 40000: 1, 39999: 40000 - (rules.MaxID - 40000)}},
+		{name: "all of MaxID renamed", prev: set("old-", rules.MaxID), next: set("new-", rules.MaxID),
+			want: map[int]uint32{0: 1, rules.MaxID - 1: rules.MaxID}},
+		{name: "kept rules keep theirs, the rest reused", prev: set("x", rules.MaxID),
+			next: rules.Set{Rules: append(set("new-", rules.MaxID-2).Rules, rules.Rule{Name: "x1"}, rules.Rule{Name: "x3"})},
+			want: map[int]uint32{0: 1, 1: 3, rules.MaxID - 2: 2, rules.MaxID - 1: 4}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assignIDs(&tc.prev, rules.Set{})
+			assignIDs(&tc.next, tc.prev)
+			seen := map[uint32]string{}
+			for i, r := range tc.next.Rules {
+				if r.ID < 1 || r.ID > rules.MaxID {
+					t.Fatalf("rule %d %q: ID %d outside 1..%d", i, r.Name, r.ID, rules.MaxID)
+				}
+				if o, dup := seen[r.ID]; dup {
+					t.Fatalf("rule %q: ID %d is also %q's", r.Name, r.ID, o)
+				}
+				seen[r.ID] = r.Name
+				if want, ok := tc.want[i]; ok && r.ID != want {
+					t.Errorf("rule %d %q: ID %d, want %d", i, r.Name, r.ID, want)
+				}
+			}
+		})
 	}
 }
 
@@ -148,5 +197,155 @@ func TestConfigRulesKeepCounters(t *testing.T) {
 			t.Errorf("port %d: state's rule IDs %v, want a 1, b 2", port, got)
 		}
 		d.Close()
+	}
+}
+
+// TestRuleFileEditKeepsCounters: the rule file gives no IDs, and counters
+// are kept by ID. Edited between two starts, each rule must keep its own
+// counters (by name, as the state file records them) and a new rule start
+// from zero, also when the restart upgrades the data plane (another port);
+// a state file without the record (an earlier version's) zeroes every
+// rule's rather than show another rule's history. An edit naming an
+// interface not there yet fails the restart's swap, and the retry once it
+// appears must count the same.
+func TestRuleFileEditKeepsCounters(t *testing.T) {
+	const ab = `rules:
+  - {name: a, priority: 1, match: {proto: udp, dport: 7000}, action: drop}
+  - {name: b, priority: 1, match: {proto: udp, dport: 7001}, action: pass}
+`
+	for _, tc := range []struct {
+		name     string
+		edited   string
+		port     uint16 // of the restart; 0: the same
+		noRecord bool   // remove the record from the state file, as an earlier version wrote it
+		late     bool   // the edit redirects to late0, which appears after the restart
+		want     map[string]uint64
+	}{
+		{name: "inserted at the top", edited: `rules:
+  - {name: new, priority: 1, match: {proto: udp, dport: 7009}, action: pass}
+  - {name: a, priority: 1, match: {proto: udp, dport: 7000}, action: drop}
+  - {name: b, priority: 1, match: {proto: udp, dport: 7001}, action: pass}
+`, want: map[string]uint64{"new": 0, "a": 3, "b": 2}},
+		{name: "reordered", edited: `rules:
+  - {name: b, priority: 1, match: {proto: udp, dport: 7001}, action: pass}
+  - {name: a, priority: 1, match: {proto: udp, dport: 7000}, action: drop}
+`, want: map[string]uint64{"a": 3, "b": 2}},
+		{name: "first removed, one added", edited: `rules:
+  - {name: b, priority: 1, match: {proto: udp, dport: 7001}, action: pass}
+  - {name: c, priority: 1, match: {proto: udp, dport: 7000}, action: drop}
+`, want: map[string]uint64{"b": 2, "c": 0}},
+		{name: "inserted at the top, upgraded", port: 5555, edited: `rules:
+  - {name: new, priority: 1, match: {proto: udp, dport: 7009}, action: pass}
+  - {name: a, priority: 1, match: {proto: udp, dport: 7000}, action: drop}
+  - {name: b, priority: 1, match: {proto: udp, dport: 7001}, action: pass}
+`, want: map[string]uint64{"new": 0, "a": 3, "b": 2}},
+		{name: "state file without the record", noRecord: true, edited: ab, want: map[string]uint64{"a": 0, "b": 0}},
+		{name: "inserted at the top, its interface late", late: true, edited: `rules:
+  - {name: out, priority: 1, match: {proto: udp, dport: 7009}, action: "redirect:late0"}
+  - {name: a, priority: 1, match: {proto: udp, dport: 7000}, action: drop}
+  - {name: b, priority: 1, match: {proto: udp, dport: 7001}, action: pass}
+`, want: map[string]uint64{"out": 0, "a": 3, "b": 2}},
+		{name: "state file without the record, an interface late", noRecord: true, late: true, edited: `rules:
+  - {name: out, priority: 1, match: {proto: udp, dport: 7009}, action: "redirect:late0"}
+  - {name: a, priority: 1, match: {proto: udp, dport: 7000}, action: drop}
+  - {name: b, priority: 1, match: {proto: udp, dport: 7001}, action: pass}
+`, want: map[string]uint64{"out": 0, "a": 0, "b": 0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, dir := tempConfig(t)
+			cfg.Metrics = ""
+			cfg.Rules = filepath.Join(dir, "rules.yaml")
+			write := func(s string) {
+				t.Helper()
+				if err := os.WriteFile(cfg.Rules, []byte(s), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			log := slog.New(slog.DiscardHandler)
+			counts := func(d *Daemon) map[string]uint64 {
+				t.Helper()
+				st, err := d.Stats()
+				if err != nil {
+					t.Fatal(err)
+				}
+				m := map[string]uint64{}
+				for _, r := range st.Rules {
+					m[r.Name] = r.Counter.Packets
+				}
+				return m
+			}
+			write(ab)
+			d, err := New(cfg, log)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for port, n := range map[uint16]int{7000: 3, 7001: 2} {
+				for range n {
+					if _, err := d.node.Steer.XDP.Run(&ebpf.RunOptions{Data: testenv.UDPFrame(port)}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			d.Close()
+			if tc.noRecord {
+				st, err := LoadState(cfg.State)
+				if err != nil {
+					t.Fatal(err)
+				}
+				st.RuleFileIDs = nil
+				if err := st.Save(cfg.State); err != nil {
+					t.Fatal(err)
+				}
+			}
+
+			write(tc.edited)
+			if tc.port != 0 {
+				cfg.Port = tc.port
+			}
+			// The second start applies the edit; a third, with nothing
+			// changed, must find the same. Both run where late0 can
+			// appear.
+			ns := testenv.NewNetNS(t)
+			for i, start := range []string{"restart", "second restart"} {
+				testenv.InNetNS(t, ns, func() error {
+					d, err := New(cfg, log)
+					if err != nil {
+						return err
+					}
+					defer d.Close()
+					if tc.late && i == 0 {
+						d.mu.Lock()
+						_, failed := d.failures["rules"]
+						d.mu.Unlock()
+						if !failed {
+							t.Errorf("%s: rules redirecting to late0 applied before it exists", start)
+						}
+						if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "late0"}, PeerName: "late1"}); err != nil {
+							return err
+						}
+						d.mu.Lock()
+						d.retryRules()
+						_, failed = d.failures["rules"]
+						d.mu.Unlock()
+						if failed {
+							t.Errorf("%s: rules not applied once late0 appeared", start)
+						}
+					}
+					if got := counts(d); !reflect.DeepEqual(got, tc.want) {
+						t.Errorf("%s: counters %v, want %v (IDs %v)", start, got, tc.want, idsOf(d.state.Rules))
+					}
+					return nil
+				})
+			}
+			// The rule file stays the operator's set: the state file holds
+			// its IDs, not its rules.
+			st, err := LoadState(cfg.State)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.HasRules || len(st.Rules.Rules) != 0 || len(st.RuleFileIDs) != len(tc.want) {
+				t.Errorf("state file: has_rules %v, %d rules, rule_file_ids %v; want only the rule file's IDs", st.HasRules, len(st.Rules.Rules), st.RuleFileIDs)
+			}
+		})
 	}
 }

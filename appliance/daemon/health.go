@@ -81,7 +81,7 @@ func (d *Daemon) retryRules() {
 	if !failed {
 		return
 	}
-	_, warnings, err := d.install(d.state.Rules, d.owned)
+	warnings, err := d.reinstall(d.owned)
 	for _, w := range warnings {
 		d.log.Warn("rules", "warning", w)
 	}

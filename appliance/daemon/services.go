@@ -92,7 +92,7 @@ func (s steering) Reserve(name string, rs []rules.Rule) ([]string, error) {
 	} else {
 		next[name] = rs
 	}
-	_, warnings, err := d.install(d.state.Rules, service.Merge(next))
+	warnings, err := d.reinstall(service.Merge(next))
 	if err != nil {
 		return nil, err
 	}

@@ -19,6 +19,23 @@ type State struct {
 	// HasRules is false until a rule set was applied; until then the
 	// config's rule file, if any, is the starting set.
 	HasRules bool `json:"has_rules"`
+	// RuleFileIDs are the IDs the config's rule file's rules went live
+	// under, by name, recorded while the rule file is the starting set
+	// (HasRules false). The file gives no IDs, and rule counters are kept
+	// by ID: the next start gives each rule the ID its name had, so an
+	// edited file keeps every rule's counters with it, and a rule the
+	// record lacks starts from zero. Absent (a state file of an earlier
+	// version, or none): every rule starts from zero.
+	RuleFileIDs map[string]uint32 `json:"rule_file_ids,omitempty"`
+}
+
+// ruleFileSet is RuleFileIDs as the set of rules the data plane counts.
+func (s State) ruleFileSet() rules.Set {
+	var set rules.Set
+	for name, id := range s.RuleFileIDs {
+		set.Rules = append(set.Rules, rules.Rule{Name: name, ID: id})
+	}
+	return set
 }
 
 // LoadState reads the state file; a missing file is an empty state.

@@ -343,8 +343,7 @@ func (n *Node) attachNew(a Attachment) error {
 		}
 		l, err = link.AttachXDP(link.XDPOptions{Program: n.Steer.XDP, Interface: ifindex, Flags: flags})
 		if errors.Is(err, unix.EBUSY) {
-			return fmt.Errorf("interface %s: attach xdp (%s): %w: another XDP program, not attached through a BPF link, "+
-				"runs there (see 'ip link show %s'; 'ip link set %s xdp off' removes it)", a.Iface, mode, err, a.Iface, a.Iface)
+			return fmt.Errorf("interface %s: attach xdp (%s): %w: %s", a.Iface, mode, err, xdpBusy(a.Iface, ifindex))
 		}
 		if err != nil {
 			return fmt.Errorf("interface %s: attach xdp (%s): %w", a.Iface, mode, err)
@@ -378,6 +377,57 @@ func (n *Node) attachNew(a Attachment) error {
 		return fmt.Errorf("interface %s %s: pin link: %w", a.Iface, a.Hook, err)
 	}
 	return nil
+}
+
+// xdpBusy says what holds iface's XDP hook when attaching there is refused
+// with EBUSY, and how to free it. A program attached through netlink goes
+// with 'ip link set IFACE xdp off'; one a BPF link holds does not (the
+// kernel refuses that detach with EBUSY too), so the link is named: it goes
+// when its last pin and file descriptor do.
+func xdpBusy(iface string, ifindex int) string {
+	netlinkHeld := fmt.Sprintf("another XDP program, not attached through a BPF link, runs there (see 'ip link show %s'; 'ip link set %s xdp off' removes it)", iface, iface)
+	nl, err := netlink.LinkByIndex(ifindex)
+	if err != nil || nl.Attrs().Xdp == nil || nl.Attrs().Xdp.ProgId == 0 {
+		return netlinkHeld
+	}
+	prog := nl.Attrs().Xdp.ProgId
+	id, err := xdpLink(ifindex, prog)
+	switch {
+	case err != nil:
+		return fmt.Sprintf("another XDP program (id %d) runs there (see 'ip link show %s'): if a BPF link holds it ('bpftool link'), remove the link's pin or stop the process "+
+			"that holds it; if not, 'ip link set %s xdp off' removes it (listing the links failed: %v)", prog, iface, iface, err)
+	case id == 0:
+		return netlinkHeld
+	}
+	name := ""
+	if p, err := ebpf.NewProgramFromID(ebpf.ProgramID(prog)); err == nil {
+		if info, err := p.Info(); err == nil && info.Name != "" {
+			name = fmt.Sprintf(" %q", info.Name)
+		}
+		p.Close()
+	}
+	return fmt.Sprintf("BPF link %d holds XDP there, with program %d%s, and lovelockd's pin directory does not pin it: "+
+		"'ip link set %s xdp off' cannot remove a link; remove the link's pin in bpffs or stop the process that holds it "+
+		"('bpftool -f link show id %d' lists both)", id, prog, name, iface, id)
+}
+
+// xdpLink returns the ID of the XDP link that attaches program prog to
+// ifindex, 0 if none does. Link IDs are system-wide and ifindexes per
+// network namespace: the program the interface runs tells this
+// namespace's link from another's on the same ifindex.
+func xdpLink(ifindex int, prog uint32) (link.ID, error) {
+	var it link.Iterator
+	defer it.Close()
+	for it.Next() {
+		info, err := it.Link.Info()
+		if err != nil {
+			continue // gone meanwhile, or not ours to read
+		}
+		if x := info.XDP(); x != nil && x.Ifindex == uint32(ifindex) && uint32(info.Program) == prog {
+			return info.ID, nil
+		}
+	}
+	return 0, it.Err()
 }
 
 // Detach removes the pinned link of iface's hook, which detaches it (or,

@@ -11,7 +11,9 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 
 	"github.com/lovelock-dpu/lovelock/bpf"
@@ -303,6 +305,80 @@ func TestAttachModeMismatch(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestAttachXDPHeldElsewhere: another tool's XDP program holds the hook.
+// The attach error must say how to free it: a program attached through
+// netlink goes with 'ip link set IFACE xdp off', but one a BPF link holds
+// does not (the kernel refuses with EBUSY), so the error names the link and
+// its program and says to remove its pin or stop its holder.
+func TestAttachXDPHeldElsewhere(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// hold attaches prog to l outside lovelockd's pin directory and
+		// returns what the error must say and must not.
+		hold func(t *testing.T, l netlink.Link, prog *ebpf.Program) (want []string, not string)
+	}{
+		{name: "BPF link", hold: func(t *testing.T, l netlink.Link, prog *ebpf.Program) ([]string, string) {
+			fl, err := link.AttachXDP(link.XDPOptions{Program: prog, Interface: l.Attrs().Index, Flags: link.XDPDriverMode})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { fl.Close() })
+			info, err := fl.Info()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return []string{fmt.Sprintf("BPF link %d holds XDP there, with program %d \"other_xdp\"", info.ID, info.Program),
+				"remove the link's pin in bpffs or stop the process that holds it"}, "xdp off' removes it"
+		}},
+		{name: "netlink", hold: func(t *testing.T, l netlink.Link, prog *ebpf.Program) ([]string, string) {
+			if err := netlink.LinkSetXdpFdWithFlags(l, prog.FD(), nl.XDP_FLAGS_DRV_MODE); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { netlink.LinkSetXdpFdWithFlags(l, -1, nl.XDP_FLAGS_DRV_MODE) })
+			return []string{"not attached through a BPF link", "'ip link set a xdp off' removes it"}, "BPF link "
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := testenv.NewNetNS(t)
+			dir := filepath.Join(testenv.BPFFS(t), "lovelock")
+			vethAB(t, ns)
+			other, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+				Name: "other_xdp", Type: ebpf.XDP, License: "GPL",
+				Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2), asm.Return()},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer other.Close()
+			testenv.InNetNS(t, ns, func() error {
+				l, err := netlink.LinkByName("a")
+				if err != nil {
+					return err
+				}
+				want, not := tc.hold(t, l, other)
+				n, err := attach.Open(attach.Options{Dir: dir})
+				if err != nil {
+					return err
+				}
+				defer n.Close()
+				_, err = n.Attach(attach.Attachment{Iface: "a", Hook: attach.HookXDP})
+				if err == nil {
+					return fmt.Errorf("attach where another program holds XDP: no error")
+				}
+				for _, w := range want {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("attach error %q does not say %q", err, w)
+					}
+				}
+				if strings.Contains(err.Error(), not) {
+					t.Errorf("attach error %q says %q", err, not)
+				}
+				return nil
+			})
+		})
+	}
 }
 
 // TestAdoptRecreatedInterface: the interfaces are deleted and created again
