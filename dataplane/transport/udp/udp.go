@@ -173,6 +173,42 @@ func ListenGroup(addr netip.AddrPort, n int, opts Options) ([]*Conn, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("udp: group of %d sockets", n)
 	}
+	if addr.Port() != 0 {
+		return listenGroup(addr, n, opts)
+	}
+	// An ephemeral bind with SO_REUSEPORT may be given the port of another
+	// reuseport group of this user, which the kernel counts as free: the
+	// two groups would share each other's datagrams. A plain bind finds a
+	// port no socket holds; the group takes it, or tries another should a
+	// plain socket take it in between.
+	for try := 1; ; try++ {
+		port, err := freePort(addr)
+		if err != nil {
+			return nil, fmt.Errorf("udp: group: find a free port: %w", err)
+		}
+		conns, err := listenGroup(netip.AddrPortFrom(addr.Addr(), port), n, opts)
+		if err == nil || !errors.Is(err, unix.EADDRINUSE) || try == 8 {
+			return conns, err
+		}
+	}
+}
+
+// freePort returns a port of addr's address that no socket holds.
+func freePort(addr netip.AddrPort) (uint16, error) {
+	network := "udp6"
+	if addr.Addr().Unmap().Is4() {
+		network, addr = "udp4", netip.AddrPortFrom(addr.Addr().Unmap(), addr.Port())
+	}
+	c, err := net.ListenUDP(network, net.UDPAddrFromAddrPort(addr))
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).AddrPort().Port(), nil
+}
+
+// listenGroup is ListenGroup on a given port.
+func listenGroup(addr netip.AddrPort, n int, opts Options) ([]*Conn, error) {
 	conns := make([]*Conn, 0, n)
 	fail := func(err error) ([]*Conn, error) {
 		for _, c := range conns {

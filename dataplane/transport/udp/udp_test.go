@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/lovelock-dpu/lovelock/control/testenv"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport"
 )
 
@@ -416,5 +418,47 @@ func TestListenErrors(t *testing.T) {
 	}
 	if got := MaxPayloadForMTU(1500, true); got != 1452 {
 		t.Errorf("MaxPayloadForMTU(1500, v6) = %d", got)
+	}
+}
+
+// TestGroupOwnPort: a group on port 0 gets a port no other socket holds.
+// An ephemeral bind with SO_REUSEPORT may be given the port of another
+// reuseport group of the same user (the kernel counts it free), and the
+// two groups then share datagrams: with two ephemeral ports to pick from,
+// half the groups landed on the first one's port. (CI saw it once in a
+// messaging test: "node2 agent: address 127.0.0.1:35064 is also node1
+// agent's".)
+func TestGroupOwnPort(t *testing.T) {
+	testenv.RequirePriv(t)
+	ns := testenv.NewNetNS(t)
+	testenv.InNetNS(t, ns, func() error {
+		// Two ephemeral ports in this namespace: one for the first
+		// group, one for each later group while it lives.
+		if err := os.WriteFile("/proc/sys/net/ipv4/ip_local_port_range", []byte("40000 40001"), 0o644); err != nil {
+			return err
+		}
+		first, err := ListenGroup(loopback, 2, Options{})
+		if err != nil {
+			return err
+		}
+		defer closeAll(first)
+		for i := range 20 {
+			g, err := ListenGroup(loopback, 2, Options{})
+			if err != nil {
+				return fmt.Errorf("group %d: %w", i, err)
+			}
+			shared := g[0].LocalAddr() == first[0].LocalAddr()
+			closeAll(g)
+			if shared {
+				return fmt.Errorf("group %d bound %v, the first group's port", i, first[0].LocalAddr())
+			}
+		}
+		return nil
+	})
+}
+
+func closeAll(cs []*Conn) {
+	for _, c := range cs {
+		c.Close()
 	}
 }
