@@ -82,10 +82,15 @@ RACE_PKGS := ./appliance/service/... ./control/api/ ./control/testbed/ ./datapla
 FUZZ_BUDGETS := FuzzClassify=20000x
 
 .PHONY: test
+# TEST_TIMEOUT bounds one package's tests: lovelockd's end-to-end package
+# restarts the daemon (and the verifier's load) dozens of times, about 5
+# minutes on a 2-core machine, near go test's default of 10.
+TEST_TIMEOUT ?= 25m
+
 test: deps ## run every test (privileged ones need root), the race detector over the concurrent packages, and every fuzz target
-	$(GO) tool gotestsum --format testname -- -count=1 ./...
+	$(GO) tool gotestsum --format testname -- -count=1 -timeout $(TEST_TIMEOUT) ./...
 	GOTESTSUM_JSONFILE=$${GOTESTSUM_JSONFILE:+$$GOTESTSUM_JSONFILE.race} \
-		$(GO) tool gotestsum --format testname -- -race -count=1 $(RACE_PKGS)
+		$(GO) tool gotestsum --format testname -- -race -count=1 -timeout $(TEST_TIMEOUT) $(RACE_PKGS)
 	@$(MAKE) --no-print-directory test-cuda-fake
 	@$(MAKE) --no-print-directory fuzz
 
