@@ -57,7 +57,7 @@ enum steer_stat {
 	STAT_REDIRECT = 6,
 	STAT_XSK = 7,
 	STAT_XSK_TC = 8,    /* xsk verdicts on a TC hook, passed instead */
-	STAT_XSK_MISS = 9,  /* xsk verdicts with no socket on the arrival queue, or multi-buffer, passed instead */
+	STAT_XSK_MISS = 9,  /* xsk verdicts with no socket on the arrival queue (none registered, or its socket gone), or multi-buffer, passed instead */
 	STAT_MAX,
 };
 
@@ -219,15 +219,20 @@ int xdp_steer(struct xdp_md *ctx)
 			struct xsk_key k = { .ifindex = ctx->ingress_ifindex, .queue = ctx->rx_queue_index };
 			__u32 *slot = bpf_map_lookup_elem(&xsk_slots, &k);
 
-			if (slot && (len == (__u64)(data_end - data) || (*slot & XSK_SLOT_SG))) {
+			/* The slot may have outlived its socket: the kernel
+			 * removes a closed socket from xsks, not its xsk_slots
+			 * entry (lovelockd died). The redirect then falls back
+			 * to XDP_PASS, a miss. */
+			if (slot && (len == (__u64)(data_end - data) || (*slot & XSK_SLOT_SG)) &&
+			    bpf_redirect_map(&xsks, *slot & ~XSK_SLOT_SG, XDP_PASS) == XDP_REDIRECT) {
 				count_stat(ic, STAT_XSK, len);
-				return bpf_redirect_map(&xsks, *slot & ~XSK_SLOT_SG, XDP_PASS);
+				return XDP_REDIRECT;
 			}
 		}
 		/* No socket for the queue the packet arrived on (the kernel could
-		 * not deliver it to another queue's socket), or a multi-buffer
-		 * frame for a socket without XDP_USE_SG: the stack gets it,
-		 * nothing is lost. */
+		 * not deliver it to another queue's socket), a slot whose socket
+		 * is gone, or a multi-buffer frame for a socket without
+		 * XDP_USE_SG: the stack gets it, nothing is lost. */
 		count_stat(ic, STAT_XSK_MISS, len);
 		break;
 	}

@@ -28,7 +28,7 @@ const (
 	StatRedirect  = Stat(steerSteerStatSTAT_REDIRECT)  // redirected to another interface
 	StatXSK       = Stat(steerSteerStatSTAT_XSK)       // sent to an AF_XDP socket
 	StatXSKOnTC   = Stat(steerSteerStatSTAT_XSK_TC)    // xsk verdicts on a TC hook, passed instead
-	StatXSKMiss   = Stat(steerSteerStatSTAT_XSK_MISS)  // xsk verdicts with no socket on the arrival queue, or multi-buffer, passed instead
+	StatXSKMiss   = Stat(steerSteerStatSTAT_XSK_MISS)  // xsk verdicts with no socket on the arrival queue (none registered, or its socket gone), or multi-buffer, passed instead
 	NumStats      = Stat(steerSteerStatSTAT_MAX)       // how many counters there are (the stats map's size, checked at load)
 )
 
