@@ -21,8 +21,8 @@ type Stat uint32
 const (
 	StatRX        = Stat(steerSteerStatSTAT_RX)        // every packet seen
 	StatLovelock  = Stat(steerSteerStatSTAT_LOVELOCK)  // valid Lovelock packets
-	StatMalformed = Stat(steerSteerStatSTAT_MALFORMED) // malformed headers (given the default action)
-	StatNoRule    = Stat(steerSteerStatSTAT_NO_RULE)   // well-formed packets no rule matched (default action)
+	StatMalformed = Stat(steerSteerStatSTAT_MALFORMED) // malformed headers (the default action, unless only the Lovelock header is bad)
+	StatNoRule    = Stat(steerSteerStatSTAT_NO_RULE)   // classified packets no rule matched (default action): well-formed ones and bad Lovelock headers
 	StatPass      = Stat(steerSteerStatSTAT_PASS)      // verdicts as carried out: to the kernel
 	StatDrop      = Stat(steerSteerStatSTAT_DROP)      // dropped
 	StatRedirect  = Stat(steerSteerStatSTAT_REDIRECT)  // redirected to another interface
