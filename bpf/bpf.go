@@ -7,4 +7,4 @@
 // package only tests import, so no shipped binary carries it.
 package bpf
 
-//go:generate go tool bpf2go -tags linux -cc clang -cflags "-O2 -g -Wall -Werror" -target bpfel -type action -type counter -type flow_key -type iface_counters -type iface_limits -type rule_entry -type rule_limits -type shape -type shapeset -type steer_stat -type xsk_key steer steer.c -- -I./include
+//go:generate go tool bpf2go -tags linux -cc clang -cflags "-O2 -g -Wall -Werror" -target bpfel -type action -type counter -type flow_key -type iface_counters -type iface_limits -type rule_entry -type rule_limits -type shape -type shape_flags -type shapeset -type steer_stat -type xsk_key steer steer.c -- -I./include

@@ -60,6 +60,11 @@ func (sh Shape) Mask() FlowKey {
 	m.Sport = uint16(ones(FieldSport))
 	m.Dport = uint16(ones(FieldDport))
 	m.Tenant = ones(FieldTenant)
+	// Pad masks nothing (a packet's key has pad 0): it carries the
+	// shape's flags to the data plane.
+	if sh.Fields&FieldLovelock != 0 {
+		m.Pad = uint8(steerShapeFlagsSHAPE_LOVELOCK)
+	}
 	prefix(m.Src[:], int(sh.SrcLen))
 	prefix(m.Dst[:], int(sh.DstLen))
 	if sh.RankLen > 0 {
@@ -123,6 +128,14 @@ const (
 	FieldSport
 	FieldDport
 	FieldTenant
+	// FieldLovelock is no field: it marks a shape whose rules match
+	// Lovelock fields (type, tenant, rank), which match valid Lovelock
+	// packets only. The data plane skips such a shape for UDP to the
+	// Lovelock port whose Lovelock header failed its checks: that packet
+	// is classified on its L3/L4 fields, and its Lovelock fields are zero,
+	// which a tenant 0 or rank 0 rule would otherwise match
+	// (SHAPE_LOVELOCK in include/rules.h).
+	FieldLovelock
 )
 
 // Action is what the data plane does with a packet (enum action). The

@@ -50,14 +50,14 @@ struct {
 enum steer_stat {
 	STAT_RX = 0,        /* every packet seen */
 	STAT_LOVELOCK = 1,  /* valid Lovelock packets */
-	STAT_MALFORMED = 2, /* malformed headers (given the default action) */
-	STAT_NO_RULE = 3,   /* well-formed, matched no rule (default action) */
+	STAT_MALFORMED = 2, /* malformed headers: the default action, but a bad Lovelock header alone is classified (bad_ll) */
+	STAT_NO_RULE = 3,   /* classified (well-formed, or bad_ll), matched no rule (default action) */
 	STAT_PASS = 4,      /* verdicts, as carried out */
 	STAT_DROP = 5,
 	STAT_REDIRECT = 6,
 	STAT_XSK = 7,
 	STAT_XSK_TC = 8,    /* xsk verdicts on a TC hook, passed instead */
-	STAT_XSK_MISS = 9,  /* xsk verdicts with no socket on the arrival queue, or multi-buffer, passed instead */
+	STAT_XSK_MISS = 9,  /* xsk verdicts with no socket on the arrival queue (none registered, or its socket gone), or multi-buffer, passed instead */
 	STAT_MAX,
 };
 
@@ -77,6 +77,7 @@ const enum steer_stat *unused_steer_stat __attribute__((unused));
 const enum action *unused_action __attribute__((unused));
 const enum rule_limits *unused_rule_limits __attribute__((unused));
 const enum iface_limits *unused_iface_limits __attribute__((unused));
+const enum shape_flags *unused_shape_flags __attribute__((unused));
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -170,21 +171,40 @@ static __always_inline void steer(struct iface_counters *ic, struct pkt_meta *m,
 				  struct verdict *v)
 {
 	int malformed = ll_malformed(st);
+	/* UDP to the Lovelock port whose Lovelock header alone is bad
+	 * (pkt_meta.bad_ll) is malformed as Lovelock, but its L3/L4 headers
+	 * are valid, and it may be another protocol's datagram that uses the
+	 * port (a reply to a host whose ephemeral port is 61440): rules on
+	 * addresses, ports and protocol apply to it, so a forwarding DPU does
+	 * not black-hole it with the default. Only other malformed packets
+	 * go unclassified. */
+	int unclassified = malformed && !m->bad_ll;
 
 	if (malformed) {
-		/* Fields of a malformed packet are not trusted. */
-		__builtin_memset(&m->key, 0, sizeof(m->key));
+		/* Fields of a malformed packet are not trusted, beyond the
+		 * L3/L4 ones of a bad Lovelock header, which rules on Lovelock
+		 * fields must not match (SHAPE_LOVELOCK). */
+		if (unclassified)
+			__builtin_memset(&m->key, 0, sizeof(m->key));
 		count_stat(ic, STAT_MALFORMED, len);
 	} else if (st == LL_OK) {
 		count_stat(ic, STAT_LOVELOCK, len);
 	}
 	count_stat(ic, STAT_RX, len);
+	if (m->bad_ll)
+		m->key.pad = SHAPE_LOVELOCK;
 
 	v->id = 0;
 	v->action = ACT_PASS;
 	v->arg = 0;
-	classify(&m->key, malformed, v);
-	if (v->id == 0 && !malformed)
+	classify(&m->key, unclassified, v);
+	/* unclassified, not malformed, is what stays live across classify:
+	 * it is 0 for every packet that reaches the lookup, so the verifier's
+	 * walks of the lookup for bad Lovelock headers can prune against the
+	 * others' (with malformed, xdp_steer passed the verifier's limit of a
+	 * million instructions). A bad Lovelock header that matches no rule
+	 * thus counts as no_rule as well as malformed. */
+	if (v->id == 0 && !unclassified)
 		count_stat(ic, STAT_NO_RULE, len);
 	count(&rule_stats, v->id, len);
 }
@@ -219,15 +239,20 @@ int xdp_steer(struct xdp_md *ctx)
 			struct xsk_key k = { .ifindex = ctx->ingress_ifindex, .queue = ctx->rx_queue_index };
 			__u32 *slot = bpf_map_lookup_elem(&xsk_slots, &k);
 
-			if (slot && (len == (__u64)(data_end - data) || (*slot & XSK_SLOT_SG))) {
+			/* The slot may have outlived its socket: the kernel
+			 * removes a closed socket from xsks, not its xsk_slots
+			 * entry (lovelockd died). The redirect then falls back
+			 * to XDP_PASS, a miss. */
+			if (slot && (len == (__u64)(data_end - data) || (*slot & XSK_SLOT_SG)) &&
+			    bpf_redirect_map(&xsks, *slot & ~XSK_SLOT_SG, XDP_PASS) == XDP_REDIRECT) {
 				count_stat(ic, STAT_XSK, len);
-				return bpf_redirect_map(&xsks, *slot & ~XSK_SLOT_SG, XDP_PASS);
+				return XDP_REDIRECT;
 			}
 		}
 		/* No socket for the queue the packet arrived on (the kernel could
-		 * not deliver it to another queue's socket), or a multi-buffer
-		 * frame for a socket without XDP_USE_SG: the stack gets it,
-		 * nothing is lost. */
+		 * not deliver it to another queue's socket), a slot whose socket
+		 * is gone, or a multi-buffer frame for a socket without
+		 * XDP_USE_SG: the stack gets it, nothing is lost. */
 		count_stat(ic, STAT_XSK_MISS, len);
 		break;
 	}

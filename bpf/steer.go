@@ -21,14 +21,14 @@ type Stat uint32
 const (
 	StatRX        = Stat(steerSteerStatSTAT_RX)        // every packet seen
 	StatLovelock  = Stat(steerSteerStatSTAT_LOVELOCK)  // valid Lovelock packets
-	StatMalformed = Stat(steerSteerStatSTAT_MALFORMED) // malformed headers (given the default action)
-	StatNoRule    = Stat(steerSteerStatSTAT_NO_RULE)   // well-formed packets no rule matched (default action)
+	StatMalformed = Stat(steerSteerStatSTAT_MALFORMED) // malformed headers (the default action, unless only the Lovelock header is bad)
+	StatNoRule    = Stat(steerSteerStatSTAT_NO_RULE)   // classified packets no rule matched (default action): well-formed ones and bad Lovelock headers
 	StatPass      = Stat(steerSteerStatSTAT_PASS)      // verdicts as carried out: to the kernel
 	StatDrop      = Stat(steerSteerStatSTAT_DROP)      // dropped
 	StatRedirect  = Stat(steerSteerStatSTAT_REDIRECT)  // redirected to another interface
 	StatXSK       = Stat(steerSteerStatSTAT_XSK)       // sent to an AF_XDP socket
 	StatXSKOnTC   = Stat(steerSteerStatSTAT_XSK_TC)    // xsk verdicts on a TC hook, passed instead
-	StatXSKMiss   = Stat(steerSteerStatSTAT_XSK_MISS)  // xsk verdicts with no socket on the arrival queue, or multi-buffer, passed instead
+	StatXSKMiss   = Stat(steerSteerStatSTAT_XSK_MISS)  // xsk verdicts with no socket on the arrival queue (none registered, or its socket gone), or multi-buffer, passed instead
 	NumStats      = Stat(steerSteerStatSTAT_MAX)       // how many counters there are (the stats map's size, checked at load)
 )
 

@@ -81,6 +81,12 @@ type steerShape struct {
 	MaxPrio uint32
 }
 
+type steerShapeFlags uint32
+
+const (
+	steerShapeFlagsSHAPE_LOVELOCK steerShapeFlags = 128
+)
+
 type steerShapeset struct {
 	_             structs.HostLayout
 	Nshapes       uint32
@@ -135,6 +141,7 @@ const (
 	steerVarUnusedIfaceLimits = "unused_iface_limits"
 	steerVarUnusedRuleEntry   = "unused_rule_entry"
 	steerVarUnusedRuleLimits  = "unused_rule_limits"
+	steerVarUnusedShapeFlags  = "unused_shape_flags"
 	steerVarUnusedSteerStat   = "unused_steer_stat"
 )
 
@@ -209,6 +216,7 @@ type steerVariableSpecs struct {
 	UnusedIfaceLimits *ebpf.VariableSpec `ebpf:"unused_iface_limits"`
 	UnusedRuleEntry   *ebpf.VariableSpec `ebpf:"unused_rule_entry"`
 	UnusedRuleLimits  *ebpf.VariableSpec `ebpf:"unused_rule_limits"`
+	UnusedShapeFlags  *ebpf.VariableSpec `ebpf:"unused_shape_flags"`
 	UnusedSteerStat   *ebpf.VariableSpec `ebpf:"unused_steer_stat"`
 }
 
@@ -264,6 +272,7 @@ type steerVariables struct {
 	UnusedIfaceLimits *ebpf.Variable `ebpf:"unused_iface_limits"`
 	UnusedRuleEntry   *ebpf.Variable `ebpf:"unused_rule_entry"`
 	UnusedRuleLimits  *ebpf.Variable `ebpf:"unused_rule_limits"`
+	UnusedShapeFlags  *ebpf.Variable `ebpf:"unused_shape_flags"`
 	UnusedSteerStat   *ebpf.Variable `ebpf:"unused_steer_stat"`
 }
 

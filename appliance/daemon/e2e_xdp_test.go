@@ -103,8 +103,8 @@ nodes:
 			owned = append(owned, r.Name)
 		}
 	}
-	if len(owned) != 4 {
-		t.Errorf("lovelockd's rules on dpu0: %v, want 4 (2 interfaces x 1 worker x bundle, credit)", owned)
+	if len(owned) != 5 {
+		t.Errorf("lovelockd's rules on dpu0: %v, want 5 (2 interfaces x 1 worker x bundle, credit; IP fragments to the agent)", owned)
 	}
 	att, err := d0.client().Attachments(ctx)
 	if err != nil || len(att) != 2 {
@@ -119,8 +119,8 @@ rules:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Rules != 6 || res.Owned != 4 || len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], `"host-udp"`) {
-		t.Errorf("apply: %+v; want 6 rules, 4 owned, a warning about host-udp", res)
+	if res.Rules != 7 || res.Owned != 5 || len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], `"host-udp"`) {
+		t.Errorf("apply: %+v; want 7 rules, 5 owned, a warning about host-udp", res)
 	}
 	// The listed set applies back as it is.
 	if set, err = d0.client().Rules(ctx); err != nil {

@@ -95,7 +95,9 @@ func (p *Program) Reserve(service string, rs []rules.Rule) ([]string, error) {
 }
 
 // Merge returns the reserved rules of every service, in service name
-// order, so that a rule set is the same whichever service bound first.
+// order, so that a rule set is the same whichever service bound first. A
+// rule two services reserve alike (FragmentRules for an address both use)
+// is kept once.
 func Merge(reserved map[string][]rules.Rule) []rules.Rule {
 	names := make([]string, 0, len(reserved))
 	for n := range reserved {
@@ -106,7 +108,7 @@ func Merge(reserved map[string][]rules.Rule) []rules.Rule {
 	for _, n := range names {
 		out = append(out, reserved[n]...)
 	}
-	return out
+	return dedupe(out)
 }
 
 // LoadProgram loads a steering program of its own (not pinned) and attaches

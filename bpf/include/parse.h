@@ -80,7 +80,7 @@ struct flow_key {
 	__u8 family;    /* 4, 6, or 0 for non-IP */
 	__u8 proto;     /* IP protocol */
 	__u8 ll_type;   /* Lovelock type, 0 when not a valid Lovelock packet */
-	__u8 pad;
+	__u8 pad;       /* 0; steer() may set SHAPE_LOVELOCK (rules.h) */
 	__u8 src[16];
 	__u8 dst[16];
 	__u16 sport;    /* UDP/TCP ports; 0 for fragments and other protocols */
@@ -95,6 +95,12 @@ struct pkt_meta {
 	struct flow_key key;
 	__u32 status;   /* enum ll_status */
 	__u32 ll_off;   /* offset of the Lovelock header, when status is LL_OK */
+	/* 1: the L3/L4 headers are valid, and only the Lovelock header of a
+	 * UDP datagram to the Lovelock port failed its checks (the status is
+	 * parse_ll's). The key's L3/L4 fields are then trusted and its
+	 * Lovelock fields zero: such a datagram may be another protocol's
+	 * that merely uses the port (a DNS reply to ephemeral port 61440). */
+	__u32 bad_ll;
 };
 
 /* Returns a pointer to len bytes at the cursor and advances it, or NULL
@@ -228,6 +234,7 @@ static __always_inline enum ll_status parse_packet(struct cursor *c, __u16 port,
 	void *start = c->pos;
 	struct ethhdr *eth;
 	__u16 proto;
+	enum ll_status st;
 	__u8 l4;
 	int frag = 0;
 
@@ -277,7 +284,6 @@ static __always_inline enum ll_status parse_packet(struct cursor *c, __u16 port,
 		l4 = ip->protocol;
 	} else if (proto == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6 = cursor_pull(c, sizeof(*ip6));
-		enum ll_status st;
 		__u32 plen;
 
 		if (!ip6)
@@ -360,7 +366,9 @@ static __always_inline enum ll_status parse_packet(struct cursor *c, __u16 port,
 	}
 	if (m->key.dport != port)
 		return LL_NOT_LOVELOCK;
-	return parse_ll(c, ulen - sizeof(*udp), m, start);
+	st = parse_ll(c, ulen - sizeof(*udp), m, start);
+	m->bad_ll = st != LL_OK;
+	return st;
 }
 
 static __always_inline int ll_malformed(enum ll_status st)

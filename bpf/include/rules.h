@@ -78,11 +78,27 @@ struct rule_entry {
 _Static_assert(sizeof(struct flow_key) == 52, "a flow key is six and a half 8-byte words");
 _Static_assert(sizeof(struct rule_entry) == 64, "a rule entry is one cache line");
 
+/* Flags of a shape, in its mask's pad byte. An enum so that bpf2go
+ * generates it for Go (-type shape_flags). */
+enum shape_flags {
+	/* The shape's rules match Lovelock fields (type, tenant, rank), so
+	 * valid Lovelock packets only. A packet whose Lovelock header failed
+	 * its checks (pkt_meta.bad_ll) is classified on its L3/L4 fields, and
+	 * its key holds zeros in the Lovelock ones, which a tenant 0 or rank 0
+	 * rule would match: steer() sets this bit in its key's pad byte too.
+	 * Masked by such a shape, the bit lands in the shape tag beside the
+	 * shape's index + 1 (at most MAX_SHAPES, so bit 7 is free), and no
+	 * entry's tag has it: no match, at no cost for other packets and
+	 * without a branch per shape. Other shapes mask it out. */
+	SHAPE_LOVELOCK = 0x80,
+};
+
 /* A mask shape: a packet's flow key ANDed with mask is looked up under the
  * shape's index. Userspace computes the masks (all-ones for exact fields,
  * prefix bits for addresses and ranks), so masking here is branch-free.
- * max_prio follows mask so that the two read as KEY_WORDS words whose last
- * one has the rank's mask in its low half. */
+ * mask.pad holds the shape's flags (enum shape_flags). max_prio follows
+ * mask so that the two read as KEY_WORDS words whose last one has the
+ * rank's mask in its low half. */
 struct shape {
 	struct flow_key mask;
 	__u32 max_prio; /* highest priority among the shape's rules */
@@ -185,8 +201,9 @@ static __always_inline struct rule_entry *lookup_shape(void *table, const struct
 }
 
 /* classify finds the highest-priority rule matching f. Malformed packets and
- * packets no rule matches get the set's default action. Returns 0 when no
- * rule set is installed (v is left as it was). */
+ * packets no rule matches get the set's default action. f's pad byte is 0,
+ * or SHAPE_LOVELOCK to keep rules on Lovelock fields from matching it.
+ * Returns 0 when no rule set is installed (v is left as it was). */
 static __always_inline int classify(const struct flow_key *f, int malformed, struct verdict *v)
 {
 	__u32 zero = 0, slot, *live, i, found = 0, best_prio = 0;

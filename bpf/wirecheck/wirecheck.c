@@ -19,6 +19,7 @@ struct wire_result {
 	__u32 offset; /* byte offset of the Lovelock header in the frame */
 	struct ll_hdr hdr;
 	struct flow_key key;
+	__u32 bad_ll; /* pkt_meta.bad_ll */
 };
 
 _Static_assert(sizeof(enum ll_status) == 4, "Go reads status as a u32");
@@ -48,6 +49,7 @@ static __always_inline int check(void *data, void *data_end, int gso)
 	__builtin_memset(res, 0, sizeof(*res));
 	res->status = parse_packet(&c, ll_port, &m, gso);
 	res->key = m.key;
+	res->bad_ll = m.bad_ll;
 	if (res->status == LL_OK) {
 		__u32 off = m.ll_off;
 		void *ll;

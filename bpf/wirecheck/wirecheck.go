@@ -47,8 +47,13 @@ type Result struct {
 	// Header is the raw 24-byte Lovelock header (OK only).
 	Header [24]byte
 	// Key is the flow key rules would match (zero fields the parser did
-	// not reach; steer zeroes it entirely for malformed packets).
+	// not reach; steer zeroes it entirely for malformed packets, but for
+	// BadLovelock ones).
 	Key bpf.FlowKey
+	// BadLovelock: the L3/L4 headers are valid and only the Lovelock
+	// header failed its checks (pkt_meta.bad_ll), so steer classifies the
+	// frame on Key's L3/L4 fields.
+	BadLovelock bool
 }
 
 // Checker holds the loaded wirecheck program.
@@ -124,7 +129,7 @@ func (w *Checker) result() (Result, error) {
 	if err := w.objs.WireOut.Lookup(uint32(0), &r); err != nil {
 		return Result{}, fmt.Errorf("wirecheck: read result: %w", err)
 	}
-	res := Result{Status: r.Status, Offset: r.Offset}
+	res := Result{Status: r.Status, Offset: r.Offset, BadLovelock: r.BadLl != 0}
 	if _, err := binary.Encode(res.Header[:], binary.NativeEndian, r.Hdr); err != nil {
 		return Result{}, fmt.Errorf("wirecheck: encode header: %w", err)
 	}

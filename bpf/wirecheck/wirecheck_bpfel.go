@@ -58,6 +58,7 @@ type wirecheckWireResult struct {
 	Offset uint32
 	Hdr    wirecheckLlHdr
 	Key    wirecheckFlowKey
+	BadLl  uint32
 }
 
 // Names of all BPF objects in the ELF.

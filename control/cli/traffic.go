@@ -603,7 +603,7 @@ func trafficReport(w io.Writer, me, peer testbed.Endpoint, frames [][][]byte, ex
 		why  string
 	}{
 		{"xsk_miss", wantMiss, "the classes steered to an AF_XDP queue that arrived in the kernel"},
-		{"malformed", wantMalformed, "the malformed classes, given the default action"},
+		{"malformed", wantMalformed, "the malformed classes"},
 	} {
 		verdict := "ok"
 		if got := d.verdicts[v.name]; got != v.want {

@@ -347,6 +347,10 @@ func checkRule(i int, r *Rule, res *resolver, port uint16) (checkedRule, []error
 			bad("dport %d with Lovelock fields (type, tenant, rank, region): those match Lovelock packets, which go to port %d", *dport, port)
 		}
 		proto, dport = new(uint8(17)), new(port)
+		// UDP to the port whose Lovelock header is bad is classified on
+		// its L3/L4 fields, with zeros in the Lovelock ones: the data
+		// plane skips shapes of rules like this one for it.
+		cr.fields |= bpf.FieldLovelock
 	}
 	if proto != nil {
 		cr.fields |= bpf.FieldProto

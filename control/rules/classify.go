@@ -13,9 +13,15 @@ type Verdict struct {
 	// redirect and the queue of an xsk action.
 	Action bpf.Action
 	Arg    uint32
-	// Status is the parser's verdict on the packet's headers; malformed
-	// packets (Status.Malformed) always get the default action.
+	// Status is the parser's verdict on the packet's headers. Malformed
+	// packets (Status.Malformed) get the default action, except those
+	// with BadLovelock.
 	Status wire.Status
+	// BadLovelock: UDP to the Lovelock port whose L3/L4 headers are valid
+	// and whose Lovelock header alone failed its checks
+	// (wire.Frame.BadLovelock). Status is malformed, and rules without
+	// Lovelock fields match its L3/L4 fields.
+	BadLovelock bool
 }
 
 // Classifier is the Go reference classifier: the data plane's semantics
@@ -44,8 +50,8 @@ func NewClassifier(s *Set, resolve Resolver, port uint16) (*Classifier, error) {
 func (cl *Classifier) Classify(frame []byte, ifindex uint32) Verdict {
 	c := cl.c
 	fr, err := wire.ParseFrame(frame, c.port)
-	v := Verdict{Action: c.defAction, Arg: c.defArg, Status: wire.StatusOf(err)}
-	if v.Status.Malformed() {
+	v := Verdict{Action: c.defAction, Arg: c.defArg, Status: wire.StatusOf(err), BadLovelock: fr.BadLovelock}
+	if v.Status.Malformed() && !v.BadLovelock {
 		return v
 	}
 	var best *checkedRule
@@ -61,8 +67,10 @@ func (cl *Classifier) Classify(frame []byte, ifindex uint32) Verdict {
 	return v
 }
 
-// matches says whether the rule, as written, matches a well-formed packet.
-// It reads Match, not the compiled key, on purpose.
+// matches says whether the rule, as written, matches a well-formed packet,
+// or one whose Lovelock header alone is bad (st is then malformed, and
+// Lovelock fields match nothing). It reads Match, not the compiled key, on
+// purpose.
 func (r *checkedRule) matches(f *wire.Flow, ifindex uint32, st wire.Status) bool {
 	m := &r.m
 	switch {

@@ -32,6 +32,16 @@ rules:
   - {name: ssh, priority: 1, match: {proto: tcp, dport: 22, dst: 10.0.0.0/8}, action: pass}
   - {name: ll,  priority: 2, match: {proto: udp, dport: 61440}, action: "xsk:0"}
 `,
+	// A forwarding DPU: UDP to the Lovelock port that is not Lovelock (a
+	// DNS reply to a host whose ephemeral port is 61440) must take the
+	// address rules, not the drop default.
+	"forward": `
+default: drop
+rules:
+  - {name: to-hosts, priority: 10, match: {dst: 10.1.0.0/16, proto: udp}, action: redirect:v1}
+  - {name: tenant0,  priority: 20, match: {tenant: 0}, action: pass}
+  - {name: rank0,    priority: 30, match: {type: ping, rank: 0-3}, action: pass}
+`,
 	"redirect-default": `
 default: redirect:v1
 rules:
@@ -102,10 +112,12 @@ func fixtures() []fixture {
 			"default", "pass", wire.StatusBadHeader},
 		{"truncated-lovelock", "main", "", raw(ll("10.9.0.1", "10.1.0.1", wire.TypeIngestInput, 3, 7), func(f []byte) []byte { return f[:len(f)-1] }),
 			"default", "pass", wire.StatusTruncated},
+		// But a bad Lovelock header alone leaves the L3/L4 rules to
+		// apply (any-v4), and no Lovelock rule (tenant0 would drop it).
 		{"bad-version", "main", "", raw(ll("10.9.0.1", "10.1.0.1", wire.TypeIngestInput, 3, 7), func(f []byte) []byte { f[42] = 9; return f }),
-			"default", "pass", wire.StatusBadVersion},
+			"any-v4", "pass", wire.StatusBadVersion},
 		{"unknown-type", "main", "", raw(ll("10.9.0.1", "10.1.0.1", wire.TypeIngestInput, 0, 7), func(f []byte) []byte { f[43] = 0x7f; return f }),
-			"default", "pass", wire.StatusUnknownType},
+			"any-v4", "pass", wire.StatusUnknownType},
 		{"ethernet-padding", "main", "", raw(ll("10.9.0.1", "10.1.0.1", wire.TypeIngestInput, 3, 20), func(f []byte) []byte { return append(f, 0, 0, 0, 0) }),
 			"ingest-hi", "xsk:4", ok},
 
@@ -115,6 +127,21 @@ func fixtures() []fixture {
 		{"drop-default/malformed", "drop-default", "", raw(ll("10.9.0.1", "10.1.0.1", wire.TypePong, 3, 7), func(f []byte) []byte { return f[:40] }),
 			"default", "drop", wire.StatusTruncated},
 		{"drop-default/arp", "drop-default", "", b(pkt{}), "default", "drop", not},
+		// UDP to the Lovelock port whose Lovelock header fails its checks
+		// takes the rules on its addresses and protocol, never one on
+		// Lovelock fields (its key holds zeros there: tenant 0, rank 0).
+		{"forward/dns-reply-to-ll-port", "forward", "", b(udp("10.9.0.53", "10.1.0.7", 53, wire.DefaultPort)),
+			"to-hosts", "redirect:v1", wire.StatusTruncated},
+		{"forward/bad-version-tenant0", "forward", "", raw(ll("10.9.0.1", "10.1.0.1", wire.TypePing, 0, 0), func(f []byte) []byte { f[42] = 9; return f }),
+			"to-hosts", "redirect:v1", wire.StatusBadVersion},
+		{"forward/bad-length-tenant0", "forward", "", raw(ll("10.9.0.1", "10.1.0.1", wire.TypePing, 0, 0), func(f []byte) []byte { f[65]++; return f }),
+			"to-hosts", "redirect:v1", wire.StatusBadLength},
+		{"forward/not-lovelock-no-rule", "forward", "", b(udp("10.9.0.53", "10.2.0.7", 53, wire.DefaultPort)),
+			"default", "drop", wire.StatusTruncated},
+		{"forward/valid-rank0", "forward", "", b(ll("10.9.0.1", "10.1.0.1", wire.TypePing, 0, 0)), "rank0", "pass", ok},
+		{"forward/valid-tenant0", "forward", "", b(ll("10.9.0.1", "10.1.0.1", wire.TypePong, 0, 9)), "tenant0", "pass", ok},
+		{"forward/ip-truncated", "forward", "", raw(ll("10.9.0.1", "10.1.0.1", wire.TypePing, 0, 0), func(f []byte) []byte { return f[:len(f)-1] }),
+			"default", "drop", wire.StatusTruncated},
 		{"redirect-default/v4", "redirect-default", "", b(udp("10.9.0.1", "10.1.0.1", 1, 2)), "default", "redirect:v1", not},
 		{"redirect-default/v6", "redirect-default", "", b(udp("fd00::1", "fd00::2", 1, 2)), "v6-only", "pass", not},
 	}

@@ -205,10 +205,12 @@ func (a *applied) whichRose() (string, error) {
 
 func (a *applied) tally(v Verdict) {
 	a.tallies[bpf.StatRX]++
-	switch {
-	case v.Status.Malformed():
+	if v.Status.Malformed() {
 		a.tallies[bpf.StatMalformed]++
-	case v.RuleID == 0:
+	}
+	// no_rule counts classified packets: a bad Lovelock header alone is
+	// malformed and classified, so it may count under both.
+	if v.RuleID == 0 && (!v.Status.Malformed() || v.BadLovelock) {
 		a.tallies[bpf.StatNoRule]++
 	}
 	if v.Status == wire.StatusOK {

@@ -400,7 +400,7 @@ func TestCompile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	llFields := bpf.FieldIfindex | bpf.FieldProto | bpf.FieldLLType | bpf.FieldDport
+	llFields := bpf.FieldIfindex | bpf.FieldProto | bpf.FieldLLType | bpf.FieldDport | bpf.FieldLovelock
 	wantShapes := []bpf.Shape{
 		{Fields: llFields, RankLen: 31, MaxPrio: 20}, // ranks 6-7 and 8-9
 		{Fields: llFields, RankLen: 32, MaxPrio: 20}, // rank 5
@@ -503,10 +503,14 @@ func TestCompiledLookup(t *testing.T) {
 			want := cl.Classify(frame, uint32(idx))
 			fr, err := wire.ParseFrame(frame, wire.DefaultPort)
 			key := flowKey(fr.Flow, uint32(idx))
-			if wire.StatusOf(err).Malformed() {
+			malformed := wire.StatusOf(err).Malformed() && !fr.BadLovelock
+			if malformed {
 				key = bpf.FlowKey{}
 			}
-			id, action, arg := cLookup(rs, key, wire.StatusOf(err).Malformed())
+			if fr.BadLovelock {
+				key.Pad = shapeLovelock // as steer() marks it
+			}
+			id, action, arg := cLookup(rs, key, malformed)
 			if id != want.RuleID || action != want.Action || arg != want.Arg {
 				text, _ := Format(s)
 				t.Fatalf("set %d: model of C: rule %d %v %d; reference: %+v\nframe % x\n%s", set, id, action, arg, want, frame, text)
@@ -516,6 +520,9 @@ func TestCompiledLookup(t *testing.T) {
 	}
 	t.Logf("%d packets, zero disagreements", n)
 }
+
+// shapeLovelock is SHAPE_LOVELOCK of include/rules.h, copied from the C.
+const shapeLovelock = 0x80
 
 // flowKey lays a flow out as struct flow_key.
 func flowKey(f wire.Flow, ifindex uint32) bpf.FlowKey {
@@ -530,8 +537,8 @@ func flowKey(f wire.Flow, ifindex uint32) bpf.FlowKey {
 
 // cLookup is classify() of rules.h in Go, written from the C, not from
 // Compile's helpers: shapes in order, the flow key ANDed with each shape's
-// mask as the data plane receives it (bpf.Shape.Mask), one lookup per
-// shape, and the early stop.
+// mask as the data plane receives it (bpf.Shape.Mask), pad byte included,
+// one lookup per shape, and the early stop.
 func cLookup(rs *bpf.Ruleset, f bpf.FlowKey, malformed bool) (uint32, bpf.Action, uint32) {
 	id, action, arg := uint32(0), rs.DefaultAction, rs.DefaultArg
 	if malformed {

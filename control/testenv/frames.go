@@ -3,6 +3,7 @@ package testenv
 import (
 	"encoding/binary"
 	"errors"
+	"net/netip"
 	"runtime"
 	"runtime/debug"
 )
@@ -22,6 +23,40 @@ func UDPFrame(dport uint16) []byte {
 	binary.BigEndian.PutUint16(udp[2:], dport)
 	binary.BigEndian.PutUint16(udp[4:], 8+4)
 	return f
+}
+
+// UDPFrames returns the Ethernet/IPv4 frames of a UDP datagram carrying
+// payload from src to dst, in IP fragments of at most mtu bytes of IP
+// packet as a sender's kernel cuts it (one frame when it fits): a first
+// fragment with the UDP header, then fragments of datagram data alone.
+// Addresses must be IPv4; the UDP checksum is 0 (none).
+func UDPFrames(src, dst netip.AddrPort, payload []byte, mtu int) [][]byte {
+	dgram := make([]byte, 8+len(payload))
+	binary.BigEndian.PutUint16(dgram[0:], src.Port())
+	binary.BigEndian.PutUint16(dgram[2:], dst.Port())
+	binary.BigEndian.PutUint16(dgram[4:], uint16(len(dgram)))
+	copy(dgram[8:], payload)
+	per := (mtu - 20) &^ 7 // fragment data is cut at multiples of 8 bytes
+	var frames [][]byte
+	for off := 0; off < len(dgram); off += per {
+		end := min(off+per, len(dgram))
+		f := make([]byte, 14+20+end-off)
+		binary.BigEndian.PutUint16(f[12:], 0x0800)
+		ip := f[14:]
+		ip[0], ip[8], ip[9] = 0x45, 64, 17
+		binary.BigEndian.PutUint16(ip[2:], uint16(20+end-off))
+		frag := uint16(off / 8)
+		if end < len(dgram) {
+			frag |= 0x2000 // more fragments
+		}
+		binary.BigEndian.PutUint16(ip[6:], frag)
+		s4, d4 := src.Addr().As4(), dst.Addr().As4()
+		copy(ip[12:], s4[:])
+		copy(ip[16:], d4[:])
+		copy(ip[20:], dgram[off:end])
+		frames = append(frames, f)
+	}
+	return frames
 }
 
 // ReadByte reads b[i] from memory that may fault (a far-memory mapping

@@ -53,8 +53,9 @@ func newChecker(tb testing.TB, port uint16) *wirecheck.Checker {
 
 // disagreement runs frame through the C parser and ParseFrame and describes
 // how their results differ, or returns "" when they agree: same status, same
-// flow key (as far as either parser got, for every status), and for a valid
-// header the same offset and header bytes.
+// flow key (as far as either parser got, for every status), the same say on
+// whether only the Lovelock header was bad, and for a valid header the same
+// offset and header bytes.
 //
 // gso, when not 0, runs frame as a GSO super-packet with that segment size
 // through the TC program (wirecheck.Checker.CheckGSO) and ParseGSOFrame.
@@ -71,6 +72,8 @@ func disagreement(tb testing.TB, w *wirecheck.Checker, frame []byte, port, gso u
 		return fmt.Sprintf("C says %v, Go says %v (%v)", cs, gs, goErr)
 	case res.Key != gk:
 		return fmt.Sprintf("both say %v; C key %+v, Go key %+v", cs, res.Key, gk)
+	case res.BadLovelock != fr.BadLovelock:
+		return fmt.Sprintf("both say %v; C bad_ll %v, Go BadLovelock %v", cs, res.BadLovelock, fr.BadLovelock)
 	case gs != StatusOK:
 		return ""
 	case int(res.Offset) != fr.Offset:

@@ -58,6 +58,14 @@ type Frame struct {
 	// Flow holds the fields rules match on, filled as far as the parser got
 	// (on every error too; see ParseFrame).
 	Flow Flow
+	// BadLovelock is set when the L3/L4 headers are valid and only the
+	// Lovelock header of a UDP datagram to the Lovelock port failed its
+	// checks (ErrShortBuffer, ErrBadVersion, ErrBadLength or
+	// ErrUnknownType from Decode; pkt_meta.bad_ll in C). The frame is
+	// malformed, but it may be another protocol's datagram that uses the
+	// port, so the data plane classifies it on Flow's L3/L4 fields, whose
+	// Lovelock fields are zero.
+	BadLovelock bool
 }
 
 // ParseFrame walks an Ethernet frame the way the data plane's C parser
@@ -79,7 +87,9 @@ type Frame struct {
 // for IPv6 the extension headers, for the protocol) passed, the ports once
 // the TCP or UDP header was present. The data plane does not trust the fields
 // of a malformed frame (Status.Malformed) and gives it the default action
-// with an all-zero key; callers that classify must not match on Flow then.
+// with an all-zero key; callers that classify must not match on Flow then,
+// except when Frame.BadLovelock is set: then only the Lovelock header was
+// bad, and the data plane matches rules on Flow's L3/L4 fields.
 //
 // ParseFrame sees the whole frame. The C parser sees the linear part of the
 // packet only, which is the whole frame for single-buffer XDP; the tests keep
@@ -224,6 +234,7 @@ func parseFrame(frame []byte, port uint16, gso bool) (Frame, error) {
 	}
 	h, err := decode(udp[udpHeaderLen:ulen])
 	if err != nil {
+		f.BadLovelock = true
 		return f, fmt.Errorf("wire: frame: lovelock %w", err)
 	}
 	f.Header = h

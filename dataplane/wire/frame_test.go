@@ -128,3 +128,56 @@ func BenchmarkParseFrame(b *testing.B) {
 		}
 	}
 }
+
+// TestParseFrameBadLovelock checks Frame.BadLovelock: set exactly when the
+// L3/L4 headers passed and the Lovelock header of a datagram to the port
+// failed, with the flow's L3/L4 fields filled (the data plane classifies
+// on them) and its Lovelock fields zero. cside_test.go holds the C
+// parser's bad_ll to it on every fixture.
+func TestParseFrameBadLovelock(t *testing.T) {
+	valid := llBytes(TypePing, 0, 16)
+	short := udpOpts()
+	short.udpLen = udpHeaderLen + 4
+	cutUDP := udpOpts()
+	cutUDP.udpLen = udpHeaderLen + len(valid) + 1
+	v6 := udpOpts()
+	v6.ipv6 = true
+	frame := func(o frameOpts, payload []byte) []byte { f, _ := buildFrame(o, payload); return f }
+	for _, c := range []struct {
+		name  string
+		frame []byte
+		want  Status
+		bad   bool
+	}{
+		{"valid", frame(udpOpts(), valid), StatusOK, false},
+		{"payload shorter than the header", frame(short, valid), StatusTruncated, true},
+		{"dns-like payload", frame(udpOpts(), []byte{0x12, 0x34, 0x81, 0x80}), StatusTruncated, true},
+		{"bad version", frame(udpOpts(), withByte(valid, OffsetVersion, 9)), StatusBadVersion, true},
+		{"bad length", frame(udpOpts(), withU32(valid, OffsetLength, 3)), StatusBadLength, true},
+		{"unknown type", frame(udpOpts(), withByte(valid, OffsetType, 0x7f)), StatusUnknownType, true},
+		{"ipv6 bad version", frame(v6, withByte(valid, OffsetVersion, 9)), StatusBadVersion, true},
+		{"udp datagram past the ip datagram", frame(cutUDP, valid), StatusTruncated, false},
+		{"ip datagram past the frame", frame(udpOpts(), valid)[:60], StatusTruncated, false},
+		{"another port", frame(func() frameOpts { o := udpOpts(); o.dport = 53; return o }(), valid[:4]), StatusNotLovelock, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			fr, err := ParseFrame(c.frame, DefaultPort)
+			if got := StatusOf(err); got != c.want {
+				t.Fatalf("status %v (%v), want %v", got, err, c.want)
+			}
+			if fr.BadLovelock != c.bad {
+				t.Errorf("BadLovelock = %v, want %v", fr.BadLovelock, c.bad)
+			}
+			if !c.bad {
+				return
+			}
+			f := fr.Flow
+			if f.Proto != protoUDP || f.Sport != 40000 || f.Dport != DefaultPort || !f.Src.IsValid() || !f.Dst.IsValid() {
+				t.Errorf("flow %+v: want its L3/L4 fields", f)
+			}
+			if f.Type != 0 || f.Tenant != 0 || f.Rank != 0 {
+				t.Errorf("flow %+v: want no Lovelock fields", f)
+			}
+		})
+	}
+}

@@ -81,7 +81,11 @@ func (s *Service) Plan() (service.Needs, error) {
 	if err := s.cfg.Validate(); err != nil {
 		return service.Needs{}, err
 	}
-	n := service.Needs{Rules: Rules(s.cfg, s.port)}
+	// Inputs from a client that does not size its datagrams to the MTU
+	// (lovelock infer --mtu 0) arrive in IP fragments, which Rules, on
+	// the Lovelock type or the port, miss.
+	frags := service.FragmentRules([]netip.Addr{s.cfg.Listen.Addr(), s.cfg.HostListen.Addr()}, nil)
+	n := service.Needs{Rules: append(Rules(s.cfg, s.port), frags...)}
 	if s.cfg.XDP() {
 		if s.cfg.Listen.Port() != s.port {
 			return service.Needs{}, fmt.Errorf("config: ingest: transport xdp needs listen on the Lovelock port %d (steering reads the header there), not %d", s.port, s.cfg.Listen.Port())

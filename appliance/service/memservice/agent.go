@@ -47,14 +47,28 @@ func (s *AgentService) Plan() (service.Needs, error) {
 	if err := s.cfg.Validate(); err != nil {
 		return service.Needs{}, err
 	}
-	return service.Needs{Rules: AgentRules(s.cfg.AgentConfig, s.port)}, nil
+	return service.Needs{Rules: append(AgentRules(s.cfg.AgentConfig, s.port), AgentFragmentRules(s.cfg.AgentConfig)...)}, nil
+}
+
+// AgentFragmentRules returns the rules that pass the IP fragments of the
+// agent's datagrams: requests to its listen address and the memory nodes'
+// replies. Datagrams of up to max_datagram (8972 bytes by default) are
+// fragmented on a 1500-byte MTU, and AgentRules, on the Lovelock type or
+// the source port, miss fragments, which carry neither.
+func AgentFragmentRules(cfg farmem.AgentConfig) []rules.Rule {
+	var from []netip.Addr
+	for _, srv := range cfg.Servers {
+		from = append(from, srv.Addr.Addr())
+	}
+	return service.FragmentRules([]netip.Addr{cfg.Listen.Addr()}, from)
 }
 
 // AgentRules returns the rules the agent reserves: the host processes'
 // requests to its listen address (when that is on the Lovelock port, where
 // steering reads the type) and the memory nodes' datagrams from their
 // addresses pass to the kernel, above any operator rule (a default of drop
-// would otherwise starve far memory without a word).
+// would otherwise starve far memory without a word). Plan adds
+// AgentFragmentRules.
 func AgentRules(cfg farmem.AgentConfig, port uint16) []rules.Rule {
 	var out []rules.Rule
 	// The host rules and the server rules overlap (a memory node on the

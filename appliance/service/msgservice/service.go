@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"sync/atomic"
 	"time"
 
@@ -81,7 +82,11 @@ func Needs(cluster messaging.Config, node string, ifaces []string) (service.Need
 		XDP: &service.XDPNeeds{Interfaces: ifaces, Addr: agent, Workers: cluster.Workers, Kernel: udp.Options{
 			ReadBuffer: cluster.SocketBuffer, WriteBuffer: cluster.SocketBuffer, Steer: messaging.KernelSteer(),
 		}},
-		Rules: Rules(agent, cluster.Tenant, cluster.WorkerEndpoints(n), ifaces),
+		// Clients' bundles of transfer_size above the MTU arrive in IP
+		// fragments, which XDP passes to the stack and the agent reads
+		// on its kernel socket; Rules, on the Lovelock type, miss them.
+		Rules: append(Rules(agent, cluster.Tenant, cluster.WorkerEndpoints(n), ifaces),
+			service.FragmentRules([]netip.Addr{agent.Addr()}, nil)...),
 	}, nil
 }
 
