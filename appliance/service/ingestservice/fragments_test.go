@@ -28,7 +28,7 @@ func TestPlanFragments(t *testing.T) {
 	} {
 		c := validAgent()
 		tc.f(&c)
-		needs, err := New(c, wire.DefaultPort, slog.New(slog.DiscardHandler)).Plan()
+		needs, err := New(c, wire.DefaultPort, "/run/lovelock/lovelockd.sock", slog.New(slog.DiscardHandler)).Plan()
 		if err != nil {
 			t.Fatal(err)
 		}
