@@ -153,18 +153,6 @@ func TestConfigRulesKeepCounters(t *testing.T) {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	counts := func(d *Daemon) map[string]uint64 {
-		t.Helper()
-		st, err := d.Stats()
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := map[string]uint64{}
-		for _, r := range st.Rules {
-			m[r.Name] = r.Counter.Packets
-		}
-		return m
-	}
 	d, err := New(cfg, log)
 	if err != nil {
 		t.Fatal(err)
@@ -177,7 +165,7 @@ func TestConfigRulesKeepCounters(t *testing.T) {
 		}
 	}
 	want := map[string]uint64{"a": 3, "b": 2}
-	if got := counts(d); !reflect.DeepEqual(got, want) {
+	if got := ruleCounts(t, d); !reflect.DeepEqual(got, want) {
 		t.Fatalf("counters after traffic: %v, want %v", got, want)
 	}
 	d.Close()
@@ -190,7 +178,7 @@ func TestConfigRulesKeepCounters(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := counts(d); !reflect.DeepEqual(got, want) {
+		if got := ruleCounts(t, d); !reflect.DeepEqual(got, want) {
 			t.Errorf("port %d, loaded %v, upgraded %v: counters %v, want %v", port, d.node.Loaded, d.node.Upgraded != nil, got, want)
 		}
 		if got := idsOf(d.state.Rules); !reflect.DeepEqual(got, map[string]uint32{"a": 1, "b": 2}) {
@@ -262,18 +250,6 @@ func TestRuleFileEditKeepsCounters(t *testing.T) {
 				}
 			}
 			log := slog.New(slog.DiscardHandler)
-			counts := func(d *Daemon) map[string]uint64 {
-				t.Helper()
-				st, err := d.Stats()
-				if err != nil {
-					t.Fatal(err)
-				}
-				m := map[string]uint64{}
-				for _, r := range st.Rules {
-					m[r.Name] = r.Counter.Packets
-				}
-				return m
-			}
 			write(ab)
 			d, err := New(cfg, log)
 			if err != nil {
@@ -331,7 +307,7 @@ func TestRuleFileEditKeepsCounters(t *testing.T) {
 							t.Errorf("%s: rules not applied once late0 appeared", start)
 						}
 					}
-					if got := counts(d); !reflect.DeepEqual(got, tc.want) {
+					if got := ruleCounts(t, d); !reflect.DeepEqual(got, tc.want) {
 						t.Errorf("%s: counters %v, want %v (IDs %v)", start, got, tc.want, idsOf(d.state.Rules))
 					}
 					return nil
@@ -348,4 +324,18 @@ func TestRuleFileEditKeepsCounters(t *testing.T) {
 			}
 		})
 	}
+}
+
+// ruleCounts returns the packets each rule of d counted, by name.
+func ruleCounts(t *testing.T, d *Daemon) map[string]uint64 {
+	t.Helper()
+	st, err := d.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]uint64{}
+	for _, r := range st.Rules {
+		m[r.Name] = r.Counter.Packets
+	}
+	return m
 }
