@@ -9,7 +9,6 @@ import (
 // manualClock is a Clock that moves only when a test advances it.
 type manualClock struct {
 	mu     sync.Mutex
-	cond   *sync.Cond
 	now    time.Time
 	timers map[*manualTimer]struct{}
 	// quiet, when set, reports that no datagram is in flight (memnet's
@@ -23,9 +22,7 @@ type manualTimer struct {
 }
 
 func newManualClock() *manualClock {
-	c := &manualClock{now: time.Unix(1_000_000, 0), timers: map[*manualTimer]struct{}{}}
-	c.cond = sync.NewCond(&c.mu)
-	return c
+	return &manualClock{now: time.Unix(1_000_000, 0), timers: map[*manualTimer]struct{}{}}
 }
 
 func (c *manualClock) Now() time.Time {
@@ -43,7 +40,6 @@ func (c *manualClock) AfterFunc(d time.Duration, f func()) func() bool {
 		return func() bool { return false }
 	}
 	c.timers[t] = struct{}{}
-	c.cond.Broadcast()
 	return func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
@@ -71,23 +67,28 @@ func (c *manualClock) Advance(d time.Duration) {
 }
 
 // step waits until no datagram is in flight (when the clock knows how to
-// tell) and a timer due within d is armed (the goroutines that run on the
-// clock went back to waiting for it), or for at most a millisecond, and
-// then advances the clock by d. Waiting for the network keeps the clock
-// from running ahead of datagrams that real time is still carrying.
+// tell: quiet) and a timer due within d is armed (the goroutines that run
+// on the clock went back to waiting for it), and then advances the clock by
+// d. Waiting for the network keeps the clock from running ahead of
+// datagrams that real time is still carrying, or that a goroutine the
+// machine has not scheduled yet has still to answer; a loaded machine can
+// leave one unscheduled for many milliseconds. Neither wait is forever: a
+// timer may never be armed within d (armedWait), and a test may keep
+// datagrams in flight on purpose (quietWait).
 func (c *manualClock) step(d time.Duration) {
-	wake := time.AfterFunc(time.Millisecond, func() {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		c.cond.Broadcast()
-	})
-	defer wake.Stop()
+	const armedWait, quietWait = time.Millisecond, 250 * time.Millisecond
 	start := time.Now()
-	c.mu.Lock()
-	for !(c.armedWithin(d) && (c.quiet == nil || c.quiet())) && time.Since(start) < time.Millisecond {
-		c.cond.Wait()
+	for {
+		c.mu.Lock()
+		armed := c.armedWithin(d)
+		c.mu.Unlock()
+		quiet := c.quiet == nil || c.quiet()
+		waited := time.Since(start)
+		if (armed || waited >= armedWait) && (quiet || waited >= quietWait) {
+			break
+		}
+		time.Sleep(20 * time.Microsecond)
 	}
-	c.mu.Unlock()
 	c.Advance(d)
 }
 

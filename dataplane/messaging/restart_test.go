@@ -303,7 +303,7 @@ func deadPeerCluster(t *testing.T, mode Mode, nodes, clientsPerNode int) (*testC
 	t.Helper()
 	mem := memnet.New(memnet.Options{})
 	clk := newManualClock()
-	clk.quiet = func() bool { return mem.Queued() == 0 }
+	clk.quiet = func() bool { return mem.InFlight() == 0 }
 	tc := startCluster(t, spec{mode: mode, nodes: nodes, clientsPerNode: clientsPerNode, ranksPerClient: 1, workers: 1,
 		mem: mem, clock: clk, handler: true,
 		tune: func(c *Config) {

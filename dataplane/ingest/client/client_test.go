@@ -64,7 +64,7 @@ func newRig(t *testing.T, no memnet.Options, co Options, do clienttest.Options) 
 // quiesce waits until the DPU has taken every datagram sent to it and then
 // stops it, so that its counters are final.
 func (r *rig) quiesce() clienttest.Counters {
-	for r.net.Queued() > 0 {
+	for r.net.InFlight() > 0 {
 		runtime.Gosched()
 	}
 	r.dpu.Close()

@@ -254,17 +254,19 @@ func (n *Network) SetDefaultFaults(f Faults) {
 	n.opts.Faults = f
 }
 
-// Queued returns the datagrams delivered to endpoints and not yet
-// received: 0 when nothing is in flight. Tests that advance a clock by hand
-// wait for it, so that the clock does not run ahead of the datagrams.
-func (n *Network) Queued() int {
+// InFlight returns the datagrams delivered to endpoints and not yet
+// received, plus those received and not yet handled (their receiver has not
+// come back to Recv since): 0 when nothing is in flight. Tests that advance
+// a clock by hand wait for it, so that the clock does not run ahead of the
+// datagrams or of the goroutines answering them.
+func (n *Network) InFlight() int {
 	n.mu.RLock()
 	defer n.mu.RUnlock()
 	q := 0
 	for _, g := range n.groups {
 		for _, e := range g.eps {
 			e.mu.Lock()
-			q += len(e.queue)
+			q += len(e.queue) + e.inHand
 			e.mu.Unlock()
 		}
 	}
@@ -334,6 +336,7 @@ type Endpoint struct {
 
 	mu     sync.Mutex
 	queue  []transport.Packet // owned copies
+	inHand int                // datagrams the last Recv returned
 	notify chan struct{}
 	closed chan struct{}
 	once   sync.Once
@@ -412,6 +415,7 @@ func (e *Endpoint) Recv(ctx context.Context, pkts []transport.Packet) (int, erro
 	for {
 		e.mu.Lock()
 		k := min(len(pkts), len(e.queue))
+		e.inHand = k
 		for i := range k {
 			q := e.queue[i]
 			pkts[i].Addr = q.Addr
@@ -451,6 +455,9 @@ func (e *Endpoint) MaxPayload() int { return e.n.opts.MaxPayload }
 func (e *Endpoint) Close() error {
 	e.once.Do(func() {
 		close(e.closed)
+		e.mu.Lock()
+		e.inHand = 0
+		e.mu.Unlock()
 		n := e.n
 		n.mu.Lock()
 		defer n.mu.Unlock()

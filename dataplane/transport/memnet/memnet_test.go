@@ -57,15 +57,21 @@ func TestDeliveryAndContract(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if q := n.Queued(); q != 3 {
+	if q := n.InFlight(); q != 3 {
 		t.Fatalf("%d datagrams queued, want 3", q)
 	}
 	k, err := y.Recv(ctx, rx)
 	if err != nil || k != 3 || string(rx[0].Data) != "a" || string(rx[1].Data) != "c" || rx[0].Addr != x.LocalAddr() {
 		t.Fatalf("recv: %d %v %q %v", k, err, rx[0].Data, rx[0].Addr)
 	}
-	if q := n.Queued(); q != 0 {
-		t.Fatalf("%d datagrams queued after Recv took them", q)
+	if q := n.InFlight(); q != 3 {
+		t.Fatalf("%d datagrams in flight while the receiver handles the 3 Recv took, want 3", q)
+	}
+	if k, err := y.Recv(ctx, rx); k != 0 || !errors.Is(err, context.Canceled) {
+		t.Fatalf("poll: %d %v", k, err)
+	}
+	if q := n.InFlight(); q != 0 {
+		t.Fatalf("%d datagrams in flight after the receiver came back to Recv", q)
 	}
 	c := n.Counters()
 	if c.Sent != 5 || c.Delivered != 3 || c.Overflow != 2 {
