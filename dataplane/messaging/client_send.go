@@ -325,10 +325,12 @@ func (c *Client) timers(ctx context.Context) {
 	t := alarm{k: c.clk, f: c.kickTimers}
 	defer t.cancel()
 	nextMaint := int64(0)
+	again := false // a link was declared dead: look at the others at once
 	for {
 		now := c.clock()
 		next := int64(1<<63 - 1)
-		maint := now >= nextMaint
+		maint := again || now >= nextMaint
+		again = false
 		if maint {
 			nextMaint = now + rto/4
 		}
@@ -365,9 +367,16 @@ func (c *Client) timers(ctx context.Context) {
 				}
 				if maint {
 					_, reset := l.maintain(now, rto, peerTO, &s.out)
+					if !reset && !l.dead && l.busy() && c.hopDead[l.hop].Load() {
+						// Another shard declared this next hop dead: it is
+						// one peer, so this link's messages are dropped now,
+						// not a peer timeout later (Flush waits on them).
+						l.declareDead(now)
+						reset = true
+					}
 					if reset {
 						c.hopDead[l.hop].Store(true)
-						woke = true
+						woke, again = true, true
 					}
 				}
 				if len(l.limbo) > 0 {
@@ -383,6 +392,9 @@ func (c *Client) timers(ctx context.Context) {
 				s.wake()
 			}
 			s.mu.Unlock()
+		}
+		if again {
+			continue
 		}
 		wait := time.Duration(next - c.clock())
 		if next == 1<<63-1 {

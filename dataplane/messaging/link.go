@@ -475,9 +475,7 @@ func (l *outLink) maintain(now, rto, peerTimeout int64, out *batch) (timed, rese
 		return false, false
 	}
 	if now-l.lastHeard >= peerTimeout {
-		l.reset(now)
-		l.dead = true
-		l.st.dead.Store(true)
+		l.declareDead(now)
 		return true, true
 	}
 	for q := l.base; q != l.nextSeq; q++ {
@@ -493,6 +491,14 @@ func (l *outLink) maintain(now, rto, peerTimeout int64, out *batch) (timed, rese
 		l.probe(now, out) // the window is closed and the credit that opens it is overdue
 	}
 	return true, false
+}
+
+// declareDead drops what the link holds (reset) and probes the peer from
+// now on until it answers.
+func (l *outLink) declareDead(now int64) {
+	l.reset(now)
+	l.dead = true
+	l.st.dead.Store(true)
 }
 
 // probe asks the receiver for a fresh credit: a credit datagram with

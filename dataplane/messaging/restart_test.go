@@ -395,6 +395,57 @@ func TestDeadAgent(t *testing.T) {
 	})
 }
 
+// TestHopDeadOnEveryShard: a client's shards each keep their own link to
+// the agent. When one declares the agent dead, the others' links to it are
+// declared dead at once rather than a peer timeout later: their messages
+// count as dropped, and a Flush returns ErrPeerDead without waiting for
+// time to pass (the clock stands still while it waits).
+func TestHopDeadOnEveryShard(t *testing.T) {
+	tc, clk := deadPeerCluster(t, ModeDPU, 2, 1)
+	const rto = deadPeerRTO
+	src, dst := tc.clients[0][0], uint32(1)
+	if len(src.shards) != 2 {
+		t.Fatalf("%d sender shards, want 2", len(src.shards))
+	}
+	_ = tc.agents[0].Close()
+	<-tc.dones[0]
+	// sendOn sends one message on shard i: the other is held, so the
+	// client picks i.
+	sendOn := func(i int) {
+		t.Helper()
+		other := src.shards[1-i]
+		other.mu.Lock()
+		err := src.Send(dst, payload(0, uint32(i), dst, 100))
+		other.mu.Unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel() // Flush sends the bundle and returns at once
+		if err := src.Flush(ctx); !errors.Is(err, context.Canceled) {
+			t.Fatalf("flush of shard %d's message: %v, want it to wait for the silent agent", i, err)
+		}
+	}
+	sendOn(0)
+	for range 5 {
+		clk.step(rto) // shard 1's link falls silent half a peer timeout later
+	}
+	sendOn(1)
+	before := src.Stats().Drops.DeadPeer
+	clk.advanceUntil(t, rto, 1000, "the client declares the agent dead", func() bool {
+		d, _ := src.Stats().Dest("node0")
+		return d.PeerDead
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := src.Flush(ctx); !errors.Is(err, ErrPeerDead) {
+		t.Fatalf("Flush once one shard declared the agent dead: %v, want ErrPeerDead at once", err)
+	}
+	if d := src.Stats().Drops.DeadPeer - before; d != 2 {
+		t.Errorf("dead_peer drops grew by %d, want 2 (one message per shard)", d)
+	}
+}
+
 // TestDeadClientNotDelivered: once an agent has declared a local client
 // dead, the messages it drops for that client's ranks count as dead_peer
 // drops only, not also as delivered (handed to the client's send buffers).
