@@ -32,7 +32,7 @@ func TestAdvise(t *testing.T) {
 	a := startAgent(t)
 	plain := a.add(1, NewMemBackend(1<<20))
 	adv := &advisingBackend{countingBackend: &countingBackend{MemBackend: NewMemBackend(1 << 20)}}
-	a.advisors = map[uint64]Backend{2: adv}
+	a.setAdvisors(map[uint64]Backend{2: adv})
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 

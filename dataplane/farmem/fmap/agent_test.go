@@ -45,9 +45,7 @@ func TestCloseReleasesBackend(t *testing.T) {
 	a := startAgent(t)
 	ok := &closingBackend{MemBackend: NewMemBackend(1 << 20)}
 	bad := &closingBackend{MemBackend: NewMemBackend(1 << 20), failErr: errors.New("release lease: injected failure")}
-	a.mu.Lock()
-	a.advisors = map[uint64]Backend{1: ok, 2: bad}
-	a.mu.Unlock()
+	a.setAdvisors(map[uint64]Backend{1: ok, 2: bad})
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 

@@ -131,9 +131,7 @@ func (s *slowSyncBackend) WriteAt(p []byte, off int64) (int, error) {
 // write-back), not the late reply of the cancelled Sync.
 func TestCloseAfterCancelledSync(t *testing.T) {
 	a := startAgent(t)
-	a.mu.Lock() // the agent already serves: its open reads advisors under mu
-	a.advisors = map[uint64]Backend{1: &slowSyncBackend{MemBackend: NewMemBackend(syncErrSize)}}
-	a.mu.Unlock()
+	a.setAdvisors(map[uint64]Backend{1: &slowSyncBackend{MemBackend: NewMemBackend(syncErrSize)}})
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	out := runHelper(t, ctx, "cancelsync", "FMAP_SOCK="+a.sock)
