@@ -315,17 +315,33 @@ func TestGroupSteer(t *testing.T) {
 // again under a flood of datagrams to its port: no socket ever receives a
 // datagram the steering program would give another one, also while the
 // group is being built (when the kernel would fall back to its hash).
+//
+// It runs in its own network namespace: make test runs test binaries side
+// by side, and a reuseport group another one binds could take this port
+// between two of this test's groups and then share the next one (same user,
+// same port), which shifts every socket's index.
 func TestGroupSteerWhileOpening(t *testing.T) {
 	const n = 4
-	first, err := ListenGroup(loopback, n, Options{Steer: &Steer{Offset: 0, Mask: 0xff}})
-	if err != nil {
-		t.Fatal(err)
+	testenv.RequirePriv(t)
+	ns := testenv.NewNetNS(t)
+	steer := Options{Steer: &Steer{Offset: 0, Mask: 0xff}}
+	listenGroup := func(addr netip.AddrPort) []*Conn {
+		var g []*Conn
+		testenv.InNetNS(t, ns, func() (err error) {
+			g, err = ListenGroup(addr, n, steer)
+			return err
+		})
+		return g
 	}
+	first := listenGroup(loopback)
 	addr := first[0].LocalAddr()
-	for _, c := range first {
-		c.Close()
-	}
-	src := listenT(t, Options{})
+	closeAll(first)
+	var src *Conn
+	testenv.InNetNS(t, ns, func() (err error) {
+		src, err = Listen(loopback, Options{})
+		return err
+	})
+	defer src.Close()
 	stop := make(chan struct{})
 	done := make(chan struct{})
 	go func() {
@@ -348,11 +364,8 @@ func TestGroupSteerWhileOpening(t *testing.T) {
 	}()
 	defer func() { close(stop); <-done }()
 	got := 0
-	for range 30 {
-		group, err := ListenGroup(addr, n, Options{Steer: &Steer{Offset: 0, Mask: 0xff}})
-		if err != nil {
-			t.Fatal(err)
-		}
+	for iter := range 30 {
+		group := listenGroup(addr)
 		time.Sleep(time.Millisecond)
 		pkts := make([]transport.Packet, 64)
 		for i := range pkts {
@@ -364,7 +377,7 @@ func TestGroupSteerWhileOpening(t *testing.T) {
 			k, _ := c.Recv(done, pkts)
 			for _, p := range pkts[:k] {
 				if f := int(binary.BigEndian.Uint32(p.Data)) % n; f != i {
-					t.Fatalf("socket %d received a datagram for socket %d", i, f)
+					t.Fatalf("group %d: socket %d received a datagram for socket %d", iter, i, f)
 				}
 			}
 			got += k
