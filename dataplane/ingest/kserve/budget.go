@@ -102,18 +102,19 @@ func countEntries(b []byte) int {
 	return n
 }
 
-// maxContentRuns bounds how often one input's typed contents field (bool
-// to fp64, packed) may appear in a message. protobuf-go grows a packed
-// field by exactly each run's length, copying what it holds, so a field
-// split into n one-element runs costs O(n²) to decode: 160 000 runs in
-// 480 KB took 20 s of CPU, and a 9 MiB message would take hours. Encoders
-// write each field as one run; a few are allowed for merged messages.
+// maxContentRuns bounds how often one input's packed repeated field (its
+// shape, or a typed contents field, bool to fp64) may appear in a message.
+// protobuf-go grows a packed field by exactly each run's length, copying
+// what it holds, so a field split into n one-element runs costs O(n²) to
+// decode: 160 000 runs in 480 KB took 20 s of CPU, and a 9 MiB message
+// would take hours. Encoders write each field as one run; a few are
+// allowed for merged messages.
 const maxContentRuns = 16
 
 // scanRequest returns the input and output tensor entries of a
 // ModelInferRequest's wire form without decoding it, and refuses (bad
-// request) an input whose typed contents are split into more than
-// maxContentRuns packed runs. A malformed part is not looked into:
+// request) an input whose shape or typed contents are split into more
+// than maxContentRuns packed runs. A malformed part is not looked into:
 // decoding refuses it.
 func scanRequest(b []byte) (entries int, err error) {
 	input := 0
@@ -126,7 +127,11 @@ func scanRequest(b []byte) (entries int, err error) {
 			entries++
 		}
 		if typ == protowire.BytesType && num == 5 {
-			if field, runs := contentRuns(b[:l]); runs > maxContentRuns {
+			if field, runs := packedRuns(b[:l]); runs > maxContentRuns {
+				if field == shapeField {
+					return entries, ingest.Errorf(ingest.StatusBadRequest, "input %d: shape comes in %d packed runs, at most %d are accepted: "+
+						"send the shape as one packed run (as protobuf encoders do)", input, runs, maxContentRuns)
+				}
 				return entries, ingest.Errorf(ingest.StatusBadRequest, "input %d: contents field %d comes in %d packed runs, at most %d are accepted: "+
 					"send each contents field as one packed run (as protobuf encoders do), or the input raw (raw_input_contents)", input, field, runs, maxContentRuns)
 			}
@@ -137,10 +142,14 @@ func scanRequest(b []byte) (entries int, err error) {
 	return entries, nil
 }
 
-// contentRuns returns the typed contents field of one input tensor field
-// (tag included) that comes in the most packed runs, and their count,
-// over every occurrence of its contents (which decoding merges).
-func contentRuns(field []byte) (worst protowire.Number, most int) {
+// shapeField is the number of an input tensor's shape (repeated int64).
+const shapeField protowire.Number = 3
+
+// packedRuns returns the packed repeated field of one input tensor field
+// (tag included) that comes in the most runs, and their count: the shape
+// (shapeField) or a typed contents field (by its number in the contents,
+// over every occurrence of the contents, which decoding merges).
+func packedRuns(field []byte) (worst protowire.Number, most int) {
 	_, _, n := protowire.ConsumeTag(field)
 	if n < 0 {
 		return 0, 0
@@ -150,10 +159,14 @@ func contentRuns(field []byte) (worst protowire.Number, most int) {
 		return 0, 0
 	}
 	var runs [8]int // by contents field number, 1 (bool) to 7 (fp64)
+	shapeRuns := 0
 	for len(tensor) > 0 {
 		num, typ, l := protowire.ConsumeField(tensor)
 		if l < 0 {
 			break
+		}
+		if num == shapeField && typ == protowire.BytesType {
+			shapeRuns++
 		}
 		if num == 5 && typ == protowire.BytesType { // contents
 			_, _, tn := protowire.ConsumeTag(tensor)
@@ -171,6 +184,7 @@ func contentRuns(field []byte) (worst protowire.Number, most int) {
 		}
 		tensor = tensor[l:]
 	}
+	worst, most = shapeField, shapeRuns
 	for f, r := range runs {
 		if r > most {
 			worst, most = protowire.Number(f), r

@@ -291,12 +291,19 @@ func TestSplitContentsRefused(t *testing.T) {
 		return protowire.AppendBytes(protowire.AppendTag(nil, num, protowire.BytesType), body)
 	}
 	times := func(k int, b []byte) []byte { return []byte(strings.Repeat(string(b), k)) }
-	input := func(contents ...[]byte) []byte {
+	tensor := func(fields ...[]byte) []byte {
 		b := append(fld(1, []byte("input")), fld(2, []byte("INT64"))...)
-		for _, c := range contents {
-			b = append(b, fld(5, c)...)
+		for _, f := range fields {
+			b = append(b, f...)
 		}
 		return fld(5, b)
+	}
+	input := func(contents ...[]byte) []byte {
+		var fields [][]byte
+		for _, c := range contents {
+			fields = append(fields, fld(5, c))
+		}
+		return tensor(fields...)
 	}
 	run := fld(3, []byte{1}) // one int64_contents element, packed
 	codec := budgetCodec{encoding.GetCodecV2(grpcproto.Name)}
@@ -312,6 +319,9 @@ func TestSplitContentsRefused(t *testing.T) {
 		{"split over two contents", append(fld(1, []byte("m")), input(times(9, run), times(9, run))...), true, 0},
 		{"runs of two inputs", append(append(fld(1, []byte("m")), input(times(9, run))...), input(times(9, run))...), false, 9},
 		{"100 000 runs", append(fld(1, []byte("m")), input(times(100000, run))...), true, 0},
+		{"shape in one run", append(fld(1, []byte("m")), tensor(fld(3, []byte{2, 3}), fld(5, fld(3, make([]byte, 6))))...), false, 6},
+		{"shape in the most runs", append(fld(1, []byte("m")), tensor(times(maxContentRuns, fld(3, []byte{1})), fld(5, run))...), false, 1},
+		{"shape in 100 000 runs", append(fld(1, []byte("m")), tensor(times(100000, fld(3, []byte{1})), fld(5, run))...), true, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := &inferRequest{ModelInferRequest: new(pb.ModelInferRequest), ctx: context.Background(), budget: newBudget(1<<40, time.Second)}
