@@ -266,13 +266,16 @@ func (a *Agent) inputLocked(now time.Time, from netip.AddrPort, b []byte, out []
 	r, ok := a.reqs[key]
 	if err := fragmentCheck(in); err != nil {
 		// Fragments this small are no client's: refuse the request
-		// before holding anything for it.
-		a.stats.fragmentRefusals.Add(1)
+		// before holding anything for it. One whose input is complete
+		// (queued, or running) is not refused: the fragment is a
+		// duplicate, counted below.
 		if ok && r.state == receiving {
+			a.stats.fragmentRefusals.Add(1)
 			a.failLocked(r, err)
 			return out
 		}
 		if !ok {
+			a.stats.fragmentRefusals.Add(1)
 			a.countRefusal(err)
 			return a.refuseLocked(now, key, h.Tenant, err, out)
 		}

@@ -136,6 +136,40 @@ func inputPkt(cl *rawClient, id uint64, mdl string, input []byte, lo, hi int) tr
 	return transport.Packet{Addr: dpuClientAddr, Data: ingest.AppendInput(nil, cl.tenant, &in)}
 }
 
+// TestSmallFragmentsAfterInput: tiny fragments of a request whose input
+// is complete (its model runs) refuse nothing: they are duplicates, not
+// fragment refusals, and the request is answered OK. (Before, each was
+// counted as a fragment refusal and a duplicate, and ingest stats said
+// that many requests were refused.)
+func TestSmallFragmentsAfterInput(t *testing.T) {
+	slow := newSlowModel()
+	r := newRig(t, rigOptions{models: []ModelConfig{{Name: "slow"}}, hostModels: []*model.Model{slow.model()}})
+	t.Cleanup(slow.finish) // before the rig stops: the host waits for its runs
+	cl := r.client(0)
+	in := randomBytes(1, 4096)
+	whole := []transport.Packet{inputPkt(cl, 1, "slow", in, 0, len(in))}
+	sendCounted(t, r, cl, whole)
+	select {
+	case <-slow.started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the model never started")
+	}
+	var tiny []transport.Packet
+	for i := range 5 {
+		tiny = append(tiny, inputPkt(cl, 1, "slow", in, 10*i, 10*i+10))
+	}
+	sendCounted(t, r, cl, tiny)
+	slow.finish()
+	a, err := cl.await(1, nil, 50*time.Millisecond, 10*time.Second)
+	want := model.Checksum(in)
+	if err != nil || a.status != ingest.StatusOK || !bytes.Equal(a.out, want[:]) {
+		t.Fatalf("request: %v, status %v %q; want OK with its checksum", err, a.status, a.text)
+	}
+	if s := r.agent.Stats(); s.FragmentRefusals != 0 || len(s.Refused) != 0 || s.Duplicates != 5 {
+		t.Errorf("%d fragment refusals, refused %v, %d duplicates; want 0, none, 5", s.FragmentRefusals, s.Refused, s.Duplicates)
+	}
+}
+
 // TestScatteredFragments: a client that cuts its input into tiny
 // fragments, or scatters fragments to leave many holes, is refused as
 // bad-request with a message, counted, and holds no more than
