@@ -1,8 +1,10 @@
 package ingestservice
 
 import (
+	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 
@@ -195,5 +197,29 @@ func TestHostDefaults(t *testing.T) {
 				t.Errorf("the agent refuses the defaults: %v", err)
 			}
 		})
+	}
+}
+
+// TestRelativeAPISocket: lovelockd started with a relative --socket gives
+// the ingest service a host_socket default the agent accepts: the
+// directory it runs in (before, "./", which the agent refused as not
+// absolute, so the service never started).
+func TestRelativeAPISocket(t *testing.T) {
+	c := validAgent()
+	c.HostPeer = "10.77.12.1"
+	s := New(c, wire.DefaultPort, "lovelockd.sock", slog.New(slog.DiscardHandler))
+	cfg := c.agentConfig()
+	if err := c.hostDefaults(&cfg, s.runDir, func() ([]net.Addr, error) { return nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.HostSocket != wd+"/" {
+		t.Errorf("host_socket %q, want the working directory %q", cfg.HostSocket, wd+"/")
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("the agent refuses the default: %v", err)
 	}
 }

@@ -56,6 +56,11 @@ func New(cfg Config, port uint16, apiSocket string, log *slog.Logger) *Service {
 	if apiSocket == "" {
 		apiSocket = api.DefaultSocket
 	}
+	// A relative --socket would make host_socket's default relative,
+	// which the agent refuses: the directory is the one lovelockd runs in.
+	if abs, err := filepath.Abs(apiSocket); err == nil {
+		apiSocket = abs
+	}
 	s := &Service{cfg: cfg, port: port, runDir: filepath.Dir(apiSocket), log: log.With("service", Name)}
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("GET /models", s.models)
