@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"runtime"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -208,5 +210,38 @@ func TestConcurrencyLimits(t *testing.T) {
 	defer cancel()
 	if _, err := pb.NewGRPCInferenceServiceClient(other).ServerLive(sctx, &pb.ServerLiveRequest{}, grpc.WaitForReady(true)); err != nil && !errors.Is(err, context.Canceled) {
 		t.Errorf("ServerLive on the second connection once the first closed: %v", err)
+	}
+}
+
+// TestIdleConnectionsLetGo: connections that hold every place among
+// MaxConnections and make no call (here two that sent HTTP/2's preface and
+// then nothing, as a client's idle channel) are closed after
+// MaxConnectionIdle, and a waiting client is served. (Before, they held
+// their places for good and every other client waited until its deadline.)
+func TestIdleConnectionsLetGo(t *testing.T) {
+	addr := serveLimited(t, &gate{open: make(chan struct{}), inChanged: make(chan struct{}, 100)}, testCatalog, Options{MaxConnections: 2, MaxConnectionIdle: 200 * time.Millisecond})
+	var idle []net.Conn
+	for range 2 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		// The client preface and an empty SETTINGS frame.
+		if _, err := c.Write(append([]byte(http2.ClientPreface), 0, 0, 0, byte(http2.FrameSettings), 0, 0, 0, 0, 0)); err != nil {
+			t.Fatal(err)
+		}
+		idle = append(idle, c)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := pb.NewGRPCInferenceServiceClient(dial(t, addr)).ServerLive(ctx, &pb.ServerLiveRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatalf("ServerLive while two idle connections held both places: %v", err)
+	}
+	for i, c := range idle {
+		c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		if _, err := io.Copy(io.Discard, c); err != nil {
+			t.Errorf("idle connection %d: %v, want the server to close it", i, err)
+		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
 	grpcproto "google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest"
@@ -49,6 +50,17 @@ const MsgOverhead = 1 << 20
 const (
 	DefaultMaxConcurrentStreams = 16
 	DefaultMaxConnections       = 16
+)
+
+// DefaultMaxConnectionIdle is how long a connection with no call in
+// progress keeps its place among MaxConnections when Options leaves it
+// zero; handshakeTimeout how long a new one may take to start HTTP/2
+// (gRPC's default is 120 s). Without them, MaxConnections clients that
+// keep idle channels open, or connections that send nothing, hold every
+// place for good and lock every other client out.
+const (
+	DefaultMaxConnectionIdle = time.Minute
+	handshakeTimeout         = 10 * time.Second
 )
 
 // The names the server gives things: the one input and output tensor in
@@ -89,6 +101,11 @@ type Options struct {
 	// listener from Listener: further ones wait in the kernel's accept
 	// queue until one closes. Zero means DefaultMaxConnections.
 	MaxConnections int
+	// MaxConnectionIdle is how long a connection with no call in
+	// progress stays open: then the server closes it (HTTP/2 GOAWAY;
+	// gRPC clients reconnect on their next call), giving its place to
+	// the connections waiting. Zero means DefaultMaxConnectionIdle.
+	MaxConnectionIdle time.Duration
 	// MemoryBudget bounds, in bytes, the memory ModelInfer calls hold at
 	// once, server-wide: each call takes its DecodeCost (from its
 	// message's size) before its message is decoded, keeps about its
@@ -109,6 +126,8 @@ func (o Options) Validate() error {
 	case o.MaxRecvMsgSize < 0 || o.MaxInput < 0 || o.MaxConnections < 0:
 		return fmt.Errorf("kserve: negative message, input or connection limit (%d, %d, %d): want 0 (the default) or more",
 			o.MaxRecvMsgSize, o.MaxInput, o.MaxConnections)
+	case o.MaxConnectionIdle < 0:
+		return fmt.Errorf("kserve: max connection idle %v: want 0 (the default) or more", o.MaxConnectionIdle)
 	case o.MemoryBudget < 0 || o.BudgetWait < 0:
 		return fmt.Errorf("kserve: memory budget %d, budget wait %v: want 0 (the default) or more", o.MemoryBudget, o.BudgetWait)
 	case o.MemoryBudget > 0 && o.MemoryBudget < need:
@@ -156,13 +175,23 @@ func (o Options) maxConns() int {
 	return DefaultMaxConnections
 }
 
+func (o Options) maxIdle() time.Duration {
+	if o.MaxConnectionIdle > 0 {
+		return o.MaxConnectionIdle
+	}
+	return DefaultMaxConnectionIdle
+}
+
 // ServerOptions returns the grpc.ServerOptions the front end needs, for a
 // caller that makes its own grpc.Server and then calls Register: the
-// message limit, the calls per connection, and the codec that charges
-// ModelInfer messages to MemoryBudget before decoding them (gRPC's proto
-// codec otherwise; without it the budget bounds conversion, not decoding).
+// message limit, the calls per connection, how long an idle or silent
+// connection is kept, and the codec that charges ModelInfer messages to
+// MemoryBudget before decoding them (gRPC's proto codec otherwise; without
+// it the budget bounds conversion, not decoding).
 func (o Options) ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{grpc.MaxRecvMsgSize(o.maxRecv()), grpc.MaxConcurrentStreams(o.maxStreams()),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: o.maxIdle()}),
+		grpc.ConnectionTimeout(handshakeTimeout),
 		grpc.ForceServerCodecV2(budgetCodec{encoding.GetCodecV2(grpcproto.Name)})}
 }
 
