@@ -135,7 +135,12 @@ func (c *Client) do(ctx context.Context, k *call) error {
 		return k.err
 	}
 	if err := k.reply.Status.Err(); err != nil {
-		return fmt.Errorf("%w (%v of region %d)", err, k.rec.Op, k.rec.Region)
+		if k.rec.Op == OpCreate && k.reply.Status == StatusNoSpace {
+			// The status does not say which bound refused it.
+			return fmt.Errorf("%w (%s: the memory node lacks the capacity for it, or holds its max_regions regions: "+
+				"free regions, or raise its capacity or max_regions)", err, k.what())
+		}
+		return fmt.Errorf("%w (%s)", err, k.what())
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -274,5 +275,24 @@ func TestRepeatedCreateSameNode(t *testing.T) {
 				t.Errorf("the nodes hold %d regions of the tenant after %d creates and a repeat, want %d", held, tc.prior+1, tc.prior+1)
 			}
 		})
+	}
+}
+
+// TestCreateUnansweredNamesSize: a create no memory node answers fails
+// naming its size, not its Region field, which holds half of its nonce.
+func TestCreateUnansweredNamesSize(t *testing.T) {
+	silent := listen(t, loopback) // bound, never read
+	t.Cleanup(func() { silent.Close() })
+	cfg := testConfig()
+	cfg.Tries, cfg.MaxRetransmitTimeout = 3, Duration(10*time.Millisecond)
+	c, err := NewClient(ClientOptions{Config: cfg, Server: silent.LocalAddr(), Tenant: 1, Transport: listen(t, loopback)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	_, err = c.Create(t.Context(), 4096, CreateOptions{Writable: true})
+	t.Log(err)
+	if !errors.Is(err, ErrUnavailable) || regionNumber.MatchString(err.Error()) || !strings.Contains(err.Error(), "create of 4096 bytes") {
+		t.Fatalf("an unanswered create: %v, want ErrUnavailable naming its size and no region", err)
 	}
 }

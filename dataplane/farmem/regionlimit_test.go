@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -64,6 +65,13 @@ func TestRegionLimit(t *testing.T) {
 			if !tc.wire && (!errors.Is(err, errRegionLimit) || !strings.Contains(err.Error(), "max_regions")) {
 				t.Errorf("the refusal does not say regions are the limit, and what to do: %v", err)
 			}
+			// The wire carries only the status: the host is told both
+			// bounds, and the create is named by its size, not by its
+			// Region field, which holds half of its nonce.
+			if msg := err.Error(); tc.wire && (regionNumber.MatchString(msg) || !strings.Contains(msg, "create of 4096 bytes") ||
+				!strings.Contains(msg, "max_regions") || !strings.Contains(msg, "capacity")) {
+				t.Errorf("the refusal over the wire names a region, or not the size, max_regions and capacity: %v", err)
+			}
 			if got := srv.Stats(); got.Regions != tc.max || got.MaxRegions != tc.max || got.Errors.NoSpace != b2u(tc.wire) {
 				t.Errorf("stats: %d regions of at most %d, %d no-space answers on the wire; want %d of %d, %d",
 					got.Regions, got.MaxRegions, got.Errors.NoSpace, tc.max, tc.max, b2u(tc.wire))
@@ -91,6 +99,9 @@ func TestRegionLimit(t *testing.T) {
 		})
 	}
 }
+
+// regionNumber matches an error naming a region by number.
+var regionNumber = regexp.MustCompile(`region \d`)
 
 func b2u(b bool) uint64 {
 	if b {

@@ -37,6 +37,18 @@ type call struct {
 
 func (c *call) units() int { return (int(c.rec.Size) + FragUnit - 1) / FragUnit }
 
+// what names the request in errors. A create's Region holds half of its
+// nonce, not a region: it is named by its size.
+func (c *call) what() string {
+	switch {
+	case c.rec.Op != OpCreate:
+		return fmt.Sprintf("%v of region %d", c.rec.Op, c.rec.Region)
+	case c.rec.Offset == 0 && len(c.data) > 0:
+		return "create of its preload's size"
+	}
+	return fmt.Sprintf("create of %d bytes", c.rec.Offset)
+}
+
 // requester is the requesting half of the protocol, one per transport: it
 // numbers requests, packs them (several per datagram where they fit),
 // retransmits those unanswered with backoff, reassembles fragmented read
@@ -185,7 +197,7 @@ func (r *requester) retransmit(now time.Time) {
 		if c.tries >= r.cfg.Tries {
 			delete(r.pending, id)
 			<-r.slots
-			c.err = fmt.Errorf("%w: %v of region %d after %d tries", ErrUnavailable, c.rec.Op, c.rec.Region, c.tries)
+			c.err = fmt.Errorf("%w: %s after %d tries", ErrUnavailable, c.what(), c.tries)
 			failed = append(failed, c)
 			continue
 		}

@@ -26,6 +26,10 @@ type Agent struct {
 	// Logger receives one line per mapping that ends, with its counters, and
 	// the errors that end mappings. Nil discards them.
 	Logger *slog.Logger
+
+	// features stands in for uffdFeatures in tests: without
+	// UFFD_FEATURE_POISON the agent acts as on a kernel older than 6.6.
+	features func() (uint64, error)
 }
 
 // Serve runs the agent on ln until ctx ends: it accepts programs' mappings,
@@ -99,7 +103,7 @@ func (a *Agent) Serve(ctx context.Context, ln *net.UnixListener, open func(conte
 			// A mapping that fails ends only that program's connection; the
 			// program sees the error in its Map, Sync or Close.
 			pid := peerPID(c)
-			region, st, err := serveConn(connCtx, c, open)
+			region, st, err := serveConn(connCtx, c, open, a.features)
 			if err != nil {
 				log.Warn("fmap mapping ended with an error", "pid", pid, "region", region.String(), "err", err)
 			}
@@ -143,10 +147,10 @@ func peerPID(c *net.UnixConn) int32 {
 // serveConn runs one program's mapping from handshake to close.
 // It returns the region and, once the mapping was attached, its final
 // counters.
-func serveConn(ctx context.Context, c *net.UnixConn, open func(context.Context, RegionRef) (Backend, error)) (RegionRef, *Stats, error) {
+func serveConn(ctx context.Context, c *net.UnixConn, open func(context.Context, RegionRef) (Backend, error), features func() (uint64, error)) (RegionRef, *Stats, error) {
 	var region RegionRef
 	var h *handler
-	err := serveMapping(ctx, c, open, &region, &h)
+	err := serveMapping(ctx, c, open, features, &region, &h)
 	if h == nil {
 		return region, nil, err
 	}
@@ -154,7 +158,7 @@ func serveConn(ctx context.Context, c *net.UnixConn, open func(context.Context, 
 	return region, &st, err
 }
 
-func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Context, RegionRef) (Backend, error), regionOut *RegionRef, hOut **handler) (err error) {
+func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Context, RegionRef) (Backend, error), features func() (uint64, error), regionOut *RegionRef, hOut **handler) (err error) {
 	defer c.Close()
 	stopConn := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
 	defer stopConn()
@@ -231,6 +235,7 @@ func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Contex
 		return reply(c, fmt.Errorf("fmap agent: program mapped %d bytes, region needs %d", req.Len, r.mapLen))
 	}
 	h := newHandler(region, be, r, uffd, memfd, req.Addr)
+	h.noPoison = poisonSupport(features)
 	*hOut = h
 
 	hctx, cancel := context.WithCancel(context.Background())

@@ -57,6 +57,7 @@ type handler struct {
 	err      error // first write-back error since the last Sync reported it
 	poison   error // why the first chunk was poisoned; every Sync reports it
 	gone     bool  // the program's mm is gone (it exited): nothing can write or fault any more
+	noPoison error // why UFFDIO_POISON cannot be used on this mapping (poisonSupport); nil if it can
 
 	kick chan struct{}
 
@@ -316,7 +317,7 @@ func (h *handler) poisonChunk(addr uint64, after time.Duration, cause error) (bo
 	if h.state[ci] != absent {
 		return false, nil // served or being served meanwhile: retry the fault
 	}
-	if err := uffdPoison(h.uffd, h.base+off, n, h.r.pageSize); err != nil {
+	if err := h.poisonRange(h.base+off, n); err != nil {
 		return false, fmt.Errorf("poison chunk %d after %v of failed fetches: %w", ci, after.Round(time.Millisecond), err)
 	}
 	h.state[ci] = poisoned
@@ -341,36 +342,82 @@ func (h *handler) poisonChunk(addr uint64, after time.Duration, cause error) (bo
 // write-protected (for its write-back): it is punched out first, then the
 // protection lifted, which clears the uffd-wp markers poisoning would step
 // over (see retire), and wakes writers waiting on it, whose retried faults
-// find the chunk poisoned. On failure the chunk is left as it was.
-func (h *handler) dropLostLocked(ci int, cause error) error {
+// find the chunk poisoned. It reports whether the chunk left the buffer.
+//
+// Where the mapping cannot poison (a kernel before 6.6: poisonSupport) it
+// does nothing and reports false, as when the punch fails: the chunk stays
+// resident and dirty, its bytes readable, and every Sync's write-back fails
+// again and says so. Punched but not poisoned, it would be resident without
+// pages, and the program's every touch of it would fault, be woken as
+// spurious and fault again, for ever. If poisoning fails after the punch
+// all the same, the bytes are gone: the chunk is left absent, so that its
+// next touch fetches it again instead (a fetch that fails with ErrLost
+// poisons it there), and the next Sync reports the lost writes.
+func (h *handler) dropLostLocked(ci int, cause error) bool {
+	if h.noPoison != nil {
+		return false
+	}
 	off, n := h.span(ci)
 	if err := unix.Fallocate(h.memfd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(off), int64(n)); err != nil {
-		return err
+		return false
 	}
+	var err error
 	if !h.gone {
-		err := uffdWriteProtect(h.uffd, h.base+off, n, false)
+		err = uffdWriteProtect(h.uffd, h.base+off, n, false)
 		if err == nil {
-			err = uffdPoison(h.uffd, h.base+off, n, h.r.pageSize)
+			err = h.poisonRange(h.base+off, n)
 		}
 		if err == nil {
 			err = uffdWake(h.uffd, h.base+off, n)
 		}
 		if errors.Is(err, errGone) {
 			h.gone = true
-		} else if err != nil {
-			return err
+			err = nil
 		}
 	}
-	h.state[ci] = poisoned
 	h.dirty[ci] = false
 	h.occupied--
+	h.cond.Broadcast()
+	if err != nil {
+		h.state[ci] = absent
+		h.setErrLocked(fmt.Errorf("chunk %d (bytes %d-%d): its writes can never be written back and are lost; poisoning it failed (%v), so its next touch fetches it again: %w",
+			ci, off, off+n-1, err, cause))
+		return true
+	}
+	h.state[ci] = poisoned
 	h.stats.Poisoned++
 	if h.poison == nil {
 		h.poison = fmt.Errorf("chunk %d (bytes %d-%d) poisoned, its accesses raise SIGBUS: its writes can never be written back: %w",
 			ci, off, off+n-1, cause)
 	}
-	h.cond.Broadcast()
+	return true
+}
+
+// poisonSupport says why UFFDIO_POISON cannot be used on a mapping's
+// userfaultfd, nil if it can: the program asks for UFFD_FEATURE_POISON
+// whenever its kernel, which is the agent's, offers it (Linux 6.6+).
+// features is uffdFeatures, or a test's stand-in when not nil.
+func poisonSupport(features func() (uint64, error)) error {
+	if features == nil {
+		features = uffdFeatures
+	}
+	f, err := features()
+	if err != nil {
+		return err
+	}
+	if f&featurePoison == 0 {
+		return fmt.Errorf("this kernel's userfaultfd lacks UFFD_FEATURE_POISON (Linux 6.6+; features %#x)", f)
+	}
 	return nil
+}
+
+// poisonRange poisons [addr, addr+n) with uffdPoison. Where the mapping
+// cannot poison, it fails as the kernel's UFFDIO_POISON would, EINVAL.
+func (h *handler) poisonRange(addr, n uint64) error {
+	if h.noPoison != nil {
+		return fmt.Errorf("%w (%w)", h.noPoison, unix.EINVAL)
+	}
+	return uffdPoison(h.uffd, addr, n, h.r.pageSize)
 }
 
 func (h *handler) countRetry() {
@@ -428,7 +475,7 @@ func (h *handler) fault(m uffdMsg, buf []byte) error {
 			// a fault here is on a page that was present when the chunk was
 			// poisoned and has gone since: poison it too.
 			h.stats.Spurious++
-			return uffdPoison(h.uffd, h.base+off, n, h.r.pageSize)
+			return h.poisonRange(h.base+off, n)
 		case absent:
 			if m.Flags&pagefaultFlagWP != 0 {
 				// A write that hit the protection set before an eviction
@@ -600,7 +647,7 @@ func (h *handler) evictLocked(ci int, buf []byte) error {
 	h.mu.Lock()
 	h.cond.Broadcast()
 	if err != nil && dirty && errors.Is(err, ErrLost) {
-		if derr := h.dropLostLocked(ci, err); derr == nil {
+		if h.dropLostLocked(ci, err) {
 			h.stats.Evictions++ // it left the buffer; Sync reports its lost writes
 			return nil
 		}
@@ -695,6 +742,7 @@ func (h *handler) flush(final bool) error {
 	var errs []error
 	failed := 0  // chunks left dirty
 	dropped := 0 // chunks whose writes can never land, poisoned (dropLostLocked)
+	kept := 0    // chunks whose writes can never land, left dirty (dropLostLocked could not poison them)
 	h.mu.Lock()
 	for ci := range h.state {
 		for h.state[ci] == evicting || h.state[ci] == fetching {
@@ -718,11 +766,18 @@ func (h *handler) flush(final bool) error {
 		h.cond.Broadcast()
 		if err != nil && errors.Is(err, ErrLost) {
 			h.lru.remove(ci)
-			if derr := h.dropLostLocked(ci, err); derr == nil {
-				dropped++
+			if h.dropLostLocked(ci, err) {
+				if h.state[ci] == poisoned {
+					dropped++
+				}
 				continue
 			}
 			h.lru.pushFront(ci)
+			h.state[ci] = resident
+			h.dirty[ci] = true
+			kept++
+			errs = append(errs, err)
+			continue
 		}
 		h.state[ci] = resident
 		if err != nil {
@@ -759,6 +814,13 @@ func (h *handler) flush(final bool) error {
 			what = "1 chunk"
 		}
 		notes = append(notes, fmt.Sprintf("the writes in %s can never be written back and are lost; their accesses raise SIGBUS", what))
+	}
+	if kept > 0 {
+		what := fmt.Sprintf("%d chunks", kept)
+		if kept == 1 {
+			what = "1 chunk"
+		}
+		notes = append(notes, fmt.Sprintf("the writes in %s can never be written back and are lost, though the mapping still reads them", what))
 	}
 	switch {
 	case failed > 0 && final:
@@ -798,12 +860,8 @@ func (h *handler) retire() error {
 	if h.gone {
 		return nil // the program exited: nobody to wake
 	}
-	f, err := uffdFeatures()
-	if err != nil {
-		return fmt.Errorf("poison the mapping: %w; its program blocks on its next fault", err)
-	}
-	if f&featurePoison == 0 {
-		return fmt.Errorf("poison the mapping: this kernel's userfaultfd lacks UFFD_FEATURE_POISON (Linux 6.6+; features %#x): its program blocks on its next fault", f)
+	if h.noPoison != nil {
+		return fmt.Errorf("poison the mapping: %w: its program blocks on its next fault", h.noPoison)
 	}
 	n := uint64(h.r.mapLen)
 	if err := unix.Fallocate(h.memfd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, int64(n)); err != nil {
@@ -816,9 +874,9 @@ func (h *handler) retire() error {
 		h.state[i] = poisoned
 		h.dirty[i] = false
 	}
-	err = uffdWriteProtect(h.uffd, h.base, n, false)
+	err := uffdWriteProtect(h.uffd, h.base, n, false)
 	if err == nil {
-		err = uffdPoison(h.uffd, h.base, n, h.r.pageSize)
+		err = h.poisonRange(h.base, n)
 	}
 	if err == nil {
 		err = uffdWake(h.uffd, h.base, n)

@@ -71,6 +71,12 @@ type testAgent struct {
 
 func startAgent(t testing.TB) *testAgent {
 	t.Helper()
+	return startAgentOf(t, &Agent{})
+}
+
+// startAgentOf starts agent, whose Logger it sets, as startAgent does.
+func startAgentOf(t testing.TB, agent *Agent) *testAgent {
+	t.Helper()
 	testenv.RequirePriv(t)
 	a := &testAgent{sock: filepath.Join(t.TempDir(), "agent.sock"), regs: map[uint64]*countingBackend{}, log: &logLines{}}
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: a.sock, Net: "unix"})
@@ -79,7 +85,7 @@ func startAgent(t testing.TB) *testAgent {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	agent := &Agent{Logger: slog.New(slog.NewTextHandler(tbWriter{t, a.log}, nil))}
+	agent.Logger = slog.New(slog.NewTextHandler(tbWriter{t, a.log}, nil))
 	go func() { done <- agent.Serve(ctx, ln, a.open) }()
 	t.Cleanup(func() {
 		cancel()
@@ -212,6 +218,8 @@ func helperProcess(role string) error {
 		err = helperEvictFail()
 	case "writeslost":
 		err = helperWritesLost()
+	case "writeslost-nopoison":
+		err = helperWritesLostNoPoison()
 	case "eexist":
 		err = helperEExist()
 	case "exit-dirty":
