@@ -317,7 +317,14 @@ func (h *handler) poisonChunk(addr uint64, after time.Duration, cause error) (bo
 	if h.state[ci] != absent {
 		return false, nil // served or being served meanwhile: retry the fault
 	}
-	if err := h.poisonRange(h.base+off, n); err != nil {
+	// A chunk evicted clean keeps the uffd-wp markers of its clean install
+	// on its zapped pages, which poisoning steps over: lift them first, or
+	// the chunk counts as poisoned while its touches fault for ever.
+	err := uffdWriteProtect(h.uffd, h.base+off, n, false)
+	if err == nil {
+		err = h.poisonRange(h.base+off, n)
+	}
+	if err != nil {
 		return false, fmt.Errorf("poison chunk %d after %v of failed fetches: %w", ci, after.Round(time.Millisecond), err)
 	}
 	h.state[ci] = poisoned

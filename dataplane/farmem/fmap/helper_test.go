@@ -33,13 +33,14 @@ type countingBackend struct {
 	reads, writes atomic.Int64
 	failWrites    atomic.Bool  // inject write errors
 	failReadAt    atomic.Int64 // 1 + an offset whose reads fail; 0 for none
+	failReadSkip  atomic.Int64 // reads of that offset that still succeed first
 	failLost      atomic.Bool  // those reads fail with ErrLost
 	writesLost    atomic.Bool  // every write fails with ErrLost
 }
 
 func (c *countingBackend) ReadAt(p []byte, off int64) (int, error) {
 	c.reads.Add(1)
-	if bad := c.failReadAt.Load() - 1; bad >= off && bad < off+int64(len(p)) {
+	if bad := c.failReadAt.Load() - 1; bad >= off && bad < off+int64(len(p)) && c.failReadSkip.Add(-1) < 0 {
 		if c.failLost.Load() {
 			return 0, fmt.Errorf("injected read error at %d: region freed: %w", bad, ErrLost)
 		}
@@ -220,6 +221,8 @@ func helperProcess(role string) error {
 		err = helperWritesLost()
 	case "writeslost-nopoison":
 		err = helperWritesLostNoPoison()
+	case "lost-after-eviction":
+		err = helperLostAfterEviction()
 	case "eexist":
 		err = helperEExist()
 	case "exit-dirty":

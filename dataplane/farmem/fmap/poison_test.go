@@ -3,6 +3,7 @@ package fmap
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -118,6 +119,70 @@ func TestFetchFailure(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLostAfterCleanEviction: a chunk read once, evicted clean (its
+// pages keep the write-protect markers a clean install sets), whose next
+// fetch fails lost is poisoned for real: the touch raises SIGBUS. (Before,
+// the poison stepped over the marked pages, the chunk was counted poisoned
+// while its pages were not, and the touch waited for ever.)
+func TestLostAfterCleanEviction(t *testing.T) {
+	if f, err := uffdFeatures(); err == nil && f&featurePoison == 0 {
+		t.Fatalf("this kernel's userfaultfd lacks UFFD_FEATURE_POISON (features %#x): the test needs Linux 6.6 or later", f)
+	}
+	a := startAgent(t)
+	be := a.add(1, NewMemBackend(syncErrSize))
+	be.failReadAt.Store(1 + DefaultChunkSize + 100) // chunk 1
+	be.failReadSkip.Store(1)                        // its first fetch works
+	be.failLost.Store(true)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	t.Log(runHelper(t, ctx, "lost-after-eviction", "FMAP_SOCK="+a.sock))
+}
+
+func helperLostAfterEviction() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	m, err := mapTwoChunks(ctx)
+	if err != nil {
+		return err
+	}
+	b := m.Bytes()
+	// Chunk 1 read, then chunks 2 and 3 through the two-chunk buffer:
+	// chunk 1 was evicted clean.
+	for c := 1; c <= 3; c++ {
+		if _, _, ok := testenv.ReadByte(b, c*DefaultChunkSize); !ok {
+			return fmt.Errorf("chunk %d: SIGBUS on its first read", c)
+		}
+	}
+	got := make(chan bool, 1)
+	go func() {
+		_, _, ok := testenv.ReadByte(b, DefaultChunkSize+7)
+		got <- ok
+	}()
+	select {
+	case ok := <-got:
+		if ok {
+			return errors.New("chunk 1, whose data is lost: a touch read a byte, want SIGBUS")
+		}
+	case <-time.After(10 * time.Second):
+		sctx, scancel := context.WithTimeout(ctx, time.Second)
+		st, err := m.Stats(sctx)
+		scancel()
+		return fmt.Errorf("chunk 1, whose data is lost: its touch still waits after 10 s (stats %+v, %v)", st, err)
+	}
+	st, err := m.Stats(ctx)
+	if err != nil {
+		return err
+	}
+	if st.Poisoned != 1 {
+		return fmt.Errorf("%d chunks poisoned, want 1", st.Poisoned)
+	}
+	if err := m.Sync(ctx); err == nil || !strings.Contains(err.Error(), "chunk 1 ") {
+		return fmt.Errorf("Sync: %v, want it to name poisoned chunk 1", err)
+	}
+	m.Close()
+	return nil
 }
 
 // helperFetchFail touches chunk 1 of region 1, whose fetch fails, and prints
