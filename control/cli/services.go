@@ -30,7 +30,10 @@ func servicesCommand() *ucli.Command {
 				return err
 			}
 			if asJSON {
-				return writeJSON(c.App.Writer, svcs)
+				if err := writeJSON(c.App.Writer, svcs); err != nil {
+					return err
+				}
+				return servicesExit(svcs) // scripts read the exit as the table's readers do
 			}
 			w := c.App.Writer
 			if len(svcs) == 0 {
@@ -54,12 +57,18 @@ func servicesCommand() *ucli.Command {
 					fmt.Fprintf(w, "%s degraded: %s\n", s.Name, d)
 				}
 			}
-			if bad := unhealthy(svcs); len(bad) > 0 {
-				return ucli.Exit(fmt.Sprintf("not every service runs as asked: %s", strings.Join(bad, ", ")), 1)
-			}
-			return nil
+			return servicesExit(svcs)
 		},
 	}
+}
+
+// servicesExit is the services command's exit: 1, naming them, unless
+// every service runs as asked.
+func servicesExit(svcs []api.ServiceStatus) error {
+	if bad := unhealthy(svcs); len(bad) > 0 {
+		return ucli.Exit(fmt.Sprintf("not every service runs as asked: %s", strings.Join(bad, ", ")), 1)
+	}
+	return nil
 }
 
 // unhealthy names the services that do not run as asked.

@@ -40,7 +40,10 @@ func TestServices(t *testing.T) {
 			if c.wantErr == "" && err != nil || c.wantErr != "" && (err == nil || !strings.Contains(err.Error(), c.wantErr)) {
 				t.Errorf("err = %v, want %q", err, c.wantErr)
 			}
-			out, _, _ = runCLI(sock, "services", "-o", "json")
+			out, _, jerr := runCLI(sock, "services", "-o", "json")
+			if (jerr == nil) != (err == nil) {
+				t.Errorf("-o json exits with %v, the table with %v: want the same exit", jerr, err)
+			}
 			var got []api.ServiceStatus
 			if err := json.Unmarshal([]byte(out), &got); err != nil || len(got) != len(c.services) {
 				t.Errorf("-o json: %v, %d services:\n%s", err, len(got), out)
