@@ -140,7 +140,8 @@ type outLink struct {
 	cur      *txBuf
 	ready    []*txBuf // flushed, waiting for the window: a FIFO from ready[rhead]
 	rhead    int
-	inflight []*txBuf // indexed by seq % window; nil when free or acknowledged
+	inflight []*txBuf // indexed by seq & mask; nil when free or acknowledged
+	mask     uint32   // len(inflight) - 1
 
 	session       uint32
 	epoch         uint32 // bumped on reset: messages half-written into an old stream are dropped
@@ -169,11 +170,17 @@ func newOutLink(name string, addr netip.AddrPort, tenant uint32, src, dst Endpoi
 		room:   tsize - bundle.Overhead,
 		window: uint32(window),
 	}
-	l.inflight = make([]*txBuf, window)
+	l.inflight = make([]*txBuf, slots(window))
+	l.mask = uint32(len(l.inflight) - 1)
 	l.session = newSession()
 	l.limit = l.window
 	return l
 }
+
+// slots returns the number of sequence slots for a window: the power of two
+// at or above it. It divides 2^32, so seqs less than a window apart never
+// share a slot, across the wrap too (with seq % 3, 2^32-1 and 0 did).
+func slots(window int) int { return 1 << bits.Len(uint(window-1)) }
 
 // busy reports whether bundles wait for the peer: in flight or for credit.
 func (l *outLink) busy() bool { return l.base != l.nextSeq || l.waiting() > 0 }
@@ -367,7 +374,7 @@ func (l *outLink) pump(now int64, out *batch) {
 		l.rhead++
 		b.seq = l.nextSeq
 		l.nextSeq++
-		l.inflight[b.seq%l.window] = b
+		l.inflight[b.seq&l.mask] = b
 		l.transmit(b, now, out)
 	}
 	if l.waiting() == 0 {
@@ -422,8 +429,10 @@ func (l *outLink) onCredit(ack uint32, c bundle.Credit, now, rto int64, out *bat
 	}
 	if seqDiff(ack, l.base) > 0 && seqDiff(ack, l.nextSeq) <= 0 {
 		for l.base != ack {
-			if b := l.inflight[l.base%l.window]; b != nil {
-				l.inflight[l.base%l.window] = nil
+			// Only the bundle the ack covers, as for a SACK: a slot never
+			// holds another, but retiring one unacked would lose it.
+			if b := l.inflight[l.base&l.mask]; b != nil && b.seq == l.base {
+				l.inflight[l.base&l.mask] = nil
 				l.retire(b, now)
 			}
 			l.base++
@@ -436,8 +445,8 @@ func (l *outLink) onCredit(ack uint32, c bundle.Credit, now, rto int64, out *bat
 			if seqDiff(q, l.nextSeq) >= 0 {
 				break
 			}
-			if b := l.inflight[q%l.window]; b != nil && b.seq == q {
-				l.inflight[q%l.window] = nil
+			if b := l.inflight[q&l.mask]; b != nil && b.seq == q {
+				l.inflight[q&l.mask] = nil
 				l.retire(b, now)
 			}
 			top = q
@@ -446,7 +455,7 @@ func (l *outLink) onCredit(ack uint32, c bundle.Credit, now, rto int64, out *bat
 		// that is still unacknowledged is a hole: send it again now, at
 		// most once per eighth of the retransmit timeout.
 		for q := ack; q != top; q++ {
-			if b := l.inflight[q%l.window]; b != nil && now-b.sentAt >= rto/8 {
+			if b := l.inflight[q&l.mask]; b != nil && now-b.sentAt >= rto/8 {
 				l.transmit(b, now, out)
 			}
 		}
@@ -479,7 +488,7 @@ func (l *outLink) maintain(now, rto, peerTimeout int64, out *batch) (timed, rese
 		return true, true
 	}
 	for q := l.base; q != l.nextSeq; q++ {
-		b := l.inflight[q%l.window]
+		b := l.inflight[q&l.mask]
 		if b == nil {
 			continue
 		}
@@ -582,7 +591,8 @@ type inLink struct {
 
 	next     atomic.Uint32 // all seq below arrived
 	consumed atomic.Uint32 // all seq below processed; the window is [consumed, consumed+window)
-	ooo      []rxSlot      // by seq % window
+	ooo      []rxSlot      // by seq & mask
+	mask     uint32        // len(ooo) - 1
 	held     int           // slots in use
 
 	valPending uint32 // fragmentation state after the last bundle validated
@@ -635,7 +645,8 @@ type rxMsg struct {
 // was seq base sent for the first time, so nothing beyond base can have
 // been acknowledged to anyone; otherwise the link starts unsure.
 func newInLink(key linkKey, self uint32, addr netip.AddrPort, window int, base uint32, sure bool, now int64) *inLink {
-	l := &inLink{key: key, self: self, window: uint32(window), ooo: make([]rxSlot, window), lastSeen: now, unsure: !sure}
+	l := &inLink{key: key, self: self, window: uint32(window), ooo: make([]rxSlot, slots(window)), lastSeen: now, unsure: !sure}
+	l.mask = uint32(len(l.ooo) - 1)
 	l.setAddr(addr)
 	l.next.Store(base)
 	l.consumed.Store(base)
@@ -709,7 +720,7 @@ func (l *inLink) classify(seq uint32) verdict {
 		return vOutOfWindow
 	case d == 0:
 		return vInOrder
-	case l.ooo[seq%l.window].used && l.ooo[seq%l.window].seq == seq:
+	case l.ooo[seq&l.mask].used && l.ooo[seq&l.mask].seq == seq:
 		return vDuplicate
 	}
 	return vStash
@@ -717,7 +728,7 @@ func (l *inLink) classify(seq uint32) verdict {
 
 // stash keeps a copy of an early bundle.
 func (l *inLink) stash(seq uint32, flags wire.Flags, records []byte, size int) {
-	s := &l.ooo[seq%l.window]
+	s := &l.ooo[seq&l.mask]
 	*s = rxSlot{seq: seq, flags: flags, data: append(s.data[:0], records...), size: size, used: true}
 	l.held++
 }
@@ -728,7 +739,7 @@ func (l *inLink) stash(seq uint32, flags wire.Flags, records []byte, size int) {
 // before they consume it.
 func (l *inLink) unstash() (rxSlot, bool) {
 	next := l.next.Load()
-	s := &l.ooo[next%l.window]
+	s := &l.ooo[next&l.mask]
 	if !s.used || s.seq != next {
 		return rxSlot{}, false
 	}
@@ -798,7 +809,7 @@ func (l *inLink) credit() (ack uint32, c bundle.Credit) {
 	if l.held > 0 {
 		for i := uint32(0); i < 64 && i+1 < l.window; i++ {
 			q := ack + 1 + i
-			if s := &l.ooo[q%l.window]; s.used && s.seq == q {
+			if s := &l.ooo[q&l.mask]; s.used && s.seq == q {
 				c.SACK |= 1 << i
 			}
 		}
