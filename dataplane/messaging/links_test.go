@@ -130,3 +130,84 @@ func TestStaleGapFilled(t *testing.T) {
 		t.Fatalf("taken %d, stale_gap %d; want 5, 0", owner.taken, ctr.drops[dropStaleGap].Load())
 	}
 }
+
+// TestFullTableRefusesWithoutSweep: a sweep of a full table that makes no
+// room notes a time in the future before which new links are refused
+// without another sweep, also when the links it keeps have been silent for
+// a peer timeout but hold something: bundles above a gap not stale yet
+// (kept until the gap is), bundles not processed yet (looked at again a
+// sixteenth of a peer timeout later). Before, such a link made the next
+// sweep time lastSeen+peerTO+1, already past, so every refused datagram
+// swept the whole table again (116 µs each with 4096 links).
+func TestFullTableRefusesWithoutSweep(t *testing.T) {
+	const maxLinks = 64
+	cfg := Defaults()
+	cfg.Tenant = 7
+	peerTO := int64(cfg.PeerTimeout)
+	gapTO := staleGapTimeouts * peerTO
+	ctr, owner := &counters{}, &rxTestOwner{}
+	var out batch
+	r := newReceiver(&cfg, maxLinks, ctr, owner, &out)
+	addr := netip.MustParseAddrPort("10.0.0.9:4000")
+	send := func(src, session, seq uint32, now int64) {
+		p := transport.Packet{Addr: addr, Data: fakeBundle(7, src, 1, seq, 0, session, 0, nil)}
+		r.handle(&p, now)
+		r.credits()
+		out.reset()
+		r.recycle()
+	}
+
+	// TestStaleGapLinks' table: 64 links, each holding seq 2 above a gap.
+	const t0 = int64(1)
+	for s := uint32(1); s <= maxLinks; s++ {
+		send(12345, s, 0, t0)
+		send(12345, s, 2, t0)
+	}
+	// Silent for a peer timeout, the gaps not stale: refused, and the
+	// next sweep waits until the gaps are.
+	now := t0 + peerTO + 2
+	send(999, 4242, 0, now)
+	if got := ctr.drops[dropTooManyLinks].Load(); got != 1 || len(r.in) != maxLinks {
+		t.Fatalf("new session with the gaps young: too_many_links %d, %d links; want 1, %d", got, len(r.in), maxLinks)
+	}
+	if r.roomAt <= now || r.roomAt > t0+gapTO+1 {
+		t.Fatalf("next sweep at now%+d, want after now and by the gaps' going stale (now%+d)", r.roomAt-now, t0+gapTO+1-now)
+	}
+	send(999, 4243, 0, now+1)
+	if got := ctr.drops[dropTooManyLinks].Load(); got != 2 || len(r.in) != maxLinks || ctr.drops[dropStaleGap].Load() != 0 {
+		t.Fatalf("second new session: too_many_links %d, %d links, stale_gap %d; want 2, %d, 0",
+			got, len(r.in), ctr.drops[dropStaleGap].Load(), maxLinks)
+	}
+	// Once the gaps are stale the table makes room.
+	send(999, 4244, 0, r.roomAt)
+	if ctr.drops[dropTooManyLinks].Load() != 2 || len(r.in) != 1 || ctr.drops[dropStaleGap].Load() != maxLinks {
+		t.Fatalf("new session once the gaps are stale: too_many_links %d, %d links, stale_gap %d; want 2, 1, %d",
+			ctr.drops[dropTooManyLinks].Load(), len(r.in), ctr.drops[dropStaleGap].Load(), maxLinks)
+	}
+
+	// Links silent for a peer timeout whose bundles wait to be processed:
+	// refused, and swept again a while later, not at once.
+	t1 := r.roomAt
+	for s := uint32(1); s < maxLinks; s++ {
+		send(12345, 1000+s, 0, t1)
+	}
+	for _, l := range r.in {
+		l.consumed.Add(^uint32(0)) // not processed yet
+	}
+	now = t1 + peerTO + 2
+	send(999, 4545, 0, now)
+	if got := ctr.drops[dropTooManyLinks].Load(); got != 3 || len(r.in) != maxLinks {
+		t.Fatalf("new session with bundles unprocessed: too_many_links %d, %d links; want 3, %d", got, len(r.in), maxLinks)
+	}
+	if r.roomAt <= now {
+		t.Fatalf("next sweep at now%+d with bundles unprocessed, want after now", r.roomAt-now)
+	}
+	for _, l := range r.in {
+		l.consumed.Store(l.next.Load())
+	}
+	send(999, 4545, 0, r.roomAt)
+	if ctr.drops[dropTooManyLinks].Load() != 3 || len(r.in) != 1 {
+		t.Fatalf("new session once the bundles are processed: too_many_links %d, %d links; want 3, 1",
+			ctr.drops[dropTooManyLinks].Load(), len(r.in))
+	}
+}

@@ -298,9 +298,9 @@ func (r *receiver) forget(now int64) {
 // many new sessions arrive: a flood of new links (endpoints and sessions
 // are not authenticated) cannot push out live ones; it is refused
 // (too_many_links). One sweep evicts every evictable link and notes when
-// the next one can become evictable at the earliest, and new links are
-// refused without a sweep until then, so a flood costs no scan per
-// datagram.
+// the next one can become evictable at the earliest (always after now),
+// and new links are refused without a sweep until then, so a flood costs
+// no scan per datagram.
 func (r *receiver) makeRoom(now int64) bool {
 	if now < r.roomAt {
 		return false
@@ -314,7 +314,17 @@ func (r *receiver) makeRoom(now int64) bool {
 			delete(r.in, k)
 			continue
 		}
-		next = min(next, l.lastSeen+r.peerTO+1)
+		at := l.lastSeen + r.peerTO + 1
+		if l.held > 0 {
+			at = max(at, l.gapSince+r.gapTO+1) // its bundles held go once the gap is stale
+		}
+		if at <= now {
+			// Silent, but bundles wait to be processed or a credit is
+			// owed: gone when its owner catches up, a time not known
+			// here. Look again later, not on every refused datagram.
+			at = now + max(r.peerTO/16, 1)
+		}
+		next = min(next, at)
 	}
 	if len(r.in) < r.maxLinks {
 		return true
