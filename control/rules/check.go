@@ -327,7 +327,9 @@ func checkRule(i int, r *Rule, res *resolver, port uint16) (checkedRule, []error
 	if proto != nil {
 		switch {
 		case *proto == 0 && family == 0:
-			bad("proto 0 without src or dst: the data plane's key holds protocol 0 for non-IP frames too; add src or dst (0.0.0.0/0 or ::/0 for any address) to pick a family")
+			bad("proto 0 without src or dst: the data plane's key holds protocol 0 for non-IP frames too; add src or dst (0.0.0.0/0 for any IPv4 address) to pick a family")
+		case family == 6 && ipv6ExtHeader(*proto):
+			bad("proto %d with IPv6 prefixes: the data plane walks past IPv6 extension headers (hop-by-hop, routing, fragment, destination options, AH) and matches the protocol after them, so no well-formed packet matches; match that protocol (udp, tcp, esp, ...) instead", *proto)
 		case *proto == 1 && family == 6:
 			bad("proto icmp with IPv6 prefixes: IPv6 carries icmpv6 (58)")
 		case *proto == 58 && family == 4:
@@ -412,4 +414,15 @@ func splitRange(lo, hi uint32) []rankPrefix {
 		l += size
 	}
 	return out
+}
+
+// ipv6ExtHeader reports whether proto is an IPv6 extension header that the
+// data plane's parser walks past (bpf/include/parse.h, skip_ipv6_ext): an
+// IPv6 key holds it only for a fragment whose fragment header names it.
+func ipv6ExtHeader(proto uint8) bool {
+	switch proto {
+	case 0, 43, 44, 51, 60: // hop-by-hop, routing, fragment, AH, destination options
+		return true
+	}
+	return false
 }
