@@ -151,16 +151,17 @@ static __always_inline void count_stat(struct iface_counters *ic, __u32 idx, __u
 
 /* parse parses the packet of len bytes whose linear part is data..data_end
  * into m and returns its status; *need is cursor.need (a header ends past
- * the linear part). gso: the packet is a GSO super-packet (parse_packet). */
+ * the linear part). gso_size: skb->gso_size, not 0 for a GSO super-packet
+ * (parse_packet). */
 static __always_inline enum ll_status parse(void *data, void *data_end, __u32 len, __u32 ifindex,
-					    int gso, struct pkt_meta *m, __u32 *need)
+					    __u32 gso_size, struct pkt_meta *m, __u32 *need)
 {
 	struct cursor c = { .pos = data, .end = data_end, .len = len };
 	enum ll_status st;
 
 	__builtin_memset(m, 0, sizeof(*m));
 	m->key.ifindex = ifindex;
-	st = parse_packet(&c, ll_port, m, gso);
+	st = parse_packet(&c, ll_port, m, gso_size);
 	*need = c.need;
 	return st;
 }
@@ -268,8 +269,10 @@ static __always_inline int tc_steer(struct __sk_buff *skb)
 {
 	/* A host's own TSO/GSO traffic on egress, and GRO'd traffic on
 	 * ingress, arrives as one super-packet whose lengths may be 0 (BIG
-	 * TCP, UDP tunnels). */
-	int gso = skb->gso_size != 0;
+	 * TCP, UDP tunnels). A UDP GSO run, datagrams of gso_size payload
+	 * bytes each with its own Lovelock header, arrives as one datagram
+	 * whose UDP length is the whole run's (parse_packet). */
+	__u32 gso_size = skb->gso_size;
 	struct iface_counters *ic;
 	struct pkt_meta m;
 	struct verdict v;
@@ -286,7 +289,7 @@ static __always_inline int tc_steer(struct __sk_buff *skb)
 	 * the whole packet would. A failed pull leaves the packet TRUNCATED. */
 #pragma clang loop unroll(disable)
 	for (try = 0;; try++) {
-		st = parse((void *)(long)skb->data, (void *)(long)skb->data_end, skb->len, skb->ifindex, gso, &m, &need);
+		st = parse((void *)(long)skb->data, (void *)(long)skb->data_end, skb->len, skb->ifindex, gso_size, &m, &need);
 		if (st != LL_TRUNCATED || !need || try == 2)
 			break;
 		want = try == 0 ? need + TC_PULL_AHEAD : LL_MAX_HDR_BYTES;

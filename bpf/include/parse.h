@@ -68,7 +68,7 @@ enum ll_status {
 	LL_NOT_LOVELOCK = 1, /* well-formed, but not a Lovelock packet */
 	LL_TRUNCATED = 2,    /* a header or datagram ends past the packet, its IP datagram or its UDP datagram */
 	LL_BAD_VERSION = 3,  /* Lovelock header with an unknown version */
-	LL_BAD_LENGTH = 4,   /* Lovelock length disagrees with the UDP payload */
+	LL_BAD_LENGTH = 4,   /* Lovelock length disagrees with the UDP payload (a UDP GSO run's: its first datagram's) */
 	LL_UNKNOWN_TYPE = 5, /* Lovelock header with an unknown type */
 	LL_BAD_HEADER = 6,   /* an invalid L3/L4 header (IP version, IHL, IPv4 total length, UDP length, too many IPv6 extension headers) */
 };
@@ -145,8 +145,9 @@ static __always_inline int ll_type_known(__u8 type)
 }
 
 /* Validates the Lovelock header at the cursor, given a UDP payload of
- * payload bytes that lies within the packet. Same checks, same order as
- * wire.Decode on that payload. */
+ * payload bytes that lies within the packet (of a GSO run: its first
+ * datagram's, see parse_packet). Same checks, same order as wire.Decode on
+ * that payload. */
 static __always_inline enum ll_status parse_ll(struct cursor *c, __u32 payload,
 					      struct pkt_meta *m, void *start)
 {
@@ -224,13 +225,21 @@ static __always_inline enum ll_status skip_ipv6_ext(struct cursor *c, __u8 *next
  *
  * The IP length bounds the datagram, as in the kernel's ip_rcv and
  * ip6_rcv: bytes after it are Ethernet padding, and the headers after the IP
- * header and the UDP datagram must end within it. gso says the packet is a
- * GSO super-packet (skb_is_gso; TC only, XDP never sees one): there an IPv4
- * total length, IPv6 payload length or UDP length of 0 means "up to the end
- * of the packet" (BIG TCP, UDP tunnels over GSO) instead of a broken header. */
+ * header and the UDP datagram must end within it. gso_size is the packet's
+ * skb->gso_size: not 0 for a GSO super-packet (skb_is_gso; TC only, XDP
+ * never sees one, and passes 0). There an IPv4 total length, IPv6 payload
+ * length or UDP length of 0 means "up to the end of the packet" (BIG TCP, UDP
+ * tunnels over GSO) instead of a broken header. And a UDP GSO run (a
+ * UDP_SEGMENT send, or datagrams GRO merged) is one skb of datagrams of
+ * gso_size payload bytes each (the last may be shorter), each with its own
+ * Lovelock header, under one UDP header whose length is the whole run's:
+ * when the UDP payload exceeds gso_size, the Lovelock header is checked
+ * against the first datagram's payload, gso_size bytes, as the datagram will
+ * be once the kernel segments the run. */
 static __always_inline enum ll_status parse_packet(struct cursor *c, __u16 port,
-						   struct pkt_meta *m, int gso)
+						   struct pkt_meta *m, __u32 gso_size)
 {
+	int gso = gso_size != 0;
 	void *start = c->pos;
 	struct ethhdr *eth;
 	__u16 proto;
@@ -334,7 +343,7 @@ static __always_inline enum ll_status parse_packet(struct cursor *c, __u16 port,
 
 	struct udphdr *udp = cursor_pull(c, sizeof(*udp));
 	__u64 ulen; /* 64-bit, so the asm mask below costs no zero-extension */
-	__u32 udp_off;
+	__u32 udp_off, payload;
 
 	if (!udp)
 		return LL_TRUNCATED;
@@ -366,7 +375,11 @@ static __always_inline enum ll_status parse_packet(struct cursor *c, __u16 port,
 	}
 	if (m->key.dport != port)
 		return LL_NOT_LOVELOCK;
-	st = parse_ll(c, ulen - sizeof(*udp), m, start);
+	payload = ulen - sizeof(*udp);
+	/* A UDP GSO run: its first datagram's payload. */
+	if (gso && payload > gso_size)
+		payload = gso_size;
+	st = parse_ll(c, payload, m, start);
 	m->bad_ll = st != LL_OK;
 	return st;
 }

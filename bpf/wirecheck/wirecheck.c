@@ -32,8 +32,8 @@ struct {
 } wire_out SEC(".maps");
 
 /* check parses the packet in data..data_end (the whole packet) and stores
- * the result; gso as parse_packet takes it. */
-static __always_inline int check(void *data, void *data_end, int gso)
+ * the result; gso_size as parse_packet takes it. */
+static __always_inline int check(void *data, void *data_end, __u32 gso_size)
 {
 	struct cursor c = {
 		.pos = data,
@@ -47,7 +47,7 @@ static __always_inline int check(void *data, void *data_end, int gso)
 	if (!res)
 		return -1;
 	__builtin_memset(res, 0, sizeof(*res));
-	res->status = parse_packet(&c, ll_port, &m, gso);
+	res->status = parse_packet(&c, ll_port, &m, gso_size);
 	res->key = m.key;
 	res->bad_ll = m.bad_ll;
 	if (res->status == LL_OK) {
@@ -74,12 +74,12 @@ int wire_check(struct xdp_md *ctx)
 }
 
 /* wire_check_skb is wire_check as a TC hook sees a packet: the test sets
- * gso_size in the context to make the packet a GSO super-packet. The test
- * run's skb is linear. */
+ * gso_size in the context to make the packet a GSO super-packet of that
+ * segment size. The test run's skb is linear. */
 SEC("tc")
 int wire_check_skb(struct __sk_buff *skb)
 {
-	if (check((void *)(long)skb->data, (void *)(long)skb->data_end, skb->gso_size != 0))
+	if (check((void *)(long)skb->data, (void *)(long)skb->data_end, skb->gso_size))
 		return TC_ACT_SHOT;
 	return TC_ACT_OK;
 }

@@ -65,7 +65,7 @@ func disagreement(tb testing.TB, w *wirecheck.Checker, frame []byte, port, gso u
 	if err != nil {
 		tb.Fatalf("C parser on %d-byte frame: %v", len(frame), err)
 	}
-	fr, goErr := parseFrame(frame, port, gso != 0)
+	fr, goErr := parseFrame(frame, port, gso)
 	cs, gs := Status(res.Status), StatusOf(goErr)
 	switch gk := cKey(fr.Flow); {
 	case cs != gs:
@@ -217,17 +217,22 @@ func TestCParserRandom(t *testing.T) {
 	for i := range *randomFrames {
 		frame := randomFrame(r)
 		// One frame in eight as TC sees a GSO super-packet, where
-		// lengths of 0 mean "to the end".
+		// lengths of 0 mean "to the end", half of them with a segment
+		// size below most frames' UDP payload: a UDP GSO run, whose
+		// first datagram's Lovelock header is checked.
 		// (The kernel's TC test run refuses an IP ethertype without a
 		// whole IP header after it, so short frames run as XDP only.)
 		var gso uint16
 		if len(frame) >= ethHeaderLen+ipv6HeaderLen && r.IntN(8) == 0 {
 			gso = 1448
+			if r.IntN(2) == 0 {
+				gso = uint16(1 + r.IntN(2*HeaderLen+48))
+			}
 		}
 		if d := disagreement(t, w, frame, DefaultPort, gso); d != "" {
 			t.Fatalf("frame %d (gso %d): %s\nframe: %#v", i, gso, d, frame)
 		}
-		_, err := parseFrame(frame, DefaultPort, gso != 0)
+		_, err := parseFrame(frame, DefaultPort, gso)
 		count[StatusOf(err)]++
 	}
 	t.Logf("%d frames in %v, zero disagreements; by status:", *randomFrames, time.Since(start).Round(time.Millisecond))

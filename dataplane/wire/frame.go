@@ -79,7 +79,8 @@ type Frame struct {
 // port, any IP fragment), and otherwise wraps the sentinel of the first check
 // that failed: ErrShortBuffer, ErrBadHeader, ErrBadVersion, ErrBadLength or
 // ErrUnknownType. The Lovelock checks are exactly Decode's, on the UDP payload
-// as the UDP length delimits it; that payload always lies within frame.
+// as the UDP length delimits it (ParseGSOFrame: of a UDP GSO run, its first
+// datagram's); that payload always lies within frame.
 //
 // Frame.Flow is filled on every error as far as the parser got, field for
 // field like the C parser's key before the data plane looks at the verdict
@@ -96,20 +97,27 @@ type Frame struct {
 // to frames BPF_PROG_TEST_RUN keeps linear. ParseFrame does not allocate for
 // a valid Lovelock packet.
 func ParseFrame(frame []byte, port uint16) (Frame, error) {
-	return parseFrame(frame, port, false)
+	return parseFrame(frame, port, 0)
 }
 
-// ParseGSOFrame is ParseFrame on a GSO super-packet, as a TC hook sees the
-// host's own TSO/GSO traffic on egress or GRO'd traffic on ingress (the C
-// parser's gso argument, skb_is_gso). An IPv4 total length, IPv6 payload
-// length or UDP length of 0 then means "to the end of the frame" (BIG TCP,
-// UDP tunnels under GSO) instead of a broken header. XDP never sees such a
-// packet.
-func ParseGSOFrame(frame []byte, port uint16) (Frame, error) {
-	return parseFrame(frame, port, true)
+// ParseGSOFrame is ParseFrame on a GSO super-packet of segment size gsoSize,
+// as a TC hook sees the host's own TSO/GSO traffic on egress or GRO'd
+// traffic on ingress (the C parser's gso_size argument, skb->gso_size;
+// skb_is_gso). An IPv4 total length, IPv6 payload length or UDP length of 0
+// then means "to the end of the frame" (BIG TCP, UDP tunnels under GSO)
+// instead of a broken header. A UDP payload longer than gsoSize is a UDP GSO
+// run (a UDP_SEGMENT send, or datagrams GRO merged): datagrams of gsoSize
+// payload bytes, the last maybe shorter, each with its own Lovelock header,
+// under one UDP header with the whole run's length. The Lovelock checks then
+// run on the first datagram's payload, its first gsoSize bytes, and
+// Frame.Header is its header. XDP never sees such a packet. A gsoSize of 0
+// is no GSO packet: ParseFrame.
+func ParseGSOFrame(frame []byte, port uint16, gsoSize uint16) (Frame, error) {
+	return parseFrame(frame, port, gsoSize)
 }
 
-func parseFrame(frame []byte, port uint16, gso bool) (Frame, error) {
+func parseFrame(frame []byte, port uint16, gsoSize uint16) (Frame, error) {
+	gso := gsoSize != 0
 	var f Frame
 	// The IP length bounds the datagram: the headers after the IP header
 	// and the UDP datagram must end within b, and bytes after it are
@@ -232,7 +240,11 @@ func parseFrame(frame []byte, port uint16, gso bool) (Frame, error) {
 	if f.Flow.Dport != port {
 		return f, fmt.Errorf("wire: frame: udp port %d, want %d: %w", f.Flow.Dport, port, ErrNotLovelock)
 	}
-	h, err := decode(udp[udpHeaderLen:ulen])
+	payload := udp[udpHeaderLen:ulen]
+	if gso && len(payload) > int(gsoSize) {
+		payload = payload[:gsoSize] // a UDP GSO run: its first datagram's
+	}
+	h, err := decode(payload)
 	if err != nil {
 		f.BadLovelock = true
 		return f, fmt.Errorf("wire: frame: lovelock %w", err)

@@ -22,7 +22,7 @@ func isSentinel(err error) bool {
 func TestParseFrame(t *testing.T) {
 	for _, c := range frameCases() {
 		t.Run(c.name, func(t *testing.T) {
-			fr, err := parseFrame(c.frame, c.port, c.gso != 0)
+			fr, err := parseFrame(c.frame, c.port, c.gso)
 			if got := StatusOf(err); got != c.want {
 				t.Fatalf("status %v (%v), want %v", got, err, c.want)
 			}

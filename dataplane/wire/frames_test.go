@@ -379,6 +379,7 @@ func frameCases() []frameCase {
 	add("udp-len-no-room-padding", o, append(valid, make([]byte, 30)...), StatusTruncated)
 
 	cs = append(cs, ipLengthCases(valid)...)
+	cs = append(cs, gsoRunCases()...)
 
 	// IPv4 corners.
 	for _, ihl := range []int{0, 1, 4} {
@@ -629,5 +630,78 @@ func ipLengthCases(valid []byte) []frameCase {
 	add("gso-ipv4-total-past-frame", withU16(v4, tot4, n4-ethHeaderLen+1), StatusTruncated, l3(4, protoUDP), 1448)
 	add("gso-udp-len-7", withU16(v4, ulen4, 7), StatusBadHeader, &flow4, 1448)
 	add("gso-udp-past-datagram", withU16(v4, ulen4, udpHeaderLen+40+1), StatusTruncated, &flow4, 1448)
+	return cs
+}
+
+// gsoRun is the UDP payload of a UDP GSO run as far memory's kernel sockets
+// send it (udp.Options.GSO, UDP_SEGMENT): datagrams of segment bytes and a
+// last one of last bytes, each a Lovelock ping with its own header, whose
+// length is that datagram's payload less the header (a datagram too short
+// for a header holds zeros).
+func gsoRun(segment, n, last int) []byte {
+	var run []byte
+	for i := range n {
+		size := segment
+		if i == n-1 {
+			size = last
+		}
+		if size < HeaderLen {
+			run = append(run, make([]byte, size)...) // no room for a header
+			continue
+		}
+		run = append(run, llBytes(TypePing, 0, size-HeaderLen)...)
+	}
+	return run
+}
+
+// gsoRunCases are the fixtures of UDP GSO runs: a TC hook sees a run as one
+// GSO super-packet whose UDP length is the whole run's, with gso_size the
+// datagrams' payload size, and checks the first datagram's Lovelock header
+// against the first gso_size bytes of the payload, as the datagram will be
+// once the kernel segments the run. Outside GSO (XDP: a run never reaches
+// it) the same bytes are one datagram whose header length is wrong.
+func gsoRunCases() []frameCase {
+	var cs []frameCase
+	add := func(name string, o frameOpts, udpPayload []byte, want Status, flow Flow, gso uint16) {
+		frame, off := buildFrame(o, udpPayload)
+		c := frameCase{name: name, frame: frame, port: DefaultPort, want: want, flow: &flow, gso: gso}
+		if want == StatusOK {
+			c.off = off
+		}
+		cs = append(cs, c)
+	}
+	v6 := udpOpts()
+	v6.ipv6 = true
+	run := gsoRun(100, 3, 60) // 100 + 100 + 60 bytes
+	add("gso-udp-run", udpOpts(), run, StatusOK, withLL(flow4, TypePing), 100)
+	add("gso-udp-run-ipv6", v6, run, StatusOK, withLL(flow6, TypePing), 100)
+	add("gso-udp-run-last-full", udpOpts(), gsoRun(100, 3, 100), StatusOK, withLL(flow4, TypePing), 100)
+	// Only the first datagram is checked: a last one too short for a
+	// Lovelock header does not matter.
+	add("gso-udp-run-last-1", udpOpts(), gsoRun(100, 3, 1), StatusOK, withLL(flow4, TypePing), 100)
+	o := udpOpts()
+	o.udpLen = 0 // a UDP length of 0 runs to the end of the IP datagram
+	add("gso-udp-run-udp-len-0", o, run, StatusOK, withLL(flow4, TypePing), 100)
+	// The run's payload is one segment or less: an ordinary datagram,
+	// checked against its payload.
+	add("gso-udp-run-one-segment", udpOpts(), gsoRun(100, 1, 100), StatusOK, withLL(flow4, TypePing), 100)
+	add("gso-udp-run-below-segment", udpOpts(), gsoRun(100, 1, 60), StatusOK, withLL(flow4, TypePing), 100)
+	// A run whose segment is not what its first header says.
+	add("gso-udp-run-other-segment", udpOpts(), run, StatusBadLength, flow4, 101)
+	add("gso-udp-run-other-segment-below", udpOpts(), run, StatusBadLength, flow4, 99)
+	// A first header that claims the whole run, as if it were one
+	// datagram: once segmented, its datagram holds a segment only.
+	add("gso-udp-run-one-header", udpOpts(), withU32(run, OffsetLength, uint32(len(run)-HeaderLen)), StatusBadLength, flow4, 100)
+	add("gso-udp-run-length-5", udpOpts(), withU32(run, OffsetLength, 5), StatusBadLength, flow4, 100)
+	// Only the first header is checked.
+	add("gso-udp-run-second-bad", udpOpts(), withU32(run, 100+OffsetLength, 5), StatusOK, withLL(flow4, TypePing), 100)
+	// The first header's other checks run on the segment as ever.
+	add("gso-udp-run-bad-version", udpOpts(), withByte(run, OffsetVersion, 2), StatusBadVersion, flow4, 100)
+	add("gso-udp-run-unknown-type", udpOpts(), withByte(run, OffsetType, 0xff), StatusUnknownType, flow4, 100)
+	// A segment shorter than the Lovelock header holds none.
+	add("gso-udp-run-segment-below-header", udpOpts(), run, StatusTruncated, flow4, HeaderLen-1)
+	add("gso-udp-run-segment-header-only", udpOpts(), run, StatusBadLength, flow4, HeaderLen)
+	// The same run outside GSO: one datagram whose header says 76.
+	add("no-gso-udp-run", udpOpts(), run, StatusBadLength, flow4, 0)
 	return cs
 }
