@@ -46,7 +46,7 @@ type cache struct {
 	switches          uint64
 
 	staticUsed uint64
-	dropped    uint64 // prefetches dropped: fill queue full, or no slot free
+	dropped    uint64 // fills dropped: fill queue full, or no slot free (a hint: once, where it stopped)
 	fills      chan fillJob
 	// onFill serves again the reads that waited for a fill (fillWaiter);
 	// the agent sets it. Called without mu, on the fill's completion path:
@@ -240,7 +240,10 @@ type CacheStats struct {
 	Window        int     `json:"window"`
 	Switches      uint64  `json:"switches"`
 	// Events are the last switch events, oldest first.
-	Events  []SwitchEvent      `json:"events,omitempty"`
+	Events []SwitchEvent `json:"events,omitempty"`
+	// Dropped counts the entry fills that a prefetcher wanted and that
+	// found the fill queue full or no slot to be had, and the hints that
+	// stopped so (once each: a hint looks no further).
 	Dropped uint64             `json:"prefetch_dropped"`
 	Regions []RegionCacheStats `json:"regions,omitempty"`
 }
@@ -710,39 +713,56 @@ func absDelta(d int64) int64 {
 	return d
 }
 
+// fillResult is what startFillLocked did with an entry.
+type fillResult uint8
+
+const (
+	// fillSkipped: nothing to do (the entry is cached or filling, past
+	// the region, static, outside the dynamic cache's ranges, or writes
+	// to the region are in flight).
+	fillSkipped fillResult = iota
+	fillStarted
+	// fillDropped: the fill queue is full or every slot is in use or
+	// filling; counted in dropped.
+	fillDropped
+)
+
 // startFillLocked claims a slot for entry idx of region and queues its
 // fill. Nothing happens when the entry is cached or filling, lies past the
 // region, wholly in a static range or wholly outside the dynamic cache's
 // ranges, or while writes to the region are in flight (a fill could read
-// bytes the write is about to replace).
-func (c *cache) startFillLocked(region uint32, rc *regionCache, idx uint64, prefetched bool) bool {
+// bytes the write is about to replace). When the fill queue is full or no
+// slot can be had the fill is dropped and counted; the queue's room is
+// checked first, so that no entry is evicted for a fill that cannot be
+// queued.
+func (c *cache) startFillLocked(region uint32, rc *regionCache, idx uint64, prefetched bool) fillResult {
 	if idx*c.esz >= rc.size || len(rc.writes) > 0 || !c.on {
-		return false
+		return fillSkipped
 	}
 	key := entryKey{region, idx}
 	if _, ok := c.index[key]; ok {
-		return false
+		return fillSkipped
 	}
 	n := min(c.esz, rc.size-idx*c.esz)
 	if rc.staticFind(idx*c.esz, n) != nil || !rc.inDynamic(idx*c.esz, n) {
-		return false
+		return fillSkipped
+	}
+	// Only startFillLocked sends on c.fills, under mu: room seen here is
+	// still there for the send below (the fill loop only takes jobs).
+	if len(c.fills) == cap(c.fills) {
+		c.dropped++
+		return fillDropped
 	}
 	i, ok := c.allocLocked()
 	if !ok {
 		c.dropped++
-		return false
+		return fillDropped
 	}
 	c.slots[i] = slot{key: key, state: slotFilling, prefetched: prefetched, gen: rc.gen, n: int(n), started: time.Now()}
-	select {
-	case c.fills <- fillJob{slot: i, key: key, n: int(n)}:
-	default:
-		c.dropped++
-		c.freeLocked(i)
-		return false
-	}
+	c.fills <- fillJob{slot: i, key: key, n: int(n)}
 	c.index[key] = i
 	rc.ctr.PrefetchIssued++
-	return true
+	return fillStarted
 }
 
 // fillBuf is where fill j's bytes go.
@@ -846,9 +866,14 @@ func (c *cache) invalidateLocked(region uint32, rc *regionCache, off, n uint64) 
 	}
 }
 
-// hint starts fills for the entries overlapping ranges, up to the arena's
-// size; it returns how many it started. A prefetcher setting, when not
-// nil, becomes the region's.
+// hint starts fills for the entries overlapping ranges; it returns how
+// many it started. It looks at most at as many entries as the arena holds
+// (those already cached or filling, static or outside the dynamic cache's
+// ranges count too), and stops at the first fill it has to drop (the fill
+// queue is full, or every slot is in use or filling: the entries after it
+// would be dropped as well), so a hint costs at most the arena's entries
+// of work under mu and the worker's lock whatever ranges it names. A
+// prefetcher setting, when not nil, becomes the region's.
 func (c *cache) hint(tenant, region uint32, ranges []Range, pf *Prefetcher) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -859,10 +884,11 @@ func (c *cache) hint(tenant, region uint32, ranges []Range, pf *Prefetcher) (int
 	if pf != nil {
 		rc.pf = *pf
 	}
-	if c.slots == nil || rc.pf == PrefetchOff || !c.on {
+	if c.slots == nil || rc.pf == PrefetchOff || !c.on || len(rc.writes) > 0 {
 		return 0, nil
 	}
-	started := 0
+	started, budget := 0, len(c.slots)
+walk:
 	for _, r := range ranges {
 		if r.Size == 0 || r.Offset >= rc.size {
 			continue
@@ -871,11 +897,18 @@ func (c *cache) hint(tenant, region uint32, ranges []Range, pf *Prefetcher) (int
 		if end < r.Offset {
 			end = rc.size
 		}
-		for e := r.Offset / c.esz; e*c.esz < end && started < len(c.slots); e++ {
-			if c.startFillLocked(region, rc, e, true) {
+		for e := r.Offset / c.esz; e*c.esz < end; e++ {
+			if budget == 0 {
+				break walk
+			}
+			budget--
+			switch c.startFillLocked(region, rc, e, true) {
+			case fillStarted:
 				c.slots[c.index[entryKey{region, e}]].hinted = true
 				started++
 				rc.ctr.Hinted++
+			case fillDropped:
+				break walk
 			}
 		}
 	}
