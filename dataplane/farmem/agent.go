@@ -726,6 +726,14 @@ func (w *hostWorker) flushLocked() {
 func (a *Agent) complete(calls []*call) {
 	var touched []*hostWorker
 	for _, k := range calls {
+		if k.rec.Op == OpWrite {
+			// A host's write (the agent's own requests are reads and
+			// lists). Before the host hears of it: fills of the region
+			// may start again once the node has applied the write. And
+			// before the region is forgotten below, which drops the
+			// record that holds the write in flight.
+			a.cache.endWrite(k.rec.Region, k.rec.Offset, uint64(k.rec.Size))
+		}
 		if k.err == nil && k.reply.Status == StatusUnknownRegion && k.rec.Op != OpCreate && k.rec.Op != OpList {
 			// Freed on the node past the agent: stop serving its bytes.
 			a.forgetRegion(k.rec.Region, "its memory node answered unknown region")
@@ -747,11 +755,6 @@ func (a *Agent) complete(calls []*call) {
 		hr := k.user.(*hostReq)
 		if a.placeElsewhere(hr, k) {
 			continue
-		}
-		if k.rec.Op == OpWrite {
-			// Before the host hears of it: fills of the region may start
-			// again once the node has applied the write.
-			a.cache.endWrite(k.rec.Region, k.rec.Offset, uint64(k.rec.Size))
 		}
 		if errors.Is(k.err, ErrClosed) || errors.Is(k.err, context.Canceled) {
 			// The agent is stopping: no answer, so that the host sends

@@ -361,6 +361,10 @@ func (a *Agent) loadRange(ctx context.Context, tenant, region uint32, srv int, o
 			return ctx.Err()
 		}
 	}
+	if ld.freed() {
+		_ = ld.install(nil)
+		return fmt.Errorf("%w: region %d was freed while its static range waited for writes into it", ErrUnknownRegion, region)
+	}
 	buf := make([]byte, n)
 	if err := a.readInto(ctx, tenant, region, srv, off, buf); err != nil {
 		_ = ld.install(nil)

@@ -971,13 +971,24 @@ func (c *cache) beginStatic(region uint32, off, n uint64) (*staticLoad, error) {
 	return &staticLoad{c: c, rc: rc, region: region, r: Range{off, n}}, nil
 }
 
-// writesDone says whether no write into the range is in flight any more.
-// Writes begun after beginStatic are refused, so once this holds, a read
-// of the range sees every write acknowledged into it.
+// writesDone says whether no write into the range is in flight any more,
+// or the region was forgotten (freed) since beginStatic: then its writes
+// in flight may never be ended in the record the load holds (endWrite
+// finds none, or another), and the load is void (freed). Writes begun
+// after beginStatic are refused, so once this holds, a read of the range
+// sees every write acknowledged into it.
 func (l *staticLoad) writesDone() bool {
 	l.c.mu.Lock()
 	defer l.c.mu.Unlock()
-	return !overlaps(l.rc.writes, l.r.Offset, l.r.Size)
+	return l.c.regions[l.region] != l.rc || !overlaps(l.rc.writes, l.r.Offset, l.r.Size)
+}
+
+// freed says whether the region was forgotten since beginStatic: install
+// would fail.
+func (l *staticLoad) freed() bool {
+	l.c.mu.Lock()
+	defer l.c.mu.Unlock()
+	return l.c.regions[l.region] != l.rc
 }
 
 // install ends the load with its bytes (nil: the load failed): they are

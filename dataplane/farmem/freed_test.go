@@ -322,3 +322,113 @@ func (d *dropNotices) Send(pkts []transport.Packet) (int, error) {
 	}
 	return len(pkts), nil
 }
+
+// dropWrites is a DPU agent's fabric transport that loses the write
+// datagrams it sends while drop is set, and counts them.
+type dropWrites struct {
+	transport.Transport
+	drop    atomic.Bool
+	dropped atomic.Uint64
+}
+
+func (d *dropWrites) Send(pkts []transport.Packet) (int, error) {
+	if !d.drop.Load() {
+		return d.Transport.Send(pkts)
+	}
+	kept := make([]transport.Packet, 0, len(pkts))
+	for _, p := range pkts {
+		if h, _, _, err := Decode(p.Data, nil); err == nil && h.Type == wire.TypeMemWrite {
+			d.dropped.Add(1)
+			continue
+		}
+		kept = append(kept, p)
+	}
+	n, err := d.Transport.Send(kept)
+	if err != nil {
+		return n, err
+	}
+	return len(pkts), nil
+}
+
+// TestStaticLoadOfFreedRegion: a static load waits for a write into its
+// range that is in flight (the agent's write datagrams are lost for a
+// while), and the region is freed on the memory node meanwhile: the agent
+// learns it from the write's answer ("unknown region"), or from the
+// node's notice while the write is still in flight. The load fails with
+// ErrUnknownRegion, its place in the loaders' queue and its static budget
+// are given back, and the next static load is carried out. Before, the
+// loader polled the freed region's record, whose write was never ended,
+// until the agent stopped: the host's load got "no answer", static_queued
+// stayed 1 and the budget was never given back (four such loads stopped
+// every static load of every tenant).
+func TestStaticLoadOfFreedRegion(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		notice bool // the agent caches the region already: the node's notice arrives while the write is in flight
+	}{{"write answered unknown region", false}, {"notice while the write is in flight", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, _ := startServer(t, t.TempDir(), listen(t, loopback))
+			fab := &dropWrites{Transport: listen(t, loopback)}
+			cfg := AgentConfig{Config: testConfig(), Servers: []ServerSpec{{Addr: srv.Addr()}}}
+			a, err := NewAgent(cfg, AgentOptions{HostTransports: []transport.Transport{listen(t, loopback)},
+				FabricTransports: []transport.Transport{fab}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			run(t, a.Run)
+			c := newClient(t, a.Addr(), 3)
+			r, _ := writtenRegion(t, c, freedSize, freedChunk)
+			id := r.ID()
+			if tc.notice {
+				// A static range elsewhere in the region: the node notes
+				// the agent as one that caches it.
+				if ok, err := r.LoadStatic([]Range{{freedEsz, freedEsz}}); err != nil || !ok {
+					t.Fatalf("LoadStatic: %v, %v", ok, err)
+				}
+			}
+			fab.drop.Store(true)
+			written := make(chan error, 1)
+			go func() {
+				_, err := r.WriteAt(make([]byte, freedChunk), 0)
+				written <- err
+			}()
+			waitFor(t, "the agent to send the write", func() bool { return fab.dropped.Load() > 0 })
+			loaded := make(chan error, 1)
+			go func() {
+				_, err := r.LoadStatic([]Range{{0, freedChunk}})
+				loaded <- err
+			}()
+			waitFor(t, "the static load to claim its range", func() bool {
+				a.cache.mu.Lock()
+				defer a.cache.mu.Unlock()
+				rc := a.cache.regions[id]
+				return rc != nil && len(rc.loading) > 0
+			})
+			if err := srv.Free(0, id); err != nil {
+				t.Fatal(err)
+			}
+			if tc.notice {
+				waitNotices(t, a, func(n NoticeStats) bool { return n.Dropped == 1 })
+			}
+			fab.drop.Store(false)
+			if err := <-written; !errors.Is(err, ErrUnknownRegion) {
+				t.Errorf("write into the freed region: %v, want ErrUnknownRegion", err)
+			}
+			if err := <-loaded; !errors.Is(err, ErrUnknownRegion) {
+				t.Fatalf("static load of the region freed while it waited for a write: %v, want ErrUnknownRegion", err)
+			}
+			waitFor(t, "the static load to leave the queue", func() bool { return a.Stats().Overload.StaticQueued == 0 })
+			if st := a.Stats().Cache; st.StaticBytes != 0 {
+				t.Fatalf("static bytes %d after the region was freed, want the budget given back", st.StaticBytes)
+			}
+			// The loaders take the next load.
+			r2, _ := writtenRegion(t, c, freedSize, freedChunk)
+			if ok, err := r2.LoadStatic([]Range{{0, freedChunk}}); err != nil || !ok {
+				t.Fatalf("next LoadStatic: %v, %v", ok, err)
+			}
+			if st := a.Stats(); st.Overload.StaticQueued != 0 || st.Cache.StaticBytes != freedChunk {
+				t.Fatalf("after the next load: %d queued, %d static bytes; want 0 and %d", st.Overload.StaticQueued, st.Cache.StaticBytes, freedChunk)
+			}
+		})
+	}
+}
