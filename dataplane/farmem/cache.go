@@ -105,6 +105,7 @@ type regionCache struct {
 	static      []staticRange
 	loading     []Range // static ranges being read: writes into them are refused already
 	dynamic     []Range // the ranges the dynamic cache holds, sorted; nil: all of the region
+	configured  bool    // the config names the region (CacheConfig.Regions): its settings stay
 	ctr         RegionCacheStats
 }
 
@@ -271,6 +272,7 @@ func newCache(cfg CacheConfig, chunk int) *cache {
 	c.bnetMeasured = c.bnet == 0
 	for _, r := range cfg.Regions {
 		rc := c.region(r.Region)
+		rc.configured = true
 		if r.Prefetcher != nil {
 			rc.pf = *r.Prefetcher
 		}
@@ -806,7 +808,9 @@ func (c *cache) fillDoneLocked(j fillJob, ok bool) {
 // beginWrite is called before a write is forwarded: it refuses a write
 // into a static range or one being loaded (false), and otherwise
 // invalidates the overlapping entries and holds off fills of the region
-// until endWrite.
+// until endWrite. It makes a record for a region the cache does not know
+// (endWrite drops it again if the region is still not learnt), so that a
+// region learnt while the write is in flight starts no fill before it.
 func (c *cache) beginWrite(region uint32, off, n uint64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -824,7 +828,11 @@ func (c *cache) beginWrite(region uint32, off, n uint64) bool {
 }
 
 // endWrite is called with the write's range when the memory node answered
-// it (or the agent gave up on it), before the host is answered.
+// it (or the agent gave up on it), before the host is answered. A record
+// that beginWrite made for a region the cache has not learnt (its size is
+// 0) goes with the last such write, unless a static load claims part of it
+// or the config names it: a host writing to region IDs that do not exist
+// would otherwise leave a record for each.
 func (c *cache) endWrite(region uint32, off, n uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -835,6 +843,9 @@ func (c *cache) endWrite(region uint32, off, n uint64) {
 	if i := slices.Index(rc.writes, Range{off, n}); i >= 0 {
 		rc.writes = slices.Delete(rc.writes, i, i+1)
 		rc.gen++
+	}
+	if rc.size == 0 && len(rc.writes) == 0 && len(rc.loading) == 0 && len(rc.static) == 0 && !rc.configured {
+		delete(c.regions, region)
 	}
 }
 
