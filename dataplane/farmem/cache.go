@@ -805,30 +805,53 @@ func (c *cache) fillDoneLocked(j fillJob, ok bool) {
 	}
 }
 
-// beginWrite is called before a write is forwarded: it refuses a write
-// into a static range or one being loaded (false), and otherwise
-// invalidates the overlapping entries and holds off fills of the region
-// until endWrite. It makes a record for a region the cache does not know
-// (endWrite drops it again if the region is still not learnt), so that a
-// region learnt while the write is in flight starts no fill before it.
-func (c *cache) beginWrite(region uint32, off, n uint64) bool {
+// writeStart is what beginWrite made of a write.
+type writeStart uint8
+
+const (
+	// writeHeld: the write goes on to the memory node and is held in
+	// flight in its region's record: endWrite once it is answered.
+	writeHeld writeStart = iota
+	// writeReadOnly: the write is into a static range or one being
+	// loaded; it is answered read-only, not forwarded.
+	writeReadOnly
+	// writeForeign: the region is known to be another tenant's; the
+	// write goes on to the memory node, which refuses it, and the cache
+	// is left as it is (no endWrite).
+	writeForeign
+)
+
+// beginWrite is called before tenant's write is forwarded. A write to a
+// region whose owner the cache knows to be another tenant (and tenant is
+// not 0, the infrastructure, which may write any region) touches nothing:
+// the memory node refuses it. Otherwise it refuses a write into a static
+// range or one being loaded, or invalidates the overlapping entries and
+// holds off fills of the region until endWrite. It makes a record for a
+// region the cache does not know (endWrite drops it again if the region
+// is still not learnt), so that a region learnt while the write is in
+// flight starts no fill before it.
+func (c *cache) beginWrite(tenant, region uint32, off, n uint64) writeStart {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	rc := c.regions[region]
 	if rc == nil {
 		rc = c.region(region)
 	}
+	if rc.tenantKnown && !rc.allowed(tenant) {
+		return writeForeign
+	}
 	if rc.staticOverlaps(off, n) || overlaps(rc.loading, off, n) {
-		return false
+		return writeReadOnly
 	}
 	rc.writes = append(rc.writes, Range{off, n})
 	rc.gen++
 	c.invalidateLocked(region, rc, off, n)
-	return true
+	return writeHeld
 }
 
-// endWrite is called with the write's range when the memory node answered
-// it (or the agent gave up on it), before the host is answered. A record
+// endWrite is called with the range of a write that beginWrite held when
+// the memory node answered it (or the agent gave up on it), before the
+// host is answered. A record
 // that beginWrite made for a region the cache has not learnt (its size is
 // 0) goes with the last such write, unless a static load claims part of it
 // or the config names it: a host writing to region IDs that do not exist

@@ -71,7 +71,7 @@ func TestCacheEvictionHoldsReferences(t *testing.T) {
 		t.Fatalf("stats %+v: want %d in use and valid, prefetches dropped", st, entries)
 	}
 	// A write invalidates entry 0 while it is held: its bytes stay.
-	if !c.beginWrite(1, 0, 100) {
+	if c.beginWrite(0, 1, 0, 100) != writeHeld {
 		t.Fatal("write refused")
 	}
 	c.endWrite(1, 0, 100)
@@ -926,7 +926,7 @@ func TestStaticLoadRacesWrite(t *testing.T) {
 func TestStaticLoadWaitsForWrites(t *testing.T) {
 	c := newCache(CacheConfig{}, 4096)
 	c.learn(1, 1<<20, 0, true)
-	if !c.beginWrite(1, 100, 200) || !c.beginWrite(1, 1<<19, 4096) {
+	if c.beginWrite(0, 1, 100, 200) != writeHeld || c.beginWrite(0, 1, 1<<19, 4096) != writeHeld {
 		t.Fatal("write refused")
 	}
 	ld, err := c.beginStatic(1, 0, 64<<10)
@@ -936,10 +936,10 @@ func TestStaticLoadWaitsForWrites(t *testing.T) {
 	if _, err := c.beginStatic(1, 4096, 4096); !errors.Is(err, ErrBadRequest) {
 		t.Fatalf("second load of an overlapping range: %v, want ErrBadRequest", err)
 	}
-	if c.beginWrite(1, 60<<10, 8<<10) {
+	if c.beginWrite(0, 1, 60<<10, 8<<10) != writeReadOnly {
 		t.Fatal("a write into a range being loaded was taken")
 	}
-	if !c.beginWrite(1, 64<<10, 4096) {
+	if c.beginWrite(0, 1, 64<<10, 4096) != writeHeld {
 		t.Fatal("a write next to the range being loaded was refused")
 	}
 	if ld.writesDone() {
@@ -952,7 +952,7 @@ func TestStaticLoadWaitsForWrites(t *testing.T) {
 	if err := ld.install(nil); err != nil {
 		t.Fatal(err)
 	}
-	if !c.beginWrite(1, 0, 4096) {
+	if c.beginWrite(0, 1, 0, 4096) != writeHeld {
 		t.Fatal("write refused after the load failed")
 	}
 }

@@ -432,3 +432,96 @@ func TestStaticLoadOfFreedRegion(t *testing.T) {
 		})
 	}
 }
+
+// replyRecords reads reply records from p until it has n of them (or 10 s
+// passed).
+func replyRecords(t *testing.T, p rawPeer, n int) []Record {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var out []Record
+	pkts := []transport.Packet{{Data: make([]byte, 65536)}}
+	for len(out) < n {
+		pkts[0].Data = pkts[0].Data[:cap(pkts[0].Data)]
+		if _, err := p.tr.Recv(ctx, pkts); err != nil {
+			t.Fatalf("%d of %d replies: %v", len(out), n, err)
+		}
+		_, _, recs, err := Decode(pkts[0].Data, nil)
+		if err != nil {
+			t.Fatalf("bad reply: %v", err)
+		}
+		out = append(out, recs...)
+	}
+	return out
+}
+
+// TestForeignWriteLeavesCache: tenant 9 writes into tenant 3's region,
+// which the agent holds in its static and dynamic caches. The memory node
+// refuses both writes (ErrWrongTenant), and the owner's caches are as
+// before: no entry invalidated, the static range not revealed (a write
+// into it was refused as read-only, which only the owner may learn), and
+// both still serve the owner's reads. Before, the agent invalidated the
+// owner's entry before forwarding the write the node then refused, and
+// while such writes were in flight no fill of the region started.
+func TestForeignWriteLeavesCache(t *testing.T) {
+	srv, _ := startServer(t, t.TempDir(), listen(t, loopback))
+	a := startCachingAgent(t, srv, freedCache)
+	c := newClient(t, a.Addr(), 3)
+	id, want := freedRegion(t, c)
+	r := cacheRegion(t, a, c, id, want)
+	region := func() RegionCacheStats {
+		for _, rs := range a.Stats().Cache.Regions {
+			if rs.Region == id {
+				return rs
+			}
+		}
+		t.Fatalf("region %d not in the agent's cache", id)
+		return RegionCacheStats{}
+	}
+	before, valid := region(), a.Stats().Cache.Valid
+	p := rawPeer{t: t, tr: listen(t, loopback), to: a.Addr()}
+	p.send(AppendDatagram(nil, wire.Header{Type: wire.TypeMemWrite, Tenant: 9}, 0,
+		Record{Op: OpWrite, Region: id, ID: 1, Offset: freedEsz, Size: 1, Data: []byte{0xff}}, // the dynamic entry
+		Record{Op: OpWrite, Region: id, ID: 2, Offset: 0, Size: 1, Data: []byte{0xff}}))       // the static range
+	for _, rec := range replyRecords(t, p, 2) {
+		if rec.Status != StatusWrongTenant {
+			t.Errorf("tenant 9's write %d into tenant 3's region: %v, want ErrWrongTenant", rec.ID, rec.Status.Err())
+		}
+	}
+	after := region()
+	if after.Invalidated != before.Invalidated || a.Stats().Cache.Valid != valid {
+		t.Fatalf("after another tenant's refused writes: %d invalidated (before %d), %d entries valid (before %d); want the owner's cache untouched",
+			after.Invalidated, before.Invalidated, a.Stats().Cache.Valid, valid)
+	}
+	buf := make([]byte, freedChunk)
+	for _, off := range []int{0, freedEsz} {
+		if _, err := r.ReadAt(buf, int64(off)); err != nil || !bytes.Equal(buf, want[off:off+freedChunk]) {
+			t.Fatalf("owner's read at %d: %v, bytes equal %v", off, err, bytes.Equal(buf, want[off:off+freedChunk]))
+		}
+	}
+	if rs := region(); rs.StaticHits != after.StaticHits+1 || rs.Hits != after.Hits+1 || rs.Misses != after.Misses {
+		t.Fatalf("region stats %+v after %+v: want the owner's two reads a static and a dynamic hit", rs, after)
+	}
+
+	// In the cache: another tenant's write in flight holds off none of
+	// the owner's fills; tenant 0's (the infrastructure may write any
+	// region) and the owner's do.
+	const esz = 4096
+	cc := newCache(CacheConfig{Size: 4 * esz, EntrySize: esz, BNet: 1, BIntra: 2, Prefetcher: PrefetchHints, Window: 1 << 20}, esz)
+	cc.learn(1, 16*esz, 3, true)
+	if got := cc.beginWrite(9, 1, 0, esz); got != writeForeign {
+		t.Fatalf("tenant 9's write into tenant 3's region: %v, want it forwarded untouched (%v)", got, writeForeign)
+	}
+	if n, _ := cc.hint(3, 1, []Range{{0, esz}}, nil); n != 1 {
+		t.Fatalf("owner's hint with another tenant's write in flight started %d fills, want 1", n)
+	}
+	for _, tenant := range []uint32{0, 3} {
+		if got := cc.beginWrite(tenant, 1, esz, esz); got != writeHeld {
+			t.Fatalf("tenant %d's write: %v, want it held in flight (%v)", tenant, got, writeHeld)
+		}
+		if n, _ := cc.hint(3, 1, []Range{{2 * esz, esz}}, nil); n != 0 {
+			t.Fatalf("hint with tenant %d's write in flight started %d fills, want none", tenant, n)
+		}
+		cc.endWrite(1, esz, esz)
+	}
+}
