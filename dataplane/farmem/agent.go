@@ -166,6 +166,9 @@ type hostReq struct {
 	server int
 	// asked counts the memory nodes a create has asked.
 	asked int
+	// held: a write that the cache holds in flight (beginWrite), to end
+	// (endWrite) once it is answered or given up.
+	held bool
 	// list collects a list's answers, one per memory node.
 	list *listMerge
 }
@@ -531,7 +534,7 @@ func (w *hostWorker) resolve(ctx context.Context, misses []*call, arrived time.T
 			found = append(found, k)
 			continue
 		}
-		if k.rec.Op == OpWrite {
+		if hr.held {
 			a.cache.endWrite(k.rec.Region, k.rec.Offset, uint64(k.rec.Size))
 		}
 		w.replyLocked(hr, Record{Op: k.rec.Op, Region: k.rec.Region, Status: notFound, Size: k.rec.Size}, nil)
@@ -653,15 +656,26 @@ func (a *Agent) forward(ctx context.Context, fab *requester, calls []*call) erro
 // forwardLocked makes the call that sends host request q on to its memory
 // node, and adds it to calls, or to misses when the agent does not know the
 // node of q's region yet (resolve asks the nodes); beyond the bound on such
-// requests (admitUnresolved) it answers StatusUnavailable instead. A read's
-// buffer is taken only once the call has a memory node. Call with w.mu
-// held.
+// requests (admitUnresolved) it answers StatusUnavailable instead. A write
+// into a static range is answered read-only (static ranges are); any other
+// write has the overlapping entries invalidated before it leaves, unless
+// the region is another tenant's (beginWrite). A read's buffer is taken
+// only once the call has a memory node. Call with w.mu held.
 func (w *hostWorker) forwardLocked(q *request, calls, misses []*call) ([]*call, []*call) {
 	a := w.a
 	hr := &hostReq{w: w, src: q.src, tenant: q.tenant, id: q.rec.ID}
+	if q.rec.Op == OpWrite {
+		switch a.cache.beginWrite(q.tenant, q.rec.Region, q.rec.Offset, uint64(q.rec.Size)) {
+		case writeReadOnly:
+			w.replyLocked(hr, Record{Op: OpWrite, Region: q.rec.Region, Offset: q.rec.Offset, Size: q.rec.Size, Status: StatusReadOnly}, nil)
+			return calls, misses
+		case writeHeld:
+			hr.held = true
+		}
+	}
 	srv, ok := a.route(&q.rec)
 	if !ok && !a.admitUnresolved() {
-		if q.rec.Op == OpWrite {
+		if hr.held {
 			a.cache.endWrite(q.rec.Region, q.rec.Offset, uint64(q.rec.Size))
 		}
 		w.replyLocked(hr, Record{Op: q.rec.Op, Region: q.rec.Region, Status: StatusUnavailable, Size: q.rec.Size}, nil)
@@ -726,6 +740,14 @@ func (w *hostWorker) flushLocked() {
 func (a *Agent) complete(calls []*call) {
 	var touched []*hostWorker
 	for _, k := range calls {
+		if hr, ok := k.user.(*hostReq); ok && hr.held {
+			// A host's write that the cache holds in flight. Before the
+			// host hears of it: fills of the region may start again once
+			// the node has applied the write. And before the region is
+			// forgotten below, which drops the record that holds the
+			// write in flight.
+			a.cache.endWrite(k.rec.Region, k.rec.Offset, uint64(k.rec.Size))
+		}
 		if k.err == nil && k.reply.Status == StatusUnknownRegion && k.rec.Op != OpCreate && k.rec.Op != OpList {
 			// Freed on the node past the agent: stop serving its bytes.
 			a.forgetRegion(k.rec.Region, "its memory node answered unknown region")
@@ -747,11 +769,6 @@ func (a *Agent) complete(calls []*call) {
 		hr := k.user.(*hostReq)
 		if a.placeElsewhere(hr, k) {
 			continue
-		}
-		if k.rec.Op == OpWrite {
-			// Before the host hears of it: fills of the region may start
-			// again once the node has applied the write.
-			a.cache.endWrite(k.rec.Region, k.rec.Offset, uint64(k.rec.Size))
 		}
 		if errors.Is(k.err, ErrClosed) || errors.Is(k.err, context.Canceled) {
 			// The agent is stopping: no answer, so that the host sends

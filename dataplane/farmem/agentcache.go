@@ -11,25 +11,17 @@ import (
 )
 
 // local answers, from the agent itself, the requests its caches serve: a
-// read that hits the static or the dynamic cache, a write into a static
-// range (refused: static ranges are read-only), a hint, and a static load
-// (queued for the loaders, or refused StatusUnavailable when the queue is
-// full). It returns false for what goes on to a memory node; a write then
-// has its overlapping entries invalidated before it leaves. Call with w.mu
-// held, from the run loop: the lines it logs wait in w.logLater.
+// read that hits the static or the dynamic cache, a hint, and a static
+// load (queued for the loaders, or refused StatusUnavailable when the
+// queue is full). It returns false for what goes on to a memory node
+// (forwardLocked, which also refuses writes into static ranges). Call with
+// w.mu held, from the run loop: the lines it logs wait in w.logLater.
 func (w *hostWorker) local(ctx context.Context, q *request) bool {
 	a := w.a
 	rec := &q.rec
 	switch rec.Op {
 	case OpRead:
 		return w.readLocked(ctx, q, false)
-	case OpWrite:
-		if a.cache.beginWrite(rec.Region, rec.Offset, uint64(rec.Size)) {
-			return false
-		}
-		hr := hostReq{w: w, src: q.src, tenant: q.tenant, id: rec.ID}
-		w.replyLocked(&hr, Record{Op: OpWrite, Region: rec.Region, Offset: rec.Offset, Size: rec.Size, Status: StatusReadOnly}, nil)
-		return true
 	case OpHint:
 		hr := hostReq{w: w, src: q.src, tenant: q.tenant, id: rec.ID}
 		reply := Record{Op: OpHint, Region: rec.Region}
@@ -360,6 +352,10 @@ func (a *Agent) loadRange(ctx context.Context, tenant, region uint32, srv int, o
 			_ = ld.install(nil)
 			return ctx.Err()
 		}
+	}
+	if ld.freed() {
+		_ = ld.install(nil)
+		return fmt.Errorf("%w: region %d was freed while its static range waited for writes into it", ErrUnknownRegion, region)
 	}
 	buf := make([]byte, n)
 	if err := a.readInto(ctx, tenant, region, srv, off, buf); err != nil {

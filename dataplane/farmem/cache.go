@@ -46,7 +46,7 @@ type cache struct {
 	switches          uint64
 
 	staticUsed uint64
-	dropped    uint64 // prefetches dropped: fill queue full, or no slot free
+	dropped    uint64 // fills dropped: fill queue full, or no slot free (a hint: once, where it stopped)
 	fills      chan fillJob
 	// onFill serves again the reads that waited for a fill (fillWaiter);
 	// the agent sets it. Called without mu, on the fill's completion path:
@@ -105,6 +105,7 @@ type regionCache struct {
 	static      []staticRange
 	loading     []Range // static ranges being read: writes into them are refused already
 	dynamic     []Range // the ranges the dynamic cache holds, sorted; nil: all of the region
+	configured  bool    // the config names the region (CacheConfig.Regions): its settings stay
 	ctr         RegionCacheStats
 }
 
@@ -240,7 +241,10 @@ type CacheStats struct {
 	Window        int     `json:"window"`
 	Switches      uint64  `json:"switches"`
 	// Events are the last switch events, oldest first.
-	Events  []SwitchEvent      `json:"events,omitempty"`
+	Events []SwitchEvent `json:"events,omitempty"`
+	// Dropped counts the entry fills that a prefetcher wanted and that
+	// found the fill queue full or no slot to be had, and the hints that
+	// stopped so (once each: a hint looks no further).
 	Dropped uint64             `json:"prefetch_dropped"`
 	Regions []RegionCacheStats `json:"regions,omitempty"`
 }
@@ -268,6 +272,7 @@ func newCache(cfg CacheConfig, chunk int) *cache {
 	c.bnetMeasured = c.bnet == 0
 	for _, r := range cfg.Regions {
 		rc := c.region(r.Region)
+		rc.configured = true
 		if r.Prefetcher != nil {
 			rc.pf = *r.Prefetcher
 		}
@@ -710,39 +715,56 @@ func absDelta(d int64) int64 {
 	return d
 }
 
+// fillResult is what startFillLocked did with an entry.
+type fillResult uint8
+
+const (
+	// fillSkipped: nothing to do (the entry is cached or filling, past
+	// the region, static, outside the dynamic cache's ranges, or writes
+	// to the region are in flight).
+	fillSkipped fillResult = iota
+	fillStarted
+	// fillDropped: the fill queue is full or every slot is in use or
+	// filling; counted in dropped.
+	fillDropped
+)
+
 // startFillLocked claims a slot for entry idx of region and queues its
 // fill. Nothing happens when the entry is cached or filling, lies past the
 // region, wholly in a static range or wholly outside the dynamic cache's
 // ranges, or while writes to the region are in flight (a fill could read
-// bytes the write is about to replace).
-func (c *cache) startFillLocked(region uint32, rc *regionCache, idx uint64, prefetched bool) bool {
+// bytes the write is about to replace). When the fill queue is full or no
+// slot can be had the fill is dropped and counted; the queue's room is
+// checked first, so that no entry is evicted for a fill that cannot be
+// queued.
+func (c *cache) startFillLocked(region uint32, rc *regionCache, idx uint64, prefetched bool) fillResult {
 	if idx*c.esz >= rc.size || len(rc.writes) > 0 || !c.on {
-		return false
+		return fillSkipped
 	}
 	key := entryKey{region, idx}
 	if _, ok := c.index[key]; ok {
-		return false
+		return fillSkipped
 	}
 	n := min(c.esz, rc.size-idx*c.esz)
 	if rc.staticFind(idx*c.esz, n) != nil || !rc.inDynamic(idx*c.esz, n) {
-		return false
+		return fillSkipped
+	}
+	// Only startFillLocked sends on c.fills, under mu: room seen here is
+	// still there for the send below (the fill loop only takes jobs).
+	if len(c.fills) == cap(c.fills) {
+		c.dropped++
+		return fillDropped
 	}
 	i, ok := c.allocLocked()
 	if !ok {
 		c.dropped++
-		return false
+		return fillDropped
 	}
 	c.slots[i] = slot{key: key, state: slotFilling, prefetched: prefetched, gen: rc.gen, n: int(n), started: time.Now()}
-	select {
-	case c.fills <- fillJob{slot: i, key: key, n: int(n)}:
-	default:
-		c.dropped++
-		c.freeLocked(i)
-		return false
-	}
+	c.fills <- fillJob{slot: i, key: key, n: int(n)}
 	c.index[key] = i
 	rc.ctr.PrefetchIssued++
-	return true
+	return fillStarted
 }
 
 // fillBuf is where fill j's bytes go.
@@ -783,28 +805,57 @@ func (c *cache) fillDoneLocked(j fillJob, ok bool) {
 	}
 }
 
-// beginWrite is called before a write is forwarded: it refuses a write
-// into a static range or one being loaded (false), and otherwise
-// invalidates the overlapping entries and holds off fills of the region
-// until endWrite.
-func (c *cache) beginWrite(region uint32, off, n uint64) bool {
+// writeStart is what beginWrite made of a write.
+type writeStart uint8
+
+const (
+	// writeHeld: the write goes on to the memory node and is held in
+	// flight in its region's record: endWrite once it is answered.
+	writeHeld writeStart = iota
+	// writeReadOnly: the write is into a static range or one being
+	// loaded; it is answered read-only, not forwarded.
+	writeReadOnly
+	// writeForeign: the region is known to be another tenant's; the
+	// write goes on to the memory node, which refuses it, and the cache
+	// is left as it is (no endWrite).
+	writeForeign
+)
+
+// beginWrite is called before tenant's write is forwarded. A write to a
+// region whose owner the cache knows to be another tenant (and tenant is
+// not 0, the infrastructure, which may write any region) touches nothing:
+// the memory node refuses it. Otherwise it refuses a write into a static
+// range or one being loaded, or invalidates the overlapping entries and
+// holds off fills of the region until endWrite. It makes a record for a
+// region the cache does not know (endWrite drops it again if the region
+// is still not learnt), so that a region learnt while the write is in
+// flight starts no fill before it.
+func (c *cache) beginWrite(tenant, region uint32, off, n uint64) writeStart {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	rc := c.regions[region]
 	if rc == nil {
 		rc = c.region(region)
 	}
+	if rc.tenantKnown && !rc.allowed(tenant) {
+		return writeForeign
+	}
 	if rc.staticOverlaps(off, n) || overlaps(rc.loading, off, n) {
-		return false
+		return writeReadOnly
 	}
 	rc.writes = append(rc.writes, Range{off, n})
 	rc.gen++
 	c.invalidateLocked(region, rc, off, n)
-	return true
+	return writeHeld
 }
 
-// endWrite is called with the write's range when the memory node answered
-// it (or the agent gave up on it), before the host is answered.
+// endWrite is called with the range of a write that beginWrite held when
+// the memory node answered it (or the agent gave up on it), before the
+// host is answered. A record
+// that beginWrite made for a region the cache has not learnt (its size is
+// 0) goes with the last such write, unless a static load claims part of it
+// or the config names it: a host writing to region IDs that do not exist
+// would otherwise leave a record for each.
 func (c *cache) endWrite(region uint32, off, n uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -815,6 +866,9 @@ func (c *cache) endWrite(region uint32, off, n uint64) {
 	if i := slices.Index(rc.writes, Range{off, n}); i >= 0 {
 		rc.writes = slices.Delete(rc.writes, i, i+1)
 		rc.gen++
+	}
+	if rc.size == 0 && len(rc.writes) == 0 && len(rc.loading) == 0 && len(rc.static) == 0 && !rc.configured {
+		delete(c.regions, region)
 	}
 }
 
@@ -846,9 +900,14 @@ func (c *cache) invalidateLocked(region uint32, rc *regionCache, off, n uint64) 
 	}
 }
 
-// hint starts fills for the entries overlapping ranges, up to the arena's
-// size; it returns how many it started. A prefetcher setting, when not
-// nil, becomes the region's.
+// hint starts fills for the entries overlapping ranges; it returns how
+// many it started. It looks at most at as many entries as the arena holds
+// (those already cached or filling, static or outside the dynamic cache's
+// ranges count too), and stops at the first fill it has to drop (the fill
+// queue is full, or every slot is in use or filling: the entries after it
+// would be dropped as well), so a hint costs at most the arena's entries
+// of work under mu and the worker's lock whatever ranges it names. A
+// prefetcher setting, when not nil, becomes the region's.
 func (c *cache) hint(tenant, region uint32, ranges []Range, pf *Prefetcher) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -859,10 +918,11 @@ func (c *cache) hint(tenant, region uint32, ranges []Range, pf *Prefetcher) (int
 	if pf != nil {
 		rc.pf = *pf
 	}
-	if c.slots == nil || rc.pf == PrefetchOff || !c.on {
+	if c.slots == nil || rc.pf == PrefetchOff || !c.on || len(rc.writes) > 0 {
 		return 0, nil
 	}
-	started := 0
+	started, budget := 0, len(c.slots)
+walk:
 	for _, r := range ranges {
 		if r.Size == 0 || r.Offset >= rc.size {
 			continue
@@ -871,11 +931,18 @@ func (c *cache) hint(tenant, region uint32, ranges []Range, pf *Prefetcher) (int
 		if end < r.Offset {
 			end = rc.size
 		}
-		for e := r.Offset / c.esz; e*c.esz < end && started < len(c.slots); e++ {
-			if c.startFillLocked(region, rc, e, true) {
+		for e := r.Offset / c.esz; e*c.esz < end; e++ {
+			if budget == 0 {
+				break walk
+			}
+			budget--
+			switch c.startFillLocked(region, rc, e, true) {
+			case fillStarted:
 				c.slots[c.index[entryKey{region, e}]].hinted = true
 				started++
 				rc.ctr.Hinted++
+			case fillDropped:
+				break walk
 			}
 		}
 	}
@@ -938,13 +1005,24 @@ func (c *cache) beginStatic(region uint32, off, n uint64) (*staticLoad, error) {
 	return &staticLoad{c: c, rc: rc, region: region, r: Range{off, n}}, nil
 }
 
-// writesDone says whether no write into the range is in flight any more.
-// Writes begun after beginStatic are refused, so once this holds, a read
-// of the range sees every write acknowledged into it.
+// writesDone says whether no write into the range is in flight any more,
+// or the region was forgotten (freed) since beginStatic: then its writes
+// in flight may never be ended in the record the load holds (endWrite
+// finds none, or another), and the load is void (freed). Writes begun
+// after beginStatic are refused, so once this holds, a read of the range
+// sees every write acknowledged into it.
 func (l *staticLoad) writesDone() bool {
 	l.c.mu.Lock()
 	defer l.c.mu.Unlock()
-	return !overlaps(l.rc.writes, l.r.Offset, l.r.Size)
+	return l.c.regions[l.region] != l.rc || !overlaps(l.rc.writes, l.r.Offset, l.r.Size)
+}
+
+// freed says whether the region was forgotten since beginStatic: install
+// would fail.
+func (l *staticLoad) freed() bool {
+	l.c.mu.Lock()
+	defer l.c.mu.Unlock()
+	return l.c.regions[l.region] != l.rc
 }
 
 // install ends the load with its bytes (nil: the load failed): they are

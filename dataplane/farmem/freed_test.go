@@ -322,3 +322,206 @@ func (d *dropNotices) Send(pkts []transport.Packet) (int, error) {
 	}
 	return len(pkts), nil
 }
+
+// dropWrites is a DPU agent's fabric transport that loses the write
+// datagrams it sends while drop is set, and counts them.
+type dropWrites struct {
+	transport.Transport
+	drop    atomic.Bool
+	dropped atomic.Uint64
+}
+
+func (d *dropWrites) Send(pkts []transport.Packet) (int, error) {
+	if !d.drop.Load() {
+		return d.Transport.Send(pkts)
+	}
+	kept := make([]transport.Packet, 0, len(pkts))
+	for _, p := range pkts {
+		if h, _, _, err := Decode(p.Data, nil); err == nil && h.Type == wire.TypeMemWrite {
+			d.dropped.Add(1)
+			continue
+		}
+		kept = append(kept, p)
+	}
+	n, err := d.Transport.Send(kept)
+	if err != nil {
+		return n, err
+	}
+	return len(pkts), nil
+}
+
+// TestStaticLoadOfFreedRegion: a static load waits for a write into its
+// range that is in flight (the agent's write datagrams are lost for a
+// while), and the region is freed on the memory node meanwhile: the agent
+// learns it from the write's answer ("unknown region"), or from the
+// node's notice while the write is still in flight. The load fails with
+// ErrUnknownRegion, its place in the loaders' queue and its static budget
+// are given back, and the next static load is carried out. Before, the
+// loader polled the freed region's record, whose write was never ended,
+// until the agent stopped: the host's load got "no answer", static_queued
+// stayed 1 and the budget was never given back (four such loads stopped
+// every static load of every tenant).
+func TestStaticLoadOfFreedRegion(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		notice bool // the agent caches the region already: the node's notice arrives while the write is in flight
+	}{{"write answered unknown region", false}, {"notice while the write is in flight", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, _ := startServer(t, t.TempDir(), listen(t, loopback))
+			fab := &dropWrites{Transport: listen(t, loopback)}
+			cfg := AgentConfig{Config: testConfig(), Servers: []ServerSpec{{Addr: srv.Addr()}}}
+			a, err := NewAgent(cfg, AgentOptions{HostTransports: []transport.Transport{listen(t, loopback)},
+				FabricTransports: []transport.Transport{fab}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			run(t, a.Run)
+			c := newClient(t, a.Addr(), 3)
+			r, _ := writtenRegion(t, c, freedSize, freedChunk)
+			id := r.ID()
+			if tc.notice {
+				// A static range elsewhere in the region: the node notes
+				// the agent as one that caches it.
+				if ok, err := r.LoadStatic([]Range{{freedEsz, freedEsz}}); err != nil || !ok {
+					t.Fatalf("LoadStatic: %v, %v", ok, err)
+				}
+			}
+			fab.drop.Store(true)
+			written := make(chan error, 1)
+			go func() {
+				_, err := r.WriteAt(make([]byte, freedChunk), 0)
+				written <- err
+			}()
+			waitFor(t, "the agent to send the write", func() bool { return fab.dropped.Load() > 0 })
+			loaded := make(chan error, 1)
+			go func() {
+				_, err := r.LoadStatic([]Range{{0, freedChunk}})
+				loaded <- err
+			}()
+			waitFor(t, "the static load to claim its range", func() bool {
+				a.cache.mu.Lock()
+				defer a.cache.mu.Unlock()
+				rc := a.cache.regions[id]
+				return rc != nil && len(rc.loading) > 0
+			})
+			if err := srv.Free(0, id); err != nil {
+				t.Fatal(err)
+			}
+			if tc.notice {
+				waitNotices(t, a, func(n NoticeStats) bool { return n.Dropped == 1 })
+			}
+			fab.drop.Store(false)
+			if err := <-written; !errors.Is(err, ErrUnknownRegion) {
+				t.Errorf("write into the freed region: %v, want ErrUnknownRegion", err)
+			}
+			if err := <-loaded; !errors.Is(err, ErrUnknownRegion) {
+				t.Fatalf("static load of the region freed while it waited for a write: %v, want ErrUnknownRegion", err)
+			}
+			waitFor(t, "the static load to leave the queue", func() bool { return a.Stats().Overload.StaticQueued == 0 })
+			if st := a.Stats().Cache; st.StaticBytes != 0 {
+				t.Fatalf("static bytes %d after the region was freed, want the budget given back", st.StaticBytes)
+			}
+			// The loaders take the next load.
+			r2, _ := writtenRegion(t, c, freedSize, freedChunk)
+			if ok, err := r2.LoadStatic([]Range{{0, freedChunk}}); err != nil || !ok {
+				t.Fatalf("next LoadStatic: %v, %v", ok, err)
+			}
+			if st := a.Stats(); st.Overload.StaticQueued != 0 || st.Cache.StaticBytes != freedChunk {
+				t.Fatalf("after the next load: %d queued, %d static bytes; want 0 and %d", st.Overload.StaticQueued, st.Cache.StaticBytes, freedChunk)
+			}
+		})
+	}
+}
+
+// replyRecords reads reply records from p until it has n of them (or 10 s
+// passed).
+func replyRecords(t *testing.T, p rawPeer, n int) []Record {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var out []Record
+	pkts := []transport.Packet{{Data: make([]byte, 65536)}}
+	for len(out) < n {
+		pkts[0].Data = pkts[0].Data[:cap(pkts[0].Data)]
+		if _, err := p.tr.Recv(ctx, pkts); err != nil {
+			t.Fatalf("%d of %d replies: %v", len(out), n, err)
+		}
+		_, _, recs, err := Decode(pkts[0].Data, nil)
+		if err != nil {
+			t.Fatalf("bad reply: %v", err)
+		}
+		out = append(out, recs...)
+	}
+	return out
+}
+
+// TestForeignWriteLeavesCache: tenant 9 writes into tenant 3's region,
+// which the agent holds in its static and dynamic caches. The memory node
+// refuses both writes (ErrWrongTenant), and the owner's caches are as
+// before: no entry invalidated, the static range not revealed (a write
+// into it was refused as read-only, which only the owner may learn), and
+// both still serve the owner's reads. Before, the agent invalidated the
+// owner's entry before forwarding the write the node then refused, and
+// while such writes were in flight no fill of the region started.
+func TestForeignWriteLeavesCache(t *testing.T) {
+	srv, _ := startServer(t, t.TempDir(), listen(t, loopback))
+	a := startCachingAgent(t, srv, freedCache)
+	c := newClient(t, a.Addr(), 3)
+	id, want := freedRegion(t, c)
+	r := cacheRegion(t, a, c, id, want)
+	region := func() RegionCacheStats {
+		for _, rs := range a.Stats().Cache.Regions {
+			if rs.Region == id {
+				return rs
+			}
+		}
+		t.Fatalf("region %d not in the agent's cache", id)
+		return RegionCacheStats{}
+	}
+	before, valid := region(), a.Stats().Cache.Valid
+	p := rawPeer{t: t, tr: listen(t, loopback), to: a.Addr()}
+	p.send(AppendDatagram(nil, wire.Header{Type: wire.TypeMemWrite, Tenant: 9}, 0,
+		Record{Op: OpWrite, Region: id, ID: 1, Offset: freedEsz, Size: 1, Data: []byte{0xff}}, // the dynamic entry
+		Record{Op: OpWrite, Region: id, ID: 2, Offset: 0, Size: 1, Data: []byte{0xff}}))       // the static range
+	for _, rec := range replyRecords(t, p, 2) {
+		if rec.Status != StatusWrongTenant {
+			t.Errorf("tenant 9's write %d into tenant 3's region: %v, want ErrWrongTenant", rec.ID, rec.Status.Err())
+		}
+	}
+	after := region()
+	if after.Invalidated != before.Invalidated || a.Stats().Cache.Valid != valid {
+		t.Fatalf("after another tenant's refused writes: %d invalidated (before %d), %d entries valid (before %d); want the owner's cache untouched",
+			after.Invalidated, before.Invalidated, a.Stats().Cache.Valid, valid)
+	}
+	buf := make([]byte, freedChunk)
+	for _, off := range []int{0, freedEsz} {
+		if _, err := r.ReadAt(buf, int64(off)); err != nil || !bytes.Equal(buf, want[off:off+freedChunk]) {
+			t.Fatalf("owner's read at %d: %v, bytes equal %v", off, err, bytes.Equal(buf, want[off:off+freedChunk]))
+		}
+	}
+	if rs := region(); rs.StaticHits != after.StaticHits+1 || rs.Hits != after.Hits+1 || rs.Misses != after.Misses {
+		t.Fatalf("region stats %+v after %+v: want the owner's two reads a static and a dynamic hit", rs, after)
+	}
+
+	// In the cache: another tenant's write in flight holds off none of
+	// the owner's fills; tenant 0's (the infrastructure may write any
+	// region) and the owner's do.
+	const esz = 4096
+	cc := newCache(CacheConfig{Size: 4 * esz, EntrySize: esz, BNet: 1, BIntra: 2, Prefetcher: PrefetchHints, Window: 1 << 20}, esz)
+	cc.learn(1, 16*esz, 3, true)
+	if got := cc.beginWrite(9, 1, 0, esz); got != writeForeign {
+		t.Fatalf("tenant 9's write into tenant 3's region: %v, want it forwarded untouched (%v)", got, writeForeign)
+	}
+	if n, _ := cc.hint(3, 1, []Range{{0, esz}}, nil); n != 1 {
+		t.Fatalf("owner's hint with another tenant's write in flight started %d fills, want 1", n)
+	}
+	for _, tenant := range []uint32{0, 3} {
+		if got := cc.beginWrite(tenant, 1, esz, esz); got != writeHeld {
+			t.Fatalf("tenant %d's write: %v, want it held in flight (%v)", tenant, got, writeHeld)
+		}
+		if n, _ := cc.hint(3, 1, []Range{{2 * esz, esz}}, nil); n != 0 {
+			t.Fatalf("hint with tenant %d's write in flight started %d fills, want none", tenant, n)
+		}
+		cc.endWrite(1, esz, esz)
+	}
+}

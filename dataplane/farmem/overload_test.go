@@ -195,3 +195,56 @@ func goroutinesIn(fn string) int {
 	}
 	return c
 }
+
+// TestUnknownRegionWritesLeaveNoRecord: writes to region IDs no memory
+// node has are answered "unknown region" and leave nothing in the agent's
+// cache: before, each ID written to kept a record for good (Stats'
+// Cache.Regions, a Prometheus series each), so a host could grow the
+// agent's memory without bound. A region the config names, not created
+// yet, keeps its settings, and a real region its record.
+func TestUnknownRegionWritesLeaveNoRecord(t *testing.T) {
+	srv, _ := startServer(t, t.TempDir(), listen(t, loopback))
+	stride := PrefetchStride
+	const configured = 555_555
+	a := startCachingAgent(t, srv, CacheConfig{Size: 1 << 20, EntrySize: 256 << 10, BNet: 1, BIntra: 2,
+		Regions: []CacheRegion{{Region: configured, Prefetcher: &stride}}})
+	c := newClient(t, a.Addr(), 1)
+	real, _ := writtenRegion(t, c, 1<<20, 64<<10)
+	p := rawPeer{t: t, tr: listen(t, loopback), to: a.Addr()}
+	// 2000 one-byte writes, each to a region ID of its own, a datagram of
+	// 100 at a time (a receive batch of more than the window's requests
+	// would wait for itself), and one to the configured region.
+	const base, n, per = 1_000_000, 2000, 100
+	for d := range n / per {
+		var recs []Record
+		for i := range per {
+			id := uint64(d*per + i + 1)
+			recs = append(recs, Record{Op: OpWrite, Region: base + uint32(id), ID: id, Size: 1, Data: []byte{byte(id)}})
+		}
+		if d == 0 {
+			recs = append(recs, Record{Op: OpWrite, Region: configured, ID: n + 1, Size: 1, Data: []byte{1}})
+		}
+		p.send(AppendDatagram(nil, wire.Header{Type: wire.TypeMemWrite, Tenant: 1}, 0, recs...))
+		if got := p.replies(StatusUnknownRegion, len(recs)); got != len(recs) {
+			t.Fatalf("%d of %d writes to regions that do not exist answered unknown region", got, len(recs))
+		}
+	}
+	var left []uint32
+	var sawConfigured, sawReal bool
+	for _, r := range a.Stats().Cache.Regions {
+		switch {
+		case r.Region > base:
+			left = append(left, r.Region)
+		case r.Region == configured:
+			sawConfigured = r.Prefetcher == "stride"
+		case r.Region == real.ID():
+			sawReal = true
+		}
+	}
+	if len(left) > 0 {
+		t.Errorf("%d writes to regions that do not exist left %d records in the agent's cache (first %d)", n, len(left), left[0])
+	}
+	if !sawConfigured || !sawReal {
+		t.Errorf("configured region %d with its prefetcher kept: %v; the written region %d kept: %v", configured, sawConfigured, real.ID(), sawReal)
+	}
+}
