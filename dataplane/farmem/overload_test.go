@@ -212,8 +212,7 @@ func TestUnknownRegionWritesLeaveNoRecord(t *testing.T) {
 	real, _ := writtenRegion(t, c, 1<<20, 64<<10)
 	p := rawPeer{t: t, tr: listen(t, loopback), to: a.Addr()}
 	// 2000 one-byte writes, each to a region ID of its own, a datagram of
-	// 100 at a time (a receive batch of more than the window's requests
-	// would wait for itself), and one to the configured region.
+	// 100 at a time, and one to the configured region.
 	const base, n, per = 1_000_000, 2000, 100
 	for d := range n / per {
 		var recs []Record
@@ -246,5 +245,38 @@ func TestUnknownRegionWritesLeaveNoRecord(t *testing.T) {
 	}
 	if !sawConfigured || !sawReal {
 		t.Errorf("configured region %d with its prefetcher kept: %v; the written region %d kept: %v", configured, sawConfigured, real.ID(), sawReal)
+	}
+}
+
+// TestBatchOverWindow: one host datagram of more requests than the agent's
+// window towards the memory nodes is forwarded a window at a time, and
+// every request is answered. (Before, issue took a window slot for every
+// request of the batch before sending any: with more requests than slots
+// and none in flight, the agent's worker waited for itself for good.)
+func TestBatchOverWindow(t *testing.T) {
+	srv, _ := startServer(t, t.TempDir(), listen(t, loopback))
+	cfg := AgentConfig{Config: testConfig(), Servers: []ServerSpec{{Addr: srv.Addr()}}}
+	cfg.Window = 16
+	a, err := NewAgent(cfg, AgentOptions{HostTransports: []transport.Transport{listen(t, loopback)}, FabricTransports: []transport.Transport{listen(t, loopback)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, a.Run)
+	c := newClient(t, a.Addr(), 1)
+	r, want := writtenRegion(t, c, 1<<20, 64<<10)
+	p := rawPeer{t: t, tr: listen(t, loopback), to: a.Addr()}
+	const n = 40 // 2.5 windows
+	var recs []Record
+	for i := range n {
+		recs = append(recs, Record{Op: OpRead, Region: r.ID(), ID: uint64(i + 1), Offset: uint64(i) * 4096, Size: 1})
+	}
+	p.send(AppendDatagram(nil, wire.Header{Type: wire.TypeMemRead, Tenant: 1}, 0, recs...))
+	if got := p.replies(StatusOK, n); got != n {
+		t.Fatalf("%d of %d reads in one datagram answered, with the agent's window %d", got, n, cfg.Window)
+	}
+	// The agent still serves: its worker is not stuck.
+	b := make([]byte, 1)
+	if _, err := r.ReadAt(b, 4096*7); err != nil || b[0] != want[4096*7] {
+		t.Fatalf("a read after the batch: %v, %#x; want %#x", err, b[0], want[4096*7])
 	}
 }

@@ -100,8 +100,22 @@ func (r *requester) floor() uint64 {
 
 // issue sends calls, packed per (memory node, tenant); it waits for room in
 // the window, or until ctx is done (the calls not yet issued then fail with
-// ctx's error).
+// ctx's error). More calls than the window go a window at a time: all at
+// once, they would wait for slots that only their own answers free.
 func (r *requester) issue(ctx context.Context, calls []*call) error {
+	var err error
+	for len(calls) > 0 {
+		n := min(len(calls), cap(r.slots))
+		if e := r.issueWindow(ctx, calls[:n]); e != nil && err == nil {
+			err = e
+		}
+		calls = calls[n:]
+	}
+	return err
+}
+
+// issueWindow is issue for at most a window of calls.
+func (r *requester) issueWindow(ctx context.Context, calls []*call) error {
 	for i := range calls {
 		select {
 		case r.slots <- struct{}{}:
