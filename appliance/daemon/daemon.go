@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -68,7 +69,8 @@ type Daemon struct {
 	// are the config's rule file's, which the state file does not hold
 	// (HasRules false): the IDs they go live under are recorded in it
 	// (RuleFileIDs) without making the file's rules, or the config's
-	// attachments, the state file's. nil once a change saved the state.
+	// attachments, the state file's. nil once a change made its state
+	// lovelockd's (save), whether or not the file could be written.
 	onDisk *State
 
 	// swap swaps a compiled rule set in; nil is node.Steer.Apply. Tests
@@ -663,12 +665,23 @@ func (d *Daemon) apply(set, counted rules.Set) (warnings []string, err error) {
 	return warnings, nil
 }
 
+// save makes next, which the data plane runs now, lovelockd's state and
+// writes it to the state file. The state is next also when the write
+// fails: every later swap (a service's rules, a retry, the operator's next
+// change) starts from it, and a link event attaches what it lists, so
+// that nothing goes back to the set or the attachments before. The state
+// file stays behind until a change writes it. Callers hold d.mu.
 func (d *Daemon) save(next State) error {
-	if err := next.Save(d.cfg.State); err != nil {
-		return fmt.Errorf("the data plane changed but the state file was not written: %w", err)
-	}
-	// The state file holds the operator's rules with their IDs now.
+	// The operator's rules with their IDs are the state's from now on,
+	// not the rule file's: a write of the rule file's IDs over a state
+	// file this change could not write would make its next start give
+	// the rule file's rules the IDs of rules that are not its own.
 	d.state, d.onDisk = next, nil
+	if err := next.Save(d.cfg.State); err != nil {
+		return fmt.Errorf("the data plane changed but the state file was not written: %w "+
+			"(lovelockd runs the change, but a restart would go back to the state file's: free space on %s's file system or make it writable; "+
+			"the next change writes the state file again)", err, filepath.Dir(d.cfg.State))
+	}
 	return nil
 }
 
