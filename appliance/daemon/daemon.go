@@ -42,14 +42,16 @@ type Daemon struct {
 	node  *attach.Node
 	state State
 	// live is the rule set the data plane holds, with IDs: the operator's
-	// (state.Rules) followed by owned, lovelockd's own rules.
+	// (state.Rules) followed by owned, lovelockd's own rules; while
+	// counted is not nil, the set to install.
 	live  rules.Set
 	owned []rules.Rule
 	// counted, when not nil, is the set whose rules the rule counters
 	// count where that is not live: after a reconcile that failed, the
 	// data plane still runs the previous start's rules (as far as the
-	// state file records them) while live lists the set to install. The
-	// next install zeroes by it and clears it.
+	// state file records them), or none on a fresh data plane (counted
+	// is empty), while live lists the set to install. The next install
+	// zeroes by it and clears it.
 	counted *rules.Set
 	// reserved are the services' own rules by service; owned is their
 	// merge (service.Merge) as last installed.
@@ -313,12 +315,16 @@ func (d *Daemon) reconcile(prev rules.Set) {
 	}
 	if err != nil {
 		err = rulesFailure(err, d.node.Loaded)
-		// A retry installs the set under the same IDs (assignIDs keeps
-		// live's), zeroing by what the data plane counts.
-		d.live, d.counted = op, &prev
+		// A retry installs the set under the same IDs, which the state
+		// file records (assignIDs keeps live's), zeroing by what the data
+		// plane counts: prev, or on a fresh data plane nothing. IDs
+		// assigned afresh would not be written, and the next start would
+		// give each rule's ID another rule's counters.
+		counted := prev
 		if d.node.Loaded {
-			d.live, d.counted = rules.Set{}, nil
+			counted = rules.Set{}
 		}
+		d.live, d.counted = op, &counted
 		d.setFailure("rules", err)
 		d.log.Error("restore rules", "err", err)
 		return

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -338,4 +339,102 @@ func ruleCounts(t *testing.T, d *Daemon) map[string]uint64 {
 		m[r.Name] = r.Counter.Packets
 	}
 	return m
+}
+
+// TestFreshLateInterfaceKeepsIDs: after a reboot the data plane is fresh,
+// and a rule set that redirects to an interface not there yet fails to
+// go live; once the interface appears the retry must install the set
+// under the IDs the state file gives it (rule 1 was deleted before), so
+// that the next start, which installs those IDs over the same counters,
+// finds each rule's own.
+func TestFreshLateInterfaceKeepsIDs(t *testing.T) {
+	const set = `rules:
+  - {name: a, priority: 1, match: {proto: udp, dport: 7000}, action: drop}
+  - {name: b, priority: 1, match: {proto: udp, dport: 7001}, action: pass}
+  - {name: out, priority: 1, match: {proto: udp, dport: 7009}, action: "redirect:late0"}
+`
+	ids := map[string]uint32{"a": 2, "b": 3, "out": 4}
+	for _, tc := range []struct {
+		name     string
+		ruleFile bool // the rules are the config's rule file's, the state file has their IDs; else the state file's (has_rules)
+	}{
+		{name: "the state file's rules"},
+		{name: "the rule file's", ruleFile: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, dir := tempConfig(t)
+			cfg.Metrics = ""
+			parsed, err := rules.Parse([]byte(set))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var st State
+			if tc.ruleFile {
+				cfg.Rules = filepath.Join(dir, "rules.yaml")
+				if err := os.WriteFile(cfg.Rules, []byte(set), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				st.RuleFileIDs = ids
+			} else {
+				for i := range parsed.Rules {
+					parsed.Rules[i].ID = ids[parsed.Rules[i].Name]
+				}
+				st.Rules, st.HasRules = *parsed, true
+			}
+			if err := st.Save(cfg.State); err != nil {
+				t.Fatal(err)
+			}
+			log := slog.New(slog.DiscardHandler)
+			ns := testenv.NewNetNS(t)
+			testenv.InNetNS(t, ns, func() error {
+				d, err := New(cfg, log)
+				if err != nil {
+					return err
+				}
+				defer d.Close()
+				d.mu.Lock()
+				_, failed := d.failures["rules"]
+				d.mu.Unlock()
+				if !d.node.Loaded || !failed {
+					return fmt.Errorf("start: loaded %v, rules failed %v; want a fresh data plane and the rules failing", d.node.Loaded, failed)
+				}
+				if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "late0"}, PeerName: "late1"}); err != nil {
+					return err
+				}
+				d.mu.Lock()
+				d.retryRules()
+				_, failed = d.failures["rules"]
+				got := idsOf(d.live)
+				d.mu.Unlock()
+				if failed {
+					return errors.New("rules not applied once late0 appeared")
+				}
+				if !reflect.DeepEqual(got, ids) {
+					t.Errorf("IDs after the retry %v, want the state file's %v", got, ids)
+				}
+				for port, n := range map[uint16]int{7000: 3, 7001: 2} {
+					for range n {
+						if _, err := d.node.Steer.XDP.Run(&ebpf.RunOptions{Data: testenv.UDPFrame(port)}); err != nil {
+							return err
+						}
+					}
+				}
+				return nil
+			})
+			// A restart adopts the data plane and installs the state
+			// file's IDs: each rule must find its own counters.
+			testenv.InNetNS(t, ns, func() error {
+				d, err := New(cfg, log)
+				if err != nil {
+					return err
+				}
+				defer d.Close()
+				want := map[string]uint64{"a": 3, "b": 2, "out": 0}
+				if got := ruleCounts(t, d); !reflect.DeepEqual(got, want) {
+					t.Errorf("after the restart: counters %v, want %v (IDs %v)", got, want, idsOf(d.state.Rules))
+				}
+				return nil
+			})
+		})
+	}
 }
