@@ -416,7 +416,7 @@ func (d *Daemon) Status() (api.Status, error) {
 	}
 	return api.Status{
 		Version: buildinfo.Version, PinDir: d.node.Dir(), Port: d.cfg.Port, Loaded: d.node.Loaded,
-		Started: d.started, Attachments: att, Rules: len(d.live.Rules),
+		Started: d.started, Attachments: att, Rules: len(d.live.Rules), RulesPending: d.counted != nil,
 		Health: health, Links: links, Failures: fails, Services: svcs,
 	}, nil
 }
@@ -476,7 +476,8 @@ func (d *Daemon) Detach(iface string, hook attach.Hook) error {
 }
 
 // Rules implements api.Service: the live set, the operator's rules
-// followed by lovelockd's own.
+// followed by lovelockd's own; while the set did not go live
+// (Status.RulesPending), the set to install.
 func (d *Daemon) Rules() (rules.Set, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -706,10 +707,24 @@ func (d *Daemon) Stats() (api.Stats, error) {
 	if st.Default, err = d.node.Steer.RuleCounter(0); err != nil {
 		return api.Stats{}, err
 	}
+	// A set that did not go live (counted not nil) counts nothing: its
+	// rules are reported at zero, but for one whose ID the running set
+	// gives a rule of the same name, which counts there. What an ID of
+	// it counts otherwise is another rule's (a removed one's, or a rule
+	// of lovelockd's from an earlier run), zeroed when the set goes live.
+	var counted map[uint32]string
+	if d.counted != nil {
+		counted = make(map[uint32]string, len(d.counted.Rules))
+		for _, r := range d.counted.Rules {
+			counted[r.ID] = r.Name
+		}
+	}
 	for _, r := range d.live.Rules {
-		c, err := d.node.Steer.RuleCounter(r.ID)
-		if err != nil {
-			return api.Stats{}, err
+		var c api.Counter
+		if name, ok := counted[r.ID]; counted == nil || ok && name == r.Name {
+			if c, err = d.node.Steer.RuleCounter(r.ID); err != nil {
+				return api.Stats{}, err
+			}
 		}
 		st.Rules = append(st.Rules, api.RuleStat{Name: r.Name, ID: r.ID, Priority: r.Priority, Action: r.Action.String(), Counter: c})
 	}
