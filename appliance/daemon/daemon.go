@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -41,14 +42,16 @@ type Daemon struct {
 	node  *attach.Node
 	state State
 	// live is the rule set the data plane holds, with IDs: the operator's
-	// (state.Rules) followed by owned, lovelockd's own rules.
+	// (state.Rules) followed by owned, lovelockd's own rules; while
+	// counted is not nil, the set to install.
 	live  rules.Set
 	owned []rules.Rule
 	// counted, when not nil, is the set whose rules the rule counters
 	// count where that is not live: after a reconcile that failed, the
 	// data plane still runs the previous start's rules (as far as the
-	// state file records them) while live lists the set to install. The
-	// next install zeroes by it and clears it.
+	// state file records them), or none on a fresh data plane (counted
+	// is empty), while live lists the set to install. The next install
+	// zeroes by it and clears it.
 	counted *rules.Set
 	// reserved are the services' own rules by service; owned is their
 	// merge (service.Merge) as last installed.
@@ -68,7 +71,8 @@ type Daemon struct {
 	// are the config's rule file's, which the state file does not hold
 	// (HasRules false): the IDs they go live under are recorded in it
 	// (RuleFileIDs) without making the file's rules, or the config's
-	// attachments, the state file's. nil once a change saved the state.
+	// attachments, the state file's. nil once a change made its state
+	// lovelockd's (save), whether or not the file could be written.
 	onDisk *State
 
 	// swap swaps a compiled rule set in; nil is node.Steer.Apply. Tests
@@ -311,12 +315,16 @@ func (d *Daemon) reconcile(prev rules.Set) {
 	}
 	if err != nil {
 		err = rulesFailure(err, d.node.Loaded)
-		// A retry installs the set under the same IDs (assignIDs keeps
-		// live's), zeroing by what the data plane counts.
-		d.live, d.counted = op, &prev
+		// A retry installs the set under the same IDs, which the state
+		// file records (assignIDs keeps live's), zeroing by what the data
+		// plane counts: prev, or on a fresh data plane nothing. IDs
+		// assigned afresh would not be written, and the next start would
+		// give each rule's ID another rule's counters.
+		counted := prev
 		if d.node.Loaded {
-			d.live, d.counted = rules.Set{}, nil
+			counted = rules.Set{}
 		}
+		d.live, d.counted = op, &counted
 		d.setFailure("rules", err)
 		d.log.Error("restore rules", "err", err)
 		return
@@ -408,7 +416,7 @@ func (d *Daemon) Status() (api.Status, error) {
 	}
 	return api.Status{
 		Version: buildinfo.Version, PinDir: d.node.Dir(), Port: d.cfg.Port, Loaded: d.node.Loaded,
-		Started: d.started, Attachments: att, Rules: len(d.live.Rules),
+		Started: d.started, Attachments: att, Rules: len(d.live.Rules), RulesPending: d.counted != nil,
 		Health: health, Links: links, Failures: fails, Services: svcs,
 	}, nil
 }
@@ -468,7 +476,8 @@ func (d *Daemon) Detach(iface string, hook attach.Hook) error {
 }
 
 // Rules implements api.Service: the live set, the operator's rules
-// followed by lovelockd's own.
+// followed by lovelockd's own; while the set did not go live
+// (Status.RulesPending), the set to install.
 func (d *Daemon) Rules() (rules.Set, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -663,12 +672,23 @@ func (d *Daemon) apply(set, counted rules.Set) (warnings []string, err error) {
 	return warnings, nil
 }
 
+// save makes next, which the data plane runs now, lovelockd's state and
+// writes it to the state file. The state is next also when the write
+// fails: every later swap (a service's rules, a retry, the operator's next
+// change) starts from it, and a link event attaches what it lists, so
+// that nothing goes back to the set or the attachments before. The state
+// file stays behind until a change writes it. Callers hold d.mu.
 func (d *Daemon) save(next State) error {
-	if err := next.Save(d.cfg.State); err != nil {
-		return fmt.Errorf("the data plane changed but the state file was not written: %w", err)
-	}
-	// The state file holds the operator's rules with their IDs now.
+	// The operator's rules with their IDs are the state's from now on,
+	// not the rule file's: a write of the rule file's IDs over a state
+	// file this change could not write would make its next start give
+	// the rule file's rules the IDs of rules that are not its own.
 	d.state, d.onDisk = next, nil
+	if err := next.Save(d.cfg.State); err != nil {
+		return fmt.Errorf("the data plane changed but the state file was not written: %w "+
+			"(lovelockd runs the change, but a restart would go back to the state file's: free space on %s's file system or make it writable; "+
+			"the next change writes the state file again)", err, filepath.Dir(d.cfg.State))
+	}
 	return nil
 }
 
@@ -687,10 +707,24 @@ func (d *Daemon) Stats() (api.Stats, error) {
 	if st.Default, err = d.node.Steer.RuleCounter(0); err != nil {
 		return api.Stats{}, err
 	}
+	// A set that did not go live (counted not nil) counts nothing: its
+	// rules are reported at zero, but for one whose ID the running set
+	// gives a rule of the same name, which counts there. What an ID of
+	// it counts otherwise is another rule's (a removed one's, or a rule
+	// of lovelockd's from an earlier run), zeroed when the set goes live.
+	var counted map[uint32]string
+	if d.counted != nil {
+		counted = make(map[uint32]string, len(d.counted.Rules))
+		for _, r := range d.counted.Rules {
+			counted[r.ID] = r.Name
+		}
+	}
 	for _, r := range d.live.Rules {
-		c, err := d.node.Steer.RuleCounter(r.ID)
-		if err != nil {
-			return api.Stats{}, err
+		var c api.Counter
+		if name, ok := counted[r.ID]; counted == nil || ok && name == r.Name {
+			if c, err = d.node.Steer.RuleCounter(r.ID); err != nil {
+				return api.Stats{}, err
+			}
 		}
 		st.Rules = append(st.Rules, api.RuleStat{Name: r.Name, ID: r.ID, Priority: r.Priority, Action: r.Action.String(), Counter: c})
 	}

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -194,8 +195,10 @@ func TestConfigRulesKeepCounters(t *testing.T) {
 // from zero, also when the restart upgrades the data plane (another port);
 // a state file without the record (an earlier version's) zeroes every
 // rule's rather than show another rule's history. An edit naming an
-// interface not there yet fails the restart's swap, and the retry once it
-// appears must count the same.
+// interface not there yet fails the restart's swap: until it appears the
+// set is pending, not live, and a rule that is not live yet counts
+// nothing, not the history its ID has (a removed rule's); the retry once
+// it appears must count the same.
 func TestRuleFileEditKeepsCounters(t *testing.T) {
 	const ab = `rules:
   - {name: a, priority: 1, match: {proto: udp, dport: 7000}, action: drop}
@@ -204,9 +207,11 @@ func TestRuleFileEditKeepsCounters(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		edited   string
-		port     uint16 // of the restart; 0: the same
-		noRecord bool   // remove the record from the state file, as an earlier version wrote it
-		late     bool   // the edit redirects to late0, which appears after the restart
+		port     uint16            // of the restart; 0: the same
+		noRecord bool              // remove the record from the state file, as an earlier version wrote it
+		late     bool              // the edit redirects to late0, which appears after the restart
+		interim  string            // the rule file of a restart between the first start and the edit's
+		pending  map[string]uint64 // late: the counters before late0 appears
 		want     map[string]uint64
 	}{
 		{name: "inserted at the top", edited: `rules:
@@ -232,12 +237,18 @@ func TestRuleFileEditKeepsCounters(t *testing.T) {
   - {name: out, priority: 1, match: {proto: udp, dport: 7009}, action: "redirect:late0"}
   - {name: a, priority: 1, match: {proto: udp, dport: 7000}, action: drop}
   - {name: b, priority: 1, match: {proto: udp, dport: 7001}, action: pass}
-`, want: map[string]uint64{"out": 0, "a": 3, "b": 2}},
+`, pending: map[string]uint64{"out": 0, "a": 3, "b": 2}, want: map[string]uint64{"out": 0, "a": 3, "b": 2}},
+		{name: "one removed, then one added, its interface late", late: true, interim: `rules:
+  - {name: a, priority: 1, match: {proto: udp, dport: 7000}, action: drop}
+`, edited: `rules:
+  - {name: out, priority: 1, match: {proto: udp, dport: 7009}, action: "redirect:late0"}
+  - {name: a, priority: 1, match: {proto: udp, dport: 7000}, action: drop}
+`, pending: map[string]uint64{"out": 0, "a": 3}, want: map[string]uint64{"out": 0, "a": 3}},
 		{name: "state file without the record, an interface late", noRecord: true, late: true, edited: `rules:
   - {name: out, priority: 1, match: {proto: udp, dport: 7009}, action: "redirect:late0"}
   - {name: a, priority: 1, match: {proto: udp, dport: 7000}, action: drop}
   - {name: b, priority: 1, match: {proto: udp, dport: 7001}, action: pass}
-`, want: map[string]uint64{"out": 0, "a": 0, "b": 0}},
+`, pending: map[string]uint64{"out": 0, "a": 0, "b": 0}, want: map[string]uint64{"out": 0, "a": 0, "b": 0}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg, dir := tempConfig(t)
@@ -273,6 +284,14 @@ func TestRuleFileEditKeepsCounters(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			if tc.interim != "" {
+				write(tc.interim)
+				d, err := New(cfg, log)
+				if err != nil {
+					t.Fatal(err)
+				}
+				d.Close()
+			}
 
 			write(tc.edited)
 			if tc.port != 0 {
@@ -296,6 +315,12 @@ func TestRuleFileEditKeepsCounters(t *testing.T) {
 						if !failed {
 							t.Errorf("%s: rules redirecting to late0 applied before it exists", start)
 						}
+						if got := ruleCounts(t, d); !reflect.DeepEqual(got, tc.pending) {
+							t.Errorf("%s, late0 not there: counters %v, want %v (IDs %v)", start, got, tc.pending, idsOf(d.state.Rules))
+						}
+						if st, err := d.Status(); err != nil || !st.RulesPending || st.Rules != len(tc.pending) {
+							t.Errorf("%s, late0 not there: status: %d rules, pending %v (%v); want %d rules pending", start, st.Rules, st.RulesPending, err, len(tc.pending))
+						}
 						if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "late0"}, PeerName: "late1"}); err != nil {
 							return err
 						}
@@ -305,6 +330,9 @@ func TestRuleFileEditKeepsCounters(t *testing.T) {
 						d.mu.Unlock()
 						if failed {
 							t.Errorf("%s: rules not applied once late0 appeared", start)
+						}
+						if st, err := d.Status(); err != nil || st.RulesPending {
+							t.Errorf("%s, late0 there: status: %d rules, pending %v (%v); want them live", start, st.Rules, st.RulesPending, err)
 						}
 					}
 					if got := ruleCounts(t, d); !reflect.DeepEqual(got, tc.want) {
@@ -338,4 +366,102 @@ func ruleCounts(t *testing.T, d *Daemon) map[string]uint64 {
 		m[r.Name] = r.Counter.Packets
 	}
 	return m
+}
+
+// TestFreshLateInterfaceKeepsIDs: after a reboot the data plane is fresh,
+// and a rule set that redirects to an interface not there yet fails to
+// go live; once the interface appears the retry must install the set
+// under the IDs the state file gives it (rule 1 was deleted before), so
+// that the next start, which installs those IDs over the same counters,
+// finds each rule's own.
+func TestFreshLateInterfaceKeepsIDs(t *testing.T) {
+	const set = `rules:
+  - {name: a, priority: 1, match: {proto: udp, dport: 7000}, action: drop}
+  - {name: b, priority: 1, match: {proto: udp, dport: 7001}, action: pass}
+  - {name: out, priority: 1, match: {proto: udp, dport: 7009}, action: "redirect:late0"}
+`
+	ids := map[string]uint32{"a": 2, "b": 3, "out": 4}
+	for _, tc := range []struct {
+		name     string
+		ruleFile bool // the rules are the config's rule file's, the state file has their IDs; else the state file's (has_rules)
+	}{
+		{name: "the state file's rules"},
+		{name: "the rule file's", ruleFile: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, dir := tempConfig(t)
+			cfg.Metrics = ""
+			parsed, err := rules.Parse([]byte(set))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var st State
+			if tc.ruleFile {
+				cfg.Rules = filepath.Join(dir, "rules.yaml")
+				if err := os.WriteFile(cfg.Rules, []byte(set), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				st.RuleFileIDs = ids
+			} else {
+				for i := range parsed.Rules {
+					parsed.Rules[i].ID = ids[parsed.Rules[i].Name]
+				}
+				st.Rules, st.HasRules = *parsed, true
+			}
+			if err := st.Save(cfg.State); err != nil {
+				t.Fatal(err)
+			}
+			log := slog.New(slog.DiscardHandler)
+			ns := testenv.NewNetNS(t)
+			testenv.InNetNS(t, ns, func() error {
+				d, err := New(cfg, log)
+				if err != nil {
+					return err
+				}
+				defer d.Close()
+				d.mu.Lock()
+				_, failed := d.failures["rules"]
+				d.mu.Unlock()
+				if !d.node.Loaded || !failed {
+					return fmt.Errorf("start: loaded %v, rules failed %v; want a fresh data plane and the rules failing", d.node.Loaded, failed)
+				}
+				if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "late0"}, PeerName: "late1"}); err != nil {
+					return err
+				}
+				d.mu.Lock()
+				d.retryRules()
+				_, failed = d.failures["rules"]
+				got := idsOf(d.live)
+				d.mu.Unlock()
+				if failed {
+					return errors.New("rules not applied once late0 appeared")
+				}
+				if !reflect.DeepEqual(got, ids) {
+					t.Errorf("IDs after the retry %v, want the state file's %v", got, ids)
+				}
+				for port, n := range map[uint16]int{7000: 3, 7001: 2} {
+					for range n {
+						if _, err := d.node.Steer.XDP.Run(&ebpf.RunOptions{Data: testenv.UDPFrame(port)}); err != nil {
+							return err
+						}
+					}
+				}
+				return nil
+			})
+			// A restart adopts the data plane and installs the state
+			// file's IDs: each rule must find its own counters.
+			testenv.InNetNS(t, ns, func() error {
+				d, err := New(cfg, log)
+				if err != nil {
+					return err
+				}
+				defer d.Close()
+				want := map[string]uint64{"a": 3, "b": 2, "out": 0}
+				if got := ruleCounts(t, d); !reflect.DeepEqual(got, want) {
+					t.Errorf("after the restart: counters %v, want %v (IDs %v)", got, want, idsOf(d.state.Rules))
+				}
+				return nil
+			})
+		})
+	}
 }

@@ -211,6 +211,9 @@ rules:
 	if st.Health != api.HealthDegraded {
 		t.Errorf("health %q, want degraded", st.Health)
 	}
+	if st.Rules != 1 || !st.RulesPending {
+		t.Errorf("status: %d rules, pending %v; want the rule file's 1 pending", st.Rules, st.RulesPending)
+	}
 	causes := map[string]string{}
 	for _, f := range st.Failures {
 		causes[f.What] = f.Cause
@@ -255,7 +258,7 @@ rules:
 		if err != nil || len(st.Failures) != 1 {
 			return false
 		}
-		return st.Failures[0].What == "attachment p0 xdp" && st.Rules == 1
+		return st.Failures[0].What == "attachment p0 xdp" && st.Rules == 1 && !st.RulesPending
 	})
 	if xdpProg(t, spec, "dpu0", "late0") == 0 {
 		t.Error("late0 has no XDP program")

@@ -45,6 +45,13 @@ type Status struct {
 	Started     time.Time           `json:"started"`
 	Attachments []attach.Attachment `json:"attachments"`
 	Rules       int                 `json:"rules"`
+	// RulesPending says that Rules counts a rule set that is not
+	// installed: it did not go live (the "rules" failure says why, and
+	// what the data plane runs meanwhile: the set it had, or none on a
+	// fresh one) and goes live once it can. Its rules count nothing
+	// until then (Stats reports them at zero, but for a rule the running
+	// set has under the same name and ID).
+	RulesPending bool `json:"rules_pending,omitempty"`
 
 	// Health is HealthOK only when everything lovelockd was asked to run
 	// runs: each attachment on its live interface, the rule set installed,

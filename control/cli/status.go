@@ -62,7 +62,11 @@ func printStatus(c *ucli.Context, st api.Status) error {
 	fmt.Fprintf(w, "health:   %s\n", dash(string(st.Health)))
 	fmt.Fprintf(w, "version:  %s, up since %s\n", st.Version, st.Started.Format(time.RFC3339))
 	fmt.Fprintf(w, "pins:     %s (%s at start), Lovelock port %d\n", st.PinDir, pins, st.Port)
-	fmt.Fprintf(w, "rules:    %d live\n", st.Rules)
+	if st.RulesPending {
+		fmt.Fprintf(w, "rules:    %d pending: not installed (see failures)\n", st.Rules)
+	} else {
+		fmt.Fprintf(w, "rules:    %d live\n", st.Rules)
+	}
 
 	fmt.Fprintln(w)
 	tw := newTable(w)

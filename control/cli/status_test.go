@@ -33,7 +33,10 @@ func TestStatus(t *testing.T) {
 			}},
 			[]string{"health:   degraded", "NOT RUNNING", "attachment pf0hpf xdp: the link's interface was deleted", "node dpu9"},
 			"runs degraded: attachment pf0hpf xdp, service messaging"},
-		{"starting", api.Status{Health: api.HealthStarting}, []string{"health:   starting"}, "starting"},
+		{"rules pending", api.Status{Health: api.HealthDegraded, Rules: 2, RulesPending: true,
+			Failures: []api.Failure{{What: "rules", Cause: `unknown interface "late0"; the data plane keeps the rule set it had`}}},
+			[]string{"rules:    2 pending: not installed (see failures)", "the data plane keeps the rule set it had"}, "runs degraded: rules"},
+		{"starting", api.Status{Health: api.HealthStarting, Rules: 2}, []string{"health:   starting", "rules:    2 live"}, "starting"},
 		{"old daemon", api.Status{}, nil, "no health"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
