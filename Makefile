@@ -75,7 +75,7 @@ build: ## build static lovelock and lovelockd for amd64 and arm64 into bin/
 # Packages with goroutines and atomics of their own: `make test` runs their
 # tests again under the race detector.
 RACE_PKGS := ./appliance/service/... ./control/api/ ./control/testbed/ ./dataplane/messaging/... \
-	./dataplane/farmem/ ./dataplane/ingest/agent/ ./dataplane/ingest/hostagent/ ./dataplane/ingest/client/ ./dataplane/ingest/kserve/ \
+	./dataplane/farmem/ ./dataplane/farmem/fmap/ ./dataplane/ingest/agent/ ./dataplane/ingest/hostagent/ ./dataplane/ingest/client/ ./dataplane/ingest/kserve/ \
 	./dataplane/transport/... ./dataplane/xsk/
 # Fuzz targets whose executions are costly get a smaller budget:
 # FuzzClassify runs every input through the BPF program in the kernel.
