@@ -429,25 +429,12 @@ func helperWritesLostNoPoison() error {
 			return fmt.Errorf("chunk %d: SIGBUS on its first read", c)
 		}
 	}
-	type read struct {
-		v  byte
-		ok bool
+	got, ok, err := readWithin(ctx, m, at)
+	if err != nil {
+		return fmt.Errorf("chunk 0, whose write-back was lost: %w", err)
 	}
-	got := make(chan read, 1)
-	go func() {
-		v, _, ok := testenv.ReadByte(b, at)
-		got <- read{v, ok}
-	}()
-	select {
-	case r := <-got:
-		if !r.ok || r.v != v {
-			return fmt.Errorf("chunk 0, whose write-back was lost: byte %d reads %#x (SIGBUS: %v), want %#x", at, r.v, !r.ok, v)
-		}
-	case <-time.After(10 * time.Second):
-		sctx, scancel := context.WithTimeout(ctx, time.Second)
-		st, err := m.Stats(sctx)
-		scancel()
-		return fmt.Errorf("chunk 0, whose write-back was lost: its read still waits after 10 s (stats %+v, %v)", st, err)
+	if !ok || got != v {
+		return fmt.Errorf("chunk 0, whose write-back was lost: byte %d reads %#x (SIGBUS: %v), want %#x", at, got, !ok, v)
 	}
 	st, err := m.Stats(ctx)
 	if err != nil {
@@ -468,4 +455,28 @@ func helperWritesLostNoPoison() error {
 		return errors.New("Close: nil, want the lost writes reported")
 	}
 	return nil
+}
+
+// readWithin reads byte at of m's bytes, as ReadByte does (ok false: it
+// raised SIGBUS), and fails if the read still waits after 10 s, a bound
+// no served fault comes near: the fault is never served.
+func readWithin(ctx context.Context, m *Mapping, at int) (byte, bool, error) {
+	type read struct {
+		v  byte
+		ok bool
+	}
+	got := make(chan read, 1)
+	go func() {
+		v, _, ok := testenv.ReadByte(m.Bytes(), at)
+		got <- read{v, ok}
+	}()
+	select {
+	case r := <-got:
+		return r.v, r.ok, nil
+	case <-time.After(10 * time.Second):
+		sctx, scancel := context.WithTimeout(ctx, time.Second)
+		defer scancel()
+		st, err := m.Stats(sctx)
+		return 0, false, fmt.Errorf("byte %d: its read still waits after 10 s (stats %+v, %v)", at, st, err)
+	}
 }

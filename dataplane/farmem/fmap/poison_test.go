@@ -155,21 +155,10 @@ func helperLostAfterEviction() error {
 			return fmt.Errorf("chunk %d: SIGBUS on its first read", c)
 		}
 	}
-	got := make(chan bool, 1)
-	go func() {
-		_, _, ok := testenv.ReadByte(b, DefaultChunkSize+7)
-		got <- ok
-	}()
-	select {
-	case ok := <-got:
-		if ok {
-			return errors.New("chunk 1, whose data is lost: a touch read a byte, want SIGBUS")
-		}
-	case <-time.After(10 * time.Second):
-		sctx, scancel := context.WithTimeout(ctx, time.Second)
-		st, err := m.Stats(sctx)
-		scancel()
-		return fmt.Errorf("chunk 1, whose data is lost: its touch still waits after 10 s (stats %+v, %v)", st, err)
+	if _, ok, err := readWithin(ctx, m, DefaultChunkSize+7); err != nil {
+		return fmt.Errorf("chunk 1, whose data is lost: %w", err)
+	} else if ok {
+		return errors.New("chunk 1, whose data is lost: a touch read a byte, want SIGBUS")
 	}
 	st, err := m.Stats(ctx)
 	if err != nil {
