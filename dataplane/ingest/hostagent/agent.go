@@ -396,13 +396,50 @@ func (a *Agent) doorbell(ctx context.Context, c ingest.Ctrl, b *rx) {
 	a.mu.Unlock()
 	go func() {
 		defer a.runs.Done()
-		n, err := a.runExternal(ctx, m, c, s)
-		s.busy.Store(false)
+		n, gone, err := a.runExternal(ctx, m, c, s)
+		if gone == nil {
+			s.busy.Store(false)
+		} else {
+			a.holdSlot(ctx, s, gone)
+		}
 		a.mu.Lock()
 		reply := a.finishLocked(c, start, n, err)
 		a.mu.Unlock()
 		if ctx.Err() == nil {
 			a.send(reply)
+		}
+	}()
+}
+
+// reapWait is how long a request whose worker overran the run timeout
+// waits for the killed process to end before it is answered: the slot is
+// freed first when it ends by then, so that the DPU's next request on it
+// is not refused as slot-busy.
+const reapWait = 2 * time.Second
+
+// holdSlot keeps s taken until gone is closed (the process of a worker
+// that overran its run, which may still write into s's buffers, has
+// ended): doorbells for s are refused as overloaded (retryable) meanwhile.
+// It waits up to reapWait for that, then leaves the freeing to a
+// goroutine that stops with the agent.
+func (a *Agent) holdSlot(ctx context.Context, s *slot, gone <-chan struct{}) {
+	t := time.NewTimer(reapWait)
+	defer t.Stop()
+	select {
+	case <-gone:
+		s.busy.Store(false)
+		return
+	case <-t.C:
+	case <-ctx.Done():
+		return
+	}
+	a.runs.Add(1)
+	go func() {
+		defer a.runs.Done()
+		select {
+		case <-gone:
+			s.busy.Store(false)
+		case <-ctx.Done():
 		}
 	}()
 }
