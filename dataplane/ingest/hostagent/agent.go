@@ -39,8 +39,8 @@ type Agent struct {
 	// done remembers recent completions by request, so a doorbell rung
 	// again (its completion was lost) is answered without running the
 	// model twice; running holds the requests being run now.
-	done    map[uint64]ingest.Ctrl
-	doneLog []uint64
+	done    map[uint64]answer
+	doneLog []doneEntry
 	running map[uint64]bool
 	// launched are the built-in models' runs handed to a GPU's launcher,
 	// by request.
@@ -86,17 +86,43 @@ type slot struct {
 	busy    atomic.Bool
 }
 
-// remembered is how many completions the agent keeps for repeated
-// doorbells; the DPU rings again within a second, so a few thousand is
-// ample.
-const remembered = 4096
+// answer is a finished request's completion, kept for a doorbell rung
+// again.
+type answer struct {
+	reply ingest.Ctrl
+	at    time.Time
+}
+
+// doneEntry is a remembered answer's place in the order they go.
+type doneEntry struct {
+	request uint64
+	at      time.Time
+}
+
+// rememberFor is how long the agent keeps a finished request's answer for
+// a doorbell rung again (its completion lost). It is tied to the DPU
+// agent's re-ring window (dataplane/ingest/agent, Config.DoorbellTimeout
+// and DoorbellRetries): the DPU rings again when no completion came within
+// max(DoorbellTimeout, twice the model's measured run time) of its last
+// ring, at most DoorbellRetries times, 250 ms and 8 by default, 2.25 s in
+// all for a fast model. 30 s covers that, and models whose run takes up to
+// about 1.5 s; raise it with the DPU's timeouts.
+const rememberFor = 30 * time.Second
+
+// rememberMax bounds the answers kept, whatever their age: one is about
+// 200 bytes (an ingest.Ctrl with a short text, its map entry and its log
+// entry), so at most about 50 MiB. Only doorbells that ran a model, or
+// found its slot busy, take one: the agent reaches the bound only above
+// rememberMax/rememberFor (8738) runs a second for rememberFor, and then
+// forgets the oldest first.
+const rememberMax = 1 << 18
 
 // New allocates every slot buffer and returns the agent, with a new epoch.
 func New(cfg Config) (*Agent, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, created: time.Now(), models: map[string]*model.Model{}, ext: map[string]*extModel{}, done: map[uint64]ingest.Ctrl{}, running: map[uint64]bool{},
+	a := &Agent{cfg: cfg, created: time.Now(), models: map[string]*model.Model{}, ext: map[string]*extModel{}, done: map[uint64]answer{}, running: map[uint64]bool{},
 		launched: map[uint64]launched{}, conns: map[*net.UnixConn]*worker{}}
 	for _, m := range cfg.Models {
 		a.models[m.Name] = m
@@ -369,7 +395,7 @@ func (a *Agent) doorbell(ctx context.Context, c ingest.Ctrl, b *rx) {
 	if done, ok := a.done[c.Request]; ok {
 		a.mu.Unlock()
 		a.stats.repeats.Add(1)
-		b.replies = append(b.replies, done)
+		b.replies = append(b.replies, done.reply)
 		return
 	}
 	if a.running[c.Request] {
@@ -381,7 +407,13 @@ func (a *Agent) doorbell(ctx context.Context, c ingest.Ctrl, b *rx) {
 	start := time.Now()
 	g, s, m, err := a.check(c)
 	if err != nil {
-		b.replies = append(b.replies, a.finishLocked(c, start, 0, err))
+		// A refusal that ran nothing is the same whenever the doorbell
+		// comes (the layout and models do not change while the agent
+		// runs), so it takes no remembered answer: a flood of them must
+		// not push out the answers of runs. A busy slot is remembered:
+		// asked again once the slot is free, the doorbell would run.
+		keep := ingest.StatusOf(err) == ingest.StatusOverloaded
+		b.replies = append(b.replies, a.finishLocked(c, start, 0, err, keep))
 		a.mu.Unlock()
 		return
 	}
@@ -396,13 +428,50 @@ func (a *Agent) doorbell(ctx context.Context, c ingest.Ctrl, b *rx) {
 	a.mu.Unlock()
 	go func() {
 		defer a.runs.Done()
-		n, err := a.runExternal(ctx, m, c, s)
-		s.busy.Store(false)
+		n, gone, err := a.runExternal(ctx, m, c, s)
+		if gone == nil {
+			s.busy.Store(false)
+		} else {
+			a.holdSlot(ctx, s, gone)
+		}
 		a.mu.Lock()
-		reply := a.finishLocked(c, start, n, err)
+		reply := a.finishLocked(c, start, n, err, true)
 		a.mu.Unlock()
 		if ctx.Err() == nil {
 			a.send(reply)
+		}
+	}()
+}
+
+// reapWait is how long a request whose worker overran the run timeout
+// waits for the killed process to end before it is answered: the slot is
+// freed first when it ends by then, so that the DPU's next request on it
+// is not refused as slot-busy.
+const reapWait = 2 * time.Second
+
+// holdSlot keeps s taken until gone is closed (the process of a worker
+// that overran its run, which may still write into s's buffers, has
+// ended): doorbells for s are refused as overloaded (retryable) meanwhile.
+// It waits up to reapWait for that, then leaves the freeing to a
+// goroutine that stops with the agent.
+func (a *Agent) holdSlot(ctx context.Context, s *slot, gone <-chan struct{}) {
+	t := time.NewTimer(reapWait)
+	defer t.Stop()
+	select {
+	case <-gone:
+		s.busy.Store(false)
+		return
+	case <-t.C:
+	case <-ctx.Done():
+		return
+	}
+	a.runs.Add(1)
+	go func() {
+		defer a.runs.Done()
+		select {
+		case <-gone:
+			s.busy.Store(false)
+		case <-ctx.Done():
 		}
 	}()
 }
@@ -427,7 +496,7 @@ func (a *Agent) completed(ctx context.Context, cs []devmem.Completion) {
 				err = ingest.Errorf(ingest.StatusModelFailed, "model %s on GPU %d: %v", l.c.Text, l.c.GPU, err)
 			}
 		}
-		replies = append(replies, a.finishLocked(l.c, l.start, x.OutLen, err))
+		replies = append(replies, a.finishLocked(l.c, l.start, x.OutLen, err, true))
 		a.runs.Done()
 	}
 	a.mu.Unlock()
@@ -438,9 +507,11 @@ func (a *Agent) completed(ctx context.Context, cs []devmem.Completion) {
 }
 
 // finishLocked counts a finished run, remembers its answer for a doorbell
-// rung again, and returns it.
-func (a *Agent) finishLocked(c ingest.Ctrl, start time.Time, outLen int, err error) ingest.Ctrl {
-	took := time.Since(start)
+// rung again if keep, and returns it. Answers are forgotten once older
+// than rememberFor, or beyond rememberMax of them.
+func (a *Agent) finishLocked(c ingest.Ctrl, start time.Time, outLen int, err error, keep bool) ingest.Ctrl {
+	now := time.Now()
+	took := now.Sub(start)
 	reply := ingest.Ctrl{Op: ingest.OpComplete, Epoch: a.epoch, Request: c.Request, GPU: c.GPU, Slot: c.Slot,
 		Length: uint32(outLen), DeviceUs: uint32(took.Microseconds())}
 	if err != nil {
@@ -453,10 +524,17 @@ func (a *Agent) finishLocked(c ingest.Ctrl, start time.Time, outLen int, err err
 	}
 	a.stats.deviceNs.Add(uint64(took))
 	delete(a.running, c.Request)
-	a.done[c.Request] = reply
-	a.doneLog = append(a.doneLog, c.Request)
-	if len(a.doneLog) > remembered {
-		delete(a.done, a.doneLog[0])
+	if keep {
+		a.done[c.Request] = answer{reply: reply, at: now}
+		a.doneLog = append(a.doneLog, doneEntry{request: c.Request, at: now})
+	}
+	for len(a.doneLog) > 0 && (len(a.doneLog) > rememberMax || now.Sub(a.doneLog[0].at) > rememberFor) {
+		e := a.doneLog[0]
+		// The request may have finished again since (its answer was
+		// forgotten): only its own entry goes.
+		if d, ok := a.done[e.request]; ok && d.at.Equal(e.at) {
+			delete(a.done, e.request)
+		}
 		a.doneLog = a.doneLog[1:]
 	}
 	return reply

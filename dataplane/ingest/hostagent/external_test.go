@@ -74,6 +74,7 @@ func newExtRig(t *testing.T, tweak func(*Config)) *extRig {
 			model.NewExternal("rowsum", rowBytes, func(n int) int { return n / rowBytes * 4 }),
 			model.NewExternal("idle", 1, func(int) int { return 8 }),
 			model.NewExternal("wide", rowBytes, func(n int) int { return 2 * n }),
+			model.NewExternal("late", 1, func(n int) int { return n }),
 		}}
 	if tweak != nil {
 		tweak(&cfg)
@@ -471,6 +472,36 @@ func TestExternalRunTimeout(t *testing.T) {
 	}
 }
 
+// TestExternalLateOutput: a worker that overran the run timeout still has
+// the slot's buffers mapped and writes its output late; the slot goes to
+// no other request before that worker's process is gone, so the next
+// request on the same slot, run by another worker, gets its own output,
+// never the late one.
+func TestExternalLateOutput(t *testing.T) {
+	r := newExtRig(t, func(c *Config) { c.RunTimeout = time.Second })
+	w1 := r.worker("late", 1)
+	a := bytes.Repeat([]byte("A"), 64)
+	wantFailure(t, r.run(0, "late", a), ingest.StatusModelFailed, "did not answer within 1s")
+	r.waitWorkers("late", 0, nil)
+	r.worker("late", 1)
+	b := bytes.Repeat([]byte("B"), 64)
+	var c ingest.Ctrl
+	for range 100 {
+		if c = r.run(0, "late", b); c.Status != ingest.StatusOverloaded {
+			break
+		}
+		time.Sleep(50 * time.Millisecond) // a retryable answer: the DPU retries
+	}
+	wantOK(t, c, len(b))
+	// The overrunning worker has written its output, or never will.
+	if exited, _ := w1.Wait(20 * time.Second); !exited {
+		t.Fatalf("the worker that overran still runs:\n%s", w1.Output())
+	}
+	if got := r.read(0, 1, len(b)); !bytes.Equal(got, b) {
+		t.Fatalf("slot 0's output after request B: %q, want B's %q", got, b)
+	}
+}
+
 // TestExternalWorkersBusy: requests that find the model's only worker busy
 // for the whole run timeout fail as overloaded, which clients retry, not
 // as model-failed; once the worker is free it serves them again. The
@@ -533,7 +564,7 @@ func TestWorkerAttachRefused(t *testing.T) {
 		req  WorkerAttach
 		want string
 	}{
-		{WorkerAttach{Op: "attach", Version: WorkerProtocol, Model: "nope"}, `no external model "nope" (external models: [affine idle rowsum wide]`},
+		{WorkerAttach{Op: "attach", Version: WorkerProtocol, Model: "nope"}, `no external model "nope" (external models: [affine idle late rowsum wide]`},
 		{WorkerAttach{Op: "attach", Version: WorkerProtocol, Model: "checksum"}, "model checksum is built in"},
 		{WorkerAttach{Op: "attach", Version: 99, Model: "affine"}, "worker protocol version 99"},
 		{WorkerAttach{Op: "run", Version: WorkerProtocol, Model: "affine"}, `first frame is "run"`},

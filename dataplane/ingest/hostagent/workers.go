@@ -39,8 +39,10 @@ import (
 // done must equal out_len, the output size the model was configured with
 // for this input. A worker gets one run at a time: several workers may
 // attach to one model, and the agent gives each request to an idle one. A
-// worker that overruns the run timeout is disconnected, so that its late
-// output cannot be mistaken for a later request's in the same slot.
+// worker that overruns the run timeout is disconnected and its process
+// killed (SIGKILL through a pidfd), and the slot goes to no other request
+// until that process is gone: closing the socket alone would not stop it
+// writing its late output into the slot it has mapped.
 //
 // Workers are trusted code: a worker's mapping of the buffers cannot be
 // revoked, which is why the socket is 0600 and the peer's user is checked.
@@ -99,6 +101,12 @@ type extModel struct {
 type worker struct {
 	conn *net.UnixConn
 	pid  int32
+	// pidfd is the worker's process, opened at attach so that a kill
+	// never reaches another process given the same pid (-1: none, for
+	// pidErr); closed once the worker is detached.
+	pidMu  sync.Mutex
+	pidfd  int
+	pidErr error
 	// done carries the worker's answers from its reader goroutine.
 	done   chan WorkerDone
 	closed chan struct{}
@@ -112,6 +120,48 @@ func (w *worker) close(why error) {
 		close(w.closed)
 		w.conn.Close()
 	})
+}
+
+// openPidfd opens the worker's process by the pid SO_PEERCRED gave.
+func (w *worker) openPidfd() {
+	w.pidfd = -1
+	if w.pid <= 0 {
+		w.pidErr = errors.New("the agent cannot see the worker's process (another PID namespace?)")
+		return
+	}
+	fd, err := unix.PidfdOpen(int(w.pid), 0)
+	if err != nil {
+		w.pidErr = fmt.Errorf("pidfd_open: %w", err)
+		return
+	}
+	w.pidfd = fd
+}
+
+// dupPidfd returns a descriptor of the worker's process of the caller's
+// own, or why there is none.
+func (w *worker) dupPidfd() (int, error) {
+	w.pidMu.Lock()
+	defer w.pidMu.Unlock()
+	if w.pidfd < 0 {
+		if w.pidErr == nil {
+			return -1, errors.New("the worker was detached")
+		}
+		return -1, w.pidErr
+	}
+	fd, err := unix.FcntlInt(uintptr(w.pidfd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("dup pidfd: %w", err)
+	}
+	return fd, nil
+}
+
+func (w *worker) closePidfd() {
+	w.pidMu.Lock()
+	defer w.pidMu.Unlock()
+	if w.pidfd >= 0 {
+		unix.Close(w.pidfd)
+		w.pidfd = -1
+	}
 }
 
 func (w *worker) isClosed() bool {
@@ -271,6 +321,8 @@ func (a *Agent) serveWorker(c *net.UnixConn) {
 		return
 	}
 	w := &worker{conn: c, pid: cred.Pid, done: make(chan WorkerDone), closed: make(chan struct{})}
+	w.openPidfd()
+	defer w.closePidfd()
 	if err := a.sendAttached(c, e.m); err != nil {
 		a.refuseWorker(c, err)
 		return
@@ -365,8 +417,10 @@ func (a *Agent) sendAttached(c *net.UnixConn, m *model.Model) error {
 }
 
 // runExternal hands one request to a worker of an external model and
-// waits for its answer.
-func (a *Agent) runExternal(ctx context.Context, m *model.Model, c ingest.Ctrl, s *slot) (n int, err error) {
+// waits for its answer. gone is not nil when the worker overran the run
+// timeout: it is closed once the worker's process is gone, and until then
+// the slot must stay taken.
+func (a *Agent) runExternal(ctx context.Context, m *model.Model, c ingest.Ctrl, s *slot) (n int, gone <-chan struct{}, err error) {
 	defer func() {
 		if err != nil {
 			a.stats.externalFailed.Add(1)
@@ -376,22 +430,22 @@ func (a *Agent) runExternal(ctx context.Context, m *model.Model, c ingest.Ctrl, 
 	}()
 	inLen := int(c.Length)
 	if err := m.Check(inLen); err != nil {
-		return 0, ingest.Errorf(ingest.StatusBadRequest, "%v", err)
+		return 0, nil, ingest.Errorf(ingest.StatusBadRequest, "%v", err)
 	}
 	outLen := m.OutputSize(inLen)
 	if outLen < 0 || outLen > s.out.Size() {
-		return 0, ingest.Errorf(ingest.StatusTooLarge, "model %s: an input of %d bytes makes %d bytes of output, more than the %d-byte output buffer", m.Name, inLen, outLen, s.out.Size())
+		return 0, nil, ingest.Errorf(ingest.StatusTooLarge, "model %s: an input of %d bytes makes %d bytes of output, more than the %d-byte output buffer", m.Name, inLen, outLen, s.out.Size())
 	}
 	e := a.ext[m.Name]
 	w, err := e.acquire(ctx, a.cfg.WorkerWait, a.cfg.RunTimeout)
 	if errors.Is(err, errNoWorker) {
-		return 0, ingest.Errorf(ingest.StatusModelFailed, "no worker serves model %s on this GPU host: start one there, e.g. in Python: for req in lovelock_ingest.serve(%q, socket=%q): ... (docs/ingest.md, \"Your own model (Python)\")", m.Name, m.Name, a.cfg.WorkerSocket)
+		return 0, nil, ingest.Errorf(ingest.StatusModelFailed, "no worker serves model %s on this GPU host: start one there, e.g. in Python: for req in lovelock_ingest.serve(%q, socket=%q): ... (docs/ingest.md, \"Your own model (Python)\")", m.Name, m.Name, a.cfg.WorkerSocket)
 	}
 	if ingest.StatusOf(err) == ingest.StatusOverloaded {
-		return 0, err // busy workers: retryable, not the model's failure
+		return 0, nil, err // busy workers: retryable, not the model's failure
 	}
 	if err != nil {
-		return 0, ingest.Errorf(ingest.StatusModelFailed, "model %s: %v", m.Name, err)
+		return 0, nil, ingest.Errorf(ingest.StatusModelFailed, "model %s: %v", m.Name, err)
 	}
 	defer e.release(w)
 	run := WorkerRun{Op: "run", Request: c.Request, GPU: int(c.GPU), Slot: int(c.Slot), Len: inLen, OutLen: outLen}
@@ -399,7 +453,7 @@ func (a *Agent) runExternal(ctx context.Context, m *model.Model, c ingest.Ctrl, 
 	if err := fdpass.Write(w.conn, run); err != nil {
 		w.close(fmt.Errorf("send run: %w", err))
 		a.stats.workerLost.Add(1)
-		return 0, ingest.Errorf(ingest.StatusModelFailed, "model %s: the worker (pid %d) is gone: %v", m.Name, w.pid, err)
+		return 0, nil, ingest.Errorf(ingest.StatusModelFailed, "model %s: the worker (pid %d) is gone: %v", m.Name, w.pid, err)
 	}
 	t := time.NewTimer(a.cfg.RunTimeout)
 	defer t.Stop()
@@ -409,23 +463,87 @@ func (a *Agent) runExternal(ctx context.Context, m *model.Model, c ingest.Ctrl, 
 		case d.Op != "done" || d.Request != c.Request:
 			w.close(fmt.Errorf("protocol: answered %q for request %d while running %d", d.Op, d.Request, c.Request))
 			a.stats.workerLost.Add(1)
-			return 0, ingest.Errorf(ingest.StatusModelFailed, "model %s: the worker (pid %d) answered %q for request %d, not done for %d: disconnected it", m.Name, w.pid, d.Op, d.Request, c.Request)
+			return 0, nil, ingest.Errorf(ingest.StatusModelFailed, "model %s: the worker (pid %d) answered %q for request %d, not done for %d: disconnected it", m.Name, w.pid, d.Op, d.Request, c.Request)
 		case d.Err != "":
-			return 0, ingest.Errorf(ingest.StatusModelFailed, "model %s (worker pid %d): %s", m.Name, w.pid, d.Err)
+			return 0, nil, ingest.Errorf(ingest.StatusModelFailed, "model %s (worker pid %d): %s", m.Name, w.pid, d.Err)
 		case d.Len != outLen:
-			return 0, ingest.Errorf(ingest.StatusModelFailed, "model %s (worker pid %d) returned %d bytes of output: for an input of %d bytes it must return %d (its configured output size)", m.Name, w.pid, d.Len, inLen, outLen)
+			return 0, nil, ingest.Errorf(ingest.StatusModelFailed, "model %s (worker pid %d) returned %d bytes of output: for an input of %d bytes it must return %d (its configured output size)", m.Name, w.pid, d.Len, inLen, outLen)
 		}
-		return d.Len, nil
+		return d.Len, nil, nil
 	case <-w.closed:
 		a.stats.workerLost.Add(1)
-		return 0, ingest.Errorf(ingest.StatusModelFailed, "model %s: the worker (pid %d) disconnected while running this request (%v): start it again", m.Name, w.pid, w.why)
+		return 0, nil, ingest.Errorf(ingest.StatusModelFailed, "model %s: the worker (pid %d) disconnected while running this request (%v): start it again", m.Name, w.pid, w.why)
 	case <-t.C:
+		// Before the close, which lets the worker's reader detach it
+		// and close its pidfd.
+		pidfd, perr := w.dupPidfd()
 		w.close(fmt.Errorf("run timeout: no answer for request %d in %v", c.Request, a.cfg.RunTimeout))
 		a.stats.workerLost.Add(1)
-		return 0, ingest.Errorf(ingest.StatusModelFailed, "model %s: the worker (pid %d) did not answer within %v; it was disconnected: start it again", m.Name, w.pid, a.cfg.RunTimeout)
+		// Closing the socket does not stop the worker writing into the
+		// slot it still has mapped: the slot stays taken until its
+		// process is gone.
+		gone = a.reap(ctx, w, pidfd, perr, m.Name, c)
+		return 0, gone, ingest.Errorf(ingest.StatusModelFailed, "model %s: the worker (pid %d) did not answer within %v; it was disconnected and killed: start it again", m.Name, w.pid, a.cfg.RunTimeout)
 	case <-ctx.Done():
-		return 0, ingest.Errorf(ingest.StatusHostUnavailable, "the host agent is stopping")
+		return 0, nil, ingest.Errorf(ingest.StatusHostUnavailable, "the host agent is stopping")
 	}
+}
+
+// reapPoll is how often a wait for a worker's process to end looks at the
+// agent's context.
+const reapPoll = 100 * time.Millisecond
+
+// reap kills the process of a worker that overran its run, which may still
+// write into the slot it has mapped, and returns a channel closed once the
+// process is gone (never, if ctx ends first). It kills through pidfd, the
+// worker's process opened at attach (the worker is no child of the
+// agent's: nothing to wait4), and waits for pidfd to turn readable; reap
+// owns pidfd. When it cannot kill the process (another user's; no pidfd,
+// for perr) it only waits for the process to end, with a warning: the slot
+// stays taken as long as the process lives.
+func (a *Agent) reap(ctx context.Context, w *worker, pidfd int, perr error, name string, c ingest.Ctrl) <-chan struct{} {
+	gone := make(chan struct{})
+	log := a.cfg.Logger.With("model", name, "pid", w.pid, "gpu", c.GPU, "slot", c.Slot, "request", c.Request)
+	if pidfd < 0 && w.pid <= 0 {
+		log.Warn("a worker that overran the run timeout cannot be killed, and its slot stays taken until the host agent restarts: stop the worker, then restart the host agent", "err", perr)
+		return gone
+	}
+	a.runs.Add(1)
+	go func() {
+		defer a.runs.Done()
+		if pidfd < 0 {
+			log.Warn("a worker that overran the run timeout cannot be killed; its slot stays taken while the process lives: kill the worker process", "err", perr)
+			// Without a pidfd, look for the process by its number.
+			for unix.Kill(int(w.pid), 0) != unix.ESRCH {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(reapPoll):
+				}
+			}
+			close(gone)
+			return
+		}
+		defer unix.Close(pidfd)
+		if err := unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+			log.Warn("a worker that overran the run timeout could not be killed (another user's process?); its slot stays taken while the process lives: kill the worker process", "err", err)
+		}
+		fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+		for {
+			n, err := unix.Poll(fds, int(reapPoll/time.Millisecond))
+			if n > 0 {
+				close(gone)
+				return
+			}
+			if err != nil && !errors.Is(err, unix.EINTR) {
+				log.Warn("waiting for a killed worker's process to end", "err", err)
+			}
+			if ctx.Err() != nil {
+				return
+			}
+		}
+	}()
+	return gone
 }
 
 // closeWorkers disconnects every worker, attached or attaching; Run calls

@@ -5,6 +5,8 @@ input's pages to prove they are the DPU-written ones) and rowsum (int32
 rows of 16, one int32 sum per row, written straight into the output
 buffer). The first input value makes it misbehave: -1 a short output, -2
 exit mid-request, -3 hang past the run timeout, -4 fail with a message.
+Model late copies its input to its output, and an input starting with "A"
+first sleeps 5 s, past the run timeout, then writes its output anyway.
 """
 import mmap
 import os
@@ -48,5 +50,10 @@ for req in lovelock_ingest.serve(model, socket=sock):
         assert isinstance(pages_of(out), mmap.mmap)
         np.sum(x, axis=1, dtype=np.int32, out=out)
         req.reply(out)  # out is the output buffer itself: nothing copied
+    elif model == "late":
+        mine = req.numpy().copy()
+        if mine[0] == ord("A"):
+            time.sleep(5)
+        req.reply(mine)  # copies into the output buffer, then says done
     else:
         req.reply(req.numpy())
