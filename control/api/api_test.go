@@ -43,6 +43,9 @@ func (f *fakeService) ApplyRules(s rules.Set) (api.Applied, error) {
 	f.set = s
 	return api.Applied{Rules: len(s.Rules)}, nil
 }
+func (f *fakeService) CheckRules(s rules.Set) (api.Applied, error) {
+	return api.Applied{Rules: len(s.Rules)}, nil
+}
 func (f *fakeService) AddRule(r rules.Rule) (api.Applied, error) {
 	f.set.Rules = append(f.set.Rules, r)
 	return api.Applied{Rules: len(f.set.Rules)}, nil

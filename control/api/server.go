@@ -50,6 +50,12 @@ func Handler(svc Service) http.Handler {
 			reply(w, func() (Applied, error) { return svc.ApplyRules(s) })
 		}
 	})
+	mux.HandleFunc("POST /v1/rules/check", func(w http.ResponseWriter, r *http.Request) {
+		var s rules.Set
+		if decode(w, r, &s) {
+			reply(w, func() (Applied, error) { return svc.CheckRules(s) })
+		}
+	})
 	mux.HandleFunc("POST /v1/rules", func(w http.ResponseWriter, r *http.Request) {
 		var rule rules.Rule
 		if decode(w, r, &rule) {
