@@ -90,6 +90,11 @@ func ruleList(c *ucli.Context) error {
 	if asJSON {
 		return writeJSON(c.App.Writer, set)
 	}
+	// Until a set goes live (an interface it names is missing, say),
+	// lovelockd lists the set it will install: say so, as status does.
+	if st, err := client(c).Status(c.Context); err == nil && st.RulesPending {
+		fmt.Fprintln(c.App.Writer, "pending: this set is not installed yet; the data plane runs the set it had, or none (the failures in 'lovelock status' say why)")
+	}
 	tw := newTable(c.App.Writer)
 	fmt.Fprintln(tw, "NAME\tID\tPRIO\tOWNER\tMATCH\tACTION")
 	for _, r := range set.Rules {

@@ -266,3 +266,16 @@ func TestStatsIfaces(t *testing.T) {
 		t.Errorf("JSON per interface: %+v", s)
 	}
 }
+
+// TestRuleListPending: a set that did not go live is listed under a line
+// that says so (before, it looked live).
+func TestRuleListPending(t *testing.T) {
+	for _, pending := range []bool{false, true} {
+		svc := &fakeService{status: api.Status{Rules: 1, RulesPending: pending},
+			set: rules.Set{Default: rules.Pass(), Rules: []rules.Rule{{Name: "a", ID: 1, Priority: 1, Match: rules.Match{Iface: "late0"}, Action: rules.Drop()}}}}
+		out, _, err := runCLI(serveFake(t, svc), "rule", "list")
+		if err != nil || !strings.Contains(out, "late0") || strings.Contains(out, "pending:") != pending {
+			t.Errorf("pending %v: err = %v, output:\n%s", pending, err, out)
+		}
+	}
+}
