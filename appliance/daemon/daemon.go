@@ -299,10 +299,13 @@ func logUpgrade(log *slog.Logger, dir string, rep *attach.UpgradeReport) {
 }
 
 // reconcile brings the data plane to d.state, logging what it cannot do.
+// The rules go live before the classifier is attached anywhere, so that a
+// fresh data plane never runs on an interface without them (with no set,
+// every packet passes).
 func (d *Daemon) reconcile(prev rules.Set) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.attachAll(nil)
+	defer d.attachAll(nil)
 	// The set goes live under the IDs New gave it, which an upgrade's fill
 	// used too; prev, the data plane's rules as far as the state file
 	// records, says which counters are another rule's history and are
