@@ -299,10 +299,13 @@ func logUpgrade(log *slog.Logger, dir string, rep *attach.UpgradeReport) {
 }
 
 // reconcile brings the data plane to d.state, logging what it cannot do.
+// The rules go live before the classifier is attached anywhere, so that a
+// fresh data plane never runs on an interface without them (with no set,
+// every packet passes).
 func (d *Daemon) reconcile(prev rules.Set) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.attachAll(nil)
+	defer d.attachAll(nil)
 	// The set goes live under the IDs New gave it, which an upgrade's fill
 	// used too; prev, the data plane's rules as far as the state file
 	// records, says which counters are another rule's history and are
@@ -519,6 +522,27 @@ func (d *Daemon) DeleteRule(name string) (api.Applied, error) {
 	return d.replace(set)
 }
 
+// CheckRules implements api.Service: everything ApplyRules checks, on the
+// same merge with lovelockd's own rules and against this node's interfaces
+// and port, without changing anything. The answer counts the rules that
+// would be live and carries the warnings the apply would give.
+func (d *Daemon) CheckRules(set rules.Set) (api.Applied, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	op, err := operatorSet(set, d.owned)
+	if err != nil {
+		return api.Applied{}, err
+	}
+	merged, err := d.merge(op, d.owned)
+	if err != nil {
+		return api.Applied{}, err
+	}
+	if _, _, err := d.compile(merged); err != nil {
+		return api.Applied{}, err
+	}
+	return api.Applied{Rules: len(merged.Rules), Owned: len(d.owned), Warnings: shadowed(op, d.owned, d.cfg.Port)}, nil
+}
+
 // replace makes set the operator's rule set: it checks it, installs it
 // with lovelockd's own rules and records it. Callers hold d.mu.
 func (d *Daemon) replace(set rules.Set) (api.Applied, error) {
@@ -544,17 +568,10 @@ func (d *Daemon) replace(set rules.Set) (api.Applied, error) {
 // against the live set (a rule keeps its ID by name), and returns op with
 // its IDs and apply's warnings. Callers hold d.mu.
 func (d *Daemon) install(op rules.Set, owned []rules.Rule) (rules.Set, []string, error) {
-	if n := len(op.Rules) + len(owned); n > rules.MaxID {
-		whose := ""
-		if len(owned) > 0 {
-			whose = fmt.Sprintf(" (%d of yours, %d of lovelockd's own for its services)", len(op.Rules), len(owned))
-		}
-		return rules.Set{}, nil, &api.BadRequestError{Err: fmt.Errorf("rules: %d rules%s, the data plane counts at most %d: remove %d",
-			n, whose, rules.MaxID, n-rules.MaxID)}
+	merged, err := d.merge(op, owned)
+	if err != nil {
+		return rules.Set{}, nil, err
 	}
-	merged := cloneSet(op)
-	merged.Rules = append(merged.Rules, owned...)
-	assignIDs(&merged, d.live)
 	counted := d.live
 	if d.counted != nil {
 		counted = *d.counted
@@ -566,6 +583,24 @@ func (d *Daemon) install(op rules.Set, owned []rules.Rule) (rules.Set, []string,
 	d.live, d.owned, d.counted = merged, owned, nil
 	op.Rules = merged.Rules[:len(op.Rules):len(op.Rules)]
 	return op, warnings, nil
+}
+
+// merge returns the operator's set op followed by owned, IDs assigned
+// against the live set (a rule keeps its ID by name), or why the data plane
+// cannot count that many rules. Callers hold d.mu.
+func (d *Daemon) merge(op rules.Set, owned []rules.Rule) (rules.Set, error) {
+	if n := len(op.Rules) + len(owned); n > rules.MaxID {
+		whose := ""
+		if len(owned) > 0 {
+			whose = fmt.Sprintf(" (%d of yours, %d of lovelockd's own for its services)", len(op.Rules), len(owned))
+		}
+		return rules.Set{}, &api.BadRequestError{Err: fmt.Errorf("rules: %d rules%s, the data plane counts at most %d: remove %d",
+			n, whose, rules.MaxID, n-rules.MaxID)}
+	}
+	merged := cloneSet(op)
+	merged.Rules = append(merged.Rules, owned...)
+	assignIDs(&merged, d.live)
+	return merged, nil
 }
 
 // reinstall swaps in the operator's recorded set again with owned
@@ -619,16 +654,9 @@ func (d *Daemon) recordRuleFileIDs() error {
 // the old set's readers failed (bpf.ErrNotDrained) is applied: apply
 // returns no error but a warning for the caller to log or pass on.
 func (d *Daemon) apply(set, counted rules.Set) (warnings []string, err error) {
-	used := map[string]int{}
-	compiled, err := rules.Compile(&set, func(name string) (int, error) {
-		idx, err := resolveIface(name)
-		if err == nil {
-			used[name] = idx
-		}
-		return idx, err
-	}, d.cfg.Port)
+	compiled, used, err := d.compile(set)
 	if err != nil {
-		return nil, &api.BadRequestError{Err: err}
+		return nil, err
 	}
 	owner := make(map[uint32]string, len(counted.Rules))
 	for _, r := range counted.Rules {
@@ -670,6 +698,23 @@ func (d *Daemon) apply(set, counted rules.Set) (warnings []string, err error) {
 		}
 	}
 	return warnings, nil
+}
+
+// compile compiles set for this node's interfaces and port, and returns
+// the interfaces it resolved, by name.
+func (d *Daemon) compile(set rules.Set) (*bpf.Ruleset, map[string]int, error) {
+	used := map[string]int{}
+	compiled, err := rules.Compile(&set, func(name string) (int, error) {
+		idx, err := resolveIface(name)
+		if err == nil {
+			used[name] = idx
+		}
+		return idx, err
+	}, d.cfg.Port)
+	if err != nil {
+		return nil, nil, &api.BadRequestError{Err: err}
+	}
+	return compiled, used, nil
 }
 
 // save makes next, which the data plane runs now, lovelockd's state and

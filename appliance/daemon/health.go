@@ -170,11 +170,15 @@ func (d *Daemon) wants(iface string) bool {
 	return slices.ContainsFunc(d.state.Attachments, func(a attach.Attachment) bool { return a.Iface == iface })
 }
 
-// relink re-attaches on ifaces (nil: all) where a pinned attachment does
-// not run, and retries a failed rule set.
+// relink retries a failed rule set, and re-attaches on ifaces (nil: all)
+// where a pinned attachment does not run. The rules go first: on an
+// interface re-created with a new ifindex, a classifier attached before
+// the rules were compiled for that ifindex would let its first packets
+// miss their iface rules.
 func (d *Daemon) relink(ifaces []string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.retryRules()
 	for _, a := range d.state.Attachments {
 		if ifaces != nil && !slices.Contains(ifaces, a.Iface) {
 			continue
@@ -185,7 +189,6 @@ func (d *Daemon) relink(ifaces []string) {
 		}
 		d.attachAll([]string{a.Iface})
 	}
-	d.retryRules()
 }
 
 // health reports the attachments as the kernel runs them and every

@@ -216,6 +216,9 @@ type Service interface {
 	Detach(iface string, hook attach.Hook) error
 	Rules() (rules.Set, error)
 	ApplyRules(rules.Set) (Applied, error)
+	// CheckRules checks a set as ApplyRules would, merged with lovelockd's
+	// own rules on this node's interfaces, and changes nothing.
+	CheckRules(rules.Set) (Applied, error)
 	AddRule(rules.Rule) (Applied, error)
 	DeleteRule(name string) (Applied, error)
 	Stats() (Stats, error)

@@ -43,6 +43,9 @@ func (f *fakeService) ApplyRules(s rules.Set) (api.Applied, error) {
 	f.set = s
 	return api.Applied{Rules: len(s.Rules)}, nil
 }
+func (f *fakeService) CheckRules(s rules.Set) (api.Applied, error) {
+	return api.Applied{Rules: len(s.Rules)}, nil
+}
 func (f *fakeService) AddRule(r rules.Rule) (api.Applied, error) {
 	f.set.Rules = append(f.set.Rules, r)
 	return api.Applied{Rules: len(f.set.Rules)}, nil
@@ -187,6 +190,11 @@ func TestErrors(t *testing.T) {
 		{"no agent", func() error { _, err := cl.MsgStats(ctx); return err }, "no messaging agent"},
 		{"no service", func() error { var v any; return cl.ServiceStats(ctx, "farmem", &v) }, "runs no farmem service"},
 		{"no service call", func() error { return cl.ServiceCall(ctx, "GET", "farmem", "regions", nil, nil) }, "runs no farmem service with such a call"},
+		// Before: 400 "request body: unexpected EOF", which did not say why.
+		{"body too large", func() error {
+			_, err := cl.ApplyRules(ctx, rules.Set{Rules: []rules.Rule{{Name: strings.Repeat("x", 65<<20), Action: rules.Pass()}}})
+			return err
+		}, "larger than the API accepts (64 MiB)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := tc.call(); err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -131,6 +131,12 @@ func (c *Client) ApplyRules(ctx context.Context, s rules.Set) (r Applied, err er
 	return r, c.do(ctx, http.MethodPut, "/v1/rules", s, &r)
 }
 
+// CheckRules checks a whole rule set as ApplyRules would, on the node,
+// without changing anything.
+func (c *Client) CheckRules(ctx context.Context, s rules.Set) (r Applied, err error) {
+	return r, c.do(ctx, http.MethodPost, "/v1/rules/check", s, &r)
+}
+
 // AddRule adds one rule to the live set.
 func (c *Client) AddRule(ctx context.Context, rule rules.Rule) (r Applied, err error) {
 	return r, c.do(ctx, http.MethodPost, "/v1/rules", rule, &r)

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -48,6 +47,12 @@ func Handler(svc Service) http.Handler {
 		var s rules.Set
 		if decode(w, r, &s) {
 			reply(w, func() (Applied, error) { return svc.ApplyRules(s) })
+		}
+	})
+	mux.HandleFunc("POST /v1/rules/check", func(w http.ResponseWriter, r *http.Request) {
+		var s rules.Set
+		if decode(w, r, &s) {
+			reply(w, func() (Applied, error) { return svc.CheckRules(s) })
 		}
 	})
 	mux.HandleFunc("POST /v1/rules", func(w http.ResponseWriter, r *http.Request) {
@@ -99,9 +104,15 @@ func Reply(w http.ResponseWriter, v any, err error) {
 }
 
 func decode(w http.ResponseWriter, r *http.Request, v any) bool {
-	dec := json.NewDecoder(io.LimitReader(r.Body, maxBody))
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			writeJSON(w, http.StatusRequestEntityTooLarge, errorReply{fmt.Sprintf("request body: larger than the API accepts (%d MiB); "+
+				"no call needs that much (a set of the most rules the data plane holds is far smaller): check what the client sent", maxBody>>20)})
+			return false
+		}
 		writeJSON(w, http.StatusBadRequest, errorReply{fmt.Sprintf("request body: %v", err)})
 		return false
 	}

@@ -47,6 +47,15 @@ func (f *fakeService) AddRule(r rules.Rule) (api.Applied, error) {
 }
 func (f *fakeService) DeleteRule(string) (api.Applied, error) { return api.Applied{}, nil }
 
+// CheckRules validates s against the interfaces of the test's namespace
+// and the status's port, as lovelockd's check does on its node.
+func (f *fakeService) CheckRules(s rules.Set) (api.Applied, error) {
+	if err := rules.Validate(&s, rules.LinkResolver, f.status.Port); err != nil {
+		return api.Applied{}, &api.BadRequestError{Err: err}
+	}
+	return api.Applied{Rules: len(s.Rules)}, nil
+}
+
 // Stats counts 100 packets of 10 bytes a second on rx and rule "web",
 // one simulated second per call: 70 of them arrive on p0 and pass, 30 on
 // pf0hpf and are dropped.

@@ -70,7 +70,7 @@ func rulesCommand() *ucli.Command {
 			Usage: "replace the live rule set with a file's, atomically",
 			Flags: []ucli.Flag{
 				&ucli.StringFlag{Name: "file", Aliases: []string{"f"}, Required: true, Usage: "rule file (YAML or JSON)"},
-				&ucli.BoolFlag{Name: "dry-run", Usage: "only parse and validate the file, interfaces included, and print what would change"},
+				&ucli.BoolFlag{Name: "dry-run", Usage: "have lovelockd check the set as an apply would (its own rules, interfaces, port), print what would change, and change nothing"},
 				forceFlag(),
 			},
 			Action: rulesApply,
@@ -89,6 +89,11 @@ func ruleList(c *ucli.Context) error {
 	}
 	if asJSON {
 		return writeJSON(c.App.Writer, set)
+	}
+	// Until a set goes live (an interface it names is missing, say),
+	// lovelockd lists the set it will install: say so, as status does.
+	if st, err := client(c).Status(c.Context); err == nil && st.RulesPending {
+		fmt.Fprintln(c.App.Writer, "pending: this set is not installed yet; the data plane runs the set it had, or none (the failures in 'lovelock status' say why)")
 	}
 	tw := newTable(c.App.Writer)
 	fmt.Fprintln(tw, "NAME\tID\tPRIO\tOWNER\tMATCH\tACTION")
@@ -202,29 +207,7 @@ func rulesApply(c *ucli.Context) error {
 		return err
 	}
 	if c.Bool("dry-run") {
-		// The interfaces are resolved here, in the CLI's network
-		// namespace, which is the daemon's on a node (run it through
-		// 'lovelock testbed exec NODE' on the testbed). Lovelock fields
-		// match UDP to the node's port: take it from lovelockd.
-		var port uint16
-		// Without it, say what was assumed (the diff line below says why
-		// it did not answer).
-		if st, err := client(c).Status(c.Context); err == nil {
-			port = st.Port
-		} else {
-			fmt.Fprintf(c.App.ErrWriter, "note: lovelockd did not answer, so the check assumed the default Lovelock port %d: "+
-				"a node configured for another port may still refuse the file\n", wire.DefaultPort)
-		}
-		if err := rules.Validate(set, rules.LinkResolver, port); err != nil {
-			return fmt.Errorf("rules apply %s: %w", path, err)
-		}
-		fmt.Fprintf(c.App.Writer, "%s: %d rules parse and validate, interfaces included\n", path, len(set.Rules))
-		if live, err := client(c).Rules(c.Context); err == nil {
-			printChanges(c, rules.Diff(&live, set, api.IsOwned), "would change")
-		} else {
-			fmt.Fprintf(c.App.Writer, "(no diff: %v)\n", err)
-		}
-		return nil
+		return rulesDryRun(c, path, set)
 	}
 	cl := client(c)
 	live, err := cl.Rules(c.Context)
@@ -243,6 +226,39 @@ func rulesApply(c *ucli.Context) error {
 	}
 	fmt.Fprintln(c.App.Writer)
 	printWarnings(c, res)
+	return nil
+}
+
+// rulesDryRun checks set as 'rules apply' would and prints what would
+// change. lovelockd checks it (CheckRules): merged with its own rules,
+// against the node's interfaces and port, so that a set it passes is one
+// the apply takes, as long as nothing changes meanwhile. Where no lovelockd
+// answers, the CLI checks the file alone, in its own network namespace,
+// and says what that leaves unchecked.
+func rulesDryRun(c *ucli.Context, path string, set *rules.Set) error {
+	cl := client(c)
+	res, err := cl.CheckRules(c.Context, *set)
+	switch {
+	case err == nil:
+		fmt.Fprintf(c.App.Writer, "%s: %d rules pass lovelockd's checks; with its own, %d rules would be live\n", path, len(set.Rules), res.Rules)
+		printWarnings(c, res)
+	case errors.Is(err, api.ErrNoDaemon):
+		fmt.Fprintf(c.App.ErrWriter, "note: lovelockd did not check the file (%v), so only the file was checked, here, "+
+			"for the default Lovelock port %d and without lovelockd's own rules: the apply may still refuse it\n", err, wire.DefaultPort)
+		if err := rules.Validate(set, rules.LinkResolver, wire.DefaultPort); err != nil {
+			return fmt.Errorf("rules apply %s: %w", path, err)
+		}
+		fmt.Fprintf(c.App.Writer, "%s: %d rules parse and validate, interfaces included\n", path, len(set.Rules))
+		return nil
+	default:
+		return fmt.Errorf("rules apply %s: %w", path, err)
+	}
+	live, err := cl.Rules(c.Context)
+	if err != nil {
+		fmt.Fprintf(c.App.Writer, "(no diff: %v)\n", err)
+		return nil
+	}
+	printChanges(c, rules.Diff(&live, set, api.IsOwned), "would change")
 	return nil
 }
 

@@ -78,7 +78,7 @@ rules:
 	if err != nil {
 		t.Fatalf("dry run: %v", err)
 	}
-	for _, w := range append(want, "would change: 1 added, 1 removed, 1 changed", "interfaces included") {
+	for _, w := range append(want, "would change: 1 added, 1 removed, 1 changed", "3 rules pass lovelockd's checks") {
 		if !strings.Contains(out, w) {
 			t.Errorf("dry run output lacks %q:\n%s", w, out)
 		}
@@ -121,7 +121,7 @@ func TestRulesDryRunPort(t *testing.T) {
 	// No lovelockd: the default port, where the rules do not overlap,
 	// and a note that says so.
 	out, stderr, err := runCLI(filepath.Join(t.TempDir(), "none.sock"), "rules", "apply", "-f", file, "--dry-run")
-	if err != nil || !strings.Contains(out, "2 rules parse and validate") || !strings.Contains(stderr, "assumed the default Lovelock port 61440") {
+	if err != nil || !strings.Contains(out, "2 rules parse and validate") || !strings.Contains(stderr, "for the default Lovelock port 61440") {
 		t.Errorf("dry run without lovelockd: err = %v, stdout %q, stderr %q", err, out, stderr)
 	}
 }
@@ -264,5 +264,18 @@ func TestStatsIfaces(t *testing.T) {
 	}
 	if s.Interfaces["pf0hpf"]["drop"].Packets != 120 || s.Rates.Interfaces["pf0hpf"]["drop"].PPS != 30 || s.Rates.Interfaces["p0"]["rx"].PPS != 70 {
 		t.Errorf("JSON per interface: %+v", s)
+	}
+}
+
+// TestRuleListPending: a set that did not go live is listed under a line
+// that says so (before, it looked live).
+func TestRuleListPending(t *testing.T) {
+	for _, pending := range []bool{false, true} {
+		svc := &fakeService{status: api.Status{Rules: 1, RulesPending: pending},
+			set: rules.Set{Default: rules.Pass(), Rules: []rules.Rule{{Name: "a", ID: 1, Priority: 1, Match: rules.Match{Iface: "late0"}, Action: rules.Drop()}}}}
+		out, _, err := runCLI(serveFake(t, svc), "rule", "list")
+		if err != nil || !strings.Contains(out, "late0") || strings.Contains(out, "pending:") != pending {
+			t.Errorf("pending %v: err = %v, output:\n%s", pending, err, out)
+		}
 	}
 }
