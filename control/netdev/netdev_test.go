@@ -4,10 +4,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/lovelock-dpu/lovelock/control/testenv"
@@ -48,19 +45,7 @@ func TestDevXDPFeatures(t *testing.T) {
 		if f := feat(vIdx); f&XDPNdoXmit != 0 || f&XDPRedirect == 0 {
 			t.Errorf("veth whose peer runs no XDP program: %v, want redirect without ndo-xmit", f)
 		}
-		prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "GPL",
-			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2 /* XDP_PASS */), asm.Return()}})
-		if err != nil {
-			return err
-		}
-		defer prog.Close()
-		peer, err := netlink.LinkByName("v1")
-		if err != nil {
-			return err
-		}
-		if err := netlink.LinkSetXdpFdWithFlags(peer, prog.FD(), nl.XDP_FLAGS_DRV_MODE); err != nil {
-			return err
-		}
+		testenv.XDPPassOn(t, ns, "v1")
 		if f := feat(vIdx); f&XDPNdoXmit == 0 {
 			t.Errorf("veth whose peer runs an XDP program: %v, want ndo-xmit", f)
 		}

@@ -6,10 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/lovelock-dpu/lovelock/control/netdev"
@@ -32,6 +29,7 @@ func TestXDPRedirectTargets(t *testing.T) {
 	// vout's peer runs an XDP program, vbare's does not.
 	testenv.VethPair(t, testenv.VethEnd{NS: ns, Name: "vout"}, testenv.VethEnd{NS: ns, Name: "vout-peer"})
 	testenv.VethPair(t, testenv.VethEnd{NS: ns, Name: "vbare"}, testenv.VethEnd{NS: ns, Name: "vbare-peer"})
+	testenv.XDPPassOn(t, ns, "vout-peer")
 	// Devices the kernel may not have (CONFIG_VLAN_8021Q, CONFIG_DUMMY).
 	missing := map[string]error{}
 	var noFamily error
@@ -39,19 +37,6 @@ func TestXDPRedirectTargets(t *testing.T) {
 		if _, err := netdev.DevXDPFeatures(1); errors.Is(err, netdev.ErrNoFamily) {
 			noFamily = err
 			return nil
-		}
-		pass, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "GPL",
-			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2 /* XDP_PASS */), asm.Return()}})
-		if err != nil {
-			return err
-		}
-		defer pass.Close() // the attachment holds it
-		peer, err := netlink.LinkByName("vout-peer")
-		if err != nil {
-			return err
-		}
-		if err := netlink.LinkSetXdpFdWithFlags(peer, pass.FD(), nl.XDP_FLAGS_DRV_MODE); err != nil {
-			return err
 		}
 		xin, err := netlink.LinkByName("xin")
 		if err != nil {
