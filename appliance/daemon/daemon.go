@@ -438,6 +438,15 @@ func (d *Daemon) Attach(a attach.Attachment) (api.Attached, error) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	// In native XDP the rules' redirects from a must reach devices that
+	// can transmit XDP frames, as for a rule set applied.
+	if hooks := xdpHooks([]attach.Attachment{a}); len(hooks.Ifaces) > 0 {
+		hooks.Ifaces = append(hooks.Ifaces, xdpHooks(d.state.Attachments).Ifaces...)
+		if _, err := rules.CheckXDPRedirects(&d.live, resolveIface, hooks); err != nil {
+			return api.Attached{}, &api.BadRequestError{Err: fmt.Errorf("interface %s %s in native mode: %w "+
+				"(change those rules first, or attach in generic mode or a TC hook)", a.Iface, a.Hook, err)}
+		}
+	}
 	out, err := d.node.Reattach(a)
 	if err != nil {
 		return api.Attached{}, err
@@ -610,12 +619,28 @@ func (d *Daemon) recordRuleFileIDs() error {
 	return nil
 }
 
+// xdpHooks lists the interfaces of atts where the classifier runs in native
+// XDP: a redirect from there needs a target that can transmit XDP frames
+// (rules.CheckXDPRedirects).
+func xdpHooks(atts []attach.Attachment) rules.XDPHooks {
+	var h rules.XDPHooks
+	for _, a := range atts {
+		if a.Hook == attach.HookXDP && a.Mode != attach.ModeGeneric {
+			h.Ifaces = append(h.Ifaces, a.Iface)
+		}
+	}
+	return h
+}
+
 // apply compiles set and swaps it in. Rule counters are kept by ID, and
 // counted is the set whose rules they count: a rule whose ID counted gives
 // no rule has it zeroed before the swap, so it starts from zero; one whose
 // ID is a removed rule's of counted (assignIDs reuses those only when
 // 1..MaxID runs out) has it zeroed once the swap returned, when the old set
-// no longer counts there. A swap whose set went live but whose wait for
+// no longer counts there. A set that redirects from a native XDP hook to
+// a device that cannot transmit XDP frames is refused
+// (rules.CheckXDPRedirects); one whose targets could not be checked (a
+// kernel before 6.3) is applied with a warning. A swap whose set went live but whose wait for
 // the old set's readers failed (bpf.ErrNotDrained) is applied: apply
 // returns no error but a warning for the caller to log or pass on.
 func (d *Daemon) apply(set, counted rules.Set) (warnings []string, err error) {
@@ -627,6 +652,17 @@ func (d *Daemon) apply(set, counted rules.Set) (warnings []string, err error) {
 		}
 		return idx, err
 	}, d.cfg.Port)
+	if err != nil {
+		return nil, &api.BadRequestError{Err: err}
+	}
+	// Checked here, where the names were resolved, so that a redirect
+	// target that appears later is checked when the set is retried.
+	warnings, err = rules.CheckXDPRedirects(&set, func(name string) (int, error) {
+		if idx, ok := used[name]; ok {
+			return idx, nil
+		}
+		return resolveIface(name)
+	}, xdpHooks(d.state.Attachments))
 	if err != nil {
 		return nil, &api.BadRequestError{Err: err}
 	}
