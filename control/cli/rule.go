@@ -5,11 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 
 	ucli "github.com/urfave/cli/v2"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 
 	"github.com/lovelock-dpu/lovelock/control/api"
+	"github.com/lovelock-dpu/lovelock/control/attach"
 	"github.com/lovelock-dpu/lovelock/control/rules"
 	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 )
@@ -206,17 +210,28 @@ func rulesApply(c *ucli.Context) error {
 		// namespace, which is the daemon's on a node (run it through
 		// 'lovelock testbed exec NODE' on the testbed). Lovelock fields
 		// match UDP to the node's port: take it from lovelockd.
+		// Redirects from native XDP hooks need targets that can
+		// transmit XDP frames: lovelockd says where they are.
 		var port uint16
+		hooks := rules.XDPHooks{Unknown: true}
 		// Without it, say what was assumed (the diff line below says why
 		// it did not answer).
 		if st, err := client(c).Status(c.Context); err == nil {
-			port = st.Port
+			port, hooks = st.Port, xdpHooks(st.Links)
 		} else {
 			fmt.Fprintf(c.App.ErrWriter, "note: lovelockd did not answer, so the check assumed the default Lovelock port %d: "+
-				"a node configured for another port may still refuse the file\n", wire.DefaultPort)
+				"a node configured for another port may still refuse the file; and it does not know which interfaces run XDP: "+
+				"a redirect lovelockd would refuse from a native XDP hook is a warning\n", wire.DefaultPort)
 		}
 		if err := rules.Validate(set, rules.LinkResolver, port); err != nil {
 			return fmt.Errorf("rules apply %s: %w", path, err)
+		}
+		warnings, err := rules.CheckXDPRedirects(set, rules.LinkResolver, hooks)
+		if err != nil {
+			return fmt.Errorf("rules apply %s: %w", path, err)
+		}
+		for _, w := range warnings {
+			fmt.Fprintf(c.App.ErrWriter, "warning: %s\n", w)
 		}
 		fmt.Fprintf(c.App.Writer, "%s: %d rules parse and validate, interfaces included\n", path, len(set.Rules))
 		if live, err := client(c).Rules(c.Context); err == nil {
@@ -244,6 +259,31 @@ func rulesApply(c *ucli.Context) error {
 	fmt.Fprintln(c.App.Writer)
 	printWarnings(c, res)
 	return nil
+}
+
+// xdpHooks lists the interfaces of links (lovelockd's status: what it is
+// asked to run and what is pinned) where the classifier runs in native
+// XDP, as lovelockd's check of a rule set sees them. A pinned XDP link
+// does not say its mode: the kernel's, here, in the CLI's network
+// namespace, tells a generic one; one not attached is taken as native,
+// the default.
+func xdpHooks(links []attach.LinkStatus) rules.XDPHooks {
+	var h rules.XDPHooks
+	for _, l := range links {
+		if l.Hook != attach.HookXDP || l.Mode == attach.ModeGeneric {
+			continue
+		}
+		if l.Mode == "" {
+			if ln, err := netlink.LinkByName(l.Iface); err == nil && ln.Attrs().Xdp != nil &&
+				ln.Attrs().Xdp.Attached && ln.Attrs().Xdp.AttachMode == nl.XDP_ATTACHED_SKB {
+				continue
+			}
+		}
+		if !slices.Contains(h.Ifaces, l.Iface) {
+			h.Ifaces = append(h.Ifaces, l.Iface)
+		}
+	}
+	return h
 }
 
 // printChanges prints a rule set change, or that there is none.
