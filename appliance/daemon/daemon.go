@@ -214,7 +214,8 @@ func readRules(path string) (*rules.Set, error) {
 
 // Check checks what New reads before it opens the data plane, changing
 // nothing: the state file, and the config's rule file, parsed and compiled
-// as New would. Interfaces are looked up by name in the calling thread's
+// as New would, its redirects from native XDP hooks checked as New would
+// (rules.CheckXDPRedirects). Interfaces are looked up by name in the calling thread's
 // network namespace; one that is not there is no error (lovelockd would
 // start degraded, the rules not applied until it appears) but a note, as
 // is a rule file the state file's rules take the place of.
@@ -245,6 +246,16 @@ func Check(cfg config.Config) (notes []string, err error) {
 	}
 	if _, err := rules.Compile(set, resolve, cfg.Port); err != nil {
 		return notes, fmt.Errorf("rules file %s: %w", cfg.Rules, err)
+	}
+	// Redirects from the native XDP hooks of the config and the state
+	// file, as New would attach them, to the interfaces that are here
+	// (one that is not is checked when it appears).
+	warnings, err := rules.CheckXDPRedirects(set, resolveIface, xdpHooks(append(slices.Clone(cfg.Interfaces), state.Attachments...)))
+	if err != nil {
+		return notes, fmt.Errorf("rules file %s: %w", cfg.Rules, err)
+	}
+	for _, w := range warnings {
+		notes = append(notes, fmt.Sprintf("rules file %s: %s", cfg.Rules, w))
 	}
 	for _, name := range missing {
 		notes = append(notes, fmt.Sprintf("rules file %s: interface %s is not in this network namespace: "+

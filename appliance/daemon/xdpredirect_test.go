@@ -234,3 +234,29 @@ func TestXDPRedirectLateInterface(t *testing.T) {
 		return nil
 	})
 }
+
+// TestCheckXDPRedirect: lovelockd --check refuses a rule file that
+// redirects from a native XDP hook of the config to a bridge, as New
+// would, and passes one that redirects there from a TC hook.
+func TestCheckXDPRedirect(t *testing.T) {
+	ns := xdpRedirectNS(t)
+	cfg, dir := tempConfig(t)
+	cfg.Interfaces = xdpRedirectHooks
+	cfg.Rules = filepath.Join(dir, "rules.yaml")
+	for from, want := range map[string]string{
+		"xin":  `rule 1 "out": redirect to br0 from the native XDP hook on xin: br0 (bridge) cannot transmit XDP frames`,
+		"tcin": "",
+	} {
+		if err := os.WriteFile(cfg.Rules, []byte("rules:\n  - {name: out, priority: 1, match: {iface: "+from+"}, action: \"redirect:br0\"}\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		testenv.InNetNS(t, ns, func() error {
+			_, err = Check(cfg)
+			return nil
+		})
+		if (want == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), want) {
+			t.Errorf("redirect from %s: %v, want %q", from, err, want)
+		}
+	}
+}
