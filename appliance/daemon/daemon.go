@@ -631,12 +631,12 @@ func (d *Daemon) recordRuleFileIDs() error {
 }
 
 // xdpHooks lists the interfaces of atts where the classifier runs in native
-// XDP: a redirect from there needs a target that can transmit XDP frames
-// (rules.CheckXDPRedirects).
+// XDP (attach.Attachment.NativeXDP): a redirect from there needs a target
+// that can transmit XDP frames (rules.CheckXDPRedirects).
 func xdpHooks(atts []attach.Attachment) rules.XDPHooks {
 	var h rules.XDPHooks
 	for _, a := range atts {
-		if a.Hook == attach.HookXDP && a.Mode != attach.ModeGeneric {
+		if a.NativeXDP() {
 			h.Ifaces = append(h.Ifaces, a.Iface)
 		}
 	}

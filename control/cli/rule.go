@@ -9,8 +9,6 @@ import (
 	"strings"
 
 	ucli "github.com/urfave/cli/v2"
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netlink/nl"
 
 	"github.com/lovelock-dpu/lovelock/control/api"
 	"github.com/lovelock-dpu/lovelock/control/attach"
@@ -263,23 +261,14 @@ func rulesApply(c *ucli.Context) error {
 
 // xdpHooks lists the interfaces of links (lovelockd's status: what it is
 // asked to run and what is pinned) where the classifier runs in native
-// XDP, as lovelockd's check of a rule set sees them. A pinned XDP link
-// does not say its mode: the kernel's, here, in the CLI's network
-// namespace, tells a generic one; one not attached is taken as native,
-// the default.
+// XDP, as lovelockd's check of a rule set sees them
+// (attach.Attachment.NativeXDP: a pinned link, which does not say its
+// mode, is native unless the kernel, here in the CLI's network namespace,
+// runs a generic program on its interface).
 func xdpHooks(links []attach.LinkStatus) rules.XDPHooks {
 	var h rules.XDPHooks
 	for _, l := range links {
-		if l.Hook != attach.HookXDP || l.Mode == attach.ModeGeneric {
-			continue
-		}
-		if l.Mode == "" {
-			if ln, err := netlink.LinkByName(l.Iface); err == nil && ln.Attrs().Xdp != nil &&
-				ln.Attrs().Xdp.Attached && ln.Attrs().Xdp.AttachMode == nl.XDP_ATTACHED_SKB {
-				continue
-			}
-		}
-		if !slices.Contains(h.Ifaces, l.Iface) {
+		if l.NativeXDP() && !slices.Contains(h.Ifaces, l.Iface) {
 			h.Ifaces = append(h.Ifaces, l.Iface)
 		}
 	}

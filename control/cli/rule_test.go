@@ -282,10 +282,11 @@ func TestStatsIfaces(t *testing.T) {
 // the bridge is a warning.
 func TestRulesDryRunXDPRedirect(t *testing.T) {
 	ns := testenv.NewNetNS(t)
-	for _, name := range []string{"xin", "pinned", "gen", "tcin", "vout"} {
+	for _, name := range []string{"xin", "pinned", "pinnedgen", "gen", "tcin", "vout"} {
 		testenv.VethPair(t, testenv.VethEnd{NS: ns, Name: name}, testenv.VethEnd{NS: ns, Name: name + "-peer"})
 	}
 	testenv.XDPPassOn(t, ns, "vout-peer")
+	testenv.XDPPassGenericOn(t, ns, "pinnedgen")
 	var noFamily error
 	testenv.InNetNS(t, ns, func() error {
 		if _, err := netdev.DevXDPFeatures(1); errors.Is(err, netdev.ErrNoFamily) {
@@ -297,12 +298,14 @@ func TestRulesDryRunXDPRedirect(t *testing.T) {
 	if noFamily != nil {
 		t.Skipf("the kernel cannot say: %v", noFamily)
 	}
-	// xin is asked for in native XDP; pinned runs XDP in a mode the status
-	// does not give (native, the default, since it runs none here); gen
-	// in generic XDP; tcin in TC.
+	// xin is asked for in native XDP; pinned and pinnedgen run XDP in a
+	// mode the status does not give (pinned native, the default, as it
+	// runs none here; pinnedgen generic, as the kernel says); gen in
+	// generic XDP; tcin in TC.
 	svc := &fakeService{status: api.Status{Links: []attach.LinkStatus{
 		{Attachment: attach.Attachment{Iface: "xin", Hook: attach.HookXDP, Mode: attach.ModeNative}},
 		{Attachment: attach.Attachment{Iface: "pinned", Hook: attach.HookXDP}, Live: true},
+		{Attachment: attach.Attachment{Iface: "pinnedgen", Hook: attach.HookXDP}, Live: true},
 		{Attachment: attach.Attachment{Iface: "gen", Hook: attach.HookXDP, Mode: attach.ModeGeneric}},
 		{Attachment: attach.Attachment{Iface: "tcin", Hook: attach.HookTCIngress}, Live: true},
 	}}}
@@ -316,6 +319,7 @@ func TestRulesDryRunXDPRedirect(t *testing.T) {
 			err: `rules: rule 1 "out": redirect to br0 from the native XDP hook on xin: br0 (bridge) cannot transmit XDP frames`},
 		{name: "pinned xdp to a bridge", from: "pinned", to: "br0", err: "from the native XDP hook on pinned"},
 		{name: "generic xdp to a bridge", from: "gen", to: "br0"},
+		{name: "pinned generic xdp to a bridge", from: "pinnedgen", to: "br0"},
 		{name: "tc to a bridge", from: "tcin", to: "br0"},
 		{name: "native xdp to a veth whose peer runs an XDP program", from: "xin", to: "vout"},
 		{name: "no lovelockd", from: "xin", to: "br0", sock: filepath.Join(t.TempDir(), "none.sock"),

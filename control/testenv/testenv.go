@@ -166,10 +166,21 @@ func setUp(e VethEnd) (int, error) {
 }
 
 // XDPPassOn attaches a program that passes every frame to iface in ns, in
-// native (driver) mode, for as long as the interface lives: a veth takes frames an XDP
-// program redirects to its peer only while it runs one (its peer then
-// reports ndo-xmit among its XDP features).
+// native (driver) mode, for as long as the interface lives: a veth takes
+// frames an XDP program redirects to its peer only while it runs one (its
+// peer then reports ndo-xmit among its XDP features).
 func XDPPassOn(tb testing.TB, ns netns.NsHandle, iface string) {
+	tb.Helper()
+	xdpPassOn(tb, ns, iface, nl.XDP_FLAGS_DRV_MODE)
+}
+
+// XDPPassGenericOn is XDPPassOn in generic (skb) mode.
+func XDPPassGenericOn(tb testing.TB, ns netns.NsHandle, iface string) {
+	tb.Helper()
+	xdpPassOn(tb, ns, iface, nl.XDP_FLAGS_SKB_MODE)
+}
+
+func xdpPassOn(tb testing.TB, ns netns.NsHandle, iface string, flags int) {
 	tb.Helper()
 	RequirePriv(tb)
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "GPL",
@@ -184,7 +195,7 @@ func XDPPassOn(tb testing.TB, ns netns.NsHandle, iface string) {
 		if err != nil {
 			return err
 		}
-		if err := netlink.LinkSetXdpFdWithFlags(l, prog.FD(), nl.XDP_FLAGS_DRV_MODE); err != nil {
+		if err := netlink.LinkSetXdpFdWithFlags(l, prog.FD(), flags); err != nil {
 			return fmt.Errorf("%s: attach an XDP_PASS program: %w", iface, err)
 		}
 		return nil
