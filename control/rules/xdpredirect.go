@@ -77,6 +77,7 @@ func checkXDPRedirects(s *Set, resolve Resolver, hooks XDPHooks, devs devices) (
 	// by the reason.
 	unchecked := map[string][]string{}
 	var reasons []string
+	moreWarnings := 0
 	// wrap names the rule (or the default) in an error.
 	check := func(wrap func(error) error, iface string, a Action) {
 		if a.Verb != bpf.ActionRedirect {
@@ -117,6 +118,11 @@ func checkXDPRedirects(s *Set, resolve Resolver, hooks XDPHooks, devs devices) (
 		}
 		problem := redirectProblem(a.Iface, devs.kind(int(idx)), t.feat, iface, from)
 		if hooks.Unknown {
+			// As many as an error lists, the rest counted.
+			if len(warnings) == maxErrors {
+				moreWarnings++
+				return
+			}
 			warnings = append(warnings, "rules: "+wrap(fmt.Errorf("%s (where the classifier runs is not known: "+
 				"lovelockd refuses the rule if it runs in a native XDP hook)", problem)).Error())
 			return
@@ -126,6 +132,9 @@ func checkXDPRedirects(s *Set, resolve Resolver, hooks XDPHooks, devs devices) (
 	check(func(err error) error { return fmt.Errorf("default: %w", err) }, "", s.Default)
 	for i, r := range s.Rules {
 		check(func(err error) error { return ruleError(i, r.Name, err) }, r.Match.Iface, r.Action)
+	}
+	if moreWarnings > 0 {
+		warnings = append(warnings, fmt.Sprintf("rules: and %d more redirects to devices that cannot transmit XDP frames", moreWarnings))
 	}
 	for _, reason := range reasons {
 		warnings = append(warnings, fmt.Sprintf("rules: could not check that %s can transmit XDP frames, which a redirect from a native XDP hook needs: %s; "+

@@ -2,6 +2,7 @@ package rules
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -194,6 +195,23 @@ func TestXDPRedirectUnchecked(t *testing.T) {
 	if devs.asked != 2 {
 		t.Errorf("asked the kernel %d times, want once per target (2)", devs.asked)
 	}
+	// Where the hooks are unknown, every redirect that cannot is a
+	// warning, as many as an error would list.
+	var many strings.Builder
+	many.WriteString("rules:\n")
+	for i := range maxErrors + 5 {
+		fmt.Fprintf(&many, "  - {name: r%d, priority: %d, action: \"redirect:br0\"}\n", i, i)
+	}
+	manySet, err := Parse([]byte(many.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	devs = &fakeDevices{feats: []netdev.XDPFeatures{0, 0}}
+	warnings, err = checkXDPRedirects(manySet, resolve, XDPHooks{Unknown: true}, devs)
+	if err != nil || len(warnings) != maxErrors+1 || warnings[maxErrors] != "rules: and 5 more redirects to devices that cannot transmit XDP frames" {
+		t.Errorf("hooks unknown: err %v, warnings %q; want %d and 5 more", err, warnings, maxErrors)
+	}
+
 	// The same set where the kernel answers: br0 cannot, p1 can.
 	devs = &fakeDevices{feats: []netdev.XDPFeatures{0, 0, netdev.XDPBasic | netdev.XDPNdoXmit}}
 	warnings, err = checkXDPRedirects(set, resolve, XDPHooks{Ifaces: []string{"p0"}}, devs)
