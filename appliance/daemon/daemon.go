@@ -215,10 +215,10 @@ func readRules(path string) (*rules.Set, error) {
 // Check checks what New reads before it opens the data plane, changing
 // nothing: the state file, and the config's rule file, parsed and compiled
 // as New would, its redirects from native XDP hooks checked as New would
-// (rules.CheckXDPRedirects). Interfaces are looked up by name in the calling thread's
-// network namespace; one that is not there is no error (lovelockd would
-// start degraded, the rules not applied until it appears) but a note, as
-// is a rule file the state file's rules take the place of.
+// (rules.CheckXDPRedirects). Interfaces are looked up by name in the
+// calling thread's network namespace; one that is not there is no error
+// (lovelockd would start degraded, the rules not applied until it appears)
+// but a note, as is a rule file the state file's rules take the place of.
 func Check(cfg config.Config) (notes []string, err error) {
 	state, err := LoadState(cfg.State)
 	if err != nil {
@@ -651,9 +651,10 @@ func xdpHooks(atts []attach.Attachment) rules.XDPHooks {
 // no longer counts there. A set that redirects from a native XDP hook to
 // a device that cannot transmit XDP frames is refused
 // (rules.CheckXDPRedirects); one whose targets could not be checked (a
-// kernel before 6.3) is applied with a warning. A swap whose set went live but whose wait for
-// the old set's readers failed (bpf.ErrNotDrained) is applied: apply
-// returns no error but a warning for the caller to log or pass on.
+// kernel before 6.3) is applied with a warning. A swap whose set went live
+// but whose wait for the old set's readers failed (bpf.ErrNotDrained) is
+// applied: apply returns no error but a warning for the caller to log or
+// pass on.
 func (d *Daemon) apply(set, counted rules.Set) (warnings []string, err error) {
 	used := map[string]int{}
 	compiled, err := rules.Compile(&set, func(name string) (int, error) {
