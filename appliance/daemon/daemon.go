@@ -214,10 +214,11 @@ func readRules(path string) (*rules.Set, error) {
 
 // Check checks what New reads before it opens the data plane, changing
 // nothing: the state file, and the config's rule file, parsed and compiled
-// as New would. Interfaces are looked up by name in the calling thread's
-// network namespace; one that is not there is no error (lovelockd would
-// start degraded, the rules not applied until it appears) but a note, as
-// is a rule file the state file's rules take the place of.
+// as New would, its redirects from native XDP hooks checked as New would
+// (rules.CheckXDPRedirects). Interfaces are looked up by name in the
+// calling thread's network namespace; one that is not there is no error
+// (lovelockd would start degraded, the rules not applied until it appears)
+// but a note, as is a rule file the state file's rules take the place of.
 func Check(cfg config.Config) (notes []string, err error) {
 	state, err := LoadState(cfg.State)
 	if err != nil {
@@ -245,6 +246,16 @@ func Check(cfg config.Config) (notes []string, err error) {
 	}
 	if _, err := rules.Compile(set, resolve, cfg.Port); err != nil {
 		return notes, fmt.Errorf("rules file %s: %w", cfg.Rules, err)
+	}
+	// Redirects from the native XDP hooks of the config and the state
+	// file, as New would attach them, to the interfaces that are here
+	// (one that is not is checked when it appears).
+	warnings, err := rules.CheckXDPRedirects(set, resolveIface, xdpHooks(append(slices.Clone(cfg.Interfaces), state.Attachments...)))
+	if err != nil {
+		return notes, fmt.Errorf("rules file %s: %w", cfg.Rules, err)
+	}
+	for _, w := range warnings {
+		notes = append(notes, fmt.Sprintf("rules file %s: %s", cfg.Rules, w))
 	}
 	for _, name := range missing {
 		notes = append(notes, fmt.Sprintf("rules file %s: interface %s is not in this network namespace: "+
@@ -441,6 +452,15 @@ func (d *Daemon) Attach(a attach.Attachment) (api.Attached, error) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	// In native XDP the rules' redirects from a must reach devices that
+	// can transmit XDP frames, as for a rule set applied.
+	if hooks := xdpHooks([]attach.Attachment{a}); len(hooks.Ifaces) > 0 {
+		hooks.Ifaces = append(hooks.Ifaces, xdpHooks(d.state.Attachments).Ifaces...)
+		if _, err := rules.CheckXDPRedirects(&d.live, resolveIface, hooks); err != nil {
+			return api.Attached{}, &api.BadRequestError{Err: fmt.Errorf("interface %s %s in native mode: %w "+
+				"(change those rules first, or attach in generic mode or a TC hook)", a.Iface, a.Hook, err)}
+		}
+	}
 	out, err := d.node.Reattach(a)
 	if err != nil {
 		return api.Attached{}, err
@@ -537,10 +557,11 @@ func (d *Daemon) CheckRules(set rules.Set) (api.Applied, error) {
 	if err != nil {
 		return api.Applied{}, err
 	}
-	if _, _, err := d.compile(merged); err != nil {
+	_, _, warnings, err := d.compile(merged)
+	if err != nil {
 		return api.Applied{}, err
 	}
-	return api.Applied{Rules: len(merged.Rules), Owned: len(d.owned), Warnings: shadowed(op, d.owned, d.cfg.Port)}, nil
+	return api.Applied{Rules: len(merged.Rules), Owned: len(d.owned), Warnings: append(warnings, shadowed(op, d.owned, d.cfg.Port)...)}, nil
 }
 
 // replace makes set the operator's rule set: it checks it, installs it
@@ -645,16 +666,33 @@ func (d *Daemon) recordRuleFileIDs() error {
 	return nil
 }
 
+// xdpHooks lists the interfaces of atts where the classifier runs in native
+// XDP (attach.Attachment.NativeXDP): a redirect from there needs a target
+// that can transmit XDP frames (rules.CheckXDPRedirects).
+func xdpHooks(atts []attach.Attachment) rules.XDPHooks {
+	var h rules.XDPHooks
+	for _, a := range atts {
+		if a.NativeXDP() {
+			h.Ifaces = append(h.Ifaces, a.Iface)
+		}
+	}
+	return h
+}
+
 // apply compiles set and swaps it in. Rule counters are kept by ID, and
 // counted is the set whose rules they count: a rule whose ID counted gives
 // no rule has it zeroed before the swap, so it starts from zero; one whose
 // ID is a removed rule's of counted (assignIDs reuses those only when
 // 1..MaxID runs out) has it zeroed once the swap returned, when the old set
-// no longer counts there. A swap whose set went live but whose wait for
-// the old set's readers failed (bpf.ErrNotDrained) is applied: apply
-// returns no error but a warning for the caller to log or pass on.
+// no longer counts there. A set that redirects from a native XDP hook to
+// a device that cannot transmit XDP frames is refused
+// (rules.CheckXDPRedirects); one whose targets could not be checked (a
+// kernel before 6.3) is applied with a warning. A swap whose set went live
+// but whose wait for the old set's readers failed (bpf.ErrNotDrained) is
+// applied: apply returns no error but a warning for the caller to log or
+// pass on.
 func (d *Daemon) apply(set, counted rules.Set) (warnings []string, err error) {
-	compiled, used, err := d.compile(set)
+	compiled, used, warnings, err := d.compile(set)
 	if err != nil {
 		return nil, err
 	}
@@ -700,9 +738,13 @@ func (d *Daemon) apply(set, counted rules.Set) (warnings []string, err error) {
 	return warnings, nil
 }
 
-// compile compiles set for this node's interfaces and port, and returns
-// the interfaces it resolved, by name.
-func (d *Daemon) compile(set rules.Set) (*bpf.Ruleset, map[string]int, error) {
+// compile compiles set for this node's interfaces and port, checks its
+// redirects from native XDP hooks (rules.CheckXDPRedirects: a target that
+// cannot transmit XDP frames is refused, one the kernel cannot say about
+// is a warning), and returns the interfaces it resolved, by name. The
+// check is made here, where the names are resolved, so that a redirect
+// target that appears later is checked when the set is retried.
+func (d *Daemon) compile(set rules.Set) (*bpf.Ruleset, map[string]int, []string, error) {
 	used := map[string]int{}
 	compiled, err := rules.Compile(&set, func(name string) (int, error) {
 		idx, err := resolveIface(name)
@@ -712,9 +754,18 @@ func (d *Daemon) compile(set rules.Set) (*bpf.Ruleset, map[string]int, error) {
 		return idx, err
 	}, d.cfg.Port)
 	if err != nil {
-		return nil, nil, &api.BadRequestError{Err: err}
+		return nil, nil, nil, &api.BadRequestError{Err: err}
 	}
-	return compiled, used, nil
+	warnings, err := rules.CheckXDPRedirects(&set, func(name string) (int, error) {
+		if idx, ok := used[name]; ok {
+			return idx, nil
+		}
+		return resolveIface(name)
+	}, xdpHooks(d.state.Attachments))
+	if err != nil {
+		return nil, nil, nil, &api.BadRequestError{Err: err}
+	}
+	return compiled, used, warnings, nil
 }
 
 // save makes next, which the data plane runs now, lovelockd's state and

@@ -239,11 +239,18 @@ rules:
 		t.Errorf("lovelockd's log says ready, or not degraded, while it is degraded:\n%s", log)
 	}
 
-	// late0 appears: lovelockd attaches to it and applies the rules.
+	// late0 appears: lovelockd attaches to it and applies the rules. The
+	// rule redirects to it from XDP (native, on late0 and p0), which a veth
+	// takes while its peer runs an XDP program: the retry as late0 comes
+	// up finds xdp_pass on late1.
 	err = spec.Run("dpu0", func() error {
-		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "late0"}, PeerName: "late1"}); err != nil {
-			return err
-		}
+		return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "late0"}, PeerName: "late1"})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	passOnPeerNetlink(t, spec, "dpu0", "late1")
+	err = spec.Run("dpu0", func() error {
 		l, err := netlink.LinkByName("late0")
 		if err != nil {
 			return err

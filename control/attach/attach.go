@@ -493,6 +493,24 @@ func listLinks(dir string) ([]Attachment, error) {
 	return out, nil
 }
 
+// NativeXDP reports whether a runs the classifier in native (driver-mode)
+// XDP, where a redirect needs a target that can transmit XDP frames: an XDP
+// hook in native mode, or of no mode (which attaches native, and adopts a
+// link of any mode) unless the kernel reports a generic program on a's
+// interface in the calling thread's network namespace.
+func (a Attachment) NativeXDP() bool {
+	if a.Hook != HookXDP {
+		return false
+	}
+	switch a.Mode {
+	case ModeNative:
+		return true
+	case "":
+		return xdpMode(a.Iface) != ModeGeneric
+	}
+	return false
+}
+
 // xdpMode is the mode of the XDP program attached to iface, as the kernel
 // reports it, or "" when it cannot tell.
 func xdpMode(iface string) Mode {

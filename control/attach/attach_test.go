@@ -549,3 +549,33 @@ func TestOpenPortMismatch(t *testing.T) {
 		n.Close()
 	}
 }
+
+// TestNativeXDP: an XDP attachment runs the classifier in native XDP when
+// asked in native mode, or in none unless the kernel runs a generic program
+// on the interface (a link of no mode adopts any); generic and TC ones do
+// not.
+func TestNativeXDP(t *testing.T) {
+	ns := testenv.NewNetNS(t)
+	testenv.VethPair(t, testenv.VethEnd{NS: ns, Name: "n0"}, testenv.VethEnd{NS: ns, Name: "g0"})
+	testenv.XDPPassGenericOn(t, ns, "g0")
+	testenv.InNetNS(t, ns, func() error {
+		for _, tc := range []struct {
+			a    attach.Attachment
+			want bool
+		}{
+			{attach.Attachment{Iface: "n0", Hook: attach.HookXDP, Mode: attach.ModeNative}, true},
+			{attach.Attachment{Iface: "n0", Hook: attach.HookXDP}, true},
+			{attach.Attachment{Iface: "absent0", Hook: attach.HookXDP}, true},
+			{attach.Attachment{Iface: "g0", Hook: attach.HookXDP}, false},
+			{attach.Attachment{Iface: "g0", Hook: attach.HookXDP, Mode: attach.ModeNative}, true},
+			{attach.Attachment{Iface: "n0", Hook: attach.HookXDP, Mode: attach.ModeGeneric}, false},
+			{attach.Attachment{Iface: "n0", Hook: attach.HookTCIngress}, false},
+			{attach.Attachment{Iface: "n0", Hook: attach.HookTCEgress, Mode: attach.ModeClsact}, false},
+		} {
+			if got := tc.a.NativeXDP(); got != tc.want {
+				t.Errorf("%+v: NativeXDP %v, want %v", tc.a, got, tc.want)
+			}
+		}
+		return nil
+	})
+}

@@ -9,8 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netns"
+
 	"github.com/lovelock-dpu/lovelock/control/api"
 	"github.com/lovelock-dpu/lovelock/control/attach"
+	llnetns "github.com/lovelock-dpu/lovelock/control/netns"
 	"github.com/lovelock-dpu/lovelock/control/rules"
 	"github.com/lovelock-dpu/lovelock/control/testenv"
 	"github.com/lovelock-dpu/lovelock/dataplane/messaging"
@@ -26,6 +29,7 @@ type fakeService struct {
 	services   []api.ServiceStatus
 	status     api.Status
 	msg        *messaging.Stats // nil: no messaging agent
+	ns         *netns.NsHandle  // where CheckRules runs; nil: the test's
 }
 
 func (f *fakeService) Status() (api.Status, error)               { return f.status, nil }
@@ -48,12 +52,31 @@ func (f *fakeService) AddRule(r rules.Rule) (api.Applied, error) {
 func (f *fakeService) DeleteRule(string) (api.Applied, error) { return api.Applied{}, nil }
 
 // CheckRules validates s against the interfaces of the test's namespace
-// and the status's port, as lovelockd's check does on its node.
-func (f *fakeService) CheckRules(s rules.Set) (api.Applied, error) {
-	if err := rules.Validate(&s, rules.LinkResolver, f.status.Port); err != nil {
-		return api.Applied{}, &api.BadRequestError{Err: err}
+// and the status's port, and checks its redirects from the native XDP
+// hooks among the status's links, as lovelockd's check does on its node.
+// With ns set, in that network namespace, as lovelockd runs in its node's.
+func (f *fakeService) CheckRules(s rules.Set) (res api.Applied, err error) {
+	check := func() error {
+		if err := rules.Validate(&s, rules.LinkResolver, f.status.Port); err != nil {
+			return &api.BadRequestError{Err: err}
+		}
+		var hooks rules.XDPHooks
+		for _, l := range f.status.Links {
+			if l.NativeXDP() {
+				hooks.Ifaces = append(hooks.Ifaces, l.Iface)
+			}
+		}
+		warnings, err := rules.CheckXDPRedirects(&s, rules.LinkResolver, hooks)
+		if err != nil {
+			return &api.BadRequestError{Err: err}
+		}
+		res = api.Applied{Rules: len(s.Rules), Warnings: warnings}
+		return nil
 	}
-	return api.Applied{Rules: len(s.Rules)}, nil
+	if f.ns != nil {
+		return res, llnetns.Do(*f.ns, check)
+	}
+	return res, check()
 }
 
 // Stats counts 100 packets of 10 bytes a second on rx and rule "web",

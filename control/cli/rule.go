@@ -244,10 +244,16 @@ func rulesDryRun(c *ucli.Context, path string, set *rules.Set) error {
 		printWarnings(c, res)
 	case errors.Is(err, api.ErrNoDaemon):
 		fmt.Fprintf(c.App.ErrWriter, "note: lovelockd did not check the file (%v), so only the file was checked, here, "+
-			"for the default Lovelock port %d and without lovelockd's own rules: the apply may still refuse it\n", err, wire.DefaultPort)
+			"for the default Lovelock port %d, without lovelockd's own rules and not knowing which interfaces run native XDP "+
+			"(a redirect lovelockd would refuse from one is a warning): the apply may still refuse it\n", err, wire.DefaultPort)
 		if err := rules.Validate(set, rules.LinkResolver, wire.DefaultPort); err != nil {
 			return fmt.Errorf("rules apply %s: %w", path, err)
 		}
+		warnings, err := rules.CheckXDPRedirects(set, rules.LinkResolver, rules.XDPHooks{Unknown: true})
+		if err != nil {
+			return fmt.Errorf("rules apply %s: %w", path, err)
+		}
+		printWarnings(c, api.Applied{Warnings: warnings})
 		fmt.Fprintf(c.App.Writer, "%s: %d rules parse and validate, interfaces included\n", path, len(set.Rules))
 		return nil
 	default:

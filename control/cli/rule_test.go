@@ -2,14 +2,21 @@ package cli
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/lovelock-dpu/lovelock/control/api"
+	"github.com/lovelock-dpu/lovelock/control/attach"
+	"github.com/lovelock-dpu/lovelock/control/netdev"
 	"github.com/lovelock-dpu/lovelock/control/rules"
+	"github.com/lovelock-dpu/lovelock/control/testenv"
 )
 
 func writeFile(t *testing.T, name, data string) string {
@@ -277,5 +284,88 @@ func TestRuleListPending(t *testing.T) {
 		if err != nil || !strings.Contains(out, "late0") || strings.Contains(out, "pending:") != pending {
 			t.Errorf("pending %v: err = %v, output:\n%s", pending, err, out)
 		}
+	}
+}
+
+// TestRulesDryRunXDPRedirect: --dry-run runs lovelockd's check of
+// redirects from native XDP hooks (the fake's CheckRules runs it as
+// lovelockd does, on the hooks its status lists; appliance/daemon's
+// TestXDPRedirectChecked checks lovelockd's own):
+// to a bridge from one it fails naming the rule and the device; from a TC
+// hook or a generic XDP one, and to a veth whose peer runs an XDP program,
+// it passes. Without lovelockd the hooks are unknown, and the redirect to
+// the bridge is a warning.
+func TestRulesDryRunXDPRedirect(t *testing.T) {
+	ns := testenv.NewNetNS(t)
+	for _, name := range []string{"xin", "pinned", "pinnedgen", "gen", "tcin", "vout"} {
+		testenv.VethPair(t, testenv.VethEnd{NS: ns, Name: name}, testenv.VethEnd{NS: ns, Name: name + "-peer"})
+	}
+	testenv.XDPPassOn(t, ns, "vout-peer")
+	testenv.XDPPassGenericOn(t, ns, "pinnedgen")
+	var noFamily error
+	testenv.InNetNS(t, ns, func() error {
+		if _, err := netdev.DevXDPFeatures(1); errors.Is(err, netdev.ErrNoFamily) {
+			noFamily = err
+			return nil
+		}
+		return netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0"}})
+	})
+	if noFamily != nil {
+		t.Skipf("the kernel cannot say: %v", noFamily)
+	}
+	// xin is asked for in native XDP; pinned and pinnedgen run XDP in a
+	// mode the status does not give (pinned native, the default, as it
+	// runs none here; pinnedgen generic, as the kernel says); gen in
+	// generic XDP; tcin in TC.
+	svc := &fakeService{status: api.Status{Links: []attach.LinkStatus{
+		{Attachment: attach.Attachment{Iface: "xin", Hook: attach.HookXDP, Mode: attach.ModeNative}},
+		{Attachment: attach.Attachment{Iface: "pinned", Hook: attach.HookXDP}, Live: true},
+		{Attachment: attach.Attachment{Iface: "pinnedgen", Hook: attach.HookXDP}, Live: true},
+		{Attachment: attach.Attachment{Iface: "gen", Hook: attach.HookXDP, Mode: attach.ModeGeneric}},
+		{Attachment: attach.Attachment{Iface: "tcin", Hook: attach.HookTCIngress}, Live: true},
+	}}, ns: &ns}
+	sock := serveFake(t, svc)
+	for _, tc := range []struct {
+		name, from, to string
+		sock           string // "": the fake lovelockd's
+		err, warning   string // in the error or a warning line; both "": passes
+	}{
+		{name: "native xdp to a bridge", from: "xin", to: "br0",
+			err: `rules: rule 1 "out": redirect to br0 from the native XDP hook on xin: br0 (bridge) cannot transmit XDP frames`},
+		{name: "pinned xdp to a bridge", from: "pinned", to: "br0", err: "from the native XDP hook on pinned"},
+		{name: "generic xdp to a bridge", from: "gen", to: "br0"},
+		{name: "pinned generic xdp to a bridge", from: "pinnedgen", to: "br0"},
+		{name: "tc to a bridge", from: "tcin", to: "br0"},
+		{name: "native xdp to a veth whose peer runs an XDP program", from: "xin", to: "vout"},
+		{name: "no lovelockd", from: "xin", to: "br0", sock: filepath.Join(t.TempDir(), "none.sock"),
+			warning: `warning: rules: rule 1 "out": redirect to br0: br0 (bridge) cannot transmit XDP frames`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			file := writeFile(t, "r.yaml", fmt.Sprintf("rules:\n  - {name: out, priority: 1, match: {iface: %s, proto: udp}, action: 'redirect:%s'}\n", tc.from, tc.to))
+			if tc.sock == "" {
+				tc.sock = sock
+			}
+			var out, stderr string
+			var err error
+			testenv.InNetNS(t, ns, func() error {
+				out, stderr, err = runCLI(tc.sock, "rules", "apply", "-f", file, "--dry-run")
+				return nil
+			})
+			switch {
+			case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+				t.Errorf("err = %v, want one with %q", err, tc.err)
+			case tc.err == "" && err != nil:
+				t.Errorf("refused: %v", err)
+			case tc.err == "" && tc.sock == sock && !strings.Contains(out, "1 rules pass lovelockd's checks"),
+				tc.err == "" && tc.sock != sock && !strings.Contains(out, "1 rules parse and validate"):
+				t.Errorf("stdout %q", out)
+			}
+			if (tc.warning == "") != !strings.Contains(stderr, "warning:") || !strings.Contains(stderr, tc.warning) {
+				t.Errorf("stderr %q, want warning %q", stderr, tc.warning)
+			}
+		})
+	}
+	if svc.applied != 0 {
+		t.Errorf("a dry run applied %d times", svc.applied)
 	}
 }

@@ -11,7 +11,10 @@ import (
 	"os"
 	"testing"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -160,4 +163,41 @@ func setUp(e VethEnd) (int, error) {
 		return 0, fmt.Errorf("%s: up: %w", e.Name, err)
 	}
 	return l.Attrs().Index, nil
+}
+
+// XDPPassOn attaches a program that passes every frame to iface in ns, in
+// native (driver) mode, for as long as the interface lives: a veth takes
+// frames an XDP program redirects to its peer only while it runs one (its
+// peer then reports ndo-xmit among its XDP features).
+func XDPPassOn(tb testing.TB, ns netns.NsHandle, iface string) {
+	tb.Helper()
+	xdpPassOn(tb, ns, iface, nl.XDP_FLAGS_DRV_MODE)
+}
+
+// XDPPassGenericOn is XDPPassOn in generic (skb) mode.
+func XDPPassGenericOn(tb testing.TB, ns netns.NsHandle, iface string) {
+	tb.Helper()
+	xdpPassOn(tb, ns, iface, nl.XDP_FLAGS_SKB_MODE)
+}
+
+func xdpPassOn(tb testing.TB, ns netns.NsHandle, iface string, flags int) {
+	tb.Helper()
+	RequirePriv(tb)
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2 /* XDP_PASS */), asm.Return()}})
+	if err != nil {
+		tb.Fatalf("load an XDP_PASS program: %v", err)
+	}
+	// The attachment holds the program; it goes with the interface.
+	defer prog.Close()
+	InNetNS(tb, ns, func() error {
+		l, err := netlink.LinkByName(iface)
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetXdpFdWithFlags(l, prog.FD(), flags); err != nil {
+			return fmt.Errorf("%s: attach an XDP_PASS program: %w", iface, err)
+		}
+		return nil
+	})
 }
