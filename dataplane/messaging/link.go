@@ -560,13 +560,19 @@ type linkKey struct {
 	src, session uint32
 }
 
-// rxSlot holds a bundle that arrived ahead of a gap.
+// rxSlot holds a bundle that arrived ahead of a gap, or marks one dropped
+// above a stale gap (gone).
 type rxSlot struct {
 	seq   uint32
 	flags wire.Flags
 	data  []byte // the records region, copied
 	size  int    // datagram bytes, for the counters
 	used  bool
+	// gone: dropped above a stale gap and counted there. It stays
+	// acknowledged selectively, since its sender may have freed it on an
+	// earlier credit and will never send it again, and the link moves past
+	// it once the gap below fills.
+	gone bool
 }
 
 // verdict is what the receiver does with a bundle's sequence number.
@@ -594,6 +600,11 @@ type inLink struct {
 	ooo      []rxSlot      // by seq & mask
 	mask     uint32        // len(ooo) - 1
 	held     int           // slots in use
+	gone     int           // slots marking bundles dropped above a stale gap
+	// quiet: the last bundle passed over was gone, so a continuation
+	// leading the next one belongs to a message counted in stale_gap: it
+	// is dropped as an orphan but not counted again.
+	quiet bool
 
 	valPending uint32 // fragmentation state after the last bundle validated
 	// unsure: the link was met in the middle of the sender's stream, and
@@ -626,7 +637,8 @@ type rxWork struct {
 	r     bundle.Reader
 	data  []byte // owned bytes, when not processed in place
 	buf   []byte // an agent worker's receive buffer the bundle kept (data), to give back when done
-	reset bool   // a malformed bundle: drop any partial message, nothing else
+	reset bool   // a malformed or gone bundle: drop any partial message, nothing else
+	quiet bool   // a leading orphan continuation is counted elsewhere (inLink.quiet)
 }
 
 // rxMsg is a message being routed or delivered.
@@ -680,9 +692,14 @@ func (l *inLink) onProbe(seq uint32) bool {
 		return false
 	}
 	for i := range l.ooo {
-		if s := &l.ooo[i]; s.used && seqDiff(s.seq, seq) < 0 {
+		s := &l.ooo[i]
+		switch {
+		case s.used && seqDiff(s.seq, seq) < 0:
 			s.used, s.data = false, nil
 			l.held--
+		case s.gone && seqDiff(s.seq, seq) < 0:
+			s.gone = false
+			l.gone--
 		}
 	}
 	l.next.Store(seq)
@@ -720,8 +737,8 @@ func (l *inLink) classify(seq uint32) verdict {
 		return vOutOfWindow
 	case d == 0:
 		return vInOrder
-	case l.ooo[seq&l.mask].used && l.ooo[seq&l.mask].seq == seq:
-		return vDuplicate
+	case (l.ooo[seq&l.mask].used || l.ooo[seq&l.mask].gone) && l.ooo[seq&l.mask].seq == seq:
+		return vDuplicate // a gone bundle is counted dropped: taking it now would count it twice
 	}
 	return vStash
 }
@@ -733,21 +750,27 @@ func (l *inLink) stash(seq uint32, flags wire.Flags, records []byte, size int) {
 	l.held++
 }
 
-// unstash returns the bundle for the next expected seq, if held. The
-// returned data stays valid until the slot is reused, which needs the
-// window to move past it, so callers must be done with it (or copy it)
-// before they consume it.
-func (l *inLink) unstash() (rxSlot, bool) {
+// unstash returns the bundle for the next expected seq, if held, or
+// reports that it is gone (dropped above a stale gap). The returned data
+// stays valid until the slot is reused, which needs the window to move
+// past it, so callers must be done with it (or copy it) before they
+// consume it.
+func (l *inLink) unstash() (slot rxSlot, gone, ok bool) {
 	next := l.next.Load()
 	s := &l.ooo[next&l.mask]
-	if !s.used || s.seq != next {
-		return rxSlot{}, false
+	if s.seq != next || !s.used && !s.gone {
+		return rxSlot{}, false, false
 	}
-	slot := *s
+	if s.gone {
+		s.gone = false
+		l.gone--
+		return rxSlot{}, true, true
+	}
+	slot = *s
 	s.used = false
 	s.data = nil // the caller owns the bytes now
 	l.held--
-	return slot, true
+	return slot, false, true
 }
 
 // nextMessage reads item on to the next complete message for l: a whole
@@ -780,7 +803,9 @@ func (l *inLink) nextMessage(item *rxWork, maxMsg int, ctr *counters) (rxMsg, bo
 			l.partRank, l.partWant = rec.Rank, rec.Size
 		case bundle.Continuation:
 			if rec.Orphan {
-				ctr.drop(dropOrphans, 1)
+				if !item.quiet {
+					ctr.drop(dropOrphans, 1)
+				}
 				continue
 			}
 			if l.skip {
@@ -806,10 +831,10 @@ func (l *inLink) credit() (ack uint32, c bundle.Credit) {
 		// behind its base with a probe, which confirms where we start.
 		return ack - 1, c
 	}
-	if l.held > 0 {
+	if l.held > 0 || l.gone > 0 {
 		for i := uint32(0); i < 64 && i+1 < l.window; i++ {
 			q := ack + 1 + i
-			if s := &l.ooo[q&l.mask]; s.used && s.seq == q {
+			if s := &l.ooo[q&l.mask]; (s.used || s.gone) && s.seq == q {
 				c.SACK |= 1 << i
 			}
 		}

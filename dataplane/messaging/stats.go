@@ -155,8 +155,10 @@ type DropStats struct {
 	// tracks its maximum of links.
 	TooManyLinks uint64 `json:"too_many_links"`
 	// StaleGap: bundles held out of order above a gap that stayed open
-	// for two peer timeouts (its sender is gone, has reset the link, or is
-	// hostile), dropped so that the link can be forgotten.
+	// for two peer timeouts (its sender is gone, has reset the link, is
+	// hostile, or cannot get the hole through), dropped so that the link
+	// can be forgotten. A message with a part in one is lost with it, and
+	// not counted again as an orphan.
 	StaleGap uint64 `json:"stale_gap"`
 	// DeadPeer: messages dropped because their next hop stopped answering
 	// for peer_timeout.
