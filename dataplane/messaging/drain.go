@@ -86,6 +86,7 @@ func (w *worker) shutdown() {
 	w.now = w.clock()
 	for _, l := range w.links {
 		l.close(flushExplicit, w.now, &w.out)
+		l.dropGaveUp() // no one asks any more
 	}
 	w.finish()
 }

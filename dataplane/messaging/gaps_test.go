@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,11 +38,12 @@ func (o *msgOwner) inOrder(l *inLink, item rxWork, _ *transport.Packet) {
 // linkSim drives an outLink and a receiver back to back, as TestWindowWrap
 // does, on a time the test steps by hand, with a rule that loses datagrams
 // either way: the sender's bundles and probes (toRecv), the receiver's
-// credits (not toRecv). Every message is one bundle, "message N" for the
-// Nth written. The receiver sweeps its links (forget) every gcEvery, as an
-// agent worker does.
+// credits (not toRecv). Each write closes its bundle: a message short
+// enough is one bundle, "message N" for the Nth written. The receiver
+// sweeps its links (forget) every gcEvery, as an agent worker does.
 type linkSim struct {
 	t           *testing.T
+	cfg         Config
 	rto, peerTO int64
 	out         *outLink
 	r           *receiver
@@ -50,6 +52,7 @@ type linkSim struct {
 	pkts, creds batch
 	now, nextGC int64
 	written     int
+	sent        []string // the payloads written, in order
 	lose        func(now int64, toRecv bool, h wire.Header) bool
 }
 
@@ -58,7 +61,7 @@ func newLinkSim(t *testing.T, window int, rto, peerTO int64) *linkSim {
 	cfg := Defaults()
 	cfg.Tenant, cfg.BuffersPerDest = 7, window
 	cfg.RetransmitTimeout, cfg.PeerTimeout = Duration(rto), Duration(peerTO)
-	s := &linkSim{t: t, rto: rto, peerTO: peerTO, sctr: &counters{}, rctr: &counters{}, now: 1}
+	s := &linkSim{t: t, cfg: cfg, rto: rto, peerTO: peerTO, sctr: &counters{}, rctr: &counters{}, now: 1}
 	s.owner = &msgOwner{got: map[string]int{}, ctr: s.rctr}
 	s.out = newOutLink("peer", netip.MustParseAddrPort("127.0.0.1:9"), 7, AgentEndpoint(0, 0), AgentEndpoint(1, 0), 256, window, s.sctr)
 	s.r = newReceiver(&cfg, 0, s.rctr, s.owner, &s.creds)
@@ -67,15 +70,22 @@ func newLinkSim(t *testing.T, window int, rto, peerTO int64) *linkSim {
 }
 
 // write writes n messages, one bundle each, and carries what they send.
-func (s *linkSim) write(n int) {
+func (s *linkSim) write(n int) { s.writeSized(n, 0) }
+
+// writeSized writes n messages of size bytes (at least their name's), each
+// closing its last bundle, and carries what they send.
+func (s *linkSim) writeSized(n, size int) {
 	s.t.Helper()
 	for range n {
+		m := fmt.Sprintf("message %d", s.written)
+		m += strings.Repeat(".", max(size-len(m), 0))
 		var p progress
-		if s.out.write(1, []byte(fmt.Sprintf("message %d", s.written)), &p, s.now, &s.pkts, func(*outLink) {}) == writeWait {
-			s.t.Fatalf("message %d: no free send buffer", s.written)
+		if s.out.write(1, []byte(m), &p, s.now, &s.pkts, func(*outLink) {}) != writeDone {
+			s.t.Fatalf("message %d: not written whole", s.written)
 		}
 		s.out.close(flushExplicit, s.now, &s.pkts)
 		s.written++
+		s.sent = append(s.sent, m)
 		s.exchange()
 	}
 }
@@ -120,6 +130,16 @@ func (s *linkSim) exchange() {
 	s.out.settle()
 }
 
+// restartReceiver replaces the receiver with a new life that knows no link
+// and counts afresh, and returns the old life's counters.
+func (s *linkSim) restartReceiver() *counters {
+	old := s.rctr
+	s.rctr = &counters{}
+	s.owner = &msgOwner{got: s.owner.got, ctr: s.rctr}
+	s.r = newReceiver(&s.cfg, 0, s.rctr, s.owner, &s.creds)
+	return old
+}
+
 // run steps the time by rto/4 up to end, running the sender's timers and
 // the receiver's sweep, and calls each (if not nil) after every step.
 func (s *linkSim) run(end int64, each func()) {
@@ -139,8 +159,8 @@ func (s *linkSim) run(end int64, each func()) {
 
 // taken returns the messages taken once, and those taken more often.
 func (s *linkSim) taken() (once int, more []int) {
-	for i := range s.written {
-		switch s.owner.got[fmt.Sprintf("message %d", i)] {
+	for i, m := range s.sent {
+		switch s.owner.got[m] {
 		case 0:
 		case 1:
 			once++
@@ -306,5 +326,166 @@ func TestStaleGapPassGone(t *testing.T) {
 		if !settled(l) || l.gone != 0 {
 			t.Errorf("link not settled: held %d, gone %d, next %d, consumed %d", l.held, l.gone, l.next.Load(), l.consumed.Load())
 		}
+	}
+}
+
+// TestLossCountedOnce: a sender that hears nothing from its peer for
+// peer_timeout gives up the session (a reset) while the receiver may hold
+// bundles of it above a gap, which it drops and counts itself (stale_gap)
+// two peer timeouts after the gap opened, or may have taken bundles whose
+// credits were lost. Each bundle the sender had in flight is counted by
+// one end only. The sender counts at once what never left and what its
+// oldest bundle in flight carries (the receiver cannot hold that one above
+// a gap); for the bundles above it, it asks the receiver with a probe of
+// the old session once the peer answers, and counts in dead_peer only the
+// messages the receiver neither took nor holds (or dropped). Here one
+// message goes through (seq 0, its credit heard), then a window's worth
+// (seqs 1 to 8) goes out, one bundle of it (the hole) is lost, and a
+// partition (everything lost both ways, the credits of those sends too
+// unless the row says they were heard) follows; it heals at 3 peer
+// timeouts, after the gap went stale, unless the row says otherwise. The
+// one over-count left is the oldest bundle: taken, its credits lost
+// ("taken and held", "receiver restarted"), it is counted though taken; so
+// is what a receiver's earlier life took. A partition that outlasts the
+// sender's questions (gaveUpTimeouts) leaves it counting everything, as
+// before ("healed too late").
+// Before, the sender counted everything it had in flight: every bundle the
+// receiver held was counted on both ends (window 8, one message a bundle,
+// the hole first: dead_peer 8 and stale_gap 7 for 8 messages lost), and so
+// was every bundle it took.
+func TestLossCountedOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		size, n     int    // n messages of size bytes: 300 takes two bundles
+		hole        uint32 // every send of this seq is lost until the partition heals
+		creditsLost bool   // the credits of the first sends are lost too
+		restart     bool   // the receiver restarts during the partition
+		heal        int64  // the partition heals after this many peer timeouts/100 (0: 300)
+		taken       int    // of the n messages
+		dead, stale uint64
+	}{
+		{"held, credits lost", 0, 8, 1, true, false, 0, 0, 1, 7},
+		{"taken and held, credits lost", 0, 8, 4, true, false, 0, 3, 2, 4},
+		{"fragmented across the gap", 300, 4, 1, true, false, 0, 0, 0, 7},
+		{"healed before the gap went stale", 0, 8, 1, true, false, 150, 0, 1, 7},
+		{"held, credits heard", 0, 8, 1, false, false, 0, 0, 1, 7},
+		{"receiver restarted", 0, 8, 4, true, true, 0, 3, 8, 0},
+		{"healed too late", 0, 8, 1, true, false, 800, 0, 8, 7},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const rto, peerTO = int64(10 * time.Millisecond), int64(10 * time.Second)
+			const start = 2
+			heal := 3 * peerTO
+			if tc.heal > 0 {
+				heal = tc.heal * peerTO / 100
+			}
+			s := newLinkSim(t, 8, rto, peerTO)
+			s.lose = func(now int64, toRecv bool, h wire.Header) bool {
+				switch {
+				case now < start || now >= heal:
+					return false
+				case toRecv && h.Type == wire.TypeBundle && h.Seq == tc.hole, now > start:
+					return true
+				}
+				return !toRecv && tc.creditsLost
+			}
+			s.write(1)
+			s.now = start
+			s.writeSized(tc.n, tc.size)
+			var old *counters
+			s.run(heal, func() {
+				if tc.restart && old == nil && s.now >= 3*peerTO/2 {
+					old = s.restartReceiver()
+				}
+			})
+			if s.out.st.resets.Load() != 1 {
+				t.Fatalf("setup: %v; want the session given up once", s)
+			}
+			s.run(max(heal, 3*peerTO)+peerTO, nil)
+			once, more := s.taken()
+			once-- // the first message
+			stale := s.rctr.drops[dropStaleGap].Load()
+			if old != nil {
+				stale += old.drops[dropStaleGap].Load()
+			}
+			if dead := s.sctr.drops[dropDeadPeer].Load(); once != tc.taken || len(more) > 0 || dead != tc.dead || stale != tc.stale {
+				t.Errorf("%v (stale_gap %d over the receiver's lives): taken %d, taken again %v, dead_peer %d, stale_gap %d; want %d, none, %d, %d",
+					s, stale, once, more, dead, stale, tc.taken, tc.dead, tc.stale)
+			}
+			// The link goes on in its new session.
+			s.write(2)
+			s.run(s.now+peerTO/10, nil)
+			if now, _ := s.taken(); now != 1+once+2 {
+				t.Errorf("%v: %d of the 2 messages after the partition taken", s, now-1-once)
+			}
+		})
+	}
+}
+
+// TestGiveUpSorts: what a reset counts at once and what it asks the
+// receiver about, message by message, over 256-byte bundles (a 300-byte
+// message takes two): a message that touches a bundle freed on a selective
+// acknowledgement is the receiver's, one with a part in flight above the
+// oldest bundle waits for the answer, the rest is counted at once.
+func TestGiveUpSorts(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		window    int
+		sizes     []int // messages written, each closing its last bundle
+		ack       uint32
+		sack      uint64 // the credit before the reset (ack 0 and sack 0: none)
+		certain   uint64
+		spans     []lostSpan
+		ansAck    uint32 // an answer: ansAck, ansSACK
+		ansSACK   uint64
+		ansCounts uint64
+	}{
+		{name: "whole messages in flight", window: 8, sizes: []int{10, 10, 10},
+			certain: 1, spans: []lostSpan{{1, 1, 1, false}, {2, 2, 1, false}},
+			ansAck: 2, ansCounts: 1},
+		{name: "the rest of a message taken before", window: 8, sizes: []int{300}, ack: 1,
+			certain: 1},
+		{name: "a message from the oldest bundle on", window: 8, sizes: []int{300},
+			spans:  []lostSpan{{0, 1, 1, false}},
+			ansAck: 1, ansCounts: 1},
+		{name: "a message across a bundle the receiver holds", window: 8, sizes: []int{100, 300, 100}, sack: 0b1,
+			certain: 1, spans: []lostSpan{{3, 3, 1, false}},
+			ansAck: 0, ansSACK: 0b111, ansCounts: 0},
+		{name: "a message whose rest was never sent", window: 2, sizes: []int{1000},
+			spans:  []lostSpan{{0, 1, 1, true}},
+			ansAck: 2, ansCounts: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const rto = int64(time.Millisecond)
+			ctr := &counters{}
+			out := newOutLink("peer", netip.MustParseAddrPort("127.0.0.1:9"), 7, AgentEndpoint(0, 0), AgentEndpoint(1, 0), 256, tc.window, ctr)
+			var pkts batch
+			for _, n := range tc.sizes {
+				var p progress
+				if out.write(1, make([]byte, n), &p, 1, &pkts, func(*outLink) {}) == writeDone {
+					out.close(flushExplicit, 1, &pkts)
+				}
+			}
+			if tc.ack != 0 || tc.sack != 0 {
+				out.onCredit(tc.ack, bundle.Credit{Session: out.session, Limit: tc.ack + uint32(tc.window), SACK: tc.sack}, 2, rto, &pkts)
+			}
+			out.settle()
+			out.reset(3)
+			if got := ctr.drops[dropDeadPeer].Load(); got != tc.certain {
+				t.Errorf("dead_peer %d at the reset, want %d", got, tc.certain)
+			}
+			var spans []lostSpan
+			for _, g := range out.gaveUp {
+				spans = append(spans, g.spans...)
+			}
+			if !slices.Equal(spans, tc.spans) {
+				t.Fatalf("asked about %+v, want %+v", spans, tc.spans)
+			}
+			if len(out.gaveUp) > 0 {
+				if got := out.gaveUp[0].count(true, tc.ansAck, tc.ansSACK); got != tc.ansCounts {
+					t.Errorf("answer ack %d, SACK %b: %d lost, want %d", tc.ansAck, tc.ansSACK, got, tc.ansCounts)
+				}
+			}
+		})
 	}
 }

@@ -160,6 +160,7 @@ type outLink struct {
 	dead          bool      // the peer stopped answering: drop, and probe until it answers
 	ctr           *counters // the owner's, for the messages a dead peer costs
 	freed         int       // buffers freed by the last credit
+	gaveUp        []*gaveUp // sessions a reset gave up, whose fate the receiver is asked (giveup.go)
 }
 
 func newOutLink(name string, addr netip.AddrPort, tenant uint32, src, dst Endpoint, tsize, window int, ctr *counters) *outLink {
@@ -188,9 +189,9 @@ func (l *outLink) busy() bool { return l.base != l.nextSeq || l.waiting() > 0 }
 // waiting returns the number of flushed bundles waiting for the window.
 func (l *outLink) waiting() int { return len(l.ready) - l.rhead }
 
-// timed reports whether the link needs its timers: it is busy, or its
-// peer is dead and being probed.
-func (l *outLink) timed() bool { return l.dead || l.busy() }
+// timed reports whether the link needs its timers: it is busy, its peer
+// is dead and being probed, or a session it gave up is being asked about.
+func (l *outLink) timed() bool { return l.dead || l.busy() || len(l.gaveUp) > 0 }
 
 // takeBuf returns a free send buffer, allocating up to the window, or nil.
 func (l *outLink) takeBuf() *txBuf {
@@ -406,13 +407,14 @@ func (l *outLink) transmit(b *txBuf, now int64, out *batch) {
 }
 
 // onCredit applies a credit from the peer: frees what it acknowledges,
-// retransmits holes it reveals, opens the window and sends. It returns
-// false for a credit of another session (stale). l.freed says how many
-// buffers it freed.
+// retransmits holes it reveals, opens the window and sends. A credit of a
+// session given up answers the sender's question about it (answered). It
+// returns false for a credit of another session (stale). l.freed says how
+// many buffers it freed.
 func (l *outLink) onCredit(ack uint32, c bundle.Credit, now, rto int64, out *batch) bool {
 	l.freed = 0
 	if c.Session != l.session {
-		return false
+		return l.answered(ack, c)
 	}
 	l.lastHeard = now
 	if l.dead { // a probe was answered: the peer is back
@@ -470,10 +472,13 @@ func (l *outLink) onCredit(ack uint32, c bundle.Credit, now, rto int64, out *bat
 // maintain runs the link's timers: retransmission of bundles whose
 // acknowledgement is overdue (backing off per try), probes while the window
 // is closed with nothing in flight, and the dead-peer reset; for a dead
-// peer, a probe every eighth of peerTimeout to notice its return. It
-// returns whether the link still needs its timers and whether it was reset
-// (freeing its buffers).
+// peer, a probe every eighth of peerTimeout to notice its return; and the
+// questions about sessions given up. It returns whether the link still
+// needs its timers and whether it was reset (freeing its buffers).
 func (l *outLink) maintain(now, rto, peerTimeout int64, out *batch) (timed, reset bool) {
+	if len(l.gaveUp) > 0 {
+		l.askGaveUp(now, rto, peerTimeout, out)
+	}
 	if l.dead {
 		if now-l.lastProbe >= max(rto, peerTimeout/8) {
 			l.probe(now, out)
@@ -481,7 +486,7 @@ func (l *outLink) maintain(now, rto, peerTimeout int64, out *batch) (timed, rese
 		return true, false
 	}
 	if !l.busy() {
-		return false, false
+		return len(l.gaveUp) > 0, false
 	}
 	if now-l.lastHeard >= peerTimeout {
 		l.declareDead(now)
@@ -521,15 +526,16 @@ func (l *outLink) probe(now int64, out *batch) {
 	out.add(transport.Packet{Addr: l.addr, Data: l.probeBuf}, &l.st, nil) // counted once the transport takes it
 }
 
-// reset declares the peer dead: every buffered message is dropped (and
-// counted), and the link starts a new session.
+// reset declares the peer dead: every buffered message is dropped, and
+// the link starts a new session. What is lost for certain is counted at
+// once; the messages the receiver may have taken or hold are counted once
+// it says it has neither (giveUp).
 func (l *outLink) reset(now int64) {
-	drop := 0
-	if l.fragOwner != nil && l.fragHead == nil {
-		drop = 1 // a fragmented message whose head was acknowledged: no buffer below counts it
+	drop, g := l.giveUp(now)
+	if g != nil {
+		l.gaveUp = append(l.gaveUp, g)
 	}
 	for _, b := range l.ready[l.rhead:] {
-		drop += b.msgs
 		l.release(b)
 	}
 	// Buffers in flight may sit in the caller's unsent batch (sent at now).
@@ -537,17 +543,15 @@ func (l *outLink) reset(now int64) {
 	l.ready, l.rhead = l.ready[:0], 0
 	for i, b := range l.inflight {
 		if b != nil {
-			drop += b.msgs
 			l.retire(b, now)
 			l.inflight[i] = nil
 		}
 	}
 	if l.cur != nil {
-		drop += l.cur.msgs
 		l.release(l.cur)
 		l.cur = nil
 	}
-	l.ctr.drop(dropDeadPeer, uint64(drop))
+	l.ctr.drop(dropDeadPeer, drop)
 	l.st.resets.Add(1)
 	l.session = newSession()
 	l.epoch++
