@@ -201,8 +201,8 @@ func (s *linkSim) String() string {
 // freed them on their selective acknowledgement): the bundles behind it
 // were neither taken nor dropped until the sender, its window full and
 // nothing answered, declared its live peer dead a peer timeout later
-// (window 8: 2 bundles held for 1.1 peer timeouts, 1 reset, then dropped
-// too).
+// (window 8: one bundle held from 3.2 to 4.2 peer timeouts, then a reset,
+// then dropped too; window 64: 23 bundles).
 func TestStaleGapSenderAlive(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
