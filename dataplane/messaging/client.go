@@ -216,6 +216,7 @@ func (c *Client) Close() error {
 			for _, l := range s.links {
 				if l != nil {
 					unsent += l.unsent()
+					l.dropGaveUp() // no one asks any more
 				}
 			}
 			s.mu.Unlock()

@@ -123,8 +123,8 @@ func (c *Client) credit(h wire.Header, cr bundle.Credit, _ netip.AddrPort, _ []b
 		c.ctr.drop(dropStaleCredit, 1)
 		return
 	}
-	if c.hopDead[l.hop].Load() {
-		c.hopDead[l.hop].Store(false) // the peer answers again
+	if !l.dead && c.hopDead[l.hop].Load() {
+		c.hopDead[l.hop].Store(false) // the peer answers again (not just about a session given up)
 	}
 	s.send()
 	l.settle()

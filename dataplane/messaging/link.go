@@ -160,6 +160,7 @@ type outLink struct {
 	dead          bool      // the peer stopped answering: drop, and probe until it answers
 	ctr           *counters // the owner's, for the messages a dead peer costs
 	freed         int       // buffers freed by the last credit
+	gaveUp        []*gaveUp // sessions a reset gave up, whose fate the receiver is asked (giveup.go)
 }
 
 func newOutLink(name string, addr netip.AddrPort, tenant uint32, src, dst Endpoint, tsize, window int, ctr *counters) *outLink {
@@ -188,9 +189,9 @@ func (l *outLink) busy() bool { return l.base != l.nextSeq || l.waiting() > 0 }
 // waiting returns the number of flushed bundles waiting for the window.
 func (l *outLink) waiting() int { return len(l.ready) - l.rhead }
 
-// timed reports whether the link needs its timers: it is busy, or its
-// peer is dead and being probed.
-func (l *outLink) timed() bool { return l.dead || l.busy() }
+// timed reports whether the link needs its timers: it is busy, its peer
+// is dead and being probed, or a session it gave up is being asked about.
+func (l *outLink) timed() bool { return l.dead || l.busy() || len(l.gaveUp) > 0 }
 
 // takeBuf returns a free send buffer, allocating up to the window, or nil.
 func (l *outLink) takeBuf() *txBuf {
@@ -406,13 +407,14 @@ func (l *outLink) transmit(b *txBuf, now int64, out *batch) {
 }
 
 // onCredit applies a credit from the peer: frees what it acknowledges,
-// retransmits holes it reveals, opens the window and sends. It returns
-// false for a credit of another session (stale). l.freed says how many
-// buffers it freed.
+// retransmits holes it reveals, opens the window and sends. A credit of a
+// session given up answers the sender's question about it (answered). It
+// returns false for a credit of another session (stale). l.freed says how
+// many buffers it freed.
 func (l *outLink) onCredit(ack uint32, c bundle.Credit, now, rto int64, out *batch) bool {
 	l.freed = 0
 	if c.Session != l.session {
-		return false
+		return l.answered(ack, c)
 	}
 	l.lastHeard = now
 	if l.dead { // a probe was answered: the peer is back
@@ -470,10 +472,13 @@ func (l *outLink) onCredit(ack uint32, c bundle.Credit, now, rto int64, out *bat
 // maintain runs the link's timers: retransmission of bundles whose
 // acknowledgement is overdue (backing off per try), probes while the window
 // is closed with nothing in flight, and the dead-peer reset; for a dead
-// peer, a probe every eighth of peerTimeout to notice its return. It
-// returns whether the link still needs its timers and whether it was reset
-// (freeing its buffers).
+// peer, a probe every eighth of peerTimeout to notice its return; and the
+// questions about sessions given up. It returns whether the link still
+// needs its timers and whether it was reset (freeing its buffers).
 func (l *outLink) maintain(now, rto, peerTimeout int64, out *batch) (timed, reset bool) {
+	if len(l.gaveUp) > 0 {
+		l.askGaveUp(now, rto, peerTimeout, out)
+	}
 	if l.dead {
 		if now-l.lastProbe >= max(rto, peerTimeout/8) {
 			l.probe(now, out)
@@ -481,7 +486,7 @@ func (l *outLink) maintain(now, rto, peerTimeout int64, out *batch) (timed, rese
 		return true, false
 	}
 	if !l.busy() {
-		return false, false
+		return len(l.gaveUp) > 0, false
 	}
 	if now-l.lastHeard >= peerTimeout {
 		l.declareDead(now)
@@ -521,15 +526,16 @@ func (l *outLink) probe(now int64, out *batch) {
 	out.add(transport.Packet{Addr: l.addr, Data: l.probeBuf}, &l.st, nil) // counted once the transport takes it
 }
 
-// reset declares the peer dead: every buffered message is dropped (and
-// counted), and the link starts a new session.
+// reset declares the peer dead: every buffered message is dropped, and
+// the link starts a new session. What is lost for certain is counted at
+// once; the messages the receiver may have taken or hold are counted once
+// it says it has neither (giveUp).
 func (l *outLink) reset(now int64) {
-	drop := 0
-	if l.fragOwner != nil && l.fragHead == nil {
-		drop = 1 // a fragmented message whose head was acknowledged: no buffer below counts it
+	drop, g := l.giveUp(now)
+	if g != nil {
+		l.gaveUp = append(l.gaveUp, g)
 	}
 	for _, b := range l.ready[l.rhead:] {
-		drop += b.msgs
 		l.release(b)
 	}
 	// Buffers in flight may sit in the caller's unsent batch (sent at now).
@@ -537,17 +543,15 @@ func (l *outLink) reset(now int64) {
 	l.ready, l.rhead = l.ready[:0], 0
 	for i, b := range l.inflight {
 		if b != nil {
-			drop += b.msgs
 			l.retire(b, now)
 			l.inflight[i] = nil
 		}
 	}
 	if l.cur != nil {
-		drop += l.cur.msgs
 		l.release(l.cur)
 		l.cur = nil
 	}
-	l.ctr.drop(dropDeadPeer, uint64(drop))
+	l.ctr.drop(dropDeadPeer, drop)
 	l.st.resets.Add(1)
 	l.session = newSession()
 	l.epoch++
@@ -560,13 +564,19 @@ type linkKey struct {
 	src, session uint32
 }
 
-// rxSlot holds a bundle that arrived ahead of a gap.
+// rxSlot holds a bundle that arrived ahead of a gap, or marks one dropped
+// above a stale gap (gone).
 type rxSlot struct {
 	seq   uint32
 	flags wire.Flags
 	data  []byte // the records region, copied
 	size  int    // datagram bytes, for the counters
 	used  bool
+	// gone: dropped above a stale gap and counted there. It stays
+	// acknowledged selectively, since its sender may have freed it on an
+	// earlier credit and will never send it again, and the link moves past
+	// it once the gap below fills.
+	gone bool
 }
 
 // verdict is what the receiver does with a bundle's sequence number.
@@ -594,6 +604,11 @@ type inLink struct {
 	ooo      []rxSlot      // by seq & mask
 	mask     uint32        // len(ooo) - 1
 	held     int           // slots in use
+	gone     int           // slots marking bundles dropped above a stale gap
+	// quiet: the last bundle passed over was gone, so a continuation
+	// leading the next one belongs to a message counted in stale_gap: it
+	// is dropped as an orphan but not counted again.
+	quiet bool
 
 	valPending uint32 // fragmentation state after the last bundle validated
 	// unsure: the link was met in the middle of the sender's stream, and
@@ -626,7 +641,8 @@ type rxWork struct {
 	r     bundle.Reader
 	data  []byte // owned bytes, when not processed in place
 	buf   []byte // an agent worker's receive buffer the bundle kept (data), to give back when done
-	reset bool   // a malformed bundle: drop any partial message, nothing else
+	reset bool   // a malformed or gone bundle: drop any partial message, nothing else
+	quiet bool   // a leading orphan continuation is counted elsewhere (inLink.quiet)
 }
 
 // rxMsg is a message being routed or delivered.
@@ -680,9 +696,14 @@ func (l *inLink) onProbe(seq uint32) bool {
 		return false
 	}
 	for i := range l.ooo {
-		if s := &l.ooo[i]; s.used && seqDiff(s.seq, seq) < 0 {
+		s := &l.ooo[i]
+		switch {
+		case s.used && seqDiff(s.seq, seq) < 0:
 			s.used, s.data = false, nil
 			l.held--
+		case s.gone && seqDiff(s.seq, seq) < 0:
+			s.gone = false
+			l.gone--
 		}
 	}
 	l.next.Store(seq)
@@ -720,8 +741,8 @@ func (l *inLink) classify(seq uint32) verdict {
 		return vOutOfWindow
 	case d == 0:
 		return vInOrder
-	case l.ooo[seq&l.mask].used && l.ooo[seq&l.mask].seq == seq:
-		return vDuplicate
+	case (l.ooo[seq&l.mask].used || l.ooo[seq&l.mask].gone) && l.ooo[seq&l.mask].seq == seq:
+		return vDuplicate // a gone bundle is counted dropped: taking it now would count it twice
 	}
 	return vStash
 }
@@ -733,21 +754,27 @@ func (l *inLink) stash(seq uint32, flags wire.Flags, records []byte, size int) {
 	l.held++
 }
 
-// unstash returns the bundle for the next expected seq, if held. The
-// returned data stays valid until the slot is reused, which needs the
-// window to move past it, so callers must be done with it (or copy it)
-// before they consume it.
-func (l *inLink) unstash() (rxSlot, bool) {
+// unstash returns the bundle for the next expected seq, if held, or
+// reports that it is gone (dropped above a stale gap). The returned data
+// stays valid until the slot is reused, which needs the window to move
+// past it, so callers must be done with it (or copy it) before they
+// consume it.
+func (l *inLink) unstash() (slot rxSlot, gone, ok bool) {
 	next := l.next.Load()
 	s := &l.ooo[next&l.mask]
-	if !s.used || s.seq != next {
-		return rxSlot{}, false
+	if s.seq != next || !s.used && !s.gone {
+		return rxSlot{}, false, false
 	}
-	slot := *s
+	if s.gone {
+		s.gone = false
+		l.gone--
+		return rxSlot{}, true, true
+	}
+	slot = *s
 	s.used = false
 	s.data = nil // the caller owns the bytes now
 	l.held--
-	return slot, true
+	return slot, false, true
 }
 
 // nextMessage reads item on to the next complete message for l: a whole
@@ -780,7 +807,9 @@ func (l *inLink) nextMessage(item *rxWork, maxMsg int, ctr *counters) (rxMsg, bo
 			l.partRank, l.partWant = rec.Rank, rec.Size
 		case bundle.Continuation:
 			if rec.Orphan {
-				ctr.drop(dropOrphans, 1)
+				if !item.quiet {
+					ctr.drop(dropOrphans, 1)
+				}
 				continue
 			}
 			if l.skip {
@@ -806,10 +835,10 @@ func (l *inLink) credit() (ack uint32, c bundle.Credit) {
 		// behind its base with a probe, which confirms where we start.
 		return ack - 1, c
 	}
-	if l.held > 0 {
+	if l.held > 0 || l.gone > 0 {
 		for i := uint32(0); i < 64 && i+1 < l.window; i++ {
 			q := ack + 1 + i
-			if s := &l.ooo[q&l.mask]; s.used && s.seq == q {
+			if s := &l.ooo[q&l.mask]; (s.used || s.gone) && s.seq == q {
 				c.SACK |= 1 << i
 			}
 		}

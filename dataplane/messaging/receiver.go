@@ -141,9 +141,13 @@ func (r *receiver) onBundle(p *transport.Packet, h wire.Header, payload []byte, 
 	case vInOrder:
 		r.owner.inOrder(l, r.accept(l, h.Flags, records, size, false), p)
 		for {
-			s, ok := l.unstash()
+			s, gone, ok := l.unstash()
 			if !ok {
 				break
+			}
+			if gone {
+				r.owner.inOrder(l, r.passGone(l), nil)
+				continue
 			}
 			r.owner.inOrder(l, r.accept(l, s.flags, s.data, s.size, true), nil)
 		}
@@ -161,7 +165,8 @@ func (r *receiver) accept(l *inLink, flags wire.Flags, records []byte, size int,
 	r.ctr.bundles.Add(1)
 	r.ctr.bytes.Add(uint64(size))
 	more := flags&wire.FlagMore != 0
-	before := l.valPending
+	before, quiet := l.valPending, l.quiet
+	l.quiet = false
 	info, err := bundle.Validate(records, more, before)
 	if err != nil {
 		r.ctr.drop(dropBadBundle, 1)
@@ -169,11 +174,24 @@ func (r *receiver) accept(l *inLink, flags wire.Flags, records []byte, size int,
 		return rxWork{reset: true}
 	}
 	l.valPending = info.Pending
-	item := rxWork{r: bundle.NewReader(records, more, before)}
+	item := rxWork{r: bundle.NewReader(records, more, before), quiet: quiet}
 	if owned {
 		item.data = records
 	}
 	return item
+}
+
+// passGone moves l past its next bundle, dropped above a stale gap that
+// has since filled: the link goes on behind it (its sender freed it and
+// will not send it again). The owner processes the item it returns, which
+// only drops a message in progress: a message with a part in the dropped
+// bundle is counted there, in stale_gap, and so is a continuation leading
+// the next bundle (quiet).
+func (r *receiver) passGone(l *inLink) rxWork {
+	l.next.Add(1)
+	l.valPending = bundle.Unknown
+	l.quiet = true
+	return rxWork{reset: true}
 }
 
 func (r *receiver) onCredit(h wire.Header, payload []byte, addr netip.AddrPort, raw []byte, now int64) {
@@ -234,17 +252,19 @@ func (r *receiver) recycle() {
 }
 
 // staleGapTimeouts is how many peer timeouts a gap below a bundle held out
-// of order may stay open before the receiver gives up on it. A live sender
-// resends a hole on every credit that acknowledges a bundle above it (at
-// most once per retransmit_timeout/8) and on its retransmission timer (at
-// least every 64 retransmit timeouts), and resets the link (a new session)
-// once it has heard nothing for peer_timeout, which it does soon after its
-// window fills: the receiver grants nothing beyond the hole. A gap open for
-// two peer timeouts has outlasted every resend a sender still on this
-// session makes (at least three at the smallest peer_timeout allowed, 4
+// of order may stay open before the receiver gives up on what it holds. A
+// live sender resends a hole on every credit that acknowledges a bundle
+// above it (at most once per retransmit_timeout/8) and on its
+// retransmission timer (at least every 64 retransmit timeouts), and resets
+// the link (a new session) once it has heard nothing for peer_timeout,
+// which it does soon after its window fills: the receiver grants nothing
+// beyond the hole. A gap open for two peer timeouts has outlasted every
+// resend (at least three at the smallest peer_timeout allowed, 4
 // retransmit timeouts; about 35 at the defaults), with one peer timeout of
 // margin for the sender's silence to start: its sender is gone, has reset,
-// or is hostile (two datagrams, seq 0 and 2, pinned a link for good).
+// is hostile (two datagrams, seq 0 and 2, pinned a link for good), or is
+// alive but cannot get the hole through, the credits for new bundles it
+// sends within its window keeping it on the session (dropGap).
 const staleGapTimeouts = 2
 
 // staleGap reports whether l holds bundles above a gap open for longer
@@ -254,18 +274,22 @@ func (r *receiver) staleGap(l *inLink, now int64) bool {
 }
 
 // dropGap drops the bundles l holds above a stale gap, counted in
-// stale_gap. A fragmented message in progress is lost with them: nothing
-// waits for its rest any more. The link can then be forgotten or evicted
-// like any other.
+// stale_gap, and marks them gone: they stay acknowledged selectively, and
+// the link passes over them once the gap below fills (passGone). A sender
+// still on the session freed them on that acknowledgement and never sends
+// them again; before, they became a hole it never filled, and the bundles
+// behind it waited until it declared its live peer dead. A message in
+// progress keeps its state: it may end in the hole. The link can be
+// forgotten or evicted like any other.
 func (r *receiver) dropGap(l *inLink) {
 	r.ctr.drop(dropStaleGap, uint64(l.held))
 	for i := range l.ooo {
-		l.ooo[i] = rxSlot{}
+		if s := &l.ooo[i]; s.used {
+			*s = rxSlot{seq: s.seq, gone: true}
+			l.gone++
+		}
 	}
 	l.held = 0
-	if l.unfinished() {
-		l.valPending = bundle.Unknown
-	}
 }
 
 // settled reports whether l holds nothing: no bundle held early or waiting

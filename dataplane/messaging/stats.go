@@ -68,9 +68,9 @@ type DestStats struct {
 	Blocked uint64 `json:"blocked"`
 	// Probes counts credit probes the transport took: while the
 	// receiver's window stayed closed with nothing in flight, to a dead
-	// next hop until it answers, and to confirm the link's base to a
+	// next hop until it answers, to confirm the link's base to a
 	// receiver whose credit acked less than it (one met in mid-stream
-	// after a restart).
+	// after a restart), and to ask about a session given up.
 	Probes uint64 `json:"probes"`
 	// PeerResets counts declarations that the next hop is dead.
 	PeerResets uint64 `json:"peer_resets"`
@@ -155,11 +155,16 @@ type DropStats struct {
 	// tracks its maximum of links.
 	TooManyLinks uint64 `json:"too_many_links"`
 	// StaleGap: bundles held out of order above a gap that stayed open
-	// for two peer timeouts (its sender is gone, has reset the link, or is
-	// hostile), dropped so that the link can be forgotten.
+	// for two peer timeouts (its sender is gone, has reset the link, is
+	// hostile, or cannot get the hole through), dropped so that the link
+	// can be forgotten. A message with a part in one is lost with it, and
+	// not counted again as an orphan.
 	StaleGap uint64 `json:"stale_gap"`
 	// DeadPeer: messages dropped because their next hop stopped answering
-	// for peer_timeout.
+	// for peer_timeout: at once, those never sent and those of the oldest
+	// bundle in flight; those in flight above it once the receiver, asked,
+	// says it neither took nor holds them (a message it holds a part of
+	// counts in its StaleGap when it drops it, not here).
 	DeadPeer uint64 `json:"dead_peer"`
 	// StaleCredit: credits for a link that no longer exists (an earlier
 	// session).
