@@ -49,8 +49,9 @@ type Config struct {
 	WorkerSocket string
 	// RunTimeout bounds one run of an external model, and a request's
 	// wait for a busy worker (default 30 s). A worker that overruns it
-	// is disconnected and its process killed; its slot stays taken until
-	// the process is gone.
+	// is disconnected and its process killed, with the processes it left
+	// holding the slot buffers; its slot stays taken until they are all
+	// gone.
 	RunTimeout time.Duration
 	// WorkerWait is how long a request for an external model with no
 	// worker attached waits for one to attach (default 0: it fails at

@@ -1,0 +1,144 @@
+package hostagent
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest"
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/model"
+)
+
+// leakRig is an extRig with testdata/worker.py's model leak, whose workers
+// leave processes behind.
+func leakRig(t *testing.T, tweak func(*Config)) *extRig {
+	return newExtRig(t, func(c *Config) {
+		c.RunTimeout = time.Second
+		c.Models = append(c.Models, model.NewExternal("leak", 1, func(n int) int { return n }))
+		if tweak != nil {
+			tweak(c)
+		}
+	})
+}
+
+// readPid waits for worker.py's pid file dir/name.
+func readPid(t *testing.T, dir, name string) int {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err == nil {
+			pid, err := strconv.Atoi(string(b))
+			if err != nil {
+				t.Fatalf("pid file %s: %q", name, b)
+			}
+			return pid
+		}
+	}
+	t.Fatalf("no pid file %s in 20s", name)
+	return 0
+}
+
+// pidfdOf opens pid's process, which the test kills when it ends.
+func pidfdOf(t *testing.T, pid int) int {
+	t.Helper()
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		t.Fatalf("pidfd_open %d: %v", pid, err)
+	}
+	t.Cleanup(func() {
+		unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+		unix.Close(fd)
+	})
+	return fd
+}
+
+// goneWithin waits up to d for pidfd's process to end.
+func goneWithin(pidfd int, d time.Duration) bool {
+	fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); {
+		if n, _ := unix.Poll(fds, 100); n > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// runRetrying runs a request, ringing again while the slot is refused as
+// busy, as the DPU does with a retryable answer.
+func (r *extRig) runRetrying(slot int, mdl string, input []byte) ingest.Ctrl {
+	r.t.Helper()
+	var c ingest.Ctrl
+	for range 200 {
+		if c = r.run(slot, mdl, input); c.Status != ingest.StatusOverloaded {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return c
+}
+
+func leakInput(mode byte) []byte {
+	return append([]byte{mode}, bytes.Repeat([]byte("A"), 63)...)
+}
+
+// TestExternalLeftovers: a worker that overran the run timeout leaves a
+// process behind that still holds the slot's output buffer (a forked
+// child, with the mapping; a double-forked daemon, reparented away from
+// the worker; a subprocess given only the descriptor, which it maps when
+// it writes), and that process writes its late output over the next
+// request's. The agent finds it by the buffer's inode in /proc and kills
+// it before the slot goes to another request, so the next request on the
+// slot, run by another worker, is answered with its own output. The child
+// of a worker that is fine (a pool process), which holds every buffer as
+// well, is left alone, and so is the new worker.
+func TestExternalLeftovers(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mode byte
+	}{
+		{"forked child", 'f'},
+		{"double-forked daemon", 'd'},
+		{"subprocess given the descriptor", 'x'},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := leakRig(t, nil)
+			dir := t.TempDir()
+			r.worker("affine", 1, dir, "keep-child")
+			bystander := pidfdOf(t, readPid(t, dir, "bystander"))
+			w1 := r.worker("leak", 1, dir)
+			wantFailure(t, r.run(0, "leak", leakInput(tc.mode)), ingest.StatusModelFailed, "did not answer within 1s")
+			holder := readPid(t, dir, "holder")
+			hfd := pidfdOf(t, holder)
+			r.waitWorkers("leak", 0, nil)
+			r.worker("leak", 1, dir)
+			b := bytes.Repeat([]byte("B"), 64)
+			wantOK(t, r.runRetrying(0, "leak", b), len(b))
+			// The leftover has written its late output, or never will.
+			if !goneWithin(hfd, 20*time.Second) {
+				t.Fatalf("the leftover (pid %d) still runs", holder)
+			}
+			if got := r.read(0, 1, len(b)); !bytes.Equal(got, b) {
+				t.Fatalf("slot 0's output after request B: %q, want B's %q: the %s (pid %d) of the worker killed for overrunning request A wrote over it", got, b, tc.name, holder)
+			}
+			if exited, _ := w1.Wait(20 * time.Second); !exited {
+				t.Fatalf("the worker that overran still runs:\n%s", w1.Output())
+			}
+			if !alive(bystander) {
+				t.Error("the child of a worker that is fine was killed")
+			}
+			if s := r.agent.Stats(); s.LeftoversKilled != 1 || s.Workers["leak"] != 1 || s.Workers["affine"] != 1 {
+				t.Errorf("stats: %+v; want one leftover killed, the new worker and the other model's attached", s)
+			}
+			c := append([]byte("C"), bytes.Repeat([]byte("c"), 31)...)
+			wantOK(t, r.run(1, "leak", c), len(c))
+			if got := r.read(1, 1, len(c)); !bytes.Equal(got, c) {
+				t.Fatalf("the new worker's output: %q, want %q", got, c)
+			}
+		})
+	}
+}
