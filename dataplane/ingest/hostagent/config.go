@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/devmem"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/mig"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/model"
@@ -66,6 +68,11 @@ type Config struct {
 	// it is about to serve (lovelockd reports the host agent running only
 	// then).
 	Ready func()
+
+	// signal sends a signal through a pidfd (default
+	// unix.PidfdSendSignal); tests send it from a thread without
+	// CAP_KILL, to meet the kernel's EPERM.
+	signal func(pidfd int, sig unix.Signal) error
 }
 
 func (c *Config) defaults() error {
@@ -149,6 +156,9 @@ func (c *Config) defaults() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.signal == nil {
+		c.signal = func(pidfd int, sig unix.Signal) error { return unix.PidfdSendSignal(pidfd, sig, nil, 0) }
 	}
 	return nil
 }

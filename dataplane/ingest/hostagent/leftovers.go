@@ -223,7 +223,7 @@ func (a *Agent) sweep(ctx context.Context, log *slog.Logger) bool {
 				unix.Close(fd)
 				continue
 			}
-			switch err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); {
+			switch err := a.cfg.signal(fd, unix.SIGKILL); {
 			case err == nil:
 				a.stats.leftoversKilled.Add(1)
 				l.Warn("killed a process left by a worker that overran the run timeout: it still held the slot buffers")

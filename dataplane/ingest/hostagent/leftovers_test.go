@@ -2,9 +2,14 @@ package hostagent
 
 import (
 	"bytes"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
+	"runtime"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -138,6 +143,111 @@ func TestExternalLeftovers(t *testing.T) {
 			wantOK(t, r.run(1, "leak", c), len(c))
 			if got := r.read(1, 1, len(c)); !bytes.Equal(got, c) {
 				t.Fatalf("the new worker's output: %q, want %q", got, c)
+			}
+		})
+	}
+}
+
+// signalWithoutCapKill sends sig through pidfd from a thread whose
+// effective capabilities lack CAP_KILL: the kernel then lets it signal
+// only its own user's processes (root's, here), as it lets a host agent
+// that is not root, and answers EPERM for another user's.
+func signalWithoutCapKill(pidfd int, sig unix.Signal) error {
+	runtime.LockOSThread()
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var caps [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &caps[0]); err != nil {
+		runtime.UnlockOSThread()
+		return err
+	}
+	saved := caps
+	caps[0].Effective &^= 1 << unix.CAP_KILL
+	if err := unix.Capset(&hdr, &caps[0]); err != nil {
+		runtime.UnlockOSThread()
+		return err
+	}
+	err := unix.PidfdSendSignal(pidfd, sig, nil, 0)
+	if unix.Capset(&hdr, &saved[0]) == nil {
+		runtime.UnlockOSThread()
+	} // else the thread, locked, ends with its goroutine
+	return err
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestExternalCannotKill: a process holding the slot buffers that the
+// agent may not kill (another user's, and the agent without CAP_KILL)
+// keeps the slot taken while it lives, with a warning naming it; doorbells
+// for the slot are refused as overloaded meanwhile. Once its owner kills
+// it, the next request runs. Both the worker itself (become user nobody
+// mid-run) and a worker's leftover (a forked child become nobody).
+func TestExternalCannotKill(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, to run the worker's processes as another user")
+	}
+	for _, tc := range []struct {
+		name string
+		mode byte
+		attr string // the warning's attribute for the pid
+	}{
+		{"the worker", 'U', "pid"},
+		{"a forked child", 'u', "holder_pid"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			logs := &syncBuffer{}
+			r := leakRig(t, func(c *Config) {
+				c.signal = signalWithoutCapKill
+				c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+			})
+			dir := t.TempDir()
+			w1 := r.worker("leak", 1, dir)
+			wantFailure(t, r.run(0, "leak", leakInput(tc.mode)), ingest.StatusModelFailed, "did not answer within 1s")
+			pid := w1.Cmd.Process.Pid
+			if tc.mode == 'u' {
+				pid = readPid(t, dir, "holder")
+			}
+			pfd := pidfdOf(t, pid)
+			r.waitWorkers("leak", 0, nil)
+			r.worker("leak", 1, dir)
+			b := bytes.Repeat([]byte("B"), 64)
+			for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+				wantFailure(t, r.run(0, "leak", b), ingest.StatusOverloaded, "GPU 0 slot 0 is still running an earlier request: retry")
+			}
+			warning := regexp.MustCompile(`level=WARN msg="[^"]*could not be killed[^\n]* ` + tc.attr + `=` + strconv.Itoa(pid) + `( |\n)`)
+			if !warning.MatchString(logs.String()) {
+				t.Errorf("no warning that pid %d could not be killed:\n%s", pid, logs)
+			}
+			if !alive(pfd) {
+				t.Fatalf("pid %d was killed: the agent's kill, without CAP_KILL, should have failed", pid)
+			}
+			// Its owner kills it: the slot is free again.
+			if err := unix.PidfdSendSignal(pfd, unix.SIGKILL, nil, 0); err != nil {
+				t.Fatal(err)
+			}
+			wantOK(t, r.runRetrying(0, "leak", b), len(b))
+			if got := r.read(0, 1, len(b)); !bytes.Equal(got, b) {
+				t.Fatalf("slot 0's output after request B: %q, want %q", got, b)
+			}
+			if s := r.agent.Stats(); s.LeftoversKilled != 0 {
+				t.Errorf("stats: %+v; want no leftover killed", s)
+			}
+			if strings.Contains(logs.String(), "killed a process left by a worker") {
+				t.Errorf("the log says a process was killed:\n%s", logs)
 			}
 		})
 	}

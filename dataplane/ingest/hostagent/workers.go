@@ -551,7 +551,7 @@ func (a *Agent) killWorker(ctx context.Context, w *worker, pidfd int, perr error
 		return true
 	}
 	defer unix.Close(pidfd)
-	if err := unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+	if err := a.cfg.signal(pidfd, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
 		log.Warn("a worker that overran the run timeout could not be killed (another user's process?); its slot stays taken while the process lives: kill the worker process", "err", err)
 	}
 	return waitGone(ctx, []int{pidfd})

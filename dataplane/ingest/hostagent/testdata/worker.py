@@ -9,12 +9,14 @@ Model late copies its input to its output, and an input starting with "A"
 first sleeps 5 s, past the run timeout, then writes its output anyway.
 
 Model leak copies its input to its output too, but an input starting with
-f, d or x leaves a process behind that keeps the slot's output buffer,
+f, d, x or u leaves a process behind that keeps the slot's output buffer,
 then hangs past the run timeout; once the next request's output (starting
 BBBBBBBB) is in the buffer, that process writes this input over it: f a
 forked child, d a double-forked daemon (setsid, reparented away from the
 worker), x a subprocess (exec) given only the buffer's descriptor, which it
-maps to write. Each such process writes its pid to DIR/holder, DIR the
+maps to write, u a forked child that becomes user nobody (65534), which a
+host agent without CAP_KILL may not kill. U: the worker itself becomes
+nobody and hangs. Each such process writes its pid to DIR/holder, DIR the
 third argument.
 
 A fourth argument "keep-child": once attached, the worker forks a child
@@ -45,6 +47,9 @@ import numpy as np
 
 import lovelock_ingest
 
+NOBODY = 65534
+
+
 def write_pid(path):
     with open(path + ".tmp", "w") as f:
         f.write(str(os.getpid()))
@@ -56,6 +61,12 @@ def detach():
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
+
+
+def become_nobody():
+    os.setgroups([])
+    os.setresgid(NOBODY, NOBODY, NOBODY)
+    os.setresuid(NOBODY, NOBODY, NOBODY)
 
 
 def late_write(out, late):
@@ -90,10 +101,12 @@ def leave(req, late, mode):
     """Leaves a process behind that writes late into req's output buffer."""
     out = req.output()
     pidfile = os.path.join(piddir, "holder")
-    if mode == "f":
+    if mode in "fu":
         if os.fork() == 0:
             detach()
             write_pid(pidfile)
+            if mode == "u":
+                become_nobody()
             late_write(out, late)
     elif mode == "d":
         if os.fork() == 0:
@@ -157,8 +170,11 @@ for req in requests:
     elif model == "leak":
         mine = bytes(req.numpy())
         mode = chr(mine[0])
-        if mode in "fdx":
+        if mode in "fdxu":
             leave(req, mine, mode)
+            time.sleep(60)
+        elif mode == "U":
+            become_nobody()
             time.sleep(60)
         req.reply(mine)
     else:
