@@ -100,8 +100,8 @@ func ingestStats(c *ucli.Context) error {
 			for _, n := range names {
 				ws = append(ws, fmt.Sprintf("%s %d", n, h.Workers[n]))
 			}
-			fmt.Fprintf(w, "  external models: workers attached: %s; ran %d, failed %d; attaches %d, refused %d, lost mid-run %d\n",
-				strings.Join(ws, ", "), h.ExternalRuns, h.ExternalFailed, h.WorkerAttaches, h.WorkerRefused, h.WorkerLost)
+			fmt.Fprintf(w, "  external models: workers attached: %s; ran %d, failed %d; attaches %d, refused %d, lost mid-run %d, leftovers killed %d\n",
+				strings.Join(ws, ", "), h.ExternalRuns, h.ExternalFailed, h.WorkerAttaches, h.WorkerRefused, h.WorkerLost, h.LeftoversKilled)
 		}
 	}
 	return nil

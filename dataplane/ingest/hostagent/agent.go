@@ -62,6 +62,16 @@ type Agent struct {
 	// runs are the models running now; Run waits for them before it
 	// frees the buffers they use.
 	runs sync.WaitGroup
+
+	// scanner finds the processes a worker killed for overrunning its
+	// run left holding the buffers (leftovers.go); nil when no buffer is a
+	// memfd. scanMu keeps scans one at a time.
+	scanMu  sync.Mutex
+	scanner *procScanner
+	// sharers are the processes the handle socket gave the buffers to
+	// (the DPU agent), by pid, each with a pidfd.
+	sharerMu sync.Mutex
+	sharers  map[int]int
 }
 
 type gpu struct {
@@ -123,7 +133,7 @@ func New(cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a := &Agent{cfg: cfg, created: time.Now(), models: map[string]*model.Model{}, ext: map[string]*extModel{}, done: map[uint64]answer{}, running: map[uint64]bool{},
-		launched: map[uint64]launched{}, conns: map[*net.UnixConn]*worker{}}
+		launched: map[uint64]launched{}, conns: map[*net.UnixConn]*worker{}, sharers: map[int]int{}}
 	for _, m := range cfg.Models {
 		a.models[m.Name] = m
 		if m.External {
@@ -152,6 +162,16 @@ func New(cfg Config) (*Agent, error) {
 			g.slots = append(g.slots, slot{in: in, out: out})
 		}
 		a.gpus = append(a.gpus, g)
+	}
+	if len(a.ext) > 0 {
+		files, err := a.bufferFiles()
+		if err != nil {
+			a.free()
+			return nil, fmt.Errorf("host agent: %w", err)
+		}
+		if len(files) > 0 {
+			a.scanner = newProcScanner(files)
+		}
 	}
 	return a, nil
 }
@@ -196,6 +216,7 @@ func (a *Agent) lastAckAgo() (time.Duration, bool) {
 // transport is the caller's to close.
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.free()
+	defer a.closeSharers()
 	ln, err := listenHandles(a.cfg.HandleSocket)
 	if err != nil {
 		return err

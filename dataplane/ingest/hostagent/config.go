@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/devmem"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/mig"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/model"
@@ -49,8 +51,9 @@ type Config struct {
 	WorkerSocket string
 	// RunTimeout bounds one run of an external model, and a request's
 	// wait for a busy worker (default 30 s). A worker that overruns it
-	// is disconnected and its process killed; its slot stays taken until
-	// the process is gone.
+	// is disconnected and its process killed, with the processes it left
+	// holding the slot buffers; its slot stays taken until they are all
+	// gone.
 	RunTimeout time.Duration
 	// WorkerWait is how long a request for an external model with no
 	// worker attached waits for one to attach (default 0: it fails at
@@ -65,6 +68,11 @@ type Config struct {
 	// it is about to serve (lovelockd reports the host agent running only
 	// then).
 	Ready func()
+
+	// signal sends a signal through a pidfd (default
+	// unix.PidfdSendSignal); tests send it from a thread without
+	// CAP_KILL, to meet the kernel's EPERM.
+	signal func(pidfd int, sig unix.Signal) error
 }
 
 func (c *Config) defaults() error {
@@ -148,6 +156,9 @@ func (c *Config) defaults() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.signal == nil {
+		c.signal = func(pidfd int, sig unix.Signal) error { return unix.PidfdSendSignal(pidfd, sig, nil, 0) }
 	}
 	return nil
 }

@@ -236,11 +236,11 @@ func (r *extRig) run(slot int, mdl string, input []byte) ingest.Ctrl {
 	return r.complete(r.ring(slot, mdl, input))
 }
 
-// worker starts testdata/worker.py for mdl and waits until the agent has
-// want workers of it.
-func (r *extRig) worker(mdl string, want int) *workertest.Process {
+// worker starts testdata/worker.py for mdl, with more arguments if
+// given, and waits until the agent has want workers of it.
+func (r *extRig) worker(mdl string, want int, more ...string) *workertest.Process {
 	r.t.Helper()
-	p := workertest.Start(r.t, filepath.Join("testdata", "worker.py"), mdl, r.workers)
+	p := workertest.Start(r.t, filepath.Join("testdata", "worker.py"), append([]string{mdl, r.workers}, more...)...)
 	r.waitWorkers(mdl, want, p)
 	return p
 }

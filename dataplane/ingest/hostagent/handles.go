@@ -64,10 +64,11 @@ func (a *Agent) serveHandles(ctx context.Context, ln *net.UnixListener) {
 }
 
 func (a *Agent) serveHandle(c *net.UnixConn) error {
-	uid, err := peerUID(c)
+	cred, err := peerCred(c)
 	if err != nil {
 		return err
 	}
+	uid := cred.Uid
 	var req ingest.LayoutRequest
 	fds, err := fdpass.Read(c, &req)
 	if err != nil {
@@ -115,19 +116,14 @@ func (a *Agent) serveHandle(c *net.UnixConn) error {
 			}
 		}
 	}
+	// Known before it has the buffers: it maps them all, and is no
+	// worker's leftover (leftovers.go).
+	a.addSharer(cred.Pid)
 	if err := fdpass.Write(c, l, fds2...); err != nil {
 		return fmt.Errorf("send layout: %w", err)
 	}
 	a.stats.handlesServed.Add(1)
 	return nil
-}
-
-func peerUID(c *net.UnixConn) (uint32, error) {
-	cred, err := peerCred(c)
-	if err != nil {
-		return 0, err
-	}
-	return cred.Uid, nil
 }
 
 // FetchLayout asks the host agent at path for the layout of epoch and the

@@ -11,7 +11,7 @@ type counters struct {
 	bytesIn, bytesOut, deviceNs                             atomic.Uint64
 	malformed, sendErrors, handlesServed, handleRefused     atomic.Uint64
 	externalRuns, externalFailed, workerAttaches            atomic.Uint64
-	workerRefused, workerLost                               atomic.Uint64
+	workerRefused, workerLost, leftoversKilled              atomic.Uint64
 	receives, completionSends                               atomic.Uint64
 }
 
@@ -48,12 +48,17 @@ type Stats struct {
 	// number attached now, per model; WorkerAttaches counts attaches,
 	// WorkerRefused refused ones (user, model, protocol), WorkerLost
 	// workers that disconnected or timed out mid-request.
-	ExternalRuns   uint64         `json:"external_runs"`
-	ExternalFailed uint64         `json:"external_failed"`
-	Workers        map[string]int `json:"workers,omitempty"`
-	WorkerAttaches uint64         `json:"worker_attaches"`
-	WorkerRefused  uint64         `json:"worker_refused"`
-	WorkerLost     uint64         `json:"worker_lost"`
+	// LeftoversKilled counts the kills of processes that still held the
+	// slot buffers after a worker was killed for overrunning its run
+	// (its children, daemons, subprocesses; one two timeouts' scans both
+	// found counts twice).
+	ExternalRuns    uint64         `json:"external_runs"`
+	ExternalFailed  uint64         `json:"external_failed"`
+	Workers         map[string]int `json:"workers,omitempty"`
+	WorkerAttaches  uint64         `json:"worker_attaches"`
+	WorkerRefused   uint64         `json:"worker_refused"`
+	WorkerLost      uint64         `json:"worker_lost"`
+	LeftoversKilled uint64         `json:"leftovers_killed"`
 	// Receives counts the receives from the DPU that returned datagrams
 	// (each drains what is waiting), CompletionSends the sends of
 	// launched runs' completions (each carries all that finished
@@ -82,7 +87,8 @@ func (a *Agent) Stats() Stats {
 		Malformed: a.stats.malformed.Load(), SendErrors: a.stats.sendErrors.Load(),
 		ExternalRuns: a.stats.externalRuns.Load(), ExternalFailed: a.stats.externalFailed.Load(), Workers: workers,
 		WorkerAttaches: a.stats.workerAttaches.Load(), WorkerRefused: a.stats.workerRefused.Load(), WorkerLost: a.stats.workerLost.Load(),
-		Receives: a.stats.receives.Load(), CompletionSends: a.stats.completionSends.Load(),
+		LeftoversKilled: a.stats.leftoversKilled.Load(),
+		Receives:        a.stats.receives.Load(), CompletionSends: a.stats.completionSends.Load(),
 	}
 }
 

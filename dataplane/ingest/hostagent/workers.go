@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"slices"
@@ -40,9 +41,10 @@ import (
 // for this input. A worker gets one run at a time: several workers may
 // attach to one model, and the agent gives each request to an idle one. A
 // worker that overruns the run timeout is disconnected and its process
-// killed (SIGKILL through a pidfd), and the slot goes to no other request
-// until that process is gone: closing the socket alone would not stop it
-// writing its late output into the slot it has mapped.
+// killed (SIGKILL through a pidfd), then the processes it left holding the
+// slot buffers (leftovers.go), and the slot goes to no other request until
+// they are all gone: closing the socket alone would not stop them writing
+// late output into the slot they have mapped.
 //
 // Workers are trusted code: a worker's mapping of the buffers cannot be
 // revoked, which is why the socket is 0600 and the peer's user is checked.
@@ -153,6 +155,17 @@ func (w *worker) dupPidfd() (int, error) {
 		return -1, fmt.Errorf("dup pidfd: %w", err)
 	}
 	return fd, nil
+}
+
+// alive reports whether the worker's process has not ended, as far as
+// the agent can tell (without a pidfd: while its pid is known).
+func (w *worker) alive() bool {
+	w.pidMu.Lock()
+	defer w.pidMu.Unlock()
+	if w.pidfd < 0 {
+		return w.pidErr != nil && w.pid > 0
+	}
+	return alive(w.pidfd)
 }
 
 func (w *worker) closePidfd() {
@@ -323,13 +336,15 @@ func (a *Agent) serveWorker(c *net.UnixConn) {
 	w := &worker{conn: c, pid: cred.Pid, done: make(chan WorkerDone), closed: make(chan struct{})}
 	w.openPidfd()
 	defer w.closePidfd()
+	// Known before it has the buffers, so that no scan for a killed
+	// worker's leftovers takes it for one (leftovers.go).
+	a.mu.Lock()
+	a.conns[c] = w
+	a.mu.Unlock()
 	if err := a.sendAttached(c, e.m); err != nil {
 		a.refuseWorker(c, err)
 		return
 	}
-	a.mu.Lock()
-	a.conns[c] = w
-	a.mu.Unlock()
 	e.attach(w)
 	a.stats.workerAttaches.Add(1)
 	a.cfg.Logger.Info("worker attached", "model", e.m.Name, "pid", w.pid)
@@ -494,13 +509,16 @@ func (a *Agent) runExternal(ctx context.Context, m *model.Model, c ingest.Ctrl, 
 const reapPoll = 100 * time.Millisecond
 
 // reap kills the process of a worker that overran its run, which may still
-// write into the slot it has mapped, and returns a channel closed once the
-// process is gone (never, if ctx ends first). It kills through pidfd, the
-// worker's process opened at attach (the worker is no child of the
-// agent's: nothing to wait4), and waits for pidfd to turn readable; reap
-// owns pidfd. When it cannot kill the process (another user's; no pidfd,
-// for perr) it only waits for the process to end, with a warning: the slot
-// stays taken as long as the process lives.
+// write into the slot it has mapped, then the processes it left holding
+// the slot buffers (sweep: a child it forked, a daemon, a subprocess given
+// a descriptor), and returns a channel closed once they are all gone
+// (never, if ctx ends first). It kills the worker through pidfd, its
+// process opened at attach (the worker is no child of the agent's:
+// nothing to wait4), and waits for pidfd to turn readable; reap owns
+// pidfd. When it cannot kill the process (another user's; no pidfd, for
+// perr) it only waits for the process to end, with a warning: the slot
+// stays taken as long as the process lives. The scan of /proc runs here,
+// off the receive loop.
 func (a *Agent) reap(ctx context.Context, w *worker, pidfd int, perr error, name string, c ingest.Ctrl) <-chan struct{} {
 	gone := make(chan struct{})
 	log := a.cfg.Logger.With("model", name, "pid", w.pid, "gpu", c.GPU, "slot", c.Slot, "request", c.Request)
@@ -511,39 +529,32 @@ func (a *Agent) reap(ctx context.Context, w *worker, pidfd int, perr error, name
 	a.runs.Add(1)
 	go func() {
 		defer a.runs.Done()
-		if pidfd < 0 {
-			log.Warn("a worker that overran the run timeout cannot be killed; its slot stays taken while the process lives: kill the worker process", "err", perr)
-			// Without a pidfd, look for the process by its number.
-			for unix.Kill(int(w.pid), 0) != unix.ESRCH {
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(reapPoll):
-				}
-			}
-			close(gone)
+		if !a.killWorker(ctx, w, pidfd, perr, log) || !a.sweep(ctx, log) {
 			return
 		}
-		defer unix.Close(pidfd)
-		if err := unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
-			log.Warn("a worker that overran the run timeout could not be killed (another user's process?); its slot stays taken while the process lives: kill the worker process", "err", err)
-		}
-		fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
-		for {
-			n, err := unix.Poll(fds, int(reapPoll/time.Millisecond))
-			if n > 0 {
-				close(gone)
-				return
-			}
-			if err != nil && !errors.Is(err, unix.EINTR) {
-				log.Warn("waiting for a killed worker's process to end", "err", err)
-			}
-			if ctx.Err() != nil {
-				return
-			}
-		}
+		close(gone)
 	}()
 	return gone
+}
+
+// killWorker kills a worker's process and returns true once it is gone,
+// false if ctx ends first. It owns pidfd.
+func (a *Agent) killWorker(ctx context.Context, w *worker, pidfd int, perr error, log *slog.Logger) bool {
+	if pidfd < 0 {
+		log.Warn("a worker that overran the run timeout cannot be killed; its slot stays taken while the process lives: kill the worker process", "err", perr)
+		// Without a pidfd, look for the process by its number.
+		for unix.Kill(int(w.pid), 0) != unix.ESRCH {
+			if !sleepCtx(ctx, reapPoll) {
+				return false
+			}
+		}
+		return true
+	}
+	defer unix.Close(pidfd)
+	if err := a.cfg.signal(pidfd, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+		log.Warn("a worker that overran the run timeout could not be killed (another user's process?); its slot stays taken while the process lives: kill the worker process", "err", err)
+	}
+	return waitGone(ctx, []int{pidfd})
 }
 
 // closeWorkers disconnects every worker, attached or attaching; Run calls
