@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -223,6 +224,64 @@ func TestTransmitDescsMultiBuffer(t *testing.T) {
 	}
 	if p, err := recvPacket(pk, buf, 100*time.Millisecond); err == nil {
 		t.Errorf("peer got a packet more: %d bytes", len(p))
+	}
+}
+
+// TestRecvPacketsLimit: RecvPackets returns the descriptors of at most
+// packets packets, on a MultiBuffer socket (a 6000-byte frame is two
+// descriptors) and on a single-buffer one; a count below one takes nothing
+// and leaves the ring as it was. Before, -1 panicked slicing descs on a
+// single-buffer socket, and 0 on a MultiBuffer socket returned the batch.
+func TestRecvPacketsLimit(t *testing.T) {
+	n := newTestNet(t)
+	tests := []struct {
+		name  string
+		multi bool
+		sizes []int
+		steps []struct{ packets, want int } // descriptors wanted
+	}{
+		{"multi-buffer", true, []int{100, 6000, 200}, []struct{ packets, want int }{{0, 0}, {-1, 0}, {1, 1}, {2, 3}}},
+		{"single-buffer", false, []int{100, 1000, 200}, []struct{ packets, want int }{{0, 0}, {-1, 0}, {1, 1}, {2, 2}}},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a, b := fmt.Sprintf("ra%d", i), fmt.Sprintf("rb%d", i)
+			xa, xb := testenv.VethPair(t,
+				testenv.VethEnd{NS: n.ns, Name: a, MTU: 9000},
+				testenv.VethEnd{NS: n.ns, Name: b, MTU: 9000})
+			s := n.open(t, xa, 0, nil, &SocketConfig{MultiBuffer: tt.multi})
+			setSlot(t, n.redirectFrags(t, xa), s)
+			pk := n.packetSock(t, xb)
+			total := 0 // descriptors: 6000 bytes take two
+			for _, st := range tt.steps {
+				total += st.want
+			}
+			for j, size := range tt.sizes {
+				if _, err := unix.Write(pk, testFrame(uint64(j), size)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !waitFor(2*time.Second, func() bool {
+				return atomic.LoadUint32(s.rx.producer)-atomic.LoadUint32(s.rx.consumer) == uint32(total)
+			}) {
+				t.Fatalf("%d descriptors never reached the RX ring", total)
+			}
+			descs := make([]Desc, 16)
+			got := 0
+			for _, st := range tt.steps {
+				k, err := s.RecvPackets(descs[got:], st.packets)
+				if err != nil || k != st.want {
+					t.Fatalf("RecvPackets(%d packets): %d, %v; want %d", st.packets, k, err, st.want)
+				}
+				got += k
+			}
+			if got != total {
+				t.Errorf("took %d descriptors, want %d", got, total)
+			}
+			if err := s.Recycle(descs[:got]); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
 
