@@ -285,6 +285,74 @@ func TestRecvPacketsLimit(t *testing.T) {
 	}
 }
 
+// TestCloseReturnsUnsentTX: frames left on a socket's TX ring (submitted
+// while the interface was down: the wakeup fails with ENETDOWN) go back to
+// the free list when the socket closes, whether or not another socket
+// keeps its queue open. Before, with the queue shared, they stayed in TX
+// state for as long as the other socket lived.
+func TestCloseReturnsUnsentTX(t *testing.T) {
+	tests := []struct {
+		name  string
+		queue uint32 // of the socket that stays open
+	}{
+		{"queue shared with a socket that stays", 0},
+		{"last socket of its queue", 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			n := newTestNet(t)
+			xa, xb := n.veth(t, "xa", "xb", 2)
+			u, err := NewUMEM(&UMEMConfig{FrameCount: 512, FillSize: 128, CompletionSize: 128})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { u.Close() })
+			a := n.newSocket(t, u, xa, 0, smallRings)
+			b := n.newSocket(t, u, xa, tt.queue, smallRings)
+			setLink := func(up bool) {
+				n.do(t, func() error {
+					l, err := netlink.LinkByIndex(xa)
+					if err != nil {
+						return err
+					}
+					if up {
+						return netlink.LinkSetUp(l)
+					}
+					return netlink.LinkSetDown(l)
+				})
+			}
+			setLink(false)
+			if k, err := a.Transmit([][]byte{testFrame(1, 100), testFrame(2, 100)}); k != 2 || !errors.Is(err, unix.ENETDOWN) {
+				t.Fatalf("Transmit with the link down: %d, %v; want 2 queued and ENETDOWN", k, err)
+			}
+			if fs := u.Frames(); fs.TX != 2 {
+				t.Fatalf("frames before Close: %+v, want 2 in TX", fs)
+			}
+			if err := a.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if fs := u.Frames(); fs.TX != 0 || fs.User != 0 || fs.Free+fs.Fill != fs.Total || u.FrameErrors() != 0 {
+				t.Errorf("frames after Close: %+v, frame errors %d; want none in TX", fs, u.FrameErrors())
+			}
+			// The socket that stayed still sends, and its frame comes back.
+			setLink(true)
+			pk := n.packetSock(t, xb)
+			if k, err := b.Transmit([][]byte{testFrame(3, 100)}); k != 1 {
+				t.Fatalf("Transmit on the socket that stayed: %d, %v", k, err)
+			}
+			buf := make([]byte, 2048)
+			if f, err := recvPacket(pk, buf, 2*time.Second); err != nil {
+				t.Fatal(err)
+			} else if seq, _ := frameSeq(f); seq != 3 {
+				t.Fatalf("peer got seq %d, want 3", seq)
+			}
+			if !waitFor(2*time.Second, func() bool { b.Reclaim(); return u.Frames().TX == 0 }) {
+				t.Errorf("frames: %+v", u.Frames())
+			}
+		})
+	}
+}
+
 // smallRings are 64-descriptor rings over 256 frames: 10× the ring size is
 // only 640 packets, and every index wraps many times.
 var (
