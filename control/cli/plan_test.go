@@ -177,6 +177,10 @@ func TestPlanErrors(t *testing.T) {
 		{"share and cost alias", []string{"--fabric-share", "0.1", "--cf", "0.7"}, []string{"--fabric-share", "--fabric-cost"}, nil},
 		{"argument", []string{"now"}, []string{`"now"`, "only flags"}, nil},
 		{"unparsable", []string{"--phi", "three"}, []string{"phi"}, nil},
+		// Valid but so far from 1 that a result overflows: refused, naming
+		// the flag, not printed as +Inf or failed as a JSON write.
+		{"overflow json", []string{"--phi", "1e-320", "-o", "json"}, []string{"--phi 1e-320", "nearer 1"}, planner.ErrInvalidInput},
+		{"overflow search", []string{"--target-cost-ratio", "1e-320"}, []string{"--target-cost-ratio 1e-320", "nearer 1"}, planner.ErrInvalidInput},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

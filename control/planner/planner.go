@@ -181,7 +181,59 @@ func Evaluate(in Inputs) (Result, error) {
 	r.CostSaving = 1 - 1/r.CostRatio
 	r.EnergySaving = 1 - 1/r.EnergyRatio
 	r.FabricCapacity = 1 / r.Mu
+	// Valid inputs far from 1 (φ = 1e-320, μ = 1e-310, c_f = 1e308)
+	// overflow the formulas: a ratio of +Inf, or a saving of −Inf, would be
+	// printed as such and cannot be written as JSON.
+	used := []namedValue{
+		{"ServerCost", in.ServerCost}, {"ServerPower", in.ServerPower}, {"PCIeCost", in.PCIeCost},
+		{"PCIePower", in.PCIePower}, {"FabricCost", in.FabricCost}, {"Phi", in.Phi},
+	}
+	if in.ProjectMu {
+		used = append(used, namedValue{"Workload.CPURatio", in.Workload.CPURatio},
+			namedValue{"Workload.BandwidthRatio", in.Workload.BandwidthRatio})
+	} else {
+		used = append(used, namedValue{"Mu", in.Mu})
+	}
+	for _, v := range []namedValue{
+		{"μ", r.Mu}, {"a device cost ratio", r.DeviceCostRatio}, {"a cost ratio", r.CostRatio},
+		{"an energy ratio", r.EnergyRatio}, {"a cost saving", r.CostSaving},
+		{"an energy saving", r.EnergySaving}, {"a fabric capacity", r.FabricCapacity},
+	} {
+		if err := beyondRange(v.field, v.v, used...); err != nil {
+			return Result{}, err
+		}
+	}
 	return r, nil
+}
+
+// namedValue is an input or a result with its name.
+type namedValue struct {
+	field string
+	v     float64
+}
+
+// beyondRange returns an *InputError when the result v (named what) is
+// not a finite number, which only valid inputs far from 1 cause. It names
+// the input furthest from 1, in orders of magnitude, as the one to change.
+func beyondRange(what string, v float64, inputs ...namedValue) error {
+	if !math.IsNaN(v) && !math.IsInf(v, 0) {
+		return nil
+	}
+	worst, far := namedValue{}, -1.0
+	for _, in := range inputs {
+		if in.v == 0 { // a zero term cannot overflow anything
+			continue
+		}
+		if d := math.Abs(math.Log10(math.Abs(in.v))); d > far {
+			worst, far = in, d
+		}
+	}
+	return &InputError{
+		Field: worst.field,
+		Value: worst.v,
+		Reason: fmt.Sprintf("gives %s of %g, beyond what the model can compute; "+
+			"use a value nearer 1 (inputs are relative to one SmartNIC)", what, v),
+	}
 }
 
 func finite(field string, v float64) error {

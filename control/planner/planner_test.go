@@ -348,6 +348,52 @@ func TestValidation(t *testing.T) {
 	}
 }
 
+// TestResultsBeyondRange: valid inputs far from 1 overflow the formulas;
+// Evaluate and Search refuse them, naming the input to change, instead of
+// returning +Inf or −Inf (printed as "+Infx", and a JSON write error:
+// "json: unsupported value: +Inf"), and Search never names φ, which it
+// found rather than was given.
+func TestResultsBeyondRange(t *testing.T) {
+	tests := []struct {
+		name   string
+		edit   func(*planner.Inputs)
+		target *planner.Target // nil: Evaluate
+		field  string
+	}{
+		{"φ tiny", func(in *planner.Inputs) { in.Phi = 1e-320 }, nil, "Phi"},
+		{"μ tiny", func(in *planner.Inputs) { in.Mu = 1e-310 }, nil, "Mu"},
+		{"fabric cost huge", func(in *planner.Inputs) { in.Phi, in.FabricCost = 2, 1e308 }, nil, "FabricCost"},
+		{"server and PCIe cost huge", func(in *planner.Inputs) { in.ServerCost, in.PCIeCost = 1e308, 1e308 }, nil, "ServerCost"},
+		{"projected, φ tiny", func(in *planner.Inputs) { in.Phi, in.ProjectMu = 1e-320, true }, nil, "Phi"},
+		{"search, cost ratio tiny", func(*planner.Inputs) {}, &planner.Target{CostRatio: 1e-320}, "Target.CostRatio"},
+		{"search, bandwidth ratio tiny", func(in *planner.Inputs) { in.Workload.BandwidthRatio = 1e-320 },
+			&planner.Target{Slowdown: 1}, "Workload.BandwidthRatio"},
+		{"search, φ found tiny", func(in *planner.Inputs) { in.Workload.CPUShare, in.Workload.NetworkShare = 1e-320, 0 },
+			&planner.Target{Slowdown: 2}, "Target.Slowdown"}, // φ = 4.7e-320
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			in := planner.DefaultInputs()
+			tt.edit(&in)
+			var err error
+			var out any
+			if tt.target == nil {
+				out, err = planner.Evaluate(in)
+			} else {
+				out, err = planner.Search(in, *tt.target)
+			}
+			var ie *planner.InputError
+			if !errors.As(err, &ie) || !errors.Is(err, planner.ErrInvalidInput) {
+				b, jerr := json.Marshal(out)
+				t.Fatalf("got %v, want an *InputError; result %s (JSON error: %v)", err, b, jerr)
+			}
+			if ie.Field != tt.field {
+				t.Errorf("field %q, want %q (%v)", ie.Field, tt.field, err)
+			}
+		})
+	}
+}
+
 func TestFormulaErrors(t *testing.T) {
 	tests := []struct {
 		name string

@@ -1,6 +1,9 @@
 package planner
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+)
 
 // Target is what Search looks for. A zero field is no target; at least one
 // must be set.
@@ -75,6 +78,16 @@ func Search(in Inputs, t Target) (SearchResult, error) {
 	}
 	in.Phi = res.Phi
 	r, err := Evaluate(in)
+	var ie *InputError
+	if errors.As(err, &ie) && ie.Field == "Phi" {
+		// φ is what the search found, not an input: name the target
+		// that chose it.
+		field, v := "Target.CostRatio", t.CostRatio
+		if res.PhiMin != nil {
+			field, v = "Target.Slowdown", t.Slowdown
+		}
+		return SearchResult{}, &InputError{Field: field, Value: v, Reason: fmt.Sprintf("needs φ = %g, which %s", res.Phi, ie.Reason)}
+	}
 	if err != nil {
 		return SearchResult{}, fmt.Errorf("planner: evaluate at φ = %g: %w", res.Phi, err)
 	}
@@ -105,7 +118,12 @@ func MinPhiForSlowdown(w Workload, target float64) (float64, error) {
 				"ask for a slowdown above %.4g or raise the CPU or network share", other, other),
 		}
 	}
-	return work / (target - other), nil
+	phi := work / (target - other)
+	if err := beyondRange("φ", phi, namedValue{"Workload.CPURatio", w.CPURatio},
+		namedValue{"Workload.BandwidthRatio", w.BandwidthRatio}, namedValue{"Target.Slowdown", target}); err != nil {
+		return 0, err
+	}
+	return phi, nil
 }
 
 // MaxPhiForCostRatio returns the largest φ whose cost ratio (fabric term
@@ -122,6 +140,10 @@ func MaxPhiForCostRatio(cs, cf, cp, target float64) (float64, error) {
 		return 0, err
 	}
 	phi := ((cs+cf+cp)/target - cp) / (1 + cf)
+	if err := beyondRange("φ", phi, namedValue{"ServerCost", cs}, namedValue{"FabricCost", cf},
+		namedValue{"PCIeCost", cp}, namedValue{"Target.CostRatio", target}); err != nil {
+		return 0, err
+	}
 	if phi <= 0 {
 		limit := (cs + cf + cp) / cp
 		return 0, &UnreachableError{

@@ -84,6 +84,20 @@ func (n *testNet) veth(t testing.TB, a, b string, aQueues int) (int, int) {
 // XDP_PASS for an empty slot, and returns the map.
 func (n *testNet) redirect(t testing.TB, ifindex int) *ebpf.Map {
 	t.Helper()
+	return n.attachRedirect(t, ifindex, 0)
+}
+
+// redirectFrags is redirect with an xdp.frags program
+// (BPF_F_XDP_HAS_FRAGS): veth then takes a jumbo MTU, and a frame that
+// reaches XDP in several buffers goes to a MultiBuffer socket as a chain of
+// descriptors.
+func (n *testNet) redirectFrags(t testing.TB, ifindex int) *ebpf.Map {
+	t.Helper()
+	return n.attachRedirect(t, ifindex, unix.BPF_F_XDP_HAS_FRAGS)
+}
+
+func (n *testNet) attachRedirect(t testing.TB, ifindex int, progFlags uint32) *ebpf.Map {
+	t.Helper()
 	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.XSKMap, KeySize: 4, ValueSize: 4, MaxEntries: 4})
 	if err != nil {
 		t.Fatalf("XSKMAP: %v", err)
@@ -93,6 +107,7 @@ func (n *testNet) redirect(t testing.TB, ifindex int) *ebpf.Map {
 		Name:    "xsk_test",
 		Type:    ebpf.XDP,
 		License: "GPL",
+		Flags:   progFlags,
 		Instructions: asm.Instructions{
 			asm.LoadMem(asm.R2, asm.R1, 16, asm.Word), // struct xdp_md: rx_queue_index
 			asm.LoadMapPtr(asm.R1, m.FD()),

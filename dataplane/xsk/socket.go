@@ -531,7 +531,8 @@ func (s *Socket) close() error {
 	s.closing.Store(true)
 	s.wake()
 	s.life.Lock()
-	errs := []error{munmap(&s.rxMem), munmap(&s.txMem), s.umem.detach(s)}
+	// detach reads the TX ring after closing the fd, so it goes first.
+	errs := []error{s.umem.detach(s), munmap(&s.rxMem), munmap(&s.txMem)}
 	s.closed = true
 	s.wakeMu.Lock()
 	if s.efd >= 0 {
@@ -565,6 +566,28 @@ func (u *UMEM) detach(s *Socket) error {
 		delete(u.queues, q.key)
 		errs = append(errs, q.unmap())
 		u.reclaimQueue(q.id)
+	} else if s.tx != nil {
+		// The queue lives on, so reclaimQueue will not run, but with the
+		// fd closed nothing consumes this socket's TX ring any more: the
+		// frames still on it (submitted while the interface was down, for
+		// example) would stay in TX state until the queue's last socket
+		// closed.
+		u.reclaimTX(s.tx, q.id)
 	}
 	return errors.Join(errs...)
+}
+
+// reclaimTX returns to the free list the frames of the TX ring's entries
+// the kernel has not consumed. Called once the ring's socket is closed, so
+// that the kernel's consumer index no longer moves.
+func (u *UMEM) reclaimTX(tx *ring[Desc], id uint32) {
+	var back []uint32
+	st := kernelState(frameTX, id)
+	for i, end := atomic.LoadUint32(tx.consumer), atomic.LoadUint32(tx.producer); i != end; i++ {
+		fi := tx.at(i).Addr >> u.shift
+		if fi < uint64(len(u.state)) && u.state[fi].CompareAndSwap(st, frameFree) {
+			back = append(back, uint32(fi))
+		}
+	}
+	u.release(back)
 }

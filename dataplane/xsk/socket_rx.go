@@ -32,7 +32,8 @@ func (s *Socket) RecvBatch(descs []Desc) (int, error) {
 
 // RecvPackets is RecvBatch that returns the descriptors of at most packets
 // packets (on a MultiBuffer socket a packet may take several descriptors;
-// elsewhere it is RecvBatch with descs cut to packets).
+// elsewhere it is RecvBatch with descs cut to packets). A count below one
+// takes nothing.
 func (s *Socket) RecvPackets(descs []Desc, packets int) (int, error) {
 	if err := s.enter(); err != nil {
 		return 0, err
@@ -41,8 +42,11 @@ func (s *Socket) RecvPackets(descs []Desc, packets int) (int, error) {
 	if s.rx == nil {
 		return 0, s.errNoRX
 	}
-	if !s.sg {
-		descs = descs[:min(len(descs), packets)]
+	// Cut descs for a count below one too: a negative one would slice out
+	// of range, and recvLocked on a MultiBuffer socket returns what fits
+	// when no whole packet does, which for 0 packets is a whole batch.
+	if packets < 1 || !s.sg {
+		descs = descs[:max(0, min(len(descs), packets))]
 	}
 	s.rxMu.Lock()
 	defer s.rxMu.Unlock()

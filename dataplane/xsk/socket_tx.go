@@ -159,8 +159,13 @@ func (s *Socket) transmitMulti(frames [][]byte) (int, error) {
 
 // TransmitDescs submits frames the caller holds (from RecvBatch) to the TX
 // ring without copying, for forwarding. Sent frames return to the free list
-// when they complete. It returns how many it queued; the error is
-// ErrRingFull when the ring filled up, or ErrInvalidDesc for descs[n].
+// when they complete. On a MultiBuffer socket a packet's descriptors keep
+// their XDP_PKT_CONTD chaining, as RecvBatch returned them, and only whole
+// packets are submitted. It returns how many descriptors it queued,
+// descs[:n]; descs[n:] stay with the caller. The error is ErrRingFull when
+// the ring filled up, or ErrInvalidDesc when a descriptor of the first
+// packet not queued is not the caller's to send, or that packet is chained
+// (XDP_PKT_CONTD) past the end of descs or on a socket without MultiBuffer.
 func (s *Socket) TransmitDescs(descs []Desc) (int, error) {
 	if len(descs) == 0 {
 		return 0, nil
@@ -174,27 +179,49 @@ func (s *Socket) TransmitDescs(descs []Desc) (int, error) {
 	st := kernelState(frameTX, s.q.id)
 	idx, got := s.tx.reserve(uint32(min(len(descs), 1<<31)))
 	var err error
-	w := uint32(0)
+	// whole counts the descriptors up to the end of the last complete
+	// packet: a descriptor with XDP_PKT_CONTD continues into the next one,
+	// and the kernel would join whatever is submitted next to a packet cut
+	// there (or, with the flag dropped, send each part as a packet).
+	w, whole := uint32(0), uint32(0)
 	for ; w < got; w++ {
 		d := descs[w]
+		contd := d.Options & unix.XDP_PKT_CONTD
+		if contd != 0 && !s.sg {
+			err = fmt.Errorf("xsk %s: TX: descriptor %d (addr %#x len %d) continues a multi-buffer packet (XDP_PKT_CONTD) on a socket without MultiBuffer; copy the packet with Transmit instead: %w",
+				s.name, w, d.Addr, d.Len, ErrInvalidDesc)
+			break
+		}
 		if u.Frame(d) == nil || !u.take(d.Addr>>u.shift, frameUser, st) {
 			err = fmt.Errorf("xsk %s: TX: descriptor %d (addr %#x len %d): %w", s.name, w, d.Addr, d.Len, ErrInvalidDesc)
 			break
 		}
-		*s.tx.at(idx + w) = Desc{Addr: d.Addr, Len: d.Len}
-	}
-	s.tx.cancel(got - w)
-	if err == nil && int(w) < len(descs) {
-		err = s.errRingFull
-	}
-	if w > 0 {
-		s.tx.submit()
-		s.txPackets.Add(uint64(w))
-		if kerr := s.kick(); kerr != nil {
-			return int(w), kerr
+		*s.tx.at(idx + w) = Desc{Addr: d.Addr, Len: d.Len, Options: contd}
+		if contd == 0 {
+			whole = w + 1
 		}
 	}
-	return int(w), err
+	// The descriptors of a packet cut short stay the caller's.
+	for _, d := range descs[whole:w] {
+		u.state[d.Addr>>u.shift].Store(frameUser)
+	}
+	s.tx.cancel(got - whole)
+	switch {
+	case err != nil:
+	case w == uint32(len(descs)) && whole < w:
+		err = fmt.Errorf("xsk %s: TX: descriptor %d (addr %#x len %d) continues a packet (XDP_PKT_CONTD) past the last descriptor given; pass the packet's descriptors together: %w",
+			s.name, w-1, descs[w-1].Addr, descs[w-1].Len, ErrInvalidDesc)
+	case int(whole) < len(descs):
+		err = s.errRingFull
+	}
+	if whole > 0 {
+		s.tx.submit()
+		s.txPackets.Add(uint64(whole))
+		if kerr := s.kick(); kerr != nil {
+			return int(whole), kerr
+		}
+	}
+	return int(whole), err
 }
 
 // Reclaim takes completed TX frames off the completion ring and returns

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/lovelock-dpu/lovelock/control/testenv"
 )
 
 var frameSizes = []int{60, 61, 64, 100, 128, 511, 1000, 1514}
@@ -110,6 +113,243 @@ func TestTransmit(t *testing.T) {
 	}
 	if fs := u.Frames(); fs.User != 0 || fs.TX != 0 || fs.Free+fs.Fill != fs.Total || u.FrameErrors() != 1 {
 		t.Errorf("frames %+v, frame errors %d (want the one refused descriptor)", fs, u.FrameErrors())
+	}
+}
+
+// TestTransmitDescsMultiBuffer forwards received multi-buffer packets
+// (MTU 9000, an xdp.frags program; a 6000-byte frame arrives as two
+// descriptors chained by XDP_PKT_CONTD) with TransmitDescs: the peer gets
+// each packet whole, and a packet that cannot go whole (the ring fills in
+// its middle, descs ends in its middle, or the socket is not MultiBuffer)
+// is not submitted at all and stays the caller's. Before, TransmitDescs
+// dropped the flag, so the peer got the first 3840 bytes as a packet of
+// their own and never the rest.
+func TestTransmitDescsMultiBuffer(t *testing.T) {
+	n := newTestNet(t)
+	xa, xb := testenv.VethPair(t,
+		testenv.VethEnd{NS: n.ns, Name: "xa", MTU: 9000},
+		testenv.VethEnd{NS: n.ns, Name: "xb", MTU: 9000})
+	m := n.redirectFrags(t, xa)
+	u, err := NewUMEM(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { u.Close() })
+	// A 2-descriptor TX ring: a 1-descriptor packet and a 2-descriptor one
+	// do not fit together.
+	sg := n.newSocket(t, u, xa, 0, &SocketConfig{MultiBuffer: true, TXSize: 2})
+	if !sg.MultiBuffer() {
+		t.Fatal("socket bound without XDP_USE_SG")
+	}
+	single := n.newSocket(t, u, xa, 0, &SocketConfig{TXSize: 2}) // shares the UMEM: never MultiBuffer
+	setSlot(t, m, sg)
+	pk := n.packetSock(t, xb)
+
+	type step struct {
+		s        *Socket
+		from, to int // descriptors descs[from:to]
+		want     int
+		wantErr  error
+	}
+	tests := []struct {
+		name  string
+		sizes []int // frames sent into xa, forwarded back out, in order
+		steps []step
+	}{
+		{"whole packet", []int{6000}, []step{{sg, 0, 2, 2, nil}}},
+		{"slice ends inside a packet", []int{6000}, []step{{sg, 0, 1, 0, ErrInvalidDesc}, {sg, 0, 2, 2, nil}}},
+		{"ring full inside a packet", []int{100, 6000}, []step{{sg, 0, 3, 1, ErrRingFull}, {sg, 1, 3, 2, nil}}},
+		{"socket without MultiBuffer", []int{6000}, []step{{single, 0, 2, 0, ErrInvalidDesc}, {sg, 0, 2, 2, nil}}},
+		{"single-buffer packets", []int{60, 1514}, []step{{sg, 0, 2, 2, nil}}},
+	}
+	buf := make([]byte, 10000)
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var frames [][]byte
+			for j, size := range tt.sizes {
+				f := testFrame(uint64(100*i+j), size)
+				frames = append(frames, f)
+				if _, err := unix.Write(pk, f); err != nil {
+					t.Fatal(err)
+				}
+			}
+			descs := make([]Desc, 16)
+			got, pkts := 0, 0
+			if !waitFor(2*time.Second, func() bool {
+				k, err := sg.RecvBatch(descs[got:])
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, d := range descs[got : got+k] {
+					if d.Options&unix.XDP_PKT_CONTD == 0 {
+						pkts++
+					}
+				}
+				got += k
+				return pkts >= len(frames)
+			}) || pkts != len(frames) {
+				t.Fatalf("received %d packets in %d descriptors, want %d: %+v", pkts, got, len(frames), descs[:got])
+			}
+			// 6000 bytes reach XDP on veth in two buffers (3840 + 2160 on 6.18).
+			if want := len(frames) + 1; tt.sizes[len(tt.sizes)-1] == 6000 && got != want {
+				t.Fatalf("received %d descriptors, want %d: %+v", got, want, descs[:got])
+			}
+			for _, st := range tt.steps {
+				k, err := st.s.TransmitDescs(descs[st.from:st.to])
+				if k != st.want || !errors.Is(err, st.wantErr) {
+					t.Fatalf("TransmitDescs(descs[%d:%d]) on the %s socket: %d, %v; want %d, %v",
+						st.from, st.to, map[bool]string{true: "MultiBuffer", false: "single-buffer"}[st.s.MultiBuffer()],
+						k, err, st.want, st.wantErr)
+				}
+			}
+			// Every packet arrives whole, in order; a part of one sent as a
+			// packet of its own would arrive first.
+			for j, f := range frames {
+				p, err := recvPacket(pk, buf, 2*time.Second)
+				if err != nil {
+					t.Fatalf("frame %d (%d bytes): %v", j, len(f), err)
+				}
+				if !bytes.Equal(p, f) {
+					seq, _ := frameSeq(p)
+					t.Fatalf("frame %d: peer got %d bytes (seq %d), want the %d-byte frame", j, len(p), seq, len(f))
+				}
+			}
+			if !waitFor(2*time.Second, func() bool { sg.Reclaim(); return u.Frames().TX == 0 }) {
+				t.Fatalf("TX frames never completed: %+v", u.Frames())
+			}
+			if fs := u.Frames(); fs.User != 0 || u.FrameErrors() != 0 {
+				t.Errorf("frames %+v, frame errors %d", fs, u.FrameErrors())
+			}
+		})
+	}
+	if p, err := recvPacket(pk, buf, 100*time.Millisecond); err == nil {
+		t.Errorf("peer got a packet more: %d bytes", len(p))
+	}
+}
+
+// TestRecvPacketsLimit: RecvPackets returns the descriptors of at most
+// packets packets, on a MultiBuffer socket (a 6000-byte frame is two
+// descriptors) and on a single-buffer one; a count below one takes nothing
+// and leaves the ring as it was. Before, -1 panicked slicing descs on a
+// single-buffer socket, and 0 on a MultiBuffer socket returned the batch.
+func TestRecvPacketsLimit(t *testing.T) {
+	n := newTestNet(t)
+	tests := []struct {
+		name  string
+		multi bool
+		sizes []int
+		steps []struct{ packets, want int } // descriptors wanted
+	}{
+		{"multi-buffer", true, []int{100, 6000, 200}, []struct{ packets, want int }{{0, 0}, {-1, 0}, {1, 1}, {2, 3}}},
+		{"single-buffer", false, []int{100, 1000, 200}, []struct{ packets, want int }{{0, 0}, {-1, 0}, {1, 1}, {2, 2}}},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a, b := fmt.Sprintf("ra%d", i), fmt.Sprintf("rb%d", i)
+			xa, xb := testenv.VethPair(t,
+				testenv.VethEnd{NS: n.ns, Name: a, MTU: 9000},
+				testenv.VethEnd{NS: n.ns, Name: b, MTU: 9000})
+			s := n.open(t, xa, 0, nil, &SocketConfig{MultiBuffer: tt.multi})
+			setSlot(t, n.redirectFrags(t, xa), s)
+			pk := n.packetSock(t, xb)
+			total := 0 // descriptors: 6000 bytes take two
+			for _, st := range tt.steps {
+				total += st.want
+			}
+			for j, size := range tt.sizes {
+				if _, err := unix.Write(pk, testFrame(uint64(j), size)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !waitFor(2*time.Second, func() bool {
+				return atomic.LoadUint32(s.rx.producer)-atomic.LoadUint32(s.rx.consumer) == uint32(total)
+			}) {
+				t.Fatalf("%d descriptors never reached the RX ring", total)
+			}
+			descs := make([]Desc, 16)
+			got := 0
+			for _, st := range tt.steps {
+				k, err := s.RecvPackets(descs[got:], st.packets)
+				if err != nil || k != st.want {
+					t.Fatalf("RecvPackets(%d packets): %d, %v; want %d", st.packets, k, err, st.want)
+				}
+				got += k
+			}
+			if got != total {
+				t.Errorf("took %d descriptors, want %d", got, total)
+			}
+			if err := s.Recycle(descs[:got]); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestCloseReturnsUnsentTX: frames left on a socket's TX ring (submitted
+// while the interface was down: the wakeup fails with ENETDOWN) go back to
+// the free list when the socket closes, whether or not another socket
+// keeps its queue open. Before, with the queue shared, they stayed in TX
+// state for as long as the other socket lived.
+func TestCloseReturnsUnsentTX(t *testing.T) {
+	tests := []struct {
+		name  string
+		queue uint32 // of the socket that stays open
+	}{
+		{"queue shared with a socket that stays", 0},
+		{"last socket of its queue", 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			n := newTestNet(t)
+			xa, xb := n.veth(t, "xa", "xb", 2)
+			u, err := NewUMEM(&UMEMConfig{FrameCount: 512, FillSize: 128, CompletionSize: 128})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { u.Close() })
+			a := n.newSocket(t, u, xa, 0, smallRings)
+			b := n.newSocket(t, u, xa, tt.queue, smallRings)
+			setLink := func(up bool) {
+				n.do(t, func() error {
+					l, err := netlink.LinkByIndex(xa)
+					if err != nil {
+						return err
+					}
+					if up {
+						return netlink.LinkSetUp(l)
+					}
+					return netlink.LinkSetDown(l)
+				})
+			}
+			setLink(false)
+			if k, err := a.Transmit([][]byte{testFrame(1, 100), testFrame(2, 100)}); k != 2 || !errors.Is(err, unix.ENETDOWN) {
+				t.Fatalf("Transmit with the link down: %d, %v; want 2 queued and ENETDOWN", k, err)
+			}
+			if fs := u.Frames(); fs.TX != 2 {
+				t.Fatalf("frames before Close: %+v, want 2 in TX", fs)
+			}
+			if err := a.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if fs := u.Frames(); fs.TX != 0 || fs.User != 0 || fs.Free+fs.Fill != fs.Total || u.FrameErrors() != 0 {
+				t.Errorf("frames after Close: %+v, frame errors %d; want none in TX", fs, u.FrameErrors())
+			}
+			// The socket that stayed still sends, and its frame comes back.
+			setLink(true)
+			pk := n.packetSock(t, xb)
+			if k, err := b.Transmit([][]byte{testFrame(3, 100)}); k != 1 {
+				t.Fatalf("Transmit on the socket that stayed: %d, %v", k, err)
+			}
+			buf := make([]byte, 2048)
+			if f, err := recvPacket(pk, buf, 2*time.Second); err != nil {
+				t.Fatal(err)
+			} else if seq, _ := frameSeq(f); seq != 3 {
+				t.Fatalf("peer got seq %d, want 3", seq)
+			}
+			if !waitFor(2*time.Second, func() bool { b.Reclaim(); return u.Frames().TX == 0 }) {
+				t.Errorf("frames: %+v", u.Frames())
+			}
+		})
 	}
 }
 
