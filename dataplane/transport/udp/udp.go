@@ -472,7 +472,10 @@ func (c *Conn) Send(pkts []transport.Packet) (int, error) {
 		gso := c.gso.Load()
 		k, m, bad := c.fill(s, chunk, gso)
 		if m > 0 {
-			s.n = m
+			// A Write that fails before it calls sendF (Close shut the
+			// socket after the check above) must not count what an
+			// earlier Send on this pooled scratch sent.
+			s.n, s.got, s.errno = m, 0, 0
 			err := c.rc.Write(s.sendF)
 			got, errno := s.got, s.errno
 			clear(s.iovs[:k]) // do not keep the caller's buffers alive in the pool
