@@ -734,3 +734,57 @@ func TestGroupMultiBuffer(t *testing.T) {
 			st.KernelRX-before.KernelRX, missCount(t, tr.steer)-miss, st.Sockets[1].Transport.RXPackets-before.Sockets[1].Transport.RXPackets)
 	}
 }
+
+// TestMultiBufferBatchSize: a MultiBuffer socket whose SocketConfig.BatchSize
+// is smaller than the frames of one jumbo datagram (three 3840-byte frames
+// for 8000 bytes at MTU 9000 in copy mode) still delivers it whole: a
+// receive takes up to BatchSize datagrams, each with all of its frames.
+func TestMultiBufferBatchSize(t *testing.T) {
+	tr := newTrio(t)
+	for _, n := range []struct {
+		ns   netns.NsHandle
+		devs []string
+	}{{tr.dpu, []string{"xa", "ya"}}, {tr.far, []string{"yb"}}} {
+		testenv.InNetNS(t, n.ns, func() error {
+			for _, d := range n.devs {
+				l, err := netlink.LinkByName(d)
+				if err != nil {
+					return err
+				}
+				if err := netlink.LinkSetMTU(l, 9000); err != nil {
+					return fmt.Errorf("%s: MTU 9000: %w", d, err)
+				}
+			}
+			return nil
+		})
+	}
+	c := conn(t, tr.far, farIP)
+	sizes := []int{8000, 100, 9000 - Overhead, 4000, 1}
+	for _, bs := range []int{1, 2, 3, 64} {
+		t.Run(fmt.Sprintf("batch %d", bs), func(t *testing.T) {
+			g := tr.open(t, GroupOptions{MultiBuffer: true, Socket: &xsk.SocketConfig{Mode: xsk.ModeCopy, BatchSize: bs}})
+			defer g.Close()
+			before := g.Stats()
+			for i, n := range sizes {
+				if _, err := c.WriteToUDPAddrPort(payload(i+1, n), g.LocalAddr()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i, n := range sizes {
+				pkts := []transport.Packet{{Data: make([]byte, 9000)}}
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				k, err := g.Recv(ctx, pkts)
+				cancel()
+				if k != 1 || err != nil || string(pkts[0].Data) != string(payload(i+1, n)) {
+					t.Fatalf("datagram %d (%d bytes): Recv %d, %v, %d bytes (stats %+v)", i, n, k, err, len(pkts[0].Data), g.Stats().Sockets[1].Transport)
+				}
+			}
+			after := g.Stats()
+			if d := after.Sockets[1].Transport.RXPackets - before.Sockets[1].Transport.RXPackets; d != uint64(len(sizes)) ||
+				after.Sockets[1].Transport.RXMalformed != before.Sockets[1].Transport.RXMalformed {
+				t.Errorf("AF_XDP on ya +%d datagrams, +%d malformed; want %d, 0", d,
+					after.Sockets[1].Transport.RXMalformed-before.Sockets[1].Transport.RXMalformed, len(sizes))
+			}
+		})
+	}
+}
