@@ -788,3 +788,59 @@ func TestMultiBufferBatchSize(t *testing.T) {
 		})
 	}
 }
+
+// TestGroupSendClosing: a Group whose AF_XDP socket on one interface is
+// closed under a Send (Close racing it; here that socket alone is closed)
+// returns, like any failing socket, the index of the first datagram that
+// path did not send, wrapping transport.ErrClosed, and sends what comes
+// before it on the other paths: pkts[:n] went out.
+func TestGroupSendClosing(t *testing.T) {
+	tr := newTrio(t)
+	for _, tc := range []struct {
+		name   string
+		closed int    // the interface whose socket is closed: 0 xa (host), 1 ya (far)
+		to     string // the datagrams' destinations: h host, f far
+		n      int
+		host   []int // the datagrams host and far receive
+		far    []int
+	}{
+		// The host's datagrams go first (xa's bucket), then far's fail.
+		{"far closed", 1, "hfh", 1, []int{0, 2}, nil},
+		// The host's fail first; far's datagram before it still goes.
+		{"host closed", 0, "fhf", 1, nil, []int{0}},
+		{"first closed", 0, "hff", 0, nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := tr.open(t, GroupOptions{})
+			defer g.Close()
+			h, f := conn(t, tr.host, hostIP), conn(t, tr.far, farIP)
+			if err := g.Transports()[tc.closed].Close(); err != nil {
+				t.Fatal(err)
+			}
+			var pkts []transport.Packet
+			for i, d := range tc.to {
+				c := map[rune]*net.UDPConn{'h': h, 'f': f}[d]
+				pkts = append(pkts, transport.Packet{Addr: addrOf(c), Data: payload(i, 100)})
+			}
+			n, err := g.Send(pkts)
+			if n != tc.n || !errors.Is(err, transport.ErrClosed) {
+				t.Errorf("Send = %d, %v; want %d, ErrClosed", n, err, tc.n)
+			}
+			for _, r := range []struct {
+				c    *net.UDPConn
+				want []int
+			}{{h, tc.host}, {f, tc.far}} {
+				got := recvAll(t, r.c, len(r.want))
+				for _, i := range r.want {
+					if _, ok := got[string(pkts[i].Data)]; !ok {
+						t.Errorf("%v: datagram %d did not arrive", addrOf(r.c), i)
+					}
+				}
+				_ = r.c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+				if k, _, err := r.c.ReadFromUDPAddrPort(make([]byte, 2048)); err == nil {
+					t.Errorf("%v: a datagram beyond the %d expected (%d bytes)", addrOf(r.c), len(r.want), k)
+				}
+			}
+		})
+	}
+}
