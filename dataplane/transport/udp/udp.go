@@ -160,7 +160,10 @@ func Listen(addr netip.AddrPort, opts Options) (*Conn, error) {
 // ListenGroup opens n sockets bound to the same address with SO_REUSEPORT
 // (port 0 picks one free port for all of them). Socket i of the result is
 // index i of the kernel's reuseport group, which is what Options.Steer
-// selects. Every socket is closed again if any step fails.
+// selects. Every socket is closed again if any step fails. A port that a
+// socket holds already fails with EADDRINUSE, as for Listen, even when the
+// holder is another reuseport group, which the kernel would let these
+// sockets join.
 //
 // With Options.Steer, no socket receives anything until the whole group is
 // bound and the steering program attached: until then the kernel would
@@ -175,6 +178,16 @@ func ListenGroup(addr netip.AddrPort, n int, opts Options) ([]*Conn, error) {
 		return nil, fmt.Errorf("udp: group of %d sockets", n)
 	}
 	if addr.Port() != 0 {
+		// The kernel lets these sockets join a reuseport group of this
+		// user that holds the port already (a second agent given the
+		// same address, or a predecessor still running), and the two
+		// groups would share each other's datagrams. A plain bind
+		// fails on any holder; a group that takes the port between
+		// this check and its bind is not seen.
+		if _, err := freePort(addr); err != nil {
+			return nil, fmt.Errorf("udp: group on %v: %w (another socket holds the port, perhaps another process's group: find it with ss -ulpn 'sport = :%d', or choose another port)",
+				addr, err, addr.Port())
+		}
 		return listenGroup(addr, n, opts)
 	}
 	// An ephemeral bind with SO_REUSEPORT may be given the port of another
@@ -472,7 +485,10 @@ func (c *Conn) Send(pkts []transport.Packet) (int, error) {
 		gso := c.gso.Load()
 		k, m, bad := c.fill(s, chunk, gso)
 		if m > 0 {
-			s.n = m
+			// A Write that fails before it calls sendF (Close shut the
+			// socket after the check above) must not count what an
+			// earlier Send on this pooled scratch sent.
+			s.n, s.got, s.errno = m, 0, 0
 			err := c.rc.Write(s.sendF)
 			got, errno := s.got, s.errno
 			clear(s.iovs[:k]) // do not keep the caller's buffers alive in the pool

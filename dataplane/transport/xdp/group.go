@@ -666,8 +666,11 @@ func (g *Group) Send(pkts []transport.Packet) (int, error) {
 				continue
 			}
 			if errors.Is(err, transport.ErrClosed) {
-				clear(s.batch)
-				return 0, g.errClosed()
+				// Like any failing socket: the paths before this one
+				// may have sent datagrams below it, and the later
+				// ones still send those (returning 0 here counted
+				// them unsent).
+				err = g.errClosed()
 			}
 			if b < len(g.xs) && errors.Is(err, ErrNoNeighbour) {
 				// The next hop is unresolved: the kernel path resolves

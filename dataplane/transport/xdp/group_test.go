@@ -734,3 +734,113 @@ func TestGroupMultiBuffer(t *testing.T) {
 			st.KernelRX-before.KernelRX, missCount(t, tr.steer)-miss, st.Sockets[1].Transport.RXPackets-before.Sockets[1].Transport.RXPackets)
 	}
 }
+
+// TestMultiBufferBatchSize: a MultiBuffer socket whose SocketConfig.BatchSize
+// is smaller than the frames of one jumbo datagram (three 3840-byte frames
+// for 8000 bytes at MTU 9000 in copy mode) still delivers it whole: a
+// receive takes up to BatchSize datagrams, each with all of its frames.
+func TestMultiBufferBatchSize(t *testing.T) {
+	tr := newTrio(t)
+	for _, n := range []struct {
+		ns   netns.NsHandle
+		devs []string
+	}{{tr.dpu, []string{"xa", "ya"}}, {tr.far, []string{"yb"}}} {
+		testenv.InNetNS(t, n.ns, func() error {
+			for _, d := range n.devs {
+				l, err := netlink.LinkByName(d)
+				if err != nil {
+					return err
+				}
+				if err := netlink.LinkSetMTU(l, 9000); err != nil {
+					return fmt.Errorf("%s: MTU 9000: %w", d, err)
+				}
+			}
+			return nil
+		})
+	}
+	c := conn(t, tr.far, farIP)
+	sizes := []int{8000, 100, 9000 - Overhead, 4000, 1}
+	for _, bs := range []int{1, 2, 3, 64} {
+		t.Run(fmt.Sprintf("batch %d", bs), func(t *testing.T) {
+			g := tr.open(t, GroupOptions{MultiBuffer: true, Socket: &xsk.SocketConfig{Mode: xsk.ModeCopy, BatchSize: bs}})
+			defer g.Close()
+			before := g.Stats()
+			for i, n := range sizes {
+				if _, err := c.WriteToUDPAddrPort(payload(i+1, n), g.LocalAddr()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i, n := range sizes {
+				pkts := []transport.Packet{{Data: make([]byte, 9000)}}
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				k, err := g.Recv(ctx, pkts)
+				cancel()
+				if k != 1 || err != nil || string(pkts[0].Data) != string(payload(i+1, n)) {
+					t.Fatalf("datagram %d (%d bytes): Recv %d, %v, %d bytes (stats %+v)", i, n, k, err, len(pkts[0].Data), g.Stats().Sockets[1].Transport)
+				}
+			}
+			after := g.Stats()
+			if d := after.Sockets[1].Transport.RXPackets - before.Sockets[1].Transport.RXPackets; d != uint64(len(sizes)) ||
+				after.Sockets[1].Transport.RXMalformed != before.Sockets[1].Transport.RXMalformed {
+				t.Errorf("AF_XDP on ya +%d datagrams, +%d malformed; want %d, 0", d,
+					after.Sockets[1].Transport.RXMalformed-before.Sockets[1].Transport.RXMalformed, len(sizes))
+			}
+		})
+	}
+}
+
+// TestGroupSendClosing: a Group whose AF_XDP socket on one interface is
+// closed under a Send (Close racing it; here that socket alone is closed)
+// returns, like any failing socket, the index of the first datagram that
+// path did not send, wrapping transport.ErrClosed, and sends what comes
+// before it on the other paths: pkts[:n] went out.
+func TestGroupSendClosing(t *testing.T) {
+	tr := newTrio(t)
+	for _, tc := range []struct {
+		name   string
+		closed int    // the interface whose socket is closed: 0 xa (host), 1 ya (far)
+		to     string // the datagrams' destinations: h host, f far
+		n      int
+		host   []int // the datagrams host and far receive
+		far    []int
+	}{
+		// The host's datagrams go first (xa's bucket), then far's fail.
+		{"far closed", 1, "hfh", 1, []int{0, 2}, nil},
+		// The host's fail first; far's datagram before it still goes.
+		{"host closed", 0, "fhf", 1, nil, []int{0}},
+		{"first closed", 0, "hff", 0, nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := tr.open(t, GroupOptions{})
+			defer g.Close()
+			h, f := conn(t, tr.host, hostIP), conn(t, tr.far, farIP)
+			if err := g.Transports()[tc.closed].Close(); err != nil {
+				t.Fatal(err)
+			}
+			var pkts []transport.Packet
+			for i, d := range tc.to {
+				c := map[rune]*net.UDPConn{'h': h, 'f': f}[d]
+				pkts = append(pkts, transport.Packet{Addr: addrOf(c), Data: payload(i, 100)})
+			}
+			n, err := g.Send(pkts)
+			if n != tc.n || !errors.Is(err, transport.ErrClosed) {
+				t.Errorf("Send = %d, %v; want %d, ErrClosed", n, err, tc.n)
+			}
+			for _, r := range []struct {
+				c    *net.UDPConn
+				want []int
+			}{{h, tc.host}, {f, tc.far}} {
+				got := recvAll(t, r.c, len(r.want))
+				for _, i := range r.want {
+					if _, ok := got[string(pkts[i].Data)]; !ok {
+						t.Errorf("%v: datagram %d did not arrive", addrOf(r.c), i)
+					}
+				}
+				_ = r.c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+				if k, _, err := r.c.ReadFromUDPAddrPort(make([]byte, 2048)); err == nil {
+					t.Errorf("%v: a datagram beyond the %d expected (%d bytes)", addrOf(r.c), len(r.want), k)
+				}
+			}
+		})
+	}
+}

@@ -235,6 +235,7 @@ type Transport struct {
 
 	recvMu  sync.Mutex // one Recv at a time: rxDescs, rxJumbo
 	rxDescs []xsk.Desc
+	rxBatch int    // datagrams a receive takes at most (Options.Socket.BatchSize, at most 64)
 	rxJumbo []byte // a multi-buffer datagram's frames, joined when its first is too short for the headers
 
 	txPool sync.Pool // of *txScratch
@@ -377,7 +378,20 @@ func Open(opts Options) (_ *Transport, err error) {
 	if opts.Socket != nil && opts.Socket.BatchSize > 0 {
 		bs = min(bs, opts.Socket.BatchSize)
 	}
+	t.rxBatch = bs
 	t.rxDescs = make([]xsk.Desc, bs)
+	if t.sock.MultiBuffer() {
+		// BatchSize counts datagrams; the descriptors must hold at
+		// least one whole datagram's frames, or RecvPackets hands out
+		// the first frames of one and the rest arrive as frames of
+		// their own, all dropped (an 8000-byte datagram at BatchSize 2
+		// was lost and counted 1 malformed, 1 not UDP). The kernel
+		// copies a frame into as many frames of room bytes as it
+		// takes; a zero-copy driver hands at most MAX_SKB_FRAGS+1
+		// (up to 46) buffers.
+		chain := (t.mtu + ethLen + vlanLen + room + ethLen - 1) / (room + ethLen)
+		t.rxDescs = make([]xsk.Desc, max(batch, chain))
+	}
 	t.frameLen = ethLen + Overhead + t.maxPayload
 	t.txPool.New = func() any { return &txScratch{frames: make([][]byte, 0, batch)} }
 	return t, nil
@@ -470,7 +484,7 @@ func (t *Transport) Recv(ctx context.Context, pkts []transport.Packet) (int, err
 			return 0, t.errClosed()
 		}
 		descs := t.rxDescs
-		got, err := t.sock.RecvPackets(descs, min(len(pkts), len(descs)))
+		got, err := t.sock.RecvPackets(descs, min(len(pkts), t.rxBatch))
 		if err != nil {
 			return 0, t.wrapErr("receive", err)
 		}
@@ -516,7 +530,8 @@ func (t *Transport) Recv(ctx context.Context, pkts []transport.Packet) (int, err
 // buffer straight into p: one copy, as for a single-buffer frame. A first
 // buffer too short for the headers has the chain joined in rxJumbo first.
 // A chain that the batch cuts short (only when one packet has more
-// descriptors than the batch holds) is counted as malformed.
+// descriptors than rxDescs holds, which Open sizes for the longest) is
+// counted as malformed.
 func (t *Transport) parseChain(descs []xsk.Desc, i int, p *transport.Packet) (bool, int) {
 	j, flen := i, 0
 	for ; j < len(descs); j++ {
