@@ -464,15 +464,16 @@ func (a *Agent) doorbell(ctx context.Context, c ingest.Ctrl, b *rx) {
 	}()
 }
 
-// reapWait is how long a request whose worker overran the run timeout
-// waits for the killed process to end before it is answered: the slot is
-// freed first when it ends by then, so that the DPU's next request on it
+// reapWait is how long a request whose worker was lost mid-run (overran
+// the run timeout, went away, broke the protocol) waits for the worker's
+// process and its leftovers to end before it is answered: the slot is
+// freed first when they end by then, so that the DPU's next request on it
 // is not refused as slot-busy.
 const reapWait = 2 * time.Second
 
 // holdSlot keeps s taken until gone is closed (the process of a worker
-// that overran its run, which may still write into s's buffers, has
-// ended): doorbells for s are refused as overloaded (retryable) meanwhile.
+// lost mid-run, and those it left holding the slot buffers, which may
+// still write into s's buffers, have ended): doorbells for s are refused as overloaded (retryable) meanwhile.
 // It waits up to reapWait for that, then leaves the freeing to a
 // goroutine that stops with the agent.
 func (a *Agent) holdSlot(ctx context.Context, s *slot, gone <-chan struct{}) {

@@ -64,7 +64,7 @@ func (a *Agent) addSharer(pid int32) {
 	}
 	fd, err := unix.PidfdOpen(int(pid), 0)
 	if err != nil {
-		a.cfg.Logger.Warn("the handle socket's peer cannot be told from a worker's leftovers (no pidfd): a worker's run timeout may kill it", "pid", pid, "err", err)
+		a.cfg.Logger.Warn("the handle socket's peer cannot be told from a worker's leftovers (no pidfd): a worker lost mid-run may have it killed", "pid", pid, "err", err)
 		return
 	}
 	a.sharers[int(pid)] = fd
@@ -94,7 +94,8 @@ func alive(pidfd int) bool {
 // trusted returns what holds the buffers by right: the processes that
 // fetched them through the handle socket, and the attached workers'
 // processes, whose descendants are theirs (a worker's multiprocessing
-// pool). A worker closed (timed out, disconnected) is no longer one.
+// pool). A worker closed (timed out, disconnected, lost mid-run or
+// between runs) is no longer one.
 func (a *Agent) trusted() (sharers, workers map[int]bool) {
 	sharers, workers = map[int]bool{}, map[int]bool{}
 	a.sharerMu.Lock()
@@ -165,8 +166,8 @@ func (a *Agent) stillHolds(pid int) bool {
 // scan it could not finish (no /proc) or a leftover it could not open.
 const sweepRetry = time.Second
 
-// sweep kills the worker's leftovers: once the process of a worker that
-// overran its run is gone, the processes still holding the slot buffers
+// sweep kills the worker's leftovers: once the process of a worker lost
+// mid-run (reap) is gone, the processes still holding the slot buffers
 // that have no right to (leftovers), and it returns true once a scan
 // finds none, false if ctx ends first. Each is killed (SIGKILL) through a
 // pidfd opened after the scan and checked to still hold a buffer, so that
@@ -187,7 +188,7 @@ func (a *Agent) sweep(ctx context.Context, log *slog.Logger) bool {
 		hs, err := a.leftovers()
 		if err != nil {
 			if !scanWarned {
-				log.Warn("cannot look for processes a killed worker left holding the slot buffers; the slot stays taken until a scan succeeds", "err", err)
+				log.Warn("cannot look for processes a worker lost mid-run left holding the slot buffers; the slot stays taken until a scan succeeds", "err", err)
 				scanWarned = true
 			}
 			if !sleepCtx(ctx, sweepRetry) {
@@ -195,7 +196,7 @@ func (a *Agent) sweep(ctx context.Context, log *slog.Logger) bool {
 			}
 			continue
 		}
-		log.Debug("looked for a killed worker's leftovers", "leftovers", len(hs), "processes", a.scanner.procs, "descriptors", a.scanner.descriptors,
+		log.Debug("looked for a lost worker's leftovers", "leftovers", len(hs), "processes", a.scanner.procs, "descriptors", a.scanner.descriptors,
 			"map_lines", a.scanner.mapLines, "unreadable", a.scanner.unreadable, "took", a.scanner.took)
 		if len(hs) == 0 {
 			return true
@@ -213,7 +214,7 @@ func (a *Agent) sweep(ctx context.Context, log *slog.Logger) bool {
 				// Without a pidfd no kill is safe from hitting
 				// another process given the pid: scan again later.
 				if !warned[h.pid] {
-					l.Warn("a process left by a worker that overran the run timeout still holds the slot buffers and cannot be killed (no pidfd); its slot stays taken while it lives: kill it", "err", err)
+					l.Warn("a process left by a worker lost mid-run still holds the slot buffers and cannot be killed (no pidfd); its slot stays taken while it lives: kill it", "err", err)
 					warned[h.pid] = true
 				}
 				retry = true
@@ -226,11 +227,11 @@ func (a *Agent) sweep(ctx context.Context, log *slog.Logger) bool {
 			switch err := a.cfg.signal(fd, unix.SIGKILL); {
 			case err == nil:
 				a.stats.leftoversKilled.Add(1)
-				l.Warn("killed a process left by a worker that overran the run timeout: it still held the slot buffers")
+				l.Warn("killed a process left by a worker lost mid-run: it still held the slot buffers")
 			case errors.Is(err, unix.ESRCH):
 			default:
 				if !warned[h.pid] {
-					l.Warn("a process left by a worker that overran the run timeout still holds the slot buffers and could not be killed (another user's process?); its slot stays taken while it lives: kill it", "err", err)
+					l.Warn("a process left by a worker lost mid-run still holds the slot buffers and could not be killed (another user's process?); its slot stays taken while it lives: kill it", "err", err)
 					warned[h.pid] = true
 				}
 			}

@@ -252,3 +252,62 @@ func TestExternalCannotKill(t *testing.T) {
 		})
 	}
 }
+
+// TestExternalLostMidRun: a worker that goes away in the middle of a run,
+// long before the run timeout, leaves behind a process that still maps the
+// slot's output buffer and writes its late output over the next request's:
+// a forked child of a worker that exits, or that closes its socket and
+// lives on; or the worker's own process, alive after it closed its socket,
+// or after it broke the protocol (a done for another request) and was
+// disconnected. The request it ran fails as model-failed, with no bytes;
+// the agent kills the worker's process if it still lives and the
+// processes it left holding the slot buffers, and gives the slot to no
+// other request before they are gone, so the next request on the slot,
+// run by another worker, is answered with its own output.
+func TestExternalLostMidRun(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		mode      byte
+		want      string // in request A's answer
+		child     bool   // the late writer is a child, in DIR/holder; else the worker
+		leftovers uint64
+	}{
+		{"exits, leaving a forked child", 'e', "disconnected while running this request", true, 1},
+		{"closes its socket, leaving a forked child", 'c', "disconnected while running this request", true, 1},
+		{"closes its socket and writes late itself", 'w', "disconnected while running this request", false, 0},
+		{"answers another request and writes late itself", 'p', `answered "done" for request`, false, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// Far beyond the test's runs: the run timeout must not be
+			// what ends request A.
+			r := leakRig(t, func(c *Config) { c.RunTimeout = 20 * time.Second })
+			dir := t.TempDir()
+			w1 := r.worker("leak", 1, dir)
+			holder := w1.Cmd.Process.Pid
+			hfd := pidfdOf(t, holder)
+			c := r.run(0, "leak", leakInput(tc.mode))
+			wantFailure(t, c, ingest.StatusModelFailed, tc.want)
+			if tc.child {
+				holder = readPid(t, dir, "holder")
+				hfd = pidfdOf(t, holder)
+			}
+			r.waitWorkers("leak", 0, nil)
+			r.worker("leak", 1, dir)
+			b := bytes.Repeat([]byte("B"), 64)
+			wantOK(t, r.runRetrying(0, "leak", b), len(b))
+			// The late writer has written, or never will.
+			if !goneWithin(hfd, 20*time.Second) {
+				t.Fatalf("the late writer (pid %d) still runs", holder)
+			}
+			if got := r.read(0, 1, len(b)); !bytes.Equal(got, b) {
+				t.Fatalf("slot 0's output after request B: %q, want B's %q: pid %d, left by the worker lost while it ran request A, wrote over it", got, b, holder)
+			}
+			if exited, _ := w1.Wait(20 * time.Second); !exited {
+				t.Fatalf("the worker lost mid-run still runs:\n%s", w1.Output())
+			}
+			if s := r.agent.Stats(); s.LeftoversKilled != tc.leftovers || s.WorkerLost != 1 || s.Workers["leak"] != 1 {
+				t.Errorf("stats: %+v; want %d leftovers killed, one worker lost, the new worker attached", s, tc.leftovers)
+			}
+		})
+	}
+}

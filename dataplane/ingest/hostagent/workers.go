@@ -40,11 +40,14 @@ import (
 // done must equal out_len, the output size the model was configured with
 // for this input. A worker gets one run at a time: several workers may
 // attach to one model, and the agent gives each request to an idle one. A
-// worker that overruns the run timeout is disconnected and its process
-// killed (SIGKILL through a pidfd), then the processes it left holding the
-// slot buffers (leftovers.go), and the slot goes to no other request until
-// they are all gone: closing the socket alone would not stop them writing
-// late output into the slot they have mapped.
+// worker lost in the middle of a run (it overran the run timeout, exited
+// or closed its socket, or answered out of turn) is disconnected and its
+// process killed if it still lives (SIGKILL through a pidfd), then the
+// processes it left holding the slot buffers (leftovers.go), and the slot
+// goes to no other request until they are all gone: a closed socket does
+// not stop them writing late output into the slot they have mapped. A
+// worker that leaves between runs has vouched with done for every output
+// it wrote, and is let go.
 //
 // Workers are trusted code: a worker's mapping of the buffers cannot be
 // revoked, which is why the socket is 0600 and the peer's user is checked.
@@ -432,9 +435,11 @@ func (a *Agent) sendAttached(c *net.UnixConn, m *model.Model) error {
 }
 
 // runExternal hands one request to a worker of an external model and
-// waits for its answer. gone is not nil when the worker overran the run
-// timeout: it is closed once the worker's process is gone, and until then
-// the slot must stay taken.
+// waits for its answer. gone is not nil when the worker was lost with the
+// run in its hands (it overran the run timeout, went away, or broke the
+// protocol): it is closed once the worker's process and the processes it
+// left holding the slot buffers are gone (reap), and until then the slot
+// must stay taken.
 func (a *Agent) runExternal(ctx context.Context, m *model.Model, c ingest.Ctrl, s *slot) (n int, gone <-chan struct{}, err error) {
 	defer func() {
 		if err != nil {
@@ -463,9 +468,31 @@ func (a *Agent) runExternal(ctx context.Context, m *model.Model, c ingest.Ctrl, 
 		return 0, nil, ingest.Errorf(ingest.StatusModelFailed, "model %s: %v", m.Name, err)
 	}
 	defer e.release(w)
+	// The run's own descriptor of the worker's process: the worker's
+	// reader closes the worker's once it has detached it, which it may
+	// do, when the worker goes away, before this run sees it gone.
+	pidfd, perr := w.dupPidfd()
+	defer func() {
+		if pidfd >= 0 {
+			unix.Close(pidfd)
+		}
+	}()
+	// lost disconnects a worker that has the run, and reaps it: it may
+	// still write into the slot, and so may what it left behind.
+	lost := func(why error) <-chan struct{} {
+		w.close(why)
+		a.stats.workerLost.Add(1)
+		gone := a.reap(ctx, w, pidfd, perr, why, m.Name, c)
+		pidfd = -1 // reap's now
+		return gone
+	}
 	run := WorkerRun{Op: "run", Request: c.Request, GPU: int(c.GPU), Slot: int(c.Slot), Len: inLen, OutLen: outLen}
 	w.conn.SetWriteDeadline(time.Now().Add(a.cfg.RunTimeout))
 	if err := fdpass.Write(w.conn, run); err != nil {
+		// The worker never got the run (fdpass sends a frame in one
+		// message; a torn one is no run it can read), and answered done
+		// for every run before: nothing of it writes into the slot by
+		// right now, as after a detach between runs.
 		w.close(fmt.Errorf("send run: %w", err))
 		a.stats.workerLost.Add(1)
 		return 0, nil, ingest.Errorf(ingest.StatusModelFailed, "model %s: the worker (pid %d) is gone: %v", m.Name, w.pid, err)
@@ -476,9 +503,8 @@ func (a *Agent) runExternal(ctx context.Context, m *model.Model, c ingest.Ctrl, 
 	case d := <-w.done:
 		switch {
 		case d.Op != "done" || d.Request != c.Request:
-			w.close(fmt.Errorf("protocol: answered %q for request %d while running %d", d.Op, d.Request, c.Request))
-			a.stats.workerLost.Add(1)
-			return 0, nil, ingest.Errorf(ingest.StatusModelFailed, "model %s: the worker (pid %d) answered %q for request %d, not done for %d: disconnected it", m.Name, w.pid, d.Op, d.Request, c.Request)
+			// Not done with this run: it may be writing it still.
+			return 0, lost(fmt.Errorf("protocol: answered %q for request %d while running %d", d.Op, d.Request, c.Request)), ingest.Errorf(ingest.StatusModelFailed, "model %s: the worker (pid %d) answered %q for request %d, not done for %d: disconnected and killed it", m.Name, w.pid, d.Op, d.Request, c.Request)
 		case d.Err != "":
 			return 0, nil, ingest.Errorf(ingest.StatusModelFailed, "model %s (worker pid %d): %s", m.Name, w.pid, d.Err)
 		case d.Len != outLen:
@@ -486,19 +512,20 @@ func (a *Agent) runExternal(ctx context.Context, m *model.Model, c ingest.Ctrl, 
 		}
 		return d.Len, nil, nil
 	case <-w.closed:
-		a.stats.workerLost.Add(1)
-		return 0, nil, ingest.Errorf(ingest.StatusModelFailed, "model %s: the worker (pid %d) disconnected while running this request (%v): start it again", m.Name, w.pid, w.why)
+		if ctx.Err() != nil {
+			// closeWorkers: the buffers go with the agent.
+			return 0, nil, ingest.Errorf(ingest.StatusHostUnavailable, "the host agent is stopping")
+		}
+		// The worker exited or closed its socket with the run in its
+		// hands: whatever it wrote is no output it vouched for, and a
+		// child it forked, or its own process still alive, may write
+		// later, over the next request's output.
+		return 0, lost(w.why), ingest.Errorf(ingest.StatusModelFailed, "model %s: the worker (pid %d) disconnected while running this request (%v): start it again", m.Name, w.pid, w.why)
 	case <-t.C:
-		// Before the close, which lets the worker's reader detach it
-		// and close its pidfd.
-		pidfd, perr := w.dupPidfd()
-		w.close(fmt.Errorf("run timeout: no answer for request %d in %v", c.Request, a.cfg.RunTimeout))
-		a.stats.workerLost.Add(1)
 		// Closing the socket does not stop the worker writing into the
 		// slot it still has mapped: the slot stays taken until its
 		// process is gone.
-		gone = a.reap(ctx, w, pidfd, perr, m.Name, c)
-		return 0, gone, ingest.Errorf(ingest.StatusModelFailed, "model %s: the worker (pid %d) did not answer within %v; it was disconnected and killed: start it again", m.Name, w.pid, a.cfg.RunTimeout)
+		return 0, lost(fmt.Errorf("run timeout: no answer for request %d in %v", c.Request, a.cfg.RunTimeout)), ingest.Errorf(ingest.StatusModelFailed, "model %s: the worker (pid %d) did not answer within %v; it was disconnected and killed: start it again", m.Name, w.pid, a.cfg.RunTimeout)
 	case <-ctx.Done():
 		return 0, nil, ingest.Errorf(ingest.StatusHostUnavailable, "the host agent is stopping")
 	}
@@ -508,22 +535,23 @@ func (a *Agent) runExternal(ctx context.Context, m *model.Model, c ingest.Ctrl, 
 // agent's context.
 const reapPoll = 100 * time.Millisecond
 
-// reap kills the process of a worker that overran its run, which may still
-// write into the slot it has mapped, then the processes it left holding
+// reap kills the process of a worker lost mid-run (why: it overran the
+// run timeout, went away, broke the protocol), which may still write into
+// the slot it has mapped if it lives, then the processes it left holding
 // the slot buffers (sweep: a child it forked, a daemon, a subprocess given
 // a descriptor), and returns a channel closed once they are all gone
 // (never, if ctx ends first). It kills the worker through pidfd, its
 // process opened at attach (the worker is no child of the agent's:
-// nothing to wait4), and waits for pidfd to turn readable; reap owns
-// pidfd. When it cannot kill the process (another user's; no pidfd, for
-// perr) it only waits for the process to end, with a warning: the slot
-// stays taken as long as the process lives. The scan of /proc runs here,
-// off the receive loop.
-func (a *Agent) reap(ctx context.Context, w *worker, pidfd int, perr error, name string, c ingest.Ctrl) <-chan struct{} {
+// nothing to wait4), and waits for pidfd to turn readable (at once, for a
+// worker that exited); reap owns pidfd. When it cannot kill the process
+// (another user's; no pidfd, for perr) it only waits for the process to
+// end, with a warning: the slot stays taken as long as the process lives.
+// The scan of /proc runs here, off the receive loop.
+func (a *Agent) reap(ctx context.Context, w *worker, pidfd int, perr, why error, name string, c ingest.Ctrl) <-chan struct{} {
 	gone := make(chan struct{})
-	log := a.cfg.Logger.With("model", name, "pid", w.pid, "gpu", c.GPU, "slot", c.Slot, "request", c.Request)
+	log := a.cfg.Logger.With("model", name, "pid", w.pid, "gpu", c.GPU, "slot", c.Slot, "request", c.Request, "why", why)
 	if pidfd < 0 && w.pid <= 0 {
-		log.Warn("a worker that overran the run timeout cannot be killed, and its slot stays taken until the host agent restarts: stop the worker, then restart the host agent", "err", perr)
+		log.Warn("a worker lost mid-run cannot be killed, and its slot stays taken until the host agent restarts: stop the worker, then restart the host agent", "err", perr)
 		return gone
 	}
 	a.runs.Add(1)
@@ -538,10 +566,17 @@ func (a *Agent) reap(ctx context.Context, w *worker, pidfd int, perr error, name
 }
 
 // killWorker kills a worker's process and returns true once it is gone,
-// false if ctx ends first. It owns pidfd.
+// false if ctx ends first. It owns pidfd. A worker in the agent's own
+// process (a test's stand-in) is left alone.
 func (a *Agent) killWorker(ctx context.Context, w *worker, pidfd int, perr error, log *slog.Logger) bool {
+	if int(w.pid) == os.Getpid() {
+		if pidfd >= 0 {
+			unix.Close(pidfd)
+		}
+		return true
+	}
 	if pidfd < 0 {
-		log.Warn("a worker that overran the run timeout cannot be killed; its slot stays taken while the process lives: kill the worker process", "err", perr)
+		log.Warn("a worker lost mid-run cannot be killed; its slot stays taken while the process lives: kill the worker process", "err", perr)
 		// Without a pidfd, look for the process by its number.
 		for unix.Kill(int(w.pid), 0) != unix.ESRCH {
 			if !sleepCtx(ctx, reapPoll) {
@@ -552,7 +587,7 @@ func (a *Agent) killWorker(ctx context.Context, w *worker, pidfd int, perr error
 	}
 	defer unix.Close(pidfd)
 	if err := a.cfg.signal(pidfd, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
-		log.Warn("a worker that overran the run timeout could not be killed (another user's process?); its slot stays taken while the process lives: kill the worker process", "err", err)
+		log.Warn("a worker lost mid-run could not be killed (another user's process?); its slot stays taken while the process lives: kill the worker process", "err", err)
 	}
 	return waitGone(ctx, []int{pidfd})
 }

@@ -153,6 +153,7 @@ class Worker:
 
     def __init__(self, model, socket="/run/lovelock/ingest-workers.sock"):
         self.model, self.sock, self._slots, self._cp = model, _socket.socket(_socket.AF_UNIX), {}, None
+        self._req = None  # the request in hand
         try:
             self.sock.connect(socket)
             _send(self.sock, {"op": "attach", "version": PROTOCOL, "model": model})
@@ -208,12 +209,20 @@ class Worker:
                 os.close(fd)
             if msg.get("op") != "run":
                 raise ConnectionError(f"lovelock_ingest: unexpected frame {msg!r} from the host agent")
-            req = Request(self, msg)
+            req = self._req = Request(self, msg)
             yield req
             if not req.replied:
                 req.fail("the worker's loop went on without req.reply()")
 
     def close(self):
+        """Detaches. A request in hand still unanswered is failed first: the host agent takes a worker that
+        closes its connection mid-run for one that may still write into the slot, and kills it."""
+        req, self._req = self._req, None
+        if req is not None and not req.replied:
+            try:
+                req.fail("the worker detached before req.reply()")
+            except ConnectionError:
+                pass
         self.sock.close()
 
 

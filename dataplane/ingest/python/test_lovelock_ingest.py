@@ -128,6 +128,31 @@ class ServeTest(unittest.TestCase):
         self.assertIn("does not fit", recv(self.agent.conn)["err"])
         gen.close()
 
+    def ring_once_attached(self, request):
+        """Sends a run once a worker has attached (FakeAgent.run waits for it)."""
+        t = threading.Thread(target=self.agent.run, args=(request, b"\0" * 8, 4))
+        t.start()
+        self.addCleanup(t.join)
+
+    def test_loop_left_without_reply(self):
+        self.ring_once_attached(8)
+        for req in lovelock_ingest.serve("m", socket=self.agent.path):
+            break  # serve() closes the socket, failing the request first: the run ends, the worker only detaches
+        self.assertEqual(recv(self.agent.conn), {"op": "done", "request": 8, "err": "the worker detached before req.reply()"})
+        self.assertIsNone(recv(self.agent.conn))
+
+    def test_loop_raises_without_reply(self):
+        self.ring_once_attached(9)
+
+        def worker():
+            for req in lovelock_ingest.serve("m", socket=self.agent.path):
+                raise KeyError("the model broke")
+
+        with self.assertRaises(KeyError):
+            worker()
+        self.assertEqual(recv(self.agent.conn), {"op": "done", "request": 9, "err": "the worker detached before req.reply()"})
+        self.assertIsNone(recv(self.agent.conn))
+
     def test_agent_gone(self):
         w = lovelock_ingest.Worker("m", self.agent.path)
         self.addCleanup(w.close)

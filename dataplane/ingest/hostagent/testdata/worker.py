@@ -19,6 +19,13 @@ host agent without CAP_KILL may not kill. U: the worker itself becomes
 nobody and hangs. Each such process writes its pid to DIR/holder, DIR the
 third argument.
 
+Modes where the worker goes away mid-run, long before the run timeout: e
+and c leave a forked child as f does (which closes its copy of the worker
+socket, as a daemon closes its descriptors), then the worker exits (e) or
+closes its socket and sleeps (c); w: the worker closes its socket and
+writes late itself; p: the worker answers done for another request, then
+writes late itself.
+
 A fourth argument "keep-child": once attached, the worker forks a child
 that keeps every slot buffer mapped and sleeps (a pool process of a worker
 that is fine), its pid in DIR/bystander.
@@ -97,13 +104,15 @@ def fd_of(a):
     raise RuntimeError("no descriptor of the output buffer")
 
 
-def leave(req, late, mode):
+def leave(req, late, mode, close_socket=False):
     """Leaves a process behind that writes late into req's output buffer."""
     out = req.output()
     pidfile = os.path.join(piddir, "holder")
     if mode in "fu":
         if os.fork() == 0:
             detach()
+            if close_socket:
+                req._w.sock.close()
             write_pid(pidfile)
             if mode == "u":
                 become_nobody()
@@ -176,6 +185,18 @@ for req in requests:
         elif mode == "U":
             become_nobody()
             time.sleep(60)
+        elif mode in "ec":
+            leave(req, mine, "f", close_socket=True)
+            if mode == "e":
+                os._exit(0)
+            req._w.sock.close()
+            time.sleep(60)
+        elif mode == "w":
+            req._w.sock.close()
+            late_write(req.output(), mine)
+        elif mode == "p":
+            lovelock_ingest._send(req._w.sock, {"op": "done", "request": req.id + 1000, "len": len(mine)})
+            late_write(req.output(), mine)
         req.reply(mine)
     else:
         req.reply(req.numpy())
