@@ -105,6 +105,7 @@ func (s *Socket) recvLocked(descs []Desc, maxPkts int) (n, need int) {
 	}
 	if got > 0 {
 		want := kernelState(frameFill, q.id)
+		pkts := 0 // RXPackets counts packets (last descriptors), not descriptors
 		for i := range got {
 			d := *s.rx.at(idx + i)
 			if u.Frame(d) == nil {
@@ -116,10 +117,13 @@ func (s *Socket) recvLocked(descs []Desc, maxPkts int) (n, need int) {
 			}
 			descs[n] = d
 			n++
+			if d.Options&unix.XDP_PKT_CONTD == 0 {
+				pkts++
+			}
 		}
 		s.rx.release()
 		q.fillOut.Add(-int64(n))
-		s.rxPackets.Add(uint64(n))
+		s.rxPackets.Add(uint64(pkts))
 	}
 	added := u.fillUp(q, s.rxScratch)
 	// Only zero-copy drivers ever set the fill ring's flag: the driver

@@ -398,6 +398,86 @@ func TestRecvWholePackets(t *testing.T) {
 	}
 }
 
+// TestPacketCounters: Stats.RXPackets and TXPackets count packets, on a
+// MultiBuffer socket too, where a packet may take several descriptors (an
+// 8000-byte frame takes three, a 6000-byte one two): what RecvBatch took,
+// what TransmitDescs forwarded and what Transmit copied. Before, RXPackets
+// and TransmitDescs's TXPackets counted descriptors while Transmit's
+// counted packets (RX +6 and TX +6+3 for these three packets).
+func TestPacketCounters(t *testing.T) {
+	n := newTestNet(t)
+	tests := []struct {
+		name  string
+		multi bool
+		sizes []int
+	}{
+		{"multi-buffer", true, []int{8000, 100, 6000}},
+		{"single-buffer", false, []int{100, 1514, 3000}},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a, b := fmt.Sprintf("ca%d", i), fmt.Sprintf("cb%d", i)
+			xa, xb := testenv.VethPair(t,
+				testenv.VethEnd{NS: n.ns, Name: a, MTU: 9000},
+				testenv.VethEnd{NS: n.ns, Name: b, MTU: 9000})
+			s := n.open(t, xa, 0, nil, &SocketConfig{MultiBuffer: tt.multi, Mode: ModeCopy})
+			setSlot(t, n.redirectFrags(t, xa), s)
+			pk := n.packetSock(t, xb)
+			var frames [][]byte
+			for j, size := range tt.sizes {
+				f := testFrame(uint64(j), size)
+				frames = append(frames, f)
+				if _, err := unix.Write(pk, f); err != nil {
+					t.Fatal(err)
+				}
+			}
+			descs := make([]Desc, 16)
+			got, pkts := 0, 0
+			if !waitFor(2*time.Second, func() bool {
+				k, err := s.RecvBatch(descs[got:])
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, d := range descs[got : got+k] {
+					if d.Options&unix.XDP_PKT_CONTD == 0 {
+						pkts++
+					}
+				}
+				got += k
+				return pkts == len(frames)
+			}) {
+				t.Fatalf("received %d packets in %d descriptors, want %d", pkts, got, len(frames))
+			}
+			st, err := s.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.RXPackets != uint64(len(frames)) {
+				t.Errorf("RXPackets %d after %d packets in %d descriptors, want %d", st.RXPackets, len(frames), got, len(frames))
+			}
+			if k, err := s.TransmitDescs(descs[:got]); k != got || err != nil {
+				t.Fatalf("TransmitDescs: %d, %v", k, err)
+			}
+			if st, _ = s.Stats(); st.TXPackets != uint64(len(frames)) {
+				t.Errorf("TXPackets %d after TransmitDescs of %d packets in %d descriptors, want %d", st.TXPackets, len(frames), got, len(frames))
+			}
+			if k, err := s.Transmit(frames); k != len(frames) || err != nil {
+				t.Fatalf("Transmit: %d, %v", k, err)
+			}
+			if st, _ = s.Stats(); st.TXPackets != 2*uint64(len(frames)) {
+				t.Errorf("TXPackets %d after Transmit of %d more packets, want %d", st.TXPackets, len(frames), 2*len(frames))
+			}
+			buf := make([]byte, 10000)
+			for j := range 2 * len(frames) {
+				p, err := recvPacket(pk, buf, 2*time.Second)
+				if err != nil || !bytes.Equal(p, frames[j%len(frames)]) {
+					t.Fatalf("peer, packet %d: %d bytes, %v; want the %d-byte frame", j, len(p), err, len(frames[j%len(frames)]))
+				}
+			}
+		})
+	}
+}
+
 // TestCloseReturnsUnsentTX: frames left on a socket's TX ring (submitted
 // while the interface was down: the wakeup fails with ENETDOWN) go back to
 // the free list when the socket closes, whether or not another socket
