@@ -228,7 +228,9 @@ func (s *Socket) TransmitDescs(descs []Desc) (int, error) {
 }
 
 // Reclaim takes completed TX frames off the completion ring and returns
-// them to the free list; it returns how many. Transmit does this itself.
+// them to the free list; it returns how many frames it freed (a completion
+// naming a frame not in transmit is refused and not counted). Transmit
+// does this itself.
 func (s *Socket) Reclaim() (int, error) {
 	if err := s.enter(); err != nil {
 		return 0, err
