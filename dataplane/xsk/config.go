@@ -50,6 +50,12 @@ var (
 	// from a kernel before 6.6, EOPNOTSUPP from a driver without
 	// multi-buffer support): the caller may open it again without.
 	ErrMultiBuffer = errors.New("multi-buffer AF_XDP (XDP_USE_SG) refused")
+	// ErrShortBatch is returned by RecvBatch and RecvPackets on a
+	// MultiBuffer socket when the packet at the head of the RX ring has
+	// more descriptors than the slice given holds: the packet stays on the
+	// ring. Pass at least ceil(longest frame / RX frame room) descriptors,
+	// the room being FrameSize - Headroom - PacketHeadroom.
+	ErrShortBatch = errors.New("descriptor slice shorter than a packet's chain")
 )
 
 // Mode is how a socket moves packets between the driver and the UMEM.
@@ -162,7 +168,8 @@ type SocketConfig struct {
 	// asking for a different one is an error.
 	Mode Mode
 	// BatchSize is how many descriptors TryReceive and Receive take per
-	// ring access. Default 64.
+	// ring access (on a MultiBuffer socket, at least one packet's chain:
+	// a longer one grows the batch). Default 64.
 	BatchSize int
 	// FillFrames is how many frames go into the fill ring when this socket
 	// is the first on its (interface, queue), and the level the receive path

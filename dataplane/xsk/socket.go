@@ -80,7 +80,10 @@ type Stats struct {
 	// TXRingEmpty counts times the kernel found the TX ring empty.
 	TXRingEmpty uint64
 
-	// RXPackets and TXPackets count descriptors received and submitted.
+	// RXPackets counts packets RecvBatch, RecvPackets, TryReceive and
+	// Receive took off the RX ring; TXPackets counts packets Transmit and
+	// TransmitDescs submitted to the TX ring. A packet counts once however
+	// many descriptors it takes on a MultiBuffer socket.
 	RXPackets uint64
 	TXPackets uint64
 	// RXWakeups and TXWakeups count recvfrom(2) and sendto(2) calls made

@@ -14,9 +14,12 @@ import (
 //
 // On a MultiBuffer socket a packet may take several descriptors, each but
 // the last with Options&unix.XDP_PKT_CONTD. RecvBatch returns whole
-// packets only: descriptors of a packet that does not fit descs are left
-// on the ring for the next call, unless descs cannot hold even one whole
-// packet, in which case it returns what fits and the rest follows.
+// packets only: a packet that does not fit what is left of descs stays on
+// the ring for the next call. When descs cannot hold even the first
+// packet's descriptors it takes nothing and returns an error wrapping
+// ErrShortBatch that says how many that packet takes; a slice of
+// ceil(longest frame / (FrameSize-Headroom-PacketHeadroom)) descriptors
+// always holds one.
 func (s *Socket) RecvBatch(descs []Desc) (int, error) {
 	if err := s.enter(); err != nil {
 		return 0, err
@@ -27,13 +30,14 @@ func (s *Socket) RecvBatch(descs []Desc) (int, error) {
 	}
 	s.rxMu.Lock()
 	defer s.rxMu.Unlock()
-	return s.recvLocked(descs, len(descs)), nil
+	n, need := s.recvLocked(descs, len(descs))
+	return n, s.shortErr(need, len(descs))
 }
 
 // RecvPackets is RecvBatch that returns the descriptors of at most packets
-// packets (on a MultiBuffer socket a packet may take several descriptors;
-// elsewhere it is RecvBatch with descs cut to packets). A count below one
-// takes nothing.
+// packets (on a MultiBuffer socket a packet may take several descriptors,
+// and ErrShortBatch is as for RecvBatch; elsewhere it is RecvBatch with
+// descs cut to packets). A count below one takes nothing.
 func (s *Socket) RecvPackets(descs []Desc, packets int) (int, error) {
 	if err := s.enter(); err != nil {
 		return 0, err
@@ -43,37 +47,65 @@ func (s *Socket) RecvPackets(descs []Desc, packets int) (int, error) {
 		return 0, s.errNoRX
 	}
 	// Cut descs for a count below one too: a negative one would slice out
-	// of range, and recvLocked on a MultiBuffer socket returns what fits
-	// when no whole packet does, which for 0 packets is a whole batch.
+	// of range, and an empty descs takes nothing.
 	if packets < 1 || !s.sg {
 		descs = descs[:max(0, min(len(descs), packets))]
 	}
 	s.rxMu.Lock()
 	defer s.rxMu.Unlock()
-	return s.recvLocked(descs, packets), nil
+	n, need := s.recvLocked(descs, packets)
+	return n, s.shortErr(need, len(descs))
 }
 
-func (s *Socket) recvLocked(descs []Desc, maxPkts int) int {
+// shortErr is RecvBatch's error when recvLocked took nothing because the
+// packet at the head of the ring needs need descriptors; nil for need 0.
+func (s *Socket) shortErr(need, have int) error {
+	if need == 0 {
+		return nil
+	}
+	room := s.umem.cfg.FrameSize - s.umem.cfg.Headroom - PacketHeadroom
+	return fmt.Errorf("xsk %s: RX: the next packet takes %d descriptors, descs holds %d; pass at least ceil(longest frame / %d bytes) descriptors: %w",
+		s.name, need, have, room, ErrShortBatch)
+}
+
+// recvLocked takes the descriptors of at most maxPkts whole packets off
+// the RX ring into descs and returns how many. On a MultiBuffer socket,
+// when it took nothing because the first packet's chain is longer than
+// descs, need is that chain's length (0 otherwise) and the packet stays on
+// the ring.
+func (s *Socket) recvLocked(descs []Desc, maxPkts int) (n, need int) {
 	u, q := s.umem, s.q
 	idx, got := s.rx.peek(uint32(min(len(descs), 1<<31)))
 	if s.sg && got > 0 {
 		// Whole packets only, at most maxPkts: descriptors after the
-		// last of them stay on the ring for the next call, which then
-		// starts at a packet's first one.
+		// last of them stay on the ring (unpeek: the consumer index is
+		// not published past them) for the next call, which then
+		// starts at a packet's first one. Handing out part of a chain
+		// would make the next call return the rest as a packet of its
+		// own.
 		whole, pkts := uint32(0), 0
 		for i := uint32(0); i < got && pkts < maxPkts; i++ {
 			if s.rx.at(idx+i).Options&unix.XDP_PKT_CONTD == 0 {
 				whole, pkts = i+1, pkts+1
 			}
 		}
-		if whole > 0 && whole < got {
-			s.rx.unpeek(got - whole)
-			got = whole
+		s.rx.unpeek(got - whole)
+		if whole == 0 && got == uint32(len(descs)) && maxPkts > 0 {
+			// The first packet continues past descs: find its end
+			// among the entries the kernel has published (it
+			// publishes whole packets), without consuming any.
+			for i, e := got, s.rx.avail(s.rx.size); i < e; i++ {
+				if s.rx.at(idx+i).Options&unix.XDP_PKT_CONTD == 0 {
+					need = int(i) + 1
+					break
+				}
+			}
 		}
+		got = whole
 	}
-	n := 0
 	if got > 0 {
 		want := kernelState(frameFill, q.id)
+		pkts := 0 // RXPackets counts packets (last descriptors), not descriptors
 		for i := range got {
 			d := *s.rx.at(idx + i)
 			if u.Frame(d) == nil {
@@ -85,10 +117,13 @@ func (s *Socket) recvLocked(descs []Desc, maxPkts int) int {
 			}
 			descs[n] = d
 			n++
+			if d.Options&unix.XDP_PKT_CONTD == 0 {
+				pkts++
+			}
 		}
 		s.rx.release()
 		q.fillOut.Add(-int64(n))
-		s.rxPackets.Add(uint64(n))
+		s.rxPackets.Add(uint64(pkts))
 	}
 	added := u.fillUp(q, s.rxScratch)
 	// Only zero-copy drivers ever set the fill ring's flag: the driver
@@ -97,7 +132,7 @@ func (s *Socket) recvLocked(descs []Desc, maxPkts int) int {
 		_, _, _ = unix.Syscall6(unix.SYS_RECVFROM, uintptr(s.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
 		s.rxWakeups.Add(1)
 	}
-	return n
+	return n, need
 }
 
 // Recycle gives received frames back: to the fill ring up to its target
@@ -180,7 +215,14 @@ func (s *Socket) TryReceive(fn func(frame []byte)) (int, error) {
 	}
 	s.rxMu.Lock()
 	defer s.rxMu.Unlock()
-	n := s.recvLocked(s.rxDescs, len(s.rxDescs))
+	n, need := s.recvLocked(s.rxDescs, len(s.rxDescs))
+	if need > 0 {
+		// A MultiBuffer packet with more descriptors than BatchSize:
+		// grow the batch to its chain (once per longer chain) rather
+		// than fail or hand out part of it.
+		s.rxDescs = make([]Desc, need)
+		n, _ = s.recvLocked(s.rxDescs, len(s.rxDescs))
+	}
 	recycled := false
 	defer func() {
 		// Keep the frame accounting exact even if fn panics.

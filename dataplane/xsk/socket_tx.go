@@ -183,7 +183,7 @@ func (s *Socket) TransmitDescs(descs []Desc) (int, error) {
 	// packet: a descriptor with XDP_PKT_CONTD continues into the next one,
 	// and the kernel would join whatever is submitted next to a packet cut
 	// there (or, with the flag dropped, send each part as a packet).
-	w, whole := uint32(0), uint32(0)
+	w, whole, pkts := uint32(0), uint32(0), 0
 	for ; w < got; w++ {
 		d := descs[w]
 		contd := d.Options & unix.XDP_PKT_CONTD
@@ -199,6 +199,7 @@ func (s *Socket) TransmitDescs(descs []Desc) (int, error) {
 		*s.tx.at(idx + w) = Desc{Addr: d.Addr, Len: d.Len, Options: contd}
 		if contd == 0 {
 			whole = w + 1
+			pkts++
 		}
 	}
 	// The descriptors of a packet cut short stay the caller's.
@@ -216,7 +217,9 @@ func (s *Socket) TransmitDescs(descs []Desc) (int, error) {
 	}
 	if whole > 0 {
 		s.tx.submit()
-		s.txPackets.Add(uint64(whole))
+		// TXPackets counts packets, as Transmit's does, not the
+		// descriptors a multi-buffer packet takes.
+		s.txPackets.Add(uint64(pkts))
 		if kerr := s.kick(); kerr != nil {
 			return int(whole), kerr
 		}
@@ -225,7 +228,9 @@ func (s *Socket) TransmitDescs(descs []Desc) (int, error) {
 }
 
 // Reclaim takes completed TX frames off the completion ring and returns
-// them to the free list; it returns how many. Transmit does this itself.
+// them to the free list; it returns how many frames it freed (a completion
+// naming a frame not in transmit is refused and not counted). Transmit
+// does this itself.
 func (s *Socket) Reclaim() (int, error) {
 	if err := s.enter(); err != nil {
 		return 0, err

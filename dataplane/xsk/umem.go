@@ -306,7 +306,10 @@ func (u *UMEM) fillOnce(q *queueRings, scratch []uint32) int {
 }
 
 // drainCompletions moves every completed TX frame of q back to the free
-// list and returns how many there were.
+// list and returns how many it freed. It consumes every entry, but one that
+// names a frame not in TX state for q is refused (a frame error) and not
+// counted: Reclaim reports frames freed, and kick takes a count of 0 for a
+// stalled completion ring.
 func (u *UMEM) drainCompletions(q *queueRings, scratch []uint32) int {
 	q.compMu.Lock()
 	defer q.compMu.Unlock()
@@ -326,6 +329,6 @@ func (u *UMEM) drainCompletions(q *queueRings, scratch []uint32) int {
 		}
 		q.comp.release()
 		u.release(back)
-		total += int(got)
+		total += len(back)
 	}
 }

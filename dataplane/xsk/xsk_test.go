@@ -285,6 +285,199 @@ func TestRecvPacketsLimit(t *testing.T) {
 	}
 }
 
+// TestRecvWholePackets: on a MultiBuffer socket RecvBatch and RecvPackets
+// hand out whole packets only (an 8000-byte frame at MTU 9000 arrives in
+// copy mode as three descriptors, 3840 + 3840 + 320). A packet whose chain
+// does not fit what is left of descs stays on the ring for the next call;
+// when descs cannot hold even the first packet's chain, the call takes
+// nothing and returns ErrShortBatch. TryReceive, whose batch is
+// SocketConfig.BatchSize descriptors, grows it to the packet's chain. Before,
+// a 1- or 2-descriptor slice got the first descriptors of the packet, and the
+// next call returned the rest as if it began a packet.
+func TestRecvWholePackets(t *testing.T) {
+	n := newTestNet(t)
+	const try = -1 // step.packets: TryReceive
+	type step struct {
+		packets int // RecvPackets with this count; 0: RecvBatch; try: TryReceive
+		descs   int // len(descs)
+		want    int // descriptors taken
+		wantErr error
+	}
+	tests := []struct {
+		name  string
+		batch int // SocketConfig.BatchSize
+		sizes []int
+		steps []step
+	}{
+		{"RecvBatch, 1 descriptor", 0, []int{8000}, []step{{0, 1, 0, ErrShortBatch}, {0, 3, 3, nil}}},
+		{"RecvBatch, 2 descriptors", 0, []int{8000}, []step{{0, 2, 0, ErrShortBatch}, {0, 2, 0, ErrShortBatch}, {0, 16, 3, nil}}},
+		{"RecvPackets, 2 descriptors", 0, []int{8000}, []step{{1, 2, 0, ErrShortBatch}, {1, 3, 3, nil}}},
+		{"packet after a whole one", 0, []int{100, 8000, 200}, []step{{0, 2, 1, nil}, {0, 2, 0, ErrShortBatch}, {0, 3, 3, nil}, {0, 3, 1, nil}}},
+		{"packets count", 0, []int{100, 8000, 200}, []step{{2, 3, 1, nil}, {2, 4, 4, nil}}},
+		{"TryReceive, batch of 1", 1, []int{8000, 100}, []step{{try, 0, 3, nil}, {try, 0, 1, nil}}},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a, b := fmt.Sprintf("wa%d", i), fmt.Sprintf("wb%d", i)
+			xa, xb := testenv.VethPair(t,
+				testenv.VethEnd{NS: n.ns, Name: a, MTU: 9000},
+				testenv.VethEnd{NS: n.ns, Name: b, MTU: 9000})
+			s := n.open(t, xa, 0, nil, &SocketConfig{MultiBuffer: true, Mode: ModeCopy, BatchSize: tt.batch})
+			setSlot(t, n.redirectFrags(t, xa), s)
+			pk := n.packetSock(t, xb)
+			var frames [][]byte
+			total := 0
+			for j, size := range tt.sizes {
+				f := testFrame(uint64(j), size)
+				frames = append(frames, f)
+				total += (size + 3839) / 3840
+				if _, err := unix.Write(pk, f); err != nil {
+					t.Fatal(err)
+				}
+			}
+			onRing := func() int { return int(atomic.LoadUint32(s.rx.producer) - atomic.LoadUint32(s.rx.consumer)) }
+			if !waitFor(2*time.Second, func() bool { return onRing() == total }) {
+				t.Fatalf("%d descriptors on the RX ring, want %d", onRing(), total)
+			}
+			var got []Desc
+			var joined [][]byte // the packets taken, their descriptors joined
+			taken := 0
+			for k, st := range tt.steps {
+				descs := make([]Desc, st.descs)
+				var m int
+				var err error
+				switch st.packets {
+				case try:
+					// Each step takes one packet: join what fn gets.
+					var pkt []byte
+					m, err = s.TryReceive(func(f []byte) { pkt = append(pkt, f...) })
+					joined = append(joined, pkt)
+				case 0:
+					m, err = s.RecvBatch(descs)
+				default:
+					m, err = s.RecvPackets(descs, st.packets)
+				}
+				if m != st.want || !errors.Is(err, st.wantErr) {
+					t.Fatalf("step %d: %d packets, %d descriptors: took %d, %v; want %d, %v (%+v)", k, st.packets, st.descs, m, err, st.want, st.wantErr, descs[:min(m, len(descs))])
+				}
+				if st.packets != try && m > 0 && descs[m-1].Options&unix.XDP_PKT_CONTD != 0 {
+					t.Fatalf("step %d: the last descriptor taken continues a packet: %+v", k, descs[:m])
+				}
+				if st.packets != try {
+					got = append(got, descs[:m]...)
+					var pkt []byte
+					for _, d := range descs[:m] {
+						pkt = append(pkt, s.Frame(d)...)
+						if d.Options&unix.XDP_PKT_CONTD == 0 {
+							joined = append(joined, pkt)
+							pkt = nil
+						}
+					}
+				}
+				taken += m
+				if left := total - taken; onRing() != left {
+					t.Fatalf("step %d: %d descriptors left on the RX ring, want %d", k, onRing(), left)
+				}
+			}
+			// The descriptors taken join into the frames sent, in order.
+			if len(joined) != len(frames) {
+				t.Fatalf("took %d packets, want %d", len(joined), len(frames))
+			}
+			for j := range frames {
+				if !bytes.Equal(joined[j], frames[j]) {
+					t.Errorf("packet %d: %d bytes, want the %d-byte frame", j, len(joined[j]), len(frames[j]))
+				}
+			}
+			if err := s.Recycle(got); err != nil {
+				t.Fatal(err)
+			}
+			if fs := s.UMEM().Frames(); fs.User != 0 || s.UMEM().FrameErrors() != 0 {
+				t.Errorf("frames %+v, frame errors %d", fs, s.UMEM().FrameErrors())
+			}
+		})
+	}
+}
+
+// TestPacketCounters: Stats.RXPackets and TXPackets count packets, on a
+// MultiBuffer socket too, where a packet may take several descriptors (an
+// 8000-byte frame takes three, a 6000-byte one two): what RecvBatch took,
+// what TransmitDescs forwarded and what Transmit copied. Before, RXPackets
+// and TransmitDescs's TXPackets counted descriptors while Transmit's
+// counted packets (RX +6 and TX +6+3 for these three packets).
+func TestPacketCounters(t *testing.T) {
+	n := newTestNet(t)
+	tests := []struct {
+		name  string
+		multi bool
+		sizes []int
+	}{
+		{"multi-buffer", true, []int{8000, 100, 6000}},
+		{"single-buffer", false, []int{100, 1514, 3000}},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a, b := fmt.Sprintf("ca%d", i), fmt.Sprintf("cb%d", i)
+			xa, xb := testenv.VethPair(t,
+				testenv.VethEnd{NS: n.ns, Name: a, MTU: 9000},
+				testenv.VethEnd{NS: n.ns, Name: b, MTU: 9000})
+			s := n.open(t, xa, 0, nil, &SocketConfig{MultiBuffer: tt.multi, Mode: ModeCopy})
+			setSlot(t, n.redirectFrags(t, xa), s)
+			pk := n.packetSock(t, xb)
+			var frames [][]byte
+			for j, size := range tt.sizes {
+				f := testFrame(uint64(j), size)
+				frames = append(frames, f)
+				if _, err := unix.Write(pk, f); err != nil {
+					t.Fatal(err)
+				}
+			}
+			descs := make([]Desc, 16)
+			got, pkts := 0, 0
+			if !waitFor(2*time.Second, func() bool {
+				k, err := s.RecvBatch(descs[got:])
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, d := range descs[got : got+k] {
+					if d.Options&unix.XDP_PKT_CONTD == 0 {
+						pkts++
+					}
+				}
+				got += k
+				return pkts == len(frames)
+			}) {
+				t.Fatalf("received %d packets in %d descriptors, want %d", pkts, got, len(frames))
+			}
+			st, err := s.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.RXPackets != uint64(len(frames)) {
+				t.Errorf("RXPackets %d after %d packets in %d descriptors, want %d", st.RXPackets, len(frames), got, len(frames))
+			}
+			if k, err := s.TransmitDescs(descs[:got]); k != got || err != nil {
+				t.Fatalf("TransmitDescs: %d, %v", k, err)
+			}
+			if st, _ = s.Stats(); st.TXPackets != uint64(len(frames)) {
+				t.Errorf("TXPackets %d after TransmitDescs of %d packets in %d descriptors, want %d", st.TXPackets, len(frames), got, len(frames))
+			}
+			if k, err := s.Transmit(frames); k != len(frames) || err != nil {
+				t.Fatalf("Transmit: %d, %v", k, err)
+			}
+			if st, _ = s.Stats(); st.TXPackets != 2*uint64(len(frames)) {
+				t.Errorf("TXPackets %d after Transmit of %d more packets, want %d", st.TXPackets, len(frames), 2*len(frames))
+			}
+			buf := make([]byte, 10000)
+			for j := range 2 * len(frames) {
+				p, err := recvPacket(pk, buf, 2*time.Second)
+				if err != nil || !bytes.Equal(p, frames[j%len(frames)]) {
+					t.Fatalf("peer, packet %d: %d bytes, %v; want the %d-byte frame", j, len(p), err, len(frames[j%len(frames)]))
+				}
+			}
+		})
+	}
+}
+
 // TestCloseReturnsUnsentTX: frames left on a socket's TX ring (submitted
 // while the interface was down: the wakeup fails with ENETDOWN) go back to
 // the free list when the socket closes, whether or not another socket

@@ -382,10 +382,11 @@ func Open(opts Options) (_ *Transport, err error) {
 	t.rxDescs = make([]xsk.Desc, bs)
 	if t.sock.MultiBuffer() {
 		// BatchSize counts datagrams; the descriptors must hold at
-		// least one whole datagram's frames, or RecvPackets hands out
-		// the first frames of one and the rest arrive as frames of
-		// their own, all dropped (an 8000-byte datagram at BatchSize 2
-		// was lost and counted 1 malformed, 1 not UDP). The kernel
+		// least one whole datagram's frames, or RecvPackets fails with
+		// xsk.ErrShortBatch and leaves the datagram on the ring (before
+		// xsk refused that, it handed out the first frames of one and
+		// an 8000-byte datagram at BatchSize 2 was lost, counted 1
+		// malformed and 1 not UDP). The kernel
 		// copies a frame into as many frames of room bytes as it
 		// takes; a zero-copy driver hands at most MAX_SKB_FRAGS+1
 		// (up to 46) buffers.
@@ -529,9 +530,8 @@ func (t *Transport) Recv(ctx context.Context, pkts []transport.Packet) (int, err
 // far longer than any headers), and the payload is copied from each
 // buffer straight into p: one copy, as for a single-buffer frame. A first
 // buffer too short for the headers has the chain joined in rxJumbo first.
-// A chain that the batch cuts short (only when one packet has more
-// descriptors than rxDescs holds, which Open sizes for the longest) is
-// counted as malformed.
+// A chain cut short (xsk.RecvPackets hands out whole chains only, so only
+// when it refused a frame inside one) is counted as malformed.
 func (t *Transport) parseChain(descs []xsk.Desc, i int, p *transport.Packet) (bool, int) {
 	j, flen := i, 0
 	for ; j < len(descs); j++ {
