@@ -15,6 +15,12 @@
 // receiving reuseport group in one piece, which a payload steering program
 // would then send to one socket; a kernel or route that refuses it turns it
 // off for the Conn, and the datagrams go without it.
+//
+// An IPv6 link-local peer's zone picks the link: Send passes it to the
+// kernel as the scope ID (a zone is an interface index, or a name looked up
+// in the socket's network namespace), and Recv reports a link-local source
+// with the index of the interface it came in on as its zone ("fe80::1%3"),
+// so that a reply goes back out of the same link.
 package udp
 
 import (
@@ -24,6 +30,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -610,6 +617,17 @@ func (c *Conn) putName(sa *unix.RawSockaddrInet6, a netip.AddrPort) (uint32, boo
 			return 0, false // an IPv6-only socket cannot reach IPv4
 		}
 		*sa = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: ip.As16()}
+		if z := ip.Zone(); z != "" {
+			// The kernel picks the link of a link-local (or
+			// link-scoped multicast) peer by the scope ID: without
+			// it, it routes by the first link-local route, out of
+			// whichever link that is.
+			id, ok := c.zoneIndex(z)
+			if !ok {
+				return 0, false
+			}
+			sa.Scope_id = id
+		}
 		p := (*[2]byte)(unsafe.Pointer(&sa.Port))
 		p[0], p[1] = byte(port>>8), byte(port)
 		return unix.SizeofSockaddrInet6, true
@@ -625,7 +643,28 @@ func (c *Conn) putName(sa *unix.RawSockaddrInet6, a netip.AddrPort) (uint32, boo
 	return unix.SizeofSockaddrInet4, true
 }
 
-// name reads the source address the kernel wrote into sa.
+// zoneIndex returns the interface index that zone names: the zone itself
+// when it is a number (as Recv reports it), else the index of the interface
+// of that name in the socket's network namespace, which a lookup through the
+// socket finds whatever namespace the calling thread is in.
+func (c *Conn) zoneIndex(zone string) (uint32, bool) {
+	if id, err := strconv.ParseUint(zone, 10, 32); err == nil {
+		return uint32(id), true
+	}
+	ifr, err := unix.NewIfreq(zone)
+	if err != nil {
+		return 0, false
+	}
+	var serr error
+	if err := c.rc.Control(func(fd uintptr) { serr = unix.IoctlIfreq(int(fd), unix.SIOCGIFINDEX, ifr) }); err != nil || serr != nil {
+		return 0, false
+	}
+	return ifr.Uint32(), true
+}
+
+// name reads the source address the kernel wrote into sa. A link-local
+// source's zone is the index of the interface it came in on, in decimal,
+// which Send takes back: a reply goes out of the same link.
 func name(sa *unix.RawSockaddrInet6) netip.AddrPort {
 	switch sa.Family {
 	case unix.AF_INET:
@@ -634,7 +673,11 @@ func name(sa *unix.RawSockaddrInet6) netip.AddrPort {
 		return netip.AddrPortFrom(netip.AddrFrom4(sa4.Addr), uint16(p[0])<<8|uint16(p[1]))
 	case unix.AF_INET6:
 		p := (*[2]byte)(unsafe.Pointer(&sa.Port))
-		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), uint16(p[0])<<8|uint16(p[1]))
+		ip := netip.AddrFrom16(sa.Addr).Unmap()
+		if sa.Scope_id != 0 {
+			ip = ip.WithZone(strconv.FormatUint(uint64(sa.Scope_id), 10))
+		}
+		return netip.AddrPortFrom(ip, uint16(p[0])<<8|uint16(p[1]))
 	}
 	return netip.AddrPort{}
 }
