@@ -393,3 +393,57 @@ func TestGSOVeth(t *testing.T) {
 		})
 	}
 }
+
+// TestGSOPeerRefused sends runs to a peer that the kernel refuses with or
+// without GSO (EINVAL: it is reached over a veth, and the socket is bound
+// to 127.0.0.1) alone and after runs to a peer it takes (on loopback): Send
+// counts the datagrams before the refused run and fails with EINVAL, and GSO
+// stays on for the peer that takes it. Needs root.
+func TestGSOPeerRefused(t *testing.T) {
+	ns := []netns.NsHandle{testenv.NewNetNS(t), testenv.NewNetNS(t)}
+	testenv.VethPair(t,
+		testenv.VethEnd{NS: ns[0], Name: "gsor0", Addr: "10.98.0.1/24"},
+		testenv.VethEnd{NS: ns[1], Name: "gsor1", Addr: "10.98.0.2/24"})
+	listenIn := func(n int, addr string, opts Options) *Conn {
+		var c *Conn
+		testenv.InNetNS(t, ns[n], func() error {
+			var err error
+			c, err = Listen(netip.MustParseAddrPort(addr), opts)
+			return err
+		})
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	for _, tc := range []struct {
+		name string
+		runs []run // dst 0: the loopback peer, 1: the refused one
+		good int   // datagrams before the first to the refused peer
+	}{
+		{"refused run alone", []run{{1, 8, 1000}}, 0},
+		{"refused datagram alone", []run{{1, 1, 1000}}, 0},
+		{"refused run after good ones", []run{{0, 8, 1000}, {0, 3, 100}, {1, 8, 1000}, {0, 8, 1000}}, 11},
+		{"refused run after a batch", []run{{0, 70, 100}, {1, 4, 100}}, 70},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := listenIn(0, "127.0.0.1:0", Options{GSO: true})
+			b := listenIn(0, "127.0.0.1:0", Options{})
+			far := listenIn(1, "10.98.0.2:0", Options{})
+			pkts := makePkts([]netip.AddrPort{b.LocalAddr(), far.LocalAddr()}, tc.runs)
+			if n, err := a.Send(pkts); n != tc.good || !errors.Is(err, unix.EINVAL) {
+				t.Fatalf("Send = %d, %v; want %d, %v", n, err, tc.good, unix.EINVAL)
+			}
+			if !a.GSO() {
+				t.Error("GSO turned off by a peer the kernel refuses without GSO too")
+			}
+			more := makePkts([]netip.AddrPort{b.LocalAddr()}, []run{{0, 8, 1000}})
+			if n, err := a.Send(more); n != len(more) || err != nil {
+				t.Fatalf("Send to %v = %d, %v; want %d", b.LocalAddr(), n, err, len(more))
+			}
+			if !a.GSO() {
+				t.Error("GSO off after a send to the loopback peer")
+			}
+			checkArrived(t, a.LocalAddr(), []*Conn{b}, append(slices.Clone(pkts[:tc.good]), more...))
+			checkArrived(t, a.LocalAddr(), []*Conn{far}, nil)
+		})
+	}
+}

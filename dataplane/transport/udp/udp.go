@@ -14,7 +14,15 @@
 // receiving socket. It is off by default because a run can reach a
 // receiving reuseport group in one piece, which a payload steering program
 // would then send to one socket; a kernel or route that refuses it turns it
-// off for the Conn, and the datagrams go without it.
+// off for the Conn, and the datagrams go without it. A run that the kernel
+// refuses without GSO too (a peer the socket cannot reach) fails as it
+// would without GSO, and leaves it on for the other peers.
+//
+// An IPv6 link-local peer's zone picks the link: Send passes it to the
+// kernel as the scope ID (a zone is an interface index, or a name looked up
+// in the socket's network namespace), and Recv reports a link-local source
+// with the index of the interface it came in on as its zone ("fe80::1%3"),
+// so that a reply goes back out of the same link.
 package udp
 
 import (
@@ -24,6 +32,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -404,7 +413,8 @@ func (c *Conn) Close() error {
 }
 
 // GSO reports whether Send coalesces runs of datagrams into UDP_SEGMENT
-// messages: Options.GSO, until the kernel refuses one; then false for good.
+// messages: Options.GSO, until the kernel refuses one whose first datagram
+// it then takes on its own; then false for good.
 func (c *Conn) GSO() bool { return c.gso.Load() }
 
 // cmsgSpace is the room of one UDP_SEGMENT control message (a uint16): 24
@@ -480,9 +490,10 @@ func (c *Conn) Send(pkts []transport.Packet) (int, error) {
 	s := c.txPool.Get().(*scratch)
 	defer c.txPool.Put(s)
 	sent := 0
+	probe := false // send this chunk without GSO: did the kernel refuse GSO, or the datagrams?
 	for sent < len(pkts) {
 		chunk := pkts[sent:min(len(pkts), sent+batch)]
-		gso := c.gso.Load()
+		gso := c.gso.Load() && !probe
 		k, m, bad := c.fill(s, chunk, gso)
 		if m > 0 {
 			// A Write that fails before it calls sendF (Close shut the
@@ -500,12 +511,28 @@ func (c *Conn) Send(pkts []transport.Packet) (int, error) {
 			if err != nil {
 				return sent, c.wrapErr("sendmmsg", err)
 			}
+			if probe {
+				probe = false
+				if got > 0 {
+					// The first datagram of the refused message
+					// went on its own: GSO is what the kernel or
+					// the route refuses. Turn it off.
+					c.gso.Store(false)
+				}
+				// Else the datagram fails on its own too (a peer
+				// the socket cannot reach, such as one off
+				// loopback from a socket bound to 127.0.0.1:
+				// EINVAL), and its error below is the peer's: GSO
+				// stays on for the other peers.
+			}
 			if errno != 0 {
 				if gso && s.hdrs[0].Hdr.Controllen != 0 && gsoRefused(errno) {
-					// The kernel or the route refuses GSO (sendmmsg
-					// fails only on its first message): turn it off
-					// and send the same datagrams one by one.
-					c.gso.Store(false)
+					// The kernel refused a UDP_SEGMENT message
+					// (sendmmsg fails only on its first message),
+					// perhaps for GSO, perhaps for what the
+					// datagrams would meet without it: send the
+					// same datagrams without GSO and see.
+					probe = true
 					continue
 				}
 				return sent, fmt.Errorf("udp %s: sendmmsg to %s: %w", c.local, pkts[sent].Addr, errno)
@@ -524,11 +551,14 @@ func (c *Conn) Send(pkts []transport.Packet) (int, error) {
 	return sent, nil
 }
 
-// gsoRefused tells the errors with which the kernel refuses a UDP_SEGMENT
+// gsoRefused tells the errors with which the kernel may refuse a UDP_SEGMENT
 // message that it would have sent as separate datagrams: no checksum
 // offload on the route or SO_NO_CHECK (EIO, EINVAL), a segment larger than
 // the path's MTU (EINVAL), no UDP_SEGMENT in this kernel (EINVAL,
-// ENOPROTOOPT), a message over a limit of this kernel (EMSGSIZE).
+// ENOPROTOOPT), a message over a limit of this kernel (EMSGSIZE). The kernel
+// gives some of them for a datagram sent alone as well (EINVAL to a peer
+// off loopback from a socket bound to a loopback address), so Send turns
+// GSO off only once the same datagram goes without it.
 func gsoRefused(e unix.Errno) bool {
 	return e == unix.EIO || e == unix.EINVAL || e == unix.ENOPROTOOPT || e == unix.EMSGSIZE
 }
@@ -610,6 +640,17 @@ func (c *Conn) putName(sa *unix.RawSockaddrInet6, a netip.AddrPort) (uint32, boo
 			return 0, false // an IPv6-only socket cannot reach IPv4
 		}
 		*sa = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: ip.As16()}
+		if z := ip.Zone(); z != "" {
+			// The kernel picks the link of a link-local (or
+			// link-scoped multicast) peer by the scope ID: without
+			// it, it routes by the first link-local route, out of
+			// whichever link that is.
+			id, ok := c.zoneIndex(z)
+			if !ok {
+				return 0, false
+			}
+			sa.Scope_id = id
+		}
 		p := (*[2]byte)(unsafe.Pointer(&sa.Port))
 		p[0], p[1] = byte(port>>8), byte(port)
 		return unix.SizeofSockaddrInet6, true
@@ -625,7 +666,28 @@ func (c *Conn) putName(sa *unix.RawSockaddrInet6, a netip.AddrPort) (uint32, boo
 	return unix.SizeofSockaddrInet4, true
 }
 
-// name reads the source address the kernel wrote into sa.
+// zoneIndex returns the interface index that zone names: the zone itself
+// when it is a number (as Recv reports it), else the index of the interface
+// of that name in the socket's network namespace, which a lookup through the
+// socket finds whatever namespace the calling thread is in.
+func (c *Conn) zoneIndex(zone string) (uint32, bool) {
+	if id, err := strconv.ParseUint(zone, 10, 32); err == nil {
+		return uint32(id), true
+	}
+	ifr, err := unix.NewIfreq(zone)
+	if err != nil {
+		return 0, false
+	}
+	var serr error
+	if err := c.rc.Control(func(fd uintptr) { serr = unix.IoctlIfreq(int(fd), unix.SIOCGIFINDEX, ifr) }); err != nil || serr != nil {
+		return 0, false
+	}
+	return ifr.Uint32(), true
+}
+
+// name reads the source address the kernel wrote into sa. A link-local
+// source's zone is the index of the interface it came in on, in decimal,
+// which Send takes back: a reply goes out of the same link.
 func name(sa *unix.RawSockaddrInet6) netip.AddrPort {
 	switch sa.Family {
 	case unix.AF_INET:
@@ -634,7 +696,11 @@ func name(sa *unix.RawSockaddrInet6) netip.AddrPort {
 		return netip.AddrPortFrom(netip.AddrFrom4(sa4.Addr), uint16(p[0])<<8|uint16(p[1]))
 	case unix.AF_INET6:
 		p := (*[2]byte)(unsafe.Pointer(&sa.Port))
-		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), uint16(p[0])<<8|uint16(p[1]))
+		ip := netip.AddrFrom16(sa.Addr).Unmap()
+		if sa.Scope_id != 0 {
+			ip = ip.WithZone(strconv.FormatUint(uint64(sa.Scope_id), 10))
+		}
+		return netip.AddrPortFrom(ip, uint16(p[0])<<8|uint16(p[1]))
 	}
 	return netip.AddrPort{}
 }

@@ -637,6 +637,7 @@ func (g *Group) Send(pkts []transport.Packet) (int, error) {
 			s.buckets[lastPath] = append(s.buckets[lastPath], i)
 		}
 		s.again = s.again[:0]
+		used := 0 // the most entries of s.batch a path filled this round
 		for b, idx := range s.buckets {
 			s.batch, s.sel = s.batch[:0], s.sel[:0]
 			for _, i := range idx {
@@ -648,6 +649,7 @@ func (g *Group) Send(pkts []transport.Packet) (int, error) {
 			if len(s.batch) == 0 {
 				continue
 			}
+			used = max(used, len(s.batch))
 			var n int
 			var err error
 			switch b {
@@ -683,7 +685,10 @@ func (g *Group) Send(pkts []transport.Packet) (int, error) {
 				failAt, failErr = f, err
 			}
 		}
-		clear(s.batch) // do not keep the caller's buffers alive in the pool
+		// Do not keep the caller's buffers alive in the pool: each path
+		// refilled s.batch from its start, so clear up to the longest
+		// path's batch, not only the last path's.
+		clear(s.batch[:used])
 		s.todo, s.again = s.again, s.todo
 	}
 	for _, i := range s.todo {

@@ -844,3 +844,35 @@ func TestGroupSendClosing(t *testing.T) {
 		})
 	}
 }
+
+// TestGroupSendKeepsNoBuffers checks that the scratch a Send puts back in
+// the pool holds none of the caller's datagrams once it returns, when a
+// path before the last one took the longest batch. It looks at the pooled
+// scratch itself: what a Send leaves there is only kept alive, never sent
+// or read again, so no datagram shows it. A pool that dropped the scratch
+// (as the race detector's does at random) passes.
+func TestGroupSendKeepsNoBuffers(t *testing.T) {
+	tr := newTrio(t)
+	g := tr.open(t, GroupOptions{})
+	h, f := conn(t, tr.host, hostIP), conn(t, tr.far, farIP)
+	var batch []transport.Packet
+	for i := range 12 {
+		c := h // 10 on xa, the first path, and 2 on ya
+		if i >= 10 {
+			c = f
+		}
+		batch = append(batch, transport.Packet{Addr: addrOf(c), Data: payload(i, 100)})
+	}
+	if n, err := g.Send(batch); n != len(batch) || err != nil {
+		t.Fatalf("Send: %d, %v", n, err)
+	}
+	recvAll(t, h, 10)
+	recvAll(t, f, 2)
+	s := g.txPool.Get().(*groupScratch)
+	defer g.txPool.Put(s)
+	for i, p := range s.batch[:cap(s.batch)] {
+		if p.Data != nil || p.Addr.IsValid() {
+			t.Fatalf("pooled scratch keeps entry %d of a sent batch (to %v, %d bytes); cap %d", i, p.Addr, len(p.Data), cap(s.batch))
+		}
+	}
+}

@@ -472,8 +472,8 @@ func (t *Transport) errClosed() error {
 
 // Recv implements transport.Transport. It takes up to len(pkts) frames
 // (at most 64) off the RX ring, delivers the valid ones and recycles every
-// frame; when none was valid it looks again, and when the ring is empty it
-// waits in poll(2) under ctx.
+// frame; when none was valid it looks again unless ctx is done, and when the
+// ring is empty it waits in poll(2) under ctx.
 func (t *Transport) Recv(ctx context.Context, pkts []transport.Packet) (int, error) {
 	if len(pkts) == 0 {
 		return 0, nil
@@ -509,7 +509,14 @@ func (t *Transport) Recv(ctx context.Context, pkts []transport.Packet) (int, err
 			if n > 0 {
 				return n, nil
 			}
-			continue // all dropped: look for more before waiting
+			// All dropped: look for more before waiting, unless ctx is
+			// done. A steady stream of frames that Recv drops would
+			// otherwise never let it reach the check below (a Group
+			// polls each socket with a done context).
+			if err := ctx.Err(); err != nil {
+				return 0, err
+			}
+			continue
 		}
 		if err := ctx.Err(); err != nil {
 			return 0, err

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/lovelock-dpu/lovelock/bpf"
 	"github.com/lovelock-dpu/lovelock/control/testenv"
@@ -640,5 +641,107 @@ func TestChecksum(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestRecvInvalidFlood floods the socket with frames that the steering
+// program hands it and Recv drops (UDP to the transport's port, but to
+// another address or with a bad IPv4 header checksum), written into the
+// host end of the veth through an AF_PACKET socket, and checks that a Recv
+// whose context is done returns while the flood goes on, after one batch:
+// a receiver that only ever finds invalid frames still sees its context
+// end.
+func TestRecvInvalidFlood(t *testing.T) {
+	p := newPair(t)
+	tr := p.open(t, Options{})
+	wrongDest := testenv.UDPFrame(testPort) // to 10.0.0.2
+	fixIP(wrongDest)
+	badSum := testenv.UDPFrame(testPort)
+	copy(badSum[14+16:], netip.MustParseAddr(dpuIP).AsSlice())
+	fixIP(badSum)
+	badSum[14+10] ^= 0xff
+	for _, tc := range []struct {
+		name  string
+		frame []byte
+	}{
+		{"wrong destination", wrongDest},
+		{"bad header checksum", badSum},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var fd int
+			testenv.InNetNS(t, p.host, func() error {
+				var err error
+				fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0) // sends only
+				return err
+			})
+			defer unix.Close(fd)
+			_ = unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_QDISC_BYPASS, 1)
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			var once sync.Once
+			end := func() { once.Do(func() { close(stop); wg.Wait() }) }
+			defer end()
+			for range 3 { // more than Recv drops, on 2 cores
+				wg.Go(func() {
+					to := &unix.SockaddrLinklayer{Ifindex: p.hostIf, Halen: 6} // Sendto writes into it
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						for range 64 {
+							_ = unix.Sendto(fd, tc.frame, 0, to) // ENOBUFS and the like: the flood goes on
+						}
+					}
+				})
+			}
+			// The flood reaches the socket (the steering program's
+			// xsk rule counts it).
+			rule := func() uint64 {
+				c, err := p.steer.RuleCounter(1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return c.Packets
+			}
+			for start, at := rule(), time.Now(); rule() < start+1000; time.Sleep(time.Millisecond) {
+				if time.Since(at) > 5*time.Second {
+					t.Fatalf("the flood does not reach the socket: %d frames in 5 s", rule()-start)
+				}
+			}
+			pkts := make([]transport.Packet, 64)
+			for i := range pkts {
+				pkts[i].Data = make([]byte, tr.MaxPayload())
+			}
+			dropped := func() uint64 { s := tr.Stats(); return s.RXNotUDP + s.RXWrongDest + s.RXMalformed }
+			before := dropped()
+			done, cancelDone := context.WithCancel(context.Background())
+			cancelDone()
+			type result struct {
+				n   int
+				err error
+			}
+			res := make(chan result, 1)
+			go func() {
+				n, err := tr.Recv(done, pkts[:1])
+				res <- result{n, err}
+			}()
+			select {
+			case r := <-res:
+				if r.n != 0 || !errors.Is(r.err, context.Canceled) {
+					t.Errorf("Recv = %d, %v; want 0, %v", r.n, r.err, context.Canceled)
+				}
+				// The ring is full of flood frames: the Recv takes one
+				// batch (one frame), drops it and sees its context done.
+				if d := dropped() - before; d != 1 {
+					t.Errorf("Recv under a done context dropped %d frames, want 1 (one batch): stats %+v", d, tr.Stats())
+				}
+			case <-time.After(5 * time.Second):
+				end()
+				<-res
+				t.Fatalf("Recv under a done context did not return within 5 s of flood (stats %+v)", tr.Stats())
+			}
+		})
 	}
 }
