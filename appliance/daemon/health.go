@@ -13,6 +13,7 @@ import (
 	"github.com/lovelock-dpu/lovelock/appliance/service"
 	"github.com/lovelock-dpu/lovelock/control/api"
 	"github.com/lovelock-dpu/lovelock/control/attach"
+	"github.com/lovelock-dpu/lovelock/control/rules"
 )
 
 // What lovelockd reports must be true (DESIGN §7): it checks its
@@ -192,8 +193,10 @@ func (d *Daemon) relink(ifaces []string) {
 }
 
 // health reports the attachments as the kernel runs them and every
-// failure. Callers hold d.mu.
+// failure, the live rules' redirects checked again (recheckRedirects).
+// Callers hold d.mu.
 func (d *Daemon) health() (api.Health, []attach.LinkStatus, []api.Failure) {
+	d.recheckRedirects()
 	links, err := d.node.Status()
 	var fails []api.Failure
 	if err != nil {
@@ -307,4 +310,25 @@ func (d *Daemon) announce(ctx context.Context, kicks <-chan struct{}) {
 		case <-kicks:
 		}
 	}
+}
+
+// recheckRedirects checks the live rule set's redirects from native XDP
+// hooks again, as every install does (rules.CheckXDPRedirects), and records
+// what fails as the "redirects" failure, which clears once they pass. A
+// veth takes XDP frames only while its peer runs an XDP program, which can
+// go after the set was installed (the peer is often in another network
+// namespace, where lovelockd sees no link event); the kernel then drops
+// what those rules redirect after the data plane counted it. The set stays
+// live. A set that did not go live is the "rules" failure's. Callers hold
+// d.mu.
+func (d *Daemon) recheckRedirects() {
+	if d.counted != nil {
+		d.setFailure("redirects", nil)
+		return
+	}
+	_, err := rules.CheckXDPRedirects(&d.live, resolveIface, xdpHooks(d.state.Attachments))
+	if err != nil {
+		err = fmt.Errorf("the live rule set: %w (the set stays live; this clears once the target can transmit XDP frames)", err)
+	}
+	d.setFailure("redirects", err)
 }

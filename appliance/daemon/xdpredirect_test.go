@@ -266,3 +266,69 @@ func TestCheckXDPRedirect(t *testing.T) {
 		}
 	}
 }
+
+// TestXDPRedirectRechecked: a redirect to a veth passes while the veth's
+// peer runs an XDP program; when the program goes after the rules were
+// installed (the kernel then drops what they redirect there), lovelockd's
+// status says so as the "redirects" failure, the set staying live, and the
+// failure clears once the peer runs one again. Before, the status stayed
+// ok while the redirect counter counted packets the kernel dropped.
+func TestXDPRedirectRechecked(t *testing.T) {
+	ns := xdpRedirectNS(t)
+	cfg, _ := tempConfig(t)
+	cfg.Metrics = ""
+	cfg.Interfaces = xdpRedirectHooks
+	var d *Daemon
+	testenv.InNetNS(t, ns, func() error {
+		var err error
+		d, err = New(cfg, slog.New(slog.DiscardHandler))
+		return err
+	})
+	defer d.Close()
+	set, err := rules.Parse([]byte("rules: [{name: out, priority: 1, match: {iface: xin, proto: udp}, action: 'redirect:vout'}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	redirects := func() (api.Status, string) {
+		t.Helper()
+		var st api.Status
+		testenv.InNetNS(t, ns, func() (err error) {
+			st, err = d.Status()
+			return err
+		})
+		for _, f := range st.Failures {
+			if f.What == "redirects" {
+				return st, f.Cause
+			}
+		}
+		return st, ""
+	}
+	testenv.InNetNS(t, ns, func() error {
+		_, err := d.ApplyRules(*set)
+		return err
+	})
+	if st, cause := redirects(); cause != "" || st.Health != api.HealthOK {
+		t.Fatalf("with vout-peer's program: health %s, redirects failure %q", st.Health, cause)
+	}
+	setPeerXDP := func(fd int) {
+		testenv.InNetNS(t, ns, func() error {
+			l, err := netlink.LinkByName("vout-peer")
+			if err != nil {
+				return err
+			}
+			return netlink.LinkSetXdpFd(l, fd)
+		})
+	}
+	setPeerXDP(-1)
+	st, cause := redirects()
+	if st.Health != api.HealthDegraded || !strings.Contains(cause, `rule 1 "out": redirect to vout from the native XDP hook on xin: vout (veth) cannot transmit XDP frames`) {
+		t.Errorf("vout-peer's program gone: health %s, redirects failure %q", st.Health, cause)
+	}
+	if st.Rules != 1 || st.RulesPending {
+		t.Errorf("rules %d, pending %v; want the set live", st.Rules, st.RulesPending)
+	}
+	testenv.XDPPassOn(t, ns, "vout-peer")
+	if st, cause := redirects(); cause != "" || st.Health != api.HealthOK {
+		t.Errorf("vout-peer's program back: health %s, redirects failure %q", st.Health, cause)
+	}
+}
