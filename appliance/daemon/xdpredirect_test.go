@@ -54,6 +54,23 @@ func addBridge(name string) error {
 	return netlink.LinkSetUp(l)
 }
 
+// xdpRedirectDaemon starts lovelockd in ns with xdpRedirectHooks, closed
+// when the test ends.
+func xdpRedirectDaemon(t *testing.T, ns netns.NsHandle) *Daemon {
+	t.Helper()
+	cfg, _ := tempConfig(t)
+	cfg.Metrics = ""
+	cfg.Interfaces = xdpRedirectHooks
+	var d *Daemon
+	testenv.InNetNS(t, ns, func() error {
+		var err error
+		d, err = New(cfg, slog.New(slog.DiscardHandler))
+		return err
+	})
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
 var xdpRedirectHooks = []attach.Attachment{
 	{Iface: "xin", Hook: attach.HookXDP, Mode: attach.ModeNative},
 	{Iface: "gen", Hook: attach.HookXDP, Mode: attach.ModeGeneric},
@@ -69,16 +86,7 @@ var xdpRedirectHooks = []attach.Attachment{
 // that would make the live rules redirect so is refused too.
 func TestXDPRedirectChecked(t *testing.T) {
 	ns := xdpRedirectNS(t)
-	cfg, _ := tempConfig(t)
-	cfg.Metrics = ""
-	cfg.Interfaces = xdpRedirectHooks
-	var d *Daemon
-	testenv.InNetNS(t, ns, func() error {
-		var err error
-		d, err = New(cfg, slog.New(slog.DiscardHandler))
-		return err
-	})
-	defer d.Close()
+	d := xdpRedirectDaemon(t, ns)
 	if len(d.failures) != 0 {
 		t.Fatalf("start: failures %v", d.failures)
 	}
@@ -275,16 +283,7 @@ func TestCheckXDPRedirect(t *testing.T) {
 // ok while the redirect counter counted packets the kernel dropped.
 func TestXDPRedirectRechecked(t *testing.T) {
 	ns := xdpRedirectNS(t)
-	cfg, _ := tempConfig(t)
-	cfg.Metrics = ""
-	cfg.Interfaces = xdpRedirectHooks
-	var d *Daemon
-	testenv.InNetNS(t, ns, func() error {
-		var err error
-		d, err = New(cfg, slog.New(slog.DiscardHandler))
-		return err
-	})
-	defer d.Close()
+	d := xdpRedirectDaemon(t, ns)
 	set, err := rules.Parse([]byte("rules: [{name: out, priority: 1, match: {iface: xin, proto: udp}, action: 'redirect:vout'}]\n"))
 	if err != nil {
 		t.Fatal(err)

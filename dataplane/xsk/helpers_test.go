@@ -260,3 +260,28 @@ func waitFor(d time.Duration, cond func() bool) bool {
 }
 
 func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
+
+// recvPackets receives from s until it has want whole packets (on a
+// MultiBuffer socket a packet may take several descriptors) and returns
+// their descriptors; it fails the test after 2 s, or on more packets.
+func recvPackets(t *testing.T, s *Socket, want int) []Desc {
+	t.Helper()
+	descs := make([]Desc, 16)
+	got, pkts := 0, 0
+	if !waitFor(2*time.Second, func() bool {
+		k, err := s.RecvBatch(descs[got:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range descs[got : got+k] {
+			if d.Options&unix.XDP_PKT_CONTD == 0 {
+				pkts++
+			}
+		}
+		got += k
+		return pkts >= want
+	}) || pkts != want {
+		t.Fatalf("received %d packets in %d descriptors, want %d: %+v", pkts, got, want, descs[:got])
+	}
+	return descs[:got]
+}

@@ -173,23 +173,8 @@ func TestTransmitDescsMultiBuffer(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			descs := make([]Desc, 16)
-			got, pkts := 0, 0
-			if !waitFor(2*time.Second, func() bool {
-				k, err := sg.RecvBatch(descs[got:])
-				if err != nil {
-					t.Fatal(err)
-				}
-				for _, d := range descs[got : got+k] {
-					if d.Options&unix.XDP_PKT_CONTD == 0 {
-						pkts++
-					}
-				}
-				got += k
-				return pkts >= len(frames)
-			}) || pkts != len(frames) {
-				t.Fatalf("received %d packets in %d descriptors, want %d: %+v", pkts, got, len(frames), descs[:got])
-			}
+			descs := recvPackets(t, sg, len(frames))
+			got := len(descs)
 			// 6000 bytes reach XDP on veth in two buffers (3840 + 2160 on 6.18).
 			if want := len(frames) + 1; tt.sizes[len(tt.sizes)-1] == 6000 && got != want {
 				t.Fatalf("received %d descriptors, want %d: %+v", got, want, descs[:got])
@@ -431,23 +416,8 @@ func TestPacketCounters(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			descs := make([]Desc, 16)
-			got, pkts := 0, 0
-			if !waitFor(2*time.Second, func() bool {
-				k, err := s.RecvBatch(descs[got:])
-				if err != nil {
-					t.Fatal(err)
-				}
-				for _, d := range descs[got : got+k] {
-					if d.Options&unix.XDP_PKT_CONTD == 0 {
-						pkts++
-					}
-				}
-				got += k
-				return pkts == len(frames)
-			}) {
-				t.Fatalf("received %d packets in %d descriptors, want %d", pkts, got, len(frames))
-			}
+			descs := recvPackets(t, s, len(frames))
+			got := len(descs)
 			st, err := s.Stats()
 			if err != nil {
 				t.Fatal(err)
