@@ -759,12 +759,13 @@ func (a *Agent) complete(c ingest.Ctrl) {
 	if a.bySeq[r.seq] != r || r.state != running {
 		return // failed meanwhile (host re-registered)
 	}
-	d := time.Duration(c.DeviceUs) * time.Microsecond
-	r.model.duration = (7*r.model.duration + d) / 8
 	if err != nil {
 		a.failLocked(r, err)
 		return
 	}
+	// Only a completed run measures the model: a refusal ran nothing.
+	d := time.Duration(c.DeviceUs) * time.Microsecond
+	r.model.duration = (7*r.model.duration + d) / 8
 	a.stats.bytesFromDevice.Add(uint64(len(res.Output))) // only bytes read
 	a.finishLocked(r, res, nil)
 }

@@ -3,6 +3,8 @@ package agent
 import (
 	"testing"
 	"time"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest"
 )
 
 // TestLatencyPercentiles: the agent's p50 and p99 are nearest-rank
@@ -34,6 +36,49 @@ func TestLatencyPercentiles(t *testing.T) {
 			p := l.percentiles(0.5, 0.99)
 			if p[0] != tc.p50 || p[1] != tc.p99 {
 				t.Errorf("p50 %v, p99 %v; want %v, %v", p[0], p[1], tc.p50, tc.p99)
+			}
+		})
+	}
+}
+
+// TestRunTimeFromRunsOnly: the model's run-time estimate, the scheduler's
+// duration for its requests, learns from completed runs only. A refusal
+// that ran nothing (a slot found busy, no worker for an external model)
+// or a failed run says nothing about how long the model runs; before,
+// each one's few microseconds pulled the estimate towards zero, an eighth
+// of the way each time.
+func TestRunTimeFromRunsOnly(t *testing.T) {
+	r := newRig(t, rigOptions{tweak: noReRing})
+	a := r.agent
+	for _, tc := range []struct {
+		name   string
+		status ingest.Status
+		want   time.Duration
+	}{
+		{"slot busy", ingest.StatusOverloaded, 10 * time.Millisecond},
+		{"no worker", ingest.StatusModelFailed, 10 * time.Millisecond},
+		{"host restarted", ingest.StatusHostUnavailable, 10 * time.Millisecond},
+		{"completed", ingest.StatusOK, (7*10*time.Millisecond + 2*time.Millisecond) / 8},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a.mu.Lock()
+			a.models["checksum"].duration = 10 * time.Millisecond
+			a.mu.Unlock()
+			req := runningRequest(a, 0, 0)
+			c := ingest.Ctrl{Op: ingest.OpComplete, Epoch: req.host.epoch, Request: req.seq, Status: tc.status, DeviceUs: 2000}
+			if tc.status == ingest.StatusOK {
+				c.Length = 8
+			}
+			a.complete(c)
+			o := <-req.done
+			if ingest.StatusOf(o.err) != tc.status {
+				t.Fatalf("answered %v, want %v", o.err, tc.status)
+			}
+			a.mu.Lock()
+			got := a.models["checksum"].duration
+			a.mu.Unlock()
+			if got != tc.want {
+				t.Errorf("run-time estimate %v, want %v", got, tc.want)
 			}
 		})
 	}
