@@ -59,6 +59,10 @@ type Agent struct {
 	refusedFrom map[netip.Addr]bool
 
 	toClients, toHost *outbox
+
+	// adopts are the registrations being fetched and mapped: Run waits
+	// for them, so that none installs a host after it returned.
+	adopts sync.WaitGroup
 }
 
 type modelState struct {
@@ -159,7 +163,8 @@ func New(cfg Config) (*Agent, error) {
 }
 
 // Run serves until ctx ends; requests still open then fail as
-// host-unavailable. The transports are the caller's to close.
+// host-unavailable, and a registration still being mapped is dropped
+// before Run returns. The transports are the caller's to close.
 func (a *Agent) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -182,6 +187,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		cancel()
 	}
 	wg.Wait()
+	// The host loop has returned, so no adopt starts after this.
+	a.adopts.Wait()
 	a.mu.Lock()
 	for _, r := range a.reqs {
 		a.failLocked(r, ingest.Errorf(ingest.StatusHostUnavailable, "the DPU ingest agent stopped: send the request again"))
@@ -626,7 +633,7 @@ func (a *Agent) register(ctx context.Context, from netip.AddrPort, c ingest.Ctrl
 	}
 	a.fetching = c.Epoch
 	a.mu.Unlock()
-	go a.adopt(ctx, from, c)
+	a.adopts.Go(func() { a.adopt(ctx, from, c) })
 }
 
 // maxRefusedSources bounds the sources whose refusals are logged one by
@@ -666,6 +673,13 @@ func (a *Agent) adopt(ctx context.Context, from netip.AddrPort, c ingest.Ctrl) {
 	}
 	a.mu.Lock()
 	a.fetching = 0
+	if err == nil && ctx.Err() != nil {
+		// Run is returning: a host installed now would keep its buffers
+		// mapped and take requests nobody serves.
+		a.mu.Unlock()
+		h.unmap()
+		return
+	}
 	if err != nil {
 		a.mu.Unlock()
 		a.stats.registerFailed.Add(1)
@@ -745,12 +759,13 @@ func (a *Agent) complete(c ingest.Ctrl) {
 	if a.bySeq[r.seq] != r || r.state != running {
 		return // failed meanwhile (host re-registered)
 	}
-	d := time.Duration(c.DeviceUs) * time.Microsecond
-	r.model.duration = (7*r.model.duration + d) / 8
 	if err != nil {
 		a.failLocked(r, err)
 		return
 	}
+	// Only a completed run measures the model: a refusal ran nothing.
+	d := time.Duration(c.DeviceUs) * time.Microsecond
+	r.model.duration = (7*r.model.duration + d) / 8
 	a.stats.bytesFromDevice.Add(uint64(len(res.Output))) // only bytes read
 	a.finishLocked(r, res, nil)
 }

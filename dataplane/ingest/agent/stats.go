@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"sync"
@@ -39,7 +40,8 @@ func (a *Agent) countRefusal(err error) {
 	}
 }
 
-// latencies keeps the most recent request latencies for percentiles.
+// latencies keeps the most recent request latencies for percentiles
+// (nearest rank, as the load generator's).
 type latencies struct {
 	mu   sync.Mutex
 	ring []time.Duration
@@ -65,7 +67,11 @@ func (l *latencies) percentiles(ps ...float64) []time.Duration {
 	}
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	for i, p := range ps {
-		out[i] = s[min(len(s)-1, int(p*float64(len(s))))]
+		// Nearest rank: the ceil(p*n)-th smallest. The tolerance keeps
+		// p*n that floating point puts just above a whole number (0.99
+		// of 100) on that number.
+		rank := int(math.Ceil(p*float64(len(s)) - 1e-9))
+		out[i] = s[min(len(s)-1, max(0, rank-1))]
 	}
 	return out
 }
@@ -128,8 +134,8 @@ type Stats struct {
 	InFlight    int `json:"in_flight"`
 	Queued      int `json:"queued"`
 	BufferBytes int `json:"buffer_bytes"`
-	// Latency percentiles from the input's first fragment to the result,
-	// over the last 4096 results.
+	// Latency percentiles (nearest rank) from the input's first fragment
+	// to the result, over the last 4096 results.
 	P50 time.Duration `json:"p50_ns"`
 	P99 time.Duration `json:"p99_ns"`
 	// Decision is the scheduler's mean decision time per arrival.

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest"
 	pb "github.com/lovelock-dpu/lovelock/dataplane/ingest/kserve/inferencepb"
@@ -74,7 +75,50 @@ func inputBytes(req *pb.ModelInferRequest, limit int) (data []byte, elems int64,
 		}
 		return raw[0], 0, nil
 	}
+	if err := checkFields(in); err != nil {
+		return nil, 0, err
+	}
 	return contentsBytes(in.GetDatatype(), in.GetContents())
+}
+
+// contentsField names the typed contents field of each datatype that has
+// one.
+var contentsField = map[string]string{
+	"BOOL": "bool_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
+	"INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents", "INT64": "int64_contents",
+	"UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
+}
+
+// checkFields refuses typed contents in a field other than the one the
+// tensor's datatype takes: converting only that field would take the
+// input for empty, or drop what the others carry.
+func checkFields(in *pb.ModelInferRequest_InferInputTensor) error {
+	want, ok := contentsField[in.GetDatatype()]
+	if !ok {
+		return nil // no typed field: contentsBytes says to send it raw
+	}
+	c := in.GetContents()
+	var have []string
+	stray := false
+	for _, f := range []struct {
+		name string
+		n    int
+	}{
+		{"bool_contents", len(c.GetBoolContents())}, {"int_contents", len(c.GetIntContents())},
+		{"int64_contents", len(c.GetInt64Contents())}, {"uint_contents", len(c.GetUintContents())},
+		{"uint64_contents", len(c.GetUint64Contents())}, {"fp32_contents", len(c.GetFp32Contents())},
+		{"fp64_contents", len(c.GetFp64Contents())}, {"bytes_contents", len(c.GetBytesContents())},
+	} {
+		if f.n > 0 {
+			have = append(have, f.name)
+			stray = stray || f.name != want
+		}
+	}
+	if stray {
+		return badRequest("input %q of %s takes its typed contents in %s; the request has %s: send them in %s alone",
+			in.GetName(), in.GetDatatype(), want, strings.Join(have, ", "), want)
+	}
+	return nil
 }
 
 // checkSize refuses, as too-large, a single input tensor that says it is
