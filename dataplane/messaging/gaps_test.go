@@ -334,30 +334,31 @@ func TestStaleGapPassGone(t *testing.T) {
 // bundles of it above a gap, which it drops and counts itself (stale_gap)
 // two peer timeouts after the gap opened, or may have taken bundles whose
 // credits were lost. Each bundle the sender had in flight is counted by
-// one end only. The sender counts at once what never left and what its
-// oldest bundle in flight carries (the receiver cannot hold that one above
-// a gap); for the bundles above it, it asks the receiver with a probe of
-// the old session once the peer answers, and counts in dead_peer only the
+// one end only. The sender counts at once what never left; for the bundles
+// in flight, the oldest included, it asks the receiver with a probe of the
+// old session once the peer answers, and counts in dead_peer only the
 // messages the receiver neither took nor holds (or dropped). Here one
 // message goes through (seq 0, its credit heard), then a window's worth
-// (seqs 1 to 8) goes out, one bundle of it (the hole) is lost, and a
-// partition (everything lost both ways, the credits of those sends too
-// unless the row says they were heard) follows; it heals at 3 peer
-// timeouts, after the gap went stale, unless the row says otherwise. The
-// one over-count left is the oldest bundle: taken, its credits lost
-// ("taken and held", "receiver restarted"), it is counted though taken; so
-// is what a receiver's earlier life took. A partition that outlasts the
-// sender's questions (gaveUpTimeouts) leaves it counting everything, as
-// before ("healed too late").
+// (seqs 1 to 8, or 1 alone) goes out, one bundle of it (the hole) is lost,
+// and a partition (everything lost both ways, the credits of those sends
+// too unless the row says they were heard) follows; it heals at 3 peer
+// timeouts, after the gap went stale, unless the row says otherwise. What
+// a receiver's earlier life took is counted though taken ("receiver
+// restarted"). A partition that outlasts the sender's questions
+// (gaveUpTimeouts) leaves it counting everything, as before ("healed too
+// late").
 // Before, the sender counted everything it had in flight: every bundle the
 // receiver held was counted on both ends (window 8, one message a bundle,
 // the hole first: dead_peer 8 and stale_gap 7 for 8 messages lost), and so
-// was every bundle it took.
+// was every bundle it took. Then it still counted its oldest bundle in
+// flight at once, taken or not: taken, its credits lost, it was counted
+// though taken ("oldest taken, credits lost", "all taken, credits lost":
+// dead_peer 1 for nothing lost; "taken and held, credits lost": 2 for 1).
 func TestLossCountedOnce(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
 		size, n     int    // n messages of size bytes: 300 takes two bundles
-		hole        uint32 // every send of this seq is lost until the partition heals
+		hole        uint32 // every send of this seq is lost until the partition heals (0: none; seq 0 goes before it)
 		creditsLost bool   // the credits of the first sends are lost too
 		restart     bool   // the receiver restarts during the partition
 		heal        int64  // the partition heals after this many peer timeouts/100 (0: 300)
@@ -365,7 +366,10 @@ func TestLossCountedOnce(t *testing.T) {
 		dead, stale uint64
 	}{
 		{"held, credits lost", 0, 8, 1, true, false, 0, 0, 1, 7},
-		{"taken and held, credits lost", 0, 8, 4, true, false, 0, 3, 2, 4},
+		{"taken and held, credits lost", 0, 8, 4, true, false, 0, 3, 1, 4},
+		{"oldest taken, credits lost", 0, 1, 0, true, false, 0, 1, 0, 0},
+		{"oldest lost", 0, 1, 1, true, false, 0, 0, 1, 0},
+		{"all taken, credits lost", 0, 8, 0, true, false, 0, 8, 0, 0},
 		{"fragmented across the gap", 300, 4, 1, true, false, 0, 0, 0, 7},
 		{"healed before the gap went stale", 0, 8, 1, true, false, 150, 0, 1, 7},
 		{"held, credits heard", 0, 8, 1, false, false, 0, 0, 1, 7},
@@ -425,8 +429,12 @@ func TestLossCountedOnce(t *testing.T) {
 // TestGiveUpSorts: what a reset counts at once and what it asks the
 // receiver about, message by message, over 256-byte bundles (a 300-byte
 // message takes two): a message that touches a bundle freed on a selective
-// acknowledgement is the receiver's, one with a part in flight above the
-// oldest bundle waits for the answer, the rest is counted at once.
+// acknowledgement is the receiver's, one with a part in flight (the oldest
+// bundle included) waits for the answer, unless its rest was never sent and
+// no part of it can be held above a gap; the rest is counted at once.
+// Before, a message in the oldest bundle in flight alone was counted at
+// once, and so as lost when the answer's ack said it was taken ("whole
+// messages in flight", "the rest of a message taken before").
 func TestGiveUpSorts(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -441,19 +449,25 @@ func TestGiveUpSorts(t *testing.T) {
 		ansCounts uint64
 	}{
 		{name: "whole messages in flight", window: 8, sizes: []int{10, 10, 10},
-			certain: 1, spans: []lostSpan{{1, 1, 1, false}, {2, 2, 1, false}},
+			spans:  []lostSpan{{0, 0, 1, false}, {1, 1, 1, false}, {2, 2, 1, false}},
 			ansAck: 2, ansCounts: 1},
 		{name: "the rest of a message taken before", window: 8, sizes: []int{300}, ack: 1,
-			certain: 1},
+			spans:  []lostSpan{{1, 1, 1, false}},
+			ansAck: 2, ansCounts: 0},
+		{name: "the rest of a message taken before, not taken", window: 8, sizes: []int{300}, ack: 1,
+			spans:  []lostSpan{{1, 1, 1, false}},
+			ansAck: 1, ansCounts: 1},
 		{name: "a message from the oldest bundle on", window: 8, sizes: []int{300},
 			spans:  []lostSpan{{0, 1, 1, false}},
 			ansAck: 1, ansCounts: 1},
 		{name: "a message across a bundle the receiver holds", window: 8, sizes: []int{100, 300, 100}, sack: 0b1,
-			certain: 1, spans: []lostSpan{{3, 3, 1, false}},
-			ansAck: 0, ansSACK: 0b111, ansCounts: 0},
+			spans:  []lostSpan{{0, 0, 1, false}, {3, 3, 1, false}},
+			ansAck: 0, ansSACK: 0b111, ansCounts: 1},
 		{name: "a message whose rest was never sent", window: 2, sizes: []int{1000},
 			spans:  []lostSpan{{0, 1, 1, true}},
 			ansAck: 2, ansCounts: 1},
+		{name: "the oldest bundle alone, the rest never sent", window: 1, sizes: []int{1000},
+			certain: 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const rto = int64(time.Millisecond)

@@ -9,17 +9,17 @@ import (
 	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 )
 
-// A reset gives up the session's bundles. Those in flight above its base
-// may have reached the receiver without the credits saying so reaching the
-// sender (the silence that made it give up): taken, or held above a gap,
-// which the receiver counts itself (stale_gap) when it drops them. Counting
-// them all in dead_peer at the reset counted the held ones on both ends and
-// the taken ones as lost. So the sender counts at once only what cannot
-// have reached the receiver and what its oldest bundle in flight carries
-// (the receiver never holds that one above a gap), and asks the receiver
-// about the rest with probes of the old session: the credit that answers
-// says what it took (below the acknowledgement) and what it holds or
-// dropped (selectively acknowledged).
+// A reset gives up the session's bundles. Those in flight may have reached
+// the receiver without the credits saying so reaching the sender (the
+// silence that made it give up): taken, or, above the oldest, held above a
+// gap, which the receiver counts itself (stale_gap) when it drops them.
+// Counting them all in dead_peer at the reset counted the held ones on both
+// ends and the taken ones as lost. So the sender counts at once only what
+// cannot have reached the receiver, and asks the receiver about the rest,
+// the oldest bundle in flight included, with probes of the old session: the
+// credit that answers says what it took (below the acknowledgement) and
+// what it holds or dropped (selectively acknowledged). The client learns of
+// the dead peer at the reset all the same; only the count waits.
 
 // gaveUpTimeouts is how many peer timeouts a sender asks about a session
 // it gave up before it counts all that is left of it as lost: the receiver
@@ -87,8 +87,8 @@ type part struct {
 type partKind uint8
 
 const (
-	partBase   partKind = iota // the oldest in flight: never held above a gap
-	partFlight                 // in flight above the base: the receiver may have it
+	partBase   partKind = iota // the oldest in flight: the receiver took it or never had it (never held above a gap)
+	partFlight                 // in flight above the base: the receiver may have taken or hold it
 	partHeld                   // freed on a selective acknowledgement: the receiver holds it, or counted it dropped
 	partUnsent                 // never sent
 )
@@ -104,6 +104,7 @@ type spanAcc struct {
 	sp     lostSpan
 	seqs   bool // sp.lo and sp.hi are set
 	flight bool // a part in flight above the base: the receiver's answer decides
+	base   bool // a part in the oldest bundle in flight: the answer's ack decides, unless never
 	held   bool // a part the receiver holds or counted: its to count
 }
 
@@ -112,6 +113,8 @@ func (a *spanAcc) add(p part) {
 	case partUnsent:
 		a.sp.never = true
 		return
+	case partBase:
+		a.base = true
 	case partFlight:
 		a.flight = true
 	case partHeld:
@@ -152,7 +155,10 @@ func (l *outLink) giveUp(now int64) (uint64, *gaveUp) {
 	finish := func(a *spanAcc) {
 		switch {
 		case a.held:
-		case a.flight:
+		case a.flight, a.base && !a.sp.never:
+			// A message in the oldest bundle alone is taken if the
+			// answer's ack is past it; one whose rest was never sent is
+			// lost whatever the answer (no part of it can be held).
 			g.spans = append(g.spans, a.sp)
 		default:
 			certain += a.sp.n

@@ -25,30 +25,34 @@ import (
 
 // Faults are what a link does to the datagrams sent over it. Each datagram
 // is dropped with probability Drop, else sent twice with probability Dup;
-// with probability Reorder a datagram swaps places with the one before it
-// on the same link in the same Send batch.
+// with probability Reorder a datagram (its second copy, if duplicated)
+// swaps places with the datagram before it on the same link in the same
+// Send batch (not with its own first copy, which would change no order).
 type Faults struct {
 	Drop, Dup, Reorder float64
 }
 
 // Counters count what happened to datagrams: sent (handed to Send), the
 // faults injected, what was delivered into an endpoint's queue, and what
-// was lost because no endpoint had the address (NoRoute) or the receiving
-// queue was full (Overflow), as a socket buffer overflows.
+// was lost because no endpoint had the address (NoRoute), the receiving
+// queue was full (Overflow), as a socket buffer overflows, or the receiving
+// endpoint was closed (Closed): those it had queued and not received when
+// it closed (also in Delivered), and those steered to it afterwards while
+// its group kept the address.
 type Counters struct {
 	Sent, Dropped, Duplicated, Reordered uint64
-	Delivered, NoRoute, Overflow         uint64
+	Delivered, NoRoute, Overflow, Closed uint64
 }
 
 type counters struct {
 	sent, dropped, duplicated, reordered atomic.Uint64
-	delivered, noRoute, overflow         atomic.Uint64
+	delivered, noRoute, overflow, closed atomic.Uint64
 }
 
 func (c *counters) snapshot() Counters {
 	return Counters{
 		Sent: c.sent.Load(), Dropped: c.dropped.Load(), Duplicated: c.duplicated.Load(), Reordered: c.reordered.Load(),
-		Delivered: c.delivered.Load(), NoRoute: c.noRoute.Load(), Overflow: c.overflow.Load(),
+		Delivered: c.delivered.Load(), NoRoute: c.noRoute.Load(), Overflow: c.overflow.Load(), Closed: c.closed.Load(),
 	}
 }
 
@@ -82,6 +86,7 @@ func (in *injector) apply(pkts []transport.Packet, out []transport.Packet, fault
 			out = append(out, p)
 			continue
 		}
+		before := len(out) - 1 // the last datagram out before this one
 		switch r := in.rng.Float64(); {
 		case r < f.Drop:
 			count(func(c *counters) *atomic.Uint64 { return &c.dropped })
@@ -93,7 +98,7 @@ func (in *injector) apply(pkts []transport.Packet, out []transport.Packet, fault
 		out = append(out, p)
 		if f.Reorder > 0 && in.rng.Float64() < f.Reorder {
 			n := len(out)
-			for i := n - 2; i >= 0; i-- {
+			for i := before; i >= 0; i-- {
 				if out[i].Addr == p.Addr {
 					out[i], out[n-1] = out[n-1], out[i]
 					count(func(c *counters) *atomic.Uint64 { return &c.reordered })
@@ -321,10 +326,13 @@ func (n *Network) deliver(from netip.AddrPort, p transport.Packet) {
 			i += len(g.eps)
 		}
 	}
-	if g.eps[i].push(from, p.Data) {
+	switch g.eps[i].push(from, p.Data) {
+	case pushQueued:
 		n.ctr.delivered.Add(1)
-	} else {
+	case pushFull:
 		n.ctr.overflow.Add(1)
+	case pushClosed:
+		n.ctr.closed.Add(1)
 	}
 }
 
@@ -345,11 +353,23 @@ type Endpoint struct {
 
 var _ transport.Transport = (*Endpoint)(nil)
 
-func (e *Endpoint) push(from netip.AddrPort, data []byte) bool {
+type pushResult uint8
+
+const (
+	pushQueued pushResult = iota
+	pushFull
+	pushClosed // a group member closed while the others keep the address
+)
+
+func (e *Endpoint) push(from netip.AddrPort, data []byte) pushResult {
 	e.mu.Lock()
-	if len(e.queue) >= e.n.opts.Queue || e.isClosed() {
+	if e.isClosed() {
 		e.mu.Unlock()
-		return false
+		return pushClosed
+	}
+	if len(e.queue) >= e.n.opts.Queue {
+		e.mu.Unlock()
+		return pushFull
 	}
 	e.queue = append(e.queue, transport.Packet{Addr: from, Data: append([]byte(nil), data...)})
 	e.mu.Unlock()
@@ -357,7 +377,7 @@ func (e *Endpoint) push(from netip.AddrPort, data []byte) bool {
 	case e.notify <- struct{}{}:
 	default:
 	}
-	return true
+	return pushQueued
 }
 
 func (e *Endpoint) isClosed() bool {
@@ -410,8 +430,16 @@ func (e *Endpoint) Send(pkts []transport.Packet) (int, error) {
 	return len(pkts), nil
 }
 
-// Recv implements transport.Transport.
+// Recv implements transport.Transport. With no room in pkts it returns 0
+// at once, as the udp and xdp transports do; the caller is back, so what
+// the last Recv returned counts as handled.
 func (e *Endpoint) Recv(ctx context.Context, pkts []transport.Packet) (int, error) {
+	if len(pkts) == 0 {
+		e.mu.Lock()
+		e.inHand = 0
+		e.mu.Unlock()
+		return 0, nil
+	}
 	for {
 		e.mu.Lock()
 		k := min(len(pkts), len(e.queue))
@@ -450,15 +478,20 @@ func (e *Endpoint) LocalAddr() netip.AddrPort { return e.addr }
 // MaxPayload implements transport.Transport.
 func (e *Endpoint) MaxPayload() int { return e.n.opts.MaxPayload }
 
-// Close implements transport.Transport. The address is free again once
-// every endpoint of its group is closed.
+// Close implements transport.Transport. The datagrams it had queued are
+// lost, as a closed socket's are, and counted (Closed); the address is free
+// again once every endpoint of its group is closed.
 func (e *Endpoint) Close() error {
 	e.once.Do(func() {
 		close(e.closed)
 		e.mu.Lock()
 		e.inHand = 0
+		lost := len(e.queue)
+		clear(e.queue)
+		e.queue = nil
 		e.mu.Unlock()
 		n := e.n
+		n.ctr.closed.Add(uint64(lost))
 		n.mu.Lock()
 		defer n.mu.Unlock()
 		for _, o := range e.g.eps {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/transport"
 )
@@ -234,5 +235,173 @@ func TestConcurrentSend(t *testing.T) {
 	}
 	if len(seen) != per*senders {
 		t.Fatalf("%d distinct datagrams of %d", len(seen), per*senders)
+	}
+}
+
+// TestCloseDropsQueue: an endpoint that closes loses what it had queued, as
+// a closed socket does: InFlight no longer counts it, and Closed does, as it
+// counts what is steered to a closed member of a group that keeps the
+// address. Before, a closed group member kept its queue in InFlight for
+// good (a test waiting for a quiet network waited on it), and what was
+// steered to it counted as Overflow.
+func TestCloseDropsQueue(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		members     int // endpoints on the address; member 0 closes
+		queued      []int
+		handled     bool // member 0 took its queue with Recv before closing
+		closeAll    bool // every member closes: the address is free
+		after       int  // datagrams sent to member 0 after it closed
+		inFlight    int
+		closed      uint64
+		noRoute     uint64
+		othersRecvd int
+	}{
+		{name: "alone", members: 1, queued: []int{3}, after: 1, closed: 3, noRoute: 1},
+		{name: "group, others open", members: 2, queued: []int{2, 1}, after: 2, inFlight: 1, closed: 4, othersRecvd: 1},
+		{name: "group, queue taken before", members: 2, queued: []int{2, 1}, handled: true, inFlight: 1, othersRecvd: 1},
+		{name: "group, all closed", members: 2, queued: []int{2, 0}, closeAll: true, after: 1, closed: 2, noRoute: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := New(Options{})
+			g, err := n.ListenGroup(netip.MustParseAddrPort("10.0.0.3:7"), tc.members, func(d []byte) int { return int(d[0]) })
+			if err != nil {
+				t.Fatal(err)
+			}
+			x, _ := n.Listen(a0)
+			send := func(member, k int) {
+				t.Helper()
+				for range k {
+					if _, err := x.Send([]transport.Packet{{Addr: g[0].LocalAddr(), Data: []byte{byte(member)}}}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			for m, k := range tc.queued {
+				send(m, k)
+			}
+			done, cancel := context.WithCancel(context.Background())
+			cancel()
+			if tc.handled {
+				if k, err := g[0].Recv(done, bufs(8, 8)); k != tc.queued[0] || err != nil {
+					t.Fatalf("recv before close: %d %v", k, err)
+				}
+			}
+			_ = g[0].Close()
+			if tc.closeAll {
+				for _, e := range g[1:] {
+					_ = e.Close()
+				}
+			}
+			send(0, tc.after)
+			c := n.Counters()
+			if q := n.InFlight(); q != tc.inFlight || c.Closed != tc.closed || c.NoRoute != tc.noRoute || c.Overflow != 0 {
+				t.Errorf("in flight %d, counters %+v; want in flight %d, closed %d, no route %d, no overflow",
+					q, c, tc.inFlight, tc.closed, tc.noRoute)
+			}
+			if k, err := g[0].Recv(done, bufs(8, 8)); k != 0 || !errors.Is(err, transport.ErrClosed) {
+				t.Errorf("recv on the closed endpoint: %d %v, want 0 and ErrClosed", k, err)
+			}
+			if tc.members > 1 && tc.othersRecvd > 0 {
+				if k, err := g[1].Recv(done, bufs(8, 8)); k != tc.othersRecvd || err != nil {
+					t.Errorf("recv on the open member: %d %v, want %d", k, err, tc.othersRecvd)
+				}
+			}
+		})
+	}
+}
+
+// TestRecvEmpty: Recv with no room returns 0 at once, as the udp and xdp
+// transports do, whatever is queued and whether or not the endpoint is
+// closed, and takes nothing. Before, it waited until ctx was done, however
+// many datagrams arrived (the deadline here stands for a caller's forever).
+func TestRecvEmpty(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		queued int
+		closed bool
+		pkts   []transport.Packet
+	}{
+		{name: "nil, nothing queued", pkts: nil},
+		{name: "empty, nothing queued", pkts: []transport.Packet{}},
+		{name: "empty, datagrams queued", queued: 2, pkts: []transport.Packet{}},
+		{name: "nil, closed", closed: true, pkts: nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := New(Options{})
+			x, _ := n.Listen(a0)
+			y, _ := n.Listen(a0)
+			for range tc.queued {
+				if _, err := x.Send([]transport.Packet{{Addr: y.LocalAddr(), Data: []byte("q")}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.closed {
+				_ = y.Close()
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if k, err := y.Recv(ctx, tc.pkts); k != 0 || err != nil {
+				t.Fatalf("recv with no room: %d %v, want 0 and no error at once", k, err)
+			}
+			if q := n.InFlight(); q != tc.queued && !tc.closed {
+				t.Errorf("%d in flight after an empty Recv, want the %d queued", q, tc.queued)
+			}
+			if tc.queued > 0 {
+				if k, err := y.Recv(ctx, bufs(8, 8)); k != tc.queued || err != nil {
+					t.Errorf("recv after the empty one: %d %v, want the %d queued", k, err, tc.queued)
+				}
+			}
+		})
+	}
+}
+
+// TestDupReorderCounts: with every datagram duplicated and reordered, a
+// reorder moves the datagram's second copy before the datagram that came
+// before it on the link, and is counted only when there is one: a datagram
+// swapped with its own first copy changes no order. Before, that swap was
+// counted as a reorder ("one datagram": reordered 1), and a duplicated
+// datagram was never reordered ("two datagrams": a a b b, reordered 2).
+func TestDupReorderCounts(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		faults     Faults
+		send       string // one datagram per byte, in one batch
+		want       string // as received
+		dup, reord uint64
+	}{
+		{name: "one datagram", faults: Faults{Dup: 1, Reorder: 1}, send: "a", want: "aa", dup: 1},
+		{name: "two datagrams", faults: Faults{Dup: 1, Reorder: 1}, send: "ab", want: "abba", dup: 2, reord: 1},
+		{name: "reorder only", faults: Faults{Reorder: 1}, send: "ab", want: "ba", reord: 1},
+		{name: "duplicate only", faults: Faults{Dup: 1}, send: "ab", want: "aabb", dup: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := New(Options{})
+			x, _ := n.Listen(a0)
+			y, _ := n.Listen(a0)
+			n.SetFaults(x.LocalAddr(), y.LocalAddr(), tc.faults)
+			var batch []transport.Packet
+			for i := range len(tc.send) {
+				batch = append(batch, transport.Packet{Addr: y.LocalAddr(), Data: []byte{tc.send[i]}})
+			}
+			if _, err := x.Send(batch); err != nil {
+				t.Fatal(err)
+			}
+			done, cancel := context.WithCancel(context.Background())
+			cancel()
+			rx := bufs(8, 8)
+			k, err := y.Recv(done, rx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []byte
+			for _, p := range rx[:k] {
+				got = append(got, p.Data...)
+			}
+			lc := n.LinkCounters(x.LocalAddr(), y.LocalAddr())
+			if string(got) != tc.want || lc.Duplicated != tc.dup || lc.Reordered != tc.reord {
+				t.Errorf("received %q, duplicated %d, reordered %d; want %q, %d, %d", got, lc.Duplicated, lc.Reordered, tc.want, tc.dup, tc.reord)
+			}
+		})
 	}
 }
