@@ -45,7 +45,7 @@ type Transport interface {
 	Send(pkts []Packet) (n int, err error)
 
 	// Recv fills pkts[0:n] with received datagrams, at least one, and
-	// returns n. Each pkts[i].Data must have capacity for the largest
+	// returns n; with an empty pkts it returns 0 and no error at once. Each pkts[i].Data must have capacity for the largest
 	// datagram expected (MaxPayload); a longer datagram is cut to that
 	// capacity. Recv first takes the datagrams that are already waiting,
 	// even when ctx is done; only if there are none does it wait, until a
