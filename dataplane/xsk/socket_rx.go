@@ -106,24 +106,45 @@ func (s *Socket) recvLocked(descs []Desc, maxPkts int) (n, need int) {
 	if got > 0 {
 		want := kernelState(frameFill, q.id)
 		pkts := 0 // RXPackets counts packets (last descriptors), not descriptors
+		// A descriptor whose frame is refused (outside the UMEM, or not
+		// in this queue's fill state: never expected of the kernel)
+		// breaks its packet: the rest of the chain would read as a
+		// packet of its own, or run on into the next one. The packet's
+		// frames taken are dropped, recycled below, and so are the
+		// chain's later ones; the refused frame is not this socket's.
+		var drop []Desc
+		first, broken := 0, false // descs index of the packet's first descriptor
 		for i := range got {
 			d := *s.rx.at(idx + i)
-			if u.Frame(d) == nil {
+			ok := u.Frame(d) != nil
+			if !ok {
 				u.frameErrors.Add(1)
-				continue
+			} else {
+				ok = u.take(d.Addr>>u.shift, want, frameUser)
 			}
-			if !u.take(d.Addr>>u.shift, want, frameUser) {
-				continue
+			switch {
+			case !ok && !broken:
+				drop = append(drop, descs[first:n]...)
+				n, broken = first, true
+			case ok && broken:
+				drop = append(drop, d)
+			case ok:
+				descs[n] = d
+				n++
 			}
-			descs[n] = d
-			n++
 			if d.Options&unix.XDP_PKT_CONTD == 0 {
-				pkts++
+				if !broken {
+					pkts++
+				}
+				first, broken = n, false
 			}
 		}
 		s.rx.release()
-		q.fillOut.Add(-int64(n))
+		q.fillOut.Add(-int64(n + len(drop)))
 		s.rxPackets.Add(uint64(pkts))
+		if len(drop) > 0 {
+			_ = s.recycleLocked(drop) // they were just taken: none is refused
+		}
 	}
 	added := u.fillUp(q, s.rxScratch)
 	// Only zero-copy drivers ever set the fill ring's flag: the driver

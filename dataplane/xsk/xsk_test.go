@@ -471,6 +471,75 @@ func TestReceiveDescsPacketEnds(t *testing.T) {
 	}
 }
 
+// TestRecvRefusedInChain: a frame refused partway through a MultiBuffer
+// packet's chain (here one the caller is taken to hold already, as after a
+// double hand-out; never expected of the kernel) drops the whole packet:
+// its other frames go back to the fill ring, and the packets around it come
+// out whole. Before, the rest of the chain came out on its own: refusing the
+// first frame made its second and third a packet, refusing the last ran the
+// first two on into the next packet.
+func TestRecvRefusedInChain(t *testing.T) {
+	n := newTestNet(t)
+	sizes := []int{100, 8000, 200} // 1 + 3 + 1 descriptors
+	for refused := range 3 {       // which descriptor of the 8000-byte frame's chain
+		t.Run(fmt.Sprintf("descriptor %d of 3", refused+1), func(t *testing.T) {
+			a, b := fmt.Sprintf("fa%d", refused), fmt.Sprintf("fb%d", refused)
+			xa, xb := testenv.VethPair(t,
+				testenv.VethEnd{NS: n.ns, Name: a, MTU: 9000},
+				testenv.VethEnd{NS: n.ns, Name: b, MTU: 9000})
+			s := n.open(t, xa, 0, nil, &SocketConfig{MultiBuffer: true, Mode: ModeCopy})
+			setSlot(t, n.redirectFrags(t, xa), s)
+			pk := n.packetSock(t, xb)
+			var frames [][]byte
+			for j, size := range sizes {
+				f := testFrame(uint64(j), size)
+				frames = append(frames, f)
+				if _, err := unix.Write(pk, f); err != nil {
+					t.Fatal(err)
+				}
+			}
+			onRing := func() uint32 { return atomic.LoadUint32(s.rx.producer) - atomic.LoadUint32(s.rx.consumer) }
+			if !waitFor(2*time.Second, func() bool { return onRing() == 5 }) {
+				t.Fatalf("%d descriptors on the RX ring, want 5", onRing())
+			}
+			u := s.UMEM()
+			bad := *s.rx.at(atomic.LoadUint32(s.rx.consumer) + 1 + uint32(refused))
+			if !u.state[bad.Addr>>u.shift].CompareAndSwap(kernelState(frameFill, s.q.id), frameUser) {
+				t.Fatalf("frame of %+v not in fill state", bad)
+			}
+			got := recvPackets(t, s, 2)
+			if len(got) != 2 || !bytes.Equal(s.Frame(got[0]), frames[0]) || !bytes.Equal(s.Frame(got[1]), frames[2]) {
+				t.Fatalf("took %+v, want the 100- and 200-byte frames' descriptors alone", got)
+			}
+			if st, _ := s.Stats(); st.RXPackets != 2 || u.FrameErrors() != 1 {
+				t.Errorf("RXPackets %d, frame errors %d; want 2 and 1", st.RXPackets, u.FrameErrors())
+			}
+			if err := s.Recycle(append(got, bad)); err != nil {
+				t.Fatal(err)
+			}
+			if fs := u.Frames(); fs.User != 0 || fs.Free+fs.Fill != fs.Total {
+				t.Errorf("frames %+v, want every one free or in the fill ring", fs)
+			}
+			// The socket goes on: the next 8000-byte frame comes whole.
+			f := testFrame(9, 8000)
+			if _, err := unix.Write(pk, f); err != nil {
+				t.Fatal(err)
+			}
+			got = recvPackets(t, s, 1)
+			var p []byte
+			for _, d := range got {
+				p = append(p, s.Frame(d)...)
+			}
+			if !bytes.Equal(p, f) {
+				t.Errorf("next packet: %d bytes in %d descriptors, want the 8000-byte frame", len(p), len(got))
+			}
+			if err := s.Recycle(got); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
 // TestPacketCounters: Stats.RXPackets and TXPackets count packets, on a
 // MultiBuffer socket too, where a packet may take several descriptors (an
 // 8000-byte frame takes three, a 6000-byte one two): what RecvBatch took,
