@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"math/big"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -359,16 +361,49 @@ func planNum(x float64) string { return strconv.FormatFloat(x, 'g', 6, 64) }
 // planPhi prints a computed φ to four significant digits.
 func planPhi(x float64) string { return strconv.FormatFloat(x, 'g', 4, 64) }
 
-func planFixed(x float64, decimals int) string { return strconv.FormatFloat(x, 'f', decimals, 64) }
+// planNA stands for a result that is not a number; the planner refuses
+// inputs that give one, so it is only a guard against printing NaN or Inf.
+const planNA = "n/a (not a finite number)"
+
+// planFixed prints x with the given decimals. A value of a million or more,
+// or one those decimals would show as 0 (a ratio of 1e-300 is not 0.00x),
+// gets three significant digits instead: extreme but valid inputs (c_s =
+// 1e300) would otherwise print hundreds of digits.
+func planFixed(x float64, decimals int) string {
+	switch a := math.Abs(x); {
+	case math.IsNaN(x) || math.IsInf(x, 0):
+		return planNA
+	case x != 0 && (a >= 1e6 || a < 0.5*math.Pow10(-decimals)):
+		return strconv.FormatFloat(x, 'g', 3, 64)
+	}
+	return strconv.FormatFloat(x, 'f', decimals, 64)
+}
 
 func planRatio(x float64) string { return planFixed(x, 2) + "x" }
 
-// planSaving says in words what a traditional/Lovelock ratio means.
-func planSaving(saving float64, what, less, more string) string {
-	if saving >= 0 {
-		return fmt.Sprintf("Lovelock %s %s%% %s", what, planFixed(100*saving, 1), less)
+// planSaving says in words what a traditional/Lovelock ratio means: Lovelock
+// needs 1/ratio of the traditional cost or energy, a saving of 1 − 1/ratio.
+// The planner refuses only results that are not finite, so a valid ratio may
+// still be so small (1e-307, from c_s = 1e-307) that 1/ratio, or the saving
+// as a percentage, overflows float64: that one is computed in big.Float,
+// whose exponent does not, rather than printed as +Inf%.
+func planSaving(ratio float64, what, less, more string) string {
+	if !(ratio > 0) || math.IsInf(ratio, 0) {
+		return planNA
 	}
-	return fmt.Sprintf("Lovelock %s %s%% %s", what, planFixed(-100*saving, 1), more)
+	word := func(pct float64) string {
+		if pct < 0 {
+			return more
+		}
+		return less
+	}
+	if pct := 100 * (1 - 1/ratio); !math.IsInf(pct, 0) {
+		return fmt.Sprintf("Lovelock %s %s%% %s", what, planFixed(math.Abs(pct), 1), word(pct))
+	}
+	pct := new(big.Float).Quo(big.NewFloat(1), big.NewFloat(ratio))
+	pct.Sub(big.NewFloat(1), pct).Mul(pct, big.NewFloat(100))
+	sign, _ := pct.Float64() // −Inf: only the sign is used
+	return fmt.Sprintf("Lovelock %s %s%% %s", what, pct.Abs(pct).Text('g', 3), word(sign))
 }
 
 const planLegend = "ratios are traditional / Lovelock: above 1 favours Lovelock"
@@ -393,12 +428,12 @@ func planResultRows(t planTable, in planner.Inputs, r planner.Result) {
 	t.row("RESULT", "VALUE")
 	if in.FabricCost > 0 {
 		t.row("device cost ratio, eq. 1 without fabric", planRatio(r.DeviceCostRatio),
-			planSaving(1-1/r.DeviceCostRatio, "devices cost", "less", "more"))
-		t.row("cost ratio with fabric, §5.2", planRatio(r.CostRatio), planSaving(r.CostSaving, "costs", "less", "more"))
+			planSaving(r.DeviceCostRatio, "devices cost", "less", "more"))
+		t.row("cost ratio with fabric, §5.2", planRatio(r.CostRatio), planSaving(r.CostRatio, "costs", "less", "more"))
 	} else {
-		t.row("cost ratio, eq. 1", planRatio(r.CostRatio), planSaving(r.CostSaving, "costs", "less", "more"))
+		t.row("cost ratio, eq. 1", planRatio(r.CostRatio), planSaving(r.CostRatio, "costs", "less", "more"))
 	}
-	t.row("energy ratio, eq. 2", planRatio(r.EnergyRatio), planSaving(r.EnergySaving, "uses", "less energy", "more energy"))
+	t.row("energy ratio, eq. 2", planRatio(r.EnergyRatio), planSaving(r.EnergyRatio, "uses", "less energy", "more energy"))
 	t.row("fabric capacity needed, 1/μ", planRatio(r.FabricCapacity), "of the traditional fabric's capacity keeps pace (§5.2)")
 }
 

@@ -230,6 +230,81 @@ func TestPlanWorkloadFlagsNeedProjection(t *testing.T) {
 	}
 }
 
+// TestPlanTableExtremes: valid inputs far from 1 whose results are finite
+// but whose saving, as a percentage, overflows float64 (a cost ratio of
+// 1e-307 is 1e+309% more) or whose ratio has hundreds of digits. Before, the
+// table printed "+Inf% more" for the first and every digit of 1e307 for the
+// second; JSON was right.
+func TestPlanTableExtremes(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"cost ratio 1e-307", []string{"--server-cost", "1e-307", "--phi", "1"},
+			[]string{"1e-307x  Lovelock costs 1e+309% more"}},
+		{"denormal device cost ratio", []string{"--server-cost", "1e-310", "--phi", "1", "--fabric-cost", "1"},
+			[]string{"1e-310x  Lovelock devices cost 1e+312% more", "0.50x    Lovelock costs 100.0% more"}},
+		{"energy ratio 1e-307", []string{"--server-power", "1e-307", "--phi", "1", "--mu", "1"},
+			[]string{"1e-307x  Lovelock uses 1e+309% more energy"}},
+		{"huge mu", []string{"--mu", "1e305"},
+			[]string{"3.73e-305x  Lovelock uses 2.68e+306% more energy", "1e-305x     of the traditional fabric"}},
+		{"huge cost ratio", []string{"--server-cost", "1e300", "--phi", "1e-7"},
+			[]string{"1e+307x    Lovelock costs 100.0% less", "9.33e+07x  Lovelock uses 100.0% less energy"}},
+		{"huge target", []string{"--target-slowdown", "1e300"},
+			[]string{"2.87e+300x  Lovelock costs 100.0% less", "run time (μ)      1.000        1e+300"}},
+		{"saving below 0.05%", []string{"--phi", "1.0000001", "--server-cost", "1", "--server-power", "1", "--mu", "1"},
+			[]string{"1.00x  Lovelock costs 1e-05% more"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			out, err := runPlanCmd(t, tt.args...)
+			if err != nil {
+				t.Fatalf("plan: %v\n%s", err, out)
+			}
+			for _, bad := range []string{"Inf", "NaN", "n/a", "0000000000"} {
+				if strings.Contains(out, bad) {
+					t.Errorf("output has %q:\n%s", bad, out)
+				}
+			}
+			for _, want := range tt.want {
+				if !strings.Contains(out, want) {
+					t.Errorf("output lacks %q:\n%s", want, out)
+				}
+			}
+		})
+	}
+}
+
+// TestPlanFixed pins the formatter every table cell goes through.
+func TestPlanFixed(t *testing.T) {
+	for _, tt := range []struct {
+		x        float64
+		decimals int
+		want     string
+	}{
+		{2.3333, 2, "2.33"},
+		{0, 2, "0.00"},
+		{0.005, 2, "0.01"},
+		{0.004, 2, "0.004"},
+		{-1e-300, 1, "-1e-300"},
+		{999999.9, 1, "999999.9"},
+		{1e6, 1, "1e+06"},
+		{math.MaxFloat64, 2, "1.8e+308"},
+		{math.Inf(1), 2, planNA},
+		{math.Inf(-1), 2, planNA},
+		{math.NaN(), 2, planNA},
+	} {
+		if got := planFixed(tt.x, tt.decimals); got != tt.want {
+			t.Errorf("planFixed(%g, %d) = %q, want %q", tt.x, tt.decimals, got, tt.want)
+		}
+	}
+	for _, r := range []float64{0, -1, math.NaN(), math.Inf(1)} {
+		if got := planSaving(r, "costs", "less", "more"); got != planNA {
+			t.Errorf("planSaving(%g) = %q, want %q", r, got, planNA)
+		}
+	}
+}
+
 func TestPlanHelp(t *testing.T) {
 	out, err := runPlanCmd(t, "--help")
 	if err != nil {

@@ -6,6 +6,8 @@ import (
 	"math/bits"
 	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // Defaults follow libxdp (xsk.h) and xdp-tools: 4096-byte frames (one page,
@@ -94,6 +96,11 @@ type Desc struct {
 	Len     uint32
 	Options uint32
 }
+
+// More reports that the packet goes on in the next descriptor: the
+// kernel's XDP_PKT_CONTD, set on every descriptor of a MultiBuffer packet
+// but its last. A descriptor without it ends a packet.
+func (d Desc) More() bool { return d.Options&unix.XDP_PKT_CONTD != 0 }
 
 // The ring layout depends on Desc matching struct xdp_desc byte for byte.
 var _ [16 - unsafe.Sizeof(Desc{})]struct{}

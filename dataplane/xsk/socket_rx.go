@@ -106,24 +106,45 @@ func (s *Socket) recvLocked(descs []Desc, maxPkts int) (n, need int) {
 	if got > 0 {
 		want := kernelState(frameFill, q.id)
 		pkts := 0 // RXPackets counts packets (last descriptors), not descriptors
+		// A descriptor whose frame is refused (outside the UMEM, or not
+		// in this queue's fill state: never expected of the kernel)
+		// breaks its packet: the rest of the chain would read as a
+		// packet of its own, or run on into the next one. The packet's
+		// frames taken are dropped, recycled below, and so are the
+		// chain's later ones; the refused frame is not this socket's.
+		var drop []Desc
+		first, broken := 0, false // descs index of the packet's first descriptor
 		for i := range got {
 			d := *s.rx.at(idx + i)
-			if u.Frame(d) == nil {
+			ok := u.Frame(d) != nil
+			if !ok {
 				u.frameErrors.Add(1)
-				continue
+			} else {
+				ok = u.take(d.Addr>>u.shift, want, frameUser)
 			}
-			if !u.take(d.Addr>>u.shift, want, frameUser) {
-				continue
+			switch {
+			case !ok && !broken:
+				drop = append(drop, descs[first:n]...)
+				n, broken = first, true
+			case ok && broken:
+				drop = append(drop, d)
+			case ok:
+				descs[n] = d
+				n++
 			}
-			descs[n] = d
-			n++
 			if d.Options&unix.XDP_PKT_CONTD == 0 {
-				pkts++
+				if !broken {
+					pkts++
+				}
+				first, broken = n, false
 			}
 		}
 		s.rx.release()
-		q.fillOut.Add(-int64(n))
+		q.fillOut.Add(-int64(n + len(drop)))
 		s.rxPackets.Add(uint64(pkts))
+		if len(drop) > 0 {
+			_ = s.recycleLocked(drop) // they were just taken: none is refused
+		}
 	}
 	added := u.fillUp(q, s.rxScratch)
 	// Only zero-copy drivers ever set the fill ring's flag: the driver
@@ -201,11 +222,28 @@ func (s *Socket) recycleLocked(descs []Desc) error {
 	return nil
 }
 
-// TryReceive calls fn for each packet of at most one batch and recycles
-// the frames; fn must not keep the slice. It never blocks and returns how
-// many packets it handled. fn must not call Close, RecvBatch, Recycle or
-// Receive on the same socket; it may transmit on it.
+// TryReceive calls fn for each descriptor of at most one batch and
+// recycles the frames; fn must not keep the slice. It never blocks and
+// returns how many descriptors it handled. On a socket without MultiBuffer
+// a descriptor is a packet; on a MultiBuffer one a packet may take several,
+// handed to fn in order and whole within one call, but nothing here marks
+// where one ends: use TryReceiveDescs for that. fn must not call Close,
+// RecvBatch, Recycle or Receive on the same socket; it may transmit on it.
 func (s *Socket) TryReceive(fn func(frame []byte)) (int, error) {
+	return s.tryReceive(fn, nil)
+}
+
+// TryReceiveDescs is TryReceive that gives fn each frame's descriptor too.
+// On a MultiBuffer socket, d.More() reports that the packet goes on in the
+// next descriptor's frame; the descriptor without it ends the packet, and a
+// call never ends inside one. fn must not keep frame, nor recycle or
+// transmit d: TryReceiveDescs recycles every frame when fn returns.
+func (s *Socket) TryReceiveDescs(fn func(d Desc, frame []byte)) (int, error) {
+	return s.tryReceive(nil, fn)
+}
+
+// tryReceive is TryReceive with fn, or TryReceiveDescs with fnDesc.
+func (s *Socket) tryReceive(fn func(frame []byte), fnDesc func(d Desc, frame []byte)) (int, error) {
 	if err := s.enter(); err != nil {
 		return 0, err
 	}
@@ -231,18 +269,34 @@ func (s *Socket) TryReceive(fn func(frame []byte)) (int, error) {
 		}
 	}()
 	for _, d := range s.rxDescs[:n] {
-		fn(s.umem.Frame(d))
+		if fnDesc != nil {
+			fnDesc(d, s.umem.Frame(d))
+		} else {
+			fn(s.umem.Frame(d))
+		}
 	}
 	recycled = true
 	return n, s.recycleLocked(s.rxDescs[:n])
 }
 
-// Receive calls fn for every packet until ctx ends (returning ctx.Err()),
-// the socket is closed (an error wrapping ErrClosed) or its interface goes
-// away (an error wrapping ENETDOWN, within half a second). While the ring
-// is empty it spins for SocketConfig.IdleSpin, then waits in poll(2). The
-// rules for fn are TryReceive's.
+// Receive calls fn for every descriptor, as TryReceive does, until ctx
+// ends (returning ctx.Err()), the socket is closed (an error wrapping
+// ErrClosed) or its interface goes away (an error wrapping ENETDOWN, within
+// half a second). While the ring is empty it spins for
+// SocketConfig.IdleSpin, then waits in poll(2). The rules for fn are
+// TryReceive's.
 func (s *Socket) Receive(ctx context.Context, fn func(frame []byte)) error {
+	return s.receive(ctx, func() (int, error) { return s.tryReceive(fn, nil) })
+}
+
+// ReceiveDescs is Receive that calls fn as TryReceiveDescs does, with each
+// frame's descriptor: on a MultiBuffer socket d.More() marks a packet that
+// goes on in the next frame.
+func (s *Socket) ReceiveDescs(ctx context.Context, fn func(d Desc, frame []byte)) error {
+	return s.receive(ctx, func() (int, error) { return s.tryReceive(nil, fn) })
+}
+
+func (s *Socket) receive(ctx context.Context, try func() (int, error)) error {
 	done := ctx.Done()
 	for {
 		select {
@@ -250,7 +304,7 @@ func (s *Socket) Receive(ctx context.Context, fn func(frame []byte)) error {
 			return ctx.Err()
 		default:
 		}
-		n, err := s.TryReceive(fn)
+		n, err := try()
 		if err != nil {
 			return err
 		}

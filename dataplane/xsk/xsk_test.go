@@ -383,6 +383,163 @@ func TestRecvWholePackets(t *testing.T) {
 	}
 }
 
+// TestReceiveDescsPacketEnds: on a MultiBuffer socket TryReceiveDescs and
+// ReceiveDescs give fn each frame's descriptor, whose More() marks a packet
+// that goes on in the next frame, so that the frames join into the packets
+// sent (an 8000-byte frame arrives in copy mode as three descriptors, a
+// 6000-byte one as two); More() reads the same on RecvBatch's descriptors.
+// Before, TryReceive and Receive called fn with the frame alone, once a
+// descriptor, and nothing marked where a packet ended.
+func TestReceiveDescsPacketEnds(t *testing.T) {
+	n := newTestNet(t)
+	sizes := []int{8000, 100, 6000, 200}
+	for i, tt := range []struct {
+		how   string
+		batch int // SocketConfig.BatchSize
+	}{
+		{"TryReceiveDescs", 0},
+		{"TryReceiveDescs", 1}, // grows to each chain
+		{"ReceiveDescs", 0},
+		{"RecvBatch", 0},
+	} {
+		t.Run(fmt.Sprintf("%s, batch %d", tt.how, tt.batch), func(t *testing.T) {
+			a, b := fmt.Sprintf("ea%d", i), fmt.Sprintf("eb%d", i)
+			xa, xb := testenv.VethPair(t,
+				testenv.VethEnd{NS: n.ns, Name: a, MTU: 9000},
+				testenv.VethEnd{NS: n.ns, Name: b, MTU: 9000})
+			s := n.open(t, xa, 0, nil, &SocketConfig{MultiBuffer: true, Mode: ModeCopy, BatchSize: tt.batch})
+			setSlot(t, n.redirectFrags(t, xa), s)
+			pk := n.packetSock(t, xb)
+			var frames [][]byte
+			for j, size := range sizes {
+				f := testFrame(uint64(j), size)
+				frames = append(frames, f)
+				if _, err := unix.Write(pk, f); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var joined [][]byte
+			var pkt []byte // the packet being joined
+			descs := 0
+			add := func(d Desc, f []byte) {
+				descs++
+				pkt = append(pkt, f...)
+				if !d.More() {
+					joined, pkt = append(joined, pkt), nil
+				}
+			}
+			switch tt.how {
+			case "TryReceiveDescs":
+				waitFor(2*time.Second, func() bool {
+					if _, err := s.TryReceiveDescs(add); err != nil {
+						t.Fatal(err)
+					}
+					return len(joined) == len(frames)
+				})
+			case "ReceiveDescs":
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				err := s.ReceiveDescs(ctx, func(d Desc, f []byte) {
+					if add(d, f); len(joined) == len(frames) {
+						cancel()
+					}
+				})
+				if !errors.Is(err, context.Canceled) {
+					t.Fatalf("ReceiveDescs: %v after %d packets, want %v", err, len(joined), context.Canceled)
+				}
+			case "RecvBatch":
+				got := recvPackets(t, s, len(frames))
+				for _, d := range got {
+					add(d, s.Frame(d))
+				}
+				if err := s.Recycle(got); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if len(joined) != len(frames) || pkt != nil || descs != 3+1+2+1 {
+				t.Fatalf("%d packets and %d bytes of one unended, in %d descriptors; want %d packets in 7", len(joined), len(pkt), descs, len(frames))
+			}
+			for j := range frames {
+				if !bytes.Equal(joined[j], frames[j]) {
+					t.Errorf("packet %d: %d bytes, want the %d-byte frame", j, len(joined[j]), len(frames[j]))
+				}
+			}
+			if fs := s.UMEM().Frames(); fs.User != 0 || s.UMEM().FrameErrors() != 0 {
+				t.Errorf("frames %+v, frame errors %d", fs, s.UMEM().FrameErrors())
+			}
+		})
+	}
+}
+
+// TestRecvRefusedInChain: a frame refused partway through a MultiBuffer
+// packet's chain (here one the caller is taken to hold already, as after a
+// double hand-out; never expected of the kernel) drops the whole packet:
+// its other frames go back to the fill ring, and the packets around it come
+// out whole. Before, the rest of the chain came out on its own: refusing the
+// first frame made its second and third a packet, refusing the last ran the
+// first two on into the next packet.
+func TestRecvRefusedInChain(t *testing.T) {
+	n := newTestNet(t)
+	sizes := []int{100, 8000, 200} // 1 + 3 + 1 descriptors
+	for refused := range 3 {       // which descriptor of the 8000-byte frame's chain
+		t.Run(fmt.Sprintf("descriptor %d of 3", refused+1), func(t *testing.T) {
+			a, b := fmt.Sprintf("fa%d", refused), fmt.Sprintf("fb%d", refused)
+			xa, xb := testenv.VethPair(t,
+				testenv.VethEnd{NS: n.ns, Name: a, MTU: 9000},
+				testenv.VethEnd{NS: n.ns, Name: b, MTU: 9000})
+			s := n.open(t, xa, 0, nil, &SocketConfig{MultiBuffer: true, Mode: ModeCopy})
+			setSlot(t, n.redirectFrags(t, xa), s)
+			pk := n.packetSock(t, xb)
+			var frames [][]byte
+			for j, size := range sizes {
+				f := testFrame(uint64(j), size)
+				frames = append(frames, f)
+				if _, err := unix.Write(pk, f); err != nil {
+					t.Fatal(err)
+				}
+			}
+			onRing := func() uint32 { return atomic.LoadUint32(s.rx.producer) - atomic.LoadUint32(s.rx.consumer) }
+			if !waitFor(2*time.Second, func() bool { return onRing() == 5 }) {
+				t.Fatalf("%d descriptors on the RX ring, want 5", onRing())
+			}
+			u := s.UMEM()
+			bad := *s.rx.at(atomic.LoadUint32(s.rx.consumer) + 1 + uint32(refused))
+			if !u.state[bad.Addr>>u.shift].CompareAndSwap(kernelState(frameFill, s.q.id), frameUser) {
+				t.Fatalf("frame of %+v not in fill state", bad)
+			}
+			got := recvPackets(t, s, 2)
+			if len(got) != 2 || !bytes.Equal(s.Frame(got[0]), frames[0]) || !bytes.Equal(s.Frame(got[1]), frames[2]) {
+				t.Fatalf("took %+v, want the 100- and 200-byte frames' descriptors alone", got)
+			}
+			if st, _ := s.Stats(); st.RXPackets != 2 || u.FrameErrors() != 1 {
+				t.Errorf("RXPackets %d, frame errors %d; want 2 and 1", st.RXPackets, u.FrameErrors())
+			}
+			if err := s.Recycle(append(got, bad)); err != nil {
+				t.Fatal(err)
+			}
+			if fs := u.Frames(); fs.User != 0 || fs.Free+fs.Fill != fs.Total {
+				t.Errorf("frames %+v, want every one free or in the fill ring", fs)
+			}
+			// The socket goes on: the next 8000-byte frame comes whole.
+			f := testFrame(9, 8000)
+			if _, err := unix.Write(pk, f); err != nil {
+				t.Fatal(err)
+			}
+			got = recvPackets(t, s, 1)
+			var p []byte
+			for _, d := range got {
+				p = append(p, s.Frame(d)...)
+			}
+			if !bytes.Equal(p, f) {
+				t.Errorf("next packet: %d bytes in %d descriptors, want the 8000-byte frame", len(p), len(got))
+			}
+			if err := s.Recycle(got); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
 // TestPacketCounters: Stats.RXPackets and TXPackets count packets, on a
 // MultiBuffer socket too, where a packet may take several descriptors (an
 // 8000-byte frame takes three, a 6000-byte one two): what RecvBatch took,

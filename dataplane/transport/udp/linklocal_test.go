@@ -3,9 +3,11 @@ package udp
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -125,6 +127,72 @@ func TestLinkLocal(t *testing.T) {
 			}
 		})
 	}
+
+	// lla0 (of the sender's namespace) and lla1 (of the peer's) are the first
+	// interfaces after lo of their namespaces, so they share an index. Go
+	// names zones by one process-wide cache, here filled in the peer's
+	// namespace: a socket opened in the sender's and bound to fe80::1%lla1
+	// was bound to lla0 and reported its address as fe80::1%lla1, a name its
+	// namespace does not have. A bound address's zone is its index, however
+	// it was bound; a zone that names no interface of the socket's
+	// namespace is ErrAddr.
+	t.Run("zone names in the socket's namespace", func(t *testing.T) {
+		if idx[0][0] != idx[0][1] {
+			t.Fatalf("lla0 has index %d, lla1 %d: the kernel numbers each namespace's interfaces from 1, lo first", idx[0][0], idx[0][1])
+		}
+		open := map[string]func(netip.AddrPort) ([]*Conn, error){
+			"Listen": func(a netip.AddrPort) ([]*Conn, error) {
+				c, err := Listen(a, Options{})
+				return []*Conn{c}, err
+			},
+			"ListenGroup": func(a netip.AddrPort) ([]*Conn, error) { return ListenGroup(a, 2, Options{}) },
+		}
+		for _, tc := range []struct {
+			bind string
+			ok   bool
+		}{
+			{"fe80::1%" + strconv.Itoa(idx[0][0]), true},
+			{"fe80::1%lla0", true},
+			{"fe80::1%lla1", false},
+		} {
+			for how, open := range open {
+				testenv.InNetNS(t, ns[1], func() error {
+					// A bind to a zone that names nothing refills
+					// Go's cache, here with ns[1]'s names, whenever
+					// it was last filled; the bind itself fails.
+					if c, err := net.ListenPacket("udp6", "[fe80::1%no-such-zone]:0"); err == nil {
+						_ = c.Close()
+					}
+					return nil
+				})
+				var conns []*Conn
+				var err error
+				testenv.InNetNS(t, ns[0], func() error {
+					conns, err = open(netip.MustParseAddrPort("[" + tc.bind + "]:0"))
+					return nil
+				})
+				if !tc.ok {
+					if err == nil {
+						t.Errorf("%s on %s in the sender's namespace = %v, want %v", how, tc.bind, conns[0].LocalAddr(), transport.ErrAddr)
+						closeAll(conns)
+					} else if !errors.Is(err, transport.ErrAddr) || !strings.Contains(err.Error(), `zone "lla1"`) {
+						t.Errorf("%s on %s: %v, want %v naming the zone", how, tc.bind, err, transport.ErrAddr)
+					}
+					continue
+				}
+				if err != nil {
+					t.Fatalf("%s on %s: %v", how, tc.bind, err)
+				}
+				want := netip.AddrPortFrom(zoned("fe80::1", idx[0][0]), conns[0].LocalAddr().Port())
+				for i, c := range conns {
+					if got := c.LocalAddr(); got != want {
+						t.Errorf("%s on %s: socket %d's LocalAddr = %v, want %v", how, tc.bind, i, got, want)
+					}
+				}
+				closeAll(conns)
+			}
+		}
+	})
 
 	t.Run("zone of no interface", func(t *testing.T) {
 		a := listenIn(0, "[::]:0", Options{GSO: true})

@@ -22,7 +22,9 @@
 // kernel as the scope ID (a zone is an interface index, or a name looked up
 // in the socket's network namespace), and Recv reports a link-local source
 // with the index of the interface it came in on as its zone ("fe80::1%3"),
-// so that a reply goes back out of the same link.
+// so that a reply goes back out of the same link. Listen looks a zone name
+// up in the calling thread's network namespace, where the socket opens, and
+// LocalAddr reports a link-local bound address's zone as its index too.
 package udp
 
 import (
@@ -186,6 +188,10 @@ func ListenGroup(addr netip.AddrPort, n int, opts Options) ([]*Conn, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("udp: group of %d sockets", n)
 	}
+	addr, err := zoneByIndex(addr) // for freePort's bind too
+	if err != nil {
+		return nil, err
+	}
 	if addr.Port() != 0 {
 		// The kernel lets these sockets join a reuseport group of this
 		// user that holds the port already (a second agent given the
@@ -214,6 +220,26 @@ func ListenGroup(addr netip.AddrPort, n int, opts Options) ([]*Conn, error) {
 			return conns, err
 		}
 	}
+}
+
+// zoneByIndex returns addr with its zone, if a name, replaced by the
+// interface's index. Go would look the name up in a process-wide cache,
+// which may hold another network namespace's names; the calling thread is
+// in the namespace the socket opens in.
+func zoneByIndex(addr netip.AddrPort) (netip.AddrPort, error) {
+	z := addr.Addr().Zone()
+	if z == "" {
+		return addr, nil
+	}
+	if _, err := strconv.ParseUint(z, 10, 32); err == nil {
+		return addr, nil
+	}
+	ifi, err := net.InterfaceByName(z)
+	if err != nil {
+		return addr, fmt.Errorf("udp: listen on %v: zone %q names no interface of this network namespace (%v); use one of its interfaces, or an index: %w",
+			addr, z, err, transport.ErrAddr)
+	}
+	return netip.AddrPortFrom(addr.Addr().WithZone(strconv.Itoa(ifi.Index)), addr.Port()), nil
 }
 
 // freePort returns a port of addr's address that no socket holds.
@@ -307,6 +333,10 @@ func listen(addr netip.AddrPort, opts Options, reuse, hold bool) (*Conn, error) 
 	if !addr.IsValid() {
 		return nil, fmt.Errorf("udp: listen on %v: %w", addr, transport.ErrAddr)
 	}
+	addr, err := zoneByIndex(addr)
+	if err != nil {
+		return nil, err
+	}
 	ip := addr.Addr().Unmap()
 	v6 := ip.Is6()
 	network, limit := "udp4", MaxPayloadIPv4
@@ -364,8 +394,14 @@ func listen(addr netip.AddrPort, opts Options, reuse, hold bool) (*Conn, error) 
 		_ = uc.Close()
 		return nil, fmt.Errorf("udp: %w", err)
 	}
-	local := uc.LocalAddr().(*net.UDPAddr).AddrPort()
-	local = netip.AddrPortFrom(local.Addr().Unmap(), local.Port())
+	// Not uc.LocalAddr: Go names a link-local address's zone by a
+	// process-wide cache of interface names, filled in whatever network
+	// namespace some thread was in, which need not be the socket's.
+	local, err := localName(rc)
+	if err != nil {
+		_ = uc.Close()
+		return nil, fmt.Errorf("udp: bound to %v: %w", bind, err)
+	}
 	c := &Conn{pc: uc, rc: rc, v6: v6, local: local, maxPayload: maxPayload, rx: newScratch()}
 	c.gso.Store(opts.GSO)
 	c.txPool.New = func() any { return newScratch() }
@@ -388,7 +424,28 @@ func setBuffer(fd, force, plain, size int) error {
 	return nil
 }
 
-// LocalAddr returns the bound address (the chosen port when bound to 0).
+// localName returns the address the socket is bound to, as name writes it:
+// a link-local address's zone is its interface's index, never wrong in the
+// socket's namespace, as Recv reports a source's and Send takes it.
+func localName(rc syscall.RawConn) (netip.AddrPort, error) {
+	var sa unix.RawSockaddrInet6 // large enough for either family
+	n := uint32(unix.SizeofSockaddrInet6)
+	var errno syscall.Errno
+	if err := rc.Control(func(fd uintptr) {
+		_, _, errno = unix.Syscall(unix.SYS_GETSOCKNAME, fd, uintptr(unsafe.Pointer(&sa)), uintptr(unsafe.Pointer(&n)))
+	}); err != nil {
+		return netip.AddrPort{}, err
+	}
+	if errno != 0 {
+		return netip.AddrPort{}, fmt.Errorf("getsockname: %w", errno)
+	}
+	return name(&sa), nil
+}
+
+// LocalAddr returns the bound address (the chosen port when bound to 0). A
+// link-local address's zone is the index of its interface ("fe80::1%3"),
+// whatever the address was bound with: a name would have to be looked up
+// in the socket's network namespace, which the caller's need not be.
 func (c *Conn) LocalAddr() netip.AddrPort { return c.local }
 
 // MaxPayload returns Options.MaxPayload or the protocol limit.
