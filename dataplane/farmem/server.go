@@ -172,7 +172,7 @@ func NewServer(opts ServerOptions) (*Server, error) {
 			maxRegions = n
 		}
 	}
-	st, err := openStore(opts.StateDir, opts.Capacity, maxRegions, opts.IDBase, opts.Now().Add(opts.LeaseTTL.D()))
+	st, err := openStore(opts.StateDir, opts.Capacity, maxRegions, opts.IDBase, opts.Now().Add(opts.LeaseTTL.D()), log)
 	if err != nil {
 		return nil, err
 	}
