@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -277,7 +278,40 @@ func openStore(dir string, capacity uint64, maxRegions int, idBase uint32, lease
 		s.regions[ri.ID] = r
 		s.used += ri.Size
 	}
+	s.removeOrphans()
 	return s, nil
+}
+
+// removeOrphans removes the backing files that no region owns and the
+// temporary files of metadata writes: what a crash between a create's
+// backing file and the metadata write that lists it (a long preload), or
+// between a free's metadata write and the file's removal, or inside a
+// metadata write leaves. An orphan's ID is never handed out again when it
+// lies below next_id, so its blocks (reserved by fallocate) would stay
+// taken for good, out of the capacity's count. Called only once the
+// metadata was read: without it, every file would look orphaned.
+func (s *store) removeOrphans() {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		s.log.Warn("farmem: server: state directory not scanned for leftovers of a crash", "dir", s.dir, "err", err)
+		return
+	}
+	for _, e := range entries {
+		name := e.Name()
+		var id uint32
+		orphan := strings.HasPrefix(name, metaName+".tmp") || strings.HasPrefix(name, leasesName+".tmp")
+		if n, _ := fmt.Sscanf(name, "region-%08x.mem", &id); n == 1 && filepath.Join(s.dir, name) == regionFile(s.dir, id) {
+			orphan = s.regions[id] == nil
+		}
+		if !orphan || !e.Type().IsRegular() {
+			continue
+		}
+		if err := os.Remove(filepath.Join(s.dir, name)); err != nil {
+			s.log.Warn("farmem: server: leftover of a crash not removed: remove it by hand", "file", filepath.Join(s.dir, name), "err", err)
+			continue
+		}
+		s.log.Info("farmem: server: removed a leftover of a crash (no region owns it)", "file", filepath.Join(s.dir, name))
+	}
 }
 
 // recordLease writes region id's lease (0: none; a non-zero one is also

@@ -2,6 +2,8 @@ package farmem
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 )
@@ -84,5 +86,72 @@ func TestMetaRenamedNotSynced(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestOrphansRemovedAtStart: a crash between a free's metadata write and
+// the removal of the backing file, or during a create (a long preload)
+// while another create's metadata write moved next_id past it, leaves a
+// backing file that no region owns and whose ID is never handed out again;
+// a crash inside a metadata write leaves its temporary file. A start
+// removes them, and keeps every listed region's file. Before, they stayed
+// for good, their blocks (reserved by fallocate) out of the capacity's
+// count, so creates that the capacity had room for failed on a full disk.
+func TestOrphansRemovedAtStart(t *testing.T) {
+	dir := t.TempDir()
+	srv := newLimitedServer(t, dir, 0)
+	var ids []uint32
+	for range 3 {
+		ri, err := srv.Create(7, 8192, true, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, ri.ID)
+	}
+	freed := regionFile(dir, ids[0])
+	content, err := os.ReadFile(freed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Free(7, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	// The crashes' leftovers: the freed region's file (the free wrote the
+	// metadata, not yet removed the file), a create's file below next_id,
+	// and a metadata write's temporary file.
+	created := regionFile(dir, ids[2]+7)
+	srv.st.mu.Lock()
+	srv.st.nextID = ids[2] + 8
+	err = srv.st.saveMeta()
+	srv.st.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(dir, metaName+".tmp123456")
+	for _, p := range []string{freed, created, tmp} {
+		if err := os.WriteFile(p, content, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	other := filepath.Join(dir, "notes.txt") // not the server's: kept
+	if err := os.WriteFile(other, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv2, err := reopen(t, srv, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{freed, created, tmp} {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s after the start: %v, want it removed", filepath.Base(p), err)
+		}
+	}
+	for _, p := range []string{regionFile(dir, ids[1]), regionFile(dir, ids[2]), other} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("%s after the start: %v, want it kept", filepath.Base(p), err)
+		}
+	}
+	if got := listedIDs(srv2); !slices.Equal(got, ids[1:]) {
+		t.Errorf("after the start the server lists %v, want %v", got, ids[1:])
 	}
 }
