@@ -508,9 +508,11 @@ func (s *store) create(tenant uint32, size uint64, writable bool, preload string
 			"free regions, or raise the memory node's max_regions", ErrNoSpace, errRegionLimit, n, s.maxRegions)
 	}
 	if s.used+size > s.capacity || s.used+size < s.used {
-		free := s.capacity - s.used
+		// A start with a capacity lowered below the regions held loads
+		// them all: used may exceed it.
+		free := s.capacity - min(s.used, s.capacity)
 		s.mu.Unlock()
-		return RegionInfo{}, fmt.Errorf("%w: %d bytes asked, %d of %d free", ErrNoSpace, size, free, s.capacity)
+		return RegionInfo{}, fmt.Errorf("%w: %d bytes asked, %d of %d free (free regions, or raise the memory node's capacity)", ErrNoSpace, size, free, s.capacity)
 	}
 	id := s.nextID
 	for s.regions[id] != nil || s.reserved[id] || id == 0 {

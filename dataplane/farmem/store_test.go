@@ -2,9 +2,11 @@ package farmem
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -153,5 +155,33 @@ func TestOrphansRemovedAtStart(t *testing.T) {
 	}
 	if got := listedIDs(srv2); !slices.Equal(got, ids[1:]) {
 		t.Errorf("after the start the server lists %v, want %v", got, ids[1:])
+	}
+}
+
+// TestCapacityLoweredAtRestart: a restart with a capacity below the bytes
+// of the regions held loads them all, and refuses creates saying that
+// nothing is free. Before, the refusal said 2^64 less the excess bytes
+// were free.
+func TestCapacityLoweredAtRestart(t *testing.T) {
+	dir := t.TempDir()
+	srv := newLimitedServer(t, dir, 0)
+	for range 3 {
+		if _, err := srv.Create(7, 8<<20, true, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv.Close()
+	srv.st.close()
+	srv2, err := NewServer(ServerOptions{Config: testConfig(), StateDir: dir, Capacity: 16 << 20, Transport: listen(t, loopback)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv2.Close(); srv2.st.close() })
+	if st := srv2.Stats(); st.Regions != 3 || st.Used != 24<<20 || st.Capacity != 16<<20 {
+		t.Errorf("stats after the restart: %d regions, %d of %d bytes used; want 3, %d of %d", st.Regions, st.Used, st.Capacity, 24<<20, 16<<20)
+	}
+	_, err = srv2.Create(7, 4096, true, "")
+	if !errors.Is(err, ErrNoSpace) || !strings.Contains(err.Error(), fmt.Sprintf("4096 bytes asked, 0 of %d free", 16<<20)) {
+		t.Errorf("create over a lowered capacity: %v, want ErrNoSpace saying 0 bytes are free", err)
 	}
 }
