@@ -458,9 +458,7 @@ func (s *Server) execute(pk *packer, q *request, buf []byte) {
 			}
 			return err
 		case OpSync:
-			if err := r.f.Sync(); err != nil {
-				return fmt.Errorf("%w: %v", ErrIO, err)
-			}
+			return r.sync()
 		}
 		return nil
 	}()

@@ -723,7 +723,7 @@ func (r *region) readAt(p []byte, off uint64) error {
 		return err
 	}
 	if _, err := r.f.ReadAt(p, int64(off)); err != nil {
-		return fmt.Errorf("%w: %v", ErrIO, err)
+		return r.ioErr(err)
 	}
 	return nil
 }
@@ -733,7 +733,24 @@ func (r *region) writeAt(p []byte, off uint64) error {
 		return err
 	}
 	if _, err := r.f.WriteAt(p, int64(off)); err != nil {
-		return fmt.Errorf("%w: %v", ErrIO, err)
+		return r.ioErr(err)
 	}
 	return nil
+}
+
+func (r *region) sync() error {
+	if err := r.f.Sync(); err != nil {
+		return r.ioErr(err)
+	}
+	return nil
+}
+
+// ioErr wraps an error of the backing file. A closed file is a region freed
+// since the request found it (a free through lovelockd's API runs off the
+// server's loop): unknown, as it is to the next request, not a failing disk.
+func (r *region) ioErr(err error) error {
+	if errors.Is(err, os.ErrClosed) {
+		return fmt.Errorf("%w: %d (freed)", ErrUnknownRegion, r.info.ID)
+	}
+	return fmt.Errorf("%w: %v", ErrIO, err)
 }

@@ -185,3 +185,39 @@ func TestCapacityLoweredAtRestart(t *testing.T) {
 		t.Errorf("create over a lowered capacity: %v, want ErrNoSpace saying 0 bytes are free", err)
 	}
 }
+
+// TestFreeRacesIO: a read, write or sync that found its region before a
+// free and reaches the backing file after it (lovelockd's API frees off
+// the server's loop) is answered as the region being unknown, as it would
+// be a moment later. Before, it was answered ErrIO ("file already
+// closed"), counted as an I/O error of the node, and a DPU or mapping took
+// it for a write-back to retry rather than a region gone.
+func TestFreeRacesIO(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		do   func(r *region) error
+	}{
+		{"read", func(r *region) error { return r.readAt(make([]byte, 16), 0) }},
+		{"write", func(r *region) error { return r.writeAt(make([]byte, 16), 0) }},
+		{"sync", func(r *region) error { return r.sync() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := newLimitedServer(t, t.TempDir(), 0)
+			t.Cleanup(func() { srv.Close(); srv.st.close() })
+			ri, err := srv.Create(7, 4096, true, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := srv.st.get(7, ri.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := srv.Free(7, ri.ID); err != nil {
+				t.Fatal(err)
+			}
+			if err := tc.do(r); !errors.Is(err, ErrUnknownRegion) || errors.Is(err, ErrIO) {
+				t.Errorf("%s of a region freed since it was found: %v, want ErrUnknownRegion", tc.name, err)
+			}
+		})
+	}
+}
