@@ -484,7 +484,9 @@ func (s *store) create(tenant uint32, size uint64, writable bool, preload string
 	}
 	var src *os.File
 	if preload != "" {
-		f, err := os.Open(preload)
+		// Non-blocking, so that a named pipe (or a device) is refused
+		// below instead of waiting for a writer for ever.
+		f, err := os.OpenFile(preload, os.O_RDONLY|unix.O_NONBLOCK, 0)
 		if err != nil {
 			return RegionInfo{}, fmt.Errorf("%w: preload: %v", ErrBadRequest, err)
 		}

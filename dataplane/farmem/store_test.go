@@ -8,6 +8,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // reopen closes srv's state and opens a new server on dir, as a restart
@@ -219,5 +222,36 @@ func TestFreeRacesIO(t *testing.T) {
 				t.Errorf("%s of a region freed since it was found: %v, want ErrUnknownRegion", tc.name, err)
 			}
 		})
+	}
+}
+
+// TestPreloadFIFO: a preload from a named pipe is refused as not a regular
+// file. Before, opening it waited for a writer for ever: the create never
+// answered, its repeats waited on it, and Run, which waits for preloads,
+// never returned.
+func TestPreloadFIFO(t *testing.T) {
+	srv := newLimitedServer(t, t.TempDir(), 0)
+	t.Cleanup(func() { srv.Close(); srv.st.close() })
+	fifo := filepath.Join(t.TempDir(), "pipe")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := srv.Create(7, 0, false, fifo)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), "not a regular file") {
+			t.Errorf("preload from a named pipe: %v, want ErrBadRequest, not a regular file", err)
+		}
+	case <-time.After(30 * time.Second): // a guard against the hang, not a timing
+		// Open the pipe's other end, so that the create goes on and ends.
+		if w, err := os.OpenFile(fifo, os.O_WRONLY|unix.O_NONBLOCK, 0); err == nil {
+			w.Close()
+		}
+		<-done
+		t.Fatal("preload from a named pipe: the create did not return")
 	}
 }
