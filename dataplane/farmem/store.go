@@ -255,6 +255,13 @@ func openStore(dir string, capacity uint64, maxRegions int, idBase uint32, lease
 				return nil, fmt.Errorf("farmem: state: region %d: %w (the state directory holds %d regions, each kept open: "+
 					"raise the process's open-files limit, ulimit -n or LimitNOFILE=, above that with room to spare)", ri.ID, err, len(m.Regions))
 			}
+			if errors.Is(err, os.ErrNotExist) {
+				// No crash leaves this (the file is made before the
+				// metadata lists it): serving without it would lose the
+				// region's acknowledged writes silently.
+				return nil, fmt.Errorf("farmem: state: region %d of tenant %d, listed in %s: %w (restore the backing file from a backup; "+
+					"or, to give up its bytes, remove the region from %s)", ri.ID, ri.Tenant, metaName, err, metaName)
+			}
 			return nil, fmt.Errorf("farmem: state: region %d: %w", ri.ID, err)
 		}
 		ri.Writer = false

@@ -255,3 +255,29 @@ func TestPreloadFIFO(t *testing.T) {
 		t.Fatal("preload from a named pipe: the create did not return")
 	}
 }
+
+// TestMissingBackingFile: a start whose regions.json lists a region whose
+// backing file is gone (removed by hand: no crash leaves that) refuses, as
+// serving without it would lose the region's acknowledged writes silently,
+// and says which file and what to do. Before, it said only that the open
+// failed.
+func TestMissingBackingFile(t *testing.T) {
+	dir := t.TempDir()
+	srv := newLimitedServer(t, dir, 0)
+	ri, err := srv.Create(7, 4096, true, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(regionFile(dir, ri.ID)); err != nil {
+		t.Fatal(err)
+	}
+	_, err = reopen(t, srv, dir)
+	if !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("start without region %d's backing file: %v, want it refused", ri.ID, err)
+	}
+	for _, want := range []string{regionFile(dir, ri.ID), metaName, "restore"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the refusal does not say %q: %v", want, err)
+		}
+	}
+}
