@@ -172,7 +172,7 @@ func NewServer(opts ServerOptions) (*Server, error) {
 			maxRegions = n
 		}
 	}
-	st, err := openStore(opts.StateDir, opts.Capacity, maxRegions, opts.IDBase, opts.Now().Add(opts.LeaseTTL.D()))
+	st, err := openStore(opts.StateDir, opts.Capacity, maxRegions, opts.IDBase, opts.Now().Add(opts.LeaseTTL.D()), log)
 	if err != nil {
 		return nil, err
 	}
@@ -458,9 +458,7 @@ func (s *Server) execute(pk *packer, q *request, buf []byte) {
 			}
 			return err
 		case OpSync:
-			if err := r.f.Sync(); err != nil {
-				return fmt.Errorf("%w: %v", ErrIO, err)
-			}
+			return r.sync()
 		}
 		return nil
 	}()

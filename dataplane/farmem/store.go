@@ -8,11 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -107,6 +109,11 @@ type store struct {
 	// the nonces of creates in progress. Under mu.
 	byNonce  map[createKey]uint32
 	creating map[createKey]chan struct{}
+
+	// syncDir fsyncs the state directory (a field so that tests can fail
+	// it); log receives what a failure of it leaves.
+	syncDir func(dir string) error
+	log     *slog.Logger
 }
 
 // createKey is a create's nonce, of its tenant.
@@ -211,13 +218,13 @@ func regionFile(dir string, id uint32) string {
 // leaseUntil. It loads every region even beyond maxRegions (a limit lowered
 // since they were created must not lose them); creates then fail until
 // enough are freed.
-func openStore(dir string, capacity uint64, maxRegions int, idBase uint32, leaseUntil time.Time) (*store, error) {
+func openStore(dir string, capacity uint64, maxRegions int, idBase uint32, leaseUntil time.Time, log *slog.Logger) (*store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("farmem: state dir: %w", err)
 	}
 	s := &store{dir: dir, capacity: capacity, maxRegions: maxRegions, regions: make(map[uint32]*region), reserved: make(map[uint32]bool), nextID: max(idBase, 1),
 		leases: make(map[uint32]uint32), last: make(map[uint32]uint32), nonces: make(map[uint32]uint64),
-		byNonce: make(map[createKey]uint32), creating: make(map[createKey]chan struct{})}
+		byNonce: make(map[createKey]uint32), creating: make(map[createKey]chan struct{}), syncDir: syncDir, log: log}
 	data, err := os.ReadFile(filepath.Join(dir, metaName))
 	if errors.Is(err, os.ErrNotExist) {
 		return s, nil
@@ -248,6 +255,13 @@ func openStore(dir string, capacity uint64, maxRegions int, idBase uint32, lease
 				return nil, fmt.Errorf("farmem: state: region %d: %w (the state directory holds %d regions, each kept open: "+
 					"raise the process's open-files limit, ulimit -n or LimitNOFILE=, above that with room to spare)", ri.ID, err, len(m.Regions))
 			}
+			if errors.Is(err, os.ErrNotExist) {
+				// No crash leaves this (the file is made before the
+				// metadata lists it): serving without it would lose the
+				// region's acknowledged writes silently.
+				return nil, fmt.Errorf("farmem: state: region %d of tenant %d, listed in %s: %w (restore the backing file from a backup; "+
+					"or, to give up its bytes, remove the region from %s)", ri.ID, ri.Tenant, metaName, err, metaName)
+			}
 			return nil, fmt.Errorf("farmem: state: region %d: %w", ri.ID, err)
 		}
 		ri.Writer = false
@@ -271,7 +285,40 @@ func openStore(dir string, capacity uint64, maxRegions int, idBase uint32, lease
 		s.regions[ri.ID] = r
 		s.used += ri.Size
 	}
+	s.removeOrphans()
 	return s, nil
+}
+
+// removeOrphans removes the backing files that no region owns and the
+// temporary files of metadata writes: what a crash between a create's
+// backing file and the metadata write that lists it (a long preload), or
+// between a free's metadata write and the file's removal, or inside a
+// metadata write leaves. An orphan's ID is never handed out again when it
+// lies below next_id, so its blocks (reserved by fallocate) would stay
+// taken for good, out of the capacity's count. Called only once the
+// metadata was read: without it, every file would look orphaned.
+func (s *store) removeOrphans() {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		s.log.Warn("farmem: server: state directory not scanned for leftovers of a crash", "dir", s.dir, "err", err)
+		return
+	}
+	for _, e := range entries {
+		name := e.Name()
+		var id uint32
+		orphan := strings.HasPrefix(name, metaName+".tmp") || strings.HasPrefix(name, leasesName+".tmp")
+		if n, _ := fmt.Sscanf(name, "region-%08x.mem", &id); n == 1 && filepath.Join(s.dir, name) == regionFile(s.dir, id) {
+			orphan = s.regions[id] == nil
+		}
+		if !orphan || !e.Type().IsRegular() {
+			continue
+		}
+		if err := os.Remove(filepath.Join(s.dir, name)); err != nil {
+			s.log.Warn("farmem: server: leftover of a crash not removed: remove it by hand", "file", filepath.Join(s.dir, name), "err", err)
+			continue
+		}
+		s.log.Info("farmem: server: removed a leftover of a crash (no region owns it)", "file", filepath.Join(s.dir, name))
+	}
 }
 
 // recordLease writes region id's lease (0: none; a non-zero one is also
@@ -305,7 +352,7 @@ func (s *store) recordLease(id, lease uint32, nonce uint64, forget bool) error {
 	}
 	data, err := json.MarshalIndent(leaseFile{Leases: s.leases, Last: s.last, Nonces: s.nonces}, "", "  ")
 	if err == nil {
-		err = writeAtomic(s.dir, leasesName, data)
+		err = s.writeAtomic(leasesName, data)
 	}
 	if err != nil {
 		restore := func(m map[uint32]uint32, v uint32, ok bool) {
@@ -354,10 +401,11 @@ func (s *store) saveMeta() error {
 	if err != nil {
 		return err
 	}
-	return writeAtomic(s.dir, metaName, data)
+	return s.writeAtomic(metaName, data)
 }
 
-func writeAtomic(dir, name string, data []byte) error {
+func (s *store) writeAtomic(name string, data []byte) error {
+	dir := s.dir
 	tmp, err := os.CreateTemp(dir, name+".tmp*")
 	if err != nil {
 		return err
@@ -377,7 +425,15 @@ func writeAtomic(dir, name string, data []byte) error {
 	if err := os.Rename(tmp.Name(), filepath.Join(dir, name)); err != nil {
 		return err
 	}
-	return syncDir(dir)
+	// Renamed, the new file is what a restarted process reads: the change
+	// is made, and failing it now would leave the memory node's state and
+	// the file apart (a created region's backing file removed while the
+	// file lists it). Only a power loss can still undo it.
+	if err := s.syncDir(dir); err != nil {
+		s.log.Warn("farmem: server: state directory not synced after writing "+name+
+			"; the change stands, but a power loss may undo it: check the disk of state_dir", "dir", dir, "err", err)
+	}
+	return nil
 }
 
 func syncDir(dir string) error {
@@ -435,7 +491,9 @@ func (s *store) create(tenant uint32, size uint64, writable bool, preload string
 	}
 	var src *os.File
 	if preload != "" {
-		f, err := os.Open(preload)
+		// Non-blocking, so that a named pipe (or a device) is refused
+		// below instead of waiting for a writer for ever.
+		f, err := os.OpenFile(preload, os.O_RDONLY|unix.O_NONBLOCK, 0)
 		if err != nil {
 			return RegionInfo{}, fmt.Errorf("%w: preload: %v", ErrBadRequest, err)
 		}
@@ -459,9 +517,11 @@ func (s *store) create(tenant uint32, size uint64, writable bool, preload string
 			"free regions, or raise the memory node's max_regions", ErrNoSpace, errRegionLimit, n, s.maxRegions)
 	}
 	if s.used+size > s.capacity || s.used+size < s.used {
-		free := s.capacity - s.used
+		// A start with a capacity lowered below the regions held loads
+		// them all: used may exceed it.
+		free := s.capacity - min(s.used, s.capacity)
 		s.mu.Unlock()
-		return RegionInfo{}, fmt.Errorf("%w: %d bytes asked, %d of %d free", ErrNoSpace, size, free, s.capacity)
+		return RegionInfo{}, fmt.Errorf("%w: %d bytes asked, %d of %d free (free regions, or raise the memory node's capacity)", ErrNoSpace, size, free, s.capacity)
 	}
 	id := s.nextID
 	for s.regions[id] != nil || s.reserved[id] || id == 0 {
@@ -672,7 +732,7 @@ func (r *region) readAt(p []byte, off uint64) error {
 		return err
 	}
 	if _, err := r.f.ReadAt(p, int64(off)); err != nil {
-		return fmt.Errorf("%w: %v", ErrIO, err)
+		return r.ioErr(err)
 	}
 	return nil
 }
@@ -682,7 +742,24 @@ func (r *region) writeAt(p []byte, off uint64) error {
 		return err
 	}
 	if _, err := r.f.WriteAt(p, int64(off)); err != nil {
-		return fmt.Errorf("%w: %v", ErrIO, err)
+		return r.ioErr(err)
 	}
 	return nil
+}
+
+func (r *region) sync() error {
+	if err := r.f.Sync(); err != nil {
+		return r.ioErr(err)
+	}
+	return nil
+}
+
+// ioErr wraps an error of the backing file. A closed file is a region freed
+// since the request found it (a free through lovelockd's API runs off the
+// server's loop): unknown, as it is to the next request, not a failing disk.
+func (r *region) ioErr(err error) error {
+	if errors.Is(err, os.ErrClosed) {
+		return fmt.Errorf("%w: %d (freed)", ErrUnknownRegion, r.info.ID)
+	}
+	return fmt.Errorf("%w: %v", ErrIO, err)
 }
