@@ -100,7 +100,10 @@ func leakInput(mode byte) []byte {
 // it before the slot goes to another request, so the next request on the
 // slot, run by another worker, is answered with its own output. The child
 // of a worker that is fine (a pool process), which holds every buffer as
-// well, is left alone, and so is the new worker.
+// well, is left alone, and so are a daemon a worker that is fine
+// double-forked (reparented out of its tree, holding the buffers and their
+// descriptors; before, it was killed as a leftover of the lost worker's)
+// and the new worker.
 func TestExternalLeftovers(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -115,6 +118,17 @@ func TestExternalLeftovers(t *testing.T) {
 			dir := t.TempDir()
 			r.worker("affine", 1, dir, "keep-child")
 			bystander := pidfdOf(t, readPid(t, dir, "bystander"))
+			keeper := r.worker("affine", 2, dir, "keep-daemon")
+			daemon := readPid(t, dir, "daemon")
+			daemonfd := pidfdOf(t, daemon)
+			for p := daemon; p > 1; {
+				if p == keeper.Cmd.Process.Pid {
+					t.Fatalf("the daemon (pid %d) is its worker's descendant", daemon)
+				}
+				if _, p, _ = procStat("/proc", p); p == 0 {
+					break
+				}
+			}
 			w1 := r.worker("leak", 1, dir)
 			wantFailure(t, r.run(0, "leak", leakInput(tc.mode)), ingest.StatusModelFailed, "did not answer within 1s")
 			holder := readPid(t, dir, "holder")
@@ -136,7 +150,10 @@ func TestExternalLeftovers(t *testing.T) {
 			if !alive(bystander) {
 				t.Error("the child of a worker that is fine was killed")
 			}
-			if s := r.agent.Stats(); s.LeftoversKilled != 1 || s.Workers["leak"] != 1 || s.Workers["affine"] != 1 {
+			if !alive(daemonfd) {
+				t.Errorf("the daemon (pid %d) a worker that is fine double-forked was killed", daemon)
+			}
+			if s := r.agent.Stats(); s.LeftoversKilled != 1 || s.Workers["leak"] != 1 || s.Workers["affine"] != 2 {
 				t.Errorf("stats: %+v; want one leftover killed, the new worker and the other model's attached", s)
 			}
 			c := append([]byte("C"), bytes.Repeat([]byte("c"), 31)...)
