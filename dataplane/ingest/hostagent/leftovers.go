@@ -62,7 +62,7 @@ func (a *Agent) addSharer(pid int32) {
 	if _, ok := a.sharers[int(pid)]; ok {
 		return
 	}
-	fd, err := unix.PidfdOpen(int(pid), 0)
+	fd, err := a.cfg.pidfdOpen(int(pid), 0)
 	if err != nil {
 		a.cfg.Logger.Warn("the handle socket's peer cannot be told from a worker's leftovers (no pidfd): a worker lost mid-run may have it killed", "pid", pid, "err", err)
 		return
@@ -227,7 +227,7 @@ func (a *Agent) sweep(ctx context.Context, log *slog.Logger) bool {
 		for _, h := range hs {
 			comm, _, _ := procStat(a.scanner.proc, h.pid)
 			l := log.With("holder_pid", h.pid, "holder", comm, "how", h.how)
-			fd, err := unix.PidfdOpen(h.pid, 0)
+			fd, err := a.cfg.pidfdOpen(h.pid, 0)
 			if errors.Is(err, unix.ESRCH) {
 				continue
 			}

@@ -136,13 +136,13 @@ func (w *worker) close(why error) {
 }
 
 // openPidfd opens the worker's process by the pid SO_PEERCRED gave.
-func (w *worker) openPidfd() {
+func (w *worker) openPidfd(open func(pid, flags int) (int, error)) {
 	w.pidfd = -1
 	if w.pid <= 0 {
 		w.pidErr = errors.New("the agent cannot see the worker's process (another PID namespace?)")
 		return
 	}
-	fd, err := unix.PidfdOpen(int(w.pid), 0)
+	fd, err := open(int(w.pid), 0)
 	if err != nil {
 		w.pidErr = fmt.Errorf("pidfd_open: %w", err)
 		return
@@ -363,7 +363,7 @@ func (a *Agent) serveWorker(c *net.UnixConn) {
 		return
 	}
 	w := &worker{conn: c, pid: cred.Pid, done: make(chan WorkerDone), closed: make(chan struct{})}
-	w.openPidfd()
+	w.openPidfd(a.cfg.pidfdOpen)
 	defer w.closePidfd()
 	defer w.closeFiles()
 	// Known before it has the buffers, so that no scan for a killed
