@@ -8,6 +8,7 @@
 package hostagent
 
 import (
+	"container/heap"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -40,8 +41,12 @@ type Agent struct {
 	// again (its completion was lost) is answered without running the
 	// model twice; running holds the requests being run now.
 	done    map[uint64]answer
-	doneLog []doneEntry
+	doneLog doneHeap
 	running map[uint64]bool
+	// runTime is each model's run time as the DPU estimates it (the
+	// average of the times this agent reported), for how long its
+	// answers are kept.
+	runTime map[string]time.Duration
 	// launched are the built-in models' runs handed to a GPU's launcher,
 	// by request.
 	launched map[uint64]launched
@@ -103,28 +108,53 @@ type answer struct {
 	at    time.Time
 }
 
-// doneEntry is a remembered answer's place in the order they go.
+// doneEntry is a remembered answer's place in the order they expire.
 type doneEntry struct {
 	request uint64
-	at      time.Time
+	at      time.Time // the answer's, to tell it from a later one
+	expires time.Time
 }
 
-// rememberFor is how long the agent keeps a finished request's answer for
-// a doorbell rung again (its completion lost). It is tied to the DPU
-// agent's re-ring window (dataplane/ingest/agent, Config.DoorbellTimeout
-// and DoorbellRetries): the DPU rings again when no completion came within
-// max(DoorbellTimeout, twice the model's measured run time) of its last
-// ring, at most DoorbellRetries times, 250 ms and 8 by default, 2.25 s in
-// all for a fast model. 30 s covers that, and models whose run takes up to
-// about 1.5 s; raise it with the DPU's timeouts.
+// doneHeap is the remembered answers, soonest to expire first: a slow
+// run's answer is kept longer than the fast ones after it.
+type doneHeap []doneEntry
+
+func (h doneHeap) Len() int           { return len(h) }
+func (h doneHeap) Less(i, j int) bool { return h[i].expires.Before(h[j].expires) }
+func (h doneHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *doneHeap) Push(x any)        { *h = append(*h, x.(doneEntry)) }
+func (h *doneHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
+}
+
+// rememberFor is the least time the agent keeps a finished request's
+// answer for a doorbell rung again (its completion lost). It is tied to
+// the DPU agent's re-ring window (dataplane/ingest/agent, timers.go): the
+// DPU rings again when no completion came within max(DoorbellTimeout,
+// twice the model's estimated run time) of its last ring, until it has
+// rung DoorbellRetries times after the last ring the host answered (a
+// "running" answer starts the count again), 250 ms and 8 by default: 2 s
+// after the run ends for a fast model. 30 s covers that; raise it with the
+// DPU's timeouts.
 const rememberFor = 30 * time.Second
 
-// rememberMax bounds the answers kept, whatever their age: one is about
-// 200 bytes (an ingest.Ctrl with a short text, its map entry and its log
-// entry), so at most about 50 MiB. Only doorbells that ran a model, or
-// found its slot busy, take one: the agent reaches the bound only above
-// rememberMax/rememberFor (8738) runs a second for rememberFor, and then
-// forgets the oldest first.
+// rememberRuns is how many run times an answer is kept, of the run's own
+// time or the DPU's estimate for its model if longer (Agent.runTime): the
+// DPU's window after a run ends is DoorbellRetries (8) re-rings twice its
+// estimate apart, 16 run times; 32 leaves that estimate room to be twice
+// the agent's, as it is when the DPU's configured estimate is high, or
+// slower runs of the model finish while it rings.
+const rememberRuns = 32
+
+// rememberMax (cfg.rememberMax unless a test lowers it) bounds the answers
+// kept, whatever their age: one is about 200 bytes (an ingest.Ctrl with a
+// short text, its map entry and its log entry), so at most about 50 MiB.
+// Only doorbells that ran a model, or found its slot busy, take one: the
+// agent reaches the bound only above rememberMax/rememberFor (8738) runs a
+// second for rememberFor, and then forgets the soonest to expire first.
 const rememberMax = 1 << 18
 
 // New allocates every slot buffer and returns the agent, with a new epoch.
@@ -132,7 +162,7 @@ func New(cfg Config) (*Agent, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, created: time.Now(), models: map[string]*model.Model{}, ext: map[string]*extModel{}, done: map[uint64]answer{}, running: map[uint64]bool{},
+	a := &Agent{cfg: cfg, created: time.Now(), models: map[string]*model.Model{}, ext: map[string]*extModel{}, done: map[uint64]answer{}, running: map[uint64]bool{}, runTime: map[string]time.Duration{},
 		launched: map[uint64]launched{}, conns: map[*net.UnixConn]*worker{}, sharers: map[int]int{}}
 	for _, m := range cfg.Models {
 		a.models[m.Name] = m
@@ -412,7 +442,9 @@ func (a *Agent) doorbell(ctx context.Context, c ingest.Ctrl, b *rx) {
 			Text: "the host agent restarted since this slot was registered: send the request again"})
 		return
 	}
+	start := a.cfg.now()
 	a.mu.Lock()
+	a.forgetLocked(start)
 	if done, ok := a.done[c.Request]; ok {
 		a.mu.Unlock()
 		a.stats.repeats.Add(1)
@@ -425,7 +457,6 @@ func (a *Agent) doorbell(ctx context.Context, c ingest.Ctrl, b *rx) {
 		b.replies = append(b.replies, ingest.Ctrl{Op: ingest.OpRunning, Epoch: a.epoch, Request: c.Request, GPU: c.GPU, Slot: c.Slot})
 		return
 	}
-	start := time.Now()
 	g, s, m, err := a.check(c)
 	if err != nil {
 		// A refusal that ran nothing is the same whenever the doorbell
@@ -529,10 +560,11 @@ func (a *Agent) completed(ctx context.Context, cs []devmem.Completion) {
 }
 
 // finishLocked counts a finished run, remembers its answer for a doorbell
-// rung again if keep, and returns it. Answers are forgotten once older
-// than rememberFor, or beyond rememberMax of them.
+// rung again if keep, and returns it. An answer is forgotten once older
+// than rememberFor or rememberRuns times its model's run time, whichever
+// is longer, or beyond rememberMax of them (the soonest to expire first).
 func (a *Agent) finishLocked(c ingest.Ctrl, start time.Time, outLen int, err error, keep bool) ingest.Ctrl {
-	now := time.Now()
+	now := a.cfg.now()
 	took := now.Sub(start)
 	reply := ingest.Ctrl{Op: ingest.OpComplete, Epoch: a.epoch, Request: c.Request, GPU: c.GPU, Slot: c.Slot,
 		Length: uint32(outLen), DeviceUs: uint32(took.Microseconds())}
@@ -547,19 +579,34 @@ func (a *Agent) finishLocked(c ingest.Ctrl, start time.Time, outLen int, err err
 	a.stats.deviceNs.Add(uint64(took))
 	delete(a.running, c.Request)
 	if keep {
+		est := took
+		if _, ok := a.models[c.Text]; ok {
+			// The DPU's estimate, as it averages the times it hears
+			// (dataplane/ingest/agent: (7*old + new)/8): a fast run of a
+			// slow model is rung again as long as the slow ones.
+			if old, ok := a.runTime[c.Text]; ok {
+				est = (7*old + took) / 8
+			}
+			a.runTime[c.Text] = est
+		}
 		a.done[c.Request] = answer{reply: reply, at: now}
-		a.doneLog = append(a.doneLog, doneEntry{request: c.Request, at: now})
+		heap.Push(&a.doneLog, doneEntry{request: c.Request, at: now, expires: now.Add(max(rememberFor, rememberRuns*max(took, est)))})
 	}
-	for len(a.doneLog) > 0 && (len(a.doneLog) > rememberMax || now.Sub(a.doneLog[0].at) > rememberFor) {
-		e := a.doneLog[0]
+	a.forgetLocked(now)
+	return reply
+}
+
+// forgetLocked forgets the answers expired by now, and the soonest to
+// expire beyond the cfg.rememberMax kept.
+func (a *Agent) forgetLocked(now time.Time) {
+	for len(a.doneLog) > 0 && (len(a.doneLog) > a.cfg.rememberMax || now.After(a.doneLog[0].expires)) {
+		e := heap.Pop(&a.doneLog).(doneEntry)
 		// The request may have finished again since (its answer was
 		// forgotten): only its own entry goes.
 		if d, ok := a.done[e.request]; ok && d.at.Equal(e.at) {
 			delete(a.done, e.request)
 		}
-		a.doneLog = a.doneLog[1:]
 	}
-	return reply
 }
 
 // check checks a doorbell against what was registered and takes its

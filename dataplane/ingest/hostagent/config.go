@@ -73,6 +73,15 @@ type Config struct {
 	// unix.PidfdSendSignal); tests send it from a thread without
 	// CAP_KILL, to meet the kernel's EPERM.
 	signal func(pidfd int, sig unix.Signal) error
+	// pidfdOpen opens a process's pidfd (default unix.PidfdOpen); tests
+	// fail it, as a kernel without pidfds would.
+	pidfdOpen func(pid, flags int) (int, error)
+	// now reads the clock for runs' times and remembered answers'
+	// expiry (default time.Now); tests move it on their own.
+	now func() time.Time
+	// rememberMax bounds the answers remembered (default rememberMax);
+	// tests lower it.
+	rememberMax int
 }
 
 func (c *Config) defaults() error {
@@ -156,6 +165,15 @@ func (c *Config) defaults() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.pidfdOpen == nil {
+		c.pidfdOpen = unix.PidfdOpen
+	}
+	if c.now == nil {
+		c.now = time.Now
+	}
+	if c.rememberMax == 0 {
+		c.rememberMax = rememberMax
 	}
 	if c.signal == nil {
 		c.signal = func(pidfd int, sig unix.Signal) error { return unix.PidfdSendSignal(pidfd, sig, nil, 0) }

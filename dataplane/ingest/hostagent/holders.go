@@ -58,6 +58,7 @@ const memfdLink = "/memfd:"
 
 // kcmp types (linux/kcmp.h).
 const (
+	kcmpFile  = 0
 	kcmpVM    = 1
 	kcmpFiles = 2
 )
@@ -180,10 +181,15 @@ func (s *procScanner) process(pid int) (string, bool) {
 	return "", false
 }
 
-// kcmp compares a resource of two tasks: 0 when they share it; anything
-// else (an error too) says look at both.
-func kcmp(pid1, pid2, typ int) int {
-	r, _, errno := unix.Syscall6(unix.SYS_KCMP, uintptr(pid1), uintptr(pid2), uintptr(typ), 0, 0, 0)
+// kcmp compares a resource of two tasks (for kcmpFile, descriptor idx[0]
+// of pid1 and idx[1] of pid2): 0 when they share it; anything else (an
+// error too) says they may not.
+func kcmp(pid1, pid2, typ int, idx ...int) int {
+	var i1, i2 uintptr
+	if len(idx) == 2 {
+		i1, i2 = uintptr(idx[0]), uintptr(idx[1])
+	}
+	r, _, errno := unix.Syscall6(unix.SYS_KCMP, uintptr(pid1), uintptr(pid2), uintptr(typ), i1, i2, 0)
 	if errno != 0 {
 		return -1
 	}
@@ -283,10 +289,38 @@ func parseMapsLine(l []byte) (fileID, bool) {
 
 // fdsOf looks for a descriptor of one of the files in dir/fd.
 func (s *procScanner) fdsOf(dir string) (string, bool) {
+	how := ""
+	s.eachFD(dir, func(fd int, _ fileID, what string) bool {
+		how = "holds descriptor " + strconv.Itoa(fd) + " of " + what
+		return false
+	})
+	return how, how != ""
+}
+
+// heldFD is a process's descriptor of one of the files.
+type heldFD struct {
+	fd int
+	id fileID
+}
+
+// fdsHeld returns pid's descriptors of the files, in its first thread's
+// table.
+func (s *procScanner) fdsHeld(pid int) []heldFD {
+	var out []heldFD
+	s.eachFD(s.proc+"/"+strconv.Itoa(pid), func(fd int, id fileID, _ string) bool {
+		out = append(out, heldFD{fd: fd, id: id})
+		return true
+	})
+	return out
+}
+
+// eachFD calls f for each descriptor of one of the files in dir/fd, while
+// f returns true.
+func (s *procScanner) eachFD(dir string, f func(fd int, id fileID, what string) bool) {
 	dfd, err := unix.Open(dir+"/fd", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		s.failed(err)
-		return "", false
+		return
 	}
 	defer unix.Close(dfd)
 	for {
@@ -296,10 +330,10 @@ func (s *procScanner) fdsOf(dir string) (string, bool) {
 				continue
 			}
 			s.failed(err)
-			return "", false
+			return
 		}
 		if n <= 0 {
-			return "", false
+			return
 		}
 		var names []string
 		_, _, names = unix.ParseDirent(s.dirent[:n], -1, s.names[:0])
@@ -314,8 +348,13 @@ func (s *procScanner) fdsOf(dir string) (string, bool) {
 			if unix.Fstatat(dfd, name, &st, 0) != nil {
 				continue
 			}
-			if what, ok := s.files[fileID{dev: st.Dev, ino: st.Ino}]; ok {
-				return "holds descriptor " + name + " of " + what, true
+			fd, err := strconv.Atoi(name)
+			if err != nil {
+				continue
+			}
+			id := fileID{dev: st.Dev, ino: st.Ino}
+			if what, ok := s.files[id]; ok && !f(fd, id, what) {
+				return
 			}
 		}
 	}

@@ -62,7 +62,7 @@ func (a *Agent) addSharer(pid int32) {
 	if _, ok := a.sharers[int(pid)]; ok {
 		return
 	}
-	fd, err := unix.PidfdOpen(int(pid), 0)
+	fd, err := a.cfg.pidfdOpen(int(pid), 0)
 	if err != nil {
 		a.cfg.Logger.Warn("the handle socket's peer cannot be told from a worker's leftovers (no pidfd): a worker lost mid-run may have it killed", "pid", pid, "err", err)
 		return
@@ -92,11 +92,11 @@ func alive(pidfd int) bool {
 }
 
 // trusted returns what holds the buffers by right: the processes that
-// fetched them through the handle socket, and the attached workers'
-// processes, whose descendants are theirs (a worker's multiprocessing
-// pool). A worker closed (timed out, disconnected, lost mid-run or
-// between runs) is no longer one.
-func (a *Agent) trusted() (sharers, workers map[int]bool) {
+// fetched them through the handle socket, and the attached workers (by
+// process, whose descendants are theirs: a worker's multiprocessing
+// pool), with the open files they were given. A worker closed (timed out,
+// disconnected, lost mid-run or between runs) is no longer one.
+func (a *Agent) trusted() (sharers, workers map[int]bool, healthy []*worker) {
 	sharers, workers = map[int]bool{}, map[int]bool{}
 	a.sharerMu.Lock()
 	for p, fd := range a.sharers {
@@ -109,16 +109,37 @@ func (a *Agent) trusted() (sharers, workers map[int]bool) {
 	for _, w := range a.conns {
 		if w != nil && !w.isClosed() && w.alive() && int(w.pid) != os.Getpid() {
 			workers[int(w.pid)] = true
+			healthy = append(healthy, w)
 		}
 	}
 	a.mu.Unlock()
-	return sharers, workers
+	return sharers, workers, healthy
+}
+
+// healthyHolds reports whether every descriptor of the buffers pid holds
+// is an open file an attached worker was given (pid holds at least one):
+// a process a healthy worker left holding them, a daemon it double-forked,
+// reparented out of its tree, which no other worker's loss may kill. A
+// process that only maps the buffers (it closed every descriptor) cannot
+// be told from a lost worker's: the kernel shows no mapping's open file.
+// lovelock_ingest's mmaps keep a descriptor each.
+func (a *Agent) healthyHolds(pid int, healthy []*worker) bool {
+	fds := a.scanner.fdsHeld(pid)
+	for _, h := range fds {
+		if !slices.ContainsFunc(healthy, func(w *worker) bool { return w.ownsFile(h.id, pid, h.fd) }) {
+			return false
+		}
+	}
+	return len(fds) > 0
 }
 
 // leftovers scans for the processes that hold one of the agent's buffers
 // and have no right to: all but the agent's own process, the handle
-// socket's peers (the DPU agent) and the attached workers and their
-// descendants. A worker's daemon, reparented away from it, is a leftover.
+// socket's peers (the DPU agent), the attached workers and their
+// descendants, and the processes whose descriptors of the buffers are all
+// attached workers' (healthyHolds). A lost worker's daemon, reparented
+// away from it, is a leftover; a healthy worker's is one only if it
+// holds no descriptor of the buffers.
 func (a *Agent) leftovers() ([]holder, error) {
 	a.scanMu.Lock()
 	defer a.scanMu.Unlock()
@@ -129,7 +150,7 @@ func (a *Agent) leftovers() ([]holder, error) {
 	// After the scan: a worker attaching now is known before it is given
 	// the buffers (serveWorker), so it cannot be seen holding them
 	// before it is trusted.
-	sharers, workers := a.trusted()
+	sharers, workers, healthy := a.trusted()
 	out := hs[:0]
 	for _, h := range hs {
 		if sharers[h.pid] {
@@ -147,7 +168,7 @@ func (a *Agent) leftovers() ([]holder, error) {
 			}
 			p = pp
 		}
-		if !mine {
+		if !mine && !a.healthyHolds(h.pid, healthy) {
 			out = append(out, h)
 		}
 	}
@@ -206,7 +227,7 @@ func (a *Agent) sweep(ctx context.Context, log *slog.Logger) bool {
 		for _, h := range hs {
 			comm, _, _ := procStat(a.scanner.proc, h.pid)
 			l := log.With("holder_pid", h.pid, "holder", comm, "how", h.how)
-			fd, err := unix.PidfdOpen(h.pid, 0)
+			fd, err := a.cfg.pidfdOpen(h.pid, 0)
 			if errors.Is(err, unix.ESRCH) {
 				continue
 			}

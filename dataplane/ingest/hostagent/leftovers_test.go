@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -100,7 +101,10 @@ func leakInput(mode byte) []byte {
 // it before the slot goes to another request, so the next request on the
 // slot, run by another worker, is answered with its own output. The child
 // of a worker that is fine (a pool process), which holds every buffer as
-// well, is left alone, and so is the new worker.
+// well, is left alone, and so are a daemon a worker that is fine
+// double-forked (reparented out of its tree, holding the buffers and their
+// descriptors; before, it was killed as a leftover of the lost worker's)
+// and the new worker.
 func TestExternalLeftovers(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -115,6 +119,17 @@ func TestExternalLeftovers(t *testing.T) {
 			dir := t.TempDir()
 			r.worker("affine", 1, dir, "keep-child")
 			bystander := pidfdOf(t, readPid(t, dir, "bystander"))
+			keeper := r.worker("affine", 2, dir, "keep-daemon")
+			daemon := readPid(t, dir, "daemon")
+			daemonfd := pidfdOf(t, daemon)
+			for p := daemon; p > 1; {
+				if p == keeper.Cmd.Process.Pid {
+					t.Fatalf("the daemon (pid %d) is its worker's descendant", daemon)
+				}
+				if _, p, _ = procStat("/proc", p); p == 0 {
+					break
+				}
+			}
 			w1 := r.worker("leak", 1, dir)
 			wantFailure(t, r.run(0, "leak", leakInput(tc.mode)), ingest.StatusModelFailed, "did not answer within 1s")
 			holder := readPid(t, dir, "holder")
@@ -136,7 +151,10 @@ func TestExternalLeftovers(t *testing.T) {
 			if !alive(bystander) {
 				t.Error("the child of a worker that is fine was killed")
 			}
-			if s := r.agent.Stats(); s.LeftoversKilled != 1 || s.Workers["leak"] != 1 || s.Workers["affine"] != 1 {
+			if !alive(daemonfd) {
+				t.Errorf("the daemon (pid %d) a worker that is fine double-forked was killed", daemon)
+			}
+			if s := r.agent.Stats(); s.LeftoversKilled != 1 || s.Workers["leak"] != 1 || s.Workers["affine"] != 2 {
 				t.Errorf("stats: %+v; want one leftover killed, the new worker and the other model's attached", s)
 			}
 			c := append([]byte("C"), bytes.Repeat([]byte("c"), 31)...)
@@ -307,6 +325,79 @@ func TestExternalLostMidRun(t *testing.T) {
 			}
 			if s := r.agent.Stats(); s.LeftoversKilled != tc.leftovers || s.WorkerLost != 1 || s.Workers["leak"] != 1 {
 				t.Errorf("stats: %+v; want %d leftovers killed, one worker lost, the new worker attached", s, tc.leftovers)
+			}
+		})
+	}
+}
+
+// TestExternalNoPidfd: where no pidfd can be opened (a kernel without
+// them; the opener fails here), the agent kills nothing, since a kill by
+// pid could hit another process given the same pid: a worker lost mid-run
+// that it has no pidfd of, or a leftover it cannot open, keeps the slot
+// taken while it lives, with a warning naming it; doorbells for the slot
+// are refused as overloaded meanwhile. Once its owner kills it, the next
+// request runs.
+func TestExternalNoPidfd(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		model string
+		input []byte
+		child bool   // the process left is the worker's child, in DIR/holder
+		warn  string // in the warning naming it
+		attr  string // the warning's attribute for the pid
+	}{
+		{"the worker", "affine", trigger(-3, 1), false, "a worker lost mid-run cannot be killed", "pid"},
+		{"a forked child", "leak", leakInput('f'), true, "cannot be killed (no pidfd)", "holder_pid"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			logs := &syncBuffer{}
+			var noPidfd atomic.Bool // every pidfd_open fails
+			r := leakRig(t, func(c *Config) {
+				c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+				c.pidfdOpen = func(pid, flags int) (int, error) {
+					if noPidfd.Load() {
+						return -1, unix.ENOSYS
+					}
+					return unix.PidfdOpen(pid, flags)
+				}
+			})
+			dir := t.TempDir()
+			if !tc.child {
+				noPidfd.Store(true) // the worker attaches without a pidfd
+			}
+			w1 := r.worker(tc.model, 1, dir)
+			if tc.child {
+				noPidfd.Store(true) // the worker has one; its leftover will not
+			}
+			wantFailure(t, r.run(0, tc.model, tc.input), ingest.StatusModelFailed, "did not answer within 1s")
+			pid := w1.Cmd.Process.Pid
+			if tc.child {
+				pid = readPid(t, dir, "holder")
+				r.waitWorkers(tc.model, 0, nil)
+			}
+			pfd := pidfdOf(t, pid)
+			for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+				wantFailure(t, r.run(0, tc.model, tc.input), ingest.StatusOverloaded, "GPU 0 slot 0 is still running an earlier request: retry")
+			}
+			warning := regexp.MustCompile(`level=WARN msg="[^"]*` + regexp.QuoteMeta(tc.warn) + `[^\n]* ` + tc.attr + `=` + strconv.Itoa(pid) + `( |\n)`)
+			if !warning.MatchString(logs.String()) {
+				t.Errorf("no warning that pid %d cannot be killed:\n%s", pid, logs)
+			}
+			if !alive(pfd) {
+				t.Fatalf("pid %d was killed without a pidfd", pid)
+			}
+			// Its owner kills it: the slot is free again.
+			if err := unix.PidfdSendSignal(pfd, unix.SIGKILL, nil, 0); err != nil {
+				t.Fatal(err)
+			}
+			r.waitWorkers(tc.model, 0, nil)
+			r.worker(tc.model, 1, dir)
+			in := affineInput(1, 2)
+			if c := r.runRetrying(0, tc.model, in); c.Status != ingest.StatusOK || int(c.Length) != len(in) {
+				t.Fatalf("the next request: %s %q", c.Status, c.Text)
+			}
+			if s := r.agent.Stats(); s.LeftoversKilled != 0 {
+				t.Errorf("stats: %+v; want no leftover killed", s)
 			}
 		})
 	}

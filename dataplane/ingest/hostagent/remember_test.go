@@ -1,7 +1,9 @@
 package hostagent
 
 import (
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest"
 )
@@ -55,4 +57,101 @@ func TestRememberedAnswers(t *testing.T) {
 		}
 		again(t, r, c, fill+2)
 	})
+}
+
+// stepClock is a host agent's clock that moves only when read, by step
+// (the agent reads it when a doorbell comes and when its run ends, so a
+// run takes step), or when the test moves it on.
+type stepClock struct {
+	mu   sync.Mutex
+	t    time.Time
+	step time.Duration
+}
+
+func (c *stepClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(c.step)
+	return c.t
+}
+
+func (c *stepClock) set(step, advance time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.step, c.t = step, c.t.Add(advance)
+}
+
+// TestRememberedSlowRuns: a slow run's answer is kept as long as the DPU
+// keeps ringing for it (32 times its run time), past the 30 s a fast
+// one's is kept, and a fast run of a model the DPU estimates slow (its
+// average of the run times) is kept for that estimate; beyond the bound
+// the answer soonest to expire goes first, not the slow one that finished
+// first. Before, every answer went 30 s after it finished, so a model
+// slower than about 1.5 s, whose doorbell the DPU rings again for 16 run
+// times, ran twice.
+func TestRememberedSlowRuns(t *testing.T) {
+	clk := &stepClock{t: time.Unix(1_000_000, 0)}
+	r := newExtRig(t, func(c *Config) { c.now, c.rememberMax = clk.now, 3 })
+	run := func(slot int, took time.Duration) ingest.Ctrl {
+		t.Helper()
+		clk.set(took, 0)
+		c := r.run(slot, "checksum", []byte{byte(slot), 1, 2, 3})
+		if c.Status != ingest.StatusOK || c.DeviceUs != uint32(took.Microseconds()) {
+			t.Fatalf("request %d: %s %q in %d us, want ok in %v", c.Request, c.Status, c.Text, c.DeviceUs, took)
+		}
+		return c
+	}
+	// ran rings c's doorbell again and says whether the model ran again
+	// (its answer was forgotten) rather than being answered from memory.
+	ran := func(c ingest.Ctrl) bool {
+		t.Helper()
+		before := r.agent.Stats().Completed
+		r.send(ingest.Ctrl{Op: ingest.OpDoorbell, Epoch: r.agent.Epoch(), Request: c.Request, Slot: c.Slot, Length: 4, Text: "checksum"})
+		if got := r.complete(c.Request); got.Status != ingest.StatusOK || got.Length != c.Length {
+			t.Fatalf("request %d rung again: %+v, want %+v", c.Request, got, c)
+		}
+		return r.agent.Stats().Completed != before
+	}
+	fast := run(0, time.Millisecond)
+	slow := run(1, 10*time.Second) // kept 320 s
+	// The DPU's estimate is now (7*1 ms + 10 s)/8, 1.25 s: it rings
+	// again for 20 s, and the next fast run is kept 32 times 1.09 s.
+	after := run(0, time.Millisecond)
+	clk.set(0, 33*time.Second)
+	for _, c := range []struct {
+		name string
+		c    ingest.Ctrl
+		ran  bool
+	}{
+		{"slow run, 33 s on", slow, false},
+		{"fast run after the slow one, 33 s on", after, false},
+		{"fast run, 33 s on", fast, true}, // kept 30 s; its new answer ~30.6 s
+	} {
+		if got := ran(c.c); got != c.ran {
+			t.Fatalf("%s: the model ran again: %v, want %v", c.name, got, c.ran)
+		}
+	}
+	// Kept now: slow (287 s left), after (2 s left), fast's new answer
+	// (30.6 s left), the bound. One more answer (30 s) pushes out the one
+	// soonest to expire: after's, not slow's, the oldest.
+	more := run(1, 0)
+	for _, c := range []struct {
+		name string
+		c    ingest.Ctrl
+		ran  bool
+	}{
+		{"slow run, beyond the bound", slow, false},
+		{"the newest run, beyond the bound", more, false},
+		{"the answer soonest to expire, beyond the bound", after, true},
+	} {
+		if got := ran(c.c); got != c.ran {
+			t.Fatalf("%s: the model ran again: %v, want %v", c.name, got, c.ran)
+		}
+	}
+	r.agent.mu.Lock()
+	n := len(r.agent.done)
+	r.agent.mu.Unlock()
+	if n > 3 {
+		t.Fatalf("%d answers kept, want at most 3", n)
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -112,6 +113,13 @@ type worker struct {
 	pidMu  sync.Mutex
 	pidfd  int
 	pidErr error
+	// files are the agent's copies of the memfd buffers' open files this
+	// worker was given, by buffer: each worker gets files of its own
+	// (opened anew, not dup'ed), so that a process holding a descriptor
+	// of one is known for the worker's, by kcmp, wherever it was
+	// reparented (leftovers.go). Closed once the worker is detached.
+	filesMu sync.Mutex
+	files   map[fileID]int
 	// done carries the worker's answers from its reader goroutine.
 	done   chan WorkerDone
 	closed chan struct{}
@@ -128,13 +136,13 @@ func (w *worker) close(why error) {
 }
 
 // openPidfd opens the worker's process by the pid SO_PEERCRED gave.
-func (w *worker) openPidfd() {
+func (w *worker) openPidfd(open func(pid, flags int) (int, error)) {
 	w.pidfd = -1
 	if w.pid <= 0 {
 		w.pidErr = errors.New("the agent cannot see the worker's process (another PID namespace?)")
 		return
 	}
-	fd, err := unix.PidfdOpen(int(w.pid), 0)
+	fd, err := open(int(w.pid), 0)
 	if err != nil {
 		w.pidErr = fmt.Errorf("pidfd_open: %w", err)
 		return
@@ -169,6 +177,24 @@ func (w *worker) alive() bool {
 		return w.pidErr != nil && w.pid > 0
 	}
 	return alive(w.pidfd)
+}
+
+// ownsFile reports whether pid's descriptor fd is one of the open files
+// of buffer id that w was given.
+func (w *worker) ownsFile(id fileID, pid, fd int) bool {
+	w.filesMu.Lock()
+	defer w.filesMu.Unlock()
+	mine, ok := w.files[id]
+	return ok && kcmp(os.Getpid(), pid, kcmpFile, mine, fd) == 0
+}
+
+func (w *worker) closeFiles() {
+	w.filesMu.Lock()
+	defer w.filesMu.Unlock()
+	for id, fd := range w.files {
+		unix.Close(fd)
+		delete(w.files, id)
+	}
 }
 
 func (w *worker) closePidfd() {
@@ -337,14 +363,15 @@ func (a *Agent) serveWorker(c *net.UnixConn) {
 		return
 	}
 	w := &worker{conn: c, pid: cred.Pid, done: make(chan WorkerDone), closed: make(chan struct{})}
-	w.openPidfd()
+	w.openPidfd(a.cfg.pidfdOpen)
 	defer w.closePidfd()
+	defer w.closeFiles()
 	// Known before it has the buffers, so that no scan for a killed
 	// worker's leftovers takes it for one (leftovers.go).
 	a.mu.Lock()
 	a.conns[c] = w
 	a.mu.Unlock()
-	if err := a.sendAttached(c, e.m); err != nil {
+	if err := a.sendAttached(c, e.m, w); err != nil {
 		a.refuseWorker(c, err)
 		return
 	}
@@ -402,11 +429,21 @@ func (a *Agent) externalModel(req WorkerAttach) (*extModel, error) {
 	return nil, fmt.Errorf("this host agent has no external model %q (external models: %v; add it to ingest_host's external_models)", req.Model, names)
 }
 
-// sendAttached sends the slot layout and one descriptor per buffer.
-func (a *Agent) sendAttached(c *net.UnixConn, m *model.Model) error {
+// sendAttached sends the slot layout and one descriptor per buffer to w.
+// A memfd buffer goes as an open file of w's own, which the agent keeps
+// (w.files), so that w's holders can be told from another worker's.
+func (a *Agent) sendAttached(c *net.UnixConn, m *model.Model, w *worker) error {
 	l := a.Layout()
 	var fds []int
-	defer func() { fdpass.CloseAll(fds) }()
+	files := map[fileID]int{}
+	kept := map[int]bool{} // w's once in w.files
+	defer func() {
+		for _, fd := range fds {
+			if !kept[fd] {
+				unix.Close(fd)
+			}
+		}
+	}()
 	for gi, g := range a.gpus {
 		for si := range g.slots {
 			for k, b := range []devmem.Buffer{g.slots[si].in, g.slots[si].out} {
@@ -416,6 +453,18 @@ func (a *Agent) sendAttached(c *net.UnixConn, m *model.Model) error {
 				}
 				l.GPUs[gi].HandleKind = string(h.Kind)
 				switch {
+				case h.FD >= 0 && h.Kind == devmem.HandleMemfd && a.scanner != nil:
+					fd, id, err := reopen(h.FD)
+					if err != nil {
+						// w's holders then cannot be told from a lost
+						// worker's: a scan kills a daemon of w's.
+						a.cfg.Logger.Debug("reopen memfd for a worker", "gpu", gi, "slot", si, "err", err)
+						fds = append(fds, h.FD)
+						continue
+					}
+					unix.Close(h.FD)
+					fds = append(fds, fd)
+					files[id] = fd
 				case h.FD >= 0:
 					fds = append(fds, h.FD)
 				case k == 0:
@@ -429,9 +478,31 @@ func (a *Agent) sendAttached(c *net.UnixConn, m *model.Model) error {
 	if len(fds) > fdpass.MaxFDs {
 		return fmt.Errorf("%d slot buffers: more than the %d descriptors one frame carries (use fewer GPUs or slots)", len(fds), fdpass.MaxFDs)
 	}
+	// Kept before w has them, so that no scan sees w's file unknown.
+	w.filesMu.Lock()
+	w.files = files
+	w.filesMu.Unlock()
+	for _, fd := range files {
+		kept[fd] = true
+	}
 	c.SetWriteDeadline(time.Now().Add(10 * time.Second))
 	defer c.SetWriteDeadline(time.Time{})
 	return fdpass.Write(c, WorkerAttached{Op: "attached", Version: WorkerProtocol, Model: m.Name, RowBytes: m.Multiple, Epoch: a.epoch, GPUs: l.GPUs}, fds...)
+}
+
+// reopen opens the memfd fd anew, through /proc: a new open file of the
+// same memory, which kcmp tells from every other.
+func reopen(fd int) (int, fileID, error) {
+	nfd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(fd), unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fileID{}, fmt.Errorf("reopen memfd: %w", err)
+	}
+	id, err := fileIDOf(nfd)
+	if err != nil {
+		unix.Close(nfd)
+		return -1, fileID{}, fmt.Errorf("fstat memfd: %w", err)
+	}
+	return nfd, id, nil
 }
 
 // runExternal hands one request to a worker of an external model and

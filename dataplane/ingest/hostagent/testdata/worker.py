@@ -28,7 +28,10 @@ writes late itself.
 
 A fourth argument "keep-child": once attached, the worker forks a child
 that keeps every slot buffer mapped and sleeps (a pool process of a worker
-that is fine), its pid in DIR/bystander.
+that is fine), its pid in DIR/bystander. "keep-daemon": a double-forked
+daemon (setsid, reparented away from the worker) does the same, with the
+mappings' descriptors (Python's mmap keeps one each), its pid in
+DIR/daemon.
 """
 import mmap
 import os
@@ -147,6 +150,15 @@ if len(sys.argv) > 4 and sys.argv[4] == "keep-child" and os.fork() == 0:
     write_pid(os.path.join(piddir, "bystander"))
     time.sleep(60)
     os._exit(0)
+if len(sys.argv) > 4 and sys.argv[4] == "keep-daemon":
+    if os.fork() == 0:
+        detach()
+        os.setsid()
+        if os.fork() == 0:
+            write_pid(os.path.join(piddir, "daemon"))
+            time.sleep(60)
+        os._exit(0)
+    os.wait()
 for req in requests:
     if model == "affine":
         x = req.numpy(np.float32, (-1, 16))
