@@ -581,13 +581,20 @@ func (a *Agent) finishLocked(c ingest.Ctrl, start time.Time, outLen int, err err
 	if keep {
 		est := took
 		if _, ok := a.models[c.Text]; ok {
-			// The DPU's estimate, as it averages the times it hears
-			// (dataplane/ingest/agent: (7*old + new)/8): a fast run of a
-			// slow model is rung again as long as the slow ones.
-			if old, ok := a.runTime[c.Text]; ok {
+			// The DPU's estimate, as it averages the times it hears of
+			// completed runs (dataplane/ingest/agent: (7*old + new)/8): a
+			// fast run of a slow model is rung again as long as the slow
+			// ones. A failed run does not move it.
+			old, seen := a.runTime[c.Text]
+			switch {
+			case seen && err == nil:
 				est = (7*old + took) / 8
+			case seen:
+				est = old
 			}
-			a.runTime[c.Text] = est
+			if err == nil {
+				a.runTime[c.Text] = est
+			}
 		}
 		a.done[c.Request] = answer{reply: reply, at: now}
 		heap.Push(&a.doneLog, doneEntry{request: c.Request, at: now, expires: now.Add(max(rememberFor, rememberRuns*max(took, est)))})

@@ -1,6 +1,7 @@
 package hostagent
 
 import (
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -153,5 +154,36 @@ func TestRememberedSlowRuns(t *testing.T) {
 	r.agent.mu.Unlock()
 	if n > 3 {
 		t.Fatalf("%d answers kept, want at most 3", n)
+	}
+}
+
+// TestRunTimeFromCompletedRuns: the agent's copy of the DPU's run-time
+// estimate, which sets how long answers are kept, moves only with runs
+// that completed, as the DPU's does (dataplane/ingest/agent learns from
+// completed runs only); before, a failed run's few microseconds pulled it
+// down, so a slow model's later answers could go before the DPU stopped
+// ringing for them.
+func TestRunTimeFromCompletedRuns(t *testing.T) {
+	clk := &stepClock{t: time.Unix(1_000_000, 0)}
+	r := newExtRig(t, func(c *Config) { c.now = clk.now })
+	a := r.agent
+	c := ingest.Ctrl{Op: ingest.OpDoorbell, Request: 1, Text: "checksum"}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	start := clk.now()
+	clk.set(0, 8*time.Second)
+	a.finishLocked(c, start, 4, nil, true)
+	if got := a.runTime["checksum"]; got != 8*time.Second {
+		t.Fatalf("estimate after one 8 s run: %v", got)
+	}
+	c.Request = 2
+	a.finishLocked(c, clk.now(), 0, errors.New("the worker failed"), true)
+	if got := a.runTime["checksum"]; got != 8*time.Second {
+		t.Errorf("estimate after a failed run: %v, want 8s (unchanged)", got)
+	}
+	for _, e := range a.doneLog {
+		if e.request == 2 && e.expires.Sub(e.at) != rememberRuns*8*time.Second {
+			t.Errorf("the failed run's answer is kept %v, want %v (the model's estimate)", e.expires.Sub(e.at), rememberRuns*8*time.Second)
+		}
 	}
 }
