@@ -61,6 +61,11 @@ func TestBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	ro, err := good.Create(ctx, 64<<10, CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
 	t.Run("client errors", func(t *testing.T) {
 		other := newClient(t, agent.Addr(), 5)
 		for _, tc := range []struct {
@@ -129,6 +134,11 @@ func TestBadInput(t *testing.T) {
 			{"unknown region", wire.TypeMemRead, Record{Op: OpRead, Region: 7777, ID: 4, Size: 10}, StatusUnknownRegion},
 			{"write without a lease", wire.TypeMemWrite, Record{Op: OpWrite, Region: r.ID(), ID: 5, Size: 3, Data: []byte("abc")}, StatusNotWriter},
 			{"forged lease", wire.TypeMemWrite, Record{Op: OpWrite, Region: r.ID(), ID: 6, Size: 3, Aux: 12345, Data: []byte("abc")}, StatusNotWriter},
+			// Before, a write to a read-only region was answered "no
+			// valid writer lease", and an open with an aux of neither 0
+			// nor 1 was taken for a reader's.
+			{"write to a read-only region", wire.TypeMemWrite, Record{Op: OpWrite, Region: ro.ID, ID: 15, Size: 3, Aux: 1, Data: []byte("abc")}, StatusReadOnly},
+			{"open with an unknown aux", wire.TypeMemRead, Record{Op: OpOpen, Region: r.ID(), ID: 16, Aux: 7}, StatusBadRequest},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				p.send(AppendDatagram(nil, hdr(tc.typ), 0, tc.rec))

@@ -441,6 +441,9 @@ func (s *Server) execute(pk *packer, q *request, buf []byte) {
 			if r.info.Writable {
 				reply.Size = CreateWritable
 			}
+			if rec.Aux > 1 {
+				return fmt.Errorf("%w: open with aux %d (0 to read, 1 to write)", ErrBadRequest, rec.Aux)
+			}
 			if rec.Aux == 1 {
 				// Size: the lease the writer held before (OpenRetake).
 				lease, err := r.acquire(now, ttl, rec.Size, rec.nonce())

@@ -114,7 +114,14 @@ type store struct {
 	// it); log receives what a failure of it leaves.
 	syncDir func(dir string) error
 	log     *slog.Logger
+
+	// closed is set once the server stopped and closed the backing
+	// files: a create then would open one nobody closes. Under mu.
+	closed bool
 }
+
+// errStopped refuses a create on a memory node that stopped serving.
+var errStopped = fmt.Errorf("%w: the memory node stopped: create the region once it runs again", ErrUnavailable)
 
 // createKey is a create's nonce, of its tenant.
 type createKey struct {
@@ -264,6 +271,18 @@ func openStore(dir string, capacity uint64, maxRegions int, idBase uint32, lease
 			}
 			return nil, fmt.Errorf("farmem: state: region %d: %w", ri.ID, err)
 		}
+		if st, err := f.Stat(); err != nil || uint64(st.Size()) < ri.Size {
+			// Not a crash's doing either (a create sizes the file before
+			// the metadata lists it): reads of the missing tail would
+			// fail for ever, and its acknowledged writes are gone.
+			_ = f.Close()
+			s.close()
+			if err != nil {
+				return nil, fmt.Errorf("farmem: state: region %d: %w", ri.ID, err)
+			}
+			return nil, fmt.Errorf("farmem: state: region %d of tenant %d, listed in %s: backing file %s is %d bytes, shorter than the region's %d "+
+				"(restore it from a backup; or, to give up its bytes, remove the region from %s)", ri.ID, ri.Tenant, metaName, f.Name(), st.Size(), ri.Size, metaName)
+		}
 		ri.Writer = false
 		r := &region{info: ri, f: f, st: s}
 		if lease := lf.Leases[ri.ID]; lease != 0 && ri.Writable {
@@ -377,6 +396,7 @@ func (s *store) recordLease(id, lease uint32, nonce uint64, forget bool) error {
 func (s *store) close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.closed = true
 	for _, r := range s.regions {
 		_ = r.f.Close()
 	}
@@ -511,6 +531,10 @@ func (s *store) create(tenant uint32, size uint64, writable bool, preload string
 	// Reserve the ID and the capacity, then build the backing file without
 	// the lock (a preload may copy gigabytes), then publish the region.
 	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return RegionInfo{}, errStopped
+	}
 	if n := len(s.regions) + len(s.reserved); n >= s.maxRegions {
 		s.mu.Unlock()
 		return RegionInfo{}, fmt.Errorf("%w: %w: %d held, the most it may hold (max_regions %d; each keeps a file open): "+
@@ -573,6 +597,13 @@ func (s *store) create(tenant uint32, size uint64, writable bool, preload string
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.reserved, id)
+	if s.closed {
+		// Stopped while this create built its file.
+		s.used -= size
+		f.Close()
+		os.Remove(path)
+		return RegionInfo{}, errStopped
+	}
 	s.regions[id] = &region{info: ri, f: f, st: s, createNonce: nonce}
 	if err := s.saveMeta(); err != nil {
 		delete(s.regions, id)
@@ -704,6 +735,11 @@ func (r *region) acquire(now time.Time, ttl time.Duration, old uint32, nonce uin
 func (r *region) holds(lease uint32, now time.Time, renew, release bool, ttl time.Duration) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if !r.info.Writable {
+		// No lease is ever granted on it: say why, not that the lease
+		// is wrong.
+		return fmt.Errorf("%w: region %d (created read-only: create a writable region to write)", ErrReadOnly, r.info.ID)
+	}
 	if lease == 0 || r.lease != lease || !now.Before(r.exp) {
 		return fmt.Errorf("%w: region %d", ErrNotWriter, r.info.ID)
 	}

@@ -281,3 +281,45 @@ func TestMissingBackingFile(t *testing.T) {
 		}
 	}
 }
+
+// TestShortBackingFile: a start that finds a listed region's backing file
+// shorter than the region refuses, naming the file and what to do, as for
+// a missing one; before, it served the region, and every read of the
+// missing tail failed with an I/O error for ever.
+func TestShortBackingFile(t *testing.T) {
+	dir := t.TempDir()
+	srv := newLimitedServer(t, dir, 0)
+	ri, err := srv.Create(7, 8192, true, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(regionFile(dir, ri.ID), 1000); err != nil {
+		t.Fatal(err)
+	}
+	_, err = reopen(t, srv, dir)
+	if err == nil {
+		t.Fatalf("start with region %d's backing file cut to 1000 bytes of 8192 succeeded, want it refused", ri.ID)
+	}
+	for _, want := range []string{regionFile(dir, ri.ID), "1000 bytes", metaName, "restore"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the refusal does not say %q: %v", want, err)
+		}
+	}
+}
+
+// TestCreateAfterStop: a create on a memory node whose Run returned (its
+// backing files closed) is refused as unavailable and leaves no file;
+// before, it made a region whose backing file nobody would close, listed
+// in the metadata of a server that no longer serves it.
+func TestCreateAfterStop(t *testing.T) {
+	dir := t.TempDir()
+	srv, r := startServer(t, dir, listen(t, loopback))
+	r.stop()
+	_, err := srv.Create(7, 4096, true, "")
+	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "stopped") {
+		t.Fatalf("create after the server stopped: %v, want it refused as unavailable", err)
+	}
+	if m, _ := filepath.Glob(filepath.Join(dir, "region-*")); len(m) != 0 {
+		t.Errorf("backing files left: %v", m)
+	}
+}
