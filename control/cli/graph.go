@@ -293,6 +293,10 @@ func graphRun(c *ucli.Context) error {
 	p := graph.Params{Source: c.Int64("source"), Iterations: c.Int("iterations"), Samples: c.Int("samples"),
 		BCSources: c.Int("bc-sources"), Seed: c.Uint64("seed")}
 	opts := graph.Options{Workers: c.Int("workers")}
+	region, err := uint32Flag(c, "region")
+	if err != nil {
+		return fmt.Errorf("graph run: %w", err)
+	}
 	path := c.String("graph")
 	local, img, err := loadCSR(path)
 	if err != nil {
@@ -325,9 +329,9 @@ func graphRun(c *ucli.Context) error {
 	if s := c.String("dpu-socket"); s != "" {
 		dpu = api.NewClient(s)
 	}
-	region := uint32(c.Uint("region"))
+	given := region != 0 // --region: the operator's region, never freed here
 	switch {
-	case region != 0:
+	case given:
 	case c.String("upload") != "":
 		addr, err := netip.ParseAddrPort(c.String("upload"))
 		if err != nil {
@@ -359,7 +363,7 @@ func graphRun(c *ucli.Context) error {
 		return errors.New("graph run: give --region ID, --mem-socket (to preload --graph on the memory node) or --upload ADDR, or --local")
 	}
 	rep.Region = region
-	if c.Uint("region") == 0 && c.String("upload") == "" && !c.Bool("keep") {
+	if !given && c.String("upload") == "" && !c.Bool("keep") {
 		defer mem.ServiceCall(context.Background(), http.MethodDelete, memServer, fmt.Sprintf("regions/%d", region), nil, nil)
 	}
 

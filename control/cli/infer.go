@@ -157,13 +157,14 @@ func infer(c *ucli.Context) error {
 	if retries == 0 {
 		retries = -1 // the flag's 0 means none; Options' 0 means the default
 	}
-	cl, err := ingestclient.New(tr, dpu, ingestclient.Options{Tenant: uint32(c.Uint("tenant")), Timeout: c.Duration("timeout"), Retries: retries})
+	tenant, _ := uint32Flag(c, "tenant") // in range: inferFlagsInRange
+	cl, err := ingestclient.New(tr, dpu, ingestclient.Options{Tenant: tenant, Timeout: c.Duration("timeout"), Retries: retries})
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
 
-	rep := inferReport{DPU: dpu.String(), Model: name, Tenant: uint32(c.Uint("tenant")), Size: len(input)}
+	rep := inferReport{DPU: dpu.String(), Model: name, Tenant: tenant, Size: len(input)}
 	var failure error
 	if load {
 		if c.Int("count") <= 0 && c.Duration("duration") <= 0 {
@@ -249,6 +250,9 @@ func inferFlagsInRange(c *ucli.Context) error {
 	}
 	if n := c.Int("retries"); n < 0 {
 		return fmt.Errorf("infer: --retries %d: want 0 or more (0: none)", n)
+	}
+	if _, err := uint32Flag(c, "tenant"); err != nil {
+		return fmt.Errorf("infer: %w", err)
 	}
 	return nil
 }
@@ -399,9 +403,10 @@ func inferGRPC(c *ucli.Context, addr, name string, input []byte, check func(in, 
 		ctx, cancel = context.WithTimeout(ctx, d)
 		defer cancel()
 	}
-	rep := inferReport{DPU: addr, Model: name, Tenant: uint32(c.Uint("tenant")), Size: len(input)}
+	tenant, _ := uint32Flag(c, "tenant") // in range: inferFlagsInRange
+	rep := inferReport{DPU: addr, Model: name, Tenant: tenant, Size: len(input)}
 	t0 := time.Now()
-	out, err := kserve.Infer(ctx, conn, name, uint32(c.Uint("tenant")), input, agent.ModelInfo(name))
+	out, err := kserve.Infer(ctx, conn, name, tenant, input, agent.ModelInfo(name))
 	var failure error
 	if err != nil {
 		rep.Error = err.Error()

@@ -126,6 +126,8 @@ func TestInferFlagRanges(t *testing.T) {
 		{[]string{"--mtu", "339"}, "--mtu 339: want 0 (datagrams up to 64 KiB, in IP fragments) or 340 to 65535 (the path's MTU; 340 is the least whose datagrams carry a request for model checksum)"},
 		{[]string{"--mtu", "-1"}, "--mtu -1: want 0"},
 		{[]string{"--mtu", "65536"}, "--mtu 65536: want 0"},
+		// Cut to 32 bits it was tenant 0, infrastructure.
+		{[]string{"--tenant", "4294967296"}, "--tenant 4294967296: want 0 to 4294967295"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			out, err := runInfer(dpu, append([]string{"--size", "100"}, tc.args...)...)

@@ -41,8 +41,12 @@ func memCommand() *ucli.Command {
 					if err != nil {
 						return err
 					}
+					tenant, err := uint32Flag(c, "tenant")
+					if err != nil {
+						return fmt.Errorf("mem regions: %w", err)
+					}
 					var regions []farmem.RegionInfo
-					if err := client(c).ServiceCall(c.Context, http.MethodGet, memServer, "regions?tenant="+strconv.FormatUint(uint64(c.Uint("tenant")), 10), nil, &regions); err != nil {
+					if err := client(c).ServiceCall(c.Context, http.MethodGet, memServer, "regions?tenant="+strconv.FormatUint(uint64(tenant), 10), nil, &regions); err != nil {
 						return noMemServer(err)
 					}
 					if asJSON {
@@ -72,7 +76,11 @@ func memCommand() *ucli.Command {
 					if err != nil {
 						return err
 					}
-					req := api.MemCreate{Tenant: uint32(c.Uint("tenant")), Writable: c.Bool("writable"), Preload: c.String("preload")}
+					tenant, err := uint32Flag(c, "tenant")
+					if err != nil {
+						return fmt.Errorf("mem create: %w", err)
+					}
+					req := api.MemCreate{Tenant: tenant, Writable: c.Bool("writable"), Preload: c.String("preload")}
 					if v := c.String("size"); v != "" {
 						size, err := farmem.ParseSize(v)
 						if err != nil {
@@ -110,7 +118,11 @@ func memCommand() *ucli.Command {
 					if err != nil {
 						return fmt.Errorf("mem free: region %q: want a number (see 'lovelock mem regions')", c.Args().First())
 					}
-					path := fmt.Sprintf("regions/%d?tenant=%d", id, c.Uint("tenant"))
+					tenant, err := uint32Flag(c, "tenant")
+					if err != nil {
+						return fmt.Errorf("mem free: %w", err)
+					}
+					path := fmt.Sprintf("regions/%d?tenant=%d", id, tenant)
 					if err := client(c).ServiceCall(c.Context, http.MethodDelete, memServer, path, nil, nil); err != nil {
 						return noMemServer(err)
 					}
