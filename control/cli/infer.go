@@ -190,10 +190,7 @@ func infer(c *ucli.Context) error {
 			failure = fmt.Errorf("infer: no request completed (%d dropped)", r.Dropped)
 		}
 		if check != nil {
-			rep.Check = "ok"
-			if r.Wrong > 0 {
-				rep.Check = fmt.Sprintf("wrong: %d outputs (first: %s)", r.Wrong, r.FirstWrong)
-			}
+			rep.Check = loadCheck(r)
 		}
 	} else {
 		t0 := time.Now()
@@ -222,6 +219,20 @@ func infer(c *ucli.Context) error {
 		printInfer(c.App.Writer, &rep)
 	}
 	return failure
+}
+
+// loadCheck is what --check says of a load: only the outputs that came
+// back were checked.
+func loadCheck(r *ingestclient.Report) string {
+	switch {
+	case r.Wrong > 0:
+		return fmt.Sprintf("wrong: %d outputs (first: %s)", r.Wrong, r.FirstWrong)
+	case r.OK == 0:
+		return "not checked: no output came back"
+	case r.Failures() > 0:
+		return fmt.Sprintf("ok: the %d outputs that came back (%d of %d requests failed)", r.OK, r.Failures(), r.Sent)
+	}
+	return "ok"
 }
 
 // inferFlagsInRange refuses, before anything is read or sent, a number
@@ -368,7 +379,12 @@ func printInfer(w io.Writer, r *inferReport) {
 	if l := r.Load; l != nil {
 		tw := newTable(w)
 		fmt.Fprintln(tw, "SENT\tOK\tFAILED\tDROPPED\tDEADLINE MISSES\tWRONG\tREQ/S\tMB/S\tP50\tP90\tP99\tMAX\tRETRANSMITS")
-		rd := func(d time.Duration) string { return d.Round(time.Microsecond).String() }
+		rd := func(d time.Duration) string {
+			if l.OK == 0 {
+				return "-" // no latency was measured: no request completed
+			}
+			return d.Round(time.Microsecond).String()
+		}
 		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%.0f\t%.1f\t%s\t%s\t%s\t%s\t%d\n", l.Sent, l.OK, l.Failures(), l.Dropped, l.DeadlineMisses, l.Wrong,
 			l.Throughput, l.MBps, rd(l.Latency.P50), rd(l.Latency.P90), rd(l.Latency.P99), rd(l.Latency.Max), l.Retransmissions)
 		_ = tw.Flush()

@@ -193,3 +193,47 @@ func TestInferFailures(t *testing.T) {
 		t.Errorf("--dpu dpu2: %v", err)
 	}
 }
+
+// TestInferLoadCheckOnlyWhatCameBack: --check in a load says how many
+// outputs it checked, and a load in which no request completed shows no
+// latency. Before, a load whose every request failed printed "check: ok"
+// and latencies of 0s, measured from nothing.
+func TestInferLoadCheckOnlyWhatCameBack(t *testing.T) {
+	var n atomic.Int64
+	dpu := fakeIngestDPU(t, func(r *clienttest.Request) clienttest.Answer {
+		// 7-byte inputs always fail, others every second time.
+		if len(r.Input) == 7 || n.Add(1)%2 == 0 {
+			return clienttest.Answer{Status: ingest.StatusOverloaded, Text: "queue full"}
+		}
+		return clienttest.Reference(r)
+	})
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		want    []string // regexps
+		notWant []string
+	}{
+		{"none came back", []string{"--size", "7", "--count", "3", "--retries", "0", "--check"},
+			[]string{`\n3 +0 +3 +0 +0 +0 +0 +0\.0 +- +- +- +- +0\n`, `check: +not checked: no output came back`}, []string{`check: +ok`, ` 0s `}},
+		{"half came back", []string{"--size", "8", "--count", "4", "--retries", "0", "--check"},
+			[]string{`\n4 +2 +2 `, `check: +ok: the 2 outputs that came back \(2 of 4 requests failed\)`}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n.Store(0)
+			out, err := runInfer(dpu, tc.args...)
+			if err == nil || !strings.Contains(err.Error(), "requests failed") {
+				t.Errorf("err = %v, want the failures", err)
+			}
+			for _, re := range tc.want {
+				if !regexp.MustCompile(re).MatchString(out) {
+					t.Errorf("output does not match %q:\n%s", re, out)
+				}
+			}
+			for _, re := range tc.notWant {
+				if regexp.MustCompile(re).MatchString(out) {
+					t.Errorf("output matches %q:\n%s", re, out)
+				}
+			}
+		})
+	}
+}
