@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/netip"
 	"os"
@@ -277,6 +278,33 @@ func graphRunCommand() *ucli.Command {
 	}
 }
 
+// graphRunFlagsInRange refuses, before the graph is read, an app
+// parameter outside what it takes. The apps read 0 as their default, so an
+// explicit 0 is refused too; a tolerance that is NaN or +Inf would pass
+// every check, a negative one fail every check.
+func graphRunFlagsInRange(c *ucli.Context) error {
+	if tol := c.Float64("tolerance"); !(tol >= 0) || math.IsInf(tol, 1) {
+		return fmt.Errorf("graph run: --tolerance %g: want a finite number ≥ 0 (left out: %g)", tol, graph.DefaultTolerance)
+	}
+	for _, f := range []struct {
+		name, dflt string
+		most       int
+	}{
+		{"iterations", "20", 0},
+		{"samples", "64", 64}, // one bit each
+		{"bc-sources", "4", 0},
+		{"workers", "GOMAXPROCS", 0},
+	} {
+		if n := c.Int(f.name); c.IsSet(f.name) && (n < 1 || f.most > 0 && n > f.most) {
+			if f.most > 0 {
+				return fmt.Errorf("graph run: --%s %d: want 1 to %d (left out: %s)", f.name, n, f.most, f.dflt)
+			}
+			return fmt.Errorf("graph run: --%s %d: want 1 or more (left out: %s)", f.name, n, f.dflt)
+		}
+	}
+	return nil
+}
+
 func graphRun(c *ucli.Context) error {
 	asJSON, err := wantJSON(c)
 	if err != nil {
@@ -288,6 +316,9 @@ func graphRun(c *ucli.Context) error {
 	}
 	caching, err := graph.ParseCaching(c.String("cache"), c.String("prefetch"), c.String("dynamic-scope"))
 	if err != nil {
+		return err
+	}
+	if err := graphRunFlagsInRange(c); err != nil {
 		return err
 	}
 	p := graph.Params{Source: c.Int64("source"), Iterations: c.Int("iterations"), Samples: c.Int("samples"),
