@@ -202,3 +202,29 @@ func findCommand(cmds []*ucli.Command, path []string) *ucli.Command {
 	}
 	return nil
 }
+
+// TestIDFlagsPast32Bits: a tenant or region ID past 32 bits is refused
+// before anything is sent, naming the flag. Before, it was cut to 32 bits:
+// infer --tenant 4294967296 sent as tenant 0 (infrastructure) and said so,
+// mem create made a tenant-0 region, graph run --region 4294967297 ran on
+// region 1.
+func TestIDFlagsPast32Bits(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"mem", "create", "--tenant", "4294967296", "--size", "1MiB"}, "--tenant 4294967296: want 0 to 4294967295"},
+		{[]string{"mem", "regions", "--tenant", "4294967296"}, "--tenant 4294967296: want 0 to 4294967295"},
+		{[]string{"mem", "free", "3", "--tenant", "18446744073709551615"}, "--tenant 18446744073709551615: want 0 to 4294967295"},
+		{[]string{"graph", "run", "--app", "bfs", "--graph", "g.csr", "--region", "4294967297"}, "--region 4294967297: want 0 to 4294967295"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var out bytes.Buffer
+			args := append([]string{"lovelock", "--socket", filepath.Join(t.TempDir(), "none.sock")}, tc.args...)
+			err := Run(context.Background(), App(&out, &out), args)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err = %v, want %q\n%s", err, tc.want, out.String())
+			}
+		})
+	}
+}

@@ -29,6 +29,7 @@ type fakeService struct {
 	services   []api.ServiceStatus
 	status     api.Status
 	msg        *messaging.Stats // nil: no messaging agent
+	svcStats   map[string]any   // ServiceStats by service name; none: not found
 	ns         *netns.NsHandle  // where CheckRules runs; nil: the test's
 }
 
@@ -109,6 +110,9 @@ func (f *fakeService) Services() ([]api.ServiceStatus, error) { return f.service
 func (f *fakeService) ServiceHandler(string) http.Handler     { return nil }
 
 func (f *fakeService) ServiceStats(name string) (any, error) {
+	if v, ok := f.svcStats[name]; ok {
+		return v, nil
+	}
 	return nil, &api.NotFoundError{Err: errors.New("this node runs no " + name + " service")}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/netip"
 	"os"
@@ -277,6 +278,33 @@ func graphRunCommand() *ucli.Command {
 	}
 }
 
+// graphRunFlagsInRange refuses, before the graph is read, an app
+// parameter outside what it takes. The apps read 0 as their default, so an
+// explicit 0 is refused too; a tolerance that is NaN or +Inf would pass
+// every check, a negative one fail every check.
+func graphRunFlagsInRange(c *ucli.Context) error {
+	if tol := c.Float64("tolerance"); !(tol >= 0) || math.IsInf(tol, 1) {
+		return fmt.Errorf("graph run: --tolerance %g: want a finite number ≥ 0 (left out: %g)", tol, graph.DefaultTolerance)
+	}
+	for _, f := range []struct {
+		name, dflt string
+		most       int
+	}{
+		{"iterations", "20", 0},
+		{"samples", "64", 64}, // one bit each
+		{"bc-sources", "4", 0},
+		{"workers", "GOMAXPROCS", 0},
+	} {
+		if n := c.Int(f.name); c.IsSet(f.name) && (n < 1 || f.most > 0 && n > f.most) {
+			if f.most > 0 {
+				return fmt.Errorf("graph run: --%s %d: want 1 to %d (left out: %s)", f.name, n, f.most, f.dflt)
+			}
+			return fmt.Errorf("graph run: --%s %d: want 1 or more (left out: %s)", f.name, n, f.dflt)
+		}
+	}
+	return nil
+}
+
 func graphRun(c *ucli.Context) error {
 	asJSON, err := wantJSON(c)
 	if err != nil {
@@ -290,9 +318,16 @@ func graphRun(c *ucli.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := graphRunFlagsInRange(c); err != nil {
+		return err
+	}
 	p := graph.Params{Source: c.Int64("source"), Iterations: c.Int("iterations"), Samples: c.Int("samples"),
 		BCSources: c.Int("bc-sources"), Seed: c.Uint64("seed")}
 	opts := graph.Options{Workers: c.Int("workers")}
+	region, err := uint32Flag(c, "region")
+	if err != nil {
+		return fmt.Errorf("graph run: %w", err)
+	}
 	path := c.String("graph")
 	local, img, err := loadCSR(path)
 	if err != nil {
@@ -325,9 +360,9 @@ func graphRun(c *ucli.Context) error {
 	if s := c.String("dpu-socket"); s != "" {
 		dpu = api.NewClient(s)
 	}
-	region := uint32(c.Uint("region"))
+	given := region != 0 // --region: the operator's region, never freed here
 	switch {
-	case region != 0:
+	case given:
 	case c.String("upload") != "":
 		addr, err := netip.ParseAddrPort(c.String("upload"))
 		if err != nil {
@@ -359,7 +394,7 @@ func graphRun(c *ucli.Context) error {
 		return errors.New("graph run: give --region ID, --mem-socket (to preload --graph on the memory node) or --upload ADDR, or --local")
 	}
 	rep.Region = region
-	if c.Uint("region") == 0 && c.String("upload") == "" && !c.Bool("keep") {
+	if !given && c.String("upload") == "" && !c.Bool("keep") {
 		defer mem.ServiceCall(context.Background(), http.MethodDelete, memServer, fmt.Sprintf("regions/%d", region), nil, nil)
 	}
 

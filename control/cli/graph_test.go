@@ -128,6 +128,45 @@ func TestGraphOutFlag(t *testing.T) {
 	}
 }
 
+// TestGraphRunFlagRanges: graph run refuses app parameters out of range
+// before it reads the graph, naming the flag and what it takes. Before,
+// --tolerance NaN or +Inf passed every PageRank and BC check (no difference
+// is above them) and a negative one failed every check, --samples -1
+// panicked, --samples 65 ran 64 sources, --iterations -3 ran no iteration
+// and printed the initial ranks as PageRank's, and --workers -1 ran.
+func TestGraphRunFlagRanges(t *testing.T) {
+	g := filepath.Join(t.TempDir(), "g.csr")
+	if out, err := runGraph(t, "gen", "--scale", "4", "-w", g); err != nil {
+		t.Fatalf("gen: %v\n%s", err, out)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--app", "pagerank", "--tolerance", "NaN"}, "graph run: --tolerance NaN: want a finite number ≥ 0 (left out: 1e-09)"},
+		{[]string{"--app", "pagerank", "--tolerance", "+Inf"}, "graph run: --tolerance +Inf: want a finite number ≥ 0 (left out: 1e-09)"},
+		{[]string{"--app", "bc", "--tolerance", "-1e-9"}, "graph run: --tolerance -1e-09: want a finite number ≥ 0 (left out: 1e-09)"},
+		{[]string{"--app", "pagerank", "--iterations", "-3"}, "graph run: --iterations -3: want 1 or more (left out: 20)"},
+		{[]string{"--app", "pagerank", "--iterations", "0"}, "graph run: --iterations 0: want 1 or more (left out: 20)"},
+		{[]string{"--app", "radii", "--samples", "-1"}, "graph run: --samples -1: want 1 to 64 (left out: 64)"},
+		{[]string{"--app", "radii", "--samples", "65"}, "graph run: --samples 65: want 1 to 64 (left out: 64)"},
+		{[]string{"--app", "bc", "--bc-sources", "-2"}, "graph run: --bc-sources -2: want 1 or more (left out: 4)"},
+		{[]string{"--app", "bfs", "--workers", "-1"}, "graph run: --workers -1: want 1 or more (left out: GOMAXPROCS)"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			out, err := runGraph(t, append([]string{"run", "--graph", g, "--local"}, tc.args...)...)
+			if err == nil || err.Error() != tc.want {
+				t.Errorf("err = %v, want %q\n%s", err, tc.want, out)
+			}
+		})
+	}
+	for _, args := range [][]string{{"--app", "radii", "--samples", "64"}, {"--app", "pagerank", "--tolerance", "0", "--iterations", "1"}} {
+		if out, err := runGraph(t, append([]string{"run", "--graph", g, "--local"}, args...)...); err != nil {
+			t.Errorf("%v: %v\n%s", args, err, out)
+		}
+	}
+}
+
 // TestMain runs the host agent of TestGraphRunFar instead of the tests when
 // the test binary is started as one (CLI_GRAPH_HELPER=agent).
 func TestMain(m *testing.M) {

@@ -157,13 +157,14 @@ func infer(c *ucli.Context) error {
 	if retries == 0 {
 		retries = -1 // the flag's 0 means none; Options' 0 means the default
 	}
-	cl, err := ingestclient.New(tr, dpu, ingestclient.Options{Tenant: uint32(c.Uint("tenant")), Timeout: c.Duration("timeout"), Retries: retries})
+	tenant, _ := uint32Flag(c, "tenant") // in range: inferFlagsInRange
+	cl, err := ingestclient.New(tr, dpu, ingestclient.Options{Tenant: tenant, Timeout: c.Duration("timeout"), Retries: retries})
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
 
-	rep := inferReport{DPU: dpu.String(), Model: name, Tenant: uint32(c.Uint("tenant")), Size: len(input)}
+	rep := inferReport{DPU: dpu.String(), Model: name, Tenant: tenant, Size: len(input)}
 	var failure error
 	if load {
 		if c.Int("count") <= 0 && c.Duration("duration") <= 0 {
@@ -189,10 +190,7 @@ func infer(c *ucli.Context) error {
 			failure = fmt.Errorf("infer: no request completed (%d dropped)", r.Dropped)
 		}
 		if check != nil {
-			rep.Check = "ok"
-			if r.Wrong > 0 {
-				rep.Check = fmt.Sprintf("wrong: %d outputs (first: %s)", r.Wrong, r.FirstWrong)
-			}
+			rep.Check = loadCheck(r)
 		}
 	} else {
 		t0 := time.Now()
@@ -223,6 +221,20 @@ func infer(c *ucli.Context) error {
 	return failure
 }
 
+// loadCheck is what --check says of a load: only the outputs that came
+// back were checked.
+func loadCheck(r *ingestclient.Report) string {
+	switch {
+	case r.Wrong > 0:
+		return fmt.Sprintf("wrong: %d outputs (first: %s)", r.Wrong, r.FirstWrong)
+	case r.OK == 0:
+		return "not checked: no output came back"
+	case r.Failures() > 0:
+		return fmt.Sprintf("ok: the %d outputs that came back (%d of %d requests failed)", r.OK, r.Failures(), r.Sent)
+	}
+	return "ok"
+}
+
 // inferFlagsInRange refuses, before anything is read or sent, a number
 // flag outside what it takes, naming the flag, its value and what it
 // takes (--mtu: inferMaxPayload).
@@ -249,6 +261,9 @@ func inferFlagsInRange(c *ucli.Context) error {
 	}
 	if n := c.Int("retries"); n < 0 {
 		return fmt.Errorf("infer: --retries %d: want 0 or more (0: none)", n)
+	}
+	if _, err := uint32Flag(c, "tenant"); err != nil {
+		return fmt.Errorf("infer: %w", err)
 	}
 	return nil
 }
@@ -364,7 +379,12 @@ func printInfer(w io.Writer, r *inferReport) {
 	if l := r.Load; l != nil {
 		tw := newTable(w)
 		fmt.Fprintln(tw, "SENT\tOK\tFAILED\tDROPPED\tDEADLINE MISSES\tWRONG\tREQ/S\tMB/S\tP50\tP90\tP99\tMAX\tRETRANSMITS")
-		rd := func(d time.Duration) string { return d.Round(time.Microsecond).String() }
+		rd := func(d time.Duration) string {
+			if l.OK == 0 {
+				return "-" // no latency was measured: no request completed
+			}
+			return d.Round(time.Microsecond).String()
+		}
 		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%.0f\t%.1f\t%s\t%s\t%s\t%s\t%d\n", l.Sent, l.OK, l.Failures(), l.Dropped, l.DeadlineMisses, l.Wrong,
 			l.Throughput, l.MBps, rd(l.Latency.P50), rd(l.Latency.P90), rd(l.Latency.P99), rd(l.Latency.Max), l.Retransmissions)
 		_ = tw.Flush()
@@ -399,9 +419,10 @@ func inferGRPC(c *ucli.Context, addr, name string, input []byte, check func(in, 
 		ctx, cancel = context.WithTimeout(ctx, d)
 		defer cancel()
 	}
-	rep := inferReport{DPU: addr, Model: name, Tenant: uint32(c.Uint("tenant")), Size: len(input)}
+	tenant, _ := uint32Flag(c, "tenant") // in range: inferFlagsInRange
+	rep := inferReport{DPU: addr, Model: name, Tenant: tenant, Size: len(input)}
 	t0 := time.Now()
-	out, err := kserve.Infer(ctx, conn, name, uint32(c.Uint("tenant")), input, agent.ModelInfo(name))
+	out, err := kserve.Infer(ctx, conn, name, tenant, input, agent.ModelInfo(name))
 	var failure error
 	if err != nil {
 		rep.Error = err.Error()

@@ -126,6 +126,8 @@ func TestInferFlagRanges(t *testing.T) {
 		{[]string{"--mtu", "339"}, "--mtu 339: want 0 (datagrams up to 64 KiB, in IP fragments) or 340 to 65535 (the path's MTU; 340 is the least whose datagrams carry a request for model checksum)"},
 		{[]string{"--mtu", "-1"}, "--mtu -1: want 0"},
 		{[]string{"--mtu", "65536"}, "--mtu 65536: want 0"},
+		// Cut to 32 bits it was tenant 0, infrastructure.
+		{[]string{"--tenant", "4294967296"}, "--tenant 4294967296: want 0 to 4294967295"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			out, err := runInfer(dpu, append([]string{"--size", "100"}, tc.args...)...)
@@ -189,5 +191,49 @@ func TestInferFailures(t *testing.T) {
 	}
 	if _, err := runInfer("dpu2"); err == nil || !strings.Contains(err.Error(), "ADDR:PORT") {
 		t.Errorf("--dpu dpu2: %v", err)
+	}
+}
+
+// TestInferLoadCheckOnlyWhatCameBack: --check in a load says how many
+// outputs it checked, and a load in which no request completed shows no
+// latency. Before, a load whose every request failed printed "check: ok"
+// and latencies of 0s, measured from nothing.
+func TestInferLoadCheckOnlyWhatCameBack(t *testing.T) {
+	var n atomic.Int64
+	dpu := fakeIngestDPU(t, func(r *clienttest.Request) clienttest.Answer {
+		// 7-byte inputs always fail, others every second time.
+		if len(r.Input) == 7 || n.Add(1)%2 == 0 {
+			return clienttest.Answer{Status: ingest.StatusOverloaded, Text: "queue full"}
+		}
+		return clienttest.Reference(r)
+	})
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		want    []string // regexps
+		notWant []string
+	}{
+		{"none came back", []string{"--size", "7", "--count", "3", "--retries", "0", "--check"},
+			[]string{`\n3 +0 +3 +0 +0 +0 +0 +0\.0 +- +- +- +- +0\n`, `check: +not checked: no output came back`}, []string{`check: +ok`, ` 0s `}},
+		{"half came back", []string{"--size", "8", "--count", "4", "--retries", "0", "--check"},
+			[]string{`\n4 +2 +2 `, `check: +ok: the 2 outputs that came back \(2 of 4 requests failed\)`}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n.Store(0)
+			out, err := runInfer(dpu, tc.args...)
+			if err == nil || !strings.Contains(err.Error(), "requests failed") {
+				t.Errorf("err = %v, want the failures", err)
+			}
+			for _, re := range tc.want {
+				if !regexp.MustCompile(re).MatchString(out) {
+					t.Errorf("output does not match %q:\n%s", re, out)
+				}
+			}
+			for _, re := range tc.notWant {
+				if regexp.MustCompile(re).MatchString(out) {
+					t.Errorf("output matches %q:\n%s", re, out)
+				}
+			}
+		})
 	}
 }

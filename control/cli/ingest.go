@@ -78,8 +78,13 @@ func ingestStats(c *ucli.Context) error {
 		fmt.Fprintf(w, "  now: %d in flight, %d waiting for a slice, %d bytes held; GPUs in use %v\n", a.InFlight, a.Queued, a.BufferBytes, a.GPUsInUse)
 		fmt.Fprintf(w, "  bytes: %d from clients, %d written to slots, %d read from slots; %d fragments (%d duplicate, %d malformed; %d requests refused for fragments too small or too scattered)\n",
 			a.BytesIn, a.BytesToDevice, a.BytesFromDevice, a.Fragments, a.Duplicates, a.Malformed, a.FragmentRefusals)
-		fmt.Fprintf(w, "  latency p50 %v, p99 %v; scheduler %v per decision; doorbells %d (%d rung again), results resent %d\n",
-			a.P50.Round(time.Microsecond), a.P99.Round(time.Microsecond), a.Decision, a.Doorbells, a.Rerings, a.Resent)
+		// The percentiles are over completed requests: none, no latency.
+		lat := "latency: none measured (no request completed)"
+		if a.Completed > 0 {
+			lat = fmt.Sprintf("latency p50 %v, p99 %v", a.P50.Round(time.Microsecond), a.P99.Round(time.Microsecond))
+		}
+		fmt.Fprintf(w, "  %s; scheduler %v per decision; doorbells %d (%d rung again), results resent %d\n",
+			lat, a.Decision, a.Doorbells, a.Rerings, a.Resent)
 		fmt.Fprintf(w, "  host registrations %d (%d failed), host lost %d, host protocol errors %d, reassembly timeouts %d\n", a.Registrations, a.RegisterFailed, a.HostLost,
 			a.ProtocolErrors, a.ReassemblyTimeouts)
 		fmt.Fprintf(w, "  host control refused %d (from outside host_peer %s, or registrations naming a socket outside host_socket %s; the log says which)\n",

@@ -1,11 +1,16 @@
 package cli
 
 import (
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/lovelock-dpu/lovelock/control/api"
+	"github.com/lovelock-dpu/lovelock/dataplane/farmem"
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/agent"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/hostagent"
+	"github.com/lovelock-dpu/lovelock/dataplane/messaging"
 )
 
 // TestHostRegistration: a host agent whose DPU stopped acknowledging it
@@ -23,5 +28,59 @@ func TestHostRegistration(t *testing.T) {
 		if got := hostRegistration(&tc.h); !strings.Contains(got, tc.want) {
 			t.Errorf("%+v: %q, want %q", tc.h, got, tc.want)
 		}
+	}
+}
+
+// TestNoLatencyMeasured: where no request completed, the stats say that no
+// latency was measured, and a destination without bundles has no average
+// bundle size. Before, they printed "latency p50 0s, p99 0s" (ingest),
+// "p50 0 µs, p99 0 µs" (far memory) and an AVG BUNDLE of 0, as if measured.
+func TestNoLatencyMeasured(t *testing.T) {
+	running := func(names ...string) []api.ServiceStatus {
+		var out []api.ServiceStatus
+		for _, n := range names {
+			out = append(out, api.ServiceStatus{Name: n, State: api.ServiceRunning})
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name    string
+		svc     *fakeService
+		args    []string
+		want    []string // regexps
+		notWant []string
+	}{
+		{"ingest agent", &fakeService{services: running(ingestAgent), svcStats: map[string]any{ingestAgent: agent.Stats{Received: 3}}},
+			[]string{"ingest", "stats"}, []string{`latency: none measured \(no request completed\); scheduler`}, []string{`p50 0s`}},
+		{"ingest agent measured", &fakeService{services: running(ingestAgent),
+			svcStats: map[string]any{ingestAgent: agent.Stats{Completed: 2, P50: 3 * time.Millisecond, P99: 5 * time.Millisecond}}},
+			[]string{"ingest", "stats"}, []string{`latency p50 3ms, p99 5ms; scheduler`}, nil},
+		{"far-memory agent", &fakeService{services: running(memAgent), svcStats: map[string]any{memAgent: farmem.AgentStats{}}},
+			[]string{"mem", "stats"}, []string{`latency to the memory node: none measured \(no request answered\)\n`}, []string{`p50 0 µs`}},
+		{"far-memory agent measured", &fakeService{services: running(memAgent),
+			svcStats: map[string]any{memAgent: farmem.AgentStats{Latency: farmem.Latency{Count: 4, P50us: 20, P99us: 80}}}},
+			[]string{"mem", "stats"}, []string{`latency to the memory node: p50 20 µs, p99 80 µs \(4 requests\)\n`}, nil},
+		{"host agent", &fakeService{services: running(memHost), svcStats: map[string]any{memHost: api.MemHostStats{}}},
+			[]string{"mem", "stats"}, []string{`timeouts 0; latency: none measured \(no request answered\)\n`}, []string{`p50 0 µs`}},
+		{"messaging", &fakeService{msg: &messaging.Stats{Role: "agent", Node: "dpu0", Destinations: []messaging.DestStats{
+			{Name: "dpu1", Addr: "10.0.0.11:61440"}, {Name: "dpu2", Addr: "10.0.0.12:61440", Bytes: 3000, Messages: 9, Bundles: 2, AvgBundleBytes: 1500}}}},
+			[]string{"msg", "stats"}, []string{`dpu1 +10\.0\.0\.11:61440 +0 +0 +0 +- +0`, `dpu2 +10\.0\.0\.12:61440 +3000 +9 +2 +1500 +0`}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, _, err := runCLI(serveFake(t, tc.svc), tc.args...)
+			if err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			for _, re := range tc.want {
+				if !regexp.MustCompile(re).MatchString(out) {
+					t.Errorf("output does not match %q:\n%s", re, out)
+				}
+			}
+			for _, re := range tc.notWant {
+				if regexp.MustCompile(re).MatchString(out) {
+					t.Errorf("output matches %q:\n%s", re, out)
+				}
+			}
+		})
 	}
 }

@@ -41,8 +41,12 @@ func memCommand() *ucli.Command {
 					if err != nil {
 						return err
 					}
+					tenant, err := uint32Flag(c, "tenant")
+					if err != nil {
+						return fmt.Errorf("mem regions: %w", err)
+					}
 					var regions []farmem.RegionInfo
-					if err := client(c).ServiceCall(c.Context, http.MethodGet, memServer, "regions?tenant="+strconv.FormatUint(uint64(c.Uint("tenant")), 10), nil, &regions); err != nil {
+					if err := client(c).ServiceCall(c.Context, http.MethodGet, memServer, "regions?tenant="+strconv.FormatUint(uint64(tenant), 10), nil, &regions); err != nil {
 						return noMemServer(err)
 					}
 					if asJSON {
@@ -72,7 +76,11 @@ func memCommand() *ucli.Command {
 					if err != nil {
 						return err
 					}
-					req := api.MemCreate{Tenant: uint32(c.Uint("tenant")), Writable: c.Bool("writable"), Preload: c.String("preload")}
+					tenant, err := uint32Flag(c, "tenant")
+					if err != nil {
+						return fmt.Errorf("mem create: %w", err)
+					}
+					req := api.MemCreate{Tenant: tenant, Writable: c.Bool("writable"), Preload: c.String("preload")}
 					if v := c.String("size"); v != "" {
 						size, err := farmem.ParseSize(v)
 						if err != nil {
@@ -110,7 +118,11 @@ func memCommand() *ucli.Command {
 					if err != nil {
 						return fmt.Errorf("mem free: region %q: want a number (see 'lovelock mem regions')", c.Args().First())
 					}
-					path := fmt.Sprintf("regions/%d?tenant=%d", id, c.Uint("tenant"))
+					tenant, err := uint32Flag(c, "tenant")
+					if err != nil {
+						return fmt.Errorf("mem free: %w", err)
+					}
+					path := fmt.Sprintf("regions/%d?tenant=%d", id, tenant)
 					if err := client(c).ServiceCall(c.Context, http.MethodDelete, memServer, path, nil, nil); err != nil {
 						return noMemServer(err)
 					}
@@ -202,7 +214,7 @@ func memStats(c *ucli.Context) error {
 			a.Host.RepliesEvicted)
 		fmt.Fprintf(w, "  bytes: server→host %d, host→server %d; fabric datagrams tx %d rx %d, retransmits %d, timeouts %d\n",
 			a.ReadBytes, a.WriteBytes, a.Fabric.TXDatagrams, a.Fabric.RXDatagrams, a.Fabric.Retransmits, a.Fabric.Timeouts)
-		fmt.Fprintf(w, "  latency to the memory node: p50 %.0f µs, p99 %.0f µs (%d requests)\n", a.Latency.P50us, a.Latency.P99us, a.Latency.Count)
+		fmt.Fprintf(w, "  latency to the memory node: %s\n", memLatency(a.Latency))
 		fmt.Fprintf(w, "  freed notices from memory nodes: %d received, %d regions dropped from the caches, %d refused (not from the region's memory node)\n",
 			a.FreedNotices.Received, a.FreedNotices.Dropped, a.FreedNotices.Refused)
 		o := a.Overload
@@ -214,10 +226,19 @@ func memStats(c *ucli.Context) error {
 	}
 	if h := rep.Host; h != nil {
 		fmt.Fprintf(w, "host agent: %d mappings on %s, agent %s\n", h.Mappings, h.Socket, h.Agent)
-		fmt.Fprintf(w, "  requests %d, retransmits %d, timeouts %d; latency p50 %.0f µs, p99 %.0f µs\n", h.Client.Link.Requests,
-			h.Client.Link.Retransmits, h.Client.Link.Timeouts, h.Client.Latency.P50us, h.Client.Latency.P99us)
+		fmt.Fprintf(w, "  requests %d, retransmits %d, timeouts %d; latency: %s\n", h.Client.Link.Requests,
+			h.Client.Link.Retransmits, h.Client.Link.Timeouts, memLatency(h.Client.Latency))
 	}
 	return nil
+}
+
+// memLatency prints a latency summary, or that there is none: its
+// percentiles are 0 until a request is answered.
+func memLatency(l farmem.Latency) string {
+	if l.Count == 0 {
+		return "none measured (no request answered)"
+	}
+	return fmt.Sprintf("p50 %.0f µs, p99 %.0f µs (%d requests)", l.P50us, l.P99us, l.Count)
 }
 
 func printMemErrors(w io.Writer, e farmem.ErrorCounts) {

@@ -39,8 +39,12 @@ func msgCommand() *ucli.Command {
 					if d.PeerDead {
 						peer = "dead" // silent for peer_timeout: its messages are dropped until it answers a probe
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.0f\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", d.Name, d.Addr, d.Bytes, d.Messages, d.Bundles,
-						d.AvgBundleBytes, d.Flushes.Full, d.Flushes.Timeout, d.Flushes.Idle, d.Flushes.Explicit, d.Retransmits, d.Blocked, d.Probes, d.PeerResets, peer)
+					avg := "-" // no bundle, no average
+					if d.Bundles > 0 {
+						avg = fmt.Sprintf("%.0f", d.AvgBundleBytes)
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", d.Name, d.Addr, d.Bytes, d.Messages, d.Bundles,
+						avg, d.Flushes.Full, d.Flushes.Timeout, d.Flushes.Idle, d.Flushes.Explicit, d.Retransmits, d.Blocked, d.Probes, d.PeerResets, peer)
 				}
 				if err := tw.Flush(); err != nil {
 					return err

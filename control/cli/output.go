@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"text/tabwriter"
 
 	ucli "github.com/urfave/cli/v2"
@@ -54,4 +55,15 @@ func client(c *ucli.Context) *api.Client {
 		}
 	}
 	return api.NewClient(c.String("socket"))
+}
+
+// uint32Flag reads a UintFlag that holds a 32-bit ID (a tenant, a region),
+// refusing a value past 32 bits: converted, 4294967296 would be 0 (the
+// infrastructure tenant) and 4294967297 region 1.
+func uint32Flag(c *ucli.Context, name string) (uint32, error) {
+	v := c.Uint(name)
+	if v > math.MaxUint32 {
+		return 0, fmt.Errorf("--%s %d: want 0 to %d", name, v, uint32(math.MaxUint32))
+	}
+	return uint32(v), nil
 }

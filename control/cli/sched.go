@@ -277,6 +277,9 @@ func schedFleet(c *ucli.Context) ([]sched.Fleet, error) {
 	switch {
 	case c.IsSet("nodes") && c.IsSet("gpus"):
 		return nil, errors.New("give --nodes or --gpus, not both")
+	case c.IsSet("card") && !c.IsSet("nodes"):
+		// Else ignored: the default fleet's or --gpus' cards would run.
+		return nil, fmt.Errorf("--card %s: it names the card of --nodes' GPUs; without --nodes, give the fleet as --gpus COUNTx%[1]s", c.String("card"))
 	case c.IsSet("nodes"):
 		nodes, err := trace.LoadNodes(c.String("nodes"))
 		if err != nil {

@@ -190,6 +190,10 @@ func TestSchedSimulateErrors(t *testing.T) {
 		{[]string{"simulate", "--trace", bad}, "line 3: column gpu_milli"},
 		{[]string{"simulate", "--trace", bad, "--gpus", "lots"}, "want COUNTxCARD"},
 		{[]string{"simulate", "--trace", bad, "--gpus", "8xH100-80GB", "--nodes", nodes}, "not both"},
+		// --card is the card of --nodes' GPUs: it was ignored without them,
+		// and the default fleet's or --gpus' cards simulated instead.
+		{[]string{"simulate", "--trace", bad, "--card", "A100-40GB"}, "--card A100-40GB: it names the card of --nodes' GPUs; without --nodes, give the fleet as --gpus COUNTxA100-40GB"},
+		{[]string{"simulate", "--trace", bad, "--gpus", "2xH100-80GB", "--card", "A100-40GB"}, "--card A100-40GB: it names the card of --nodes' GPUs; without --nodes, give the fleet as --gpus COUNTxA100-40GB"},
 		{[]string{"simulate", "--trace", bad, "--policy", "random"}, "unknown policy"},
 		{[]string{"simulate", "--trace", bad, "--frag", "fgd"}, "--frag: unknown fragmentation measure"},
 		{[]string{"simulate", "--trace", filepath.Join(dir, "none.csv")}, "no such file"},

@@ -90,3 +90,17 @@ func (f *seqStats) Stats() (api.Stats, error) {
 	}
 	return s, nil
 }
+
+// TestStatsPending: while the rule set did not go live, the stats table
+// says so above the rules, as rule list does: their zeros are not counts
+// of a running set. Before, a pending set's rules showed 0 packets as if
+// they ran and matched nothing.
+func TestStatsPending(t *testing.T) {
+	for _, pending := range []bool{false, true} {
+		svc := &fakeService{status: api.Status{Rules: 1, RulesPending: pending}}
+		out, _, err := runCLI(serveFake(t, svc), "stats")
+		if err != nil || !strings.Contains(out, "RULE") || strings.Contains(out, "pending:") != pending {
+			t.Errorf("pending %v: err = %v, output:\n%s", pending, err, out)
+		}
+	}
+}
