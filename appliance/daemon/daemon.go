@@ -796,7 +796,7 @@ func (d *Daemon) Stats() (api.Stats, error) {
 	if err != nil {
 		return api.Stats{}, err
 	}
-	st := api.Stats{Time: time.Now(), Verdicts: map[string]api.Counter{}}
+	st := api.Stats{Time: time.Now(), Verdicts: map[string]api.Counter{}, RulesPending: d.counted != nil}
 	for i, c := range verdicts {
 		st.Verdicts[bpf.Stat(i).String()] = c
 	}

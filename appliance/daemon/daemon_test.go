@@ -321,6 +321,9 @@ func TestRuleFileEditKeepsCounters(t *testing.T) {
 						if st, err := d.Status(); err != nil || !st.RulesPending || st.Rules != len(tc.pending) {
 							t.Errorf("%s, late0 not there: status: %d rules, pending %v (%v); want %d rules pending", start, st.Rules, st.RulesPending, err, len(tc.pending))
 						}
+						if st, err := d.Stats(); err != nil || !st.RulesPending {
+							t.Errorf("%s, late0 not there: stats say pending %v (%v); want pending", start, st.RulesPending, err)
+						}
 						if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "late0"}, PeerName: "late1"}); err != nil {
 							return err
 						}
@@ -333,6 +336,9 @@ func TestRuleFileEditKeepsCounters(t *testing.T) {
 						}
 						if st, err := d.Status(); err != nil || st.RulesPending {
 							t.Errorf("%s, late0 there: status: %d rules, pending %v (%v); want them live", start, st.Rules, st.RulesPending, err)
+						}
+						if st, err := d.Stats(); err != nil || st.RulesPending {
+							t.Errorf("%s, late0 there: stats say pending %v (%v); want them live", start, st.RulesPending, err)
 						}
 					}
 					if got := ruleCounts(t, d); !reflect.DeepEqual(got, tc.want) {

@@ -187,6 +187,9 @@ type Stats struct {
 	// Rules in rule set order; Default counts packets no rule matched.
 	Rules   []RuleStat `json:"rules"`
 	Default Counter    `json:"default"`
+	// RulesPending says that Rules is a set that is not installed yet
+	// (Status.RulesPending): its rules count nothing, whatever they show.
+	RulesPending bool `json:"rules_pending,omitempty"`
 	// Interfaces are the verdict counters again, per interface a steering
 	// hook ran on (XDP and TC ingress: the arrival interface; TC egress:
 	// the one the packet leaves by): interface name to counter name (as in

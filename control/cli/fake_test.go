@@ -93,6 +93,8 @@ func (f *fakeService) Stats() (api.Stats, error) {
 		Time:     time.Unix(1e9+int64(n), 0),
 		Verdicts: map[string]api.Counter{"rx": c},
 		Rules:    []api.RuleStat{{Name: "web", ID: 1, Counter: c}},
+		// As lovelockd's: the status's pending set is the stats' too.
+		RulesPending: f.status.RulesPending,
 		Interfaces: map[string]map[string]api.Counter{
 			"pf0hpf": {"rx": pf, "drop": pf},
 			"p0":     {"rx": p0, "pass": p0},

@@ -104,7 +104,7 @@ func printStats(c *ucli.Context, st api.Stats, prev *api.Stats) error {
 	fmt.Fprintln(w)
 	// A set that did not go live counts nothing (lovelockd reports its
 	// rules at zero): say so, as rule list does.
-	if st, err := client(c).Status(c.Context); err == nil && st.RulesPending {
+	if st.RulesPending {
 		fmt.Fprintln(w, "pending: these rules are not installed yet and count nothing; the data plane runs the set it had, or none (the failures in 'lovelock status' say why)")
 	}
 	tw = newTable(w)

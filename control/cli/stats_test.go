@@ -102,5 +102,10 @@ func TestStatsPending(t *testing.T) {
 		if err != nil || !strings.Contains(out, "RULE") || strings.Contains(out, "pending:") != pending {
 			t.Errorf("pending %v: err = %v, output:\n%s", pending, err, out)
 		}
+		// JSON carries it too: before, only the table said so.
+		out, _, err = runCLI(serveFake(t, svc), "stats", "--output", "json")
+		if err != nil || strings.Contains(out, `"rules_pending": true`) != pending {
+			t.Errorf("pending %v, JSON: err = %v, output:\n%s", pending, err, out)
+		}
 	}
 }
