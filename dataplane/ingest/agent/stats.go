@@ -130,8 +130,13 @@ type Stats struct {
 	// name (a completion for another GPU or slot); they are ignored.
 	ProtocolErrors uint64 `json:"host_protocol_errors"`
 	// InFlight are requests open now; Queued those waiting for a slice;
-	// BufferBytes the DPU memory their inputs hold.
+	// BufferBytes the DPU memory their inputs hold. SlotsHeld are the
+	// slots of requests already answered (their doorbells went
+	// unanswered, or their Infer caller gave up) that the host may still
+	// be writing or running on: neither free nor in flight, they go back
+	// when the host answers for their request, re-registers or is lost.
 	InFlight    int `json:"in_flight"`
+	SlotsHeld   int `json:"slots_held"`
 	Queued      int `json:"queued"`
 	BufferBytes int `json:"buffer_bytes"`
 	// Latency percentiles (nearest rank) from the input's first fragment
@@ -180,7 +185,7 @@ func (a *Agent) Stats() Stats {
 	s.P50, s.P99 = p[0], p[1]
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	s.InFlight, s.BufferBytes = len(a.reqs), a.bufUsed
+	s.InFlight, s.SlotsHeld, s.BufferBytes = len(a.reqs)-a.held, a.held, a.bufUsed
 	if h := a.host; h != nil {
 		s.Host = &HostStatus{Addr: h.addr.String(), Epoch: fmt.Sprintf("%016x", h.epoch), Socket: h.socket, GPUs: h.layout.GPUs, Models: h.layout.Models, Seen: time.Since(h.lastSeen)}
 		s.GPUsInUse = map[string]int{}
