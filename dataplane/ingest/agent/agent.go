@@ -753,6 +753,11 @@ func (a *Agent) complete(c ingest.Ctrl) {
 		err = &ingest.Error{Status: c.Status, Msg: c.Text}
 	} else if int(c.Length) > r.host.slotOut(r.gpu) {
 		err = ingest.Errorf(ingest.StatusInternal, "the host reports %d output bytes in a %d-byte buffer", c.Length, r.host.slotOut(r.gpu))
+	} else if b := r.model.builtin; b != nil && int(c.Length) != b.OutputSize(r.inLen) {
+		// Not what the model's metadata promises: a front end could not
+		// deliver it, so it is no result.
+		err = ingest.Errorf(ingest.StatusInternal, "the host reports %d output bytes; model %s gives %d for an input of %d: check the GPU host agent's version",
+			c.Length, b.Name, b.OutputSize(r.inLen), r.inLen)
 	} else {
 		out := make([]byte, c.Length)
 		if err = r.host.read(r.gpu, r.slot, out); err == nil {

@@ -220,14 +220,17 @@ func (a *Agent) Models() []ingest.ModelInfo {
 }
 
 // ModelInfo describes a model as tensors, as the agent publishes it: the
-// built-in ones as they are, others as rows of bytes. Clients of the gRPC
-// front end use it to shape their requests.
+// built-in ones as they are, others (the host's external models, whose
+// shapes only the host knows) as rows of bytes in and one row of bytes
+// out, its length -1: known only from the result, which the gRPC front
+// end's response shapes by it. Clients of the gRPC front end use it to
+// shape their requests.
 func ModelInfo(name string) ingest.ModelInfo {
 	return modelInfo(ModelConfig{Name: name})
 }
 
 func modelInfo(mc ModelConfig) ingest.ModelInfo {
-	info := ingest.ModelInfo{Name: mc.Name, RowBytes: 1, Datatype: "UINT8", RowShape: []int64{1}, OutDatatype: "UINT8", OutRowShape: []int64{1}, OutPerRow: true, Profile: mc.Profile}
+	info := ingest.ModelInfo{Name: mc.Name, RowBytes: 1, Datatype: "UINT8", RowShape: []int64{1}, OutDatatype: "UINT8", OutRowShape: []int64{-1}, Profile: mc.Profile}
 	m, err := model.Builtin(mc.Name)
 	if err != nil {
 		return info
@@ -235,10 +238,10 @@ func modelInfo(mc ModelConfig) ingest.ModelInfo {
 	info.Doc = m.Doc
 	switch m.Name {
 	case "checksum":
-		info.OutDatatype, info.OutRowShape, info.OutPerRow = "UINT32", []int64{2}, false
+		info.OutDatatype, info.OutRowShape = "UINT32", []int64{2}
 	case "mlp":
 		info.RowBytes, info.Datatype, info.RowShape = m.Multiple, "FP32", []int64{model.MLPIn}
-		info.OutDatatype, info.OutRowShape = "FP32", []int64{model.MLPOut}
+		info.OutDatatype, info.OutRowShape, info.OutPerRow = "FP32", []int64{model.MLPOut}, true
 	}
 	return info
 }
