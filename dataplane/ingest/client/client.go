@@ -64,7 +64,8 @@ type Options struct {
 	// Backoff is the wait before a new attempt after a retryable status,
 	// doubled each time up to MaxTimeout. 0: DefaultBackoff.
 	Backoff time.Duration
-	// MaxOutput is the largest result accepted; 0: DefaultMaxOutput.
+	// MaxOutput is the largest result accepted; 0: DefaultMaxOutput. A
+	// larger one fails the call at once with ErrOutputTooLarge.
 	MaxOutput int
 	// Logger receives debug lines about retransmissions and ignored
 	// datagrams; nil discards them.
@@ -109,6 +110,9 @@ var (
 	// ErrInvalid: the request cannot be sent (no model, a model name too
 	// long, an empty input, or one too large for the protocol).
 	ErrInvalid = errors.New("invalid request")
+	// ErrOutputTooLarge: the DPU's result is larger than
+	// Options.MaxOutput.
+	ErrOutputTooLarge = errors.New("result larger than MaxOutput")
 )
 
 // Client sends inference requests to one DPU. It is safe for concurrent
@@ -480,6 +484,7 @@ type call struct {
 	mu       sync.Mutex
 	got      bool // a first fragment arrived
 	finished bool
+	err      error // the call failed here (a result over max), not at the DPU
 	status   ingest.Status
 	text     string
 	gpu      uint8
@@ -496,7 +501,7 @@ const (
 	fragNew  fragVerdict = iota // new bytes, result not complete yet
 	fragDone                    // the result is complete
 	fragDup                     // nothing new
-	fragBad                     // disagrees with the first fragment, or too large
+	fragBad                     // disagrees with the first fragment
 )
 
 func (k *call) started() bool {
@@ -513,7 +518,13 @@ func (k *call) add(r *ingest.ResultFragment) fragVerdict {
 	}
 	if !k.got {
 		if r.Status == ingest.StatusOK && uint64(r.Total) > k.max {
-			return fragBad
+			// Every retransmission would bring the same answer: fail now,
+			// naming what to change.
+			k.err = fmt.Errorf("ingest client: request %016x: the DPU's result is %d bytes, over MaxOutput %d: raise Options.MaxOutput: %w",
+				k.id, r.Total, k.max, ErrOutputTooLarge)
+			k.finished = true
+			close(k.done)
+			return fragDone
 		}
 		k.got = true
 		k.status, k.text, k.gpu, k.queued, k.device, k.total = r.Status, r.Text, r.GPU, r.QueuedUs, r.DeviceUs, r.Total
@@ -541,6 +552,9 @@ func (k *call) add(r *ingest.ResultFragment) fragVerdict {
 func (k *call) result() (*ingest.Result, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if k.err != nil {
+		return nil, k.err
+	}
 	if k.status != ingest.StatusOK {
 		return nil, &ingest.Error{Status: k.status, Msg: k.text}
 	}
@@ -555,7 +569,8 @@ func (k *call) result() (*ingest.Result, error) {
 type Stats struct {
 	// Requests counts Infer calls; OK those that returned a result;
 	// Errors the others by cause: a status name (ingest.Status.String)
-	// for the DPU's verdicts, or timeout, closed, canceled, invalid.
+	// for the DPU's verdicts, or timeout, closed, canceled, invalid,
+	// output-too-large.
 	Requests uint64            `json:"requests"`
 	OK       uint64            `json:"ok"`
 	Errors   map[string]uint64 `json:"errors,omitempty"`
@@ -628,8 +643,8 @@ func (s *counters) countError(err error) {
 
 // Cause names an Infer error's cause as Stats and Report count it: the
 // status name of an *ingest.Error, "timeout", "closed", "canceled",
-// "deadline" (ctx's deadline, as the DPU's status reads), "invalid", or
-// "internal"; "ok" for nil.
+// "deadline" (ctx's deadline, as the DPU's status reads), "invalid",
+// "output-too-large", or "internal"; "ok" for nil.
 func Cause(err error) string {
 	var ie *ingest.Error
 	switch {
@@ -643,6 +658,8 @@ func Cause(err error) string {
 		return "closed"
 	case errors.Is(err, ErrInvalid):
 		return "invalid"
+	case errors.Is(err, ErrOutputTooLarge):
+		return "output-too-large"
 	case errors.Is(err, context.Canceled):
 		return "canceled"
 	}

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -515,7 +516,8 @@ func TestCallAdd(t *testing.T) {
 			[]fragVerdict{fragNew, fragBad, fragDone}, "abcdef"},
 		{"status changes", []ingest.ResultFragment{frag(6, 0, "abc"), {ID: 1, Status: ingest.StatusInternal}, frag(6, 3, "def")},
 			[]fragVerdict{fragNew, fragBad, fragDone}, "abcdef"},
-		{"too large", []ingest.ResultFragment{frag(1<<20, 0, "abc"), frag(3, 0, "abc")}, []fragVerdict{fragBad, fragDone}, "abc"},
+		// Over max: the call ends with ErrOutputTooLarge (out "!").
+		{"too large", []ingest.ResultFragment{frag(1<<20, 0, "abc"), frag(3, 0, "abc")}, []fragVerdict{fragDone, fragDup}, "!"},
 		{"empty output", []ingest.ResultFragment{frag(0, 0, "")}, []fragVerdict{fragDone}, ""},
 		{"failure", []ingest.ResultFragment{{ID: 1, Status: ingest.StatusNotGranted, Text: "no"}, {ID: 1, Status: ingest.StatusNotGranted}},
 			[]fragVerdict{fragDone, fragDup}, ""},
@@ -528,10 +530,14 @@ func TestCallAdd(t *testing.T) {
 				}
 			}
 			res, err := k.result()
-			if k.status == ingest.StatusOK && (err != nil || string(res.Output) != tc.out) {
-				t.Errorf("result %q, %v; want %q", res.Output, err, tc.out)
-			}
-			if k.status != ingest.StatusOK && ingest.StatusOf(err) != k.status {
+			switch {
+			case tc.out == "!":
+				if !errors.Is(err, ErrOutputTooLarge) {
+					t.Errorf("result %v, %v; want ErrOutputTooLarge", res, err)
+				}
+			case k.status == ingest.StatusOK && (err != nil || string(res.Output) != tc.out):
+				t.Errorf("result %v, %v; want %q", res, err, tc.out)
+			case k.status != ingest.StatusOK && ingest.StatusOf(err) != k.status:
 				t.Errorf("err %v", err)
 			}
 		})
@@ -613,5 +619,29 @@ func TestSpans(t *testing.T) {
 	}
 	if len(s.s) != 1 {
 		t.Errorf("spans %v, want one", s.s)
+	}
+}
+
+// TestResultOverMaxOutput: a result larger than MaxOutput fails the call
+// at once, with an error naming its size and MaxOutput, after one
+// transmission; before, every fragment was counted malformed and the
+// call retransmitted until it ended as ErrTimeout.
+func TestResultOverMaxOutput(t *testing.T) {
+	r := newRig(t, memnet.Options{}, Options{MaxOutput: 1000, Timeout: 20 * time.Millisecond, Retries: 3},
+		clienttest.Options{Handle: echoOrReference})
+	in := randomBytes(3, 1001)
+	_, err := r.c.Infer(context.Background(), "echo", in, 0)
+	if !errors.Is(err, ErrOutputTooLarge) || !strings.Contains(err.Error(), "1001 bytes") || !strings.Contains(err.Error(), "MaxOutput 1000") {
+		t.Fatalf("Infer: %v, want ErrOutputTooLarge naming 1001 bytes and MaxOutput 1000", err)
+	}
+	st := r.c.Stats()
+	if st.Retransmissions != 0 || st.Malformed != 0 || st.Errors["output-too-large"] != 1 {
+		t.Errorf("%d retransmissions, %d malformed, errors %v; want 0, 0, output-too-large 1", st.Retransmissions, st.Malformed, st.Errors)
+	}
+	// One byte less fits.
+	if res, err := r.c.Infer(context.Background(), "echo", in[:1000], 0); err != nil {
+		t.Fatal(err)
+	} else {
+		checkResult(t, "echo", in[:1000], res)
 	}
 }
