@@ -431,13 +431,13 @@ func (c *Client) run(ctx context.Context) {
 			continue
 		}
 		for _, p := range bufs[:n] {
-			c.handle(p.Data)
+			c.handle(p.Addr, p.Data)
 		}
 	}
 }
 
-// handle takes one received datagram.
-func (c *Client) handle(b []byte) {
+// handle takes one datagram received from from.
+func (c *Client) handle(from netip.AddrPort, b []byte) {
 	c.st.rxDatagrams.Add(1)
 	c.st.rxBytes.Add(uint64(len(b)))
 	h, payload, err := wire.Decode(b)
@@ -454,6 +454,13 @@ func (c *Client) handle(b []byte) {
 	if err != nil {
 		c.st.malformed.Add(1)
 		c.log.Debug("ingest client: malformed result", "err", err)
+		return
+	}
+	if !sameAddr(from, c.dpu) {
+		// Only the DPU the request went to answers it: anyone else who
+		// guessed the tenant and an ID would choose the caller's result.
+		c.st.foreign.Add(1)
+		c.log.Debug("ingest client: result from another address than the DPU's refused", "from", from, "dpu", c.dpu, "id", fmt.Sprintf("%016x", r.ID))
 		return
 	}
 	c.mu.Lock()
@@ -473,6 +480,12 @@ func (c *Client) handle(b []byte) {
 		c.st.malformed.Add(1)
 		c.log.Debug("ingest client: result fragment disagrees with the first", "id", fmt.Sprintf("%016x", r.ID))
 	}
+}
+
+// sameAddr compares addresses as the transports report them, an IPv4
+// address whether written plain or IPv4-mapped.
+func sameAddr(a, b netip.AddrPort) bool {
+	return a.Port() == b.Port() && a.Addr().Unmap() == b.Addr().Unmap()
 }
 
 // call is one attempt waiting for its result.
@@ -586,11 +599,14 @@ type Stats struct {
 	Results uint64 `json:"results"`
 	// Duplicates counts result fragments that brought nothing new;
 	// Stale those for no request in progress (a late copy of an answer
-	// already returned); Malformed datagrams that did not decode, or
-	// disagreed with the result's first fragment; Ignored valid
-	// datagrams of another type or tenant.
+	// already returned); Foreign results refused because they came from
+	// another address than the DPU's (a forgery, or a DPU that answers
+	// from another address than the one it was sent to); Malformed
+	// datagrams that did not decode, or disagreed with the result's first
+	// fragment; Ignored valid datagrams of another type or tenant.
 	Duplicates uint64 `json:"duplicates"`
 	Stale      uint64 `json:"stale"`
+	Foreign    uint64 `json:"foreign"`
 	Malformed  uint64 `json:"malformed"`
 	Ignored    uint64 `json:"ignored"`
 	// Datagrams and bytes (UDP payload) through the transport, and the
@@ -609,7 +625,7 @@ func (c *Client) Stats() Stats {
 	out := Stats{
 		Requests: s.requests.Load(), OK: s.ok.Load(), Attempts: s.attempts.Load(), StatusRetries: s.statusRetries.Load(),
 		Retransmissions: s.retransmissions.Load(), Results: s.results.Load(), Duplicates: s.duplicates.Load(),
-		Stale: s.stale.Load(), Malformed: s.malformed.Load(), Ignored: s.ignored.Load(),
+		Stale: s.stale.Load(), Foreign: s.foreign.Load(), Malformed: s.malformed.Load(), Ignored: s.ignored.Load(),
 		TxDatagrams: s.txDatagrams.Load(), TxBytes: s.txBytes.Load(), RxDatagrams: s.rxDatagrams.Load(), RxBytes: s.rxBytes.Load(),
 		SendErrors: s.sendErrors.Load(), RecvErrors: s.recvErrors.Load(),
 	}
@@ -626,7 +642,7 @@ func (c *Client) Stats() Stats {
 
 type counters struct {
 	requests, ok, attempts, statusRetries, retransmissions, results atomic.Uint64
-	duplicates, stale, malformed, ignored                           atomic.Uint64
+	duplicates, stale, foreign, malformed, ignored                  atomic.Uint64
 	txDatagrams, txBytes, rxDatagrams, rxBytes                      atomic.Uint64
 	sendErrors, recvErrors                                          atomic.Uint64
 

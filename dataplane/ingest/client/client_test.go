@@ -463,7 +463,9 @@ func TestMalformedIgnored(t *testing.T) {
 		{"an input", ingest.AppendInput(nil, 4, &ingest.Input{ID: 1, Total: 1, Model: "m", Data: []byte{1}}), "ignored"},
 		{"another tenant", res(5, ingest.ResultFragment{ID: 77, Total: 1, Data: []byte{1}}), "ignored"},
 		{"a ping", wire.Header{Version: wire.Version, Type: wire.TypePing, Tenant: 4}.AppendTo(nil, nil), "ignored"},
-		{"no such request", good, "stale"},
+		// Sent from elsewhere than the DPU, a valid result is foreign
+		// before it is stale.
+		{"no such request", good, "foreign"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ep, err := r.net.Listen(netip.MustParseAddrPort("10.77.0.99:0"))
@@ -485,7 +487,7 @@ func TestMalformedIgnored(t *testing.T) {
 			checkResult(t, "checksum", in, out)
 			after := r.c.Stats()
 			got := map[string]uint64{"malformed": after.Malformed - before.Malformed, "ignored": after.Ignored - before.Ignored,
-				"stale": after.Stale - before.Stale}
+				"stale": after.Stale - before.Stale, "foreign": after.Foreign - before.Foreign}
 			for k, v := range got {
 				if want := map[bool]uint64{true: 1}[k == tc.want]; v != want {
 					t.Errorf("%s counted %d, want %d", k, v, want)
@@ -643,5 +645,60 @@ func TestResultOverMaxOutput(t *testing.T) {
 		t.Fatal(err)
 	} else {
 		checkResult(t, "echo", in[:1000], res)
+	}
+}
+
+// TestResultFromElsewhere: a result datagram naming a request in progress
+// (its tenant and ID guessed, or seen on the wire) is taken only from the
+// DPU the request went to: one from any other address, even the DPU's
+// host on another port, is refused and counted, and the DPU's own result
+// is the one returned. Before, the first result to arrive won, whoever
+// sent it.
+func TestResultFromElsewhere(t *testing.T) {
+	for _, from := range []string{"10.77.0.99:61440", "10.77.0.12:61441"} {
+		t.Run(from, func(t *testing.T) {
+			n := memnet.New(memnet.Options{})
+			rogue, err := n.Listen(netip.MustParseAddrPort(from))
+			if err != nil {
+				t.Fatal(err)
+			}
+			dep, err := n.Listen(dpuAddr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cep, err := n.Listen(clientAddr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Before the DPU answers an input, the rogue answers it first
+			// with a forged output.
+			forged := func(_ netip.AddrPort, in *ingest.Input) {
+				f := ingest.ResultFragment{ID: in.ID, Total: 8, Data: []byte("forged!!"), Text: "x@0"}
+				if _, err := rogue.Send([]transport.Packet{{Addr: cep.LocalAddr(), Data: ingest.AppendResult(nil, 6, &f)}}); err != nil {
+					t.Error(err)
+				}
+			}
+			d := clienttest.Start(dep, clienttest.Options{OnInput: forged})
+			c, err := New(cep, dpuAddr, Options{Tenant: 6})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				c.Close()
+				d.Close()
+				for _, ep := range []*memnet.Endpoint{cep, dep, rogue} {
+					ep.Close()
+				}
+			})
+			in := randomBytes(5, 100)
+			res, err := c.Infer(context.Background(), "checksum", in, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkResult(t, "checksum", in, res)
+			if st := c.Stats(); st.Foreign != 1 || st.Results != 1 {
+				t.Errorf("%d datagrams refused as foreign, %d results; want 1, 1", st.Foreign, st.Results)
+			}
+		})
 	}
 }
