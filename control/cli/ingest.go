@@ -77,8 +77,8 @@ func ingestStats(c *ucli.Context) error {
 			a.Canceled, refusals(a.Refused))
 		fmt.Fprintf(w, "  now: %d in flight, %d waiting for a slice, %d bytes held; %d slots held for requests given up on; GPUs in use %v\n", a.InFlight, a.Queued, a.BufferBytes,
 			a.SlotsHeld, a.GPUsInUse)
-		fmt.Fprintf(w, "  bytes: %d from clients, %d written to slots, %d read from slots; %d fragments (%d duplicate, %d malformed; %d requests refused for fragments too small or too scattered)\n",
-			a.BytesIn, a.BytesToDevice, a.BytesFromDevice, a.Fragments, a.Duplicates, a.Malformed, a.FragmentRefusals)
+		fmt.Fprintf(w, "  bytes: %d from clients, %d written to slots, %d read from slots; %d input datagrams (%d duplicate, %d malformed; %d requests refused for fragments too small or too scattered), %d gRPC requests\n",
+			a.BytesIn, a.BytesToDevice, a.BytesFromDevice, a.Fragments, a.Duplicates, a.Malformed, a.FragmentRefusals, a.InferCalls)
 		fmt.Fprintf(w, "  latency p50 %v, p99 %v; scheduler %v per decision; doorbells %d (%d rung again), results resent %d\n",
 			a.P50.Round(time.Microsecond), a.P99.Round(time.Microsecond), a.Decision, a.Doorbells, a.Rerings, a.Resent)
 		fmt.Fprintf(w, "  host registrations %d (%d failed), host lost %d, host protocol errors %d, reassembly timeouts %d\n", a.Registrations, a.RegisterFailed, a.HostLost,

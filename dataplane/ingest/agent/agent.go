@@ -933,7 +933,7 @@ func (a *Agent) forgetLocked(d *doneResult) {
 func (a *Agent) Infer(ctx context.Context, req *ingest.Request) (*ingest.Result, error) {
 	now := time.Now()
 	a.mu.Lock()
-	a.stats.fragments.Add(1)
+	a.stats.inferCalls.Add(1) // a request, not a datagram: not a fragment
 	a.stats.bytesIn.Add(uint64(len(req.Input)))
 	m, pl, err := a.admitLocked(req.Tenant, req.Model, len(req.Input))
 	if err == nil && a.bufUsed+len(req.Input) > a.cfg.BufferBytes {

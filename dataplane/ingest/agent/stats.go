@@ -23,7 +23,7 @@ type counters struct {
 	bytesToDevice, bytesFromDevice, resultDatagrams, sendErrors atomic.Uint64
 	registrations, registerFailed, hostLost, reassemblyTimeouts atomic.Uint64
 	resultsForgotten, protocolErrors, canceled                  atomic.Uint64
-	fragmentRefusals, hostRefused                               atomic.Uint64
+	fragmentRefusals, hostRefused, inferCalls                   atomic.Uint64
 	refused                                                     [16]atomic.Uint64 // by ingest.Status
 }
 
@@ -80,12 +80,15 @@ func (l *latencies) percentiles(ps ...float64) []time.Duration {
 type Stats struct {
 	// Host is the registered GPU host, empty when none is.
 	Host *HostStatus `json:"host,omitempty"`
-	// Fragments and BytesIn count input datagrams and their bytes;
-	// Received requests whose input was complete; Completed those
-	// answered with a result; Refused those answered with an error, by
-	// status; Canceled those whose caller (of Infer: the gRPC front end)
-	// cancelled them. Each request counts once.
+	// Fragments counts input datagrams (the Lovelock protocol's);
+	// InferCalls the requests handed to Infer (the gRPC front end's),
+	// refused ones too; BytesIn the input bytes of both. Received counts
+	// requests whose input was complete; Completed those answered with a
+	// result; Refused those answered with an error, by status; Canceled
+	// those whose caller (of Infer: the gRPC front end) cancelled them.
+	// Each request counts once.
 	Fragments  uint64            `json:"fragments"`
+	InferCalls uint64            `json:"infer_calls"`
 	BytesIn    uint64            `json:"bytes_in"`
 	Received   uint64            `json:"received"`
 	Completed  uint64            `json:"completed"`
@@ -163,7 +166,7 @@ type HostStatus struct {
 // Stats returns the agent's counters.
 func (a *Agent) Stats() Stats {
 	s := Stats{
-		Fragments: a.stats.fragments.Load(), BytesIn: a.stats.bytesIn.Load(), Received: a.stats.received.Load(),
+		Fragments: a.stats.fragments.Load(), InferCalls: a.stats.inferCalls.Load(), BytesIn: a.stats.bytesIn.Load(), Received: a.stats.received.Load(),
 		Completed: a.stats.completed.Load(), Canceled: a.stats.canceled.Load(), Malformed: a.stats.malformed.Load(), Duplicates: a.stats.duplicates.Load(),
 		Resent: a.stats.resent.Load(), ResultsForgotten: a.stats.resultsForgotten.Load(), LateResults: a.stats.lateResults.Load(), ReassemblyTimeouts: a.stats.reassemblyTimeouts.Load(),
 		FragmentRefusals: a.stats.fragmentRefusals.Load(),
