@@ -399,8 +399,8 @@ func printInfer(w io.Writer, r *inferReport) {
 	if r.Check != "" {
 		fmt.Fprintf(w, "check:   %s\n", r.Check)
 	}
-	if st.Malformed+st.Stale+st.Ignored > 0 {
-		fmt.Fprintf(w, "datagrams ignored: %d malformed, %d stale, %d other\n", st.Malformed, st.Stale, st.Ignored)
+	if st.Malformed+st.Stale+st.Foreign+st.Ignored > 0 {
+		fmt.Fprintf(w, "datagrams ignored: %d malformed, %d stale, %d results from another address than the DPU's, %d other\n", st.Malformed, st.Stale, st.Foreign, st.Ignored)
 	}
 }
 

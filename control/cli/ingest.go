@@ -75,9 +75,10 @@ func ingestStats(c *ucli.Context) error {
 		}
 		fmt.Fprintf(w, "  requests: %d received, %d completed, %d late, %d canceled by the caller; refused %s\n", a.Received, a.Completed, a.LateResults,
 			a.Canceled, refusals(a.Refused))
-		fmt.Fprintf(w, "  now: %d in flight, %d waiting for a slice, %d bytes held; GPUs in use %v\n", a.InFlight, a.Queued, a.BufferBytes, a.GPUsInUse)
-		fmt.Fprintf(w, "  bytes: %d from clients, %d written to slots, %d read from slots; %d fragments (%d duplicate, %d malformed; %d requests refused for fragments too small or too scattered)\n",
-			a.BytesIn, a.BytesToDevice, a.BytesFromDevice, a.Fragments, a.Duplicates, a.Malformed, a.FragmentRefusals)
+		fmt.Fprintf(w, "  now: %d in flight, %d waiting for a slice, %d bytes held; %d slots held for requests given up on; GPUs in use %v\n", a.InFlight, a.Queued, a.BufferBytes,
+			a.SlotsHeld, a.GPUsInUse)
+		fmt.Fprintf(w, "  bytes: %d from clients, %d written to slots, %d read from slots; %d input datagrams (%d duplicate, %d malformed; %d requests refused for fragments too small or too scattered), %d gRPC requests\n",
+			a.BytesIn, a.BytesToDevice, a.BytesFromDevice, a.Fragments, a.Duplicates, a.Malformed, a.FragmentRefusals, a.InferCalls)
 		// The percentiles are over completed requests: none, no latency.
 		lat := "latency: none measured (no request completed)"
 		if a.Completed > 0 {

@@ -9,6 +9,7 @@ var (
 	agentBytes    = prometheus.NewDesc("lovelock_ingest_bytes_total", "Bytes the DPU ingest agent moved, by direction (in: from clients; to_device, from_device: the host's slot buffers).", []string{"dir"}, nil)
 	agentInFlight = prometheus.NewDesc("lovelock_ingest_in_flight", "Requests open on the DPU ingest agent.", nil, nil)
 	agentQueued   = prometheus.NewDesc("lovelock_ingest_queued", "Requests waiting for a GPU slice.", nil, nil)
+	agentHeld     = prometheus.NewDesc("lovelock_ingest_slots_held", "GPU slots held for requests already answered (given up on) that the host may still run: neither free nor in flight.", nil, nil)
 	agentLatency  = prometheus.NewDesc("lovelock_ingest_latency_seconds", "Latency from an input's first fragment to its result, by quantile, over the last 4096 results.", []string{"quantile"}, nil)
 	agentHost     = prometheus.NewDesc("lovelock_ingest_host_registered", "1 while a GPU host is registered with the DPU ingest agent.", nil, nil)
 	agentRefused  = prometheus.NewDesc("lovelock_ingest_host_refused_total", "Control datagrams the DPU ingest agent refused: from outside host_peer, or registrations naming a handle socket host_socket does not allow.", nil, nil)
@@ -18,7 +19,7 @@ var (
 
 // Describe implements prometheus.Collector.
 func (s *Service) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{agentReqs, agentBytes, agentInFlight, agentQueued, agentLatency, agentHost, agentRefused} {
+	for _, d := range []*prometheus.Desc{agentReqs, agentBytes, agentInFlight, agentQueued, agentHeld, agentLatency, agentHost, agentRefused} {
 		ch <- d
 	}
 }
@@ -46,6 +47,7 @@ func (s *Service) Collect(ch chan<- prometheus.Metric) {
 	counter(agentBytes, st.BytesFromDevice, "from_device")
 	gauge(agentInFlight, float64(st.InFlight))
 	gauge(agentQueued, float64(st.Queued))
+	gauge(agentHeld, float64(st.SlotsHeld))
 	gauge(agentLatency, st.P50.Seconds(), "0.5")
 	gauge(agentLatency, st.P99.Seconds(), "0.99")
 	reg := 0.0

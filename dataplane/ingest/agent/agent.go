@@ -49,6 +49,9 @@ type Agent struct {
 	// of this agent, so numbers counted from 0 would repeat old ones.
 	nextSeq uint64
 	bufUsed int
+	// held are the requests answered (given up on) that still hold their
+	// slot: the write into it or the host's run on it may go on.
+	held int
 
 	stats counters
 	lat   latencies
@@ -116,8 +119,10 @@ type request struct {
 	done chan *outcome
 	// answered: the client has its answer, counted in the stats. Before
 	// the request ends only when Infer's caller gave up while the input
-	// was written or the model ran: the request keeps its slice until
-	// that ends (write or complete), then ends without a second answer.
+	// was written or the model ran, or its doorbells went unanswered
+	// (abandonLocked): the request keeps its slice until that ends (the
+	// write, the host's answer, a new registration, the host's loss),
+	// then ends without a second answer.
 	answered bool
 }
 
@@ -748,6 +753,11 @@ func (a *Agent) complete(c ingest.Ctrl) {
 		err = &ingest.Error{Status: c.Status, Msg: c.Text}
 	} else if int(c.Length) > r.host.slotOut(r.gpu) {
 		err = ingest.Errorf(ingest.StatusInternal, "the host reports %d output bytes in a %d-byte buffer", c.Length, r.host.slotOut(r.gpu))
+	} else if b := r.model.builtin; b != nil && int(c.Length) != b.OutputSize(r.inLen) {
+		// Not what the model's metadata promises: a front end could not
+		// deliver it, so it is no result.
+		err = ingest.Errorf(ingest.StatusInternal, "the host reports %d output bytes; model %s gives %d for an input of %d: check the GPU host agent's version",
+			c.Length, b.Name, b.OutputSize(r.inLen), r.inLen)
 	} else {
 		out := make([]byte, c.Length)
 		if err = r.host.read(r.gpu, r.slot, out); err == nil {
@@ -777,13 +787,32 @@ func (a *Agent) failLocked(r *request, err error) {
 
 // abandonLocked answers a request's caller with err now, but leaves the
 // request holding its slice: its input is still being copied into the
-// slot, or the host runs on it, and a request placed there meanwhile
-// would race with either. write or complete ends it.
+// slot, or the host may run on it, and a request placed there meanwhile
+// would race with either. The write's end, the host's answer for it, a
+// new registration or the host's loss ends it.
 func (a *Agent) abandonLocked(r *request, err error) {
 	if a.bySeq[r.seq] != r || r.answered {
 		return
 	}
 	a.answerLocked(r, nil, err)
+	a.held++
+	if r.key.addr.IsValid() {
+		// The client's ID is free again: a retransmission after its
+		// kept answer expired is a new request, not a duplicate of this.
+		// Infer's keys are {id: seq} too, so this one meets none.
+		delete(a.reqs, r.key)
+		r.key = reqKey{id: r.seq}
+		a.reqs[r.key] = r
+	}
+}
+
+// holdLocked gives up on a request whose doorbells went unanswered: its
+// client is answered with err, but its slot stays held, since the host
+// may still run the model on it.
+func (a *Agent) holdLocked(r *request, err error) {
+	a.cfg.Logger.Warn("GPU host did not answer for a request; its client was answered, its slot is held until the host answers, re-registers or is declared lost",
+		"seq", r.seq, "slot", fmt.Sprintf("%d/%d", r.gpu, r.slot), "doorbells", r.rings)
+	a.abandonLocked(r, err)
 }
 
 // finishLocked ends a request: its slice goes back to the scheduler, the
@@ -795,6 +824,9 @@ func (a *Agent) finishLocked(r *request, res *ingest.Result, err error) {
 	}
 	delete(a.bySeq, r.seq)
 	delete(a.reqs, r.key)
+	if r.answered { // abandonLocked answered it and held its slot
+		a.held--
+	}
 	switch r.state {
 	case receiving, queued, writing:
 		a.bufUsed -= len(r.buf)
@@ -901,7 +933,7 @@ func (a *Agent) forgetLocked(d *doneResult) {
 func (a *Agent) Infer(ctx context.Context, req *ingest.Request) (*ingest.Result, error) {
 	now := time.Now()
 	a.mu.Lock()
-	a.stats.fragments.Add(1)
+	a.stats.inferCalls.Add(1) // a request, not a datagram: not a fragment
 	a.stats.bytesIn.Add(uint64(len(req.Input)))
 	m, pl, err := a.admitLocked(req.Tenant, req.Model, len(req.Input))
 	if err == nil && a.bufUsed+len(req.Input) > a.cfg.BufferBytes {

@@ -297,15 +297,29 @@ func runningRequest(a *Agent, gpu, slot int) *request {
 func noReRing(c *Config) { c.DoorbellTimeout = time.Hour }
 
 // TestImpossibleOutputLength: a completion whose output would not fit the
-// slot's output buffer fails the request as internal, and no byte is
-// counted as read from the device.
+// slot's output buffer, or of another length than the built-in model
+// gives (which the agent's metadata promises its front ends), fails the
+// request as internal, counted so and not as completed, and no byte is
+// counted as read from the device. Before, a checksum of 4 bytes was
+// delivered and counted completed, and the gRPC front end then failed it.
 func TestImpossibleOutputLength(t *testing.T) {
 	r := newRig(t, rigOptions{tweak: noReRing})
 	a := r.agent
-	req := runningRequest(a, 0, 0)
-	a.complete(ingest.Ctrl{Op: ingest.OpComplete, Epoch: req.host.epoch, Request: req.seq, Length: uint32(req.host.slotOut(0) + 1)})
-	o := <-req.done
-	if s := a.Stats(); ingest.StatusOf(o.err) != ingest.StatusInternal || s.BytesFromDevice != 0 {
-		t.Errorf("%v, %d bytes from the device; want an internal error and 0 bytes", o.err, s.BytesFromDevice)
+	for i, tc := range []struct {
+		name   string
+		length func(h *host) int
+	}{
+		{"beyond the slot's buffer", func(h *host) int { return h.slotOut(0) + 1 }},
+		{"not the model's", func(*host) int { return model.ChecksumLen / 2 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := runningRequest(a, 0, 0)
+			a.complete(ingest.Ctrl{Op: ingest.OpComplete, Epoch: req.host.epoch, Request: req.seq, Length: uint32(tc.length(req.host))})
+			o := <-req.done
+			if s := a.Stats(); ingest.StatusOf(o.err) != ingest.StatusInternal || s.BytesFromDevice != 0 || s.Completed != 0 || s.Refused["internal"] != uint64(i+1) {
+				t.Errorf("%v, %d bytes from the device, completed %d, refused %v; want an internal error, 0 bytes, 0 completed, %d internal",
+					o.err, s.BytesFromDevice, s.Completed, s.Refused, i+1)
+			}
+		})
 	}
 }

@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"testing"
 	"time"
@@ -118,4 +119,45 @@ func TestKServeReadiness(t *testing.T) {
 	r.startHost(0)
 	r.waitRegistered()
 	check("host registered again", true, map[string]bool{"checksum": true, "mlp": true, "mine": false})
+}
+
+// TestKServeExternalOutput: a model the DPU does not know (one the host
+// attaches) is published as bytes in and one row of bytes out whose
+// length only the result gives ([1, -1]); a result of another length than
+// its input is served with its actual shape and counted once, completed.
+// Before, the output was described as one byte per input byte: such a
+// result failed as INTERNAL at the gRPC client after the agent had
+// counted it completed.
+func TestKServeExternalOutput(t *testing.T) {
+	half := &model.Model{Name: "half", Doc: "the input's first half", Multiple: 1, OutputSize: func(n int) int { return n / 2 },
+		Reference: func(in, out []byte) int { return copy(out, in[:len(in)/2]) }}
+	r := newRig(t, rigOptions{models: []ModelConfig{{Name: "checksum"}, {Name: "half"}}, hostModels: []*model.Model{half}})
+	c := pb.NewGRPCInferenceServiceClient(r.kserve())
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	md, err := c.ModelMetadata(ctx, &pb.ModelMetadataRequest{Name: "half"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := md.GetOutputs(); len(o) != 1 || o[0].GetDatatype() != "UINT8" || fmt.Sprint(o[0].GetShape()) != "[1 -1]" {
+		t.Errorf("metadata output %v, want one UINT8 [1 -1]", o)
+	}
+	for i, n := range []int{2, 1000, 4097} {
+		in := randomBytes(uint64(i), n)
+		resp, err := c.ModelInfer(ctx, &pb.ModelInferRequest{ModelName: "half",
+			Inputs:           []*pb.ModelInferRequest_InferInputTensor{{Name: "input", Datatype: "UINT8", Shape: []int64{int64(n), 1}}},
+			RawInputContents: [][]byte{in}})
+		if err != nil {
+			t.Fatalf("%d bytes: %v", n, err)
+		}
+		o := resp.GetOutputs()
+		if len(o) != 1 || o[0].GetDatatype() != "UINT8" || fmt.Sprint(o[0].GetShape()) != fmt.Sprint([]int64{1, int64(n / 2)}) ||
+			len(resp.GetRawOutputContents()) != 1 || !bytes.Equal(resp.GetRawOutputContents()[0], in[:n/2]) {
+			t.Errorf("%d bytes: outputs %v, want one UINT8 [1 %d] holding the input's first half", n, o, n/2)
+		}
+	}
+	if s := r.agent.Stats(); s.Completed != 3 || len(s.Refused) != 0 {
+		t.Errorf("completed %d, refused %v; want 3, none", s.Completed, s.Refused)
+	}
 }

@@ -104,10 +104,13 @@ func (o *outbox) flush(batch []transport.Packet) []transport.Packet {
 			break
 		}
 		o.errs.Add(1)
-		o.log.Debug("send", "to", o.name, "addr", out[n].Addr, "err", err)
-		if errors.Is(err, transport.ErrClosed) {
+		if errors.Is(err, transport.ErrClosed) || n >= len(out) {
+			// Closed, or every datagram went and the error names none
+			// (transport.SendAll takes it so too): nothing to skip.
+			o.log.Debug("send", "to", o.name, "err", err)
 			break
 		}
+		o.log.Debug("send", "to", o.name, "addr", out[n].Addr, "err", err)
 		out = out[n+1:]
 	}
 	clear(batch) // drop the references to sent data

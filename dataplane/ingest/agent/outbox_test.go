@@ -2,8 +2,10 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -94,5 +96,73 @@ func TestOutboxBatches(t *testing.T) {
 	}
 	if errs.Load() != 0 {
 		t.Errorf("%d send errors", errs.Load())
+	}
+}
+
+// scriptedSend is a transport whose Send answers from a script: each call
+// takes the next step, which says how many of the datagrams it was handed
+// count as sent and with what error; past the script everything is sent.
+type scriptedSend struct {
+	transport.Transport // only Send and MaxPayload are called
+	steps               []sendStep
+	sent                []transport.Packet
+}
+
+type sendStep struct {
+	n   func(handed int) int
+	err error
+}
+
+func (s *scriptedSend) Send(pkts []transport.Packet) (int, error) {
+	if len(s.steps) == 0 {
+		s.sent = append(s.sent, pkts...)
+		return len(pkts), nil
+	}
+	st := s.steps[0]
+	s.steps = s.steps[1:]
+	n := st.n(len(pkts))
+	s.sent = append(s.sent, pkts[:n]...)
+	return n, st.err
+}
+
+func (s *scriptedSend) MaxPayload() int { return 1500 }
+
+// TestOutboxSendErrors: the outbox takes a transport's partial sends as
+// the Transport contract says (pkts[n] was refused, the rest goes again),
+// and a Send that reports every datagram sent together with an error (as
+// transport.SendAll allows) ends the flush; before, that indexed out[n]
+// past the batch and panicked the agent's sender.
+func TestOutboxSendErrors(t *testing.T) {
+	boom := errors.New("send failed")
+	all := func(h int) int { return h }
+	first := func(int) int { return 1 }
+	for _, tc := range []struct {
+		name     string
+		steps    []sendStep
+		wantSent []int // the packets' indexes that went out
+		wantErrs uint64
+	}{
+		{"all sent, with an error", []sendStep{{all, boom}}, []int{0, 1, 2, 3}, 1},
+		{"second refused", []sendStep{{first, boom}}, []int{0, 2, 3}, 1},
+		{"second refused, then all sent with an error", []sendStep{{first, boom}, {all, boom}}, []int{0, 2, 3}, 2},
+		{"closed", []sendStep{{first, transport.ErrClosed}}, []int{0}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := &scriptedSend{steps: tc.steps}
+			var sent, errs atomic.Uint64
+			o := newOutbox(tr, "clients", slog.New(slog.DiscardHandler), &sent, &errs)
+			to := netip.MustParseAddrPort("10.0.0.100:1")
+			for i := range 4 {
+				o.push(transport.Packet{Addr: to, Data: []byte{byte(i)}})
+			}
+			o.flush(nil)
+			var got []int
+			for _, p := range tr.sent {
+				got = append(got, int(p.Data[0]))
+			}
+			if !slices.Equal(got, tc.wantSent) || sent.Load() != uint64(len(tc.wantSent)) || errs.Load() != tc.wantErrs {
+				t.Errorf("sent %v (counted %d), %d errors; want %v, %d", got, sent.Load(), errs.Load(), tc.wantSent, tc.wantErrs)
+			}
+		})
 	}
 }

@@ -23,7 +23,7 @@ type counters struct {
 	bytesToDevice, bytesFromDevice, resultDatagrams, sendErrors atomic.Uint64
 	registrations, registerFailed, hostLost, reassemblyTimeouts atomic.Uint64
 	resultsForgotten, protocolErrors, canceled                  atomic.Uint64
-	fragmentRefusals, hostRefused                               atomic.Uint64
+	fragmentRefusals, hostRefused, inferCalls                   atomic.Uint64
 	refused                                                     [16]atomic.Uint64 // by ingest.Status
 }
 
@@ -80,12 +80,15 @@ func (l *latencies) percentiles(ps ...float64) []time.Duration {
 type Stats struct {
 	// Host is the registered GPU host, empty when none is.
 	Host *HostStatus `json:"host,omitempty"`
-	// Fragments and BytesIn count input datagrams and their bytes;
-	// Received requests whose input was complete; Completed those
-	// answered with a result; Refused those answered with an error, by
-	// status; Canceled those whose caller (of Infer: the gRPC front end)
-	// cancelled them. Each request counts once.
+	// Fragments counts input datagrams (the Lovelock protocol's);
+	// InferCalls the requests handed to Infer (the gRPC front end's),
+	// refused ones too; BytesIn the input bytes of both. Received counts
+	// requests whose input was complete; Completed those answered with a
+	// result; Refused those answered with an error, by status; Canceled
+	// those whose caller (of Infer: the gRPC front end) cancelled them.
+	// Each request counts once.
 	Fragments  uint64            `json:"fragments"`
+	InferCalls uint64            `json:"infer_calls"`
 	BytesIn    uint64            `json:"bytes_in"`
 	Received   uint64            `json:"received"`
 	Completed  uint64            `json:"completed"`
@@ -130,8 +133,13 @@ type Stats struct {
 	// name (a completion for another GPU or slot); they are ignored.
 	ProtocolErrors uint64 `json:"host_protocol_errors"`
 	// InFlight are requests open now; Queued those waiting for a slice;
-	// BufferBytes the DPU memory their inputs hold.
+	// BufferBytes the DPU memory their inputs hold. SlotsHeld are the
+	// slots of requests already answered (their doorbells went
+	// unanswered, or their Infer caller gave up) that the host may still
+	// be writing or running on: neither free nor in flight, they go back
+	// when the host answers for their request, re-registers or is lost.
 	InFlight    int `json:"in_flight"`
+	SlotsHeld   int `json:"slots_held"`
 	Queued      int `json:"queued"`
 	BufferBytes int `json:"buffer_bytes"`
 	// Latency percentiles (nearest rank) from the input's first fragment
@@ -158,7 +166,7 @@ type HostStatus struct {
 // Stats returns the agent's counters.
 func (a *Agent) Stats() Stats {
 	s := Stats{
-		Fragments: a.stats.fragments.Load(), BytesIn: a.stats.bytesIn.Load(), Received: a.stats.received.Load(),
+		Fragments: a.stats.fragments.Load(), InferCalls: a.stats.inferCalls.Load(), BytesIn: a.stats.bytesIn.Load(), Received: a.stats.received.Load(),
 		Completed: a.stats.completed.Load(), Canceled: a.stats.canceled.Load(), Malformed: a.stats.malformed.Load(), Duplicates: a.stats.duplicates.Load(),
 		Resent: a.stats.resent.Load(), ResultsForgotten: a.stats.resultsForgotten.Load(), LateResults: a.stats.lateResults.Load(), ReassemblyTimeouts: a.stats.reassemblyTimeouts.Load(),
 		FragmentRefusals: a.stats.fragmentRefusals.Load(),
@@ -180,7 +188,7 @@ func (a *Agent) Stats() Stats {
 	s.P50, s.P99 = p[0], p[1]
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	s.InFlight, s.BufferBytes = len(a.reqs), a.bufUsed
+	s.InFlight, s.SlotsHeld, s.BufferBytes = len(a.reqs)-a.held, a.held, a.bufUsed
 	if h := a.host; h != nil {
 		s.Host = &HostStatus{Addr: h.addr.String(), Epoch: fmt.Sprintf("%016x", h.epoch), Socket: h.socket, GPUs: h.layout.GPUs, Models: h.layout.Models, Seen: time.Since(h.lastSeen)}
 		s.GPUsInUse = map[string]int{}
@@ -215,14 +223,17 @@ func (a *Agent) Models() []ingest.ModelInfo {
 }
 
 // ModelInfo describes a model as tensors, as the agent publishes it: the
-// built-in ones as they are, others as rows of bytes. Clients of the gRPC
-// front end use it to shape their requests.
+// built-in ones as they are, others (the host's external models, whose
+// shapes only the host knows) as rows of bytes in and one row of bytes
+// out, its length -1: known only from the result, which the gRPC front
+// end's response shapes by it. Clients of the gRPC front end use it to
+// shape their requests.
 func ModelInfo(name string) ingest.ModelInfo {
 	return modelInfo(ModelConfig{Name: name})
 }
 
 func modelInfo(mc ModelConfig) ingest.ModelInfo {
-	info := ingest.ModelInfo{Name: mc.Name, RowBytes: 1, Datatype: "UINT8", RowShape: []int64{1}, OutDatatype: "UINT8", OutRowShape: []int64{1}, OutPerRow: true, Profile: mc.Profile}
+	info := ingest.ModelInfo{Name: mc.Name, RowBytes: 1, Datatype: "UINT8", RowShape: []int64{1}, OutDatatype: "UINT8", OutRowShape: []int64{-1}, Profile: mc.Profile}
 	m, err := model.Builtin(mc.Name)
 	if err != nil {
 		return info
@@ -230,10 +241,10 @@ func modelInfo(mc ModelConfig) ingest.ModelInfo {
 	info.Doc = m.Doc
 	switch m.Name {
 	case "checksum":
-		info.OutDatatype, info.OutRowShape, info.OutPerRow = "UINT32", []int64{2}, false
+		info.OutDatatype, info.OutRowShape = "UINT32", []int64{2}
 	case "mlp":
 		info.RowBytes, info.Datatype, info.RowShape = m.Multiple, "FP32", []int64{model.MLPIn}
-		info.OutDatatype, info.OutRowShape = "FP32", []int64{model.MLPOut}
+		info.OutDatatype, info.OutRowShape, info.OutPerRow = "FP32", []int64{model.MLPOut}, true
 	}
 	return info
 }

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -81,5 +82,33 @@ func TestRunTimeFromRunsOnly(t *testing.T) {
 				t.Errorf("run-time estimate %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestFrontEndCounters: Fragments counts input datagrams, as documented,
+// and InferCalls the requests handed to Infer (the gRPC front end), a
+// refused one too; BytesIn counts the input bytes of both. Before, every
+// Infer call counted as a fragment, so fragments mixed datagrams with
+// gRPC requests.
+func TestFrontEndCounters(t *testing.T) {
+	r := newRig(t, rigOptions{})
+	a := r.agent
+	cl := r.client(0)
+	in := randomBytes(1, 20000)
+	pkts := cl.fragments(1, "checksum", in, 0)
+	cl.send(pkts)
+	if ans, err := cl.await(1, nil, time.Second, 20*time.Second); err != nil || ans.status != ingest.StatusOK {
+		t.Fatalf("datagram request: %+v, %v", ans, err)
+	}
+	if _, err := a.Infer(context.Background(), &ingest.Request{Model: "checksum", Input: in[:3000]}); err != nil {
+		t.Fatalf("Infer: %v", err)
+	}
+	if _, err := a.Infer(context.Background(), &ingest.Request{Model: "resnet", Input: in[:10]}); ingest.StatusOf(err) != ingest.StatusUnknownModel {
+		t.Fatalf("Infer of an unknown model: %v, want unknown-model", err)
+	}
+	s := a.Stats()
+	if s.Fragments != uint64(len(pkts)) || s.InferCalls != 2 || s.BytesIn != 20000+3000+10 || s.Received != 2 {
+		t.Errorf("fragments %d, infer calls %d, bytes in %d, received %d; want %d, 2, %d, 2", s.Fragments, s.InferCalls, s.BytesIn, s.Received,
+			len(pkts), 20000+3000+10)
 	}
 }

@@ -57,10 +57,11 @@ func (a *Agent) expireLocked(now time.Time) {
 			if now.Sub(r.rungAt) < max(a.cfg.DoorbellTimeout, 2*r.model.duration) {
 				continue
 			}
-			if r.rings > a.cfg.DoorbellRetries {
-				a.failLocked(r, ingest.Errorf(ingest.StatusHostUnavailable, "the GPU host did not complete the request after %d doorbells: retry", r.rings))
-				continue
+			if r.rings > a.cfg.DoorbellRetries && !r.answered {
+				a.holdLocked(r, ingest.Errorf(ingest.StatusHostUnavailable, "the GPU host did not complete the request after %d doorbells: retry", r.rings))
 			}
+			// A held request is rung on: the host's answer for it (its
+			// completion, from memory if that was lost) frees its slot.
 			a.stats.rerings.Add(1)
 			a.ringLocked(r)
 		}

@@ -64,7 +64,8 @@ type Options struct {
 	// Backoff is the wait before a new attempt after a retryable status,
 	// doubled each time up to MaxTimeout. 0: DefaultBackoff.
 	Backoff time.Duration
-	// MaxOutput is the largest result accepted; 0: DefaultMaxOutput.
+	// MaxOutput is the largest result accepted; 0: DefaultMaxOutput. A
+	// larger one fails the call at once with ErrOutputTooLarge.
 	MaxOutput int
 	// Logger receives debug lines about retransmissions and ignored
 	// datagrams; nil discards them.
@@ -109,6 +110,9 @@ var (
 	// ErrInvalid: the request cannot be sent (no model, a model name too
 	// long, an empty input, or one too large for the protocol).
 	ErrInvalid = errors.New("invalid request")
+	// ErrOutputTooLarge: the DPU's result is larger than
+	// Options.MaxOutput.
+	ErrOutputTooLarge = errors.New("result larger than MaxOutput")
 )
 
 // Client sends inference requests to one DPU. It is safe for concurrent
@@ -427,13 +431,13 @@ func (c *Client) run(ctx context.Context) {
 			continue
 		}
 		for _, p := range bufs[:n] {
-			c.handle(p.Data)
+			c.handle(p.Addr, p.Data)
 		}
 	}
 }
 
-// handle takes one received datagram.
-func (c *Client) handle(b []byte) {
+// handle takes one datagram received from from.
+func (c *Client) handle(from netip.AddrPort, b []byte) {
 	c.st.rxDatagrams.Add(1)
 	c.st.rxBytes.Add(uint64(len(b)))
 	h, payload, err := wire.Decode(b)
@@ -450,6 +454,13 @@ func (c *Client) handle(b []byte) {
 	if err != nil {
 		c.st.malformed.Add(1)
 		c.log.Debug("ingest client: malformed result", "err", err)
+		return
+	}
+	if !sameAddr(from, c.dpu) {
+		// Only the DPU the request went to answers it: anyone else who
+		// guessed the tenant and an ID would choose the caller's result.
+		c.st.foreign.Add(1)
+		c.log.Debug("ingest client: result from another address than the DPU's refused", "from", from, "dpu", c.dpu, "id", fmt.Sprintf("%016x", r.ID))
 		return
 	}
 	c.mu.Lock()
@@ -471,6 +482,12 @@ func (c *Client) handle(b []byte) {
 	}
 }
 
+// sameAddr compares addresses as the transports report them, an IPv4
+// address whether written plain or IPv4-mapped.
+func sameAddr(a, b netip.AddrPort) bool {
+	return a.Port() == b.Port() && a.Addr().Unmap() == b.Addr().Unmap()
+}
+
 // call is one attempt waiting for its result.
 type call struct {
 	id   uint64
@@ -480,6 +497,7 @@ type call struct {
 	mu       sync.Mutex
 	got      bool // a first fragment arrived
 	finished bool
+	err      error // the call failed here (a result over max), not at the DPU
 	status   ingest.Status
 	text     string
 	gpu      uint8
@@ -496,7 +514,7 @@ const (
 	fragNew  fragVerdict = iota // new bytes, result not complete yet
 	fragDone                    // the result is complete
 	fragDup                     // nothing new
-	fragBad                     // disagrees with the first fragment, or too large
+	fragBad                     // disagrees with the first fragment
 )
 
 func (k *call) started() bool {
@@ -513,7 +531,13 @@ func (k *call) add(r *ingest.ResultFragment) fragVerdict {
 	}
 	if !k.got {
 		if r.Status == ingest.StatusOK && uint64(r.Total) > k.max {
-			return fragBad
+			// Every retransmission would bring the same answer: fail now,
+			// naming what to change.
+			k.err = fmt.Errorf("ingest client: request %016x: the DPU's result is %d bytes, over MaxOutput %d: raise Options.MaxOutput: %w",
+				k.id, r.Total, k.max, ErrOutputTooLarge)
+			k.finished = true
+			close(k.done)
+			return fragDone
 		}
 		k.got = true
 		k.status, k.text, k.gpu, k.queued, k.device, k.total = r.Status, r.Text, r.GPU, r.QueuedUs, r.DeviceUs, r.Total
@@ -541,6 +565,9 @@ func (k *call) add(r *ingest.ResultFragment) fragVerdict {
 func (k *call) result() (*ingest.Result, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if k.err != nil {
+		return nil, k.err
+	}
 	if k.status != ingest.StatusOK {
 		return nil, &ingest.Error{Status: k.status, Msg: k.text}
 	}
@@ -555,7 +582,8 @@ func (k *call) result() (*ingest.Result, error) {
 type Stats struct {
 	// Requests counts Infer calls; OK those that returned a result;
 	// Errors the others by cause: a status name (ingest.Status.String)
-	// for the DPU's verdicts, or timeout, closed, canceled, invalid.
+	// for the DPU's verdicts, or timeout, closed, canceled, invalid,
+	// output-too-large.
 	Requests uint64            `json:"requests"`
 	OK       uint64            `json:"ok"`
 	Errors   map[string]uint64 `json:"errors,omitempty"`
@@ -571,11 +599,14 @@ type Stats struct {
 	Results uint64 `json:"results"`
 	// Duplicates counts result fragments that brought nothing new;
 	// Stale those for no request in progress (a late copy of an answer
-	// already returned); Malformed datagrams that did not decode, or
-	// disagreed with the result's first fragment; Ignored valid
-	// datagrams of another type or tenant.
+	// already returned); Foreign results refused because they came from
+	// another address than the DPU's (a forgery, or a DPU that answers
+	// from another address than the one it was sent to); Malformed
+	// datagrams that did not decode, or disagreed with the result's first
+	// fragment; Ignored valid datagrams of another type or tenant.
 	Duplicates uint64 `json:"duplicates"`
 	Stale      uint64 `json:"stale"`
+	Foreign    uint64 `json:"foreign"`
 	Malformed  uint64 `json:"malformed"`
 	Ignored    uint64 `json:"ignored"`
 	// Datagrams and bytes (UDP payload) through the transport, and the
@@ -594,7 +625,7 @@ func (c *Client) Stats() Stats {
 	out := Stats{
 		Requests: s.requests.Load(), OK: s.ok.Load(), Attempts: s.attempts.Load(), StatusRetries: s.statusRetries.Load(),
 		Retransmissions: s.retransmissions.Load(), Results: s.results.Load(), Duplicates: s.duplicates.Load(),
-		Stale: s.stale.Load(), Malformed: s.malformed.Load(), Ignored: s.ignored.Load(),
+		Stale: s.stale.Load(), Foreign: s.foreign.Load(), Malformed: s.malformed.Load(), Ignored: s.ignored.Load(),
 		TxDatagrams: s.txDatagrams.Load(), TxBytes: s.txBytes.Load(), RxDatagrams: s.rxDatagrams.Load(), RxBytes: s.rxBytes.Load(),
 		SendErrors: s.sendErrors.Load(), RecvErrors: s.recvErrors.Load(),
 	}
@@ -611,7 +642,7 @@ func (c *Client) Stats() Stats {
 
 type counters struct {
 	requests, ok, attempts, statusRetries, retransmissions, results atomic.Uint64
-	duplicates, stale, malformed, ignored                           atomic.Uint64
+	duplicates, stale, foreign, malformed, ignored                  atomic.Uint64
 	txDatagrams, txBytes, rxDatagrams, rxBytes                      atomic.Uint64
 	sendErrors, recvErrors                                          atomic.Uint64
 
@@ -628,8 +659,8 @@ func (s *counters) countError(err error) {
 
 // Cause names an Infer error's cause as Stats and Report count it: the
 // status name of an *ingest.Error, "timeout", "closed", "canceled",
-// "deadline" (ctx's deadline, as the DPU's status reads), "invalid", or
-// "internal"; "ok" for nil.
+// "deadline" (ctx's deadline, as the DPU's status reads), "invalid",
+// "output-too-large", or "internal"; "ok" for nil.
 func Cause(err error) string {
 	var ie *ingest.Error
 	switch {
@@ -643,6 +674,8 @@ func Cause(err error) string {
 		return "closed"
 	case errors.Is(err, ErrInvalid):
 		return "invalid"
+	case errors.Is(err, ErrOutputTooLarge):
+		return "output-too-large"
 	case errors.Is(err, context.Canceled):
 		return "canceled"
 	}

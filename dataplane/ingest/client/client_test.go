@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -462,7 +463,9 @@ func TestMalformedIgnored(t *testing.T) {
 		{"an input", ingest.AppendInput(nil, 4, &ingest.Input{ID: 1, Total: 1, Model: "m", Data: []byte{1}}), "ignored"},
 		{"another tenant", res(5, ingest.ResultFragment{ID: 77, Total: 1, Data: []byte{1}}), "ignored"},
 		{"a ping", wire.Header{Version: wire.Version, Type: wire.TypePing, Tenant: 4}.AppendTo(nil, nil), "ignored"},
-		{"no such request", good, "stale"},
+		// Sent from elsewhere than the DPU, a valid result is foreign
+		// before it is stale.
+		{"no such request", good, "foreign"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ep, err := r.net.Listen(netip.MustParseAddrPort("10.77.0.99:0"))
@@ -484,7 +487,7 @@ func TestMalformedIgnored(t *testing.T) {
 			checkResult(t, "checksum", in, out)
 			after := r.c.Stats()
 			got := map[string]uint64{"malformed": after.Malformed - before.Malformed, "ignored": after.Ignored - before.Ignored,
-				"stale": after.Stale - before.Stale}
+				"stale": after.Stale - before.Stale, "foreign": after.Foreign - before.Foreign}
 			for k, v := range got {
 				if want := map[bool]uint64{true: 1}[k == tc.want]; v != want {
 					t.Errorf("%s counted %d, want %d", k, v, want)
@@ -515,7 +518,8 @@ func TestCallAdd(t *testing.T) {
 			[]fragVerdict{fragNew, fragBad, fragDone}, "abcdef"},
 		{"status changes", []ingest.ResultFragment{frag(6, 0, "abc"), {ID: 1, Status: ingest.StatusInternal}, frag(6, 3, "def")},
 			[]fragVerdict{fragNew, fragBad, fragDone}, "abcdef"},
-		{"too large", []ingest.ResultFragment{frag(1<<20, 0, "abc"), frag(3, 0, "abc")}, []fragVerdict{fragBad, fragDone}, "abc"},
+		// Over max: the call ends with ErrOutputTooLarge (out "!").
+		{"too large", []ingest.ResultFragment{frag(1<<20, 0, "abc"), frag(3, 0, "abc")}, []fragVerdict{fragDone, fragDup}, "!"},
 		{"empty output", []ingest.ResultFragment{frag(0, 0, "")}, []fragVerdict{fragDone}, ""},
 		{"failure", []ingest.ResultFragment{{ID: 1, Status: ingest.StatusNotGranted, Text: "no"}, {ID: 1, Status: ingest.StatusNotGranted}},
 			[]fragVerdict{fragDone, fragDup}, ""},
@@ -528,10 +532,14 @@ func TestCallAdd(t *testing.T) {
 				}
 			}
 			res, err := k.result()
-			if k.status == ingest.StatusOK && (err != nil || string(res.Output) != tc.out) {
-				t.Errorf("result %q, %v; want %q", res.Output, err, tc.out)
-			}
-			if k.status != ingest.StatusOK && ingest.StatusOf(err) != k.status {
+			switch {
+			case tc.out == "!":
+				if !errors.Is(err, ErrOutputTooLarge) {
+					t.Errorf("result %v, %v; want ErrOutputTooLarge", res, err)
+				}
+			case k.status == ingest.StatusOK && (err != nil || string(res.Output) != tc.out):
+				t.Errorf("result %v, %v; want %q", res, err, tc.out)
+			case k.status != ingest.StatusOK && ingest.StatusOf(err) != k.status:
 				t.Errorf("err %v", err)
 			}
 		})
@@ -613,5 +621,84 @@ func TestSpans(t *testing.T) {
 	}
 	if len(s.s) != 1 {
 		t.Errorf("spans %v, want one", s.s)
+	}
+}
+
+// TestResultOverMaxOutput: a result larger than MaxOutput fails the call
+// at once, with an error naming its size and MaxOutput, after one
+// transmission; before, every fragment was counted malformed and the
+// call retransmitted until it ended as ErrTimeout.
+func TestResultOverMaxOutput(t *testing.T) {
+	r := newRig(t, memnet.Options{}, Options{MaxOutput: 1000, Timeout: 20 * time.Millisecond, Retries: 3},
+		clienttest.Options{Handle: echoOrReference})
+	in := randomBytes(3, 1001)
+	_, err := r.c.Infer(context.Background(), "echo", in, 0)
+	if !errors.Is(err, ErrOutputTooLarge) || !strings.Contains(err.Error(), "1001 bytes") || !strings.Contains(err.Error(), "MaxOutput 1000") {
+		t.Fatalf("Infer: %v, want ErrOutputTooLarge naming 1001 bytes and MaxOutput 1000", err)
+	}
+	st := r.c.Stats()
+	if st.Retransmissions != 0 || st.Malformed != 0 || st.Errors["output-too-large"] != 1 {
+		t.Errorf("%d retransmissions, %d malformed, errors %v; want 0, 0, output-too-large 1", st.Retransmissions, st.Malformed, st.Errors)
+	}
+	// One byte less fits.
+	if res, err := r.c.Infer(context.Background(), "echo", in[:1000], 0); err != nil {
+		t.Fatal(err)
+	} else {
+		checkResult(t, "echo", in[:1000], res)
+	}
+}
+
+// TestResultFromElsewhere: a result datagram naming a request in progress
+// (its tenant and ID guessed, or seen on the wire) is taken only from the
+// DPU the request went to: one from any other address, even the DPU's
+// host on another port, is refused and counted, and the DPU's own result
+// is the one returned. Before, the first result to arrive won, whoever
+// sent it.
+func TestResultFromElsewhere(t *testing.T) {
+	for _, from := range []string{"10.77.0.99:61440", "10.77.0.12:61441"} {
+		t.Run(from, func(t *testing.T) {
+			n := memnet.New(memnet.Options{})
+			rogue, err := n.Listen(netip.MustParseAddrPort(from))
+			if err != nil {
+				t.Fatal(err)
+			}
+			dep, err := n.Listen(dpuAddr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cep, err := n.Listen(clientAddr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Before the DPU answers an input, the rogue answers it first
+			// with a forged output.
+			forged := func(_ netip.AddrPort, in *ingest.Input) {
+				f := ingest.ResultFragment{ID: in.ID, Total: 8, Data: []byte("forged!!"), Text: "x@0"}
+				if _, err := rogue.Send([]transport.Packet{{Addr: cep.LocalAddr(), Data: ingest.AppendResult(nil, 6, &f)}}); err != nil {
+					t.Error(err)
+				}
+			}
+			d := clienttest.Start(dep, clienttest.Options{OnInput: forged})
+			c, err := New(cep, dpuAddr, Options{Tenant: 6})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				c.Close()
+				d.Close()
+				for _, ep := range []*memnet.Endpoint{cep, dep, rogue} {
+					ep.Close()
+				}
+			})
+			in := randomBytes(5, 100)
+			res, err := c.Infer(context.Background(), "checksum", in, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkResult(t, "checksum", in, res)
+			if st := c.Stats(); st.Foreign != 1 || st.Results != 1 {
+				t.Errorf("%d datagrams refused as foreign, %d results; want 1, 1", st.Foreign, st.Results)
+			}
+		})
 	}
 }

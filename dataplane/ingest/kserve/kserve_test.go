@@ -682,3 +682,31 @@ func TestMetadata(t *testing.T) {
 		}
 	}
 }
+
+// TestOutputShape: the response's output shape from the model's
+// ModelInfo, the input's rows and the result's length: a -1 dimension (an
+// output whose length only the result gives) is what holds the result's
+// bytes, and stays -1 (refused as internal) if no whole number does.
+func TestOutputShape(t *testing.T) {
+	bytesOut := ingest.ModelInfo{OutDatatype: "UINT8", OutRowShape: []int64{-1}}
+	floatsOut := ingest.ModelInfo{OutDatatype: "FP32", OutRowShape: []int64{-1, 2}}
+	for _, tc := range []struct {
+		name    string
+		info    ingest.ModelInfo
+		rows, n int
+		want    []int64
+	}{
+		{"per row", mlpInfo, 3, 3 * model.MLPOut * 4, []int64{3, model.MLPOut}},
+		{"one row", checksumInfo, 5, 8, []int64{1, 2}},
+		{"bytes, length from the result", bytesOut, 10, 5, []int64{1, 5}},
+		{"bytes, empty result", bytesOut, 10, 0, []int64{1, 0}},
+		{"float pairs", floatsOut, 1, 24, []int64{1, 3, 2}},
+		{"float pairs, a partial one", floatsOut, 1, 20, []int64{1, -1, 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := outputShape(&tc.info, tc.rows, tc.n); fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Errorf("shape %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

@@ -276,7 +276,8 @@ func (s *Server) ServerMetadata(context.Context, *pb.ServerMetadataRequest) (*pb
 
 // ModelMetadata describes a model from its ModelInfo: one input and one
 // output tensor, their first dimension the row count (-1: any; an output
-// of one row whatever the input has 1).
+// of one row whatever the input has 1). A -1 in OutRowShape stays -1: the
+// response gives its size, from the result's length.
 func (s *Server) ModelMetadata(ctx context.Context, r *pb.ModelMetadataRequest) (*pb.ModelMetadataResponse, error) {
 	info, err := s.lookup(r.GetName(), r.GetVersion())
 	if err != nil {
@@ -340,7 +341,7 @@ func (s *Server) infer(ctx context.Context, r *pb.ModelInferRequest) (*pb.ModelI
 	if err != nil {
 		return nil, err
 	}
-	shape := outputShape(info, rows)
+	shape := outputShape(info, rows, len(res.Output))
 	if n, ok := product(shape); !ok || elemSize(info.OutDatatype) == 0 || n*int64(elemSize(info.OutDatatype)) != int64(len(res.Output)) {
 		return nil, ingest.Errorf(ingest.StatusInternal, "model %s returned %d bytes, but its metadata says an output of shape %v of %s; the model's catalog entry is wrong", info.Name, len(res.Output), shape, info.OutDatatype)
 	}

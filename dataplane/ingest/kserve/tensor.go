@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest"
@@ -345,11 +346,28 @@ func dimsString(dims []int64) string {
 	return s
 }
 
-// outputShape is the output tensor's shape for an input of rows rows.
-func outputShape(info *ingest.ModelInfo, rows int) []int64 {
+// outputShape is the output tensor's shape for an input of rows rows and
+// an output of n bytes. A -1 in OutRowShape (the metadata's variable
+// dimension, as KServe v2 writes it) is known only from the result: it is
+// what makes the shape hold n bytes, or left -1 if none does, which the
+// caller refuses.
+func outputShape(info *ingest.ModelInfo, rows, n int) []int64 {
 	first := int64(1)
 	if info.OutPerRow {
 		first = int64(rows)
 	}
-	return append([]int64{first}, info.OutRowShape...)
+	shape := append([]int64{first}, info.OutRowShape...)
+	at := slices.Index(shape, -1)
+	if at < 0 {
+		return shape
+	}
+	shape[at] = 1
+	known, ok := product(shape)
+	size := int64(elemSize(info.OutDatatype))
+	if ok && known > 0 && size > 0 && int64(n)%(known*size) == 0 {
+		shape[at] = int64(n) / (known * size)
+	} else {
+		shape[at] = -1
+	}
+	return shape
 }
