@@ -129,6 +129,10 @@ func (c *Config) Validate() error {
 	switch {
 	case !c.Listen.IsValid() || c.Listen.Port() == 0:
 		return fmt.Errorf("config: ingest: listen %q: want the address and port clients send inputs to, e.g. 10.77.0.12:61440", c.Listen)
+	case c.Listen.Addr().IsUnspecified():
+		// Clients take results only from the address they sent to, and a
+		// socket bound to every address may answer from another one.
+		return fmt.Errorf("config: ingest: listen %v is every address: name the one clients send inputs to, e.g. 10.77.0.12:61440 (results leave from it, and clients take them from it alone)", c.Listen)
 	case !c.HostListen.IsValid() || c.HostListen.Port() == 0:
 		return fmt.Errorf("config: ingest: host_listen %q: want the address and port the GPU host's agent registers with, e.g. 10.77.12.2:61441", c.HostListen)
 	case c.HostListen == c.Listen:
