@@ -92,6 +92,11 @@ func RMAT(scale, edgeFactor int, seed uint64) (uint64, []Edge, error) {
 	if edgeFactor < 1 {
 		return 0, nil, fmt.Errorf("graph: R-MAT edge factor %d: want at least 1", edgeFactor)
 	}
+	// Checked before the product, which would wrap in uint64.
+	if uint64(edgeFactor) > MaxEdges>>scale {
+		return 0, nil, fmt.Errorf("graph: R-MAT edge factor %d at scale %d: more than %d edges, the most a CSR file holds; lower one of them",
+			edgeFactor, scale, uint64(MaxEdges))
+	}
 	const a, b, c = 0.57, 0.19, 0.19
 	n := uint64(1) << scale
 	rng := rand.New(rand.NewPCG(seed, 0x52_4d_41_54)) // "RMAT"

@@ -35,6 +35,9 @@ const (
 // arrays are indexed by int.
 const MaxVertices = 1<<32 - 1
 
+// MaxEdges bounds m, the stored edges (8 TiB of neighbours per section).
+const MaxEdges = 1 << 40
+
 // ErrFormat is wrapped by every error about a malformed CSR file.
 var ErrFormat = errors.New("graph: malformed CSR")
 
@@ -143,7 +146,7 @@ func ParseHeader(b []byte) (Header, error) {
 	if h.N == 0 || h.N > MaxVertices {
 		return Header{}, fmt.Errorf("%w: %d vertices", ErrFormat, h.N)
 	}
-	if h.M > 1<<40 {
+	if h.M > MaxEdges {
 		return Header{}, fmt.Errorf("%w: %d edges", ErrFormat, h.M)
 	}
 	return h, nil

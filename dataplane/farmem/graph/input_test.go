@@ -1,0 +1,32 @@
+package graph
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestRMATRefusesTooManyEdges: an R-MAT graph has edgeFactor × 2^scale
+// edges, and a file holds at most MaxEdges. Before, the product was
+// taken in uint64 unchecked: edge factor 2^62 at scale 1 asked for a
+// slice of 2^63 edges and panicked, and 2^62+1 at scale 2 wrapped to 4
+// edges and returned a graph of 4 edges without an error.
+func TestRMATRefusesTooManyEdges(t *testing.T) {
+	for _, tc := range []struct{ scale, factor int }{
+		{1, 1 << 62},
+		{2, 1<<62 + 1},
+		{31, 1 << 10},
+		{20, 1<<20 + 1},
+	} {
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Errorf("RMAT(%d, %d): panicked: %v", tc.scale, tc.factor, r)
+				}
+			}()
+			n, edges, err := RMAT(tc.scale, tc.factor, 1)
+			if err == nil || !strings.Contains(err.Error(), "edges") {
+				t.Errorf("RMAT(%d, %d): %d vertices, %d edges, %v; want an error about the edge count", tc.scale, tc.factor, n, len(edges), err)
+			}
+		}()
+	}
+}
