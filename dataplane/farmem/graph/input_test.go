@@ -30,3 +30,21 @@ func TestRMATRefusesTooManyEdges(t *testing.T) {
 		}()
 	}
 }
+
+// TestReadEdgeListNamesTheLine: every refusal of an edge list names the
+// line. Before, a line longer than the reader's 1 MiB buffer failed with
+// bufio's "token too long" alone, with no line to look at.
+func TestReadEdgeListNamesTheLine(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"0 1\n1\n", "line 2"},
+		{"# c\n0 1\n1 -2\n", "line 3"},
+		{"0 1\n1 99999999999\n", "line 2"},
+		{"0 1\n1 2\n" + strings.Repeat("7", 2<<20) + " 2\n", "line 3"},
+		{"0 1\n1 2 " + strings.Repeat("x", 2<<20) + "\n", "line 2"},
+	} {
+		_, _, err := ReadEdgeList(strings.NewReader(tc.in))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%.40q…: %v, want an error naming %q", tc.in, err, tc.want)
+		}
+	}
+}
