@@ -45,8 +45,9 @@ var ErrNotSymmetric = errors.New("graph: the app needs a symmetric (undirected) 
 // Params are the apps' parameters. The zero value takes the defaults, and
 // the same parameters give the same answer on the same graph.
 type Params struct {
-	// Source is BFS's root; negative (the default after Defaults) picks
-	// the vertex with the most out-edges, lowest ID first.
+	// Source is BFS's root; negative picks the vertex with the most
+	// out-edges, lowest ID first (the zero value is vertex 0: callers
+	// that want the default pass -1, as lovelock graph run does).
 	Source int64
 	// Iterations of PageRank (default 20), Damping its factor (0.85).
 	Iterations int
@@ -90,9 +91,29 @@ type Result struct {
 	EdgesRead   uint64 `json:"edges_read"`
 }
 
+// check refuses parameters (after Defaults) that no app can run: a
+// negative count would slice a sample to a negative length, and a damping
+// outside (0, 1] gives scores that are not PageRank.
+func (p Params) check() error {
+	switch {
+	case p.Iterations < 0:
+		return fmt.Errorf("graph: %d PageRank iterations: want 0 (the default, 20) or more", p.Iterations)
+	case !(p.Damping > 0 && p.Damping <= 1):
+		return fmt.Errorf("graph: PageRank damping %g: want a factor in (0, 1]", p.Damping)
+	case p.Samples < 0:
+		return fmt.Errorf("graph: %d Radii samples: want 0 (the default, 64) or more", p.Samples)
+	case p.BCSources < 0:
+		return fmt.Errorf("graph: %d BC sources: want 0 (the default, 4) or more", p.BCSources)
+	}
+	return nil
+}
+
 // Run runs app on e's graph.
 func Run(ctx context.Context, e *Engine, app App, p Params) (Result, error) {
 	p = p.Defaults()
+	if err := p.check(); err != nil {
+		return Result{App: app}, err
+	}
 	e.Reset()
 	r := Result{App: app}
 	// The apps read the graph in this goroutine too (degrees, sources),

@@ -2,6 +2,7 @@ package graph
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -92,6 +93,11 @@ func RMAT(scale, edgeFactor int, seed uint64) (uint64, []Edge, error) {
 	if edgeFactor < 1 {
 		return 0, nil, fmt.Errorf("graph: R-MAT edge factor %d: want at least 1", edgeFactor)
 	}
+	// Checked before the product, which would wrap in uint64.
+	if uint64(edgeFactor) > MaxEdges>>scale {
+		return 0, nil, fmt.Errorf("graph: R-MAT edge factor %d at scale %d: more than %d edges, the most a CSR file holds; lower one of them",
+			edgeFactor, scale, uint64(MaxEdges))
+	}
 	const a, b, c = 0.57, 0.19, 0.19
 	n := uint64(1) << scale
 	rng := rand.New(rand.NewPCG(seed, 0x52_4d_41_54)) // "RMAT"
@@ -129,8 +135,9 @@ func RMAT(scale, edgeFactor int, seed uint64) (uint64, []Edge, error) {
 // are empty or start with '#' or '%' are comments; further fields on a line
 // (weights, timestamps) are ignored. n is the largest ID plus one.
 func ReadEdgeList(r io.Reader) (uint64, []Edge, error) {
+	const maxLine = 1 << 20
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	sc.Buffer(make([]byte, 64<<10), maxLine)
 	var edges []Edge
 	n := uint64(0)
 	line := 0
@@ -155,8 +162,10 @@ func ReadEdgeList(r io.Reader) (uint64, []Edge, error) {
 		}
 		edges = append(edges, Edge{ids[0], ids[1]})
 	}
-	if err := sc.Err(); err != nil {
-		return 0, nil, fmt.Errorf("graph: edge list: %w", err)
+	if err := sc.Err(); errors.Is(err, bufio.ErrTooLong) {
+		return 0, nil, fmt.Errorf("graph: edge list line %d: longer than %d bytes: want two vertex IDs per line", line+1, maxLine)
+	} else if err != nil {
+		return 0, nil, fmt.Errorf("graph: edge list, after line %d: %w", line, err)
 	}
 	if n == 0 {
 		return 0, nil, fmt.Errorf("graph: edge list has no edges")

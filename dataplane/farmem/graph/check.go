@@ -15,8 +15,13 @@ const DefaultTolerance = 1e-9
 // Compare checks got against want, the same app run on another copy of the
 // graph (an in-memory one, the reference): BFS depths, component labels
 // and radii must be equal; a PageRank or BC score may differ from want's by
-// tol × (|want| + the mean |want|).
+// tol × (|want| + the mean of the finite |want|), and a NaN or an infinity
+// must be the same in both (a non-finite mean would make every allowance
+// NaN or infinite, and every score pass).
 func Compare(got, want Result, tol float64) error {
+	if !(tol >= 0) || math.IsInf(tol, 0) {
+		return fmt.Errorf("graph: tolerance %g: want a finite number ≥ 0", tol)
+	}
 	if got.App != want.App {
 		return fmt.Errorf("graph: comparing %s with %s", got.App, want.App)
 	}
@@ -34,18 +39,24 @@ func Compare(got, want Result, tol float64) error {
 	if diffs > 0 {
 		return fmt.Errorf("%s: %d vertices differ; vertex %d has %d, want %d", got.App, diffs, first, got.Ints[first], want.Ints[first])
 	}
-	mean := 0.0
+	mean, finite := 0.0, 0
 	for _, x := range want.Floats {
-		mean += math.Abs(x)
+		if !math.IsNaN(x) && !math.IsInf(x, 0) {
+			mean += math.Abs(x)
+			finite++
+		}
 	}
-	if len(want.Floats) > 0 {
-		mean /= float64(len(want.Floats))
+	if finite > 0 {
+		mean /= float64(finite)
 	}
 	worst := 0.0
 	for i, w := range want.Floats {
 		g := got.Floats[i]
-		if math.IsNaN(g) != math.IsNaN(w) {
-			return fmt.Errorf("%s: vertex %d has %g, want %g", got.App, i, g, w)
+		if nonFinite(g) || nonFinite(w) {
+			if g != w && !(math.IsNaN(g) && math.IsNaN(w)) {
+				return fmt.Errorf("%s: vertex %d has %g, want %g", got.App, i, g, w)
+			}
+			continue
 		}
 		d := math.Abs(g - w)
 		if d > tol*(math.Abs(w)+mean) {
@@ -63,6 +74,8 @@ func Compare(got, want Result, tol float64) error {
 	}
 	return nil
 }
+
+func nonFinite(x float64) bool { return math.IsNaN(x) || math.IsInf(x, 0) }
 
 // Summary describes a result in one line: BFS's reach and depth, the
 // number of components and the largest, PageRank's and BC's top vertex,

@@ -35,6 +35,9 @@ const (
 // arrays are indexed by int.
 const MaxVertices = 1<<32 - 1
 
+// MaxEdges bounds m, the stored edges (8 TiB of neighbours per section).
+const MaxEdges = 1 << 40
+
 // ErrFormat is wrapped by every error about a malformed CSR file.
 var ErrFormat = errors.New("graph: malformed CSR")
 
@@ -143,7 +146,7 @@ func ParseHeader(b []byte) (Header, error) {
 	if h.N == 0 || h.N > MaxVertices {
 		return Header{}, fmt.Errorf("%w: %d vertices", ErrFormat, h.N)
 	}
-	if h.M > 1<<40 {
+	if h.M > MaxEdges {
 		return Header{}, fmt.Errorf("%w: %d edges", ErrFormat, h.M)
 	}
 	return h, nil
@@ -196,34 +199,55 @@ func Open(b []byte) (*Graph, error) {
 	return g, nil
 }
 
-// Validate reads every offset and neighbour: offsets must not decrease and
-// neighbours must be vertices. A directed graph's in-edges must have the
-// same count per vertex as its out-edges point at it.
+// Validate reads every offset and neighbour and checks what the format
+// promises (docs/graph.md): offsets never decrease and stay within m;
+// each vertex's neighbours are vertices, sorted, without duplicates or
+// self loops; a symmetric file holds every edge both ways, and a directed
+// file's transposed section holds exactly the reverse of its out-edges.
+// The engine's dense steps pull over the in-edges (the out-edges of a
+// symmetric file), so a file that lies about them gives answers that
+// depend on the traversal mode.
 func (g *Graph) Validate() error {
-	for _, a := range []adj{g.out, g.in} {
+	names := []string{"out-edge", "in-edge"}
+	for k, a := range []adj{g.out, g.in} {
 		prev := uint64(0)
 		for v := uint64(0); v <= g.n-1; v++ {
 			next := a.offset(uint32(v) + 1)
 			if next < prev || next > g.m {
 				return fmt.Errorf("%w: offset of vertex %d is %d after %d (m = %d)", ErrFormat, v+1, next, prev, g.m)
 			}
+			for i := prev; i < next; i++ {
+				u := a.neighbor(i)
+				switch {
+				case uint64(u) >= g.n:
+					return fmt.Errorf("%w: %s %d (of vertex %d) points at vertex %d of %d", ErrFormat, names[k], i, v, u, g.n)
+				case uint64(u) == v:
+					return fmt.Errorf("%w: %s %d is a self loop on vertex %d", ErrFormat, names[k], i, v)
+				case i > prev && u <= a.neighbor(i-1):
+					return fmt.Errorf("%w: vertex %d's %ss are not sorted without duplicates: %d after %d at edge %d",
+						ErrFormat, v, names[k], u, a.neighbor(i-1), i)
+				}
+			}
 			prev = next
 		}
-		for i := uint64(0); i < g.m; i++ {
-			if u := a.neighbor(i); uint64(u) >= g.n {
-				return fmt.Errorf("%w: edge %d points at vertex %d of %d", ErrFormat, i, u, g.n)
-			}
-		}
 	}
-	if !g.Symmetric() {
-		indeg := make([]uint64, g.n)
-		for i := uint64(0); i < g.m; i++ {
-			indeg[g.out.neighbor(i)]++
-		}
-		for v := range g.n {
-			if d := g.in.offset(uint32(v)+1) - g.in.offset(uint32(v)); d != indeg[v] {
-				return fmt.Errorf("%w: vertex %d has %d in-edges in the transposed section, %d in the out-edges", ErrFormat, v, d, indeg[v])
+	// Walk the out-edges in order of their source: each one u→v must be
+	// the next unmatched entry of v's (sorted) in-list. Every out-edge
+	// matched and both sections m long means the in-lists hold nothing
+	// else.
+	matched := make([]uint64, g.n)
+	for u := range uint32(g.n) {
+		for i := g.out.offset(u); i < g.out.offset(u+1); i++ {
+			v := g.out.neighbor(i)
+			at := g.in.offset(v) + matched[v]
+			if at < g.in.offset(v+1) && g.in.neighbor(at) == u {
+				matched[v]++
+				continue
 			}
+			if g.Symmetric() {
+				return fmt.Errorf("%w: the file is flagged symmetric, but edge %d→%d has no edge back", ErrFormat, u, v)
+			}
+			return fmt.Errorf("%w: out-edge %d→%d is not in the transposed section (vertex %d's in-edges)", ErrFormat, u, v, v)
 		}
 	}
 	return nil
