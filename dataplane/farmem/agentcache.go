@@ -313,6 +313,11 @@ func (a *Agent) loadStatic(ctx context.Context, tenant, region uint32, ranges []
 	if !ok || size == 0 {
 		return fmt.Errorf("%w: region %d", ErrUnknownRegion, region)
 	}
+	if a.cache.foreign(tenant, region) {
+		// Before any claim: a claimed range refuses its owner's writes
+		// (read-only) until the memory node refuses this load's read.
+		return fmt.Errorf("%w: region %d is another tenant's; load static ranges as its owner", ErrWrongTenant, region)
+	}
 	for _, r := range ranges {
 		off, n := r.Offset, r.Size
 		if n == 0 && off == 0 {

@@ -371,6 +371,15 @@ func (rc *regionCache) allowed(tenant uint32) bool {
 	return tenant == 0 || rc.tenantKnown && rc.tenant == tenant
 }
 
+// foreign says whether region is known to be another tenant's than
+// tenant's (tenant 0 may use any): the memory node would refuse tenant.
+func (c *cache) foreign(tenant, region uint32) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rc := c.regions[region]
+	return rc != nil && rc.tenantKnown && !rc.allowed(tenant)
+}
+
 // staticFind returns the static bytes of [off, off+n), if one range holds
 // them all.
 func (rc *regionCache) staticFind(off, n uint64) []byte {

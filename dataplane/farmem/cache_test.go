@@ -18,6 +18,7 @@ import (
 
 	"github.com/lovelock-dpu/lovelock/control/testenv"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 )
 
 // fillAll completes every queued fill of c with pattern bytes.
@@ -954,6 +955,88 @@ func TestStaticLoadWaitsForWrites(t *testing.T) {
 	}
 	if c.beginWrite(0, 1, 0, 4096) != writeHeld {
 		t.Fatal("write refused after the load failed")
+	}
+}
+
+// TestForeignStaticLoad: tenant 9 asks the agent to load tenant 3's region
+// into the static cache while tenant 3 has a write into it in flight (the
+// memory node's replies held). The agent knows the owner (the create came
+// through it), so it refuses the load at once (ErrWrongTenant, counted),
+// as the memory node would: it claims no range, reserves no static budget,
+// and the owner's next write into the range is taken, not refused as
+// read-only. Before, the load claimed the range and reserved the budget
+// while it waited for the owner's write, and the owner's writes into it
+// were answered ErrReadOnly until the node refused the load's read.
+func TestForeignStaticLoad(t *testing.T) {
+	gate := &gatedTransport{Transport: listen(t, loopback)}
+	srv, _ := startServer(t, t.TempDir(), gate)
+	const chunk, size = 64 << 10, 1 << 20
+	a := startCachingAgent(t, srv, CacheConfig{})
+	r, _ := writtenRegion(t, newClient(t, a.Addr(), 3), size, chunk)
+	id := r.ID()
+	claimed := func() (writes, loading int) {
+		a.cache.mu.Lock()
+		defer a.cache.mu.Unlock()
+		if rc := a.cache.regions[id]; rc != nil {
+			return len(rc.writes), len(rc.loading)
+		}
+		return 0, 0
+	}
+	release := gate.hold()
+	t.Cleanup(release)
+	fresh := bytes.Repeat([]byte{0x5a}, chunk)
+	written := make(chan error, 2)
+	go func() {
+		_, err := r.WriteAt(fresh, 0)
+		written <- err
+	}()
+	waitFor(t, "the owner's write to be in flight", func() bool { w, _ := claimed(); return w > 0 })
+
+	p := rawPeer{t: t, tr: listen(t, loopback), to: a.Addr()}
+	p.send(AppendDatagram(nil, wire.Header{Type: OpStatic.requestType(), Tenant: 9, Dst: id}, 0,
+		Record{Op: OpStatic, Region: id, ID: 1, Data: appendRanges(nil, []Range{{0, size}})}))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	replied := make(chan Record, 1)
+	go func() {
+		pkts := []transport.Packet{{Data: make([]byte, 65536)}}
+		if _, err := p.tr.Recv(ctx, pkts); err == nil {
+			if _, _, recs, err := Decode(pkts[0].Data, nil); err == nil && len(recs) > 0 {
+				replied <- recs[0]
+			}
+		}
+	}()
+	var rec Record
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		select {
+		case rec = <-replied:
+		case <-time.After(time.Millisecond):
+			if _, loading := claimed(); loading > 0 || a.Stats().Cache.StaticBytes > 0 {
+				t.Fatalf("tenant 9's static load of tenant 3's region claimed the range (%d loading, %d static bytes reserved): the owner's writes into it are refused read-only",
+					loading, a.Stats().Cache.StaticBytes)
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("no answer to tenant 9's static load")
+			}
+			continue
+		}
+		break
+	}
+	if rec.Status != StatusWrongTenant {
+		t.Fatalf("tenant 9's static load of tenant 3's region: %v, want ErrWrongTenant", rec.Status.Err())
+	}
+	go func() {
+		_, err := r.WriteAt(fresh, chunk)
+		written <- err
+	}()
+	release()
+	for range 2 {
+		if err := <-written; err != nil {
+			t.Fatalf("owner's write while tenant 9's static load was refused: %v", err)
+		}
+	}
+	if st := a.Stats(); st.Cache.StaticBytes != 0 || st.Refused.StaticLoads != 1 {
+		t.Fatalf("after the refused load: %d static bytes, %d static loads refused; want 0 and 1", st.Cache.StaticBytes, st.Refused.StaticLoads)
 	}
 }
 
