@@ -208,14 +208,14 @@ func (w *hostWorker) retryReads(ws []fillWaiter) {
 
 // staticMeta is the data of an open reply through the agent: the region's
 // static ranges, so that the host knows what it need not hint. Ranges
-// beyond one datagram are left out (the host then only hints more).
-func (a *Agent) staticMeta(region uint32) []byte {
+// beyond room bytes, one datagram to the host, are left out (the host then
+// only hints more).
+func (a *Agent) staticMeta(region uint32, room int) []byte {
 	rs := a.cache.staticRanges(region)
 	if len(rs) == 0 {
 		return nil
 	}
-	room := (a.cfg.MaxDatagram - 24 - PreambleLen - RecordHdrLen) / RangeLen
-	return appendRanges(nil, rs[:min(len(rs), room)])
+	return appendRanges(nil, rs[:min(len(rs), room/RangeLen)])
 }
 
 // fill is an entry fill in flight: one read per chunk of the entry.

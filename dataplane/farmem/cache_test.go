@@ -18,6 +18,7 @@ import (
 
 	"github.com/lovelock-dpu/lovelock/control/testenv"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
 	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 )
 
@@ -1037,6 +1038,64 @@ func TestForeignStaticLoad(t *testing.T) {
 	}
 	if st := a.Stats(); st.Cache.StaticBytes != 0 || st.Refused.StaticLoads != 1 {
 		t.Fatalf("after the refused load: %d static bytes, %d static loads refused; want 0 and 1", st.Cache.StaticBytes, st.Refused.StaticLoads)
+	}
+}
+
+// TestOpenStaticRangesFitHostDatagram: the agent's host transport carries
+// 1472-byte datagrams (MTU 1500) while max_datagram is left at its 8972-byte
+// default. A region with more static ranges than one such datagram holds
+// is opened through the agent: the open reply carries as many ranges as
+// fit the host's datagram and the open succeeds. Before, the ranges were
+// cut to max_datagram's room, the reply did not fit the host's datagram and
+// was never sent, and every open of the region failed "no answer".
+func TestOpenStaticRangesFitHostDatagram(t *testing.T) {
+	srv, _ := startServer(t, t.TempDir(), listen(t, loopback))
+	const mtu1500, chunk, size, nranges = 1472, 64 << 10, 1 << 20, 100
+	small := func() transport.Transport {
+		c, err := udp.Listen(loopback, udp.Options{MaxPayload: mtu1500})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	cfg := AgentConfig{Config: testConfig(), Servers: []ServerSpec{{Addr: srv.Addr()}}}
+	a, err := NewAgent(cfg, AgentOptions{HostTransports: []transport.Transport{small()}, FabricTransports: []transport.Transport{listen(t, loopback)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, a.Run)
+	client := func(tries int) *Client {
+		cc := testConfig()
+		cc.Tries = tries
+		c, err := NewClient(ClientOptions{Config: cc, Server: a.Addr(), Tenant: 3, Transport: small()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	r, _ := writtenRegion(t, client(40), size, chunk)
+	var ranges []Range
+	for i := range nranges {
+		ranges = append(ranges, Range{Offset: uint64(i) * 8192, Size: 4096})
+	}
+	if ok, err := r.LoadStatic(ranges); err != nil || !ok {
+		t.Fatalf("LoadStatic of %d ranges: %v, %v", nranges, ok, err)
+	}
+	// Few tries: before the fix this open is never answered.
+	o, err := client(6).Open(context.Background(), r.ID(), false)
+	if err != nil {
+		t.Fatalf("open of a region with %d static ranges through an agent with %d-byte host datagrams: %v", nranges, mtu1500, err)
+	}
+	got := o.Static()
+	room := (mtu1500 - wire.HeaderLen - PreambleLen - RecordHdrLen) / RangeLen
+	if len(got) == 0 || len(got) > room {
+		t.Fatalf("open reply lists %d static ranges, want 1 to %d (one datagram's room)", len(got), room)
+	}
+	for _, g := range got {
+		if !slices.Contains(ranges, g) {
+			t.Fatalf("open reply lists static range %+v, which was not loaded", g)
+		}
 	}
 }
 
