@@ -318,21 +318,30 @@ func (a *Agent) loadStatic(ctx context.Context, tenant, region uint32, ranges []
 		// (read-only) until the memory node refuses this load's read.
 		return fmt.Errorf("%w: region %d is another tenant's; load static ranges as its owner", ErrWrongTenant, region)
 	}
+	// All or nothing: the host hears one status for the whole load and
+	// takes none of its ranges for static on a failure, so those loaded
+	// before it go again (else they would refuse its writes read-only).
+	var loaded []Range
+	fail := func(err error) error {
+		a.cache.dropStatic(region, loaded)
+		return err
+	}
 	for _, r := range ranges {
 		off, n := r.Offset, r.Size
 		if n == 0 && off == 0 {
 			n = size
 		}
 		if n == 0 || off > size || n > size-off {
-			return fmt.Errorf("%w: static range %d+%d of a %d-byte region", ErrOutOfRange, off, n, size)
+			return fail(fmt.Errorf("%w: static range %d+%d of a %d-byte region", ErrOutOfRange, off, n, size))
 		}
 		if !a.cache.reserveStatic(n) {
-			return fmt.Errorf("%w: static range of %d bytes beyond static_size %v", ErrNoSpace, n, a.cache.cfg.StaticSize)
+			return fail(fmt.Errorf("%w: static range of %d bytes beyond static_size %v", ErrNoSpace, n, a.cache.cfg.StaticSize))
 		}
 		if err := a.loadRange(ctx, tenant, region, srv, off, n); err != nil {
 			a.cache.unreserveStatic(n)
-			return err
+			return fail(err)
 		}
+		loaded = append(loaded, Range{off, n})
 	}
 	return nil
 }

@@ -1056,6 +1056,26 @@ func (l *staticLoad) install(data []byte) error {
 	return nil
 }
 
+// dropStatic removes the static ranges rs of region, installed by a load
+// that failed later, and gives their budget back. A range no longer there
+// (the region was forgotten, which gave its budget back) is skipped.
+func (c *cache) dropStatic(region uint32, rs []Range) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rc := c.regions[region]
+	if rc == nil {
+		return
+	}
+	for _, r := range rs {
+		i := slices.IndexFunc(rc.static, func(s staticRange) bool { return s.off == r.Offset && uint64(len(s.data)) == r.Size })
+		if i < 0 {
+			continue
+		}
+		rc.static = slices.Delete(rc.static, i, i+1)
+		c.staticUsed -= r.Size
+	}
+}
+
 // overlaps says whether any of rs overlaps [off, off+n).
 func overlaps(rs []Range, off, n uint64) bool {
 	for _, r := range rs {

@@ -1099,6 +1099,41 @@ func TestOpenStaticRangesFitHostDatagram(t *testing.T) {
 	}
 }
 
+// TestStaticLoadAllOrNothing: a static load whose later range fails (it
+// overlaps an earlier one, or lies past the region) fails as a whole: the
+// ranges it loaded before are dropped again with their budget, so that
+// nothing the host was told failed stays static and refuses its writes.
+// Before, the earlier ranges stayed loaded, held the budget and refused
+// the owner's writes (ErrReadOnly), while the host, told the load failed,
+// did not count them static.
+func TestStaticLoadAllOrNothing(t *testing.T) {
+	srv, _ := startServer(t, t.TempDir(), listen(t, loopback))
+	const chunk, size = 64 << 10, 1 << 20
+	a := startCachingAgent(t, srv, CacheConfig{})
+	r, _ := writtenRegion(t, newClient(t, a.Addr(), 3), size, chunk)
+	for _, tc := range []struct {
+		name   string
+		ranges []Range
+		want   error
+	}{
+		{"second overlaps the first", []Range{{0, chunk}, {4096, 4096}}, ErrBadRequest},
+		{"second past the region", []Range{{0, chunk}, {size, 4096}}, ErrOutOfRange},
+		{"third overlaps the first", []Range{{0, chunk}, {2 * chunk, chunk}, {chunk - 1, 2}}, ErrBadRequest},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := r.LoadStatic(tc.ranges); !errors.Is(err, tc.want) {
+				t.Fatalf("LoadStatic(%v): %v, want %v", tc.ranges, err, tc.want)
+			}
+			if st := a.Stats().Cache; st.StaticBytes != 0 {
+				t.Fatalf("after the failed load: %d static bytes held, want 0", st.StaticBytes)
+			}
+			if _, err := r.WriteAt(make([]byte, 16), 0); err != nil {
+				t.Fatalf("owner's write into the first range of the failed load: %v", err)
+			}
+		})
+	}
+}
+
 // TestFreedRegionForgotten frees regions on the memory node directly (as
 // `lovelock mem free` does), past the agent that caches them, and loses
 // every notice of the free the node sends (TestFreedRegionNotice has
