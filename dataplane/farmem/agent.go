@@ -803,7 +803,9 @@ func (a *Agent) complete(calls []*call) {
 			case OpOpen:
 				// The server checked the tenant: a non-zero one owns it.
 				a.cache.learn(k.rec.Region, reply.Offset, hr.tenant, hr.tenant != 0)
-				data = a.staticMeta(k.rec.Region)
+				// The host's datagram, not max_datagram: a reply that
+				// does not fit it is never sent.
+				data = a.staticMeta(k.rec.Region, hr.w.pk.room())
 			}
 		}
 		hr.w.mu.Lock()

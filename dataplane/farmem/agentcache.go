@@ -208,14 +208,14 @@ func (w *hostWorker) retryReads(ws []fillWaiter) {
 
 // staticMeta is the data of an open reply through the agent: the region's
 // static ranges, so that the host knows what it need not hint. Ranges
-// beyond one datagram are left out (the host then only hints more).
-func (a *Agent) staticMeta(region uint32) []byte {
+// beyond room bytes, one datagram to the host, are left out (the host then
+// only hints more).
+func (a *Agent) staticMeta(region uint32, room int) []byte {
 	rs := a.cache.staticRanges(region)
 	if len(rs) == 0 {
 		return nil
 	}
-	room := (a.cfg.MaxDatagram - 24 - PreambleLen - RecordHdrLen) / RangeLen
-	return appendRanges(nil, rs[:min(len(rs), room)])
+	return appendRanges(nil, rs[:min(len(rs), room/RangeLen)])
 }
 
 // fill is an entry fill in flight: one read per chunk of the entry.
@@ -313,21 +313,35 @@ func (a *Agent) loadStatic(ctx context.Context, tenant, region uint32, ranges []
 	if !ok || size == 0 {
 		return fmt.Errorf("%w: region %d", ErrUnknownRegion, region)
 	}
+	if a.cache.foreign(tenant, region) {
+		// Before any claim: a claimed range refuses its owner's writes
+		// (read-only) until the memory node refuses this load's read.
+		return fmt.Errorf("%w: region %d is another tenant's; load static ranges as its owner", ErrWrongTenant, region)
+	}
+	// All or nothing: the host hears one status for the whole load and
+	// takes none of its ranges for static on a failure, so those loaded
+	// before it go again (else they would refuse its writes read-only).
+	var loaded []Range
+	fail := func(err error) error {
+		a.cache.dropStatic(region, loaded)
+		return err
+	}
 	for _, r := range ranges {
 		off, n := r.Offset, r.Size
 		if n == 0 && off == 0 {
 			n = size
 		}
 		if n == 0 || off > size || n > size-off {
-			return fmt.Errorf("%w: static range %d+%d of a %d-byte region", ErrOutOfRange, off, n, size)
+			return fail(fmt.Errorf("%w: static range %d+%d of a %d-byte region", ErrOutOfRange, off, n, size))
 		}
 		if !a.cache.reserveStatic(n) {
-			return fmt.Errorf("%w: static range of %d bytes beyond static_size %v", ErrNoSpace, n, a.cache.cfg.StaticSize)
+			return fail(fmt.Errorf("%w: static range of %d bytes beyond static_size %v", ErrNoSpace, n, a.cache.cfg.StaticSize))
 		}
 		if err := a.loadRange(ctx, tenant, region, srv, off, n); err != nil {
 			a.cache.unreserveStatic(n)
-			return err
+			return fail(err)
 		}
+		loaded = append(loaded, Range{off, n})
 	}
 	return nil
 }

@@ -371,6 +371,15 @@ func (rc *regionCache) allowed(tenant uint32) bool {
 	return tenant == 0 || rc.tenantKnown && rc.tenant == tenant
 }
 
+// foreign says whether region is known to be another tenant's than
+// tenant's (tenant 0 may use any): the memory node would refuse tenant.
+func (c *cache) foreign(tenant, region uint32) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rc := c.regions[region]
+	return rc != nil && rc.tenantKnown && !rc.allowed(tenant)
+}
+
 // staticFind returns the static bytes of [off, off+n), if one range holds
 // them all.
 func (rc *regionCache) staticFind(off, n uint64) []byte {
@@ -1045,6 +1054,26 @@ func (l *staticLoad) install(data []byte) error {
 	rc.static = append(rc.static, staticRange{l.r.Offset, data})
 	slices.SortFunc(rc.static, func(a, b staticRange) int { return cmp.Compare(a.off, b.off) })
 	return nil
+}
+
+// dropStatic removes the static ranges rs of region, installed by a load
+// that failed later, and gives their budget back. A range no longer there
+// (the region was forgotten, which gave its budget back) is skipped.
+func (c *cache) dropStatic(region uint32, rs []Range) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rc := c.regions[region]
+	if rc == nil {
+		return
+	}
+	for _, r := range rs {
+		i := slices.IndexFunc(rc.static, func(s staticRange) bool { return s.off == r.Offset && uint64(len(s.data)) == r.Size })
+		if i < 0 {
+			continue
+		}
+		rc.static = slices.Delete(rc.static, i, i+1)
+		c.staticUsed -= r.Size
+	}
 }
 
 // overlaps says whether any of rs overlaps [off, off+n).

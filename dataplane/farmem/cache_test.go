@@ -18,6 +18,8 @@ import (
 
 	"github.com/lovelock-dpu/lovelock/control/testenv"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport"
+	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
+	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 )
 
 // fillAll completes every queued fill of c with pattern bytes.
@@ -954,6 +956,181 @@ func TestStaticLoadWaitsForWrites(t *testing.T) {
 	}
 	if c.beginWrite(0, 1, 0, 4096) != writeHeld {
 		t.Fatal("write refused after the load failed")
+	}
+}
+
+// TestForeignStaticLoad: tenant 9 asks the agent to load tenant 3's region
+// into the static cache while tenant 3 has a write into it in flight (the
+// memory node's replies held). The agent knows the owner (the create came
+// through it), so it refuses the load at once (ErrWrongTenant, counted),
+// as the memory node would: it claims no range, reserves no static budget,
+// and the owner's next write into the range is taken, not refused as
+// read-only. Before, the load claimed the range and reserved the budget
+// while it waited for the owner's write, and the owner's writes into it
+// were answered ErrReadOnly until the node refused the load's read.
+func TestForeignStaticLoad(t *testing.T) {
+	gate := &gatedTransport{Transport: listen(t, loopback)}
+	srv, _ := startServer(t, t.TempDir(), gate)
+	const chunk, size = 64 << 10, 1 << 20
+	a := startCachingAgent(t, srv, CacheConfig{})
+	r, _ := writtenRegion(t, newClient(t, a.Addr(), 3), size, chunk)
+	id := r.ID()
+	claimed := func() (writes, loading int) {
+		a.cache.mu.Lock()
+		defer a.cache.mu.Unlock()
+		if rc := a.cache.regions[id]; rc != nil {
+			return len(rc.writes), len(rc.loading)
+		}
+		return 0, 0
+	}
+	release := gate.hold()
+	t.Cleanup(release)
+	fresh := bytes.Repeat([]byte{0x5a}, chunk)
+	written := make(chan error, 2)
+	go func() {
+		_, err := r.WriteAt(fresh, 0)
+		written <- err
+	}()
+	waitFor(t, "the owner's write to be in flight", func() bool { w, _ := claimed(); return w > 0 })
+
+	p := rawPeer{t: t, tr: listen(t, loopback), to: a.Addr()}
+	p.send(AppendDatagram(nil, wire.Header{Type: OpStatic.requestType(), Tenant: 9, Dst: id}, 0,
+		Record{Op: OpStatic, Region: id, ID: 1, Data: appendRanges(nil, []Range{{0, size}})}))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	replied := make(chan Record, 1)
+	go func() {
+		pkts := []transport.Packet{{Data: make([]byte, 65536)}}
+		if _, err := p.tr.Recv(ctx, pkts); err == nil {
+			if _, _, recs, err := Decode(pkts[0].Data, nil); err == nil && len(recs) > 0 {
+				replied <- recs[0]
+			}
+		}
+	}()
+	var rec Record
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		select {
+		case rec = <-replied:
+		case <-time.After(time.Millisecond):
+			if _, loading := claimed(); loading > 0 || a.Stats().Cache.StaticBytes > 0 {
+				t.Fatalf("tenant 9's static load of tenant 3's region claimed the range (%d loading, %d static bytes reserved): the owner's writes into it are refused read-only",
+					loading, a.Stats().Cache.StaticBytes)
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("no answer to tenant 9's static load")
+			}
+			continue
+		}
+		break
+	}
+	if rec.Status != StatusWrongTenant {
+		t.Fatalf("tenant 9's static load of tenant 3's region: %v, want ErrWrongTenant", rec.Status.Err())
+	}
+	go func() {
+		_, err := r.WriteAt(fresh, chunk)
+		written <- err
+	}()
+	release()
+	for range 2 {
+		if err := <-written; err != nil {
+			t.Fatalf("owner's write while tenant 9's static load was refused: %v", err)
+		}
+	}
+	if st := a.Stats(); st.Cache.StaticBytes != 0 || st.Refused.StaticLoads != 1 {
+		t.Fatalf("after the refused load: %d static bytes, %d static loads refused; want 0 and 1", st.Cache.StaticBytes, st.Refused.StaticLoads)
+	}
+}
+
+// TestOpenStaticRangesFitHostDatagram: the agent's host transport carries
+// 1472-byte datagrams (MTU 1500) while max_datagram is left at its 8972-byte
+// default. A region with more static ranges than one such datagram holds
+// is opened through the agent: the open reply carries as many ranges as
+// fit the host's datagram and the open succeeds. Before, the ranges were
+// cut to max_datagram's room, the reply did not fit the host's datagram and
+// was never sent, and every open of the region failed "no answer".
+func TestOpenStaticRangesFitHostDatagram(t *testing.T) {
+	srv, _ := startServer(t, t.TempDir(), listen(t, loopback))
+	const mtu1500, chunk, size, nranges = 1472, 64 << 10, 1 << 20, 100
+	small := func() transport.Transport {
+		c, err := udp.Listen(loopback, udp.Options{MaxPayload: mtu1500})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	cfg := AgentConfig{Config: testConfig(), Servers: []ServerSpec{{Addr: srv.Addr()}}}
+	a, err := NewAgent(cfg, AgentOptions{HostTransports: []transport.Transport{small()}, FabricTransports: []transport.Transport{listen(t, loopback)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, a.Run)
+	client := func(tries int) *Client {
+		cc := testConfig()
+		cc.Tries = tries
+		c, err := NewClient(ClientOptions{Config: cc, Server: a.Addr(), Tenant: 3, Transport: small()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	r, _ := writtenRegion(t, client(40), size, chunk)
+	var ranges []Range
+	for i := range nranges {
+		ranges = append(ranges, Range{Offset: uint64(i) * 8192, Size: 4096})
+	}
+	if ok, err := r.LoadStatic(ranges); err != nil || !ok {
+		t.Fatalf("LoadStatic of %d ranges: %v, %v", nranges, ok, err)
+	}
+	// Few tries: before the fix this open is never answered.
+	o, err := client(6).Open(context.Background(), r.ID(), false)
+	if err != nil {
+		t.Fatalf("open of a region with %d static ranges through an agent with %d-byte host datagrams: %v", nranges, mtu1500, err)
+	}
+	got := o.Static()
+	room := (mtu1500 - wire.HeaderLen - PreambleLen - RecordHdrLen) / RangeLen
+	if len(got) == 0 || len(got) > room {
+		t.Fatalf("open reply lists %d static ranges, want 1 to %d (one datagram's room)", len(got), room)
+	}
+	for _, g := range got {
+		if !slices.Contains(ranges, g) {
+			t.Fatalf("open reply lists static range %+v, which was not loaded", g)
+		}
+	}
+}
+
+// TestStaticLoadAllOrNothing: a static load whose later range fails (it
+// overlaps an earlier one, or lies past the region) fails as a whole: the
+// ranges it loaded before are dropped again with their budget, so that
+// nothing the host was told failed stays static and refuses its writes.
+// Before, the earlier ranges stayed loaded, held the budget and refused
+// the owner's writes (ErrReadOnly), while the host, told the load failed,
+// did not count them static.
+func TestStaticLoadAllOrNothing(t *testing.T) {
+	srv, _ := startServer(t, t.TempDir(), listen(t, loopback))
+	const chunk, size = 64 << 10, 1 << 20
+	a := startCachingAgent(t, srv, CacheConfig{})
+	r, _ := writtenRegion(t, newClient(t, a.Addr(), 3), size, chunk)
+	for _, tc := range []struct {
+		name   string
+		ranges []Range
+		want   error
+	}{
+		{"second overlaps the first", []Range{{0, chunk}, {4096, 4096}}, ErrBadRequest},
+		{"second past the region", []Range{{0, chunk}, {size, 4096}}, ErrOutOfRange},
+		{"third overlaps the first", []Range{{0, chunk}, {2 * chunk, chunk}, {chunk - 1, 2}}, ErrBadRequest},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := r.LoadStatic(tc.ranges); !errors.Is(err, tc.want) {
+				t.Fatalf("LoadStatic(%v): %v, want %v", tc.ranges, err, tc.want)
+			}
+			if st := a.Stats().Cache; st.StaticBytes != 0 {
+				t.Fatalf("after the failed load: %d static bytes held, want 0", st.StaticBytes)
+			}
+			if _, err := r.WriteAt(make([]byte, 16), 0); err != nil {
+				t.Fatalf("owner's write into the first range of the failed load: %v", err)
+			}
+		})
 	}
 }
 

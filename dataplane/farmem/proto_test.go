@@ -134,6 +134,42 @@ func TestHistogram(t *testing.T) {
 	}
 }
 
+// TestHistogramRanks: a percentile is the nearest rank, ceil(p·n): p99 is
+// the latency that at least 99% of the samples do not exceed, so when more
+// than 1% are slow it is a slow one.
+func TestHistogramRanks(t *testing.T) {
+	const fast, slow = time.Millisecond, 50 * time.Millisecond
+	for _, tc := range []struct {
+		name             string
+		fast, slow       int
+		p50Slow, p99Slow bool
+	}{
+		{"2 of 160 slow (1.25%)", 158, 2, false, true},
+		{"1 of 160 slow", 159, 1, false, false},
+		{"1 of 100 slow", 99, 1, false, false},
+		{"2 of 100 slow", 98, 2, false, true},
+		{"one sample", 1, 0, false, false},
+		{"2 of 3 slow", 1, 2, true, true},
+		{"1 of 2 slow", 1, 1, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var h histogram
+			for range tc.fast {
+				h.record(fast)
+			}
+			for range tc.slow {
+				h.record(slow)
+			}
+			s := h.summary()
+			isSlow := func(us float64) bool { return us >= float64(slow.Microseconds()) }
+			if s.Count != uint64(tc.fast+tc.slow) || isSlow(s.P50us) != tc.p50Slow || isSlow(s.P99us) != tc.p99Slow ||
+				isSlow(s.MaxUs) != (tc.slow > 0) {
+				t.Fatalf("%d fast, %d slow: %+v; want p50 slow %v, p99 slow %v", tc.fast, tc.slow, s, tc.p50Slow, tc.p99Slow)
+			}
+		})
+	}
+}
+
 // FuzzDecode: Decode never panics; what it accepts re-encodes to the same
 // bytes; what it rejects wraps wire's sentinels or ErrMalformed.
 func FuzzDecode(f *testing.F) {

@@ -58,11 +58,11 @@ func (h *histogram) summary() Latency {
 	if total == 0 {
 		return l
 	}
-	q := func(p float64) float64 {
-		rank := uint64(p*float64(total) + 0.5)
-		if rank < 1 {
-			rank = 1
-		}
+	// The nearest rank, ceil(pct·total/100), in integers: rounding p·n to
+	// the nearest instead reported 158 of 160 samples as p99, below the 2
+	// slowest (1.25%).
+	q := func(pct uint64) float64 {
+		rank := max(1, (pct*total+99)/100)
 		var c uint64
 		for i, n := range counts {
 			c += n
@@ -72,7 +72,7 @@ func (h *histogram) summary() Latency {
 		}
 		return 0
 	}
-	l.P50us, l.P99us, l.MaxUs = q(0.50), q(0.99), q(1)
+	l.P50us, l.P99us, l.MaxUs = q(50), q(99), q(100)
 	return l
 }
 
