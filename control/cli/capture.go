@@ -73,6 +73,9 @@ func capture(c *ucli.Context) error {
 	if c.Int("count") <= 0 {
 		return fmt.Errorf("--count %d: must be positive", c.Int("count"))
 	}
+	if d := c.Duration("timeout"); d < 0 {
+		return fmt.Errorf("--timeout %s: want 0 (no limit) or a positive duration", d)
+	}
 
 	keep := func([]byte) bool { return true }
 	if name := c.String("rule"); name != "" {

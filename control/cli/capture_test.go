@@ -90,6 +90,8 @@ func TestCaptureUsage(t *testing.T) {
 		{[]string{"capture"}, "give --iface and --write"},
 		{[]string{"capture", "-r", "x.pcap", "--iface", "b"}, "takes no --iface"},
 		{[]string{"capture", "--iface", "b", "-w", "x", "-c", "0"}, "--count 0"},
+		// Before, a negative timeout meant no limit at all.
+		{[]string{"capture", "--iface", "b", "-w", "x", "--timeout", "-1s"}, "--timeout -1s"},
 		{[]string{"capture", "-r", "/nonexistent.pcap"}, "no such file"},
 	} {
 		var out bytes.Buffer

@@ -84,8 +84,13 @@ func ingestStats(c *ucli.Context) error {
 		if a.Completed > 0 {
 			lat = fmt.Sprintf("latency p50 %v, p99 %v", a.P50.Round(time.Microsecond), a.P99.Round(time.Microsecond))
 		}
-		fmt.Fprintf(w, "  %s; scheduler %v per decision; doorbells %d (%d rung again), results resent %d\n",
-			lat, a.Decision, a.Doorbells, a.Rerings, a.Resent)
+		// A mean over no decision is no time.
+		decision := "scheduler: no decision yet"
+		if a.Decision > 0 {
+			decision = fmt.Sprintf("scheduler %v per decision", a.Decision)
+		}
+		fmt.Fprintf(w, "  %s; %s; doorbells %d (%d rung again), results resent %d\n",
+			lat, decision, a.Doorbells, a.Rerings, a.Resent)
 		fmt.Fprintf(w, "  host registrations %d (%d failed), host lost %d, host protocol errors %d, reassembly timeouts %d\n", a.Registrations, a.RegisterFailed, a.HostLost,
 			a.ProtocolErrors, a.ReassemblyTimeouts)
 		fmt.Fprintf(w, "  host control refused %d (from outside host_peer %s, or registrations naming a socket outside host_socket %s; the log says which)\n",

@@ -51,10 +51,10 @@ func TestNoLatencyMeasured(t *testing.T) {
 		notWant []string
 	}{
 		{"ingest agent", &fakeService{services: running(ingestAgent), svcStats: map[string]any{ingestAgent: agent.Stats{Received: 3}}},
-			[]string{"ingest", "stats"}, []string{`latency: none measured \(no request completed\); scheduler`}, []string{`p50 0s`}},
+			[]string{"ingest", "stats"}, []string{`latency: none measured \(no request completed\); scheduler: no decision yet;`}, []string{`p50 0s`, `0s per decision`}},
 		{"ingest agent measured", &fakeService{services: running(ingestAgent),
-			svcStats: map[string]any{ingestAgent: agent.Stats{Completed: 2, P50: 3 * time.Millisecond, P99: 5 * time.Millisecond}}},
-			[]string{"ingest", "stats"}, []string{`latency p50 3ms, p99 5ms; scheduler`}, nil},
+			svcStats: map[string]any{ingestAgent: agent.Stats{Completed: 2, P50: 3 * time.Millisecond, P99: 5 * time.Millisecond, Decision: 4 * time.Microsecond}}},
+			[]string{"ingest", "stats"}, []string{`latency p50 3ms, p99 5ms; scheduler 4µs per decision`}, nil},
 		{"far-memory agent", &fakeService{services: running(memAgent), svcStats: map[string]any{memAgent: farmem.AgentStats{}}},
 			[]string{"mem", "stats"}, []string{`latency to the memory node: none measured \(no request answered\)\n`}, []string{`p50 0 µs`}},
 		{"far-memory agent measured", &fakeService{services: running(memAgent),

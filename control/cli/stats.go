@@ -42,6 +42,12 @@ func stats(c *ucli.Context) error {
 	if interval <= 0 {
 		return fmt.Errorf("--interval %s: must be positive", interval)
 	}
+	switch n := c.Int("count"); {
+	case n < 0:
+		return fmt.Errorf("--count %d: want 0 (until interrupted) or more samples", n)
+	case c.IsSet("count") && !c.Bool("watch"):
+		return fmt.Errorf("--count %d takes --watch: without it, stats prints one sample", n)
+	}
 	cl := client(c)
 	var prev *api.Stats
 	for n := 1; ; n++ {

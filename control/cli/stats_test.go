@@ -109,3 +109,21 @@ func TestStatsPending(t *testing.T) {
 		}
 	}
 }
+
+// TestStatsCountChecked: --count must be 0 or more, and only --watch
+// takes it; before, a negative count watched for ever and a count without
+// --watch was ignored.
+func TestStatsCountChecked(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"stats", "--watch", "--count", "-1"}, "--count -1"},
+		{[]string{"stats", "--count", "3"}, "takes --watch"},
+	} {
+		_, _, err := runCLI(serveFake(t, &fakeService{}), tc.args...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: err = %v, want it to mention %q", tc.args, err, tc.want)
+		}
+	}
+}
