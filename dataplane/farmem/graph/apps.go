@@ -100,8 +100,9 @@ func (p Params) check() error {
 		return fmt.Errorf("graph: %d PageRank iterations: want 0 (the default, 20) or more", p.Iterations)
 	case !(p.Damping > 0 && p.Damping <= 1):
 		return fmt.Errorf("graph: PageRank damping %g: want a factor in (0, 1]", p.Damping)
-	case p.Samples < 0:
-		return fmt.Errorf("graph: %d Radii samples: want 0 (the default, 64) or more", p.Samples)
+	case p.Samples < 0 || p.Samples > 64:
+		// One bit of a uint64 per sample: more would silently run 64.
+		return fmt.Errorf("graph: %d Radii samples: want 1 to 64 (0: the default, 64)", p.Samples)
 	case p.BCSources < 0:
 		return fmt.Errorf("graph: %d BC sources: want 0 (the default, 4) or more", p.BCSources)
 	}
@@ -146,7 +147,7 @@ func runApp(ctx context.Context, e *Engine, app App, p Params, r *Result) error 
 	case Components:
 		r.Ints, err = RunComponents(ctx, e)
 	case Radii:
-		r.Ints, err = RunRadii(ctx, e, SampleVertices(e.g, min(p.Samples, 64), p.Seed))
+		r.Ints, err = RunRadii(ctx, e, SampleVertices(e.g, p.Samples, p.Seed))
 	case BC:
 		r.Floats, err = RunBC(ctx, e, SampleVertices(e.g, p.BCSources, p.Seed))
 	default:

@@ -21,6 +21,7 @@ func TestParamsRefused(t *testing.T) {
 		want string
 	}{
 		{Radii, Params{Samples: -1}, "samples"},
+		{Radii, Params{Samples: 65}, "65 Radii samples"}, // before: ran 64, reported as asked
 		{BC, Params{BCSources: -2}, "BC sources"},
 		{PageRank, Params{Iterations: -3}, "iterations"},
 		{PageRank, Params{Damping: math.NaN()}, "damping"},
