@@ -21,6 +21,7 @@ import (
 	"github.com/lovelock-dpu/lovelock/control/testenv"
 	"github.com/lovelock-dpu/lovelock/dataplane/farmem"
 	"github.com/lovelock-dpu/lovelock/dataplane/farmem/fmap"
+	"github.com/lovelock-dpu/lovelock/dataplane/farmem/graph"
 )
 
 // runGraph runs `lovelock graph args...` in-process.
@@ -300,5 +301,25 @@ func TestGraphHitRateReadAhead(t *testing.T) {
 	}
 	if d.Reads != 440 || d.HitRate < 0.11 || d.HitRate > 0.12 {
 		t.Errorf("50 static hits, 40 faults and 400 chunks read ahead: %d reads, hit rate %.3f; want 440 reads, about 0.11", d.Reads, d.HitRate)
+	}
+}
+
+// TestGraphVerdict: a passed check says what it checked: equality for the
+// apps compared exactly, the tolerance for PageRank and BC; before, every
+// app's verdict said "equal", scores within the tolerance too.
+func TestGraphVerdict(t *testing.T) {
+	for _, tc := range []struct {
+		app  graph.App
+		want string
+	}{
+		{graph.BFS, "ok: equal to the in-memory run"},
+		{graph.Components, "ok: equal to the in-memory run"},
+		{graph.Radii, "ok: equal to the in-memory run"},
+		{graph.PageRank, "ok: within 1e-09 (relative) of the in-memory run"},
+		{graph.BC, "ok: within 1e-09 (relative) of the in-memory run"},
+	} {
+		if got := graphVerdict(tc.app, graph.DefaultTolerance); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.app, got, tc.want)
+		}
 	}
 }
