@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -206,11 +207,15 @@ type graphRunReport struct {
 	Mapping   *fmap.Stats   `json:"mapping,omitempty"`
 	// Bytes on the fabric: the DPU agent's link to the memory nodes, and the
 	// memory server's own link (both directions, with headers).
-	DPUFabricBytes *uint64  `json:"dpu_fabric_bytes,omitempty"`
-	DPUHostBytes   *uint64  `json:"dpu_host_bytes,omitempty"`
-	MemLinkBytes   *uint64  `json:"mem_link_bytes,omitempty"`
-	HitRate        *float64 `json:"dpu_cache_hit_rate,omitempty"`
-	HitRateNote    string   `json:"dpu_cache_note,omitempty"`
+	DPUFabricBytes *uint64 `json:"dpu_fabric_bytes,omitempty"`
+	DPUHostBytes   *uint64 `json:"dpu_host_bytes,omitempty"`
+	MemLinkBytes   *uint64 `json:"mem_link_bytes,omitempty"`
+	// NotMeasured says, by the JSON name of a byte count left out, why:
+	// a service that did not answer, or counters that went back during
+	// the run (lovelockd restarted), whose difference would be garbage.
+	NotMeasured map[string]string `json:"not_measured,omitempty"`
+	HitRate     *float64          `json:"dpu_cache_hit_rate,omitempty"`
+	HitRateNote string            `json:"dpu_cache_note,omitempty"`
 	// Caching is the DPU cache mode asked for; Cache the deltas of the
 	// agent's counters for the region over the run (with --dpu-socket).
 	Caching graph.Caching `json:"caching"`
@@ -482,9 +487,10 @@ func graphRun(c *ucli.Context) error {
 		}
 		rep.Buffer = int64(st.Capacity) * int64(rep.Chunk)
 	}
-	rep.DPUFabricBytes = delta(before.dpuFabric, after.dpuFabric)
-	rep.DPUHostBytes = delta(before.dpuHost, after.dpuHost)
-	rep.MemLinkBytes = delta(before.memLink, after.memLink)
+	rep.NotMeasured = map[string]string{}
+	rep.DPUFabricBytes = rep.delta("dpu_fabric_bytes", before.dpuFabric, after.dpuFabric, before.dpuErr, after.dpuErr)
+	rep.DPUHostBytes = rep.delta("dpu_host_bytes", before.dpuHost, after.dpuHost, before.dpuErr, after.dpuErr)
+	rep.MemLinkBytes = rep.delta("mem_link_bytes", before.memLink, after.memLink, before.memErr, after.memErr)
 	var host fmap.Stats
 	if rep.Mapping != nil {
 		host = *rep.Mapping
@@ -525,16 +531,20 @@ func printGraphRun(w io.Writer, r graphRunReport) {
 	if s := r.Mapping; s != nil {
 		fmt.Fprintf(w, "host buffer: %s (%d chunks of %s): %d faults, %d evictions\n", farmem.Size(uint64(r.Buffer)), s.Capacity, farmem.Size(uint64(r.Chunk)), s.Faults, s.Evictions)
 	}
-	bytes := func(p *uint64, what, flag string) {
+	bytes := func(p *uint64, key, what, flag string) {
 		if p == nil {
-			fmt.Fprintf(w, "%s: not measured (no %s)\n", what, flag)
+			why := r.NotMeasured[key]
+			if why == "" {
+				why = "no " + flag
+			}
+			fmt.Fprintf(w, "%s: not measured (%s)\n", what, why)
 			return
 		}
 		fmt.Fprintf(w, "%s: %d bytes (%.1f MiB)\n", what, *p, float64(*p)/(1<<20))
 	}
-	bytes(r.DPUFabricBytes, "DPU agent ↔ memory nodes (fabric)", "--dpu-socket")
-	bytes(r.DPUHostBytes, "DPU agent ↔ hosts", "--dpu-socket")
-	bytes(r.MemLinkBytes, "memory server link", "--mem-socket")
+	bytes(r.DPUFabricBytes, "dpu_fabric_bytes", "DPU agent ↔ memory nodes (fabric)", "--dpu-socket")
+	bytes(r.DPUHostBytes, "dpu_host_bytes", "DPU agent ↔ hosts", "--dpu-socket")
+	bytes(r.MemLinkBytes, "mem_link_bytes", "memory server link", "--mem-socket")
 	pf := r.Caching.Prefetcher
 	mode := "off"
 	switch {
@@ -572,6 +582,8 @@ func printGraphRun(w io.Writer, r graphRunReport) {
 type fabricCounters struct {
 	dpuFabric, dpuHost, memLink *uint64
 	agent                       *farmem.AgentStats
+	// Why a service asked did not give its counters.
+	dpuErr, memErr error
 }
 
 func readFabric(ctx context.Context, mem, dpu *api.Client) fabricCounters {
@@ -582,6 +594,8 @@ func readFabric(ctx context.Context, mem, dpu *api.Client) fabricCounters {
 			fab := st.Fabric.TXBytes + st.Fabric.RXBytes
 			host := st.Host.TXBytes + st.Host.RXBytes
 			f.dpuFabric, f.dpuHost, f.agent = &fab, &host, &st
+		} else {
+			f.dpuErr = err
 		}
 	}
 	if mem != nil {
@@ -589,16 +603,28 @@ func readFabric(ctx context.Context, mem, dpu *api.Client) fabricCounters {
 		if err := mem.ServiceStats(ctx, memServer, &st); err == nil {
 			b := st.Link.TXBytes + st.Link.RXBytes
 			f.memLink = &b
+		} else {
+			f.memErr = err
 		}
 	}
 	return f
 }
 
-func delta(a, b *uint64) *uint64 {
-	if a == nil || b == nil {
+// delta returns after less before, or nil with why under key in
+// NotMeasured: a reading that failed, or counters that went back (the
+// service restarted during the run: the difference would wrap).
+func (r *graphRunReport) delta(key string, before, after *uint64, errBefore, errAfter error) *uint64 {
+	switch {
+	case errBefore != nil || errAfter != nil:
+		r.NotMeasured[key] = fmt.Sprintf("the service did not answer: %v", cmp.Or(errBefore, errAfter))
+		return nil
+	case before == nil || after == nil:
+		return nil
+	case *after < *before:
+		r.NotMeasured[key] = "its counters went back during the run (the service restarted): run again"
 		return nil
 	}
-	d := *b - *a
+	d := *after - *before
 	return &d
 }
 

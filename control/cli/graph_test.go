@@ -323,3 +323,27 @@ func TestGraphVerdict(t *testing.T) {
 		}
 	}
 }
+
+// TestGraphBytesNotMeasured: a byte count whose counters went back during
+// the run (lovelockd restarted), or whose service did not answer, is left
+// out with the reason; before, the first printed the wrapped difference
+// (about 1.8e19 bytes) and the second "no --dpu-socket" though one was
+// given.
+func TestGraphBytesNotMeasured(t *testing.T) {
+	u := func(v uint64) *uint64 { return &v }
+	r := graphRunReport{NotMeasured: map[string]string{}}
+	r.DPUFabricBytes = r.delta("dpu_fabric_bytes", u(5000), u(100), nil, nil)
+	r.DPUHostBytes = r.delta("dpu_host_bytes", nil, nil, errors.New("connection refused"), nil)
+	r.MemLinkBytes = r.delta("mem_link_bytes", u(100), u(5000), nil, nil)
+	var out bytes.Buffer
+	printGraphRun(&out, r)
+	for _, want := range []string{
+		"DPU agent ↔ memory nodes (fabric): not measured (its counters went back during the run",
+		"DPU agent ↔ hosts: not measured (the service did not answer: connection refused)",
+		"memory server link: 4900 bytes",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
