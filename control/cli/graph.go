@@ -654,6 +654,13 @@ func regionCacheDelta(before, after *farmem.AgentStats, region uint32, host fmap
 		return farmem.RegionCacheStats{}
 	}
 	b, a := find(before), find(after)
+	if a.StaticHits < b.StaticHits || a.Hits < b.Hits || a.Misses < b.Misses || a.Bypassed < b.Bypassed ||
+		a.OutsideDynamic < b.OutsideDynamic || a.Waited < b.Waited || a.PrefetchIssued < b.PrefetchIssued ||
+		a.PrefetchUsed < b.PrefetchUsed || a.EvictedUnused < b.EvictedUnused || a.Invalidated < b.Invalidated ||
+		a.Hinted < b.Hinted || after.Cache.Switches < before.Cache.Switches {
+		// The differences would wrap.
+		return nil, "not measured (the DPU agent's counters went back during the run: it restarted; run again)"
+	}
 	d := &cacheDelta{RegionCacheStats: a.Since(b), Switches: after.Cache.Switches - before.Cache.Switches, On: after.Cache.On}
 	d.Region = region
 	d.HitRate, d.Reads = farmem.HitRate(d.RegionCacheStats, host)

@@ -347,3 +347,20 @@ func TestGraphBytesNotMeasured(t *testing.T) {
 		}
 	}
 }
+
+// TestGraphCacheDeltaRestart: a DPU agent whose counters went back during
+// the run has no cache delta, and says why; before, the hit rate came from
+// counters wrapped to about 1.8e19.
+func TestGraphCacheDeltaRestart(t *testing.T) {
+	st := func(hits uint64) *farmem.AgentStats {
+		var a farmem.AgentStats
+		a.Cache.Regions = []farmem.RegionCacheStats{{Region: 7, Hits: hits, Misses: hits}}
+		return &a
+	}
+	if d, note := regionCacheDelta(st(500), st(10), 7, fmap.Stats{}, true); d != nil || !strings.Contains(note, "went back") {
+		t.Errorf("counters went back: delta %+v, note %q; want none, saying why", d, note)
+	}
+	if d, note := regionCacheDelta(st(10), st(500), 7, fmap.Stats{}, true); d == nil || d.Hits != 490 || note != "" {
+		t.Errorf("counters went on: delta %+v, note %q; want 490 hits", d, note)
+	}
+}
