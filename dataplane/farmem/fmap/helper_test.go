@@ -229,6 +229,8 @@ func helperProcess(role string) error {
 		err = helperExitDirty()
 	case "agentstop":
 		err = helperAgentStop()
+	case "dropped":
+		err = helperDropped()
 	default:
 		err = fmt.Errorf("unknown role %q", role)
 	}
