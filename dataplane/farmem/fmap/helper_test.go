@@ -225,6 +225,8 @@ func helperProcess(role string) error {
 		err = helperLostAfterEviction()
 	case "eexist":
 		err = helperEExist()
+	case "eexist-written":
+		err = helperEExistWritten()
 	case "exit-dirty":
 		err = helperExitDirty()
 	case "agentstop":
