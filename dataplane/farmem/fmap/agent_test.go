@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -332,7 +333,9 @@ func helperAgentStop() error {
 // TestMapOptions maps with options a program may send, right or wrong: a
 // wrong one fails that Map with an error that names it, and the agent, one
 // per node, goes on serving the next Map. (Before, a chunk size of 2^50
-// passed, and the agent's fetchers crashed it allocating their buffers.)
+// passed, and the agent's fetchers crashed it allocating their buffers; a
+// buffer of math.MaxInt64 bytes overflowed its rounding to chunks and got
+// two.)
 func TestMapOptions(t *testing.T) {
 	a := startAgent(t)
 	const size = 1 << 20
@@ -347,6 +350,7 @@ func TestMapOptions(t *testing.T) {
 		{name: "chunk of 2^50 bytes", o: Options{ChunkSize: 1 << 50}, wantErr: "chunk size"},
 		{name: "chunk above the largest", o: Options{ChunkSize: 2 * maxChunkSize}, wantErr: "chunk size"},
 		{name: "largest chunk, larger than the region", o: Options{ChunkSize: maxChunkSize}, cap: 1},
+		{name: "buffer of every byte there is", o: Options{BufferBytes: math.MaxInt64}, cap: 16},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -116,6 +116,9 @@ func (o Options) resolve(size int64) (resolved, error) {
 	if buf < 0 {
 		return r, fmt.Errorf("fmap: buffer of %d bytes: want a positive size", buf)
 	}
+	// No more than the region, which also keeps the rounding up from
+	// overflowing (math.MaxInt64 became two chunks).
+	buf = min(buf, int64(r.mapLen))
 	r.capacity = int((buf + int64(r.chunk) - 1) / int64(r.chunk))
 	r.capacity = max(r.capacity, minBufferChunks)
 	r.capacity = min(r.capacity, r.nchunks)

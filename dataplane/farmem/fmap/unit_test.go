@@ -1,6 +1,7 @@
 package fmap
 
 import (
+	"math"
 	"os"
 	"slices"
 	"testing"
@@ -90,6 +91,8 @@ func TestOptionsResolve(t *testing.T) {
 		{name: "buffer at least two chunks", o: Options{BufferBytes: 1}, size: 1 << 20,
 			chunk: 64 << 10, nchunks: 16, cap: 2, lowW: 1, mapLen: 1 << 20},
 		{name: "buffer at most the region, and then nothing is evicted ahead", o: Options{BufferBytes: 1 << 30, LoadFactor: 0.5}, size: 1 << 20,
+			chunk: 64 << 10, nchunks: 16, cap: 16, lowW: 16, mapLen: 1 << 20},
+		{name: "buffer of every byte there is: the whole region", o: Options{BufferBytes: math.MaxInt64}, size: 1 << 20,
 			chunk: 64 << 10, nchunks: 16, cap: 16, lowW: 16, mapLen: 1 << 20},
 		{name: "load factor sets the low-water mark", o: Options{BufferBytes: 512 << 10, LoadFactor: 0.5}, size: 1 << 20,
 			chunk: 64 << 10, nchunks: 16, cap: 8, lowW: 4, mapLen: 1 << 20},
