@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -327,4 +328,57 @@ func helperAgentStop() error {
 	}
 	fmt.Printf("CLOSE %v\n", m.Close()) // the agent is gone: an error
 	return nil
+}
+
+// TestMapOptions maps with options a program may send, right or wrong: a
+// wrong one fails that Map with an error that names it, and the agent, one
+// per node, goes on serving the next Map. (Before, a chunk size of 2^50
+// passed, and the agent's fetchers crashed it allocating their buffers; a
+// buffer of math.MaxInt64 bytes overflowed its rounding to chunks and got
+// two.)
+func TestMapOptions(t *testing.T) {
+	a := startAgent(t)
+	const size = 1 << 20
+	a.add(1, NewMemBackend(size))
+	cases := []struct {
+		name    string
+		o       Options
+		wantErr string // "" for success
+		cap     int    // the buffer's chunks, on success
+	}{
+		{name: "defaults", o: Options{}, cap: 6},
+		{name: "chunk of 2^50 bytes", o: Options{ChunkSize: 1 << 50}, wantErr: "chunk size"},
+		{name: "chunk above the largest", o: Options{ChunkSize: 2 * maxChunkSize}, wantErr: "chunk size"},
+		{name: "largest chunk, larger than the region", o: Options{ChunkSize: maxChunkSize}, cap: 1},
+		{name: "buffer of every byte there is", o: Options{BufferBytes: math.MaxInt64}, cap: 16},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			// The mapping's bytes are not touched: no fault is served in
+			// this process.
+			m, err := Map(ctx, a.sock, RegionRef{ID: 1}, tc.o)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					if err == nil {
+						m.Close()
+					}
+					t.Fatalf("Map with %+v: %v, want an error about the %s", tc.o, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Map with %+v: %v", tc.o, err)
+			}
+			defer m.Close()
+			st, err := m.Stats(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Capacity != tc.cap {
+				t.Errorf("Map with %+v: a buffer of %d chunks, want %d", tc.o, st.Capacity, tc.cap)
+			}
+		})
+	}
 }

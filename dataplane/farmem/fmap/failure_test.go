@@ -233,6 +233,51 @@ func TestCleanInstallOverPresentPage(t *testing.T) {
 	}
 }
 
+// TestCleanInstallOverWrittenPage: a page left behind in a chunk recorded
+// absent (by a writable install that failed part way) may hold a write the
+// agent never saw: a clean install that keeps it must still count the
+// chunk dirty, so that Sync writes the page back instead of the chunk
+// being dropped clean with the write. (Before, the chunk was installed
+// clean: the page put in the memfd by the program, standing in for the
+// write, never reached the backend.)
+func TestCleanInstallOverWrittenPage(t *testing.T) {
+	a := startAgent(t)
+	be := a.add(1, NewMemBackend(syncErrSize))
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	out := runHelper(t, ctx, "eexist-written", "FMAP_SOCK="+a.sock)
+	t.Log(out)
+	got := make([]byte, 1)
+	be.ReadAt(got, eexistAt)
+	if got[0] != 0x55 {
+		t.Fatalf("backend byte %d is %#x after Sync, want 0x55: a write in a page kept by a clean install was not written back", eexistAt, got[0])
+	}
+}
+
+func helperEExistWritten() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	m, err := Map(ctx, os.Getenv("FMAP_SOCK"), RegionRef{ID: 1}, Options{BufferBytes: syncErrSize})
+	if err != nil {
+		return err
+	}
+	page := make([]byte, 4096)
+	page[eexistAt-DefaultChunkSize-4096] = 0x55
+	if _, err := unix.Pwrite(m.memfd, page, DefaultChunkSize+4096); err != nil {
+		return fmt.Errorf("put a written page in the memfd: %w", err)
+	}
+	readSink = m.Bytes()[DefaultChunkSize] // a read fault on page 0: chunk 1 installed clean around page 1
+	if err := m.Sync(ctx); err != nil {
+		return err
+	}
+	st, err := m.Stats(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("STATS %+v\n", st)
+	return m.Close()
+}
+
 // readSink keeps the compiler from dropping a read made to fault.
 var readSink byte
 

@@ -541,7 +541,7 @@ func (h *handler) fetchLocked(ci int, write bool, buf []byte) error {
 	h.state[ci] = fetching
 	h.occupied++
 	h.mu.Unlock()
-	err := h.install(ci, off, buf[:n], write)
+	kept, err := h.install(ci, off, buf[:n], write)
 	h.mu.Lock()
 	h.cond.Broadcast()
 	if err != nil {
@@ -550,7 +550,9 @@ func (h *handler) fetchLocked(ci int, write bool, buf []byte) error {
 		return err
 	}
 	h.state[ci] = resident
-	h.dirty[ci] = write
+	// A kept page may hold a write the agent never saw (made after the
+	// writable install that left it): the chunk differs from the backend.
+	h.dirty[ci] = write || kept
 	h.lru.pushFront(ci)
 	if h.occupied > h.r.lowWater {
 		select {
@@ -561,13 +563,16 @@ func (h *handler) fetchLocked(ci int, write bool, buf []byte) error {
 	return nil
 }
 
-func (h *handler) install(ci int, off uint64, buf []byte, write bool) error {
+// install reads chunk ci from the backend and copies it into the
+// program's memory. It reports whether it kept pages that were there
+// already.
+func (h *handler) install(ci int, off uint64, buf []byte, write bool) (bool, error) {
 	// The mapping may be longer than the backend (rounded up to a page); the
 	// tail reads as zeros.
 	valid := max(min(int64(len(buf)), h.r.size-int64(off)), 0)
 	got, err := h.be.ReadAt(buf[:valid], int64(off))
 	if err != nil && !(errors.Is(err, io.EOF) && got == int(valid)) {
-		return fmt.Errorf("fetch chunk %d (%d bytes at %d): %w", ci, valid, off, err)
+		return false, fmt.Errorf("fetch chunk %d (%d bytes at %d): %w", ci, valid, off, err)
 	}
 	clear(buf[valid:])
 	// Copy without waking, and wake once the whole chunk is in place: a
@@ -578,10 +583,12 @@ func (h *handler) install(ci int, off uint64, buf []byte, write bool) error {
 		mode |= copyModeWP
 	}
 	done, err := uffdCopy(h.uffd, h.base+off, buf, mode)
-	if errors.Is(err, unix.EEXIST) {
+	kept := errors.Is(err, unix.EEXIST)
+	if kept {
 		// Some page of the chunk is present although the chunk was absent
 		// (a writable install that failed part way left it); install the
-		// rest page by page and keep what is there.
+		// rest page by page and keep what is there. The chunk counts dirty
+		// (fetchLocked): a kept page may have been written since.
 		err = nil
 		page := h.r.pageSize
 		for p := done - done%page + page; p < len(buf) && err == nil; p += page {
@@ -601,9 +608,9 @@ func (h *handler) install(ci int, off uint64, buf []byte, write bool) error {
 		err = uffdWake(h.uffd, h.base+off, uint64(len(buf)))
 	}
 	if err != nil {
-		return fmt.Errorf("install chunk %d (UFFDIO_COPY %d bytes at %#x): %w", ci, len(buf), h.base+off, err)
+		return false, fmt.Errorf("install chunk %d (UFFDIO_COPY %d bytes at %#x): %w", ci, len(buf), h.base+off, err)
 	}
-	return nil
+	return kept, nil
 }
 
 // victimLocked picks the least recently used resident chunk other than the

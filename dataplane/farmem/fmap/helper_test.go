@@ -225,10 +225,14 @@ func helperProcess(role string) error {
 		err = helperLostAfterEviction()
 	case "eexist":
 		err = helperEExist()
+	case "eexist-written":
+		err = helperEExistWritten()
 	case "exit-dirty":
 		err = helperExitDirty()
 	case "agentstop":
 		err = helperAgentStop()
+	case "dropped":
+		err = helperDropped()
 	default:
 		err = fmt.Errorf("unknown role %q", role)
 	}

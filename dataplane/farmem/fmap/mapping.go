@@ -25,10 +25,17 @@ type Mapping struct {
 	mem    []byte // the whole mmap'd range
 	size   int64
 
-	mu     sync.Mutex // serialises requests on conn
-	conn   *net.UnixConn
-	uffd   int
-	memfd  int
+	mu    sync.Mutex // serialises requests on conn
+	conn  *net.UnixConn
+	uffd  int
+	memfd int
+	// keep duplicates conn's descriptor (0: none). A program may drop its
+	// Mapping and go on using Bytes until it exits; the GC then finalizes
+	// conn and closes its descriptor, which the agent would take for the
+	// program's exit: it would stop serving the faults, and the next touch
+	// would block for ever. This copy, which no finalizer closes, keeps the
+	// connection open until Close or the program's exit.
+	keep   int
 	closed bool
 	broken error // why conn can no longer carry Sync, Stats or Advise (Close still goes through)
 	// What cancelled requests left on conn, for Close: replies still to
@@ -101,6 +108,9 @@ func attach(conn *net.UnixConn, region RegionRef, opts Options) (*Mapping, error
 			m.release()
 		}
 	}()
+	if m.keep, err = dupConn(conn); err != nil {
+		return nil, err
+	}
 	name := "fmap"
 	if region.Name != "" {
 		name += ":" + region.Name
@@ -284,8 +294,30 @@ func (m *Mapping) abandon() error {
 		"and its log says whether that failed")
 }
 
+// dupConn duplicates c's descriptor, close-on-exec, numbered 3 or more so
+// that 0 can mean none.
+func dupConn(c *net.UnixConn) (int, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0, fmt.Errorf("duplicate the connection to the host agent: %w", err)
+	}
+	var fd int
+	var derr error
+	if err := rc.Control(func(f uintptr) { fd, derr = unix.FcntlInt(f, unix.F_DUPFD_CLOEXEC, 3) }); err != nil {
+		return 0, fmt.Errorf("duplicate the connection to the host agent: %w", err)
+	}
+	if derr != nil {
+		return 0, fmt.Errorf("duplicate the connection to the host agent: %w (out of descriptors? raise RLIMIT_NOFILE)", derr)
+	}
+	return fd, nil
+}
+
 func (m *Mapping) release() error {
 	var errs []error
+	if m.keep > 0 {
+		errs = append(errs, unix.Close(m.keep))
+		m.keep = 0
+	}
 	if m.mem != nil {
 		errs = append(errs, unix.Munmap(m.mem))
 		m.mem = nil

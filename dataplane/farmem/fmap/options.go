@@ -30,12 +30,19 @@ const (
 	// straddle a chunk boundary, and with one slot two such accesses evict
 	// each other forever.
 	minBufferChunks = 2
+	// maxChunkSize bounds ChunkSize: the agent, one per node, holds about
+	// ten chunk buffers per mapping (its fetchers, cleaner and write-back),
+	// so a program's chunk size must not decide how much of its memory they
+	// take (at 2^48 bytes and above, allocating them crashes it). 16 MiB is
+	// 16 times the largest chunk measured (docs/farmem-mapping.md).
+	maxChunkSize = 16 << 20
 )
 
 // Options tune one mapping. The zero value takes every default.
 type Options struct {
 	// ChunkSize is the unit of fetch, write-back and eviction: a power of
-	// two, a multiple of the page size. Default DefaultChunkSize.
+	// two, a multiple of the page size, at most 16 MiB. Default
+	// DefaultChunkSize.
 	ChunkSize int `json:"chunk_size,omitempty"`
 	// BufferBytes bounds the bytes resident in the program's memory; it is
 	// rounded up to whole chunks (two at least). Default one third of the
@@ -94,8 +101,8 @@ func (o Options) resolve(size int64) (resolved, error) {
 	if r.chunk == 0 {
 		r.chunk = DefaultChunkSize
 	}
-	if r.chunk < page || r.chunk&(r.chunk-1) != 0 {
-		return r, fmt.Errorf("fmap: chunk size %d: want a power of two of at least the page size %d", r.chunk, page)
+	if r.chunk < page || r.chunk > maxChunkSize || r.chunk&(r.chunk-1) != 0 {
+		return r, fmt.Errorf("fmap: chunk size %d: want a power of two from the page size %d to %d", r.chunk, page, maxChunkSize)
 	}
 	if size <= 0 {
 		return r, fmt.Errorf("fmap: region size %d: nothing to map", size)
@@ -109,6 +116,9 @@ func (o Options) resolve(size int64) (resolved, error) {
 	if buf < 0 {
 		return r, fmt.Errorf("fmap: buffer of %d bytes: want a positive size", buf)
 	}
+	// No more than the region, which also keeps the rounding up from
+	// overflowing (math.MaxInt64 became two chunks).
+	buf = min(buf, int64(r.mapLen))
 	r.capacity = int((buf + int64(r.chunk) - 1) / int64(r.chunk))
 	r.capacity = max(r.capacity, minBufferChunks)
 	r.capacity = min(r.capacity, r.nchunks)

@@ -1,6 +1,7 @@
 package fmap
 
 import (
+	"math"
 	"os"
 	"slices"
 	"testing"
@@ -91,10 +92,15 @@ func TestOptionsResolve(t *testing.T) {
 			chunk: 64 << 10, nchunks: 16, cap: 2, lowW: 1, mapLen: 1 << 20},
 		{name: "buffer at most the region, and then nothing is evicted ahead", o: Options{BufferBytes: 1 << 30, LoadFactor: 0.5}, size: 1 << 20,
 			chunk: 64 << 10, nchunks: 16, cap: 16, lowW: 16, mapLen: 1 << 20},
+		{name: "buffer of every byte there is: the whole region", o: Options{BufferBytes: math.MaxInt64}, size: 1 << 20,
+			chunk: 64 << 10, nchunks: 16, cap: 16, lowW: 16, mapLen: 1 << 20},
 		{name: "load factor sets the low-water mark", o: Options{BufferBytes: 512 << 10, LoadFactor: 0.5}, size: 1 << 20,
 			chunk: 64 << 10, nchunks: 16, cap: 8, lowW: 4, mapLen: 1 << 20},
 		{name: "chunk not a power of two", o: Options{ChunkSize: 3 * page}, size: 1 << 20, wantErr: true},
 		{name: "chunk below a page", o: Options{ChunkSize: page / 2}, size: 1 << 20, wantErr: true},
+		{name: "chunk above the largest", o: Options{ChunkSize: 2 * maxChunkSize}, size: 1 << 20, wantErr: true},
+		{name: "largest chunk, larger than the region", o: Options{ChunkSize: maxChunkSize}, size: 1 << 20,
+			chunk: maxChunkSize, nchunks: 1, cap: 1, lowW: 1, mapLen: 1 << 20},
 		{name: "load factor above 1", o: Options{LoadFactor: 1.5}, size: 1 << 20, wantErr: true},
 		{name: "negative read-ahead", o: Options{ReadAhead: -1}, size: 1 << 20, wantErr: true},
 		{name: "empty region", size: 0, wantErr: true},
