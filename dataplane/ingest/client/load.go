@@ -77,8 +77,9 @@ type Report struct {
 	Throughput float64 `json:"throughput_rps"`
 	MBps       float64 `json:"throughput_mbps"`
 	// Latency summarises the OK requests' latencies, Infer's call to its
-	// return.
-	Latency Latency `json:"latency"`
+	// return; with no OK request there is none, and JSON leaves it out
+	// rather than show zeros as measurements.
+	Latency Latency `json:"latency,omitzero"`
 	// Retransmissions is the client's count during the load.
 	Retransmissions uint64 `json:"retransmissions"`
 }

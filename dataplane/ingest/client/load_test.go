@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -165,5 +166,26 @@ func TestVerify(t *testing.T) {
 	}
 	if _, err := Verify("resnet"); err == nil {
 		t.Error("Verify of an unknown model")
+	}
+}
+
+// TestReportJSONNoLatency: a load with no completed request has no
+// latency in JSON; before, it showed percentiles of 0 ns, measured from
+// nothing.
+func TestReportJSONNoLatency(t *testing.T) {
+	for _, tc := range []struct {
+		rep  Report
+		want bool
+	}{
+		{Report{Sent: 5}, false},
+		{Report{Sent: 5, OK: 1, Latency: Latency{P50: 3, P90: 3, P99: 3, Max: 3}}, true},
+	} {
+		b, err := json.Marshal(tc.rep)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(string(b), `"latency"`); got != tc.want {
+			t.Errorf("%+v: latency in JSON %v, want %v: %s", tc.rep, got, tc.want, b)
+		}
 	}
 }
