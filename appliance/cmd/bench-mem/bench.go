@@ -194,9 +194,17 @@ func summarize(lats []time.Duration, moved int64, elapsed, cpu time.Duration, er
 	}
 	if len(lats) > 0 {
 		slices.Sort(lats)
-		p.p50, p.p99 = lats[len(lats)/2], lats[len(lats)*99/100]
+		p.p50, p.p99 = nearestRank(lats, 50), nearestRank(lats, 99)
 	}
 	return p
+}
+
+// nearestRank is the pct-th percentile of sorted, non-empty lats by the
+// nearest-rank method, ceil(n·pct/100)-th smallest, as bench-ingest and
+// client.Load report theirs: p99 of 100 samples is the 99th, not the largest.
+func nearestRank(lats []time.Duration, pct int) time.Duration {
+	i := (len(lats)*pct + 99) / 100
+	return lats[max(i, 1)-1]
 }
 
 // selfCPU is this process's CPU time, user and system.

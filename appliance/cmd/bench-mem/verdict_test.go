@@ -3,6 +3,7 @@ package main
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestTargetLine(t *testing.T) {
@@ -37,5 +38,28 @@ func TestTargetLine(t *testing.T) {
 				t.Errorf("got %q: a verdict on a row that was not measured", got)
 			}
 		})
+	}
+}
+
+func TestSummarizePercentiles(t *testing.T) {
+	for _, tc := range []struct {
+		n        int
+		p50, p99 time.Duration
+	}{
+		// Nearest rank: p99 of 100 samples is the 99th smallest, not the
+		// largest; p50 of an even count the lower middle one.
+		{100, 50, 99},
+		{1, 1, 1},
+		{2, 1, 2},
+		{1000, 500, 990},
+	} {
+		var lats []time.Duration
+		for i := tc.n; i >= 1; i-- {
+			lats = append(lats, time.Duration(i))
+		}
+		p := summarize(lats, 0, time.Second, 0, 0)
+		if p.p50 != tc.p50 || p.p99 != tc.p99 {
+			t.Errorf("%d samples 1..%d: p50 %d, p99 %d; want %d, %d", tc.n, tc.n, p.p50, p.p99, tc.p50, tc.p99)
+		}
 	}
 }
