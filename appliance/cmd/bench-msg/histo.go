@@ -26,10 +26,17 @@ type histoRow struct {
 	retx   uint64    // retransmitted bundles, all runs, clients and agents
 }
 
+// stats is the rates' min, median and max; the median of an even count
+// is the mean of the middle two. r has at least one run (-histo-runs ≥ 1).
 func (r histoRow) stats() (lo, med, hi float64) {
 	s := slices.Clone(r.rates)
 	slices.Sort(s)
-	return s[0], s[len(s)/2], s[len(s)-1]
+	n := len(s)
+	med = s[n/2]
+	if n%2 == 0 {
+		med = (s[n/2-1] + s[n/2]) / 2
+	}
+	return s[0], med, s[n-1]
 }
 
 // histo runs Histogram in the shape of issue 15's table: -histo-ranks ranks
@@ -41,6 +48,9 @@ func (r histoRow) stats() (lo, med, hi float64) {
 // table exactly (apps.Histogram.Verify). It prints inserts/s as min, median
 // and max, and the median's ratio to none's.
 func (b *bench) histo(ctx context.Context) error {
+	if *histoRuns < 1 {
+		return fmt.Errorf("-histo-runs %d: want at least 1", *histoRuns)
+	}
 	tsize := min(messaging.DefaultTransferSize, b.maxPayload)
 	rows := []*histoRow{
 		{name: "none", mode: messaging.ModeNone, tsize: tsize},
