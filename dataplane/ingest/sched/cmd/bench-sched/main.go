@@ -7,6 +7,7 @@
 package main
 
 import (
+	"cmp"
 	"flag"
 	"fmt"
 	"math"
@@ -204,7 +205,7 @@ func gapColumns(gaps []float64) string {
 		}
 	}
 	n := len(gaps)
-	return fmt.Sprintf("%.1f%%\t%.1f%%\t%.1f%%\t%.1f%%\t%.1f%%", 100*mean, 100*gaps[n/2], 100*gaps[n*9/10], 100*gaps[n-1], 100*float64(opt)/float64(n))
+	return fmt.Sprintf("%.1f%%\t%.1f%%\t%.1f%%\t%.1f%%\t%.1f%%", 100*mean, 100*median(gaps), 100*nearestRank(gaps, 90), 100*gaps[n-1], 100*float64(opt)/float64(n))
 }
 
 func gap(n int) {
@@ -294,7 +295,7 @@ func gap(n int) {
 			l := lats[k]
 			slices.Sort(l)
 			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%.1f\t%.1f\t%d\t%d\t%.2f\t\n", c.name, r.name, gapColumns(gaps[k]), bugs[k],
-				float64(l[len(l)/2])/1000, float64(l[len(l)*99/100])/1000, plans[k].Plans, plans[k].OverNodes,
+				float64(nearestRank(l, 50))/1000, float64(nearestRank(l, 99))/1000, plans[k].Plans, plans[k].OverNodes,
 				float64(solve.Microseconds())/1000/float64(n))
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t-\t-\t-\t-\t-\t-\t\n", c.name, "exact, arrived only", gapColumns(replan))
@@ -349,4 +350,22 @@ func rate() {
 		fmt.Fprintf(w, "%s\t%d\t%.0f\t%.0f\t\n", p, steps, steps/el.Seconds(), float64(el.Nanoseconds())/steps)
 	}
 	w.Flush()
+}
+
+// nearestRank is the pct-th percentile of sorted (non-empty, ascending) by
+// the nearest-rank method: the ceil(n·pct/100)-th smallest, so p99 of 100
+// samples is the 99th, not the largest.
+func nearestRank[T cmp.Ordered](sorted []T, pct int) T {
+	i := (len(sorted)*pct + 99) / 100
+	return sorted[max(i, 1)-1]
+}
+
+// median is the middle of sorted (non-empty, ascending), the mean of the
+// middle two for an even count.
+func median(sorted []float64) float64 {
+	n := len(sorted)
+	if n%2 == 0 {
+		return (sorted[n/2-1] + sorted[n/2]) / 2
+	}
+	return sorted[n/2]
 }
