@@ -2,6 +2,7 @@ package main
 
 import (
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -38,5 +39,17 @@ func TestNearestRank(t *testing.T) {
 		if got := nearestRank(xs, tc.pct); got != tc.want {
 			t.Errorf("p%d of 1..100 = %d, want %d", tc.pct, got, tc.want)
 		}
+	}
+}
+
+// The heuristic below the exact optimum is the bug detector of issue 14's
+// tests: the bench fails the run on it rather than print a count.
+func TestBelowOptimum(t *testing.T) {
+	if err := belowOptimum("window", []string{"firstfit", "lovelock"}, []int{0, 0}); err != nil {
+		t.Errorf("no bug: %v", err)
+	}
+	err := belowOptimum("window", []string{"firstfit", "lovelock"}, []int{0, 2})
+	if err == nil || !strings.Contains(err.Error(), "lovelock") || !strings.Contains(err.Error(), "2 instances") {
+		t.Errorf("2 instances below the optimum: %v", err)
 	}
 }
