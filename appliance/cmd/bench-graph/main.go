@@ -249,7 +249,7 @@ func run(ctx context.Context) error {
 			return err
 		}
 		refTime := time.Since(startRef)
-		var base row
+		var base *row // this app's (a) row, when -rows has it
 		for _, pa := range paths {
 			// The adaptive switch, B_net and the arena are the agent's,
 			// not the region's: each row starts on a fresh agent.
@@ -267,9 +267,7 @@ func run(ctx context.Context) error {
 			if err != nil {
 				return fmt.Errorf("%s via %s: %w", app, pa.label, err)
 			}
-			if base.time == 0 {
-				base = r
-			}
+			base = baseRow(base, r)
 			rows = append(rows, r)
 			if !strings.HasPrefix(r.check, "ok") {
 				failed++
@@ -285,8 +283,9 @@ func run(ctx context.Context) error {
 				acc = fmt.Sprintf("%.1f%%", 100*float64(r.cache.PrefetchUsed)/float64(r.cache.PrefetchIssued))
 			}
 			pf := r.prefetchBytes()
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f×\t%s\t%.1f\t%.2f×\t%.1f\t%.1f\t%.1f\t%s\t%s\t%s\t%d\t%d\t%s\t\n", app, pa.label, r.time.Round(time.Millisecond),
-				float64(r.time)/float64(base.time), refTime.Round(time.Millisecond), mb(r.memBytes), float64(r.memBytes)/float64(max(base.memBytes, 1)),
+			vsT, vsB := versusA(r, base)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.1f\t%s\t%.1f\t%.1f\t%.1f\t%s\t%s\t%s\t%d\t%d\t%s\t\n", app, pa.label, r.time.Round(time.Millisecond),
+				vsT, refTime.Round(time.Millisecond), mb(r.memBytes), vsB,
 				mb(r.memBytes-min(pf, r.memBytes)), mb(pf), mb(r.dpuHost), hit, dyn, acc, r.mapping.Faults, r.switches, r.check)
 		}
 		tw.Flush()
@@ -308,6 +307,24 @@ func run(ctx context.Context) error {
 }
 
 func mb(b uint64) float64 { return float64(b) / 1e6 }
+
+// baseRow is the "vs (a)" baseline after row r of an app: r itself when it
+// is the (a) row (the MemServer path), else base unchanged.
+func baseRow(base *row, r row) *row {
+	if r.path.id == "a" {
+		return &r
+	}
+	return base
+}
+
+// versusA is r's time and mem0 link bytes as multiples of the (a) row's,
+// "-" when the run has no (a) row (-rows without a) or (a) took no time.
+func versusA(r row, a *row) (t, b string) {
+	if a == nil || a.time <= 0 {
+		return "-", "-"
+	}
+	return fmt.Sprintf("%.2f×", float64(r.time)/float64(a.time)), fmt.Sprintf("%.2f×", float64(r.memBytes)/float64(max(a.memBytes, 1)))
+}
 
 type counters struct {
 	mem, dpuFabric, dpuHost uint64

@@ -55,25 +55,57 @@ func formatTable(rows []row) string {
 		}
 	}
 	_ = tw.Flush()
+	// usable is the row a target is judged on, or why there is none: a row
+	// with wrong results, or (cpu) with host CPU not above zero over its
+	// window, measured something other than the path.
+	usable := func(num int, loaded, cpu bool) (row, string, bool) {
+		r, ok := find(num, loaded)
+		name := fmt.Sprintf("(%d) unloaded", num)
+		if loaded {
+			name = fmt.Sprintf("(%d) loaded", num)
+		}
+		switch {
+		case !ok:
+			return r, "not measured", false
+		case r.wrong > 0:
+			return r, fmt.Sprintf("not measured (%s: %d wrong results)", name, r.wrong), false
+		case cpu && r.hostCPU <= 0:
+			return r, fmt.Sprintf("not measured (%s: host CPU %v over the window, no measurement)", name, r.hostCPU), false
+		}
+		return r, "", true
+	}
 	for _, loaded := range []bool{false, true} {
-		one, ok1 := find(1, loaded)
-		four, ok4 := find(4, loaded)
 		load := "unloaded"
 		if loaded {
 			load = "80% host load"
 		}
-		if !ok1 || !ok4 || four.hostCPU == 0 {
-			fmt.Fprintf(&sb, "target (4) host CPU per request ≥ 5x less than (1), %s: not measured\n", load)
+		one, why, ok := usable(1, loaded, true)
+		var four row
+		if ok {
+			four, why, ok = usable(4, loaded, true)
+		}
+		if !ok {
+			fmt.Fprintf(&sb, "target (4) host CPU per request ≥ 5x less than (1), %s: %s\n", load, why)
 			continue
 		}
 		x := float64(one.perReq(one.hostCPU)) / float64(four.perReq(four.hostCPU))
 		fmt.Fprintf(&sb, "target (4) host CPU per request ≥ 5x less than (1), %s: %.1fx (%s)\n", load, x, met(x >= 5))
 	}
 	for _, num := range []int{1, 3, 4} {
-		u, oku := find(num, false)
-		l, okl := find(num, true)
-		if !oku || !okl || u.rps == 0 {
-			fmt.Fprintf(&sb, "(%d) throughput kept under 80%% host load: not measured\n", num)
+		what := fmt.Sprintf("(%d) throughput kept under 80%% host load", num)
+		if num == 4 {
+			what = "target (4) keeps ≥ 90% of its unloaded throughput under load"
+		}
+		u, why, ok := usable(num, false, false)
+		var l row
+		if ok {
+			l, why, ok = usable(num, true, false)
+		}
+		if ok && u.rps <= 0 {
+			why, ok = "not measured", false
+		}
+		if !ok {
+			fmt.Fprintf(&sb, "%s: %s\n", what, why)
 			continue
 		}
 		k := l.rps / u.rps

@@ -78,3 +78,53 @@ func TestParseCPUBusy(t *testing.T) {
 		t.Error("cpu2: no error for a CPU /proc/stat does not list")
 	}
 }
+
+// A row whose results were wrong, or whose host CPU came out zero or
+// negative (a busy loop's ticks counted beyond CPU 0's own), gives no
+// verdict: its numbers are not the path's.
+func TestFormatTableNotMeasured(t *testing.T) {
+	r := func(num int, loaded bool, rps float64, cpu time.Duration, wrong int) row {
+		return row{path: paths[map[int]int{1: 0, 3: 1, 4: 2}[num]], loaded: loaded, requests: int(rps), rps: rps,
+			p50: time.Millisecond, p99: 2 * time.Millisecond, hostCPU: cpu, wrong: wrong}
+	}
+	for _, tc := range []struct {
+		name string
+		rows []row
+		want []string
+	}{
+		{"wrong results in (4)", []row{
+			r(1, false, 1000, 100*time.Millisecond, 0), r(1, true, 500, 100*time.Millisecond, 0),
+			r(4, false, 1000, 10*time.Millisecond, 3), r(4, true, 950, 10*time.Millisecond, 0),
+		}, []string{
+			"≥ 5x less than (1), unloaded: not measured ((4) unloaded: 3 wrong results)",
+			"≥ 90% of its unloaded throughput under load: not measured ((4) unloaded: 3 wrong results)",
+		}},
+		{"wrong results in (1)", []row{
+			r(1, false, 1000, 100*time.Millisecond, 0), r(1, true, 500, 100*time.Millisecond, 7),
+			r(4, false, 1000, 10*time.Millisecond, 0), r(4, true, 950, 10*time.Millisecond, 0),
+		}, []string{
+			"≥ 5x less than (1), unloaded: 10.0x (met)",
+			"≥ 5x less than (1), 80% host load: not measured ((1) loaded: 7 wrong results)",
+			"(1) throughput kept under 80% host load: not measured ((1) loaded: 7 wrong results)",
+		}},
+		{"negative host CPU in (4)", []row{
+			r(1, false, 1000, 100*time.Millisecond, 0), r(4, false, 1000, -10*time.Millisecond, 0),
+		}, []string{
+			"≥ 5x less than (1), unloaded: not measured ((4) unloaded: host CPU -10ms",
+		}},
+		{"zero host CPU in (1)", []row{
+			r(1, false, 1000, 0, 0), r(4, false, 1000, 10*time.Millisecond, 0),
+		}, []string{
+			"≥ 5x less than (1), unloaded: not measured ((1) unloaded: host CPU 0s",
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := formatTable(tc.rows)
+			for _, want := range tc.want {
+				if !strings.Contains(got, want) {
+					t.Errorf("table lacks %q:\n%s", want, got)
+				}
+			}
+		})
+	}
+}

@@ -26,10 +26,17 @@ type histoRow struct {
 	retx   uint64    // retransmitted bundles, all runs, clients and agents
 }
 
+// stats is the rates' min, median and max; the median of an even count
+// is the mean of the middle two. r has at least one run (-histo-runs ≥ 1).
 func (r histoRow) stats() (lo, med, hi float64) {
 	s := slices.Clone(r.rates)
 	slices.Sort(s)
-	return s[0], s[len(s)/2], s[len(s)-1]
+	n := len(s)
+	med = s[n/2]
+	if n%2 == 0 {
+		med = (s[n/2-1] + s[n/2]) / 2
+	}
+	return s[0], med, s[n-1]
 }
 
 // histo runs Histogram in the shape of issue 15's table: -histo-ranks ranks
@@ -41,6 +48,9 @@ func (r histoRow) stats() (lo, med, hi float64) {
 // table exactly (apps.Histogram.Verify). It prints inserts/s as min, median
 // and max, and the median's ratio to none's.
 func (b *bench) histo(ctx context.Context) error {
+	if *histoRuns < 1 {
+		return fmt.Errorf("-histo-runs %d: want at least 1", *histoRuns)
+	}
 	tsize := min(messaging.DefaultTransferSize, b.maxPayload)
 	rows := []*histoRow{
 		{name: "none", mode: messaging.ModeNone, tsize: tsize},
@@ -92,14 +102,36 @@ func (b *bench) histo(ctx context.Context) error {
 			r.retx += st.retx
 		}
 	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	_, err := fmt.Print(histoTable(rows))
+	return err
+}
+
+// histoTable renders the Histogram rows, each median also as a multiple of
+// the none row's median; without a none row (-histo-modes) that column is
+// '-' and a line says so, rather than a ratio to whichever row came first.
+func histoTable(rows []*histoRow) string {
+	var sb strings.Builder
+	tw := tabwriter.NewWriter(&sb, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "mode\ttransfer_size\tmin M/s\tmedian M/s\tmax M/s\t× none (median)\tbundle B\tretx\t")
-	_, none, _ := rows[0].stats() // the first row: none, unless -histo-modes left it out
+	none := 0.0
+	for _, r := range rows {
+		if r.mode == messaging.ModeNone && !r.xdp {
+			_, none, _ = r.stats()
+		}
+	}
 	for _, r := range rows {
 		lo, med, hi := r.stats()
-		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.0f\t%d\t\n", r.name, r.tsize, lo/1e6, med/1e6, hi/1e6, med/none, r.bundle, r.retx)
+		x := "-"
+		if none > 0 {
+			x = fmt.Sprintf("%.2f", med/none)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t%.2f\t%s\t%.0f\t%d\t\n", r.name, r.tsize, lo/1e6, med/1e6, hi/1e6, x, r.bundle, r.retx)
 	}
-	return tw.Flush()
+	_ = tw.Flush()
+	if none <= 0 {
+		sb.WriteString("× none: not measured (no none row in this run)\n")
+	}
+	return sb.String()
 }
 
 type histoStats struct {
