@@ -127,13 +127,20 @@ func (b *bench) measure(ctx context.Context, p path, loaded bool) (row, error) {
 	if err != nil {
 		return r, err
 	}
+	// A CPU reading that fails fails the row: a figure computed from it
+	// (a busy loop's time taken for 0) would overstate or understate the
+	// host's CPU that the targets judge.
 	var d0, b0 time.Duration
 	if dpu != nil {
-		d0, _ = dpu.cpu()
+		if d0, err = dpu.cpu(); err != nil {
+			return r, fmt.Errorf("DPU agent's CPU time: %w", err)
+		}
 	}
-	p0, _ := hostSide.cpu()
+	p0, _ := hostSide.cpu() // the diagnostic line's only
 	if busy != nil {
-		b0, _ = busy.cpu()
+		if b0, err = busy.cpu(); err != nil {
+			return r, fmt.Errorf("busy loop's CPU time: %w", err)
+		}
 	}
 	lr, err := load(*duration)
 	if err != nil {
@@ -151,11 +158,17 @@ func (b *bench) measure(ctx context.Context, p path, loaded bool) (row, error) {
 		r.procCPU = p1 - p0
 	}
 	if dpu != nil {
-		d1, _ := dpu.cpu()
+		d1, err := dpu.cpu()
+		if err != nil {
+			return r, fmt.Errorf("DPU agent's CPU time: %w", err)
+		}
 		r.dpuCPU = d1 - d0
 	}
 	if busy != nil {
-		b1, _ := busy.cpu()
+		b1, err := busy.cpu()
+		if err != nil {
+			return r, fmt.Errorf("busy loop's CPU time: %w", err)
+		}
 		r.busy = (b1 - b0).Seconds() / lr.elapsed.Seconds()
 		r.hostCPU -= b1 - b0
 	}

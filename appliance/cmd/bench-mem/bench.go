@@ -251,7 +251,12 @@ func (b *bench) mapScan(ctx context.Context, opts fmap.Options) (point, error) {
 		}
 	}
 	elapsed := time.Since(start)
-	pid1, _ := b.cluster.Host.CPU()
+	pid1, err := b.cluster.Host.CPU()
+	if err != nil {
+		// No CPU figure from a failed reading (it would count -pid0).
+		m.Close()
+		return point{}, fmt.Errorf("host agent's CPU time after the scan: %w", err)
+	}
 	cpu := selfCPU() - cpu0 + pid1 - pid0
 	if err := m.Close(); err != nil {
 		return point{}, err
