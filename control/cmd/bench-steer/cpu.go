@@ -51,17 +51,21 @@ func cpuDelta(a, b []cpuTimes) []cpuUse {
 	if len(a) != len(b) {
 		return nil
 	}
+	// Differences are signed: /proc/stat's iowait may go backwards (the
+	// kernel documents it as unreliable), and an unsigned difference of a
+	// total that did would wrap to ~1.8e19, making every share ~0.
+	diff := func(x, y uint64) float64 { return max(float64(int64(y-x)), 0) }
 	out := make([]cpuUse, len(a))
 	for i := range a {
-		tot := float64(b[i].total - a[i].total)
+		tot := float64(int64(b[i].total - a[i].total))
 		if tot <= 0 {
 			continue
 		}
 		out[i] = cpuUse{
-			user:    float64(b[i].user-a[i].user) / tot,
-			system:  float64(b[i].system-a[i].system) / tot,
-			softirq: float64(b[i].softirq-a[i].softirq) / tot,
-			steal:   float64(b[i].steal-a[i].steal) / tot,
+			user:    diff(a[i].user, b[i].user) / tot,
+			system:  diff(a[i].system, b[i].system) / tot,
+			softirq: diff(a[i].softirq, b[i].softirq) / tot,
+			steal:   diff(a[i].steal, b[i].steal) / tot,
 		}
 	}
 	return out
