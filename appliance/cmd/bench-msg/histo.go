@@ -131,6 +131,46 @@ func histoTable(rows []*histoRow) string {
 	if none <= 0 {
 		sb.WriteString("× none: not measured (no none row in this run)\n")
 	}
+	sb.WriteString(histoVerdicts(rows))
+	return sb.String()
+}
+
+// histoVerdicts judges issue 15's Histogram targets on this run's medians:
+// the DPU agents (kernel UDP) at ≥ 0.8× none, and the AF_XDP agents at ≥
+// the kernel-UDP agents at the same transfer size (equal MTU). A row the
+// run lacks (-histo-modes, -histo-xdp=false) makes its verdict not measured.
+func histoVerdicts(rows []*histoRow) string {
+	find := func(mode messaging.Mode, xdp bool, tsize int) *histoRow {
+		for _, r := range rows {
+			if r.mode == mode && r.xdp == xdp && (tsize == 0 || r.tsize == tsize) {
+				return r
+			}
+		}
+		return nil
+	}
+	judge := func(what string, r, base *histoRow, baseName string, least float64) string {
+		if r == nil || base == nil {
+			return fmt.Sprintf("target %s: not measured (no %s row in this run)\n", what, baseName)
+		}
+		_, med, _ := r.stats()
+		_, b, _ := base.stats()
+		if b <= 0 {
+			return fmt.Sprintf("target %s: not measured (the %s row moved nothing)\n", what, base.name)
+		}
+		return fmt.Sprintf("target %s: %s (%.2f)\n", what, met(med >= least*b), med/b)
+	}
+	var sb strings.Builder
+	if n := find(messaging.ModeNone, false, 0); n != nil {
+		sb.WriteString(judge("dpu ≥ 0.8x none (medians)", find(messaging.ModeDPU, false, n.tsize), n, "dpu", 0.8))
+	} else {
+		sb.WriteString(judge("dpu ≥ 0.8x none (medians)", nil, nil, "none", 0.8))
+	}
+	if x := find(messaging.ModeDPU, true, 0); x != nil {
+		sb.WriteString(judge("AF_XDP agents ≥ kernel-UDP agents at equal MTU (medians)", x, find(messaging.ModeDPU, false, x.tsize),
+			fmt.Sprintf("kernel-UDP dpu at %d B", x.tsize), 1))
+	} else {
+		sb.WriteString(judge("AF_XDP agents ≥ kernel-UDP agents at equal MTU (medians)", nil, nil, "dpu AF_XDP", 1))
+	}
 	return sb.String()
 }
 

@@ -52,3 +52,39 @@ func TestHistoTable(t *testing.T) {
 		t.Errorf("table without none says nothing of the missing ratio:\n%s", got)
 	}
 }
+
+// TestHistoVerdicts: the Histogram table ends with issue 15's two targets
+// judged on this run's medians, and says "not measured" for a row the run
+// lacks; before, it printed no verdict for either.
+func TestHistoVerdicts(t *testing.T) {
+	none := &histoRow{name: "none", mode: messaging.ModeNone, tsize: 8972, rates: []float64{10e6}}
+	dpu := &histoRow{name: "dpu", mode: messaging.ModeDPU, tsize: 8972, rates: []float64{8.5e6}}
+	xdp := &histoRow{name: "dpu AF_XDP", mode: messaging.ModeDPU, xdp: true, tsize: 8972, rates: []float64{8e6}}
+	xdpSmall := &histoRow{name: "dpu AF_XDP", mode: messaging.ModeDPU, xdp: true, tsize: 3478, rates: []float64{4e6}}
+	udpSmall := &histoRow{name: "dpu ≤3478", mode: messaging.ModeDPU, tsize: 3478, rates: []float64{3.5e6}}
+	for _, tc := range []struct {
+		name string
+		rows []*histoRow
+		want []string
+	}{
+		{"all rows", []*histoRow{none, dpu, xdp}, []string{
+			"target dpu ≥ 0.8x none (medians): met (0.85)",
+			"target AF_XDP agents ≥ kernel-UDP agents at equal MTU (medians): not met (0.94)"}},
+		{"AF_XDP at its own size", []*histoRow{none, dpu, xdpSmall, udpSmall}, []string{
+			"AF_XDP agents ≥ kernel-UDP agents at equal MTU (medians): met (1.14)"}},
+		{"no none", []*histoRow{dpu}, []string{
+			"target dpu ≥ 0.8x none (medians): not measured (no none row",
+			"AF_XDP agents ≥ kernel-UDP agents at equal MTU (medians): not measured (no dpu AF_XDP row"}},
+		{"no kernel-UDP row at AF_XDP's size", []*histoRow{none, dpu, xdpSmall}, []string{
+			"at equal MTU (medians): not measured (no kernel-UDP dpu at 3478 B row"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := histoTable(tc.rows)
+			for _, w := range tc.want {
+				if !strings.Contains(got, w) {
+					t.Errorf("table lacks %q:\n%s", w, got)
+				}
+			}
+		})
+	}
+}

@@ -30,11 +30,7 @@ func tenX(rate, base map[int]float64) string {
 		ok = ok && r >= 10*b
 		parts = append(parts, fmt.Sprintf("%d B %.1fx", sz, r/b))
 	}
-	v := "met"
-	if !ok {
-		v = "not met"
-	}
-	return fmt.Sprintf("%s (%s)", v, strings.Join(parts, ", "))
+	return fmt.Sprintf("%s (%s)", met(ok), strings.Join(parts, ", "))
 }
 
 // transportVerdicts is the transport table's target line: the DPU agents
@@ -47,4 +43,11 @@ func transportVerdicts(udp, xdp, base map[int]float64, xdpPath bool) string {
 		x = "not measured (the AF_XDP rows left the AF_XDP sockets: see the warning above)"
 	}
 	return fmt.Sprintf("target ≥10x over the baseline for 16 and 64 B messages: DPU agents on kernel UDP %s, on AF_XDP %s", tenX(udp, base), x)
+}
+
+func met(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "not met"
 }
