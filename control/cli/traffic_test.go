@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -247,6 +248,58 @@ func TestTrafficExpectFile(t *testing.T) {
 			}
 			if _, err := readTrafficExpect(name); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("error %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestTrafficDeltas: the counters' increase is taken only over the rule set
+// the classifier was built from, installed and unchanged, with no counter
+// going back; otherwise the check stops with an error instead of comparing
+// another set's counts, or a difference wrapped round by a restart (which,
+// for the default, read as a surplus "not from the mix" and passed).
+func TestTrafficDeltas(t *testing.T) {
+	set := rules.Set{Rules: []rules.Rule{{Name: "a", ID: 1}, {Name: "b", ID: 2}}}
+	stats := func(def uint64, rs ...api.RuleStat) api.Stats {
+		return api.Stats{Default: api.Counter{Packets: def}, Rules: rs,
+			Verdicts: map[string]api.Counter{"malformed": {Packets: def}}}
+	}
+	rule := func(name string, id uint32, n uint64) api.RuleStat {
+		return api.RuleStat{Name: name, ID: id, Counter: api.Counter{Packets: n}}
+	}
+	before := stats(100, rule("a", 1, 10), rule("b", 2, 20))
+	pending := stats(100, rule("a", 1, 10), rule("b", 2, 20))
+	pending.RulesPending = true
+	malformedBack := stats(150, rule("a", 1, 15), rule("b", 2, 27))
+	malformedBack.Verdicts["malformed"] = api.Counter{Packets: 3}
+	for _, tc := range []struct {
+		name          string
+		before, after api.Stats
+		want          string // error substring; "" for none
+	}{
+		{"unchanged set", before, stats(150, rule("a", 1, 15), rule("b", 2, 27)), ""},
+		{"default went back (lovelockd restarted)", before, stats(5, rule("a", 1, 15), rule("b", 2, 27)), "went back"},
+		{"rule went back", before, stats(150, rule("a", 1, 3), rule("b", 2, 27)), "went back"},
+		{"verdict went back", before, malformedBack, "went back"},
+		{"rule re-created under another ID", before, stats(150, rule("a", 1, 15), rule("b", 3, 7)), "changed during the check"},
+		{"rule added", before, stats(150, rule("a", 1, 15), rule("b", 2, 27), rule("c", 3, 1)), "changed during the check"},
+		{"counters of another set than the classifier's", stats(100, rule("a", 1, 10)), stats(150, rule("a", 1, 15)), "not the set"},
+		{"set not installed", pending, stats(150, rule("a", 1, 15), rule("b", 2, 27)), "not installed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := trafficDeltas(set, tc.before, tc.after)
+			if tc.want != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.want) {
+					t.Errorf("error %v, want one saying %q (deltas %v)", err, tc.want, d)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := map[string]uint64{trafficDefaultRule: 50, "a": 5, "b": 7}
+			if !maps.Equal(d.rules, want) || d.verdicts["malformed"] != 50 {
+				t.Errorf("deltas %v %v, want %v and malformed 50", d.rules, d.verdicts, want)
 			}
 		})
 	}
