@@ -296,6 +296,11 @@ type trafficPoint struct {
 	// seen counts arrivals per class; other counts frames of no class.
 	seen  []int
 	other int
+	// drops are frames the kernel dropped for the socket (its buffer
+	// full); err is why it stopped before stop. Either way the capture
+	// cannot tell a frame that went nowhere from one it missed.
+	drops int
+	err   error
 	done  chan struct{}
 }
 
@@ -351,6 +356,15 @@ func (p *trafficPoint) read(classOf map[string]int, stop <-chan struct{}) {
 	go func() {
 		defer close(p.done)
 		defer unix.Close(p.fd)
+		// Read last: the kernel counts drops until the socket closes.
+		defer func() {
+			st, err := unix.GetsockoptTpacketStats(p.fd, unix.SOL_PACKET, unix.PACKET_STATISTICS)
+			if err != nil {
+				p.err = errors.Join(p.err, fmt.Errorf("read its drop counter: %w", err))
+				return
+			}
+			p.drops += int(st.Drops)
+		}()
 		buf := make([]byte, 1<<16)
 		for {
 			n, from, err := unix.Recvfrom(p.fd, buf, 0)
@@ -363,6 +377,7 @@ func (p *trafficPoint) read(classOf map[string]int, stop <-chan struct{}) {
 				if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
 					continue
 				}
+				p.err = fmt.Errorf("receive: %w", err)
 				return
 			}
 			// Frames the interface sends (the bridge flooding, the
@@ -636,6 +651,21 @@ func trafficReport(w io.Writer, me, peer testbed.Endpoint, frames [][][]byte, ex
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	for _, p := range pts {
+		var lost string
+		switch {
+		case p.err != nil:
+			lost = fmt.Sprintf("stopped early (%v)", p.err)
+		case p.drops > 0:
+			lost = fmt.Sprintf("dropped %d frames, its buffer full (try a smaller --count)", p.drops)
+		default:
+			continue
+		}
+		// What it missed may be frames of a class expected elsewhere
+		// or nowhere: no class's result there can be trusted.
+		fmt.Fprintf(w, "capture at %s %s (%s): %s: FAIL\n", p.at.Node, p.at.Iface, trafficWhere(p.name, pts, peer), lost)
+		failed = append(failed, fmt.Sprintf("capture at %s %s", p.at.Node, p.at.Iface))
 	}
 	for _, v := range []struct {
 		name string
