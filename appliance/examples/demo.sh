@@ -51,6 +51,7 @@ services_up() {
 }
 
 cleanup() {
+	local rc=$?
 	# Last started first, each waited for: the Python worker goes before
 	# the lovelockd it is attached to (else it reports the closed socket).
 	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
@@ -58,9 +59,19 @@ cleanup() {
 		wait "${pids[i]}" 2>/dev/null || true
 	done
 	# Removing the pins detaches the programs: the demo leaves nothing behind.
+	# What is left anyway fails the demo, said, rather than stay unnoticed.
 	rm -rf /sys/fs/bpf/lovelock-demo-* 2>/dev/null || true
-	"$lovelock" testbed down --prefix "$PREFIX" >/dev/null 2>&1 || true
+	if compgen -G '/sys/fs/bpf/lovelock-demo-*' >/dev/null; then
+		echo "pins left behind (remove them by hand):" /sys/fs/bpf/lovelock-demo-*
+		rc=1
+	fi
+	if ! "$lovelock" testbed down --prefix "$PREFIX" >"$RUN/down.log" 2>&1; then
+		echo "testbed down failed, namespaces or veths may be left; run '$lovelock testbed down --prefix $PREFIX' again:"
+		cat "$RUN/down.log"
+		rc=1
+	fi
 	rm -rf "$RUN"
+	exit "$rc"
 }
 trap cleanup EXIT
 
