@@ -51,6 +51,7 @@ services_up() {
 }
 
 cleanup() {
+	local rc=$?
 	# Last started first, each waited for: the Python worker goes before
 	# the lovelockd it is attached to (else it reports the closed socket).
 	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
@@ -58,9 +59,19 @@ cleanup() {
 		wait "${pids[i]}" 2>/dev/null || true
 	done
 	# Removing the pins detaches the programs: the demo leaves nothing behind.
+	# What is left anyway fails the demo, said, rather than stay unnoticed.
 	rm -rf /sys/fs/bpf/lovelock-demo-* 2>/dev/null || true
-	"$lovelock" testbed down --prefix "$PREFIX" >/dev/null 2>&1 || true
+	if compgen -G '/sys/fs/bpf/lovelock-demo-*' >/dev/null; then
+		echo "pins left behind (remove them by hand):" /sys/fs/bpf/lovelock-demo-*
+		rc=1
+	fi
+	if ! "$lovelock" testbed down --prefix "$PREFIX" >"$RUN/down.log" 2>&1; then
+		echo "testbed down failed, namespaces or veths may be left; run '$lovelock testbed down --prefix $PREFIX' again:"
+		cat "$RUN/down.log"
+		rc=1
+	fi
 	rm -rf "$RUN"
+	exit "$rc"
 }
 trap cleanup EXIT
 
@@ -237,7 +248,18 @@ assert np.array_equal(out, 2 * x + 1), "the Python model'"'"'s output is wrong"
 print("affine over 64 rows through the Python worker: every output equals 2x+1")
 ' "$RUN/affine.json"
 echo "-- tenant 2 is not granted the MLP: refused, and nothing else harmed"
-if infer --tenant 2 --model mlp --size 4KiB; then echo "tenant 2 ran a model it was not granted"; exit 1; fi
+# Refused means dpu2 answered not-granted: any other failure (dpu2 gone, a
+# wrong flag) is not the refusal this step shows.
+if infer --tenant 2 --model mlp --size 4KiB >"$RUN/refused.out" 2>&1; then
+	cat "$RUN/refused.out"
+	echo "tenant 2 ran a model it was not granted"
+	exit 1
+fi
+cat "$RUN/refused.out"
+if ! grep -q '^error: *not-granted: tenant 2 ' "$RUN/refused.out"; then
+	echo "tenant 2's request failed, but was not refused as not granted (above)"
+	exit 1
+fi
 echo "-- a load: 2000 requests of 4 KiB, 16 outstanding, every output checked; host CPU per request from gpu0's lovelockd"
 gpu_pid=$(pgrep -f -- "--socket $RUN/gpu0.sock" | head -1)
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }

@@ -296,6 +296,11 @@ type trafficPoint struct {
 	// seen counts arrivals per class; other counts frames of no class.
 	seen  []int
 	other int
+	// drops are frames the kernel dropped for the socket (its buffer
+	// full); err is why it stopped before stop. Either way the capture
+	// cannot tell a frame that went nowhere from one it missed.
+	drops int
+	err   error
 	done  chan struct{}
 }
 
@@ -351,6 +356,15 @@ func (p *trafficPoint) read(classOf map[string]int, stop <-chan struct{}) {
 	go func() {
 		defer close(p.done)
 		defer unix.Close(p.fd)
+		// Read last: the kernel counts drops until the socket closes.
+		defer func() {
+			st, err := unix.GetsockoptTpacketStats(p.fd, unix.SOL_PACKET, unix.PACKET_STATISTICS)
+			if err != nil {
+				p.err = errors.Join(p.err, fmt.Errorf("read its drop counter: %w", err))
+				return
+			}
+			p.drops += int(st.Drops)
+		}()
 		buf := make([]byte, 1<<16)
 		for {
 			n, from, err := unix.Recvfrom(p.fd, buf, 0)
@@ -363,6 +377,7 @@ func (p *trafficPoint) read(classOf map[string]int, stop <-chan struct{}) {
 				if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
 					continue
 				}
+				p.err = fmt.Errorf("receive: %w", err)
 				return
 			}
 			// Frames the interface sends (the bridge flooding, the
@@ -478,7 +493,11 @@ func trafficCheck(c *ucli.Context, spec testbed.Spec, me, peer testbed.Endpoint,
 	if err != nil {
 		return fmt.Errorf("testbed traffic --check: counters: %w", err)
 	}
-	return trafficReport(c.App.Writer, me, peer, frames, exp, pts, trafficDeltas(before, after), func(frame []byte) (string, string, bool) {
+	d, err := trafficDeltas(set, before, after)
+	if err != nil {
+		return fmt.Errorf("testbed traffic --check: %s: %w", peer.Node, err)
+	}
+	return trafficReport(c.App.Writer, me, peer, frames, exp, pts, d, func(frame []byte) (string, string, bool) {
 		v := classifier.Classify(frame, uint32(ifindex))
 		action := v.Action.String()
 		switch v.Action {
@@ -501,21 +520,57 @@ type counterDeltas struct {
 	verdicts map[string]uint64
 }
 
-func trafficDeltas(before, after api.Stats) counterDeltas {
+// trafficDeltas is the counters' increase from before to after. Both must
+// count set, the rule set the classifier was built from, installed (rule
+// names and IDs alike), and no counter may go back: else the set changed
+// or lovelockd restarted during the check, and a difference would compare
+// another set's counts with the classifier's, or wrap round.
+func trafficDeltas(set rules.Set, before, after api.Stats) (counterDeltas, error) {
+	const again = "run the check again once nothing changes the rules"
+	if before.RulesPending || after.RulesPending {
+		return counterDeltas{}, fmt.Errorf("the live rule set is not installed (see 'lovelock status'): its rules count nothing; %s", again)
+	}
+	ids := func(rs []api.RuleStat) []string {
+		var out []string
+		for _, r := range rs {
+			out = append(out, fmt.Sprintf("%s (id %d)", r.Name, r.ID))
+		}
+		return out
+	}
+	var want []string
+	for _, r := range set.Rules {
+		want = append(want, fmt.Sprintf("%s (id %d)", r.Name, r.ID))
+	}
+	if b := ids(before.Rules); !slices.Equal(b, want) {
+		return counterDeltas{}, fmt.Errorf("the counters are of rules %s, not the set read first (%s); %s", strings.Join(b, ", "), strings.Join(want, ", "), again)
+	}
+	if a := ids(after.Rules); !slices.Equal(a, want) {
+		return counterDeltas{}, fmt.Errorf("the rule set changed during the check: %s, then %s; %s", strings.Join(want, ", "), strings.Join(a, ", "), again)
+	}
+	back := func(what string, b, a uint64) error {
+		if a < b {
+			return fmt.Errorf("counter %s went back during the check, from %d to %d (lovelockd restarted, or the rule's ID was given again); %s", what, b, a, again)
+		}
+		return nil
+	}
 	d := counterDeltas{rules: map[string]uint64{}, verdicts: map[string]uint64{}}
-	prev := map[string]uint64{trafficDefaultRule: before.Default.Packets}
-	for _, r := range before.Rules {
-		prev[r.Name] = r.Counter.Packets
+	if err := back(trafficDefaultRule, before.Default.Packets, after.Default.Packets); err != nil {
+		return counterDeltas{}, err
 	}
 	d.rules[trafficDefaultRule] = after.Default.Packets - before.Default.Packets
-	for _, r := range after.Rules {
-		// A rule new since the first read started from zero.
-		d.rules[r.Name] = r.Counter.Packets - min(prev[r.Name], r.Counter.Packets)
+	for i, r := range after.Rules {
+		if err := back("of rule "+r.Name, before.Rules[i].Counter.Packets, r.Counter.Packets); err != nil {
+			return counterDeltas{}, err
+		}
+		d.rules[r.Name] = r.Counter.Packets - before.Rules[i].Counter.Packets
 	}
 	for name, v := range after.Verdicts {
-		d.verdicts[name] = v.Packets - min(before.Verdicts[name].Packets, v.Packets)
+		if err := back(name, before.Verdicts[name].Packets, v.Packets); err != nil {
+			return counterDeltas{}, err
+		}
+		d.verdicts[name] = v.Packets - before.Verdicts[name].Packets
 	}
-	return d
+	return d, nil
 }
 
 // trafficReport prints the check's table and returns an error naming what
@@ -596,6 +651,21 @@ func trafficReport(w io.Writer, me, peer testbed.Endpoint, frames [][][]byte, ex
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	for _, p := range pts {
+		var lost string
+		switch {
+		case p.err != nil:
+			lost = fmt.Sprintf("stopped early (%v)", p.err)
+		case p.drops > 0:
+			lost = fmt.Sprintf("dropped %d frames, its buffer full (try a smaller --count)", p.drops)
+		default:
+			continue
+		}
+		// What it missed may be frames of a class expected elsewhere
+		// or nowhere: no class's result there can be trusted.
+		fmt.Fprintf(w, "capture at %s %s (%s): %s: FAIL\n", p.at.Node, p.at.Iface, trafficWhere(p.name, pts, peer), lost)
+		failed = append(failed, fmt.Sprintf("capture at %s %s", p.at.Node, p.at.Iface))
 	}
 	for _, v := range []struct {
 		name string

@@ -3,15 +3,18 @@ package cli
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/lovelock-dpu/lovelock/bpf"
 	"github.com/lovelock-dpu/lovelock/control/api"
@@ -249,5 +252,210 @@ func TestTrafficExpectFile(t *testing.T) {
 				t.Errorf("error %v, want %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestTrafficDeltas: the counters' increase is taken only over the rule set
+// the classifier was built from, installed and unchanged, with no counter
+// going back; otherwise the check stops with an error instead of comparing
+// another set's counts, or a difference wrapped round by a restart (which,
+// for the default, read as a surplus "not from the mix" and passed).
+func TestTrafficDeltas(t *testing.T) {
+	set := rules.Set{Rules: []rules.Rule{{Name: "a", ID: 1}, {Name: "b", ID: 2}}}
+	stats := func(def uint64, rs ...api.RuleStat) api.Stats {
+		return api.Stats{Default: api.Counter{Packets: def}, Rules: rs,
+			Verdicts: map[string]api.Counter{"malformed": {Packets: def}}}
+	}
+	rule := func(name string, id uint32, n uint64) api.RuleStat {
+		return api.RuleStat{Name: name, ID: id, Counter: api.Counter{Packets: n}}
+	}
+	before := stats(100, rule("a", 1, 10), rule("b", 2, 20))
+	pending := stats(100, rule("a", 1, 10), rule("b", 2, 20))
+	pending.RulesPending = true
+	malformedBack := stats(150, rule("a", 1, 15), rule("b", 2, 27))
+	malformedBack.Verdicts["malformed"] = api.Counter{Packets: 3}
+	for _, tc := range []struct {
+		name          string
+		before, after api.Stats
+		want          string // error substring; "" for none
+	}{
+		{"unchanged set", before, stats(150, rule("a", 1, 15), rule("b", 2, 27)), ""},
+		{"default went back (lovelockd restarted)", before, stats(5, rule("a", 1, 15), rule("b", 2, 27)), "went back"},
+		{"rule went back", before, stats(150, rule("a", 1, 3), rule("b", 2, 27)), "went back"},
+		{"verdict went back", before, malformedBack, "went back"},
+		{"rule re-created under another ID", before, stats(150, rule("a", 1, 15), rule("b", 3, 7)), "changed during the check"},
+		{"rule added", before, stats(150, rule("a", 1, 15), rule("b", 2, 27), rule("c", 3, 1)), "changed during the check"},
+		{"counters of another set than the classifier's", stats(100, rule("a", 1, 10)), stats(150, rule("a", 1, 15)), "not the set"},
+		{"set not installed", pending, stats(150, rule("a", 1, 15), rule("b", 2, 27)), "not installed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := trafficDeltas(set, tc.before, tc.after)
+			if tc.want != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.want) {
+					t.Errorf("error %v, want one saying %q (deltas %v)", err, tc.want, d)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := map[string]uint64{trafficDefaultRule: 50, "a": 5, "b": 7}
+			if !maps.Equal(d.rules, want) || d.verdicts["malformed"] != 50 {
+				t.Errorf("deltas %v %v, want %v and malformed 50", d.rules, d.verdicts, want)
+			}
+		})
+	}
+}
+
+// perfectTraffic is a --check run where every class of the example file went
+// where it says: the frames, expectations, captures, counters and a
+// classifier that agrees.
+func perfectTraffic(t *testing.T, count int) (me, peer testbed.Endpoint, frames [][][]byte, exp map[string]classExpect, pts []*trafficPoint, d counterDeltas, classify func([]byte) (string, string, bool)) {
+	t.Helper()
+	spec := testbed.DefaultSpec()
+	for _, l := range spec.Links {
+		if l.A.Node == "host0" && l.A.Iface == "eth0" {
+			me, peer = l.A, l.B
+		}
+	}
+	frames, err := trafficFrames(me, peer, count)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if exp, err = readTrafficExpect(exampleCheck); err != nil {
+		t.Fatal(err)
+	}
+	pts = trafficPoints(spec, peer)
+	d = counterDeltas{rules: map[string]uint64{}, verdicts: map[string]uint64{}}
+	classOf := map[string]int{}
+	for ci, class := range trafficMix {
+		e := exp[class.name]
+		for _, f := range frames[ci] {
+			classOf[string(f)] = ci
+		}
+		for _, p := range pts {
+			if p.seen == nil {
+				p.seen = make([]int, len(trafficMix))
+			}
+			if p.name == e.To {
+				p.seen[ci] = count
+			}
+		}
+		d.rules[e.Rule] += uint64(count)
+		switch {
+		case e.Rule == "tenant1-ingest":
+			d.verdicts["xsk_miss"] += uint64(count)
+		case strings.HasPrefix(class.name, "garbage"):
+			d.verdicts["malformed"] += uint64(count)
+		}
+	}
+	classify = func(frame []byte) (string, string, bool) {
+		class := trafficMix[classOf[string(frame)]].name
+		action := "pass"
+		if exp[class].Rule == "tenant1-ingest" {
+			action = "xsk:1"
+		}
+		return exp[class].Rule, action, strings.HasPrefix(class, "garbage")
+	}
+	return me, peer, frames, exp, pts, d, classify
+}
+
+// TestTrafficReportCaptureLoss: a capture that lost frames (its socket's
+// buffer overflowed) or stopped early cannot tell a frame that went nowhere
+// from one it missed, so the check fails naming it; before, every class
+// passed, the dropped ones ("nowhere") on the capture's silence.
+func TestTrafficReportCaptureLoss(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		lose func(pts []*trafficPoint)
+		want string // error substring; "" for a pass
+	}{
+		{"nothing lost", func([]*trafficPoint) {}, ""},
+		{"kernel capture dropped frames", func(pts []*trafficPoint) { pts[0].drops = 12 }, "capture at dpu0 pf0hpf"},
+		{"fabric capture failed", func(pts []*trafficPoint) {
+			for _, p := range pts {
+				if p.name == "p0" {
+					p.err = unix.ENETDOWN
+				}
+			}
+		}, "capture at fabric dpu0-p0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			me, peer, frames, exp, pts, d, classify := perfectTraffic(t, 5)
+			tc.lose(pts)
+			var out strings.Builder
+			err := trafficReport(&out, me, peer, frames, exp, pts, d, classify)
+			t.Logf("\n%s", out.String())
+			if tc.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want a FAIL naming %q", err, tc.want)
+			}
+			if strings.Contains(out.String(), "every class went where its rule says") {
+				t.Errorf("the report says every class arrived, though a capture lost frames")
+			}
+		})
+	}
+}
+
+// TestTrafficCaptureDrops: a capture whose socket buffer overflows records
+// the frames the kernel dropped for it.
+func TestTrafficCaptureDrops(t *testing.T) {
+	ns := testenv.NewNetNS(t)
+	testenv.VethPair(t, testenv.VethEnd{NS: ns, Name: "tx"}, testenv.VethEnd{NS: ns, Name: "rx"})
+	frame := testenv.UDPFrame(5000)
+	const sent = 200
+	p := &trafficPoint{name: trafficKernel}
+	testenv.InNetNS(t, ns, func() error {
+		rx, err := netlink.LinkByName("rx")
+		if err != nil {
+			return err
+		}
+		tx, err := netlink.LinkByName("tx")
+		if err != nil {
+			return err
+		}
+		proto := int(htons(unix.ETH_P_ALL))
+		if p.fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, proto); err != nil {
+			return err
+		}
+		// The smallest buffer: a handful of frames fit, the rest are dropped.
+		if err := unix.SetsockoptInt(p.fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 0); err != nil {
+			return err
+		}
+		tv := unix.NsecToTimeval(int64(50 * time.Millisecond))
+		if err := unix.SetsockoptTimeval(p.fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+			return err
+		}
+		if err := unix.Bind(p.fd, &unix.SockaddrLinklayer{Protocol: uint16(proto), Ifindex: rx.Attrs().Index}); err != nil {
+			return err
+		}
+		out, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(out)
+		to := &unix.SockaddrLinklayer{Ifindex: tx.Attrs().Index, Halen: 6}
+		for range sent {
+			if err := unix.Sendto(out, frame, 0, to); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	stop := make(chan struct{})
+	p.read(map[string]int{string(frame): 0}, stop)
+	close(stop)
+	<-p.done
+	if p.err != nil {
+		t.Fatal(p.err)
+	}
+	t.Logf("seen %d, dropped %d", p.seen[0], p.drops)
+	if p.drops == 0 || p.seen[0]+p.drops > sent {
+		t.Errorf("seen %d, dropped %d of %d sent into a full buffer: want drops counted", p.seen[0], p.drops, sent)
 	}
 }
