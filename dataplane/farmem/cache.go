@@ -916,13 +916,20 @@ func (c *cache) invalidateLocked(region uint32, rc *regionCache, off, n uint64) 
 // queue is full, or every slot is in use or filling: the entries after it
 // would be dropped as well), so a hint costs at most the arena's entries
 // of work under mu and the worker's lock whatever ranges it names. A
-// prefetcher setting, when not nil, becomes the region's.
+// prefetcher setting, when not nil, becomes the region's. A region the
+// agent has not learnt, or another tenant's, is refused as setDynamic
+// refuses it: the hint goes no further, so no memory node would check it,
+// and an answer of success would say the region is there and the
+// prefetcher set.
 func (c *cache) hint(tenant, region uint32, ranges []Range, pf *Prefetcher) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	rc := c.regions[region]
-	if rc == nil || rc.size == 0 || !rc.allowed(tenant) {
-		return 0, nil // unknown here: the memory node checks the request
+	switch {
+	case rc == nil || rc.size == 0:
+		return 0, fmt.Errorf("%w: region %d is not known to the agent yet (open it through the agent first)", ErrUnknownRegion, region)
+	case !rc.allowed(tenant):
+		return 0, fmt.Errorf("%w: region %d is not tenant %d's, or the agent has not learnt its owner yet (open it through the agent as that tenant)", ErrWrongTenant, region, tenant)
 	}
 	if pf != nil {
 		rc.pf = *pf

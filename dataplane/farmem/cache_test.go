@@ -1296,3 +1296,55 @@ func TestConfiguredStaticRetries(t *testing.T) {
 		}
 	}
 }
+
+// TestHintRefused: a hint (or a prefetcher setting, which rides on op
+// hint) of another tenant's region or of a region the agent does not know
+// is refused, as the memory node would refuse it (ErrWrongTenant,
+// ErrUnknownRegion), and counted in Refused.Hints; the owner's hint is
+// taken. Before, the agent answered both "OK, 0 fills", counted nothing,
+// and a foreign tenant's prefetcher setting was answered OK but not set.
+func TestHintRefused(t *testing.T) {
+	srv, _ := startServer(t, t.TempDir(), listen(t, loopback))
+	const esz, size = 256 << 10, 1 << 20
+	a := startCachingAgent(t, srv, CacheConfig{Size: 4 * esz, EntrySize: esz, BNet: 1, BIntra: 2, Prefetcher: PrefetchHints})
+	r, err := newClient(t, a.Addr(), 3).Alloc(context.Background(), size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := r.ID()
+	ranges := appendRanges(nil, []Range{{0, esz}})
+	p := rawPeer{t: t, tr: listen(t, loopback), to: a.Addr()}
+	refused := 0
+	for i, tc := range []struct {
+		name   string
+		tenant uint32
+		rec    Record
+		want   Status
+	}{
+		{"another tenant's hint", 9, Record{Op: OpHint, Region: id, Data: ranges}, StatusWrongTenant},
+		{"another tenant's prefetcher", 9, Record{Op: OpHint, Region: id, Aux: uint32(PrefetchOff) + 1}, StatusWrongTenant},
+		{"a region no node has", 3, Record{Op: OpHint, Region: id + 1000, Data: ranges}, StatusUnknownRegion},
+		{"the owner's hint", 3, Record{Op: OpHint, Region: id, Data: ranges}, StatusOK},
+	} {
+		tc.rec.ID = uint64(i + 1)
+		p.send(AppendDatagram(nil, wire.Header{Type: OpHint.requestType(), Tenant: tc.tenant, Dst: tc.rec.Region}, 0, tc.rec))
+		got := p.reply()
+		if got.Status != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got.Status.Err(), tc.want.Err())
+		}
+		if tc.want != StatusOK {
+			refused++
+		} else if got.Aux != 1 {
+			t.Errorf("%s: %d fills started, want 1", tc.name, got.Aux)
+		}
+	}
+	st := a.Stats()
+	if st.Refused.Hints != uint64(refused) {
+		t.Errorf("refused %+v: want %d hints", st.Refused, refused)
+	}
+	for _, rc := range st.Cache.Regions {
+		if rc.Region == id && rc.Prefetcher != PrefetchHints.String() {
+			t.Errorf("region %d's prefetcher is %s after tenant 9 set it: want %s", id, rc.Prefetcher, PrefetchHints)
+		}
+	}
+}
