@@ -208,8 +208,8 @@ func memStats(c *ucli.Context) error {
 	}
 	if a := rep.Agent; a != nil {
 		fmt.Fprintf(w, "far-memory agent: %d memory nodes, %d regions known\n", a.Servers, a.Regions)
-		fmt.Fprintf(w, "  host requests %d, forwarded %d in %d batches (%.1f per batch); own requests %d (cache fills, static loads, region lists)\n",
-			a.HostRequests, a.Forwarded, a.Batches, a.AvgBatch, a.OwnRequests)
+		fmt.Fprintf(w, "  host requests %d, forwarded %d in %d batches (%.1f host requests per batch; %d more to further nodes: lists, creates a full node refused); own requests %d (cache fills, static loads, region lists)\n",
+			a.HostRequests, a.Forwarded, a.Batches, a.AvgBatch, a.FanOut, a.OwnRequests)
 		fmt.Fprintf(w, "  reply cache: %d replies to hosts evicted early (a late duplicate of one runs again; raise reply_cache_bytes if it grows)\n",
 			a.Host.RepliesEvicted)
 		fmt.Fprintf(w, "  bytes: server→host %d, host→server %d; fabric datagrams tx %d rx %d, retransmits %d, timeouts %d\n",

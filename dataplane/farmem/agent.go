@@ -114,7 +114,11 @@ type Agent struct {
 	regions map[uint32]int  // region → index in cfg.Servers
 	shared  map[uint32]bool // region IDs two nodes list, warned of once
 
-	forwarded, fwdBatches atomic.Uint64 // host requests sent on, and their batches
+	// forwarded counts host requests sent on to memory nodes, each once;
+	// fanOut the further memory nodes they asked (a list's other nodes, a
+	// create's next node after a full one); fwdBatches the task batches
+	// that carried both.
+	forwarded, fanOut, fwdBatches atomic.Uint64
 
 	// unresolved counts the host requests waiting in resolve for a refresh
 	// to find their memory node (at most cfg.Window; those beyond are
@@ -192,15 +196,21 @@ type AgentStats struct {
 	Servers int `json:"servers"`
 	Regions int `json:"regions"`
 	// HostRequests counts requests taken from hosts (duplicates not
-	// included); Forwarded the host requests sent on to memory nodes;
-	// Batches the task batches that carried them (the requests of one
+	// included); Forwarded the host requests sent on to memory nodes,
+	// each once however many nodes it asks (so never more than
+	// HostRequests); FanOut the requests to further nodes that some of
+	// them made: a list's parts beyond the first (it asks every node),
+	// and a create's tries of the next node after a full one. Batches
+	// counts the task batches that carried them all (the requests of one
 	// receive batch bound for one memory node and tenant, packed several
 	// per datagram where they fit; Fabric.TXDatagrams counts the
-	// datagrams); AvgBatch is Forwarded / Batches. OwnRequests counts the
-	// agent's own requests to memory nodes: cache fills, static loads and
-	// region lists (Fabric.Requests = Forwarded + OwnRequests).
+	// datagrams); AvgBatch is Forwarded / Batches, host requests per task
+	// batch, SODA's aggregation. OwnRequests counts the agent's own
+	// requests to memory nodes: cache fills, static loads and region
+	// lists (Fabric.Requests = Forwarded + FanOut + OwnRequests).
 	HostRequests uint64  `json:"host_requests"`
 	Forwarded    uint64  `json:"forwarded"`
+	FanOut       uint64  `json:"fan_out"`
 	Batches      uint64  `json:"batches"`
 	AvgBatch     float64 `json:"avg_batch"`
 	OwnRequests  uint64  `json:"own_requests"`
@@ -561,8 +571,8 @@ func (a *Agent) Stats() AgentStats {
 			UnresolvedRefused: a.unresolvedRefused.Load(), StaticQueued: int(a.staticPending.Load()),
 			StaticLimit: staticQueue + staticLoaders, StaticRefused: a.staticRefused.Load()},
 		Refused: RefusedStats{Hints: a.hintsRefused.Load(), StaticLoads: a.staticFailed.Load()}}
-	st.Forwarded = a.forwarded.Load()
-	st.OwnRequests = st.Fabric.Requests - min(st.Forwarded, st.Fabric.Requests)
+	st.Forwarded, st.FanOut = a.forwarded.Load(), a.fanOut.Load()
+	st.OwnRequests = st.Fabric.Requests - min(st.Forwarded+st.FanOut, st.Fabric.Requests)
 	if batches > 0 {
 		st.AvgBatch = float64(st.Forwarded) / float64(batches)
 	}
@@ -643,14 +653,36 @@ func (w *hostWorker) run(ctx context.Context) error {
 	}
 }
 
-// forward issues calls that carry host requests to memory nodes, counted
-// as forwarded in task batches; the agent's own requests (cache fills,
-// static loads, region lists) go to the requester directly and count as
-// its own.
+// forward issues calls that carry host requests to memory nodes, in task
+// batches: each host request counts once as forwarded, and the calls to
+// further nodes that it makes (fanOut) as fan-out; the agent's own
+// requests (cache fills, static loads, region lists) go to the requester
+// directly and count as its own.
 func (a *Agent) forward(ctx context.Context, fab *requester, calls []*call) error {
-	a.forwarded.Add(uint64(len(calls)))
+	var more uint64
+	for _, k := range calls {
+		if fanOut(k) {
+			more++
+		}
+	}
+	a.forwarded.Add(uint64(len(calls)) - more)
+	a.fanOut.Add(more)
 	a.fwdBatches.Add(uint64(groups(calls)))
 	return fab.issue(ctx, calls)
+}
+
+// fanOut says whether k asks a further memory node for a host request
+// already counted as forwarded: a list's part for any node but the first,
+// or a create sent on after a full node refused it (placeElsewhere
+// counted that node as asked before it made k).
+func fanOut(k *call) bool {
+	switch u := k.user.(type) {
+	case *listPart:
+		return u.server != 0
+	case *hostReq:
+		return u.asked > 0
+	}
+	return false
 }
 
 // forwardLocked makes the call that sends host request q on to its memory
