@@ -215,6 +215,7 @@ func memStats(c *ucli.Context) error {
 		fmt.Fprintf(w, "  bytes: server→host %d, host→server %d; fabric datagrams tx %d rx %d, retransmits %d, timeouts %d\n",
 			a.ReadBytes, a.WriteBytes, a.Fabric.TXDatagrams, a.Fabric.RXDatagrams, a.Fabric.Retransmits, a.Fabric.Timeouts)
 		fmt.Fprintf(w, "  latency to the memory node: %s\n", memLatency(a.Latency))
+		fmt.Fprintf(w, "  latency of the agent's own requests (cache fills, static loads, region lists): %s\n", memLatency(a.OwnLatency))
 		fmt.Fprintf(w, "  freed notices from memory nodes: %d received, %d regions dropped from the caches, %d refused (not from the region's memory node)\n",
 			a.FreedNotices.Received, a.FreedNotices.Dropped, a.FreedNotices.Refused)
 		o := a.Overload

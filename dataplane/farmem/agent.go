@@ -94,14 +94,17 @@ type Agent struct {
 	log    *slog.Logger
 
 	hctr, fctr linkCounters
-	lat        histogram
-	errs       statusCounters
-	hostReqs   atomic.Uint64
-	readBytes  atomic.Uint64
-	writeBytes atomic.Uint64
-	cache      *cache
-	fillRR     int           // fabric transport of the next fill; fill loop only
-	createRR   atomic.Uint32 // the memory node the next create without a nonce asks first
+	// lat is the forwarded host requests' round trips to the memory
+	// nodes, ownLat the agent's own (fills, static loads, lists): the
+	// completion loop records each apart (complete).
+	lat, ownLat histogram
+	errs        statusCounters
+	hostReqs    atomic.Uint64
+	readBytes   atomic.Uint64
+	writeBytes  atomic.Uint64
+	cache       *cache
+	fillRR      int           // fabric transport of the next fill; fill loop only
+	createRR    atomic.Uint32 // the memory node the next create without a nonce asks first
 	// readBufs are chunk-sized buffers for forwarded reads, reused once
 	// the reply is packed (a read's reply is not kept for duplicates).
 	readBufs sync.Pool
@@ -224,8 +227,13 @@ type AgentStats struct {
 	Fabric LinkStats `json:"fabric"`
 	// Errors counts replies to hosts by failure kind.
 	Errors ErrorCounts `json:"errors"`
-	// Latency is the round trip from forwarding to the node's reply.
-	Latency Latency `json:"latency"`
+	// Latency is the round trip from forwarding a host request to the
+	// node's reply, one sample per node asked (FanOut included);
+	// OwnLatency that of the agent's own requests (OwnRequests: cache
+	// fills' and static loads' reads, region lists). Requests that got no
+	// reply are in neither.
+	Latency    Latency `json:"latency"`
+	OwnLatency Latency `json:"own_latency"`
 	// Cache is the static and dynamic caches' state and counters.
 	Cache CacheStats `json:"cache"`
 	// FreedNotices counts the memory nodes' notices that a region the
@@ -338,7 +346,7 @@ func NewAgent(cfg AgentConfig, opts AgentOptions) (*Agent, error) {
 		}
 	}
 	for _, t := range fabric {
-		f := newRequester(cfg.Config, t, &a.fctr, &a.lat, a.complete)
+		f := newRequester(cfg.Config, t, &a.fctr, nil, a.complete)
 		f.notice = a.regionFreed
 		a.fabric = append(a.fabric, f)
 	}
@@ -564,7 +572,7 @@ func (a *Agent) Stats() AgentStats {
 	batches := a.fwdBatches.Load()
 	st := AgentStats{Servers: len(a.cfg.Servers), Regions: nreg, HostRequests: a.hostReqs.Load(),
 		Batches: batches, ReadBytes: a.readBytes.Load(), WriteBytes: a.writeBytes.Load(),
-		Host: a.hctr.snapshot(), Fabric: a.fctr.snapshot(), Errors: a.errs.snapshot(), Latency: a.lat.summary(),
+		Host: a.hctr.snapshot(), Fabric: a.fctr.snapshot(), Errors: a.errs.snapshot(), Latency: a.lat.summary(), OwnLatency: a.ownLat.summary(),
 		Cache: a.cache.stats(), FreedNotices: NoticeStats{Received: a.noticesIn.Load(), Dropped: a.noticesDropped.Load(),
 			Refused: a.noticesRefused.Load()},
 		Overload: OverloadStats{Unresolved: int(a.unresolved.Load()), UnresolvedLimit: a.cfg.Window,
@@ -771,7 +779,17 @@ func (w *hostWorker) flushLocked() {
 // batch of finished forwarded calls.
 func (a *Agent) complete(calls []*call) {
 	var touched []*hostWorker
+	now := time.Now()
 	for _, k := range calls {
+		if k.err == nil { // answered: a round trip to record
+			lat := &a.lat
+			switch k.user.(type) {
+			case *hostReq, *listPart:
+			default: // the agent's own: k.done or a fill
+				lat = &a.ownLat
+			}
+			lat.record(now.Sub(k.start))
+		}
 		if hr, ok := k.user.(*hostReq); ok && hr.held {
 			// A host's write that the cache holds in flight. Before the
 			// host hears of it: fills of the region may start again once

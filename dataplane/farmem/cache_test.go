@@ -1348,3 +1348,36 @@ func TestHintRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestLatencyIsForwarding: through a caching agent, a host's creates,
+// opens and writes are forwarded while the agent's static load, hinted
+// fills and region lists are its own requests. The forwarding latency
+// counts the forwarded round trips only, one sample each, and the agent's
+// own are counted apart. Before, every fabric round trip went into the
+// forwarding latency, fills and lists included.
+func TestLatencyIsForwarding(t *testing.T) {
+	srv, _ := startServer(t, t.TempDir(), listen(t, loopback))
+	const esz, chunk, size = 256 << 10, 64 << 10, 1 << 20
+	a := startCachingAgent(t, srv, CacheConfig{Size: 2 * esz, EntrySize: esz, BNet: 1, BIntra: 2, Prefetcher: PrefetchHints})
+	r, _ := writtenRegion(t, newClient(t, a.Addr(), 3), size, chunk)
+	if ok, err := r.LoadStatic([]Range{{0, esz}}); !ok || err != nil {
+		t.Fatalf("static load: %v, %v", ok, err)
+	}
+	if n, err := r.Hint([]Range{{2 * esz, 2 * esz}}); n != 2 || err != nil {
+		t.Fatalf("hint started %d fills, %v; want 2", n, err)
+	}
+	var st AgentStats
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		st = a.Stats()
+		if st.Latency.Count == st.Forwarded+st.FanOut && st.OwnLatency.Count == st.OwnRequests && st.Cache.Filling == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("latency samples: %d forwarding, %d own; want one per forwarded request (%d) and one per own request (%d)",
+				st.Latency.Count, st.OwnLatency.Count, st.Forwarded+st.FanOut, st.OwnRequests)
+		}
+	}
+	if own := uint64(3 * esz / chunk); st.Forwarded == 0 || st.OwnRequests < own {
+		t.Errorf("%d forwarded and %d own requests: want the host's requests and at least the static load's and fills' reads", st.Forwarded, st.OwnRequests)
+	}
+}
