@@ -156,7 +156,9 @@ type RegionCacheStats struct {
 	OutsideDynamic uint64 `json:"outside_dynamic"`
 	// Waited counts reads that found their entry still filling and waited
 	// for it; each is also counted as a hit, or as a miss if the fill
-	// failed, when it is served.
+	// failed or was made useless meanwhile (the switch turned the cache
+	// off, a scope left the entry out, the prefetcher was set off), when
+	// it is served.
 	Waited uint64 `json:"waited"`
 	// Accuracy is PrefetchUsed / PrefetchIssued, Coverage Hits / (Hits +
 	// Misses).
@@ -447,6 +449,15 @@ func (c *cache) lookup(tenant uint32, rec *Record, wait *fillWaiter, retry bool)
 	if b := rc.staticFind(off, n); b != nil {
 		rc.ctr.StaticHits++
 		return b, -1, true, false
+	}
+	if retry && (!c.on || rc.pf == PrefetchOff || !rc.inDynamic(off, n)) {
+		// Waited for a fill that the switch, a new scope or the
+		// prefetcher set off made useless: the read was counted as an
+		// access when it arrived (Waited, and a hit of the switch's
+		// window), so now it is the miss Waited promises; not bypassed,
+		// nor counted towards the next probe.
+		rc.ctr.Misses++
+		return nil, 0, false, false
 	}
 	if c.slots == nil || rc.pf == PrefetchOff {
 		return nil, 0, false, false

@@ -700,7 +700,34 @@ func TestReadWaitsForFill(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		fillOK bool
-	}{{"fill succeeds", true}, {"fill fails", false}} {
+		// meanwhile runs while the entry fills; a fill it voids serves
+		// the parked read from the memory node: a miss.
+		meanwhile func(c *cache)
+	}{
+		{"fill succeeds", true, nil},
+		{"fill fails", false, nil},
+		// The switch's window ends below the threshold: the arena is
+		// dropped and the cache off when the parked read is served. It
+		// was an access of the window that did so, not one with the cache
+		// off: not bypassed, and not counted towards the next probe.
+		{"switch turns off", true, func(c *cache) {
+			c.mu.Lock()
+			c.winReads, c.winHits = c.cfg.Window, 0
+			c.evaluateLocked()
+			c.mu.Unlock()
+		}},
+		{"prefetcher set off", true, func(c *cache) {
+			off := PrefetchOff
+			if _, err := c.hint(0, 1, nil, &off); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"scope leaves the entry out", true, func(c *cache) {
+			if err := c.setDynamic(0, 1, []Range{{8 * esz, esz}}); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCache(CacheConfig{Size: 4 * esz, EntrySize: esz, BNet: 1, BIntra: 2, Prefetcher: PrefetchHints, Window: 1 << 20}, esz)
 			var woken []fillWaiter
@@ -720,6 +747,10 @@ func TestReadWaitsForFill(t *testing.T) {
 				t.Fatalf("read across entries: hit %v, waiting %v; want a miss", hit, waiting)
 			}
 			histN := c.histN
+			if tc.meanwhile != nil {
+				tc.meanwhile(c)
+			}
+			served := tc.fillOK && tc.meanwhile == nil
 			j := <-c.fills
 			b := c.fillBuf(j)
 			for i := range b {
@@ -730,8 +761,8 @@ func TestReadWaitsForFill(t *testing.T) {
 				t.Fatalf("fill ended with %d reads served again, want the parked one", len(woken))
 			}
 			data, ref, hit, waiting := c.lookup(0, &woken[0].q.rec, nil, true)
-			if waiting || hit != tc.fillOK {
-				t.Fatalf("served again: hit %v, waiting %v; want hit %v", hit, waiting, tc.fillOK)
+			if waiting || hit != served {
+				t.Fatalf("served again: hit %v, waiting %v; want hit %v", hit, waiting, served)
 			}
 			if hit {
 				for i, v := range data {
@@ -746,11 +777,14 @@ func TestReadWaitsForFill(t *testing.T) {
 			}
 			r := c.stats().Regions[0]
 			wantHits, wantMisses := uint64(1), uint64(1) // the parked read; the read across entries
-			if !tc.fillOK {
+			if !served {
 				wantHits, wantMisses = 0, 2
 			}
-			if r.Waited != 1 || r.Hits != wantHits || r.Misses != wantMisses {
-				t.Errorf("region stats %+v: want 1 waited, %d hits, %d misses", r, wantHits, wantMisses)
+			if r.Waited != 1 || r.Hits != wantHits || r.Misses != wantMisses || r.Bypassed != 0 || r.OutsideDynamic != 0 {
+				t.Errorf("region stats %+v: want 1 waited, %d hits, %d misses, none bypassed or outside the dynamic ranges", r, wantHits, wantMisses)
+			}
+			if c.offReads != 0 {
+				t.Errorf("%d reads counted towards the next probe: want none (the parked read was counted when it arrived)", c.offReads)
 			}
 		})
 	}
