@@ -264,8 +264,24 @@ func printMemCache(w io.Writer, c *farmem.CacheStats) {
 	}
 	fmt.Fprintf(w, "  cache: dynamic %s, %d of %d entries of %s valid (%d filling, %d in use); static %s of %s\n", state,
 		c.Valid, c.Entries, farmem.Size(c.EntrySize), c.Filling, c.InUse, farmem.Size(c.StaticBytes), farmem.Size(c.StaticLimit))
-	fmt.Fprintf(w, "  switch: B_net %.3g B/s (%s), B_intra %.3g B/s (%s), threshold %.3f; last window of %d reads: hit rate %.3f; %d switches\n",
-		c.BNet, measured(c.BNetMeasured), c.BIntra, measured(c.BIntraMeasured), c.Threshold, c.Window, c.WindowHitRate, c.Switches)
+	if !c.Dynamic {
+		fmt.Fprintf(w, "  switch: none (no dynamic cache)\n")
+	} else {
+		bnet := fmt.Sprintf("B_net %.3g B/s (%s)", c.BNet, measured(c.BNetMeasured))
+		if c.BNetMeasured && c.BNet == 0 {
+			bnet = "B_net not measured yet (no entry fill yet: the switch stays on)"
+		}
+		threshold := "threshold none yet"
+		if c.Threshold > 0 {
+			threshold = fmt.Sprintf("threshold %.3f", c.Threshold)
+		}
+		last := fmt.Sprintf("last window of %d reads: none yet", c.Window)
+		if c.Windows > 0 {
+			last = fmt.Sprintf("last window of %d reads (%d so far): hit rate %.3f", c.Window, c.Windows, c.WindowHitRate)
+		}
+		fmt.Fprintf(w, "  switch: %s, B_intra %.3g B/s (%s), %s; %s; %d switches\n",
+			bnet, c.BIntra, measured(c.BIntraMeasured), threshold, last, c.Switches)
+	}
 	for _, e := range c.Events {
 		onoff := "off"
 		if e.On {

@@ -39,6 +39,7 @@ type cache struct {
 	winReads, winHits int
 	offReads          int
 	lastRate          float64
+	windows           uint64 // windows ended (evaluateLocked): lastRate means nothing before the first
 	bnet, bintra      float64
 	bnetMeasured      bool
 	bintraMeasured    bool
@@ -231,16 +232,20 @@ type CacheStats struct {
 	StaticLimit uint64 `json:"static_limit"`
 	// BNet and BIntra in bytes per second, and whether each was
 	// measured; Threshold is BNet/BIntra, the hit rate below which the
-	// dynamic cache costs more than it saves (SODA eq. 3).
+	// dynamic cache costs more than it saves (SODA eq. 3). A measured
+	// BNet is 0 until the first entry fill ends (not measured yet), and
+	// Threshold is 0 while either is: the switch then stays on.
 	BNet           float64 `json:"b_net"`
 	BIntra         float64 `json:"b_intra"`
 	BNetMeasured   bool    `json:"b_net_measured"`
 	BIntraMeasured bool    `json:"b_intra_measured"`
 	Threshold      float64 `json:"threshold"`
 	// WindowHitRate is the last complete window's hit rate, Window its
-	// length in reads.
+	// length in reads, Windows how many have ended: while none has,
+	// WindowHitRate is 0 and means nothing.
 	WindowHitRate float64 `json:"window_hit_rate"`
 	Window        int     `json:"window"`
+	Windows       uint64  `json:"windows"`
 	Switches      uint64  `json:"switches"`
 	// Events are the last switch events, oldest first.
 	Events []SwitchEvent `json:"events,omitempty"`
@@ -544,6 +549,7 @@ func (c *cache) release(ref int32) {
 func (c *cache) evaluateLocked() {
 	h := float64(c.winHits) / float64(c.winReads)
 	c.lastRate = h
+	c.windows++
 	c.winReads, c.winHits = 0, 0
 	thr := c.threshold()
 	switch {
@@ -1153,7 +1159,7 @@ func (c *cache) stats() CacheStats {
 	st := CacheStats{Dynamic: c.slots != nil, On: c.on && c.slots != nil, ArenaBytes: uint64(len(c.arena)),
 		EntrySize: c.esz, Entries: len(c.slots), StaticBytes: c.staticUsed, StaticLimit: uint64(c.cfg.StaticSize),
 		BNet: c.bnet, BIntra: c.bintra, BNetMeasured: c.bnetMeasured, BIntraMeasured: c.bintraMeasured,
-		Threshold: c.threshold(), WindowHitRate: c.lastRate, Window: c.cfg.Window, Switches: c.switches,
+		Threshold: c.threshold(), WindowHitRate: c.lastRate, Window: c.cfg.Window, Windows: c.windows, Switches: c.switches,
 		Events: slices.Clone(c.events), Dropped: c.dropped}
 	for i := range c.slots {
 		s := &c.slots[i]

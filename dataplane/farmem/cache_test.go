@@ -1415,3 +1415,29 @@ func TestLatencyIsForwarding(t *testing.T) {
 		t.Errorf("%d forwarded and %d own requests: want the host's requests and at least the static load's and fills' reads", st.Forwarded, st.OwnRequests)
 	}
 }
+
+// TestSwitchWindows: the cache's stats count the adaptive switch's
+// completed windows, so that a last window's hit rate of 0 before the
+// first one ends reads as none yet; and B_net, measured, is 0 until the
+// first entry fill ends.
+func TestSwitchWindows(t *testing.T) {
+	const esz, window = 4096, 4
+	c := newCache(CacheConfig{Size: 4 * esz, EntrySize: esz, BIntra: 2, Prefetcher: PrefetchHints, Window: window}, esz)
+	c.learn(1, 16*esz, 0, true)
+	if st := c.stats(); st.Windows != 0 || !st.BNetMeasured || st.BNet != 0 || st.Threshold != 0 {
+		t.Fatalf("new cache: %d windows, B_net %v (measured %v), threshold %v; want none and 0 until a fill", st.Windows, st.BNet, st.BNetMeasured, st.Threshold)
+	}
+	for i := range 2*window - 1 {
+		rec := Record{Op: OpRead, Region: 1, Offset: uint64(i) * esz, Size: 100}
+		c.read(0, &rec)
+	}
+	if st := c.stats(); st.Windows != 1 {
+		t.Fatalf("after %d reads of %d-read windows: %d windows, want 1", 2*window-1, window, st.Windows)
+	}
+	if n, _ := c.hint(0, 1, []Range{{0, esz}}, nil); n != 1 || fillAll(t, c, func(entryKey, int) byte { return 1 }) != 1 {
+		t.Fatalf("hint started %d fills, want 1", n)
+	}
+	if st := c.stats(); st.BNet <= 0 {
+		t.Fatalf("B_net %v after a fill, want it measured", st.BNet)
+	}
+}
