@@ -208,13 +208,14 @@ func memStats(c *ucli.Context) error {
 	}
 	if a := rep.Agent; a != nil {
 		fmt.Fprintf(w, "far-memory agent: %d memory nodes, %d regions known\n", a.Servers, a.Regions)
-		fmt.Fprintf(w, "  host requests %d, forwarded %d in %d batches (%.1f per batch); own requests %d (cache fills, static loads, region lists)\n",
-			a.HostRequests, a.Forwarded, a.Batches, a.AvgBatch, a.OwnRequests)
+		fmt.Fprintf(w, "  host requests %d, forwarded %d in %d batches (%.1f host requests per batch; %d more to further nodes: lists, creates a full node refused); own requests %d (cache fills, static loads, region lists)\n",
+			a.HostRequests, a.Forwarded, a.Batches, a.AvgBatch, a.FanOut, a.OwnRequests)
 		fmt.Fprintf(w, "  reply cache: %d replies to hosts evicted early (a late duplicate of one runs again; raise reply_cache_bytes if it grows)\n",
 			a.Host.RepliesEvicted)
 		fmt.Fprintf(w, "  bytes: server→host %d, host→server %d; fabric datagrams tx %d rx %d, retransmits %d, timeouts %d\n",
 			a.ReadBytes, a.WriteBytes, a.Fabric.TXDatagrams, a.Fabric.RXDatagrams, a.Fabric.Retransmits, a.Fabric.Timeouts)
 		fmt.Fprintf(w, "  latency to the memory node: %s\n", memLatency(a.Latency))
+		fmt.Fprintf(w, "  latency of the agent's own requests (cache fills, static loads, region lists): %s\n", memLatency(a.OwnLatency))
 		fmt.Fprintf(w, "  freed notices from memory nodes: %d received, %d regions dropped from the caches, %d refused (not from the region's memory node)\n",
 			a.FreedNotices.Received, a.FreedNotices.Dropped, a.FreedNotices.Refused)
 		o := a.Overload
@@ -263,8 +264,24 @@ func printMemCache(w io.Writer, c *farmem.CacheStats) {
 	}
 	fmt.Fprintf(w, "  cache: dynamic %s, %d of %d entries of %s valid (%d filling, %d in use); static %s of %s\n", state,
 		c.Valid, c.Entries, farmem.Size(c.EntrySize), c.Filling, c.InUse, farmem.Size(c.StaticBytes), farmem.Size(c.StaticLimit))
-	fmt.Fprintf(w, "  switch: B_net %.3g B/s (%s), B_intra %.3g B/s (%s), threshold %.3f; last window of %d reads: hit rate %.3f; %d switches\n",
-		c.BNet, measured(c.BNetMeasured), c.BIntra, measured(c.BIntraMeasured), c.Threshold, c.Window, c.WindowHitRate, c.Switches)
+	if !c.Dynamic {
+		fmt.Fprintf(w, "  switch: none (no dynamic cache)\n")
+	} else {
+		bnet := fmt.Sprintf("B_net %.3g B/s (%s)", c.BNet, measured(c.BNetMeasured))
+		if c.BNetMeasured && c.BNet == 0 {
+			bnet = "B_net not measured yet (no entry fill yet: the switch stays on)"
+		}
+		threshold := "threshold none yet"
+		if c.Threshold > 0 {
+			threshold = fmt.Sprintf("threshold %.3f", c.Threshold)
+		}
+		last := fmt.Sprintf("last window of %d reads: none yet", c.Window)
+		if c.Windows > 0 {
+			last = fmt.Sprintf("last window of %d reads (%d so far): hit rate %.3f", c.Window, c.Windows, c.WindowHitRate)
+		}
+		fmt.Fprintf(w, "  switch: %s, B_intra %.3g B/s (%s), %s; %s; %d switches\n",
+			bnet, c.BIntra, measured(c.BIntraMeasured), threshold, last, c.Switches)
+	}
 	for _, e := range c.Events {
 		onoff := "off"
 		if e.On {

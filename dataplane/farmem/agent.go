@@ -94,14 +94,17 @@ type Agent struct {
 	log    *slog.Logger
 
 	hctr, fctr linkCounters
-	lat        histogram
-	errs       statusCounters
-	hostReqs   atomic.Uint64
-	readBytes  atomic.Uint64
-	writeBytes atomic.Uint64
-	cache      *cache
-	fillRR     int           // fabric transport of the next fill; fill loop only
-	createRR   atomic.Uint32 // the memory node the next create without a nonce asks first
+	// lat is the forwarded host requests' round trips to the memory
+	// nodes, ownLat the agent's own (fills, static loads, lists): the
+	// completion loop records each apart (complete).
+	lat, ownLat histogram
+	errs        statusCounters
+	hostReqs    atomic.Uint64
+	readBytes   atomic.Uint64
+	writeBytes  atomic.Uint64
+	cache       *cache
+	fillRR      int           // fabric transport of the next fill; fill loop only
+	createRR    atomic.Uint32 // the memory node the next create without a nonce asks first
 	// readBufs are chunk-sized buffers for forwarded reads, reused once
 	// the reply is packed (a read's reply is not kept for duplicates).
 	readBufs sync.Pool
@@ -114,7 +117,11 @@ type Agent struct {
 	regions map[uint32]int  // region → index in cfg.Servers
 	shared  map[uint32]bool // region IDs two nodes list, warned of once
 
-	forwarded, fwdBatches atomic.Uint64 // host requests sent on, and their batches
+	// forwarded counts host requests sent on to memory nodes, each once;
+	// fanOut the further memory nodes they asked (a list's other nodes, a
+	// create's next node after a full one); fwdBatches the task batches
+	// that carried both.
+	forwarded, fanOut, fwdBatches atomic.Uint64
 
 	// unresolved counts the host requests waiting in resolve for a refresh
 	// to find their memory node (at most cfg.Window; those beyond are
@@ -192,15 +199,21 @@ type AgentStats struct {
 	Servers int `json:"servers"`
 	Regions int `json:"regions"`
 	// HostRequests counts requests taken from hosts (duplicates not
-	// included); Forwarded the host requests sent on to memory nodes;
-	// Batches the task batches that carried them (the requests of one
+	// included); Forwarded the host requests sent on to memory nodes,
+	// each once however many nodes it asks (so never more than
+	// HostRequests); FanOut the requests to further nodes that some of
+	// them made: a list's parts beyond the first (it asks every node),
+	// and a create's tries of the next node after a full one. Batches
+	// counts the task batches that carried them all (the requests of one
 	// receive batch bound for one memory node and tenant, packed several
 	// per datagram where they fit; Fabric.TXDatagrams counts the
-	// datagrams); AvgBatch is Forwarded / Batches. OwnRequests counts the
-	// agent's own requests to memory nodes: cache fills, static loads and
-	// region lists (Fabric.Requests = Forwarded + OwnRequests).
+	// datagrams); AvgBatch is Forwarded / Batches, host requests per task
+	// batch, SODA's aggregation. OwnRequests counts the agent's own
+	// requests to memory nodes: cache fills, static loads and region
+	// lists (Fabric.Requests = Forwarded + FanOut + OwnRequests).
 	HostRequests uint64  `json:"host_requests"`
 	Forwarded    uint64  `json:"forwarded"`
+	FanOut       uint64  `json:"fan_out"`
 	Batches      uint64  `json:"batches"`
 	AvgBatch     float64 `json:"avg_batch"`
 	OwnRequests  uint64  `json:"own_requests"`
@@ -214,8 +227,13 @@ type AgentStats struct {
 	Fabric LinkStats `json:"fabric"`
 	// Errors counts replies to hosts by failure kind.
 	Errors ErrorCounts `json:"errors"`
-	// Latency is the round trip from forwarding to the node's reply.
-	Latency Latency `json:"latency"`
+	// Latency is the round trip from forwarding a host request to the
+	// node's reply, one sample per node asked (FanOut included);
+	// OwnLatency that of the agent's own requests (OwnRequests: cache
+	// fills' and static loads' reads, region lists). Requests that got no
+	// reply are in neither.
+	Latency    Latency `json:"latency"`
+	OwnLatency Latency `json:"own_latency"`
 	// Cache is the static and dynamic caches' state and counters.
 	Cache CacheStats `json:"cache"`
 	// FreedNotices counts the memory nodes' notices that a region the
@@ -328,7 +346,7 @@ func NewAgent(cfg AgentConfig, opts AgentOptions) (*Agent, error) {
 		}
 	}
 	for _, t := range fabric {
-		f := newRequester(cfg.Config, t, &a.fctr, &a.lat, a.complete)
+		f := newRequester(cfg.Config, t, &a.fctr, nil, a.complete)
 		f.notice = a.regionFreed
 		a.fabric = append(a.fabric, f)
 	}
@@ -554,15 +572,15 @@ func (a *Agent) Stats() AgentStats {
 	batches := a.fwdBatches.Load()
 	st := AgentStats{Servers: len(a.cfg.Servers), Regions: nreg, HostRequests: a.hostReqs.Load(),
 		Batches: batches, ReadBytes: a.readBytes.Load(), WriteBytes: a.writeBytes.Load(),
-		Host: a.hctr.snapshot(), Fabric: a.fctr.snapshot(), Errors: a.errs.snapshot(), Latency: a.lat.summary(),
+		Host: a.hctr.snapshot(), Fabric: a.fctr.snapshot(), Errors: a.errs.snapshot(), Latency: a.lat.summary(), OwnLatency: a.ownLat.summary(),
 		Cache: a.cache.stats(), FreedNotices: NoticeStats{Received: a.noticesIn.Load(), Dropped: a.noticesDropped.Load(),
 			Refused: a.noticesRefused.Load()},
 		Overload: OverloadStats{Unresolved: int(a.unresolved.Load()), UnresolvedLimit: a.cfg.Window,
 			UnresolvedRefused: a.unresolvedRefused.Load(), StaticQueued: int(a.staticPending.Load()),
 			StaticLimit: staticQueue + staticLoaders, StaticRefused: a.staticRefused.Load()},
 		Refused: RefusedStats{Hints: a.hintsRefused.Load(), StaticLoads: a.staticFailed.Load()}}
-	st.Forwarded = a.forwarded.Load()
-	st.OwnRequests = st.Fabric.Requests - min(st.Forwarded, st.Fabric.Requests)
+	st.Forwarded, st.FanOut = a.forwarded.Load(), a.fanOut.Load()
+	st.OwnRequests = st.Fabric.Requests - min(st.Forwarded+st.FanOut, st.Fabric.Requests)
 	if batches > 0 {
 		st.AvgBatch = float64(st.Forwarded) / float64(batches)
 	}
@@ -643,14 +661,36 @@ func (w *hostWorker) run(ctx context.Context) error {
 	}
 }
 
-// forward issues calls that carry host requests to memory nodes, counted
-// as forwarded in task batches; the agent's own requests (cache fills,
-// static loads, region lists) go to the requester directly and count as
-// its own.
+// forward issues calls that carry host requests to memory nodes, in task
+// batches: each host request counts once as forwarded, and the calls to
+// further nodes that it makes (fanOut) as fan-out; the agent's own
+// requests (cache fills, static loads, region lists) go to the requester
+// directly and count as its own.
 func (a *Agent) forward(ctx context.Context, fab *requester, calls []*call) error {
-	a.forwarded.Add(uint64(len(calls)))
+	var more uint64
+	for _, k := range calls {
+		if fanOut(k) {
+			more++
+		}
+	}
+	a.forwarded.Add(uint64(len(calls)) - more)
+	a.fanOut.Add(more)
 	a.fwdBatches.Add(uint64(groups(calls)))
 	return fab.issue(ctx, calls)
+}
+
+// fanOut says whether k asks a further memory node for a host request
+// already counted as forwarded: a list's part for any node but the first,
+// or a create sent on after a full node refused it (placeElsewhere
+// counted that node as asked before it made k).
+func fanOut(k *call) bool {
+	switch u := k.user.(type) {
+	case *listPart:
+		return u.server != 0
+	case *hostReq:
+		return u.asked > 0
+	}
+	return false
 }
 
 // forwardLocked makes the call that sends host request q on to its memory
@@ -739,7 +779,17 @@ func (w *hostWorker) flushLocked() {
 // batch of finished forwarded calls.
 func (a *Agent) complete(calls []*call) {
 	var touched []*hostWorker
+	now := time.Now()
 	for _, k := range calls {
+		if k.err == nil { // answered: a round trip to record
+			lat := &a.lat
+			switch k.user.(type) {
+			case *hostReq, *listPart:
+			default: // the agent's own: k.done or a fill
+				lat = &a.ownLat
+			}
+			lat.record(now.Sub(k.start))
+		}
 		if hr, ok := k.user.(*hostReq); ok && hr.held {
 			// A host's write that the cache holds in flight. Before the
 			// host hears of it: fills of the region may start again once

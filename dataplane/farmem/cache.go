@@ -39,6 +39,7 @@ type cache struct {
 	winReads, winHits int
 	offReads          int
 	lastRate          float64
+	windows           uint64 // windows ended (evaluateLocked): lastRate means nothing before the first
 	bnet, bintra      float64
 	bnetMeasured      bool
 	bintraMeasured    bool
@@ -156,7 +157,9 @@ type RegionCacheStats struct {
 	OutsideDynamic uint64 `json:"outside_dynamic"`
 	// Waited counts reads that found their entry still filling and waited
 	// for it; each is also counted as a hit, or as a miss if the fill
-	// failed, when it is served.
+	// failed or was made useless meanwhile (the switch turned the cache
+	// off, a scope left the entry out, the prefetcher was set off), when
+	// it is served.
 	Waited uint64 `json:"waited"`
 	// Accuracy is PrefetchUsed / PrefetchIssued, Coverage Hits / (Hits +
 	// Misses).
@@ -229,16 +232,20 @@ type CacheStats struct {
 	StaticLimit uint64 `json:"static_limit"`
 	// BNet and BIntra in bytes per second, and whether each was
 	// measured; Threshold is BNet/BIntra, the hit rate below which the
-	// dynamic cache costs more than it saves (SODA eq. 3).
+	// dynamic cache costs more than it saves (SODA eq. 3). A measured
+	// BNet is 0 until the first entry fill ends (not measured yet), and
+	// Threshold is 0 while either is: the switch then stays on.
 	BNet           float64 `json:"b_net"`
 	BIntra         float64 `json:"b_intra"`
 	BNetMeasured   bool    `json:"b_net_measured"`
 	BIntraMeasured bool    `json:"b_intra_measured"`
 	Threshold      float64 `json:"threshold"`
 	// WindowHitRate is the last complete window's hit rate, Window its
-	// length in reads.
+	// length in reads, Windows how many have ended: while none has,
+	// WindowHitRate is 0 and means nothing.
 	WindowHitRate float64 `json:"window_hit_rate"`
 	Window        int     `json:"window"`
+	Windows       uint64  `json:"windows"`
 	Switches      uint64  `json:"switches"`
 	// Events are the last switch events, oldest first.
 	Events []SwitchEvent `json:"events,omitempty"`
@@ -448,6 +455,15 @@ func (c *cache) lookup(tenant uint32, rec *Record, wait *fillWaiter, retry bool)
 		rc.ctr.StaticHits++
 		return b, -1, true, false
 	}
+	if retry && (!c.on || rc.pf == PrefetchOff || !rc.inDynamic(off, n)) {
+		// Waited for a fill that the switch, a new scope or the
+		// prefetcher set off made useless: the read was counted as an
+		// access when it arrived (Waited, and a hit of the switch's
+		// window), so now it is the miss Waited promises; not bypassed,
+		// nor counted towards the next probe.
+		rc.ctr.Misses++
+		return nil, 0, false, false
+	}
 	if c.slots == nil || rc.pf == PrefetchOff {
 		return nil, 0, false, false
 	}
@@ -533,6 +549,7 @@ func (c *cache) release(ref int32) {
 func (c *cache) evaluateLocked() {
 	h := float64(c.winHits) / float64(c.winReads)
 	c.lastRate = h
+	c.windows++
 	c.winReads, c.winHits = 0, 0
 	thr := c.threshold()
 	switch {
@@ -916,13 +933,20 @@ func (c *cache) invalidateLocked(region uint32, rc *regionCache, off, n uint64) 
 // queue is full, or every slot is in use or filling: the entries after it
 // would be dropped as well), so a hint costs at most the arena's entries
 // of work under mu and the worker's lock whatever ranges it names. A
-// prefetcher setting, when not nil, becomes the region's.
+// prefetcher setting, when not nil, becomes the region's. A region the
+// agent has not learnt, or another tenant's, is refused as setDynamic
+// refuses it: the hint goes no further, so no memory node would check it,
+// and an answer of success would say the region is there and the
+// prefetcher set.
 func (c *cache) hint(tenant, region uint32, ranges []Range, pf *Prefetcher) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	rc := c.regions[region]
-	if rc == nil || rc.size == 0 || !rc.allowed(tenant) {
-		return 0, nil // unknown here: the memory node checks the request
+	switch {
+	case rc == nil || rc.size == 0:
+		return 0, fmt.Errorf("%w: region %d is not known to the agent yet (open it through the agent first)", ErrUnknownRegion, region)
+	case !rc.allowed(tenant):
+		return 0, fmt.Errorf("%w: region %d is not tenant %d's, or the agent has not learnt its owner yet (open it through the agent as that tenant)", ErrWrongTenant, region, tenant)
 	}
 	if pf != nil {
 		rc.pf = *pf
@@ -1135,7 +1159,7 @@ func (c *cache) stats() CacheStats {
 	st := CacheStats{Dynamic: c.slots != nil, On: c.on && c.slots != nil, ArenaBytes: uint64(len(c.arena)),
 		EntrySize: c.esz, Entries: len(c.slots), StaticBytes: c.staticUsed, StaticLimit: uint64(c.cfg.StaticSize),
 		BNet: c.bnet, BIntra: c.bintra, BNetMeasured: c.bnetMeasured, BIntraMeasured: c.bintraMeasured,
-		Threshold: c.threshold(), WindowHitRate: c.lastRate, Window: c.cfg.Window, Switches: c.switches,
+		Threshold: c.threshold(), WindowHitRate: c.lastRate, Window: c.cfg.Window, Windows: c.windows, Switches: c.switches,
 		Events: slices.Clone(c.events), Dropped: c.dropped}
 	for i := range c.slots {
 		s := &c.slots[i]

@@ -700,7 +700,34 @@ func TestReadWaitsForFill(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		fillOK bool
-	}{{"fill succeeds", true}, {"fill fails", false}} {
+		// meanwhile runs while the entry fills; a fill it voids serves
+		// the parked read from the memory node: a miss.
+		meanwhile func(c *cache)
+	}{
+		{"fill succeeds", true, nil},
+		{"fill fails", false, nil},
+		// The switch's window ends below the threshold: the arena is
+		// dropped and the cache off when the parked read is served. It
+		// was an access of the window that did so, not one with the cache
+		// off: not bypassed, and not counted towards the next probe.
+		{"switch turns off", true, func(c *cache) {
+			c.mu.Lock()
+			c.winReads, c.winHits = c.cfg.Window, 0
+			c.evaluateLocked()
+			c.mu.Unlock()
+		}},
+		{"prefetcher set off", true, func(c *cache) {
+			off := PrefetchOff
+			if _, err := c.hint(0, 1, nil, &off); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"scope leaves the entry out", true, func(c *cache) {
+			if err := c.setDynamic(0, 1, []Range{{8 * esz, esz}}); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCache(CacheConfig{Size: 4 * esz, EntrySize: esz, BNet: 1, BIntra: 2, Prefetcher: PrefetchHints, Window: 1 << 20}, esz)
 			var woken []fillWaiter
@@ -720,6 +747,10 @@ func TestReadWaitsForFill(t *testing.T) {
 				t.Fatalf("read across entries: hit %v, waiting %v; want a miss", hit, waiting)
 			}
 			histN := c.histN
+			if tc.meanwhile != nil {
+				tc.meanwhile(c)
+			}
+			served := tc.fillOK && tc.meanwhile == nil
 			j := <-c.fills
 			b := c.fillBuf(j)
 			for i := range b {
@@ -730,8 +761,8 @@ func TestReadWaitsForFill(t *testing.T) {
 				t.Fatalf("fill ended with %d reads served again, want the parked one", len(woken))
 			}
 			data, ref, hit, waiting := c.lookup(0, &woken[0].q.rec, nil, true)
-			if waiting || hit != tc.fillOK {
-				t.Fatalf("served again: hit %v, waiting %v; want hit %v", hit, waiting, tc.fillOK)
+			if waiting || hit != served {
+				t.Fatalf("served again: hit %v, waiting %v; want hit %v", hit, waiting, served)
 			}
 			if hit {
 				for i, v := range data {
@@ -746,11 +777,14 @@ func TestReadWaitsForFill(t *testing.T) {
 			}
 			r := c.stats().Regions[0]
 			wantHits, wantMisses := uint64(1), uint64(1) // the parked read; the read across entries
-			if !tc.fillOK {
+			if !served {
 				wantHits, wantMisses = 0, 2
 			}
-			if r.Waited != 1 || r.Hits != wantHits || r.Misses != wantMisses {
-				t.Errorf("region stats %+v: want 1 waited, %d hits, %d misses", r, wantHits, wantMisses)
+			if r.Waited != 1 || r.Hits != wantHits || r.Misses != wantMisses || r.Bypassed != 0 || r.OutsideDynamic != 0 {
+				t.Errorf("region stats %+v: want 1 waited, %d hits, %d misses, none bypassed or outside the dynamic ranges", r, wantHits, wantMisses)
+			}
+			if c.offReads != 0 {
+				t.Errorf("%d reads counted towards the next probe: want none (the parked read was counted when it arrived)", c.offReads)
 			}
 		})
 	}
@@ -1294,5 +1328,116 @@ func TestConfiguredStaticRetries(t *testing.T) {
 		if rs.Region == ri.ID && rs.StaticHits == 0 {
 			t.Fatalf("region stats %+v: want the reads served from the static range", rs)
 		}
+	}
+}
+
+// TestHintRefused: a hint (or a prefetcher setting, which rides on op
+// hint) of another tenant's region or of a region the agent does not know
+// is refused, as the memory node would refuse it (ErrWrongTenant,
+// ErrUnknownRegion), and counted in Refused.Hints; the owner's hint is
+// taken. Before, the agent answered both "OK, 0 fills", counted nothing,
+// and a foreign tenant's prefetcher setting was answered OK but not set.
+func TestHintRefused(t *testing.T) {
+	srv, _ := startServer(t, t.TempDir(), listen(t, loopback))
+	const esz, size = 256 << 10, 1 << 20
+	a := startCachingAgent(t, srv, CacheConfig{Size: 4 * esz, EntrySize: esz, BNet: 1, BIntra: 2, Prefetcher: PrefetchHints})
+	r, err := newClient(t, a.Addr(), 3).Alloc(context.Background(), size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := r.ID()
+	ranges := appendRanges(nil, []Range{{0, esz}})
+	p := rawPeer{t: t, tr: listen(t, loopback), to: a.Addr()}
+	refused := 0
+	for i, tc := range []struct {
+		name   string
+		tenant uint32
+		rec    Record
+		want   Status
+	}{
+		{"another tenant's hint", 9, Record{Op: OpHint, Region: id, Data: ranges}, StatusWrongTenant},
+		{"another tenant's prefetcher", 9, Record{Op: OpHint, Region: id, Aux: uint32(PrefetchOff) + 1}, StatusWrongTenant},
+		{"a region no node has", 3, Record{Op: OpHint, Region: id + 1000, Data: ranges}, StatusUnknownRegion},
+		{"the owner's hint", 3, Record{Op: OpHint, Region: id, Data: ranges}, StatusOK},
+	} {
+		tc.rec.ID = uint64(i + 1)
+		p.send(AppendDatagram(nil, wire.Header{Type: OpHint.requestType(), Tenant: tc.tenant, Dst: tc.rec.Region}, 0, tc.rec))
+		got := p.reply()
+		if got.Status != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got.Status.Err(), tc.want.Err())
+		}
+		if tc.want != StatusOK {
+			refused++
+		} else if got.Aux != 1 {
+			t.Errorf("%s: %d fills started, want 1", tc.name, got.Aux)
+		}
+	}
+	st := a.Stats()
+	if st.Refused.Hints != uint64(refused) {
+		t.Errorf("refused %+v: want %d hints", st.Refused, refused)
+	}
+	for _, rc := range st.Cache.Regions {
+		if rc.Region == id && rc.Prefetcher != PrefetchHints.String() {
+			t.Errorf("region %d's prefetcher is %s after tenant 9 set it: want %s", id, rc.Prefetcher, PrefetchHints)
+		}
+	}
+}
+
+// TestLatencyIsForwarding: through a caching agent, a host's creates,
+// opens and writes are forwarded while the agent's static load, hinted
+// fills and region lists are its own requests. The forwarding latency
+// counts the forwarded round trips only, one sample each, and the agent's
+// own are counted apart. Before, every fabric round trip went into the
+// forwarding latency, fills and lists included.
+func TestLatencyIsForwarding(t *testing.T) {
+	srv, _ := startServer(t, t.TempDir(), listen(t, loopback))
+	const esz, chunk, size = 256 << 10, 64 << 10, 1 << 20
+	a := startCachingAgent(t, srv, CacheConfig{Size: 2 * esz, EntrySize: esz, BNet: 1, BIntra: 2, Prefetcher: PrefetchHints})
+	r, _ := writtenRegion(t, newClient(t, a.Addr(), 3), size, chunk)
+	if ok, err := r.LoadStatic([]Range{{0, esz}}); !ok || err != nil {
+		t.Fatalf("static load: %v, %v", ok, err)
+	}
+	if n, err := r.Hint([]Range{{2 * esz, 2 * esz}}); n != 2 || err != nil {
+		t.Fatalf("hint started %d fills, %v; want 2", n, err)
+	}
+	var st AgentStats
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		st = a.Stats()
+		if st.Latency.Count == st.Forwarded+st.FanOut && st.OwnLatency.Count == st.OwnRequests && st.Cache.Filling == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("latency samples: %d forwarding, %d own; want one per forwarded request (%d) and one per own request (%d)",
+				st.Latency.Count, st.OwnLatency.Count, st.Forwarded+st.FanOut, st.OwnRequests)
+		}
+	}
+	if own := uint64(3 * esz / chunk); st.Forwarded == 0 || st.OwnRequests < own {
+		t.Errorf("%d forwarded and %d own requests: want the host's requests and at least the static load's and fills' reads", st.Forwarded, st.OwnRequests)
+	}
+}
+
+// TestSwitchWindows: the cache's stats count the adaptive switch's
+// completed windows, so that a last window's hit rate of 0 before the
+// first one ends reads as none yet; and B_net, measured, is 0 until the
+// first entry fill ends.
+func TestSwitchWindows(t *testing.T) {
+	const esz, window = 4096, 4
+	c := newCache(CacheConfig{Size: 4 * esz, EntrySize: esz, BIntra: 2, Prefetcher: PrefetchHints, Window: window}, esz)
+	c.learn(1, 16*esz, 0, true)
+	if st := c.stats(); st.Windows != 0 || !st.BNetMeasured || st.BNet != 0 || st.Threshold != 0 {
+		t.Fatalf("new cache: %d windows, B_net %v (measured %v), threshold %v; want none and 0 until a fill", st.Windows, st.BNet, st.BNetMeasured, st.Threshold)
+	}
+	for i := range 2*window - 1 {
+		rec := Record{Op: OpRead, Region: 1, Offset: uint64(i) * esz, Size: 100}
+		c.read(0, &rec)
+	}
+	if st := c.stats(); st.Windows != 1 {
+		t.Fatalf("after %d reads of %d-read windows: %d windows, want 1", 2*window-1, window, st.Windows)
+	}
+	if n, _ := c.hint(0, 1, []Range{{0, esz}}, nil); n != 1 || fillAll(t, c, func(entryKey, int) byte { return 1 }) != 1 {
+		t.Fatalf("hint started %d fills, want 1", n)
+	}
+	if st := c.stats(); st.BNet <= 0 {
+		t.Fatalf("B_net %v after a fill, want it measured", st.BNet)
 	}
 }

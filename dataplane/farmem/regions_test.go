@@ -546,3 +546,44 @@ func TestPreloadDir(t *testing.T) {
 		}
 	}
 }
+
+// TestForwardedCountsHostRequests: with two memory nodes, a list asks both
+// and a create that both refuse as full asks both: each host request is
+// forwarded once, its second node is fan-out, and the batch size is host
+// requests per task batch. Before, Forwarded counted every node asked
+// (4 of 2 host requests), so it exceeded HostRequests and AvgBatch
+// overstated the aggregation.
+func TestForwardedCountsHostRequests(t *testing.T) {
+	var addrs []netip.AddrPort
+	for _, base := range []uint32{1, 1000} {
+		s, err := NewServer(ServerOptions{Config: testConfig(), StateDir: t.TempDir(), Capacity: 1 << 20, IDBase: base, Transport: listen(t, loopback)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		run(t, s.Run)
+		addrs = append(addrs, s.Addr())
+	}
+	agent, _ := startAgent(t, listen(t, loopback), addrs, nil)
+	ctx := context.Background()
+	c := newClient(t, agent.Addr(), 3)
+	before := agent.Stats()
+	if _, err := c.List(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Create(ctx, 4<<20, CreateOptions{}); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("create of 4 MiB on two 1 MiB nodes: %v, want ErrNoSpace", err)
+	}
+	st := agent.Stats()
+	hostReqs := st.HostRequests - before.HostRequests
+	fwd, fan, batches := st.Forwarded-before.Forwarded, st.FanOut-before.FanOut, st.Batches-before.Batches
+	if hostReqs != 2 || fwd != 2 || fan != 2 || batches != 4 {
+		t.Errorf("a list and a create, each asking 2 nodes: %d host requests, %d forwarded, %d fan-out in %d batches; want 2, 2, 2 in 4",
+			hostReqs, fwd, fan, batches)
+	}
+	if st.Forwarded > st.HostRequests || st.AvgBatch != float64(st.Forwarded)/float64(st.Batches) {
+		t.Errorf("stats %+v: want forwarded at most the host requests, and the batch size host requests per batch", st)
+	}
+	if own := st.Fabric.Requests - st.Forwarded - st.FanOut; st.OwnRequests != own {
+		t.Errorf("own requests %d, want the fabric's %d requests less forwarded and fan-out: %d", st.OwnRequests, st.Fabric.Requests, own)
+	}
+}

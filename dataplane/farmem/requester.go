@@ -59,7 +59,7 @@ type requester struct {
 	cfg      Config
 	tr       transport.Transport
 	ctr      *linkCounters
-	lat      *histogram
+	lat      *histogram    // the replies' round trips; nil: the owner records them (complete)
 	complete func([]*call) // called with every batch of completed calls
 	// notice takes the OpFreed notices that arrive (from, the sender;
 	// rec aliases the receive buffer); nil counts them as orphans.
@@ -321,9 +321,11 @@ func (r *requester) recvLoop(ctx context.Context) error {
 			}
 		}
 		if len(done) > 0 {
-			now := time.Now()
-			for _, c := range done {
-				r.lat.record(now.Sub(c.start))
+			if r.lat != nil {
+				now := time.Now()
+				for _, c := range done {
+					r.lat.record(now.Sub(c.start))
+				}
 			}
 			r.complete(done)
 		}
