@@ -23,9 +23,10 @@ var (
 	srvNotices  = prometheus.NewDesc("lovelock_mem_server_freed_notices_total", "Notices that a region was freed sent to the agents that cache it (repeats not counted).", nil, nil)
 
 	agentReqs    = prometheus.NewDesc("lovelock_mem_agent_host_requests_total", "Requests the far-memory agent took from host processes.", nil, nil)
-	agentFwd     = prometheus.NewDesc("lovelock_mem_agent_forwarded_total", "Requests the far-memory agent forwarded to memory nodes.", nil, nil)
+	agentFwd     = prometheus.NewDesc("lovelock_mem_agent_forwarded_total", "Host requests the far-memory agent forwarded to memory nodes, each once (fan-out apart).", nil, nil)
 	agentBatches = prometheus.NewDesc("lovelock_mem_agent_batches_total", "Task batches that carried the forwarded requests.", nil, nil)
 	agentOwn     = prometheus.NewDesc("lovelock_mem_agent_own_requests_total", "The agent's own requests to memory nodes: cache fills, static loads, region lists.", nil, nil)
+	agentFanOut  = prometheus.NewDesc("lovelock_mem_agent_fan_out_total", "Requests to further memory nodes that forwarded host requests made (a list's other nodes, a create's next node after a full one).", nil, nil)
 	agentData    = prometheus.NewDesc("lovelock_mem_agent_data_bytes_total", "Page data through the far-memory agent, by direction (read: server to host).", []string{"dir"}, nil)
 	agentRetx    = prometheus.NewDesc("lovelock_mem_agent_retransmits_total", "Requests the agent sent to memory nodes again after a timeout.", nil, nil)
 	agentTimeout = prometheus.NewDesc("lovelock_mem_agent_timeouts_total", "Requests that failed after every try (no answer from the memory node).", nil, nil)
@@ -38,17 +39,18 @@ var (
 	hostReqs     = prometheus.NewDesc("lovelock_mem_host_requests_total", "Requests the host agent sent for its mappings' faults and write-backs.", nil, nil)
 	hostRetx     = prometheus.NewDesc("lovelock_mem_host_retransmits_total", "Requests the host agent sent again after a timeout.", nil, nil)
 	hostTimeouts = prometheus.NewDesc("lovelock_mem_host_timeouts_total", "Requests that failed after every try.", nil, nil)
-	hostLatency  = prometheus.NewDesc("lovelock_mem_host_latency_seconds", "Round trip of the host agent's requests, by quantile.", []string{"quantile"}, nil)
+	hostLatency  = prometheus.NewDesc("lovelock_mem_host_latency_seconds", "Round trip of the host agent's requests, by quantile (absent until one is answered).", []string{"quantile"}, nil)
 	cacheOn      = prometheus.NewDesc("lovelock_mem_agent_cache_on", "1 while the adaptive switch has the dynamic cache on (SODA eq. 3).", nil, nil)
-	cacheRate    = prometheus.NewDesc("lovelock_mem_agent_cache_window_hit_rate", "Dynamic-cache hit rate of the last complete window.", nil, nil)
-	cacheThresh  = prometheus.NewDesc("lovelock_mem_agent_cache_threshold", "B_net/B_intra: the hit rate below which the dynamic cache is switched off.", nil, nil)
+	cacheRate    = prometheus.NewDesc("lovelock_mem_agent_cache_window_hit_rate", "Dynamic-cache hit rate of the last complete window (absent until a window completes).", nil, nil)
+	cacheThresh  = prometheus.NewDesc("lovelock_mem_agent_cache_threshold", "B_net/B_intra: the hit rate below which the dynamic cache is switched off (absent until both are known).", nil, nil)
 	cacheSwitch  = prometheus.NewDesc("lovelock_mem_agent_cache_switches_total", "Turns of the adaptive switch (off, probe, on).", nil, nil)
 	cacheEntries = prometheus.NewDesc("lovelock_mem_agent_cache_entries", "Dynamic-cache entries by state.", []string{"state"}, nil)
 	cacheStatic  = prometheus.NewDesc("lovelock_mem_agent_cache_static_bytes", "Bytes held by the static cache.", nil, nil)
 	cacheReads   = prometheus.NewDesc("lovelock_mem_agent_cache_reads_total", "Reads looked up in the caches, per region and outcome (static_hit, hit, miss, bypassed, outside_dynamic: outside the ranges the dynamic cache holds).", []string{"region", "outcome"}, nil)
 	cacheWaited  = prometheus.NewDesc("lovelock_mem_agent_cache_waited_total", "Reads that found their dynamic-cache entry filling and waited for the fill (each also counted as a hit, or a miss if the fill failed), per region.", []string{"region"}, nil)
 	cachePrefet  = prometheus.NewDesc("lovelock_mem_agent_cache_prefetches_total", "Entry fills per region: issued, used, evicted_unused, invalidated.", []string{"region", "prefetcher", "kind"}, nil)
-	agentLatency = prometheus.NewDesc("lovelock_mem_agent_latency_seconds", "Round trip from forwarding to the memory node's reply, by quantile.", []string{"quantile"}, nil)
+	agentLatency = prometheus.NewDesc("lovelock_mem_agent_latency_seconds", "Round trip from forwarding a host request to the memory node's reply, by quantile (absent until one is answered).", []string{"quantile"}, nil)
+	agentOwnLat  = prometheus.NewDesc("lovelock_mem_agent_own_latency_seconds", "Round trip of the agent's own requests (cache fills, static loads, lists), by quantile (absent until one is answered).", []string{"quantile"}, nil)
 )
 
 // Describe implements prometheus.Collector.
@@ -88,7 +90,7 @@ func (s *ServerService) Collect(ch chan<- prometheus.Metric) {
 
 // Describe implements prometheus.Collector.
 func (s *AgentService) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{agentReqs, agentFwd, agentBatches, agentOwn, agentData, agentRetx, agentTimeout, agentEvicted, agentErrors, agentNotices, agentTurned, agentRefused, agentLatency,
+	for _, d := range []*prometheus.Desc{agentReqs, agentFwd, agentBatches, agentOwn, agentFanOut, agentData, agentRetx, agentTimeout, agentEvicted, agentErrors, agentNotices, agentTurned, agentRefused, agentLatency, agentOwnLat,
 		cacheOn, cacheRate, cacheThresh, cacheSwitch, cacheEntries, cacheStatic, cacheReads, cacheWaited, cachePrefet} {
 		ch <- d
 	}
@@ -100,7 +102,21 @@ func (s *AgentService) Collect(ch chan<- prometheus.Metric) {
 	if a == nil {
 		return
 	}
-	st := a.Stats()
+	collectAgent(ch, a.Stats())
+}
+
+// latency sends l's quantiles as d, none until a request was answered: a
+// 0 would read as measured.
+func latency(ch chan<- prometheus.Metric, d *prometheus.Desc, l farmem.Latency) {
+	if l.Count == 0 {
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, l.P50us/1e6, "0.5")
+	ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, l.P99us/1e6, "0.99")
+}
+
+// collectAgent sends the agent's metrics from st.
+func collectAgent(ch chan<- prometheus.Metric, st farmem.AgentStats) {
 	counter := func(d *prometheus.Desc, v uint64, l ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), l...)
 	}
@@ -108,6 +124,7 @@ func (s *AgentService) Collect(ch chan<- prometheus.Metric) {
 	counter(agentFwd, st.Forwarded)
 	counter(agentBatches, st.Batches)
 	counter(agentOwn, st.OwnRequests)
+	counter(agentFanOut, st.FanOut)
 	counter(agentData, st.ReadBytes, "read")
 	counter(agentData, st.WriteBytes, "write")
 	counter(agentRetx, st.Fabric.Retransmits)
@@ -123,8 +140,8 @@ func (s *AgentService) Collect(ch chan<- prometheus.Metric) {
 	for kind, v := range errorKinds(st.Errors) {
 		counter(agentErrors, v, kind)
 	}
-	ch <- prometheus.MustNewConstMetric(agentLatency, prometheus.GaugeValue, st.Latency.P50us/1e6, "0.5")
-	ch <- prometheus.MustNewConstMetric(agentLatency, prometheus.GaugeValue, st.Latency.P99us/1e6, "0.99")
+	latency(ch, agentLatency, st.Latency)
+	latency(ch, agentOwnLat, st.OwnLatency)
 	gauge := func(d *prometheus.Desc, v float64, l ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
 	}
@@ -134,8 +151,12 @@ func (s *AgentService) Collect(ch chan<- prometheus.Metric) {
 		on = 1
 	}
 	gauge(cacheOn, on)
-	gauge(cacheRate, cs.WindowHitRate)
-	gauge(cacheThresh, cs.Threshold)
+	if cs.Windows > 0 {
+		gauge(cacheRate, cs.WindowHitRate)
+	}
+	if cs.Threshold > 0 {
+		gauge(cacheThresh, cs.Threshold)
+	}
 	counter(cacheSwitch, cs.Switches)
 	gauge(cacheEntries, float64(cs.Valid), "valid")
 	gauge(cacheEntries, float64(cs.Filling), "filling")
@@ -181,6 +202,5 @@ func (s *HostService) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(hostReqs, prometheus.CounterValue, float64(st.Client.Link.Requests))
 	ch <- prometheus.MustNewConstMetric(hostRetx, prometheus.CounterValue, float64(st.Client.Link.Retransmits))
 	ch <- prometheus.MustNewConstMetric(hostTimeouts, prometheus.CounterValue, float64(st.Client.Link.Timeouts))
-	ch <- prometheus.MustNewConstMetric(hostLatency, prometheus.GaugeValue, st.Client.Latency.P50us/1e6, "0.5")
-	ch <- prometheus.MustNewConstMetric(hostLatency, prometheus.GaugeValue, st.Client.Latency.P99us/1e6, "0.99")
+	latency(ch, hostLatency, st.Client.Latency)
 }
