@@ -2,6 +2,8 @@ package ingestservice
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/agent"
 )
 
 var (
@@ -10,7 +12,7 @@ var (
 	agentInFlight = prometheus.NewDesc("lovelock_ingest_in_flight", "Requests open on the DPU ingest agent.", nil, nil)
 	agentQueued   = prometheus.NewDesc("lovelock_ingest_queued", "Requests waiting for a GPU slice.", nil, nil)
 	agentHeld     = prometheus.NewDesc("lovelock_ingest_slots_held", "GPU slots held for requests already answered (given up on) that the host may still run: neither free nor in flight.", nil, nil)
-	agentLatency  = prometheus.NewDesc("lovelock_ingest_latency_seconds", "Latency from an input's first fragment to its result, by quantile, over the last 4096 results.", []string{"quantile"}, nil)
+	agentLatency  = prometheus.NewDesc("lovelock_ingest_latency_seconds", "Latency from an input's first fragment to its result, by quantile, over the last 4096 results (absent until one completes).", []string{"quantile"}, nil)
 	agentHost     = prometheus.NewDesc("lovelock_ingest_host_registered", "1 while a GPU host is registered with the DPU ingest agent.", nil, nil)
 	agentRefused  = prometheus.NewDesc("lovelock_ingest_host_refused_total", "Control datagrams the DPU ingest agent refused: from outside host_peer, or registrations naming a handle socket host_socket does not allow.", nil, nil)
 	hostRuns      = prometheus.NewDesc("lovelock_ingest_host_runs_total", "Models the GPU host agent ran, by outcome.", []string{"outcome"}, nil)
@@ -30,7 +32,11 @@ func (s *Service) Collect(ch chan<- prometheus.Metric) {
 	if a == nil {
 		return
 	}
-	st := a.Stats()
+	collectAgent(ch, a.Stats())
+}
+
+// collectAgent sends the ingest agent's metrics from st.
+func collectAgent(ch chan<- prometheus.Metric, st agent.Stats) {
 	counter := func(d *prometheus.Desc, v uint64, l ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), l...)
 	}
@@ -48,8 +54,11 @@ func (s *Service) Collect(ch chan<- prometheus.Metric) {
 	gauge(agentInFlight, float64(st.InFlight))
 	gauge(agentQueued, float64(st.Queued))
 	gauge(agentHeld, float64(st.SlotsHeld))
-	gauge(agentLatency, st.P50.Seconds(), "0.5")
-	gauge(agentLatency, st.P99.Seconds(), "0.99")
+	if st.Completed > 0 {
+		// Over completed requests: with none, a 0 would read as measured.
+		gauge(agentLatency, st.P50.Seconds(), "0.5")
+		gauge(agentLatency, st.P99.Seconds(), "0.99")
+	}
 	reg := 0.0
 	if st.Host != nil {
 		reg = 1
