@@ -25,6 +25,8 @@
 // created and freed through dpu0's agent, and dpu0's lovelockd restarts
 // before each row, so that no cache state (static ranges, entries, the
 // adaptive switch, B_net) carries over from one row to the next.
+//
+// The table ends with issue 12's targets judged on its rows (verdict.go).
 package main
 
 import (
@@ -269,15 +271,15 @@ func run(ctx context.Context) error {
 			}
 			base = baseRow(base, r)
 			rows = append(rows, r)
-			if !strings.HasPrefix(r.check, "ok") {
+			if !r.ok() {
 				failed++
 			}
 			hit, dyn, acc := "–", "–", "–"
 			if h, ok := r.hitRate(); ok {
 				hit = fmt.Sprintf("%.1f%%", 100*h)
 			}
-			if n := r.cache.Hits + r.cache.Misses; n > 0 {
-				dyn = fmt.Sprintf("%.1f%%", 100*float64(r.cache.Hits)/float64(n))
+			if h, ok := r.dynamicHitRate(); ok {
+				dyn = fmt.Sprintf("%.1f%%", 100*h)
 			}
 			if r.cache.PrefetchIssued > 0 {
 				acc = fmt.Sprintf("%.1f%%", 100*float64(r.cache.PrefetchUsed)/float64(r.cache.PrefetchIssued))
@@ -299,6 +301,10 @@ func run(ctx context.Context) error {
 			fmt.Printf("hints %s: %d batches, %d ranges, %.1f MB named, %d entry loads started, %d dropped, %d errors %s\n",
 				r.app, r.hints.Batches, r.hints.Extents, mb(r.hints.Bytes), r.hints.Started, r.hints.Dropped, r.hints.Errors, r.hints.Err)
 		}
+	}
+	fmt.Println("targets (issue 12), judged on this run's rows:")
+	for _, l := range graphVerdicts(rows) {
+		fmt.Println(l)
 	}
 	if failed > 0 {
 		return fmt.Errorf("%d runs disagree with the in-memory run", failed)

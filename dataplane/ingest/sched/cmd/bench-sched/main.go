@@ -2,8 +2,9 @@
 // prints tables: GPU-hours and allocation rates of every policy on synthetic
 // traces (replayed, and filled FGD-style to 130 % of capacity over several
 // seeds), the heuristics' gap to the exact optimum on random small
-// instances, and decisions per second on a fleet of 1000 GPUs. `make
-// bench-sched` runs it; docs/scheduling.md shows its output.
+// instances, and decisions per second on a fleet of 1000 GPUs; then issue
+// 14's targets, judged on those rows (verdict.go). `make bench-sched` runs
+// it; docs/scheduling.md shows its output.
 package main
 
 import (
@@ -55,18 +56,23 @@ func main() {
 	for _, s := range strings.Split(*sections, ",") {
 		want[strings.TrimSpace(s)] = true
 	}
+	o := outcome{ran: want, mixes: mixes}
 	if want["replay"] {
-		replay(f, mixes, *pods, *slack)
+		o.replay = replay(f, mixes, *pods, *slack)
 	}
 	if want["fill"] {
-		fill(f, mixes, *seeds)
+		o.fill = fill(f, mixes, *seeds)
 	}
 	var gapErr error
 	if want["gap"] {
-		gapErr = gap(*instances)
+		o.gap, gapErr = gap(*instances)
 	}
 	if want["rate"] {
-		rate()
+		o.rate = rate()
+	}
+	fmt.Println("== Targets (issue 14), judged on this run's rows")
+	for _, l := range o.verdicts() {
+		fmt.Println(l)
 	}
 	if gapErr != nil {
 		fail(gapErr)
@@ -118,7 +124,9 @@ func synth(mix string, pods int, seed uint64, slack float64) []sched.Request {
 	return reqs
 }
 
-func replay(f []sched.Fleet, mixes []string, pods int, slack float64) {
+// replay prints the replay table and returns its rows by mix.
+func replay(f []sched.Fleet, mixes []string, pods int, slack float64) map[string][]polRow {
+	out := map[string][]polRow{}
 	fmt.Printf("== Replay: %d synthetic pods per mix (mean gap 1 s, mean run 600 s, log-normal), fleet %dx%s, deadline slack %.1f\n",
 		pods, f[0].Count, f[0].Card, slack)
 	fmt.Println("   GPU-hours: ∫ GPUs holding an instance dt; alloc: requested share ÷ GPUs in use; frag: share of the free slices of GPUs in use a typical request cannot use")
@@ -141,15 +149,20 @@ func replay(f []sched.Fleet, mixes []string, pods int, slack float64) {
 			if cfg.WaitMargin != 0 {
 				name += fmt.Sprintf(" (margin %.1f)", cfg.WaitMargin)
 			}
+			out[mix] = append(out[mix], polRow{name: name, policy: cfg.Policy, margin: cfg.WaitMargin != 0, value: r.GPUHours, unserved: r.Unserved})
 			fmt.Fprintf(w, "%s\t%s\t%.1f\t%+.1f%%\t%.3f\t%.3f\t%d\t%d\t%d\t%.2f\t%.2f\t\n", mix, name, r.GPUHours,
 				100*(r.GPUHours/naive-1), r.AllocRate, r.Frag, r.Misses, r.Unserved, r.GPUsUsed, r.MeanNs/1000, r.P99Ns/1000)
 		}
 	}
 	w.Flush()
 	fmt.Println()
+	return out
 }
 
-func fill(f []sched.Fleet, mixes []string, seeds int) {
+// fill prints the fill table and returns its rows (mean allocation rates)
+// by mix.
+func fill(f []sched.Fleet, mixes []string, seeds int) map[string][]polRow {
+	out := map[string][]polRow{}
 	fmt.Printf("== FGD-style fill: pods sampled until requests reach 130%% of %dx%s, no departures, %d seeds\n", f[0].Count, f[0].Card, seeds)
 	fmt.Println("   alloc: GPU share placed ÷ fleet capacity (FGD's allocation rate), mean ± sd over seeds; frag: share of the free slices of GPUs in use a typical request cannot use, at the end")
 	w := table()
@@ -179,11 +192,13 @@ func fill(f []sched.Fleet, mixes []string, seeds int) {
 		bf, _ := meanSD(vals[bestfit])
 		for k := range cfgs {
 			m, sd := meanSD(vals[k])
+			out[mix] = append(out[mix], polRow{name: names[k], policy: cfgs[k].Policy, value: m})
 			fmt.Fprintf(w, "%s\t%s\t%.4f\t%.4f\t%+.2f%%\t%.3f\t%.2f\t\n", mix, names[k], m, sd, 100*(m/bf-1), frag[k], lat[k]/1000)
 		}
 	}
 	w.Flush()
 	fmt.Println()
+	return out
 }
 
 func meanSD(xs []float64) (float64, float64) {
@@ -213,10 +228,12 @@ func gapColumns(gaps []float64) string {
 	return fmt.Sprintf("%.1f%%\t%.1f%%\t%.1f%%\t%.1f%%\t%.1f%%", 100*mean, 100*median(gaps), 100*nearestRank(gaps, 90), 100*gaps[n-1], 100*float64(opt)/float64(n))
 }
 
-// gap prints the gap table and returns an error when a policy's cost came
-// out below the exact optimum on any instance: a bug in the solver or the
-// simulation, not a measurement (the rest of the tables still print).
-func gap(n int) error {
+// gap prints the gap table and returns its rows by class, and an error
+// when a policy's cost came out below the exact optimum on any instance: a
+// bug in the solver or the simulation, not a measurement (the rest of the
+// tables still print).
+func gap(n int) ([]gapClass, error) {
+	var out []gapClass
 	classes := []struct {
 		name string
 		o    sched.GenOptions
@@ -300,6 +317,13 @@ func gap(n int) error {
 				plans[k].OverNodes += res.Plans.OverNodes
 			}
 		}
+		gc := gapClass{name: c.name}
+		for k, r := range runs {
+			sort.Float64s(gaps[k]) // the order gapColumns sums them in
+			mean, _ := meanSD(gaps[k])
+			gc.rows = append(gc.rows, gapRow{name: r.name, target: k >= len(runs)-len(measures), mean: mean, bugs: bugs[k], n: len(gaps[k])})
+		}
+		out = append(out, gc)
 		for k, r := range runs {
 			l := lats[k]
 			slices.Sort(l)
@@ -324,7 +348,7 @@ func gap(n int) error {
 		fmt.Println(l)
 	}
 	fmt.Println()
-	return errors.Join(bugErrs...)
+	return out, errors.Join(bugErrs...)
 }
 
 // belowOptimum is the bug detector of issue 14's tests: an error naming
@@ -340,7 +364,9 @@ func belowOptimum(class string, names []string, bugs []int) error {
 	return errors.Join(errs...)
 }
 
-func rate() {
+// rate prints the decision rate table and returns its rows.
+func rate() []rateRow {
+	var out []rateRow
 	const gpus = 1000
 	fmt.Printf("== Decisions per second: %d H100s kept about 70%% full, each step one completion (Release) and one arrival (Place)\n", gpus)
 	profiles := []string{"1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"}
@@ -377,9 +403,12 @@ func rate() {
 			}
 		}
 		el := time.Since(t0)
+		out = append(out, rateRow{name: p, policy: cfg.Policy, perSec: steps / el.Seconds()})
 		fmt.Fprintf(w, "%s\t%d\t%.0f\t%.0f\t\n", p, steps, steps/el.Seconds(), float64(el.Nanoseconds())/steps)
 	}
 	w.Flush()
+	fmt.Println()
+	return out
 }
 
 // nearestRank is the pct-th percentile of sorted (non-empty, ascending) by
