@@ -154,7 +154,12 @@ if len(sys.argv) > 4 and sys.argv[4] == "keep-daemon":
     if os.fork() == 0:
         detach()
         os.setsid()
+        middle = os.getpid()
         if os.fork() == 0:
+            # The pid file says the daemon is reparented: only once the
+            # middle process has exited is it out of the worker's tree.
+            while os.getppid() == middle:
+                time.sleep(0.001)
             write_pid(os.path.join(piddir, "daemon"))
             time.sleep(60)
         os._exit(0)
