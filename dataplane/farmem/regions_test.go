@@ -576,8 +576,12 @@ func TestForwardedCountsHostRequests(t *testing.T) {
 	st := agent.Stats()
 	hostReqs := st.HostRequests - before.HostRequests
 	fwd, fan, batches := st.Forwarded-before.Forwarded, st.FanOut-before.FanOut, st.Batches-before.Batches
-	if hostReqs != 2 || fwd != 2 || fan != 2 || batches != 4 {
-		t.Errorf("a list and a create, each asking 2 nodes: %d host requests, %d forwarded, %d fan-out in %d batches; want 2, 2, 2 in 4",
+	// Each host request asks both nodes, in a batch each. A loaded machine
+	// may make the client send one again after its timeout, which the
+	// agent takes as one more host request (a list is not answered from
+	// the reply cache): the relations hold whatever the count.
+	if hostReqs < 2 || fwd != hostReqs || fan != hostReqs || batches != 2*hostReqs {
+		t.Errorf("a list and a create, each asking 2 nodes: %d host requests, %d forwarded, %d fan-out in %d batches; want n ≥ 2, n, n in 2n",
 			hostReqs, fwd, fan, batches)
 	}
 	if st.Forwarded > st.HostRequests || st.AvgBatch != float64(st.Forwarded)/float64(st.Batches) {
