@@ -6,6 +6,8 @@ import (
 	"errors"
 	"net/http"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -141,6 +143,33 @@ func serveFake(t *testing.T, svc api.Service) string {
 			t.Fatalf("fake daemon does not answer: %v", err)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// runFake runs the CLI against svc, served as serveFake does, and returns
+// its stdout; an error fails the test.
+func runFake(t *testing.T, svc api.Service, args ...string) string {
+	t.Helper()
+	out, _, err := runCLI(serveFake(t, svc), args...)
+	if err != nil {
+		t.Fatalf("lovelock %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// matchOutput checks that out matches each of the regexps want and none of
+// notWant.
+func matchOutput(t *testing.T, out string, want, notWant []string) {
+	t.Helper()
+	for _, re := range want {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("output does not match %q:\n%s", re, out)
+		}
+	}
+	for _, re := range notWant {
+		if regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("output matches %q:\n%s", re, out)
+		}
 	}
 }
 

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"regexp"
 	"testing"
 
 	"github.com/lovelock-dpu/lovelock/control/api"
@@ -34,20 +33,7 @@ func TestMemCacheNoneYet(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			svc := &fakeService{services: []api.ServiceStatus{{Name: memAgent, State: api.ServiceRunning}},
 				svcStats: map[string]any{memAgent: farmem.AgentStats{Cache: tc.cache}}}
-			out, _, err := runCLI(serveFake(t, svc), "mem", "stats")
-			if err != nil {
-				t.Fatalf("%v\n%s", err, out)
-			}
-			for _, re := range tc.want {
-				if !regexp.MustCompile(re).MatchString(out) {
-					t.Errorf("output does not match %q:\n%s", re, out)
-				}
-			}
-			for _, re := range tc.notWant {
-				if regexp.MustCompile(re).MatchString(out) {
-					t.Errorf("output matches %q:\n%s", re, out)
-				}
-			}
+			matchOutput(t, runFake(t, svc, "mem", "stats"), tc.want, tc.notWant)
 		})
 	}
 }

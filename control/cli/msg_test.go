@@ -14,37 +14,21 @@ import (
 // TestMsgStatsPeerDead: `lovelock msg stats` says which next hops are dead
 // (silent for peer_timeout), beside their resets.
 func TestMsgStatsPeerDead(t *testing.T) {
-	sock := serveFake(t, &fakeService{msg: &messaging.Stats{Role: "agent", Node: "dpu0", Mode: messaging.ModeDPU,
+	out := runFake(t, &fakeService{msg: &messaging.Stats{Role: "agent", Node: "dpu0", Mode: messaging.ModeDPU,
 		Destinations: []messaging.DestStats{
 			{Name: "dpu1", Addr: "10.0.0.11:61440", PeerResets: 2, PeerDead: true},
 			{Name: "dpu0/app0", Addr: "10.0.1.10:7000"},
-		}}})
-	out, _, err := runCLI(sock, "msg", "stats")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, re := range []string{`PEER RESETS +PEER\n`, `dpu1 +10\.0\.0\.11:61440 .* 2 +dead\n`, `dpu0/app0 +10\.0\.1\.10:7000 .* 0 +up\n`} {
-		if !regexp.MustCompile(re).MatchString(out) {
-			t.Errorf("msg stats output does not match %q:\n%s", re, out)
-		}
-	}
+		}}}, "msg", "stats")
+	matchOutput(t, out, []string{`PEER RESETS +PEER\n`, `dpu1 +10\.0\.0\.11:61440 .* 2 +dead\n`, `dpu0/app0 +10\.0\.1\.10:7000 .* 0 +up\n`}, nil)
 }
 
 // TestMsgStatsRefused: bundles refused while draining and bundles refused
 // on an unconfirmed link are printed apart, each with what it means.
 func TestMsgStatsRefused(t *testing.T) {
-	sock := serveFake(t, &fakeService{msg: &messaging.Stats{Role: "client", Node: "node0", Mode: messaging.ModeDPU,
-		Received: messaging.RecvStats{Bundles: 9, Refused: 2, Unconfirmed: 5}}})
-	out, _, err := runCLI(sock, "msg", "stats")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, re := range []string{`, 2 refused while draining \(sent again to the next run\)`,
-		`, 5 refused until the sender confirmed the link's start \(sent again\)`} {
-		if !regexp.MustCompile(re).MatchString(out) {
-			t.Errorf("msg stats output does not match %q:\n%s", re, out)
-		}
-	}
+	out := runFake(t, &fakeService{msg: &messaging.Stats{Role: "client", Node: "node0", Mode: messaging.ModeDPU,
+		Received: messaging.RecvStats{Bundles: 9, Refused: 2, Unconfirmed: 5}}}, "msg", "stats")
+	matchOutput(t, out, []string{`, 2 refused while draining \(sent again to the next run\)`,
+		`, 5 refused until the sender confirmed the link's start \(sent again\)`}, nil)
 }
 
 // TestMsgStatsDropsBreakdown: the drops line names every counter its total
@@ -56,11 +40,7 @@ func TestMsgStatsDropsBreakdown(t *testing.T) {
 	for i := range v.NumField() {
 		v.Field(i).SetUint(1 << i) // each counter a bit of its own
 	}
-	sock := serveFake(t, &fakeService{msg: &messaging.Stats{Role: "client", Node: "node0", Client: "c0", Mode: messaging.ModeDPU, Drops: dr}})
-	out, _, err := runCLI(sock, "msg", "stats")
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := runFake(t, &fakeService{msg: &messaging.Stats{Role: "client", Node: "node0", Client: "c0", Mode: messaging.ModeDPU, Drops: dr}}, "msg", "stats")
 	m := regexp.MustCompile(`(?m)^drops: (\d+) in all: (.*)$`).FindStringSubmatch(out)
 	if m == nil {
 		t.Fatalf("no drops line:\n%s", out)

@@ -53,11 +53,7 @@ func TestStatsRatesReset(t *testing.T) {
 	}
 
 	// The table prints "-" for them.
-	sock := serveFake(t, &seqStats{samples: []api.Stats{prev, now}})
-	out, _, err := runCLI(sock, "stats", "--watch", "--count", "2", "--interval", "1ms")
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := runFake(t, &seqStats{samples: []api.Stats{prev, now}}, "stats", "--watch", "--count", "2", "--interval", "1ms")
 	last := out[strings.LastIndex(out, "COUNTER"):]
 	rows := map[string][]string{}
 	for _, l := range strings.Split(last, "\n") {

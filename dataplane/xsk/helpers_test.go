@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -77,6 +78,27 @@ func (n *testNet) veth(t testing.TB, a, b string, aQueues int) (int, int) {
 	return testenv.VethPair(t,
 		testenv.VethEnd{NS: n.ns, Name: a, Queues: aQueues},
 		testenv.VethEnd{NS: n.ns, Name: b})
+}
+
+// jumboVeth is veth with one queue a side and MTU 9000 on both ends: a
+// frame larger than a UMEM frame then reaches XDP on a in several buffers.
+func (n *testNet) jumboVeth(t testing.TB, a, b string) (int, int) {
+	t.Helper()
+	return testenv.VethPair(t,
+		testenv.VethEnd{NS: n.ns, Name: a, MTU: 9000},
+		testenv.VethEnd{NS: n.ns, Name: b, MTU: 9000})
+}
+
+// fragsSocket sets up a multi-buffer test: the jumbo pair a ⇄ b, a socket
+// opened with scfg on a's queue 0 and fed by a's xdp.frags redirect
+// program, and a packet socket on b to send into it. It returns the socket
+// and the packet socket.
+func (n *testNet) fragsSocket(t testing.TB, a, b string, scfg *SocketConfig) (*Socket, int) {
+	t.Helper()
+	xa, xb := n.jumboVeth(t, a, b)
+	s := n.open(t, xa, 0, nil, scfg)
+	setSlot(t, n.redirectFrags(t, xa), s)
+	return s, n.packetSock(t, xb)
 }
 
 // redirect attaches to ifindex, in driver mode, an XDP program that
@@ -162,6 +184,21 @@ func (n *testNet) packetSock(t testing.TB, ifindex int) int {
 	return fd
 }
 
+// sendFrames writes into the packet socket pk a test frame of each size,
+// numbered from first on, and returns the frames.
+func sendFrames(t testing.TB, pk int, first uint64, sizes []int) [][]byte {
+	t.Helper()
+	frames := make([][]byte, 0, len(sizes))
+	for j, size := range sizes {
+		f := testFrame(first+uint64(j), size)
+		if _, err := unix.Write(pk, f); err != nil {
+			t.Fatalf("send frame %d (%d bytes): %v", j, size, err)
+		}
+		frames = append(frames, f)
+	}
+	return frames
+}
+
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
 // recvPacket reads one incoming frame from an AF_PACKET socket, waiting up
@@ -188,6 +225,17 @@ func recvPacket(fd int, buf []byte, timeout time.Duration) ([]byte, error) {
 			return nil, err
 		}
 	}
+}
+
+// newUMEM creates a UMEM and closes it when the test ends.
+func newUMEM(t testing.TB, cfg *UMEMConfig) *UMEM {
+	t.Helper()
+	u, err := NewUMEM(cfg)
+	if err != nil {
+		t.Fatalf("NewUMEM(%+v): %v", cfg, err)
+	}
+	t.Cleanup(func() { u.Close() })
+	return u
 }
 
 // open creates a socket in the namespace and closes it when the test ends.
@@ -260,6 +308,20 @@ func waitFor(d time.Duration, cond func() bool) bool {
 }
 
 func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
+
+// rxQueued is the number of descriptors on s's RX ring.
+func rxQueued(s *Socket) int {
+	return int(atomic.LoadUint32(s.rx.producer) - atomic.LoadUint32(s.rx.consumer))
+}
+
+// waitRXQueued waits up to 2 s for want descriptors on s's RX ring: the
+// kernel has then put every frame sent there.
+func waitRXQueued(t *testing.T, s *Socket, want int) {
+	t.Helper()
+	if !waitFor(2*time.Second, func() bool { return rxQueued(s) == want }) {
+		t.Fatalf("%d descriptors on the RX ring, want %d", rxQueued(s), want)
+	}
+}
 
 // recvPackets receives from s until it has want whole packets (on a
 // MultiBuffer socket a packet may take several descriptors) and returns

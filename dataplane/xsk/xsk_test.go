@@ -13,8 +13,6 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
-
-	"github.com/lovelock-dpu/lovelock/control/testenv"
 )
 
 var frameSizes = []int{60, 61, 64, 100, 128, 511, 1000, 1514}
@@ -126,15 +124,9 @@ func TestTransmit(t *testing.T) {
 // their own and never the rest.
 func TestTransmitDescsMultiBuffer(t *testing.T) {
 	n := newTestNet(t)
-	xa, xb := testenv.VethPair(t,
-		testenv.VethEnd{NS: n.ns, Name: "xa", MTU: 9000},
-		testenv.VethEnd{NS: n.ns, Name: "xb", MTU: 9000})
+	xa, xb := n.jumboVeth(t, "xa", "xb")
 	m := n.redirectFrags(t, xa)
-	u, err := NewUMEM(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { u.Close() })
+	u := newUMEM(t, nil)
 	// A 2-descriptor TX ring: a 1-descriptor packet and a 2-descriptor one
 	// do not fit together.
 	sg := n.newSocket(t, u, xa, 0, &SocketConfig{MultiBuffer: true, TXSize: 2})
@@ -165,14 +157,7 @@ func TestTransmitDescsMultiBuffer(t *testing.T) {
 	buf := make([]byte, 10000)
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var frames [][]byte
-			for j, size := range tt.sizes {
-				f := testFrame(uint64(100*i+j), size)
-				frames = append(frames, f)
-				if _, err := unix.Write(pk, f); err != nil {
-					t.Fatal(err)
-				}
-			}
+			frames := sendFrames(t, pk, uint64(100*i), tt.sizes)
 			descs := recvPackets(t, sg, len(frames))
 			got := len(descs)
 			// 6000 bytes reach XDP on veth in two buffers (3840 + 2160 on 6.18).
@@ -230,27 +215,14 @@ func TestRecvPacketsLimit(t *testing.T) {
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			a, b := fmt.Sprintf("ra%d", i), fmt.Sprintf("rb%d", i)
-			xa, xb := testenv.VethPair(t,
-				testenv.VethEnd{NS: n.ns, Name: a, MTU: 9000},
-				testenv.VethEnd{NS: n.ns, Name: b, MTU: 9000})
-			s := n.open(t, xa, 0, nil, &SocketConfig{MultiBuffer: tt.multi})
-			setSlot(t, n.redirectFrags(t, xa), s)
-			pk := n.packetSock(t, xb)
+			s, pk := n.fragsSocket(t, fmt.Sprintf("ra%d", i), fmt.Sprintf("rb%d", i),
+				&SocketConfig{MultiBuffer: tt.multi})
 			total := 0 // descriptors: 6000 bytes take two
 			for _, st := range tt.steps {
 				total += st.want
 			}
-			for j, size := range tt.sizes {
-				if _, err := unix.Write(pk, testFrame(uint64(j), size)); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if !waitFor(2*time.Second, func() bool {
-				return atomic.LoadUint32(s.rx.producer)-atomic.LoadUint32(s.rx.consumer) == uint32(total)
-			}) {
-				t.Fatalf("%d descriptors never reached the RX ring", total)
-			}
+			sendFrames(t, pk, 0, tt.sizes)
+			waitRXQueued(t, s, total)
 			descs := make([]Desc, 16)
 			got := 0
 			for _, st := range tt.steps {
@@ -303,27 +275,14 @@ func TestRecvWholePackets(t *testing.T) {
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			a, b := fmt.Sprintf("wa%d", i), fmt.Sprintf("wb%d", i)
-			xa, xb := testenv.VethPair(t,
-				testenv.VethEnd{NS: n.ns, Name: a, MTU: 9000},
-				testenv.VethEnd{NS: n.ns, Name: b, MTU: 9000})
-			s := n.open(t, xa, 0, nil, &SocketConfig{MultiBuffer: true, Mode: ModeCopy, BatchSize: tt.batch})
-			setSlot(t, n.redirectFrags(t, xa), s)
-			pk := n.packetSock(t, xb)
-			var frames [][]byte
-			total := 0
-			for j, size := range tt.sizes {
-				f := testFrame(uint64(j), size)
-				frames = append(frames, f)
+			s, pk := n.fragsSocket(t, fmt.Sprintf("wa%d", i), fmt.Sprintf("wb%d", i),
+				&SocketConfig{MultiBuffer: true, Mode: ModeCopy, BatchSize: tt.batch})
+			frames := sendFrames(t, pk, 0, tt.sizes)
+			total := 0 // descriptors: 3840 bytes a frame in copy mode
+			for _, size := range tt.sizes {
 				total += (size + 3839) / 3840
-				if _, err := unix.Write(pk, f); err != nil {
-					t.Fatal(err)
-				}
 			}
-			onRing := func() int { return int(atomic.LoadUint32(s.rx.producer) - atomic.LoadUint32(s.rx.consumer)) }
-			if !waitFor(2*time.Second, func() bool { return onRing() == total }) {
-				t.Fatalf("%d descriptors on the RX ring, want %d", onRing(), total)
-			}
+			waitRXQueued(t, s, total)
 			var got []Desc
 			var joined [][]byte // the packets taken, their descriptors joined
 			taken := 0
@@ -360,8 +319,8 @@ func TestRecvWholePackets(t *testing.T) {
 					}
 				}
 				taken += m
-				if left := total - taken; onRing() != left {
-					t.Fatalf("step %d: %d descriptors left on the RX ring, want %d", k, onRing(), left)
+				if left := total - taken; rxQueued(s) != left {
+					t.Fatalf("step %d: %d descriptors left on the RX ring, want %d", k, rxQueued(s), left)
 				}
 			}
 			// The descriptors taken join into the frames sent, in order.
@@ -403,21 +362,9 @@ func TestReceiveDescsPacketEnds(t *testing.T) {
 		{"RecvBatch", 0},
 	} {
 		t.Run(fmt.Sprintf("%s, batch %d", tt.how, tt.batch), func(t *testing.T) {
-			a, b := fmt.Sprintf("ea%d", i), fmt.Sprintf("eb%d", i)
-			xa, xb := testenv.VethPair(t,
-				testenv.VethEnd{NS: n.ns, Name: a, MTU: 9000},
-				testenv.VethEnd{NS: n.ns, Name: b, MTU: 9000})
-			s := n.open(t, xa, 0, nil, &SocketConfig{MultiBuffer: true, Mode: ModeCopy, BatchSize: tt.batch})
-			setSlot(t, n.redirectFrags(t, xa), s)
-			pk := n.packetSock(t, xb)
-			var frames [][]byte
-			for j, size := range sizes {
-				f := testFrame(uint64(j), size)
-				frames = append(frames, f)
-				if _, err := unix.Write(pk, f); err != nil {
-					t.Fatal(err)
-				}
-			}
+			s, pk := n.fragsSocket(t, fmt.Sprintf("ea%d", i), fmt.Sprintf("eb%d", i),
+				&SocketConfig{MultiBuffer: true, Mode: ModeCopy, BatchSize: tt.batch})
+			frames := sendFrames(t, pk, 0, sizes)
 			var joined [][]byte
 			var pkt []byte // the packet being joined
 			descs := 0
@@ -483,25 +430,10 @@ func TestRecvRefusedInChain(t *testing.T) {
 	sizes := []int{100, 8000, 200} // 1 + 3 + 1 descriptors
 	for refused := range 3 {       // which descriptor of the 8000-byte frame's chain
 		t.Run(fmt.Sprintf("descriptor %d of 3", refused+1), func(t *testing.T) {
-			a, b := fmt.Sprintf("fa%d", refused), fmt.Sprintf("fb%d", refused)
-			xa, xb := testenv.VethPair(t,
-				testenv.VethEnd{NS: n.ns, Name: a, MTU: 9000},
-				testenv.VethEnd{NS: n.ns, Name: b, MTU: 9000})
-			s := n.open(t, xa, 0, nil, &SocketConfig{MultiBuffer: true, Mode: ModeCopy})
-			setSlot(t, n.redirectFrags(t, xa), s)
-			pk := n.packetSock(t, xb)
-			var frames [][]byte
-			for j, size := range sizes {
-				f := testFrame(uint64(j), size)
-				frames = append(frames, f)
-				if _, err := unix.Write(pk, f); err != nil {
-					t.Fatal(err)
-				}
-			}
-			onRing := func() uint32 { return atomic.LoadUint32(s.rx.producer) - atomic.LoadUint32(s.rx.consumer) }
-			if !waitFor(2*time.Second, func() bool { return onRing() == 5 }) {
-				t.Fatalf("%d descriptors on the RX ring, want 5", onRing())
-			}
+			s, pk := n.fragsSocket(t, fmt.Sprintf("fa%d", refused), fmt.Sprintf("fb%d", refused),
+				&SocketConfig{MultiBuffer: true, Mode: ModeCopy})
+			frames := sendFrames(t, pk, 0, sizes)
+			waitRXQueued(t, s, 5)
 			u := s.UMEM()
 			bad := *s.rx.at(atomic.LoadUint32(s.rx.consumer) + 1 + uint32(refused))
 			if !u.state[bad.Addr>>u.shift].CompareAndSwap(kernelState(frameFill, s.q.id), frameUser) {
@@ -558,21 +490,9 @@ func TestPacketCounters(t *testing.T) {
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			a, b := fmt.Sprintf("ca%d", i), fmt.Sprintf("cb%d", i)
-			xa, xb := testenv.VethPair(t,
-				testenv.VethEnd{NS: n.ns, Name: a, MTU: 9000},
-				testenv.VethEnd{NS: n.ns, Name: b, MTU: 9000})
-			s := n.open(t, xa, 0, nil, &SocketConfig{MultiBuffer: tt.multi, Mode: ModeCopy})
-			setSlot(t, n.redirectFrags(t, xa), s)
-			pk := n.packetSock(t, xb)
-			var frames [][]byte
-			for j, size := range tt.sizes {
-				f := testFrame(uint64(j), size)
-				frames = append(frames, f)
-				if _, err := unix.Write(pk, f); err != nil {
-					t.Fatal(err)
-				}
-			}
+			s, pk := n.fragsSocket(t, fmt.Sprintf("ca%d", i), fmt.Sprintf("cb%d", i),
+				&SocketConfig{MultiBuffer: tt.multi, Mode: ModeCopy})
+			frames := sendFrames(t, pk, 0, tt.sizes)
 			descs := recvPackets(t, s, len(frames))
 			got := len(descs)
 			st, err := s.Stats()
@@ -622,11 +542,7 @@ func TestCloseReturnsUnsentTX(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			n := newTestNet(t)
 			xa, xb := n.veth(t, "xa", "xb", 2)
-			u, err := NewUMEM(&UMEMConfig{FrameCount: 512, FillSize: 128, CompletionSize: 128})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { u.Close() })
+			u := newUMEM(t, &UMEMConfig{FrameCount: 512, FillSize: 128, CompletionSize: 128})
 			a := n.newSocket(t, u, xa, 0, smallRings)
 			b := n.newSocket(t, u, xa, tt.queue, smallRings)
 			setLink := func(up bool) {
@@ -1087,11 +1003,7 @@ func countXSKMaps(maps []mapping) int {
 func TestSharedUMEM(t *testing.T) {
 	n := newTestNet(t)
 	xa, xb := n.veth(t, "xa", "xb", 2)
-	u, err := NewUMEM(&UMEMConfig{FrameCount: 512, FillSize: 128, CompletionSize: 128})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { u.Close() })
+	u := newUMEM(t, &UMEMConfig{FrameCount: 512, FillSize: 128, CompletionSize: 128})
 	a := n.newSocket(t, u, xa, 0, smallRings)
 	b := n.newSocket(t, u, xa, 0, smallRings)
 	c := n.newSocket(t, u, xa, 1, smallRings)

@@ -117,6 +117,43 @@ func TestGSOFill(t *testing.T) {
 	}
 }
 
+// testNets are fresh network namespaces, removed when the test ends.
+type testNets []netns.NsHandle
+
+func newTestNets(t *testing.T, k int) testNets {
+	t.Helper()
+	nets := make(testNets, k)
+	for i := range nets {
+		nets[i] = testenv.NewNetNS(t)
+	}
+	return nets
+}
+
+// vethNets creates two namespaces joined by the veth pair a ⇄ b, a in the
+// first and b in the second (their NS is set here), and returns them and
+// b's index.
+func vethNets(t *testing.T, a, b testenv.VethEnd) (testNets, int) {
+	t.Helper()
+	nets := newTestNets(t, 2)
+	a.NS, b.NS = nets[0], nets[1]
+	_, bIdx := testenv.VethPair(t, a, b)
+	return nets, bIdx
+}
+
+// listen opens a Conn on addr in namespace i and closes it when the test
+// ends.
+func (nets testNets) listen(t *testing.T, i int, addr string, opts Options) *Conn {
+	t.Helper()
+	var c *Conn
+	testenv.InNetNS(t, nets[i], func() error {
+		var err error
+		c, err = Listen(netip.MustParseAddrPort(addr), opts)
+		return err
+	})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
 // recvExact receives want datagrams from c in large buffers.
 func recvExact(t *testing.T, c *Conn, want int) []transport.Packet {
 	t.Helper()
@@ -338,10 +375,9 @@ func TestGSOVeth(t *testing.T) {
 		{"segments over the mtu", 1500, false, 2000},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
-			ns := []netns.NsHandle{testenv.NewNetNS(t), testenv.NewNetNS(t)}
-			_, bIdx := testenv.VethPair(t,
-				testenv.VethEnd{NS: ns[0], Name: "gso0", Addr: "10.97.0.1/24", MTU: mode.mtu},
-				testenv.VethEnd{NS: ns[1], Name: "gso1", Addr: "10.97.0.2/24", MTU: mode.mtu})
+			ns, bIdx := vethNets(t,
+				testenv.VethEnd{Name: "gso0", Addr: "10.97.0.1/24", MTU: mode.mtu},
+				testenv.VethEnd{Name: "gso1", Addr: "10.97.0.2/24", MTU: mode.mtu})
 			if mode.xdp {
 				prog := xdpDropJumbo(t)
 				testenv.InNetNS(t, ns[1], func() error {
@@ -353,20 +389,10 @@ func TestGSOVeth(t *testing.T) {
 					return nil
 				})
 			}
-			listenIn := func(n int, addr string, opts Options) *Conn {
-				var c *Conn
-				testenv.InNetNS(t, ns[n], func() error {
-					var err error
-					c, err = Listen(netip.MustParseAddrPort(addr), opts)
-					return err
-				})
-				t.Cleanup(func() { _ = c.Close() })
-				return c
-			}
 			for _, tc := range gsoCases {
 				t.Run(tc.name, func(t *testing.T) {
-					a := listenIn(0, "10.97.0.1:0", Options{GSO: true})
-					rcv := []*Conn{listenIn(1, "10.97.0.2:0", Options{}), listenIn(1, "10.97.0.2:0", Options{})}
+					a := ns.listen(t, 0, "10.97.0.1:0", Options{GSO: true})
+					rcv := []*Conn{ns.listen(t, 1, "10.97.0.2:0", Options{}), ns.listen(t, 1, "10.97.0.2:0", Options{})}
 					runs := slices.Clone(tc.runs)
 					wantOff := false // a run of segments too large for the path
 					for i := range runs {
@@ -400,20 +426,9 @@ func TestGSOVeth(t *testing.T) {
 // counts the datagrams before the refused run and fails with EINVAL, and GSO
 // stays on for the peer that takes it. Needs root.
 func TestGSOPeerRefused(t *testing.T) {
-	ns := []netns.NsHandle{testenv.NewNetNS(t), testenv.NewNetNS(t)}
-	testenv.VethPair(t,
-		testenv.VethEnd{NS: ns[0], Name: "gsor0", Addr: "10.98.0.1/24"},
-		testenv.VethEnd{NS: ns[1], Name: "gsor1", Addr: "10.98.0.2/24"})
-	listenIn := func(n int, addr string, opts Options) *Conn {
-		var c *Conn
-		testenv.InNetNS(t, ns[n], func() error {
-			var err error
-			c, err = Listen(netip.MustParseAddrPort(addr), opts)
-			return err
-		})
-		t.Cleanup(func() { _ = c.Close() })
-		return c
-	}
+	ns, _ := vethNets(t,
+		testenv.VethEnd{Name: "gsor0", Addr: "10.98.0.1/24"},
+		testenv.VethEnd{Name: "gsor1", Addr: "10.98.0.2/24"})
 	for _, tc := range []struct {
 		name string
 		runs []run // dst 0: the loopback peer, 1: the refused one
@@ -425,9 +440,9 @@ func TestGSOPeerRefused(t *testing.T) {
 		{"refused run after a batch", []run{{0, 70, 100}, {1, 4, 100}}, 70},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a := listenIn(0, "127.0.0.1:0", Options{GSO: true})
-			b := listenIn(0, "127.0.0.1:0", Options{})
-			far := listenIn(1, "10.98.0.2:0", Options{})
+			a := ns.listen(t, 0, "127.0.0.1:0", Options{GSO: true})
+			b := ns.listen(t, 0, "127.0.0.1:0", Options{})
+			far := ns.listen(t, 1, "10.98.0.2:0", Options{})
 			pkts := makePkts([]netip.AddrPort{b.LocalAddr(), far.LocalAddr()}, tc.runs)
 			if n, err := a.Send(pkts); n != tc.good || !errors.Is(err, unix.EINVAL) {
 				t.Fatalf("Send = %d, %v; want %d, %v", n, err, tc.good, unix.EINVAL)

@@ -54,22 +54,12 @@ func linkLocal(t *testing.T, ns netns.NsHandle, name, addr string) {
 // in on), and a reply to that source reaches the sender. A zone that names
 // no interface is ErrAddr. Needs root.
 func TestLinkLocal(t *testing.T) {
-	ns := []netns.NsHandle{testenv.NewNetNS(t), testenv.NewNetNS(t), testenv.NewNetNS(t)}
+	ns := newTestNets(t, 3)
 	var idx [2][2]int // link A or B, sender's end or peer's
 	for l, name := range []string{"lla", "llb"} {
 		idx[l][0], idx[l][1] = testenv.VethPair(t, testenv.VethEnd{NS: ns[0], Name: name + "0"}, testenv.VethEnd{NS: ns[1+l], Name: name + "1"})
 		linkLocal(t, ns[0], name+"0", "fe80::1/64")
 		linkLocal(t, ns[1+l], name+"1", "fe80::2/64")
-	}
-	listenIn := func(n int, addr string, opts Options) *Conn {
-		var c *Conn
-		testenv.InNetNS(t, ns[n], func() error {
-			var err error
-			c, err = Listen(netip.MustParseAddrPort(addr), opts)
-			return err
-		})
-		t.Cleanup(func() { _ = c.Close() })
-		return c
 	}
 	zoned := func(a string, zone int) netip.Addr { return netip.MustParseAddr(a).WithZone(strconv.Itoa(zone)) }
 	runs := []run{{0, 8, 1000}, {0, 1, 10}, {0, 3, 500}}
@@ -94,15 +84,15 @@ func TestLinkLocal(t *testing.T) {
 			if tc.bound {
 				bind = netip.AddrPortFrom(zoned("fe80::1", idx[tc.link][0]), 0).String()
 			}
-			a := listenIn(0, bind, Options{GSO: tc.gso})
-			peer := listenIn(1+tc.link, "[::]:0", Options{})
+			a := ns.listen(t, 0, bind, Options{GSO: tc.gso})
+			peer := ns.listen(t, 1+tc.link, "[::]:0", Options{})
 			dst := netip.AddrPortFrom(zoned("fe80::2", idx[tc.link][0]), peer.LocalAddr().Port())
 			if tc.named {
 				dst = netip.AddrPortFrom(dst.Addr().WithZone([]string{"lla0", "llb0"}[tc.link]), dst.Port())
 			}
 			// The other peer listens on the same port, so that what goes
 			// out of the wrong link reaches it.
-			other := listenIn(2-tc.link, netip.AddrPortFrom(netip.IPv6Unspecified(), dst.Port()).String(), Options{})
+			other := ns.listen(t, 2-tc.link, netip.AddrPortFrom(netip.IPv6Unspecified(), dst.Port()).String(), Options{})
 			pkts := makePkts([]netip.AddrPort{dst}, runs)
 			if n, err := a.Send(pkts); n != len(pkts) || err != nil {
 				t.Fatalf("Send to %v = %d, %v; want %d", dst, n, err, len(pkts))
@@ -195,7 +185,7 @@ func TestLinkLocal(t *testing.T) {
 	})
 
 	t.Run("zone of no interface", func(t *testing.T) {
-		a := listenIn(0, "[::]:0", Options{GSO: true})
+		a := ns.listen(t, 0, "[::]:0", Options{GSO: true})
 		bad := netip.AddrPortFrom(netip.MustParseAddr("fe80::2%nosuch0"), 5000)
 		if n, err := a.Send(makePkts([]netip.AddrPort{bad}, runs)); n != 0 || !errors.Is(err, transport.ErrAddr) {
 			t.Fatalf("Send to %v = %d, %v; want 0, %v", bad, n, err, transport.ErrAddr)
