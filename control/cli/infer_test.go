@@ -63,11 +63,7 @@ func TestInfer(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%v\n%s", err, out)
 			}
-			for _, re := range tc.want {
-				if !regexp.MustCompile(re).MatchString(out) {
-					t.Errorf("output does not match %q:\n%s", re, out)
-				}
-			}
+			matchOutput(t, out, tc.want, nil)
 		})
 	}
 }
@@ -224,16 +220,7 @@ func TestInferLoadCheckOnlyWhatCameBack(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), "requests failed") {
 				t.Errorf("err = %v, want the failures", err)
 			}
-			for _, re := range tc.want {
-				if !regexp.MustCompile(re).MatchString(out) {
-					t.Errorf("output does not match %q:\n%s", re, out)
-				}
-			}
-			for _, re := range tc.notWant {
-				if regexp.MustCompile(re).MatchString(out) {
-					t.Errorf("output matches %q:\n%s", re, out)
-				}
-			}
+			matchOutput(t, out, tc.want, tc.notWant)
 		})
 	}
 }
