@@ -108,35 +108,76 @@ func (b *bench) chunks(ctx context.Context, server string, n int, write bool, ra
 	}
 	defer r.Close()
 	nchunks := int(b.region.Size / chunk)
+	var pace time.Duration
+	if rate > 0 {
+		pace = time.Duration(float64(n*chunk) / rate * float64(time.Second))
+	}
+	var (
+		cpu0, cpu time.Duration
+		st0, st1  farmem.LinkStats
+	)
+	w := measure(n, 200*time.Millisecond, *duration, pace,
+		func(worker int) func() error {
+			rng := rand.New(rand.NewPCG(uint64(worker), 7))
+			buf := make([]byte, chunk)
+			return func() error {
+				off := int64(rng.IntN(nchunks)) * chunk
+				var err error
+				if write {
+					_, err = r.WriteAt(chunkOf[byte(off>>16)], off)
+				} else {
+					_, err = r.ReadAt(buf, off)
+				}
+				return err
+			}
+		},
+		func() { cpu0, st0 = selfCPU(), cl.Stats().Link },
+		func() { cpu, st1 = selfCPU()-cpu0, cl.Stats().Link })
+	p := summarize(w.lats, int64(w.ok)*chunk, w.elapsed, cpu, w.errs)
+	if rc := st1.Receives - st0.Receives; rc > 0 {
+		p.perRecv = float64(st1.RXDatagrams-st0.RXDatagrams) / float64(rc)
+	}
+	return p, nil
+}
+
+// window is what measure counted: the operations that completed inside
+// the measured window, and its length.
+type window struct {
+	lats    []time.Duration
+	ok      int
+	errs    int
+	elapsed time.Duration
+}
+
+// measure runs n workers, each calling its op (newOp(worker) makes it)
+// back to back, or one every pace when pace > 0, for warmup and then a
+// measured window of length. It counts an operation when it completes
+// inside the window: one in flight when the window closes is not counted,
+// as the window's length does not include its end. atStart and atEnd run
+// at the window's edges (CPU and counter readings).
+func measure(n int, warmup, length, pace time.Duration, newOp func(worker int) func() error, atStart, atEnd func()) window {
 	var (
 		mu        sync.Mutex
-		lats      []time.Duration
-		moved     int64
-		errs      int
+		all       window
 		measuring atomic.Bool
 		stop      = make(chan struct{})
 		wg        sync.WaitGroup
 	)
-	for w := range n {
+	for worker := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(w), 7))
-			buf := make([]byte, chunk)
-			var pace time.Duration
-			if rate > 0 {
-				pace = time.Duration(float64(n*chunk) / rate * float64(time.Second))
-			}
-			next := time.Now().Add(time.Duration(w) * pace / time.Duration(n)) // spread the requesters out
-			var mine []time.Duration
-			var bytes int64
-			bad := 0
+			op := newOp(worker)
+			next := time.Now().Add(time.Duration(worker) * pace / time.Duration(n)) // spread the workers out
+			var mine window
+			defer func() {
+				mu.Lock()
+				all.lats, all.ok, all.errs = append(all.lats, mine.lats...), all.ok+mine.ok, all.errs+mine.errs
+				mu.Unlock()
+			}()
 			for {
 				select {
 				case <-stop:
-					mu.Lock()
-					lats, moved, errs = append(lats, mine...), moved+bytes, errs+bad
-					mu.Unlock()
 					return
 				default:
 				}
@@ -148,42 +189,31 @@ func (b *bench) chunks(ctx context.Context, server string, n int, write bool, ra
 					}
 					next = next.Add(pace)
 				}
-				off := int64(rng.IntN(nchunks)) * chunk
 				start := time.Now()
-				var err error
-				if write {
-					_, err = r.WriteAt(chunkOf[byte(off>>16)], off)
-				} else {
-					_, err = r.ReadAt(buf, off)
-				}
+				err := op()
 				if !measuring.Load() {
 					continue
 				}
 				if err != nil {
-					bad++
+					mine.errs++
 					continue
 				}
-				mine = append(mine, time.Since(start))
-				bytes += chunk
+				mine.lats = append(mine.lats, time.Since(start))
+				mine.ok++
 			}
 		}()
 	}
-	time.Sleep(200 * time.Millisecond) // warm-up
-	cpu0 := selfCPU()
-	st0 := cl.Stats().Link
+	time.Sleep(warmup)
+	atStart()
 	start := time.Now()
 	measuring.Store(true)
-	time.Sleep(*duration)
+	time.Sleep(length)
+	measuring.Store(false)
+	all.elapsed = time.Since(start)
+	atEnd()
 	close(stop)
-	elapsed := time.Since(start)
 	wg.Wait()
-	cpu := selfCPU() - cpu0
-	st1 := cl.Stats().Link
-	p := summarize(lats, moved, elapsed, cpu, errs)
-	if rc := st1.Receives - st0.Receives; rc > 0 {
-		p.perRecv = float64(st1.RXDatagrams-st0.RXDatagrams) / float64(rc)
-	}
-	return p, nil
+	return all
 }
 
 func summarize(lats []time.Duration, moved int64, elapsed, cpu time.Duration, errs int) point {

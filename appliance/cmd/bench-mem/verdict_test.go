@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -61,5 +62,41 @@ func TestSummarizePercentiles(t *testing.T) {
 		if p.p50 != tc.p50 || p.p99 != tc.p99 {
 			t.Errorf("%d samples 1..%d: p50 %d, p99 %d; want %d, %d", tc.n, tc.n, p.p50, p.p99, tc.p50, tc.p99)
 		}
+	}
+}
+
+// TestMeasureWindow checks what measure counts: operations that complete
+// inside the window, not one still in flight when it closes (before, a
+// requester's last operation was counted after the window's length had
+// been taken, over-stating MB/s by up to one chunk per requester).
+func TestMeasureWindow(t *testing.T) {
+	errFailed := errors.New("failed")
+	for _, tc := range []struct {
+		name string
+		// op is the operation; ended is closed once the window's end
+		// has been taken.
+		op             func(ended <-chan struct{}) error
+		wantOK, wantEr bool
+	}{
+		{"in flight at the end", func(ended <-chan struct{}) error { <-ended; return nil }, false, false},
+		{"failed in flight at the end", func(ended <-chan struct{}) error { <-ended; return errFailed }, false, false},
+		{"back to back", func(<-chan struct{}) error { time.Sleep(time.Millisecond); return nil }, true, false},
+		{"failing", func(<-chan struct{}) error { time.Sleep(time.Millisecond); return errFailed }, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ended := make(chan struct{})
+			w := measure(4, 0, 50*time.Millisecond, 0,
+				func(int) func() error { return func() error { return tc.op(ended) } },
+				func() {}, func() { close(ended) })
+			if (w.ok > 0) != tc.wantOK || len(w.lats) != w.ok {
+				t.Errorf("%d operations counted, %d latencies; want some: %v", w.ok, len(w.lats), tc.wantOK)
+			}
+			if (w.errs > 0) != tc.wantEr {
+				t.Errorf("%d errors counted; want some: %v", w.errs, tc.wantEr)
+			}
+			if w.elapsed < 50*time.Millisecond {
+				t.Errorf("window of %v, want at least its 50ms length", w.elapsed)
+			}
+		})
 	}
 }

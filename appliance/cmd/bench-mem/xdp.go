@@ -70,7 +70,7 @@ func (b *bench) xdpCompare(ctx context.Context, n int) error {
 	defer func() { b.region, b.maxDatagram = saved, 0 }()
 	fmt.Printf("\nthe DPU agent on AF_XDP (%s mode) vs on kernel UDP, both in this process in dpu0, every party at %d-byte datagrams (%s); %d requesters\n",
 		x.xdpMode, x.max, sizeNote, n)
-	fmt.Println("  op     direct MB/s  kernel UDP agent MB/s  AF_XDP agent MB/s  kernel/direct  AF_XDP/kernel  AF_XDP/direct  p50 µs (direct / kernel / xdp)")
+	fmt.Println("  op     direct MB/s  kernel UDP agent MB/s  AF_XDP agent MB/s  kernel/direct  AF_XDP/kernel  AF_XDP/direct  p50 µs (direct / kernel / xdp)  errors (direct / kernel / xdp)")
 	direct := netip.AddrPortFrom(memIP, memPortXDP).String()
 	for _, write := range []bool{false, true} {
 		d, err := b.chunks(ctx, direct, n, write, 0)
@@ -89,8 +89,8 @@ func (b *bench) xdpCompare(ctx context.Context, n int) error {
 		if write {
 			op = "write"
 		}
-		fmt.Printf("  %-5s  %11.0f  %21.0f  %17.0f  %13.2f  %13.2f  %13.2f  %d / %d / %d\n", op, d.mbps, k.mbps, a.mbps, k.mbps/d.mbps, a.mbps/k.mbps, a.mbps/d.mbps,
-			d.p50.Microseconds(), k.p50.Microseconds(), a.p50.Microseconds())
+		fmt.Printf("  %-5s  %11.0f  %21.0f  %17.0f  %13.2f  %13.2f  %13.2f  %d / %d / %d  %d / %d / %d\n", op, d.mbps, k.mbps, a.mbps, k.mbps/d.mbps, a.mbps/k.mbps, a.mbps/d.mbps,
+			d.p50.Microseconds(), k.p50.Microseconds(), a.p50.Microseconds(), d.errors, k.errors, a.errors)
 	}
 	if st, err := x.steer.Steer.Stats(); err == nil {
 		fmt.Printf("  xsk_miss on dpu0 (AF_XDP-bound datagrams the steering program passed to the stack): %d\n", st[bpf.StatXSKMiss].Packets-x.xskMiss0)

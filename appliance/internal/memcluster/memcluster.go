@@ -184,14 +184,29 @@ func waitRunning(ctx context.Context, d *Daemon) error {
 		if err == nil && len(svcs) == 1 && svcs[0].State == api.ServiceRunning {
 			return nil
 		}
-		if err != nil {
+		switch {
+		case err != nil:
 			last = err.Error()
-		} else if len(svcs) == 1 {
+		case len(svcs) != 1:
+			last = fmt.Sprintf("%d services, want its one: %+v", len(svcs), svcs)
+		default:
 			last = fmt.Sprintf("%s %s %s", svcs[0].Name, svcs[0].State, svcs[0].Error)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return fmt.Errorf("lovelockd on %s: far memory not running: %s (its log: %s)", d.Node, last, strings.TrimSuffix(d.Socket, ".sock")+".log")
+	// The log goes with the cluster's directory when Start fails, so the
+	// error carries its end.
+	return fmt.Errorf("lovelockd on %s: far memory not running after 20s: %s; the end of its log:\n%s", d.Node, last, logTail(strings.TrimSuffix(d.Socket, ".sock")+".log", 20))
+}
+
+// logTail is the last n lines of the file at path, or why it cannot be read.
+func logTail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("(%v)", err)
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // Restart stops d and starts it again with the same config, and waits
