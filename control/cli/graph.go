@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	ucli "github.com/urfave/cli/v2"
@@ -40,24 +41,48 @@ func outFlag() ucli.Flag {
 	return &ucli.StringFlag{Name: "out", Aliases: []string{"w"}, Usage: "the CSR `FILE` to write", Required: true}
 }
 
-// writeCSR writes img to path through a temporary file and a rename, so a
-// reader never sees half a graph.
-func writeCSR(w io.Writer, path string, img []byte) error {
+// writeAtomic writes b to path through a temporary file and a rename, so a
+// reader never sees half a file.
+func writeAtomic(path string, b []byte) error {
 	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, img, 0o644); err != nil {
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
 		return err
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		os.Remove(tmp)
 		return err
 	}
+	return nil
+}
+
+// writeCSR writes img to path (--out) and says what it wrote.
+func writeCSR(w io.Writer, path string, img []byte) error {
+	if err := writeAtomic(path, img); err != nil {
+		return fmt.Errorf("--out %s: %w", path, err)
+	}
 	h, _ := graph.ParseHeader(img)
 	kind := "directed"
 	if h.Flags&graph.FlagSymmetric != 0 {
 		kind = "undirected"
 	}
-	fmt.Fprintf(w, "%s: %d vertices, %d edges stored (%s), %s\n", path, h.N, h.M, kind, farmem.Size(uint64(len(img))))
+	fmt.Fprintf(w, "%s: %d vertices, %d edges stored (%s), %s\n", path, h.N, h.M, kind, byteSize(uint64(len(img))))
 	return nil
+}
+
+// byteSize formats a byte count with its unit: farmem.Size prints a bare
+// number when no binary unit divides it, which read as a count of
+// something else.
+func byteSize(b uint64) string {
+	units := []struct {
+		name string
+		n    uint64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}}
+	for _, u := range units {
+		if b >= u.n {
+			return fmt.Sprintf("%d bytes (%.1f %s)", b, float64(b)/float64(u.n), u.name)
+		}
+	}
+	return fmt.Sprintf("%d bytes", b)
 }
 
 func graphGenCommand() *ucli.Command {
@@ -75,13 +100,16 @@ func graphGenCommand() *ucli.Command {
 		Action: func(c *ucli.Context) error {
 			n, edges, err := graph.RMAT(c.Int("scale"), c.Int("edge-factor"), c.Uint64("seed"))
 			if err != nil {
-				return err
+				return fmt.Errorf("graph gen: --scale %d --edge-factor %d: %w", c.Int("scale"), c.Int("edge-factor"), err)
 			}
 			img, err := graph.Build(n, edges, !c.Bool("directed"))
 			if err != nil {
-				return err
+				return fmt.Errorf("graph gen: %w", err)
 			}
-			return writeCSR(c.App.Writer, c.String("out"), img)
+			if err := writeCSR(c.App.Writer, c.String("out"), img); err != nil {
+				return fmt.Errorf("graph gen: %w", err)
+			}
+			return nil
 		},
 	}
 }
@@ -91,8 +119,13 @@ func graphConvertCommand() *ucli.Command {
 		Name:      "convert",
 		Usage:     "convert a SNAP-style edge list (one 'src dst' pair per line, '#' comments; '-' for stdin) to a CSR file",
 		ArgsUsage: "EDGELIST",
+		Description: "Vertex IDs are kept as vertex numbers (vertex 7 of the list is vertex 7 of the graph) while\n" +
+			"the largest is below twice the number of edges (or 65536); sparser IDs are refused, since the\n" +
+			"gaps would cost memory for vertices without edges. --renumber numbers the vertices 0 to k-1 in\n" +
+			"the order of their IDs instead and writes each one's original ID to FILE.ids.",
 		Flags: []ucli.Flag{
 			&ucli.BoolFlag{Name: "directed", Usage: "keep edges directed; default: store both directions"},
+			&ucli.BoolFlag{Name: "renumber", Usage: "number the vertices 0 to k-1 in the order of their IDs, and write 'vertex original-ID' lines to the --out FILE.ids"},
 			outFlag(),
 		},
 		Action: func(c *ucli.Context) error {
@@ -103,25 +136,58 @@ func graphConvertCommand() *ucli.Command {
 				return err
 			}
 			var r io.Reader = os.Stdin
-			if p := c.Args().First(); p != "-" {
+			p := c.Args().First()
+			if p != "-" {
 				f, err := os.Open(p)
 				if err != nil {
-					return err
+					return fmt.Errorf("graph convert: %w", err)
 				}
 				defer f.Close()
 				r = f
 			}
 			n, edges, err := graph.ReadEdgeList(r)
 			if err != nil {
-				return err
+				return fmt.Errorf("graph convert: %s: %w", p, err)
+			}
+			out := c.String("out")
+			var ids []uint32
+			if c.Bool("renumber") {
+				ids = graph.Renumber(edges)
+				n = uint64(len(ids))
+			} else if err := graph.CheckIDs(n, len(edges)); err != nil {
+				return fmt.Errorf("graph convert: %s: %w; convert it with --renumber (vertices numbered 0 to k-1 in the order of their IDs, the original IDs written to %s.ids)", p, err, out)
 			}
 			img, err := graph.Build(n, edges, !c.Bool("directed"))
 			if err != nil {
-				return err
+				return fmt.Errorf("graph convert: %s: %w", p, err)
 			}
-			return writeCSR(c.App.Writer, c.String("out"), img)
+			if err := writeCSR(c.App.Writer, out, img); err != nil {
+				return fmt.Errorf("graph convert: %w", err)
+			}
+			if ids == nil {
+				return nil
+			}
+			if err := writeAtomic(out+".ids", idMap(ids)); err != nil {
+				return fmt.Errorf("graph convert: --renumber: the map of IDs: %w (%s is written, but its vertices cannot be mapped back: run again)", err, out)
+			}
+			fmt.Fprintf(c.App.Writer, "renumbered: vertex v is the v-th smallest ID of the list (0 to %d for IDs %d to %d); %s.ids gives each one's original ID\n",
+				len(ids)-1, ids[0], ids[len(ids)-1], out)
+			return nil
 		},
 	}
+}
+
+// idMap is the --renumber map: a comment, then "vertex original-ID" per
+// line, as SNAP's edge lists are laid out.
+func idMap(ids []uint32) []byte {
+	b := []byte("# vertex original-ID (lovelock graph convert --renumber)\n")
+	for v, id := range ids {
+		b = strconv.AppendInt(b, int64(v), 10)
+		b = append(b, ' ')
+		b = strconv.AppendUint(b, uint64(id), 10)
+		b = append(b, '\n')
+	}
+	return b
 }
 
 // graphInfo is what graph info reports.
@@ -154,7 +220,7 @@ func graphInfoCommand() *ucli.Command {
 			}
 			g, img, err := loadCSR(c.Args().First())
 			if err != nil {
-				return err
+				return fmt.Errorf("graph info: %w", err)
 			}
 			in := graphInfo{File: c.Args().First(), Vertices: g.N(), Edges: g.M(), Symmetric: g.Symmetric(), Bytes: len(img)}
 			for v := range uint32(g.N()) {
@@ -168,7 +234,7 @@ func graphInfoCommand() *ucli.Command {
 				return writeJSON(c.App.Writer, in)
 			}
 			fmt.Fprintf(c.App.Writer, "%s: %d vertices, %d edges stored, symmetric %t, %s; largest out-degree %d, %d vertices without out-edges\n",
-				in.File, in.Vertices, in.Edges, in.Symmetric, farmem.Size(uint64(in.Bytes)), in.MaxDegree, in.Isolated)
+				in.File, in.Vertices, in.Edges, in.Symmetric, byteSize(uint64(in.Bytes)), in.MaxDegree, in.Isolated)
 			return nil
 		},
 	}
@@ -327,11 +393,11 @@ func graphRun(c *ucli.Context) error {
 	}
 	app, err := graph.ParseApp(c.String("app"))
 	if err != nil {
-		return err
+		return fmt.Errorf("graph run: --app: %w", err)
 	}
 	caching, err := graph.ParseCaching(c.String("cache"), c.String("prefetch"), c.String("dynamic-scope"))
 	if err != nil {
-		return err
+		return fmt.Errorf("graph run: %w", err) // names the flag
 	}
 	if err := graphRunFlagsInRange(c); err != nil {
 		return err
@@ -346,7 +412,10 @@ func graphRun(c *ucli.Context) error {
 	path := c.String("graph")
 	local, img, err := loadCSR(path)
 	if err != nil {
-		return err
+		return fmt.Errorf("graph run: --graph: %w", err)
+	}
+	if src := c.Int64("source"); src != -1 && (src < 0 || src >= int64(local.N())) {
+		return fmt.Errorf("graph run: --source %d: want a vertex of %s, 0 to %d (left out: the vertex with the most edges)", src, path, local.N()-1)
 	}
 	rep := graphRunReport{App: app, File: path, Vertices: local.N(), Edges: local.M(), Bytes: len(img), Caching: caching}
 	ctx := c.Context
@@ -381,16 +450,16 @@ func graphRun(c *ucli.Context) error {
 	case c.String("upload") != "":
 		addr, err := netip.ParseAddrPort(c.String("upload"))
 		if err != nil {
-			return fmt.Errorf("--upload: %w", err)
+			return fmt.Errorf("graph run: --upload: %w", err)
 		}
 		cl, err := farmem.NewClient(farmem.ClientOptions{Server: addr})
 		if err != nil {
-			return err
+			return fmt.Errorf("graph run: --upload %s: %w", addr, err)
 		}
 		defer cl.Close()
 		region, err = graph.Upload(ctx, cl, img)
 		if err != nil {
-			return err
+			return fmt.Errorf("graph run: --upload %s: %w", addr, err)
 		}
 		if !c.Bool("keep") {
 			defer cl.Free(context.Background(), region)
@@ -402,7 +471,7 @@ func graphRun(c *ucli.Context) error {
 		}
 		var info farmem.RegionInfo
 		if err := mem.ServiceCall(ctx, http.MethodPost, memServer, "regions", api.MemCreate{Preload: abs}, &info); err != nil {
-			return fmt.Errorf("preload %s on the memory node: %w", abs, noMemServer(err))
+			return fmt.Errorf("graph run: --mem-socket %s: preload %s on the memory node: %w", c.String("mem-socket"), abs, noMemServer(err))
 		}
 		region = info.ID
 	default:
@@ -417,31 +486,34 @@ func graphRun(c *ucli.Context) error {
 	if v := c.String("buffer"); v != "" {
 		b, err := farmem.ParseSize(v)
 		if err != nil {
-			return fmt.Errorf("--buffer: %w", err)
+			return fmt.Errorf("graph run: --buffer: %w", err)
 		}
 		mo.BufferBytes = int64(b)
 	}
 	if v := c.String("chunk"); v != "" {
 		b, err := farmem.ParseSize(v)
 		if err != nil {
-			return fmt.Errorf("--chunk: %w", err)
+			return fmt.Errorf("graph run: --chunk: %w", err)
 		}
 		mo.ChunkSize = int(b)
 	}
 	mo.ReadAhead = int(c.Int("read-ahead"))
 	if mo.ReadAhead < 0 {
-		return fmt.Errorf("--read-ahead %d: want 0 (off) or a number of chunks", mo.ReadAhead)
+		return fmt.Errorf("graph run: --read-ahead %d: want 0 (off) or a number of chunks", mo.ReadAhead)
 	}
 	// The counters start before the caches are set: loading the static
 	// range is part of the run's fabric bytes, as in SODA.
 	before := readFabric(ctx, mem, dpu)
 	far, m, err := graph.MapRegion(ctx, c.String("host-socket"), uint64(region), mo)
 	if err != nil {
-		return err
+		if given {
+			return fmt.Errorf("graph run: --region %d through --host-socket %s: %w", region, c.String("host-socket"), err)
+		}
+		return fmt.Errorf("graph run: --host-socket %s: %w", c.String("host-socket"), err)
 	}
 	defer m.Close()
 	if _, err := caching.Apply(ctx, m, far); err != nil {
-		return err
+		return fmt.Errorf("graph run: --cache %s --prefetch %s: %w", c.String("cache"), caching.Prefetcher, err)
 	}
 	var hinter *graph.MappingHinter
 	if caching.Hints() {
@@ -458,7 +530,7 @@ func graphRun(c *ucli.Context) error {
 		if v := c.String("hint-ahead"); v != "" {
 			b, err := farmem.ParseSize(v)
 			if err != nil {
-				return fmt.Errorf("--hint-ahead: %w", err)
+				return fmt.Errorf("graph run: --hint-ahead: %w", err)
 			}
 			opts.HintAhead = uint64(b)
 		}
@@ -524,7 +596,7 @@ func graphRun(c *ucli.Context) error {
 }
 
 func printGraphRun(w io.Writer, r graphRunReport) {
-	fmt.Fprintf(w, "%s on %s: %d vertices, %d edges, %s in region %d\n", r.App, r.File, r.Vertices, r.Edges, farmem.Size(uint64(r.Bytes)), r.Region)
+	fmt.Fprintf(w, "%s on %s: %d vertices, %d edges, %s in region %d\n", r.App, r.File, r.Vertices, r.Edges, byteSize(uint64(r.Bytes)), r.Region)
 	ratio := float64(r.FarTime) / float64(max(r.LocalTime, 1))
 	fmt.Fprintf(w, "time: %s over far memory, %s in memory (%.1f×); %d steps (%d dense, %d sparse), %d edges read\n",
 		r.FarTime.Round(time.Microsecond), r.LocalTime.Round(time.Microsecond), ratio, r.Result.Steps, r.Result.DenseSteps, r.Result.SparseSteps, r.Result.EdgesRead)

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -362,5 +363,135 @@ func TestGraphCacheDeltaRestart(t *testing.T) {
 	}
 	if d, note := regionCacheDelta(st(10), st(500), 7, fmap.Stats{}, true); d == nil || d.Hits != 490 || note != "" {
 		t.Errorf("counters went on: delta %+v, note %q; want 490 hits", d, note)
+	}
+}
+
+// TestGraphSizeHasUnit: gen, convert and info print the file's size with a
+// unit. Before, a size no binary unit divides printed as a bare number
+// ("…(undirected), 1544"), which read as a count of something.
+func TestGraphSizeHasUnit(t *testing.T) {
+	dir := t.TempDir()
+	g := filepath.Join(dir, "g.csr")
+	el := filepath.Join(dir, "path.txt")
+	if err := os.WriteFile(el, []byte("0 1\n1 2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	withUnit := regexp.MustCompile(`\d+ bytes( \(\d+\.\d [KMG]iB\))?`)
+	for _, args := range [][]string{
+		{"gen", "--scale", "4", "-w", g},
+		{"gen", "--scale", "9", "-w", g},
+		{"convert", "-w", g, el},
+		{"info", g},
+	} {
+		out, err := runGraph(t, args...)
+		if err != nil || !withUnit.MatchString(out) {
+			t.Errorf("graph %v: %v; want the size in bytes with a unit:\n%s", args, err, out)
+		}
+	}
+	for _, tc := range []struct {
+		b    uint64
+		want string
+	}{
+		{0, "0 bytes"},
+		{1000, "1000 bytes"},
+		{1544, "1544 bytes (1.5 KiB)"},
+		{32 << 20, "33554432 bytes (32.0 MiB)"},
+		{3<<30 + 1, "3221225473 bytes (3.0 GiB)"},
+	} {
+		if got := byteSize(tc.b); got != tc.want {
+			t.Errorf("byteSize(%d) = %q, want %q", tc.b, got, tc.want)
+		}
+	}
+}
+
+// TestGraphConvertSparseIDs: convert keeps IDs that the edges bound, and
+// refuses sparser ones, naming --renumber, before it allocates anything for
+// them; --renumber numbers the vertices densely and writes the map back to
+// the original IDs. Before, one ID near 2^32 made convert allocate about
+// 32 bytes for every vertex up to it, over 100 GiB.
+func TestGraphConvertSparseIDs(t *testing.T) {
+	dir := t.TempDir()
+	el := filepath.Join(dir, "sparse.txt")
+	if err := os.WriteFile(el, []byte("# a path with a typo\n10 4294967294\n4294967294 30\n30 10\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g := filepath.Join(dir, "g.csr")
+	out, err := runGraph(t, "convert", "-w", g, el)
+	if err == nil || !strings.Contains(err.Error(), "--renumber") || !strings.Contains(err.Error(), "4294967294") {
+		t.Fatalf("convert of IDs up to 4294967294 from 3 edges: %v, want a refusal naming --renumber and the ID\n%s", err, out)
+	}
+	if _, err := os.Stat(g); err == nil {
+		t.Errorf("the refused convert wrote %s", g)
+	}
+
+	out, err = runGraph(t, "convert", "--renumber", "-w", g, el)
+	if err != nil || !strings.Contains(out, "3 vertices, 6 edges stored (undirected)") || !strings.Contains(out, g+".ids") {
+		t.Fatalf("convert --renumber: %v\n%s", err, out)
+	}
+	ids, err := os.ReadFile(g + ".ids")
+	if want := "# vertex original-ID (lovelock graph convert --renumber)\n0 10\n1 30\n2 4294967294\n"; err != nil || string(ids) != want {
+		t.Errorf("the map: %q (%v), want %q", ids, err, want)
+	}
+	out, err = runGraph(t, "run", "--local", "--app", "bfs", "--source", "0", "--graph", g)
+	if err != nil || !strings.Contains(out, "reached 3 of 3 vertices") {
+		t.Errorf("run over the renumbered graph: %v\n%s", err, out)
+	}
+
+	// IDs with gaps that the edges bound are kept: vertex 5 stays 5.
+	dense := filepath.Join(dir, "gaps.txt")
+	if err := os.WriteFile(dense, []byte("0 5\n5 2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runGraph(t, "convert", "-w", g, dense); err != nil || !strings.Contains(out, "6 vertices") {
+		t.Errorf("convert of IDs with a few gaps: %v\n%s", err, out)
+	}
+}
+
+// TestGraphErrorsNameTheFlag: a refused convert or run names the flag (or
+// the file) to change. Before, "unknown app", "cache mode", the CSR's own
+// complaints, a BFS source past the graph, a socket that did not answer
+// and a file that could not be written said nothing of which flag.
+func TestGraphErrorsNameTheFlag(t *testing.T) {
+	dir := t.TempDir()
+	g := filepath.Join(dir, "g.csr")
+	if out, err := runGraph(t, "gen", "--scale", "4", "-w", g); err != nil {
+		t.Fatalf("gen: %v\n%s", err, out)
+	}
+	el := filepath.Join(dir, "path.txt")
+	if err := os.WriteFile(el, []byte("0 1\nx 2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	gone := filepath.Join(dir, "gone", "sock")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"gen", "--scale", "40", "-w", g}, "graph gen: --scale 40"},
+		{[]string{"gen", "--scale", "4", "-w", filepath.Join(dir, "none", "g.csr")}, "graph gen: --out "},
+		{[]string{"convert", "-w", filepath.Join(dir, "none", "g.csr"), el}, "graph convert: " + el + ": graph: edge list line 2"},
+		{[]string{"run", "--local", "--app", "sssp", "--graph", g}, "graph run: --app: "},
+		{[]string{"run", "--local", "--app", "bfs", "--graph", g, "--cache", "fast"}, `graph run: graph: --cache: cache mode "fast"`},
+		{[]string{"run", "--local", "--app", "bfs", "--graph", g, "--cache", "dynamic", "--prefetch", "next"}, "--prefetch: "},
+		{[]string{"run", "--local", "--app", "bfs", "--graph", g, "--cache", "dynamic", "--dynamic-scope", "all"}, "--dynamic-scope: "},
+		{[]string{"run", "--local", "--app", "bfs", "--graph", el}, "graph run: --graph: " + el},
+		{[]string{"run", "--local", "--app", "bfs", "--graph", filepath.Join(dir, "none.csr")}, "graph run: --graph: "},
+		{[]string{"run", "--local", "--app", "bfs", "--graph", g, "--source", "16"}, "graph run: --source 16: want a vertex of"},
+		{[]string{"run", "--app", "bfs", "--graph", g, "--region", "3", "--host-socket", gone}, "graph run: --region 3 through --host-socket " + gone},
+		{[]string{"run", "--app", "bfs", "--graph", g, "--mem-socket", gone}, "graph run: --mem-socket " + gone},
+		{[]string{"run", "--app", "bfs", "--graph", g, "--region", "3", "--buffer", "lots"}, "graph run: --buffer: "},
+	} {
+		out, err := runGraph(t, tc.args...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("graph %v: %v, want an error with %q\n%s", tc.args, err, tc.want, out)
+		}
+	}
+	// The file that could not be written is named with its flag.
+	ok := filepath.Join(dir, "ok.txt")
+	if err := os.WriteFile(ok, []byte("0 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bad := filepath.Join(dir, "none", "g.csr")
+	if _, err := runGraph(t, "convert", "-w", bad, ok); err == nil || !strings.Contains(err.Error(), "graph convert: --out "+bad) {
+		t.Errorf("convert to %s: %v, want an error naming --out", bad, err)
 	}
 }

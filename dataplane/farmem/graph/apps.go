@@ -370,13 +370,19 @@ func RunBC(ctx context.Context, e *Engine, sources []uint32) ([]float64, error) 
 	n := e.g.n
 	bc := make([]float64, n)
 	depth := make([]int32, n)
+	// Path counts can double per level (a chain of diamonds passes
+	// float64's range after about 1000 levels), so v's count is kept as
+	// sigma[v]·2^sexp[v] with sigma[v] in [0.5, 1). Scaling by powers of
+	// two is exact, so where plain float64 counts would stay finite this
+	// gives the same bits; where they would overflow it stays finite.
 	sigma := make([]float64, n)
+	sexp := make([]int, n)
 	delta := make([]float64, n)
 	for _, src := range sources {
 		for i := range depth {
-			depth[i], sigma[i], delta[i] = -1, 0, 0
+			depth[i], sigma[i], sexp[i], delta[i] = -1, 0, 0, 0
 		}
-		depth[src], sigma[src] = 0, 1
+		depth[src], sigma[src], sexp[src] = 0, 0.5, 1 // one path
 		levels := [][]uint32{{src}}
 		frontier := e.Single(src)
 		for round := int32(1); ; round++ {
@@ -398,14 +404,23 @@ func RunBC(ctx context.Context, e *Engine, sources []uint32) ([]float64, error) 
 			// in-edges from the level before.
 			e.vertexMapEdges(frontier, e.g.in, e.g.inAt, func(v uint32) {
 				a, b := e.span(e.g.in, v)
-				sum := 0.0
+				// sum·2^at, rescaled to the largest exponent so far.
+				sum, at := 0.0, 0
 				for i := a; i < b; i++ {
 					u := e.g.in.neighbor(i)
 					if uint64(u) < n && depth[u] == round-1 {
-						sum += sigma[u]
+						switch f, x := sigma[u], sexp[u]; {
+						case sum == 0:
+							sum, at = f, x
+						case x > at:
+							sum, at = math.Ldexp(sum, at-x)+f, x
+						default:
+							sum += math.Ldexp(f, x-at)
+						}
 					}
 				}
-				sigma[v] = sum
+				f, x := math.Frexp(sum)
+				sigma[v], sexp[v] = f, at+x
 			})
 			levels = append(levels, frontier.IDs())
 		}
@@ -417,7 +432,8 @@ func RunBC(ctx context.Context, e *Engine, sources []uint32) ([]float64, error) 
 				for i := a; i < b; i++ {
 					w := e.g.out.neighbor(i)
 					if uint64(w) < n && depth[w] == next {
-						sum += sigma[v] / sigma[w] * (1 + delta[w])
+						// A ratio of counts, ≤ 1 since w's paths include v's.
+						sum += math.Ldexp(sigma[v]/sigma[w], sexp[v]-sexp[w]) * (1 + delta[w])
 					}
 				}
 				delta[v] = sum

@@ -130,10 +130,61 @@ func RMAT(scale, edgeFactor int, seed uint64) (uint64, []Edge, error) {
 	return n, edges, nil
 }
 
+// ErrSparseIDs is returned by CheckIDs: an edge list's largest vertex ID is
+// too large for its number of edges to be kept as a vertex number.
+var ErrSparseIDs = errors.New("graph: vertex IDs too sparse to keep")
+
+// MinKeptVertices is the number of vertices an edge list may span with its
+// IDs kept whatever its length (2 MiB of offsets), so that small
+// hand-written lists with gaps convert as they are.
+const MinKeptVertices = 1 << 16
+
+// CheckIDs refuses to keep an edge list's IDs as vertex numbers when the
+// n = largest ID + 1 vertices they span exceed 2 × edges (as many as the
+// edges name at most) and MinKeptVertices. A CSR file's vertex arrays
+// cost about 32 bytes a vertex, so without the bound one ID near 2^32 (a
+// typo, or IDs that are hashes) would make Build allocate over 100 GiB;
+// with it, they cost at most about as much as the edges. Renumber such a
+// list instead.
+func CheckIDs(n uint64, edges int) error {
+	if n <= max(2*uint64(edges), MinKeptVertices) {
+		return nil
+	}
+	cost := fmt.Sprintf("%d MiB", 32*n>>20)
+	if 32*n >= 1<<30 {
+		cost = fmt.Sprintf("%d GiB", 32*n>>30)
+	}
+	return fmt.Errorf("%w: the largest vertex ID is %d, but %d edges name at most %d vertices: kept as they are, the IDs would make %d vertices (about %s for their arrays), most of them gaps",
+		ErrSparseIDs, n-1, edges, 2*uint64(edges), n, cost)
+}
+
+// Renumber replaces the vertex IDs in edges, in place, by 0 … k−1 in
+// increasing order of the original IDs (so IDs that are already 0 … k−1
+// stay), and returns ids, where ids[v] is vertex v's original ID; k is
+// len(ids). Its memory is bounded by the edges' (a sorted copy of their
+// IDs), never by an ID's value.
+func Renumber(edges []Edge) []uint32 {
+	ids := make([]uint32, 0, 2*len(edges))
+	for _, e := range edges {
+		ids = append(ids, e.Src, e.Dst)
+	}
+	slices.Sort(ids)
+	ids = slices.Clip(slices.Compact(ids))
+	at := func(id uint32) uint32 {
+		i, _ := slices.BinarySearch(ids, id)
+		return uint32(i)
+	}
+	for i, e := range edges {
+		edges[i] = Edge{at(e.Src), at(e.Dst)}
+	}
+	return ids
+}
+
 // ReadEdgeList parses a SNAP-style edge list: one edge per line, source and
 // destination as decimal vertex IDs separated by white space; lines that
 // are empty or start with '#' or '%' are comments; further fields on a line
-// (weights, timestamps) are ignored. n is the largest ID plus one.
+// (weights, timestamps) are ignored. n is the largest ID plus one: check it
+// with CheckIDs, or Renumber, before Build allocates for n vertices.
 func ReadEdgeList(r io.Reader) (uint64, []Edge, error) {
 	const maxLine = 1 << 20
 	sc := bufio.NewScanner(r)

@@ -161,7 +161,8 @@ func (h Header) put(b []byte) {
 }
 
 // Open reads the header of the CSR file image b and returns the graph over
-// it. It checks the sizes and the first and last offsets, not every
+// it. It checks that b is exactly as long as the header says (no bytes
+// missing, none trailing) and the first and last offsets, not every
 // offset and neighbour (that reads the whole file: Validate does it); the
 // algorithms check bounds as they read, so a corrupt file gives an error,
 // not a crash.
@@ -171,8 +172,16 @@ func Open(b []byte) (*Graph, error) {
 		return nil, err
 	}
 	sym := h.Flags&FlagSymmetric != 0
-	if want := FileSize(h.N, h.M, sym); uint64(len(b)) < want {
-		return nil, fmt.Errorf("%w: %d bytes, want %d for %d vertices and %d edges", ErrFormat, len(b), want, h.N, h.M)
+	// The length must match exactly: bytes past the arrays are no part of
+	// any graph, so the file was cut short or grew (corrupt, or two files
+	// run together), and its header cannot be trusted either.
+	switch want := FileSize(h.N, h.M, sym); {
+	case uint64(len(b)) < want:
+		return nil, fmt.Errorf("%w: %d bytes, want %d for %d vertices and %d edges: the file is truncated; write it again (lovelock graph gen or convert)",
+			ErrFormat, len(b), want, h.N, h.M)
+	case uint64(len(b)) > want:
+		return nil, fmt.Errorf("%w: %d bytes, %d more than the %d of %d vertices and %d edges: trailing bytes after the arrays, so the file is corrupt; write it again (lovelock graph gen or convert)",
+			ErrFormat, len(b), uint64(len(b))-want, want, h.N, h.M)
 	}
 	g := &Graph{n: h.N, m: h.M, flags: h.Flags, image: b}
 	section := func(at uint64) adj {

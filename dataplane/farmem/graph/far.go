@@ -88,7 +88,7 @@ func ParseCaching(cache, prefetch, scope string) (Caching, error) {
 		}
 		c.WholeRegion = true
 	default:
-		return Caching{}, fmt.Errorf("graph: dynamic cache scope %q: want edges or region", scope)
+		return Caching{}, fmt.Errorf("graph: --dynamic-scope: dynamic cache scope %q: want edges or region", scope)
 	}
 	return c, nil
 }
@@ -97,7 +97,7 @@ func parseCaching(cache, prefetch string) (Caching, error) {
 	switch prefetch {
 	case "", "adjacent", "stride", "hints", "off":
 	default:
-		return Caching{}, fmt.Errorf("graph: prefetcher %q: want adjacent, stride, hints or off", prefetch)
+		return Caching{}, fmt.Errorf("graph: --prefetch: prefetcher %q: want adjacent, stride, hints or off", prefetch)
 	}
 	switch cache {
 	case "off", "":
@@ -119,7 +119,7 @@ func parseCaching(cache, prefetch string) (Caching, error) {
 		}
 		return Caching{Prefetcher: prefetch}, nil
 	}
-	return Caching{}, fmt.Errorf("graph: cache mode %q: want off, static or dynamic", cache)
+	return Caching{}, fmt.Errorf("graph: --cache: cache mode %q: want off, static or dynamic", cache)
 }
 
 // Hints reports whether the engine should send hints (MappingHinter).

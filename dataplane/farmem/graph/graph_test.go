@@ -402,7 +402,9 @@ func TestRMATDeterministic(t *testing.T) {
 	}
 }
 
-// TestParseCaching reads lovelock graph run's three cache flags.
+// TestParseCaching reads lovelock graph run's three cache flags; a value
+// out of its set is refused naming its flag (before, "cache mode" and
+// "prefetcher" did not say which flag to change).
 func TestParseCaching(t *testing.T) {
 	for _, tc := range []struct {
 		cache, prefetch, scope string
@@ -417,11 +419,11 @@ func TestParseCaching(t *testing.T) {
 		{"static", "hints", "region", Caching{Static: true, Prefetcher: "hints", WholeRegion: true}, ""},
 		{"static", "", "region", Caching{}, "needs the dynamic cache"},
 		{"off", "", "region", Caching{}, "needs the dynamic cache"},
-		{"dynamic", "", "vertices", Caching{}, `scope "vertices"`},
+		{"dynamic", "", "vertices", Caching{}, `--dynamic-scope: dynamic cache scope "vertices"`},
 		{"dynamic", "off", "", Caching{}, "would cache nothing"},
 		{"off", "stride", "", Caching{}, "needs the dynamic cache"},
-		{"lru", "", "", Caching{}, `cache mode "lru"`},
-		{"dynamic", "leap", "", Caching{}, `prefetcher "leap"`},
+		{"lru", "", "", Caching{}, `--cache: cache mode "lru"`},
+		{"dynamic", "leap", "", Caching{}, `--prefetch: prefetcher "leap"`},
 	} {
 		got, err := ParseCaching(tc.cache, tc.prefetch, tc.scope)
 		switch {

@@ -39,7 +39,10 @@ type MappingHinter struct {
 	chunk int64
 	queue chan []fmap.Extent
 	done  chan struct{}
-	once  sync.Once
+	// closeMu orders Hint's send against Close's close of the queue:
+	// Hint sends under the read lock, only while closed is false.
+	closeMu sync.RWMutex
+	closed  bool
 
 	batches, extents, bytes, started, dropped, errors atomic.Uint64
 	mu                                                sync.Mutex
@@ -55,8 +58,16 @@ func NewMappingHinter(ctx context.Context, adv Advisor, chunk int64) *MappingHin
 	return h
 }
 
-// Hint implements Hinter.
+// Hint implements Hinter. After Close it is a no-op (the hint is counted
+// as dropped): hints are advice, and an engine still running when its
+// hinter closed must not crash on a closed queue.
 func (h *MappingHinter) Hint(r []fmap.Extent) {
+	h.closeMu.RLock()
+	defer h.closeMu.RUnlock()
+	if h.closed {
+		h.dropped.Add(1)
+		return
+	}
 	select {
 	case h.queue <- r:
 	default:
@@ -148,9 +159,15 @@ func mergeChunks(es []fmap.Extent, chunk int64) []fmap.Extent {
 }
 
 // Close stops the hinter once the hints queued so far are sent, and
-// returns its counters.
+// returns its counters. Hints after Close are dropped; Close may be called
+// more than once.
 func (h *MappingHinter) Close() HintStats {
-	h.once.Do(func() { close(h.queue) })
+	h.closeMu.Lock()
+	if !h.closed {
+		h.closed = true
+		close(h.queue)
+	}
+	h.closeMu.Unlock()
 	<-h.done
 	return h.Stats()
 }

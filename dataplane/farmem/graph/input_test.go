@@ -1,6 +1,8 @@
 package graph
 
 import (
+	"errors"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -46,5 +48,60 @@ func TestReadEdgeListNamesTheLine(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%.40q…: %v, want an error naming %q", tc.in, err, tc.want)
 		}
+	}
+}
+
+// TestCheckIDs: an edge list's IDs are kept as vertex numbers only while
+// the vertices they span are bounded by its edges (or are few). Before,
+// nothing was checked and one ID near 2^32 made Build allocate about 32
+// bytes for every vertex up to it, over 100 GiB.
+func TestCheckIDs(t *testing.T) {
+	for _, tc := range []struct {
+		n     uint64
+		edges int
+		ok    bool
+	}{
+		{4, 3, true},
+		{MinKeptVertices, 1, true},       // few vertices, whatever the edges
+		{MinKeptVertices + 1, 1, false},  // more, from one edge
+		{1 << 21, 1 << 20, true},         // as many as the edges can name
+		{1<<21 + 1, 1 << 20, false},      // more than that
+		{MaxVertices, 69_000_000, false}, // LiveJournal's edges, an ID near 2^32
+	} {
+		err := CheckIDs(tc.n, tc.edges)
+		if tc.ok != (err == nil) || err != nil && !errors.Is(err, ErrSparseIDs) {
+			t.Errorf("CheckIDs(%d vertices, %d edges): %v; want ok %t", tc.n, tc.edges, err, tc.ok)
+		}
+	}
+}
+
+// TestRenumber: IDs become 0 … k−1 in their order, the map gives each
+// vertex's original ID back, and a list whose IDs are already dense is left
+// as it was.
+func TestRenumber(t *testing.T) {
+	n, edges, err := ReadEdgeList(strings.NewReader("7 4294967294\n42 7\n4294967294 42\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckIDs(n, len(edges)); !errors.Is(err, ErrSparseIDs) {
+		t.Fatalf("IDs up to 4294967294 from 3 edges: %v, want ErrSparseIDs", err)
+	}
+	orig := slices.Clone(edges)
+	ids := Renumber(edges)
+	if !slices.Equal(ids, []uint32{7, 42, 4294967294}) || !slices.Equal(edges, pairs(0, 2, 1, 0, 2, 1)) {
+		t.Fatalf("renumbered to %v with map %v", edges, ids)
+	}
+	for i, e := range edges {
+		if ids[e.Src] != orig[i].Src || ids[e.Dst] != orig[i].Dst {
+			t.Errorf("edge %d: %v maps back to %d-%d, want %v", i, e, ids[e.Src], ids[e.Dst], orig[i])
+		}
+	}
+	if _, err := Build(uint64(len(ids)), edges, true); err != nil {
+		t.Errorf("Build of the renumbered list: %v", err)
+	}
+
+	dense := pairs(0, 1, 1, 2, 3, 0)
+	if ids := Renumber(slices.Clone(dense)); !slices.Equal(ids, []uint32{0, 1, 2, 3}) {
+		t.Errorf("dense IDs: map %v, want the identity", ids)
 	}
 }
