@@ -46,7 +46,7 @@ func TestTestbedHelp(t *testing.T) {
 	}{
 		{[]string{"testbed", "--help"}, []string{"up", "down", "status", "exec", "pf0hpf", "p0", "fabric", "br0", "mem0", "client", "gpu0", "--prefix", "ll-host0", "10.77.0.0/24"}},
 		{[]string{"testbed", "up", "--help"}, []string{"safe to repeat", "--prefix", "bpffs"}},
-		{[]string{"testbed", "down", "--help"}, []string{"<prefix>*", "crash", "--prefix"}},
+		{[]string{"testbed", "down", "--help"}, []string{"<prefix><node>", "(ll-x- beside ll-)", "crash", "--prefix"}},
 		{[]string{"testbed", "status", "--help"}, []string{"--output", "table or json", "--prefix"}},
 		{[]string{"testbed", "exec", "--help"}, []string{"NODE -- COMMAND", "ip netns exec", "bpffs", "host0, host1, gpu0, dpu0, dpu1, dpu2, mem0, client, fabric"}},
 	} {
