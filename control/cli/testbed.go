@@ -144,6 +144,12 @@ func testbedSpec(c *ucli.Context) testbed.Spec {
 func testbedUp(c *ucli.Context) error {
 	spec := testbedSpec(c)
 	if err := testbed.Up(c.Context, spec); err != nil {
+		// Up stops at the first failure and leaves what it built: say
+		// how to remove it, with the prefix the user gave.
+		if st, serr := testbed.Status(spec); serr == nil && nodesPresent(st) > 0 {
+			return fmt.Errorf("%w; testbed %s is half-built (%d of %d nodes): run 'lovelock testbed%s down' to remove it, or 'up' again once the cause is fixed",
+				err, spec.Prefix, nodesPresent(st), len(st.Nodes), testbedPrefixArg(spec.Prefix))
+		}
 		return err
 	}
 	host1, _ := spec.NodeAddr("host1")
@@ -198,17 +204,21 @@ func statusErr(st testbed.Report) error {
 	if st.Complete {
 		return nil
 	}
-	present := 0
-	for _, n := range st.Nodes {
-		if n.Present {
-			present++
-		}
-	}
-	if present == 0 {
+	if nodesPresent(st) == 0 {
 		return fmt.Errorf("testbed %s is absent: %w (run 'lovelock testbed%s up')", st.Prefix, ErrTestbedNotUp, testbedPrefixArg(st.Prefix))
 	}
 	return fmt.Errorf("testbed %s is incomplete, %d problems: %w (run 'lovelock testbed%s up' to repair it)",
 		st.Prefix, len(st.Problems), ErrTestbedNotUp, testbedPrefixArg(st.Prefix))
+}
+
+func nodesPresent(st testbed.Report) int {
+	n := 0
+	for _, node := range st.Nodes {
+		if node.Present {
+			n++
+		}
+	}
+	return n
 }
 
 // writeTestbedTable prints one row per interface (loopback left out), grouped

@@ -182,6 +182,39 @@ func TestTestbedCommands(t *testing.T) {
 	}
 }
 
+// TestTestbedUpHalfBuilt: when up fails partway, its error says how to
+// remove what it built, with the prefix given; before, it named only the
+// failure. A non-empty directory where mem0's namespace belongs stops up
+// after host0 to dpu2 exist.
+func TestTestbedUpHalfBuilt(t *testing.T) {
+	testenv.RequirePriv(t)
+	prefix := fmt.Sprintf("lltc%dh-", os.Getpid())
+	spec := testbed.DefaultSpec()
+	spec.Prefix = prefix
+	block := testbed.NetnsDir + "/" + spec.Namespace("mem0")
+	t.Cleanup(func() {
+		if err := os.RemoveAll(block); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+		if err := testbed.Down(context.Background(), spec); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	if err := os.MkdirAll(block+"/in-the-way", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, err := runTestbedCLI(t, "testbed", "up", "--prefix", prefix)
+	want := "testbed " + prefix + " is half-built (6 of 9 nodes): run 'lovelock testbed --prefix " + prefix + " down' to remove it"
+	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "node mem0") {
+		t.Fatalf("up error = %v; want the mem0 failure and %q", err, want)
+	}
+
+	// Nothing built (an invalid prefix): the failure alone.
+	if _, err := runTestbedCLI(t, "testbed", "up", "--prefix", "../x"); err == nil || strings.Contains(err.Error(), "half-built") {
+		t.Errorf("up with an invalid prefix: %v; want an error without the half-built advice", err)
+	}
+}
+
 // TestTestbedExecHelper is not a test on its own: TestTestbedCommands runs
 // the test binary with LOVELOCK_TESTBED_EXEC_HELPER=<prefix>, and then this
 // function becomes `lovelock testbed exec host0 -- sh -c ...`, which replaces
