@@ -50,6 +50,30 @@ services_up() {
 	done
 }
 
+# wait_until NODE WHAT COMMAND [ARG...] retries COMMAND for up to 10 s until it
+# succeeds; if it never does, it fails the demo, saying what it waited for,
+# with NODE's log.
+wait_until() {
+	local node=$1 what=$2
+	shift 2
+	for _ in $(seq 100); do
+		"$@" >/dev/null 2>&1 && return 0
+		sleep 0.1
+	done
+	echo "timed out after 10 s waiting for $what; $node's log:"
+	cat "$RUN/$node.log"
+	exit 1
+}
+
+# output_has PATTERN COMMAND [ARG...] succeeds when COMMAND succeeds and its
+# output contains PATTERN (no grep -q in a pipe: with pipefail, the
+# command's SIGPIPE would fail a match).
+output_has() {
+	local pattern=$1 out
+	shift
+	out=$("$@") && [[ $out == *"$pattern"* ]]
+}
+
 cleanup() {
 	local rc=$?
 	# Last started first, each waited for: the Python worker goes before
@@ -122,10 +146,7 @@ done
 
 for dpu in dpu0 dpu1; do
 	# The agents start beside the API; wait until messaging runs on its AF_XDP sockets.
-	for _ in $(seq 100); do
-		"$lovelock" --socket "$RUN/$dpu.sock" msg stats >/dev/null 2>&1 && break
-		sleep 0.1
-	done
+	wait_until "$dpu" "messaging on $dpu ('lovelock msg stats')" "$lovelock" --socket "$RUN/$dpu.sock" msg stats
 done
 
 say "apply the example rule set to dpu0 (appliance/examples/rules.yaml), beside lovelockd's own messaging rules"
@@ -213,10 +234,8 @@ start_node dpu2 --xdp p0
 start_node gpu0
 services_up dpu2 gpu0
 # The host registers its slot buffers with the DPU (heartbeat, handle socket).
-for _ in $(seq 100); do
-	"$lovelock" --socket "$RUN/gpu0.sock" ingest stats | grep -q ', registered' && break
-	sleep 0.1
-done
+wait_until gpu0 "gpu0 to register its GPU slots with dpu2 ('lovelock ingest stats' saying registered)" \
+	output_has ', registered' "$lovelock" --socket "$RUN/gpu0.sock" ingest stats
 "$lovelock" --socket "$RUN/gpu0.sock" ingest gpus
 "$lovelock" --socket "$RUN/dpu2.sock" ingest models
 infer() { "$lovelock" testbed exec --prefix "$PREFIX" client -- "$lovelock" infer --dpu 10.77.0.12:61440 "$@"; }
@@ -234,10 +253,8 @@ for req in lovelock_ingest.serve("affine", socket=sys.argv[1]):
     req.reply(2 * x + 1)                  # the user model, unchanged
 ' "$RUN/ingest-workers.sock" &
 pids+=($!)
-for _ in $(seq 100); do
-	"$lovelock" --socket "$RUN/gpu0.sock" ingest stats | grep -q 'workers attached: affine 1' && break
-	sleep 0.1
-done
+wait_until gpu0 "the Python worker of affine to attach to gpu0 ('workers attached: affine 1')" \
+	output_has 'workers attached: affine 1' "$lovelock" --socket "$RUN/gpu0.sock" ingest stats
 /usr/bin/python3 -c 'import numpy as np, sys; np.arange(64*64, dtype=np.float32).tofile(sys.argv[1])' "$RUN/affine.in"
 infer --tenant 1 --model affine --input "$RUN/affine.in" -o json >"$RUN/affine.json"
 /usr/bin/python3 -c '

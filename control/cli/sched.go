@@ -222,7 +222,7 @@ func schedSimulateCommand() *ucli.Command {
 				}
 			}
 			if asJSON {
-				return writeJSON(c.App.Writer, map[string]any{"trace": st, "fleet": fleet, "results": results})
+				return writeJSON(c.App.Writer, simulateOutput(st, fleet, results))
 			}
 			w := c.App.Writer
 			total := 0
@@ -256,6 +256,75 @@ func schedSimulateCommand() *ucli.Command {
 			return nil
 		},
 	}
+}
+
+// simulateJSON is `sched simulate -o json`: snake_case names with units
+// as suffixes, like the CLI's other JSON outputs (sched's types have none,
+// and their Go field names would leak out as keys).
+type simulateJSON struct {
+	Trace   traceStatsJSON  `json:"trace"`
+	Fleet   []fleetJSON     `json:"fleet"`
+	Results []simResultJSON `json:"results"`
+}
+
+type traceStatsJSON struct {
+	Pods       int `json:"pods"`
+	Requests   int `json:"requests"`
+	CPUOnly    int `json:"cpu_only"`
+	NoDeletion int `json:"no_deletion"`
+	MultiGPU   int `json:"multi_gpu"`
+}
+
+type fleetJSON struct {
+	Card  string `json:"card"`
+	Count int    `json:"count"`
+}
+
+type simResultJSON struct {
+	Policy    string  `json:"policy"`
+	GPUs      int     `json:"gpus"`
+	Requests  int     `json:"requests"`
+	Placed    int     `json:"placed"`
+	Rejected  int     `json:"rejected"`
+	Unserved  int     `json:"unserved"`
+	Misses    int     `json:"misses"`
+	MissSize  int     `json:"miss_slices"`
+	GPUHours  float64 `json:"gpu_hours"`
+	GPUsUsed  int     `json:"gpus_used"`
+	PeakInUse int     `json:"peak_in_use"`
+	AllocRate float64 `json:"alloc_rate"`
+	Frag      float64 `json:"frag"`
+	Decisions int     `json:"decisions"`
+	MeanNs    float64 `json:"mean_ns"`
+	P50Ns     float64 `json:"p50_ns"`
+	P99Ns     float64 `json:"p99_ns"`
+	Plans     struct {
+		Plans     int `json:"plans"`
+		OverNodes int `json:"over_nodes"`
+		Nodes     int `json:"nodes"`
+	} `json:"plans"`
+	Objective int `json:"objective"`
+}
+
+func simulateOutput(st trace.MapStats, fleet []sched.Fleet, results []sched.Result) simulateJSON {
+	out := simulateJSON{
+		Trace: traceStatsJSON{Pods: st.Pods, Requests: st.Requests, CPUOnly: st.CPUOnly, NoDeletion: st.NoDeletion, MultiGPU: st.MultiGPU},
+		Fleet: []fleetJSON{}, Results: []simResultJSON{},
+	}
+	for _, f := range fleet {
+		out.Fleet = append(out.Fleet, fleetJSON{Card: f.Card, Count: f.Count})
+	}
+	for _, r := range results {
+		rj := simResultJSON{
+			Policy: r.Policy, GPUs: r.GPUs, Requests: r.Requests, Placed: r.Placed, Rejected: r.Rejected,
+			Unserved: r.Unserved, Misses: r.Misses, MissSize: r.MissSize, GPUHours: r.GPUHours, GPUsUsed: r.GPUsUsed,
+			PeakInUse: r.PeakInUse, AllocRate: r.AllocRate, Frag: r.Frag, Decisions: r.Decisions,
+			MeanNs: r.MeanNs, P50Ns: r.P50Ns, P99Ns: r.P99Ns, Objective: r.Objective,
+		}
+		rj.Plans.Plans, rj.Plans.OverNodes, rj.Plans.Nodes = r.Plans.Plans, r.Plans.OverNodes, r.Plans.Nodes
+		out.Results = append(out.Results, rj)
+	}
+	return out
 }
 
 func writePlot(path, title string, curves []sched.Curve) error {

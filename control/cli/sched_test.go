@@ -4,12 +4,17 @@ import (
 	"bytes"
 	"encoding/json"
 	"encoding/xml"
+	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
 	ucli "github.com/urfave/cli/v2"
+
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/sched"
 )
 
 // runSchedCmd runs `lovelock sched args...` in-process.
@@ -95,9 +100,9 @@ func TestSchedSimulate(t *testing.T) {
 	}
 	var res struct {
 		Results []struct {
-			Policy   string
-			GPUHours float64
-		}
+			Policy   string  `json:"policy"`
+			GPUHours float64 `json:"gpu_hours"`
+		} `json:"results"`
 	}
 	if err := json.Unmarshal([]byte(out), &res); err != nil || len(res.Results) != 1 || res.Results[0].GPUHours <= 0 {
 		t.Fatalf("json: %v %+v\n%s", err, res, out)
@@ -107,6 +112,68 @@ func TestSchedSimulate(t *testing.T) {
 		if err != nil || !strings.Contains(out, "lovelock") {
 			t.Fatalf("--frag %s: %v\n%s", frag, err, out)
 		}
+	}
+}
+
+// TestSchedSimulateJSONKeys: -o json names every field in snake_case, as
+// the CLI's other JSON outputs do; before, the keys were sched's Go field
+// names ("GPUHours", "PeakInUse", "Trace": {"CPUOnly"}).
+func TestSchedSimulateJSONKeys(t *testing.T) {
+	pods := filepath.Join(t.TempDir(), "pods.csv")
+	if _, err := runSchedCmd(t, "synth", "--out", pods, "--pods", "50", "--seed", "3"); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runSchedCmd(t, "simulate", "--trace", pods, "--gpus", "8xH100-80GB", "--policy", "bestfit", "-o", "json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var doc struct {
+		Trace   map[string]any   `json:"trace"`
+		Fleet   []map[string]any `json:"fleet"`
+		Results []map[string]any `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil || len(doc.Fleet) != 1 || len(doc.Results) != 1 {
+		t.Fatalf("json: %v\n%s", err, out)
+	}
+	plans, _ := doc.Results[0]["plans"].(map[string]any)
+	var top map[string]any
+	if err := json.Unmarshal([]byte(out), &top); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		what string
+		obj  map[string]any
+		want []string
+	}{
+		{"top level", top, []string{"fleet", "results", "trace"}},
+		{"trace", doc.Trace, []string{"cpu_only", "multi_gpu", "no_deletion", "pods", "requests"}},
+		{"fleet", doc.Fleet[0], []string{"card", "count"}},
+		{"result", doc.Results[0], []string{"alloc_rate", "decisions", "frag", "gpu_hours", "gpus", "gpus_used", "mean_ns", "miss_slices",
+			"misses", "objective", "p50_ns", "p99_ns", "peak_in_use", "placed", "plans", "policy", "rejected", "requests", "unserved"}},
+		{"plans", plans, []string{"nodes", "over_nodes", "plans"}},
+	} {
+		if got := slices.Sorted(maps.Keys(tc.obj)); !slices.Equal(got, tc.want) {
+			t.Errorf("%s keys %q, want %q", tc.what, got, tc.want)
+		}
+	}
+	if doc.Results[0]["policy"] != "bestfit" || doc.Fleet[0]["card"] != "H100-80GB" || doc.Trace["pods"] != float64(50) {
+		t.Errorf("values: %s", out)
+	}
+}
+
+// TestSchedSimulateJSONCoversResult: every exported field of sched.Result
+// that its own JSON would carry has a key in -o json, so a field added to
+// sched is not silently left out.
+func TestSchedSimulateJSONCoversResult(t *testing.T) {
+	var want int
+	rt := reflect.TypeFor[sched.Result]()
+	for i := range rt.NumField() {
+		if f := rt.Field(i); f.IsExported() && f.Tag.Get("json") != "-" {
+			want++
+		}
+	}
+	if got := reflect.TypeFor[simResultJSON]().NumField(); got != want {
+		t.Errorf("simResultJSON has %d fields, sched.Result %d shown in JSON: map the new ones in simulateOutput", got, want)
 	}
 }
 

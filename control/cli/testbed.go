@@ -45,8 +45,8 @@ fabric bridge br0. Addresses: fabric 10.77.0.0/24 (dpu0 .10, dpu1 .11, dpu2
 .12, mem0 .20, client .30) and fd77::/64; host links 10.77.10-12.0/24 (host .1,
 DPU .2) and fd77:10-12::/64. docs/testbed.md has the full plan.
 
-'up' is safe to repeat and repairs a damaged testbed; 'down' removes everything
-with the prefix, also after a crash.`),
+'up' is safe to repeat and repairs a damaged testbed; 'down' removes the testbed
+with exactly this prefix (not one whose prefix starts with it), also after a crash.`),
 		Flags: []ucli.Flag{testbedPrefixFlag()},
 		Subcommands: []*ucli.Command{
 			trafficCommand(),
@@ -61,10 +61,13 @@ with the prefix, also after a crash.`),
 			},
 			{
 				Name:  "down",
-				Usage: "remove the testbed: every namespace named <prefix>*, and its veths",
-				Description: "Removes every /run/netns entry starting with the prefix (also ones left by a\n" +
-					"crash or a half-built 'up') and any veth this tool marked in the root\n" +
-					"namespace. Safe to repeat. Processes still running inside a node keep running.",
+				Usage: "remove the testbed: its namespaces <prefix><node>, and its veths",
+				Description: "Removes the /run/netns entries of the testbed with exactly this prefix (also\n" +
+					"ones left by a crash or a half-built 'up'): <prefix><node> for its nodes, and\n" +
+					"<prefix>* entries whose interfaces this tool marked as the prefix's, but not\n" +
+					"those of a testbed whose prefix starts with this one (ll-x- beside ll-); then\n" +
+					"any veth marked as the prefix's in the root namespace. Safe to repeat.\n" +
+					"Processes still running inside a node keep running.",
 				Flags:  []ucli.Flag{testbedPrefixFlag()},
 				Action: testbedDown,
 			},
@@ -141,6 +144,12 @@ func testbedSpec(c *ucli.Context) testbed.Spec {
 func testbedUp(c *ucli.Context) error {
 	spec := testbedSpec(c)
 	if err := testbed.Up(c.Context, spec); err != nil {
+		// Up stops at the first failure and leaves what it built: say
+		// how to remove it, with the prefix the user gave.
+		if st, serr := testbed.Status(spec); serr == nil && nodesPresent(st) > 0 {
+			return fmt.Errorf("%w; testbed %s is half-built (%d of %d nodes): run 'lovelock testbed%s down' to remove it, or 'up' again once the cause is fixed",
+				err, spec.Prefix, nodesPresent(st), len(st.Nodes), testbedPrefixArg(spec.Prefix))
+		}
 		return err
 	}
 	host1, _ := spec.NodeAddr("host1")
@@ -195,17 +204,21 @@ func statusErr(st testbed.Report) error {
 	if st.Complete {
 		return nil
 	}
-	present := 0
-	for _, n := range st.Nodes {
-		if n.Present {
-			present++
-		}
-	}
-	if present == 0 {
+	if nodesPresent(st) == 0 {
 		return fmt.Errorf("testbed %s is absent: %w (run 'lovelock testbed%s up')", st.Prefix, ErrTestbedNotUp, testbedPrefixArg(st.Prefix))
 	}
 	return fmt.Errorf("testbed %s is incomplete, %d problems: %w (run 'lovelock testbed%s up' to repair it)",
 		st.Prefix, len(st.Problems), ErrTestbedNotUp, testbedPrefixArg(st.Prefix))
+}
+
+func nodesPresent(st testbed.Report) int {
+	n := 0
+	for _, node := range st.Nodes {
+		if node.Present {
+			n++
+		}
+	}
+	return n
 }
 
 // writeTestbedTable prints one row per interface (loopback left out), grouped

@@ -46,7 +46,7 @@ func TestTestbedHelp(t *testing.T) {
 	}{
 		{[]string{"testbed", "--help"}, []string{"up", "down", "status", "exec", "pf0hpf", "p0", "fabric", "br0", "mem0", "client", "gpu0", "--prefix", "ll-host0", "10.77.0.0/24"}},
 		{[]string{"testbed", "up", "--help"}, []string{"safe to repeat", "--prefix", "bpffs"}},
-		{[]string{"testbed", "down", "--help"}, []string{"<prefix>*", "crash", "--prefix"}},
+		{[]string{"testbed", "down", "--help"}, []string{"<prefix><node>", "(ll-x- beside ll-)", "crash", "--prefix"}},
 		{[]string{"testbed", "status", "--help"}, []string{"--output", "table or json", "--prefix"}},
 		{[]string{"testbed", "exec", "--help"}, []string{"NODE -- COMMAND", "ip netns exec", "bpffs", "host0, host1, gpu0, dpu0, dpu1, dpu2, mem0, client, fabric"}},
 	} {
@@ -179,6 +179,39 @@ func TestTestbedCommands(t *testing.T) {
 		if strings.HasPrefix(e.Name(), prefix) {
 			t.Errorf("%s/%s left after down", testbed.NetnsDir, e.Name())
 		}
+	}
+}
+
+// TestTestbedUpHalfBuilt: when up fails partway, its error says how to
+// remove what it built, with the prefix given; before, it named only the
+// failure. A non-empty directory where mem0's namespace belongs stops up
+// after host0 to dpu2 exist.
+func TestTestbedUpHalfBuilt(t *testing.T) {
+	testenv.RequirePriv(t)
+	prefix := fmt.Sprintf("lltc%dh-", os.Getpid())
+	spec := testbed.DefaultSpec()
+	spec.Prefix = prefix
+	block := testbed.NetnsDir + "/" + spec.Namespace("mem0")
+	t.Cleanup(func() {
+		if err := os.RemoveAll(block); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+		if err := testbed.Down(context.Background(), spec); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	if err := os.MkdirAll(block+"/in-the-way", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, err := runTestbedCLI(t, "testbed", "up", "--prefix", prefix)
+	want := "testbed " + prefix + " is half-built (6 of 9 nodes): run 'lovelock testbed --prefix " + prefix + " down' to remove it"
+	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "node mem0") {
+		t.Fatalf("up error = %v; want the mem0 failure and %q", err, want)
+	}
+
+	// Nothing built (an invalid prefix): the failure alone.
+	if _, err := runTestbedCLI(t, "testbed", "up", "--prefix", "../x"); err == nil || strings.Contains(err.Error(), "half-built") {
+		t.Errorf("up with an invalid prefix: %v; want an error without the half-built advice", err)
 	}
 }
 

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gopacket/gopacket"
@@ -297,11 +299,18 @@ type trafficPoint struct {
 	seen  []int
 	other int
 	// drops are frames the kernel dropped for the socket (its buffer
-	// full); err is why it stopped before stop. Either way the capture
-	// cannot tell a frame that went nowhere from one it missed.
+	// full); err is why it stopped before stop, or that its end marker
+	// never came. Either way the capture cannot tell a frame that went
+	// nowhere from one it missed.
 	drops int
 	err   error
 	done  chan struct{}
+	// marker, for the far end of a DPU port, is the frame the check sends
+	// out of that port after the DPU counted the whole mix: it shares the
+	// veth's receive ring with every frame redirected into it, so once it
+	// arrives (marked closes) they all have. Not counted as other.
+	marker []byte
+	marked chan struct{}
 }
 
 // trafficPoints lists the kernel of the DPU behind peer and the far end of
@@ -331,14 +340,8 @@ func (p *trafficPoint) open(spec testbed.Spec) error {
 		if err != nil {
 			return fmt.Errorf("packet socket: %w", err)
 		}
-		// The whole mix must fit while nobody reads; a short timeout
-		// lets the reader notice when to stop.
+		// The whole mix must fit while nobody reads.
 		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 16<<20)
-		tv := unix.NsecToTimeval((50 * time.Millisecond).Nanoseconds())
-		if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
-			unix.Close(fd)
-			return err
-		}
 		if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: uint16(proto), Ifindex: l.Attrs().Index}); err != nil {
 			unix.Close(fd)
 			return fmt.Errorf("bind packet socket to %s: %w", p.at.Iface, err)
@@ -349,49 +352,135 @@ func (p *trafficPoint) open(spec testbed.Spec) error {
 }
 
 // read counts the frames that arrive, by class (classOf keys on the whole
-// frame), until stop is closed; it then closes the socket.
+// frame), until stop is closed; it then counts what is still queued, closes
+// the socket and closes done. The reader waits in poll on the socket and an
+// eventfd that stop's closing writes, so it stops the moment it is told.
 func (p *trafficPoint) read(classOf map[string]int, stop <-chan struct{}) {
 	p.seen = make([]int, len(trafficMix))
 	p.done = make(chan struct{})
+	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		p.err = fmt.Errorf("eventfd: %w", err)
+		unix.Close(p.fd)
+		close(p.done)
+		return
+	}
+	exited := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(2)
 	go func() {
-		defer close(p.done)
-		defer unix.Close(p.fd)
-		// Read last: the kernel counts drops until the socket closes.
-		defer func() {
-			st, err := unix.GetsockoptTpacketStats(p.fd, unix.SOL_PACKET, unix.PACKET_STATISTICS)
-			if err != nil {
-				p.err = errors.Join(p.err, fmt.Errorf("read its drop counter: %w", err))
-				return
-			}
-			p.drops += int(st.Drops)
-		}()
-		buf := make([]byte, 1<<16)
-		for {
-			n, from, err := unix.Recvfrom(p.fd, buf, 0)
-			if err != nil {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
-					continue
-				}
-				p.err = fmt.Errorf("receive: %w", err)
-				return
-			}
-			// Frames the interface sends (the bridge flooding, the
-			// DPU's replies) are not arrivals.
-			if ll, ok := from.(*unix.SockaddrLinklayer); ok && ll.Pkttype == unix.PACKET_OUTGOING {
-				continue
-			}
-			if ci, ok := classOf[string(buf[:n])]; ok {
-				p.seen[ci]++
-			} else {
-				p.other++
-			}
+		defer wg.Done()
+		select {
+		case <-stop:
+			one := [8]byte{1}
+			unix.Write(wake, one[:])
+		case <-exited:
 		}
 	}()
+	go func() {
+		defer wg.Done()
+		defer close(exited)
+		p.loop(classOf, wake)
+	}()
+	// wake is closed only once neither goroutine can touch it.
+	go func() {
+		wg.Wait()
+		unix.Close(wake)
+		close(p.done)
+	}()
+}
+
+func (p *trafficPoint) loop(classOf map[string]int, wake int) {
+	defer unix.Close(p.fd)
+	// Read last: the kernel counts drops until the socket closes.
+	defer func() {
+		st, err := unix.GetsockoptTpacketStats(p.fd, unix.SOL_PACKET, unix.PACKET_STATISTICS)
+		if err != nil {
+			p.err = errors.Join(p.err, fmt.Errorf("read its drop counter: %w", err))
+			return
+		}
+		p.drops += int(st.Drops)
+	}()
+	buf := make([]byte, 1<<16)
+	fds := []unix.PollFd{{Fd: int32(p.fd), Events: unix.POLLIN}, {Fd: int32(wake), Events: unix.POLLIN}}
+	for {
+		if _, err := unix.Poll(fds, -1); err != nil {
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			p.err = fmt.Errorf("poll: %w", err)
+			return
+		}
+		// Also after the stop: what arrived before it counts.
+		if err := p.drain(buf, classOf); err != nil {
+			p.err = fmt.Errorf("receive: %w", err)
+			return
+		}
+		if fds[1].Revents != 0 {
+			return
+		}
+	}
+}
+
+// drain counts every frame queued on the socket, without waiting.
+func (p *trafficPoint) drain(buf []byte, classOf map[string]int) error {
+	for {
+		n, from, err := unix.Recvfrom(p.fd, buf, unix.MSG_DONTWAIT)
+		switch {
+		case errors.Is(err, unix.EAGAIN):
+			return nil
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			return err
+		}
+		// Frames the interface sends (the bridge flooding, the
+		// DPU's replies) are not arrivals.
+		if ll, ok := from.(*unix.SockaddrLinklayer); ok && ll.Pkttype == unix.PACKET_OUTGOING {
+			continue
+		}
+		frame := buf[:n]
+		if p.marker != nil && bytes.Equal(frame, p.marker) {
+			select {
+			case <-p.marked:
+			default:
+				close(p.marked)
+			}
+			continue
+		}
+		if ci, ok := classOf[string(frame)]; ok {
+			p.seen[ci]++
+		} else {
+			p.other++
+		}
+	}
+}
+
+// setMarker gives the far end p of the DPU port p.name its end marker: a
+// frame of the IEEE local experimental EtherType from that port to the far
+// end's MAC (the fabric's bridge delivers it to itself, floods nothing).
+func (p *trafficPoint) setMarker(dpu string) {
+	eth := append(append(slices.Clone(testbed.MAC(p.at.Node, p.at.Iface)), testbed.MAC(dpu, p.name)...), 0x88, 0xb5)
+	p.marker = fmt.Appendf(eth, "lovelock testbed traffic --check: end of %s %s, pid %d, %d", dpu, p.name, os.Getpid(), time.Now().UnixNano())
+	p.marked = make(chan struct{})
+}
+
+// sendMarker sends p's marker out of the DPU port p.name, inside dpu.
+func (p *trafficPoint) sendMarker(spec testbed.Spec, dpu string) error {
+	return spec.Run(dpu, func() error {
+		l, err := netlink.LinkByName(p.name)
+		if err != nil {
+			return err
+		}
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("packet socket: %w", err)
+		}
+		defer unix.Close(fd)
+		to := &unix.SockaddrLinklayer{Ifindex: l.Attrs().Index, Halen: 6}
+		copy(to.Addr[:], p.marker[:6])
+		return unix.Sendto(fd, p.marker, 0, to)
+	})
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
@@ -455,6 +544,26 @@ func trafficCheck(c *ucli.Context, spec testbed.Spec, me, peer testbed.Endpoint,
 			classOf[string(f)] = ci
 		}
 	}
+	classify := func(frame []byte) (string, string, bool) {
+		v := classifier.Classify(frame, uint32(ifindex))
+		action := v.Action.String()
+		switch v.Action {
+		case bpf.ActionRedirect:
+			action += ":" + ifname[int(v.Arg)]
+		case bpf.ActionXSK:
+			action += ":" + strconv.Itoa(int(v.Arg))
+		}
+		return ruleName[v.RuleID], action, v.Status.Malformed()
+	}
+	// What each rule must count of the mix: the check waits for it.
+	wantRule := map[string]uint64{}
+	for ci := range frames {
+		rule, _, _ := classify(frames[ci][0])
+		wantRule[rule] += uint64(len(frames[ci]))
+	}
+	for _, p := range pts[1:] {
+		p.setMarker(peer.Node)
+	}
 	stop := make(chan struct{})
 	for i, p := range pts {
 		if err := p.open(spec); err != nil {
@@ -485,33 +594,83 @@ func trafficCheck(c *ucli.Context, spec testbed.Spec, me, peer testbed.Endpoint,
 	if err := trafficSend(spec, me, peer, frames); err != nil {
 		return err
 	}
-	// veth delivers within the sender's softirq; what has not arrived
-	// after the settle time is not coming.
-	time.Sleep(trafficSettle)
-	halt()
-	after, err := cl.Stats(ctx)
+	// No fixed settle time: wait until the DPU's XDP has counted every
+	// frame of the mix (a frame it passed reaches the kernel's capture in
+	// that same softirq), read the counters, then send each far end its
+	// marker, which arrives after everything redirected there before it.
+	// The markers go after the counters were read, so a TC egress hook on
+	// the port that counts them changes nothing.
+	wctx, cancel := context.WithTimeout(ctx, trafficWait)
+	defer cancel()
+	after, err := trafficAwaitCounted(ctx, wctx, cl, set, before, wantRule)
 	if err != nil {
 		return fmt.Errorf("testbed traffic --check: counters: %w", err)
+	}
+	for _, p := range pts[1:] {
+		if err := p.sendMarker(spec, peer.Node); err != nil {
+			return fmt.Errorf("testbed traffic --check: end marker out of %s %s: %w", peer.Node, p.name, err)
+		}
+	}
+	for _, p := range pts[1:] {
+		select {
+		case <-p.marked:
+		case <-wctx.Done():
+		}
+	}
+	halt()
+	for _, p := range pts[1:] {
+		select {
+		case <-p.marked:
+		default:
+			p.err = errors.Join(p.err, fmt.Errorf("its end marker, sent out of %s %s after the DPU counted the mix, did not arrive within %v, so frames may still have been on their way (a TC egress hook on %s that drops it?)",
+				peer.Node, p.name, trafficWait, p.name))
+		}
 	}
 	d, err := trafficDeltas(set, before, after)
 	if err != nil {
 		return fmt.Errorf("testbed traffic --check: %s: %w", peer.Node, err)
 	}
-	return trafficReport(c.App.Writer, me, peer, frames, exp, pts, d, func(frame []byte) (string, string, bool) {
-		v := classifier.Classify(frame, uint32(ifindex))
-		action := v.Action.String()
-		switch v.Action {
-		case bpf.ActionRedirect:
-			action += ":" + ifname[int(v.Arg)]
-		case bpf.ActionXSK:
-			action += ":" + strconv.Itoa(int(v.Arg))
-		}
-		return ruleName[v.RuleID], action, v.Status.Malformed()
-	})
+	return trafficReport(c.App.Writer, me, peer, frames, exp, pts, d, classify)
 }
 
-// trafficSettle is how long --check keeps capturing after the last frame.
-const trafficSettle = 500 * time.Millisecond
+// trafficWait bounds how long --check waits, after sending, for the DPU to
+// count the mix and for the captures' end markers; only a failing check
+// waits that long.
+const trafficWait = 5 * time.Second
+
+// trafficAwaitCounted reads the counters until every rule counted at least
+// its share of the mix (want), so XDP has seen every frame, and returns the
+// last reading. When wait ends first, or the counters are not comparable
+// with before (trafficDeltas says why later), it returns the last reading
+// as is. Readings use ctx, so that the last one does not fail for wait.
+func trafficAwaitCounted(ctx, wait context.Context, cl *api.Client, set rules.Set, before api.Stats, want map[string]uint64) (api.Stats, error) {
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		now, err := cl.Stats(ctx)
+		if err != nil {
+			return api.Stats{}, err
+		}
+		d, err := trafficDeltas(set, before, now)
+		if err != nil {
+			return now, nil
+		}
+		done := true
+		for rule, n := range want {
+			if d.rules[rule] < n {
+				done = false
+			}
+		}
+		if done {
+			return now, nil
+		}
+		select {
+		case <-wait.Done():
+			return now, nil
+		case <-tick.C:
+		}
+	}
+}
 
 // counterDeltas are the counters' increase over the check, rules by name
 // (the default under trafficDefaultRule).

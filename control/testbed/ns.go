@@ -105,8 +105,9 @@ func openNamespace(path string) (netns.NsHandle, bool, error) {
 }
 
 // ensureNamespace returns a handle on the named namespace at path, creating
-// it (or replacing a dead placeholder file left by a crash) if needed.
-func ensureNamespace(path string) (netns.NsHandle, error) {
+// it (or replacing a dead placeholder file left by a crash) if needed; a new
+// namespace's lo gets loAlias, the mark Down knows it by.
+func ensureNamespace(path, loAlias string) (netns.NsHandle, error) {
 	for attempt := 0; ; attempt++ {
 		ns, ok, err := openNamespace(path)
 		if err != nil {
@@ -123,7 +124,7 @@ func ensureNamespace(path string) (netns.NsHandle, error) {
 		if err := removeNamespaceFile(path); err != nil {
 			return netns.None(), err
 		}
-		if err := createNamespace(path); err != nil {
+		if err := createNamespace(path, loAlias); err != nil {
 			return netns.None(), err
 		}
 	}
@@ -131,7 +132,7 @@ func ensureNamespace(path string) (netns.NsHandle, error) {
 
 // createNamespace creates a new network namespace and bind-mounts it at
 // path, the way `ip netns add` does, without moving any long-lived thread.
-func createNamespace(path string) error {
+func createNamespace(path, loAlias string) error {
 	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0)
 	if err != nil {
 		return fmt.Errorf("create %s: %w", path, err)
@@ -153,7 +154,7 @@ func createNamespace(path string) error {
 		if err := unix.Mount(self, path, "none", unix.MS_BIND, ""); err != nil {
 			return fmt.Errorf("bind-mount onto %s: %w", path, err)
 		}
-		return setLoopbackUp()
+		return setLoopbackUp(loAlias)
 	})
 	if err != nil {
 		removeNamespaceFile(path)
@@ -162,10 +163,17 @@ func createNamespace(path string) error {
 	return nil
 }
 
-func setLoopbackUp() error {
+// setLoopbackUp brings lo up and gives it alias, which marks the namespace
+// as the testbed's even before any veth is in it.
+func setLoopbackUp(alias string) error {
 	lo, err := netlink.LinkByName("lo")
 	if err != nil {
 		return fmt.Errorf("lo: %w", err)
+	}
+	if lo.Attrs().Alias != alias {
+		if err := netlink.LinkSetAlias(lo, alias); err != nil {
+			return fmt.Errorf("lo alias: %w", err)
+		}
 	}
 	if err := netlink.LinkSetUp(lo); err != nil {
 		return fmt.Errorf("lo up: %w", err)

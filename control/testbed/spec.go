@@ -39,9 +39,11 @@ const NetnsDir = "/run/netns"
 // BPFFSPath is the bpffs mount point that Up makes sure exists.
 const BPFFSPath = "/sys/fs/bpf"
 
-// aliasMarker starts the IFLA_IFALIAS of every interface the package creates,
-// followed by the prefix and "node/iface", so that Down can recognise its own
-// veths wherever they end up, including the root namespace.
+// aliasMarker starts the IFLA_IFALIAS of every interface the package creates
+// (and of each node's lo), followed by the prefix, a space and "node/iface",
+// so that Down can recognise its own interfaces wherever they end up,
+// including the root namespace. The space tells the prefix from the node:
+// neither may contain one, while both may contain '-'.
 const aliasMarker = "lovelock-testbed:"
 
 // ErrUnknownNode is wrapped by lookups of a node that the Spec does not have.
@@ -71,9 +73,11 @@ const (
 // addressed. Build one with DefaultSpec and change Prefix; the other fields
 // are exported so that tests and tools can read the plan.
 type Spec struct {
-	// Prefix starts every namespace name (Prefix+node). It must be non-empty
-	// and is all that Down needs: Down removes every namespace whose name
-	// starts with it.
+	// Prefix starts every namespace name (Prefix+node). It must be non-empty.
+	// Down removes the namespaces that are this testbed's: Prefix+node for
+	// the Spec's nodes, and any other Prefix+name whose interfaces are
+	// marked as Prefix's, but not those of a testbed whose prefix merely
+	// starts with Prefix (ll-x- beside ll-).
 	Prefix string
 	// Nodes are the namespaces, in a stable order.
 	Nodes []NodeSpec
@@ -323,7 +327,47 @@ func (s Spec) Validate() error {
 }
 
 func alias(prefix, node, iface string) string {
-	return aliasMarker + prefix + node + "/" + iface
+	return aliasMarker + prefix + " " + node + "/" + iface
+}
+
+// aliasOwner returns the prefix and node that an alias made by alias names;
+// ok is false for any other alias.
+func aliasOwner(a string) (prefix, node string, ok bool) {
+	rest, ok := strings.CutPrefix(a, aliasMarker)
+	if !ok {
+		return "", "", false
+	}
+	prefix, rest, ok = strings.Cut(rest, " ")
+	if !ok {
+		return "", "", false
+	}
+	node, _, ok = strings.Cut(rest, "/")
+	return prefix, node, ok
+}
+
+// ownsAlias reports whether alias a marks an interface of this testbed: its
+// prefix is exactly s.Prefix, or, in the older format without the space
+// (lovelock-testbed:<prefix><node>/<iface>), it names one of the Spec's
+// nodes after s.Prefix, which is as far as that format can be told apart.
+func (s Spec) ownsAlias(a string) bool {
+	if prefix, _, ok := aliasOwner(a); ok {
+		return prefix == s.Prefix
+	}
+	rest, ok := strings.CutPrefix(a, aliasMarker+s.Prefix)
+	if !ok || strings.Contains(rest, " ") {
+		return false
+	}
+	node, _, ok := strings.Cut(rest, "/")
+	return ok && s.hasNode(node)
+}
+
+func (s Spec) hasNode(name string) bool {
+	for _, n := range s.Nodes {
+		if n.Name == name {
+			return true
+		}
+	}
+	return false
 }
 
 // ifacePlan is one interface as Up builds it and Status expects it.
@@ -350,11 +394,12 @@ type neighPlan struct {
 }
 
 type nodePlan struct {
-	spec   NodeSpec
-	ns     string
-	ifaces []ifacePlan // bridges first, then veth ends in link order
-	routes []routePlan
-	neighs []neighPlan
+	spec    NodeSpec
+	ns      string
+	loAlias string      // the mark on lo
+	ifaces  []ifacePlan // bridges first, then veth ends in link order
+	routes  []routePlan
+	neighs  []neighPlan
 }
 
 func (p *nodePlan) iface(name string) *ifacePlan {
@@ -404,7 +449,7 @@ func (s Spec) plan() ([]*nodePlan, error) {
 		if byName[n.Name] != nil {
 			return nil, fmt.Errorf("testbed: node %s defined twice", n.Name)
 		}
-		p := &nodePlan{spec: n, ns: s.Namespace(n.Name)}
+		p := &nodePlan{spec: n, ns: s.Namespace(n.Name), loAlias: alias(s.Prefix, n.Name, "lo")}
 		for _, b := range n.Bridges {
 			p.ifaces = append(p.ifaces, ifacePlan{name: b, kind: "bridge", mac: MAC(n.Name, b), alias: alias(s.Prefix, n.Name, b)})
 		}

@@ -418,7 +418,7 @@ func TestDownAfterCrash(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, n := range []string{"host0", "dpu0"} {
-			ns, err := ensureNamespace(nsPath(spec.Namespace(n)))
+			ns, err := ensureNamespace(nsPath(spec.Namespace(n)), alias(spec.Prefix, n, "lo"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -485,4 +485,71 @@ func TestDownAfterCrash(t *testing.T) {
 			t.Errorf("Up with cancelled context = %v; want context.Canceled", err)
 		}
 	})
+}
+
+// TestDownOnlyItsPrefix brings up two testbeds, one's prefix the other's
+// plus "x-" (ll- and ll-x-), and downs the shorter: the longer one, its
+// namespaces and its marked root-namespace veth survive complete, while a
+// namespace of a node the Spec does not know but marked as the shorter
+// prefix's goes. Before, Down removed every namespace starting with the
+// prefix, so ll-x-host0 went with ll-host0.
+func TestDownOnlyItsPrefix(t *testing.T) {
+	testenv.RequirePriv(t)
+	a := testSpec(t, "c")
+	b := a
+	b.Prefix = a.Prefix + "x-"
+	downAtEnd(t, a)
+	downAtEnd(t, b) // runs first: a's check for leftovers would see b's
+	ctx := t.Context()
+	for _, s := range []Spec{a, b} {
+		if err := Up(ctx, s); err != nil {
+			t.Fatalf("Up %s: %v", s.Prefix, err)
+		}
+	}
+	// Debris of a node a's Spec no longer has, marked as a's.
+	old := a.Namespace("old9")
+	ns, err := ensureNamespace(nsPath(old), alias(a.Prefix, "old9", "lo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Close()
+	// A veth of b's in the root namespace.
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name = fmt.Sprintf("llr%d", os.Getpid())
+	attrs.Alias = alias(b.Prefix, "dpu1", "p0")
+	v := netlink.NewVeth(attrs)
+	v.PeerName = fmt.Sprintf("llp%d", os.Getpid())
+	if err := netlink.LinkAdd(v); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if l, err := netlink.LinkByName(attrs.Name); err == nil {
+			netlink.LinkDel(l)
+		}
+	})
+
+	if err := Down(ctx, a); err != nil {
+		t.Fatalf("Down %s: %v", a.Prefix, err)
+	}
+	requireComplete(t, b)
+	if _, err := netlink.LinkByName(attrs.Name); err != nil {
+		t.Errorf("Down %s removed %s's root-namespace veth: %v", a.Prefix, b.Prefix, err)
+	}
+	names, err := namespacesWithPrefix(a.Prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range names {
+		if !strings.HasPrefix(name, b.Prefix) {
+			t.Errorf("namespace %s left after Down %s", name, a.Prefix)
+		}
+	}
+	if st, err := Status(a); err != nil || !strings.Contains(st.Summary(), "absent") {
+		t.Errorf("after Down %s: %v %s", a.Prefix, err, st.Summary())
+	}
+
+	if err := Down(ctx, b); err != nil {
+		t.Fatalf("Down %s: %v", b.Prefix, err)
+	}
+	requireGone(t, b.Prefix)
 }

@@ -68,7 +68,7 @@ func Up(ctx context.Context, spec Spec) error {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("testbed up: %w", err)
 		}
-		ns, err := ensureNamespace(nsPath(p.ns))
+		ns, err := ensureNamespace(nsPath(p.ns), p.loAlias)
 		if err != nil {
 			return fmt.Errorf("testbed: node %s: %w", p.spec.Name, err)
 		}
@@ -130,7 +130,7 @@ func configureNode(n *liveNode) error {
 		if err := writeSysctl("net/ipv6/conf/all/forwarding", fwd); err != nil {
 			return err
 		}
-		return setLoopbackUp()
+		return setLoopbackUp(n.plan.loAlias)
 	})
 	if err != nil {
 		return err
