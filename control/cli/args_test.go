@@ -138,8 +138,11 @@ func TestCaptureReadTruncated(t *testing.T) {
 // `lovelock testbed exec`.
 func TestCaptureNotHere(t *testing.T) {
 	dir := t.TempDir()
-	if err := os.WriteFile(dir+"/ll-dpu0", nil, 0o600); err != nil {
-		t.Fatal(err)
+	// ll-x-host0 is another testbed's node, not one called x-host0.
+	for _, name := range []string{"ll-dpu0", "ll-x-host0"} {
+		if err := os.WriteFile(dir+"/"+name, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	old := netnsDir
 	netnsDir = dir
@@ -147,7 +150,8 @@ func TestCaptureNotHere(t *testing.T) {
 	var out bytes.Buffer
 	err := Run(context.Background(), App(&out, &out), []string{"lovelock", "capture", "--iface", "no-such-p0", "-w", t.TempDir() + "/x.pcap"})
 	if err == nil || !strings.Contains(err.Error(), "not in this network namespace") ||
-		!strings.Contains(err.Error(), "lovelock testbed exec dpu0 -- lovelock capture --iface no-such-p0") {
+		!strings.Contains(err.Error(), "lovelock testbed exec dpu0 -- lovelock capture --iface no-such-p0") ||
+		strings.Contains(err.Error(), "x-host0") {
 		t.Errorf("capture on a missing interface: %v", err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -242,9 +243,12 @@ var netnsDir = "/run/netns"
 func notHere(iface string, err error) error {
 	hint := "capture in the namespace that has it"
 	if ents, rerr := os.ReadDir(netnsDir); rerr == nil {
+		// Only the default testbed's nodes: ll-x-host0 is another
+		// testbed's, not a node called x-host0.
+		known := testbed.DefaultSpec().NodeNames()
 		var nodes []string
 		for _, e := range ents {
-			if n, ok := strings.CutPrefix(e.Name(), testbed.DefaultPrefix); ok {
+			if n, ok := strings.CutPrefix(e.Name(), testbed.DefaultPrefix); ok && slices.Contains(known, n) {
 				nodes = append(nodes, n)
 			}
 		}
