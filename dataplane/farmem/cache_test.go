@@ -1331,6 +1331,83 @@ func TestConfiguredStaticRetries(t *testing.T) {
 	}
 }
 
+// TestRunWaitsForConfiguredStatic stops an agent while its configured
+// static range waits for a silent memory node: Run returns only once that
+// load has stopped. The load is caught in its log line ("not loaded yet"),
+// which returns only when Run has (a late load) or a second has passed.
+// (Before, the first refresh and the configured loads ran on a goroutine
+// Run did not wait for, and Run returned at once.)
+func TestRunWaitsForConfiguredStatic(t *testing.T) {
+	gate := &gatedTransport{Transport: listen(t, loopback)}
+	srv, _ := startServer(t, t.TempDir(), gate)
+	ri, err := srv.Create(3, 1<<20, false, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(gate.hold())
+	cfg := AgentConfig{Config: testConfig(), Servers: []ServerSpec{{Addr: srv.Addr()}},
+		Cache: CacheConfig{Regions: []CacheRegion{{Region: ri.ID, Static: []Range{{0, 0}}}}}}
+	cfg.Tries, cfg.MaxRetransmitTimeout = 4, Duration(10*time.Millisecond)
+	runDone := make(chan struct{})
+	h := &blockingLog{match: "not loaded yet", entered: make(chan struct{}), left: make(chan struct{}), runDone: runDone}
+	a, err := NewAgent(cfg, AgentOptions{HostTransports: []transport.Transport{listen(t, loopback)},
+		FabricTransports: []transport.Transport{listen(t, loopback)}, Logger: slog.New(h)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		defer close(runDone)
+		if err := a.Run(ctx); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	select {
+	case <-h.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the configured static range never logged that it waits for its node")
+	}
+	cancel()
+	<-runDone
+	<-h.left
+	if h.late.Load() {
+		t.Fatal("Run returned while its configured static load was still running")
+	}
+}
+
+// blockingLog is a slog.Handler that holds the first record whose message
+// contains match until runDone is closed (then it notes late) or a second
+// has passed; entered is closed when it starts holding, left when it
+// stops.
+type blockingLog struct {
+	match   string
+	entered chan struct{}
+	left    chan struct{}
+	runDone chan struct{}
+	once    sync.Once
+	late    atomic.Bool
+}
+
+func (b *blockingLog) Enabled(context.Context, slog.Level) bool { return true }
+func (b *blockingLog) WithAttrs([]slog.Attr) slog.Handler       { return b }
+func (b *blockingLog) WithGroup(string) slog.Handler            { return b }
+func (b *blockingLog) Handle(_ context.Context, r slog.Record) error {
+	if !strings.Contains(r.Message, b.match) {
+		return nil
+	}
+	b.once.Do(func() {
+		close(b.entered)
+		select {
+		case <-b.runDone:
+			b.late.Store(true)
+		case <-time.After(time.Second):
+		}
+		close(b.left)
+	})
+	return nil
+}
+
 // TestHintRefused: a hint (or a prefetcher setting, which rides on op
 // hint) of another tenant's region or of a region the agent does not know
 // is refused, as the memory node would refuse it (ErrWrongTenant,
