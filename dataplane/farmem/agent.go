@@ -419,10 +419,12 @@ func (a *Agent) Run(ctx context.Context) error {
 		defer wg.Done()
 		a.watchRegions(ctx)
 	}()
-	go func() {
+	// Waited for like the loops: both stop at ctx's end, and neither may
+	// outlive Run (a log line, a cache change after it returned).
+	wg.Go(func() {
 		a.refresh(ctx, time.Now())
 		a.loadConfiguredStatic(ctx)
-	}()
+	})
 	wg.Wait()
 	return errors.Join(errs...)
 }

@@ -62,6 +62,21 @@ func (w *hostWorker) local(ctx context.Context, q *request) bool {
 		return true
 	case OpStatic:
 		hr := &hostReq{w: w, src: q.src, tenant: q.tenant, id: rec.ID}
+		if rec.Aux != 0 {
+			// A drop takes the cache's lock only: no loader needed.
+			reply := Record{Op: OpStatic, Region: rec.Region}
+			ranges, err := parseRanges(rec.Data)
+			if err == nil && rec.Aux != StaticDrop {
+				err = fmt.Errorf("%w: static flags %#x", ErrBadRequest, rec.Aux)
+			}
+			if err != nil {
+				reply.Status = statusOf(err)
+			} else {
+				reply.Aux = uint32(a.cache.dropStatic(q.tenant, rec.Region, ranges))
+			}
+			w.replyLocked(hr, reply, nil)
+			return true
+		}
 		job := staticJob{hr: hr, region: rec.Region, data: rec.Data, arrived: time.Now()}
 		if a.staticPending.Add(1) <= staticQueue+staticLoaders {
 			select {
@@ -323,7 +338,7 @@ func (a *Agent) loadStatic(ctx context.Context, tenant, region uint32, ranges []
 	// before it go again (else they would refuse its writes read-only).
 	var loaded []Range
 	fail := func(err error) error {
-		a.cache.dropStatic(region, loaded)
+		a.cache.dropStatic(tenant, region, loaded)
 		return err
 	}
 	for _, r := range ranges {
@@ -351,7 +366,7 @@ func (a *Agent) loadStatic(ctx context.Context, tenant, region uint32, ranges []
 // from then on, and read once the writes already in flight into it are
 // answered: a write cannot land between the read and the install.
 func (a *Agent) loadRange(ctx context.Context, tenant, region uint32, srv int, off, n uint64) error {
-	ld, err := a.cache.beginStatic(region, off, n)
+	ld, err := a.cache.beginStatic(tenant, region, off, n)
 	if err != nil {
 		return err
 	}

@@ -111,8 +111,9 @@ type regionCache struct {
 }
 
 type staticRange struct {
-	off  uint64
-	data []byte
+	off    uint64
+	data   []byte
+	tenant uint32 // whose load installed it: only that tenant drops it (StaticDrop)
 }
 
 // fillJob is one entry to load: a slot in the filling state.
@@ -1022,12 +1023,13 @@ type staticLoad struct {
 	c      *cache
 	rc     *regionCache // a forget since beginStatic replaces it: the load is void
 	region uint32
+	tenant uint32
 	r      Range
 }
 
-// beginStatic claims [off, off+n) of region for a static load. It fails
-// if a static range or another load overlaps it.
-func (c *cache) beginStatic(region uint32, off, n uint64) (*staticLoad, error) {
+// beginStatic claims [off, off+n) of region for tenant's static load. It
+// fails if a static range or another load overlaps it.
+func (c *cache) beginStatic(tenant, region uint32, off, n uint64) (*staticLoad, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	rc := c.region(region)
@@ -1035,7 +1037,7 @@ func (c *cache) beginStatic(region uint32, off, n uint64) (*staticLoad, error) {
 		return nil, fmt.Errorf("%w: static range %d+%d of region %d overlaps one loaded", ErrBadRequest, off, n, region)
 	}
 	rc.loading = append(rc.loading, Range{off, n})
-	return &staticLoad{c: c, rc: rc, region: region, r: Range{off, n}}, nil
+	return &staticLoad{c: c, rc: rc, region: region, tenant: tenant, r: Range{off, n}}, nil
 }
 
 // writesDone says whether no write into the range is in flight any more,
@@ -1075,29 +1077,40 @@ func (l *staticLoad) install(data []byte) error {
 		return fmt.Errorf("%w: region %d was freed while its static range loaded", ErrUnknownRegion, l.region)
 	}
 	c.invalidateLocked(l.region, rc, l.r.Offset, l.r.Size)
-	rc.static = append(rc.static, staticRange{l.r.Offset, data})
+	rc.static = append(rc.static, staticRange{l.r.Offset, data, l.tenant})
 	slices.SortFunc(rc.static, func(a, b staticRange) int { return cmp.Compare(a.off, b.off) })
 	return nil
 }
 
-// dropStatic removes the static ranges rs of region, installed by a load
-// that failed later, and gives their budget back. A range no longer there
-// (the region was forgotten, which gave its budget back) is skipped.
-func (c *cache) dropStatic(region uint32, rs []Range) {
+// dropStatic removes the static ranges rs of region that tenant's loads
+// installed (a range of size 0 at offset 0: the whole region), and gives
+// their budget back: those of a load that failed later, or of a client's
+// earlier requests (StaticDrop). A range not there as named, or another
+// tenant's, is skipped (after a forget, which gave the budget back, none
+// is there). It returns how many it removed.
+func (c *cache) dropStatic(tenant, region uint32, rs []Range) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	rc := c.regions[region]
 	if rc == nil {
-		return
+		return 0
 	}
+	dropped := 0
 	for _, r := range rs {
-		i := slices.IndexFunc(rc.static, func(s staticRange) bool { return s.off == r.Offset && uint64(len(s.data)) == r.Size })
+		if r.Offset == 0 && r.Size == 0 {
+			r.Size = rc.size
+		}
+		i := slices.IndexFunc(rc.static, func(s staticRange) bool {
+			return s.off == r.Offset && uint64(len(s.data)) == r.Size && s.tenant == tenant
+		})
 		if i < 0 {
 			continue
 		}
 		rc.static = slices.Delete(rc.static, i, i+1)
 		c.staticUsed -= r.Size
+		dropped++
 	}
+	return dropped
 }
 
 // overlaps says whether any of rs overlaps [off, off+n).

@@ -965,11 +965,11 @@ func TestStaticLoadWaitsForWrites(t *testing.T) {
 	if c.beginWrite(0, 1, 100, 200) != writeHeld || c.beginWrite(0, 1, 1<<19, 4096) != writeHeld {
 		t.Fatal("write refused")
 	}
-	ld, err := c.beginStatic(1, 0, 64<<10)
+	ld, err := c.beginStatic(0, 1, 0, 64<<10)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.beginStatic(1, 4096, 4096); !errors.Is(err, ErrBadRequest) {
+	if _, err := c.beginStatic(0, 1, 4096, 4096); !errors.Is(err, ErrBadRequest) {
 		t.Fatalf("second load of an overlapping range: %v, want ErrBadRequest", err)
 	}
 	if c.beginWrite(0, 1, 60<<10, 8<<10) != writeReadOnly {
@@ -1145,6 +1145,18 @@ func TestStaticLoadAllOrNothing(t *testing.T) {
 	const chunk, size = 64 << 10, 1 << 20
 	a := startCachingAgent(t, srv, CacheConfig{})
 	r, _ := writtenRegion(t, newClient(t, a.Addr(), 3), size, chunk)
+	// More ranges than one request carries, the last past the region:
+	// the client's LoadStatic sends two, and the second fails after the
+	// first loaded (before, the first's ranges stayed loaded).
+	per := r.c.req.pk.room() / RangeLen
+	if 128*per >= size {
+		t.Fatalf("%d ranges a request: too many for the test's region", per)
+	}
+	var twoRequests []Range
+	for i := range per {
+		twoRequests = append(twoRequests, Range{uint64(128 * i), 64})
+	}
+	twoRequests = append(twoRequests, Range{size, 4096})
 	for _, tc := range []struct {
 		name   string
 		ranges []Range
@@ -1153,6 +1165,7 @@ func TestStaticLoadAllOrNothing(t *testing.T) {
 		{"second overlaps the first", []Range{{0, chunk}, {4096, 4096}}, ErrBadRequest},
 		{"second past the region", []Range{{0, chunk}, {size, 4096}}, ErrOutOfRange},
 		{"third overlaps the first", []Range{{0, chunk}, {2 * chunk, chunk}, {chunk - 1, 2}}, ErrBadRequest},
+		{"second request's range past the region", twoRequests, ErrOutOfRange},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := r.LoadStatic(tc.ranges); !errors.Is(err, tc.want) {
@@ -1165,6 +1178,52 @@ func TestStaticLoadAllOrNothing(t *testing.T) {
 				t.Fatalf("owner's write into the first range of the failed load: %v", err)
 			}
 		})
+	}
+}
+
+// TestStaticDropOwnLoads: a static drop (what LoadStatic sends to undo its
+// earlier requests) removes only ranges named exactly as loaded, and only
+// the requesting tenant's loads: another tenant's drop, or one of a range
+// not loaded so, leaves the range loaded and its budget held.
+func TestStaticDropOwnLoads(t *testing.T) {
+	srv, _ := startServer(t, t.TempDir(), listen(t, loopback))
+	const chunk, size = 64 << 10, 1 << 20
+	a := startCachingAgent(t, srv, CacheConfig{})
+	owner := newClient(t, a.Addr(), 3)
+	r, _ := writtenRegion(t, owner, size, chunk)
+	if ok, err := r.LoadStatic([]Range{{0, chunk}}); err != nil || !ok {
+		t.Fatalf("LoadStatic: %v, %v", ok, err)
+	}
+	drop := func(c *Client, rs []Range) uint32 {
+		t.Helper()
+		k := &call{rec: Record{Op: OpStatic, Region: r.ID(), Aux: StaticDrop}, data: appendRanges(nil, rs)}
+		if err := c.do(context.Background(), k); err != nil {
+			t.Fatalf("drop %v: %v", rs, err)
+		}
+		return k.reply.Aux
+	}
+	for _, tc := range []struct {
+		name   string
+		c      *Client
+		ranges []Range
+		want   uint32
+	}{
+		{"another tenant's", newClient(t, a.Addr(), 4), []Range{{0, chunk}}, 0},
+		{"tenant 0's", newClient(t, a.Addr(), 0), []Range{{0, chunk}}, 0},
+		{"part of the range", owner, []Range{{0, 4096}}, 0},
+		{"the whole region", owner, []Range{{0, 0}}, 0},
+		{"the range as loaded", owner, []Range{{0, chunk}}, 1},
+	} {
+		before := a.Stats().Cache.StaticBytes
+		if n := drop(tc.c, tc.ranges); n != tc.want {
+			t.Fatalf("%s drop: %d ranges dropped, want %d", tc.name, n, tc.want)
+		}
+		if got, want := a.Stats().Cache.StaticBytes, before-uint64(tc.want)*chunk; got != want {
+			t.Fatalf("after %s drop: %d static bytes, want %d", tc.name, got, want)
+		}
+	}
+	if _, err := r.WriteAt(make([]byte, 16), 0); err != nil {
+		t.Fatalf("owner's write into the dropped range: %v", err)
 	}
 }
 
@@ -1329,6 +1388,83 @@ func TestConfiguredStaticRetries(t *testing.T) {
 			t.Fatalf("region stats %+v: want the reads served from the static range", rs)
 		}
 	}
+}
+
+// TestRunWaitsForConfiguredStatic stops an agent while its configured
+// static range waits for a silent memory node: Run returns only once that
+// load has stopped. The load is caught in its log line ("not loaded yet"),
+// which returns only when Run has (a late load) or a second has passed.
+// (Before, the first refresh and the configured loads ran on a goroutine
+// Run did not wait for, and Run returned at once.)
+func TestRunWaitsForConfiguredStatic(t *testing.T) {
+	gate := &gatedTransport{Transport: listen(t, loopback)}
+	srv, _ := startServer(t, t.TempDir(), gate)
+	ri, err := srv.Create(3, 1<<20, false, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(gate.hold())
+	cfg := AgentConfig{Config: testConfig(), Servers: []ServerSpec{{Addr: srv.Addr()}},
+		Cache: CacheConfig{Regions: []CacheRegion{{Region: ri.ID, Static: []Range{{0, 0}}}}}}
+	cfg.Tries, cfg.MaxRetransmitTimeout = 4, Duration(10*time.Millisecond)
+	runDone := make(chan struct{})
+	h := &blockingLog{match: "not loaded yet", entered: make(chan struct{}), left: make(chan struct{}), runDone: runDone}
+	a, err := NewAgent(cfg, AgentOptions{HostTransports: []transport.Transport{listen(t, loopback)},
+		FabricTransports: []transport.Transport{listen(t, loopback)}, Logger: slog.New(h)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		defer close(runDone)
+		if err := a.Run(ctx); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	select {
+	case <-h.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the configured static range never logged that it waits for its node")
+	}
+	cancel()
+	<-runDone
+	<-h.left
+	if h.late.Load() {
+		t.Fatal("Run returned while its configured static load was still running")
+	}
+}
+
+// blockingLog is a slog.Handler that holds the first record whose message
+// contains match until runDone is closed (then it notes late) or a second
+// has passed; entered is closed when it starts holding, left when it
+// stops.
+type blockingLog struct {
+	match   string
+	entered chan struct{}
+	left    chan struct{}
+	runDone chan struct{}
+	once    sync.Once
+	late    atomic.Bool
+}
+
+func (b *blockingLog) Enabled(context.Context, slog.Level) bool { return true }
+func (b *blockingLog) WithAttrs([]slog.Attr) slog.Handler       { return b }
+func (b *blockingLog) WithGroup(string) slog.Handler            { return b }
+func (b *blockingLog) Handle(_ context.Context, r slog.Record) error {
+	if !strings.Contains(r.Message, b.match) {
+		return nil
+	}
+	b.once.Do(func() {
+		close(b.entered)
+		select {
+		case <-b.runDone:
+			b.late.Store(true)
+		case <-time.After(time.Second):
+		}
+		close(b.left)
+	})
+	return nil
 }
 
 // TestHintRefused: a hint (or a prefetcher setting, which rides on op

@@ -491,6 +491,19 @@ func (r *Region) Close() error {
 	return nil
 }
 
+// dropStatic asks the DPU agent to drop the static ranges that the
+// requests in reqs (their data) loaded.
+func (r *Region) dropStatic(reqs [][]byte) error {
+	var errs []error
+	for _, data := range reqs {
+		k := &call{rec: Record{Op: OpStatic, Region: r.id, Aux: StaticDrop}, data: data}
+		if err := r.c.do(r.c.ctx, k); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // Static returns the ranges of the region the DPU agent serves from its
 // static cache, as of the open and of this handle's LoadStatic calls.
 func (r *Region) Static() []Range {
@@ -590,22 +603,33 @@ func (r *Region) SetDynamicRanges(ranges []Range) error {
 // the whole region) into its static cache, and returns when they are
 // there: from then on the agent serves their reads without fabric
 // traffic, and refuses writes into them (ErrReadOnly). It returns false
-// when the far end is a memory node, which has no cache.
+// when the far end is a memory node, which has no cache. It loads all of
+// them or none: ranges that take more than one request are loaded one
+// request at a time, and when one fails, those the requests before it
+// loaded are dropped again (StaticDrop).
 func (r *Region) LoadStatic(ranges []Range) (bool, error) {
 	if _, err := r.currentLease(); err != nil {
 		return false, err
 	}
 	loaded := true
+	var done [][]byte // the requests the agent loaded, to drop on a failure
 	err := r.rangeRecords(ranges, func(data []byte) error {
 		k := &call{rec: Record{Op: OpStatic, Region: r.id}, data: data}
 		if err := r.c.do(r.c.ctx, k); err != nil {
 			return err
 		}
+		if k.reply.Aux > 0 {
+			done = append(done, data)
+		}
 		loaded = loaded && k.reply.Aux > 0
 		return nil
 	})
 	if err != nil {
-		return false, fmt.Errorf("farmem: static ranges of region %d: %w", r.id, err)
+		err = fmt.Errorf("farmem: static ranges of region %d: %w", r.id, err)
+		if derr := r.dropStatic(done); derr != nil {
+			err = fmt.Errorf("%w; and the ranges its earlier requests loaded could not all be dropped again, so some stay static until the region is freed or the agent restarts: %w", err, derr)
+		}
+		return false, err
 	}
 	if loaded {
 		r.mu.Lock()

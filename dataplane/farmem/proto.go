@@ -55,7 +55,8 @@ const (
 	OpHint Op = 10
 	// OpStatic loads ranges into the DPU agent's static cache: data =
 	// Range entries (size 0: the whole region). Reply after they are
-	// loaded: aux = ranges loaded (a memory node answers 0).
+	// loaded: aux = ranges loaded (a memory node answers 0). With aux =
+	// StaticDrop it drops them instead.
 	OpStatic Op = 11
 	// OpFreed is a notice, not a reply: a memory node sends it,
 	// unsolicited and in mem-reply datagrams of its own (ID 0), to the
@@ -130,6 +131,13 @@ const ReadCaches uint32 = 1
 const NoticeVersion uint32 = 1
 
 func (o Op) known() bool { return o >= OpRead && o <= OpFreed }
+
+// StaticDrop, in an OpStatic's aux, asks the DPU agent to drop the static
+// ranges named (exactly as loaded) that the same tenant loaded, with their
+// budget: a client's LoadStatic that took several requests undoes those
+// that succeeded when a later one fails. Reply: aux = ranges dropped. A
+// memory node answers 0, as to a load.
+const StaticDrop uint32 = 1
 
 // HintDynamic, in an OpHint's aux, makes its ranges the only ones of the
 // region that the DPU agent's dynamic cache holds (no ranges: all of it).

@@ -282,10 +282,7 @@ func (s *Server) List(tenant uint32) []RegionInfo { return s.st.list(tenant, 0, 
 
 // Stats returns a snapshot of the counters.
 func (s *Server) Stats() ServerStats {
-	s.st.mu.RLock()
-	used := s.st.used
-	s.st.mu.RUnlock()
-	regions := s.List(0)
+	used, regions := s.st.usage(s.opts.Now())
 	tenants := map[uint32]bool{}
 	writers := 0
 	for _, r := range regions {

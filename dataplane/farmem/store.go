@@ -668,6 +668,25 @@ func (s *store) free(tenant, id uint32) ([]netip.AddrPort, error) {
 // in ID order; a lease counts as held if it is unexpired at now.
 func (s *store) list(tenant, first uint32, now time.Time) []RegionInfo {
 	s.mu.RLock()
+	out := s.listLocked(tenant, first, now)
+	s.mu.RUnlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// usage returns the bytes used and every region, read together under one
+// lock, so that they agree (a create or free between two reads would not).
+// used also counts the capacity of creates still building their files,
+// which are not listed yet.
+func (s *store) usage(now time.Time) (uint64, []RegionInfo) {
+	s.mu.RLock()
+	used, out := s.used, s.listLocked(0, 0, now)
+	s.mu.RUnlock()
+	return used, out
+}
+
+// listLocked is list's loop; call with s.mu held (read is enough).
+func (s *store) listLocked(tenant, first uint32, now time.Time) []RegionInfo {
 	var out []RegionInfo
 	for _, r := range s.regions {
 		if r.info.ID >= first && (tenant == 0 || r.info.Tenant == tenant) {
@@ -678,8 +697,6 @@ func (s *store) list(tenant, first uint32, now time.Time) []RegionInfo {
 			out = append(out, ri)
 		}
 	}
-	s.mu.RUnlock()
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
 }
 

@@ -323,3 +323,43 @@ func TestCreateAfterStop(t *testing.T) {
 		t.Errorf("backing files left: %v", m)
 	}
 }
+
+// TestStatsSnapshot frees regions, all of one size, while Stats is read:
+// every snapshot's used bytes are its regions' sizes. (Before, Stats read
+// the used bytes and listed the regions under two locks: a free in between
+// made them disagree.)
+func TestStatsSnapshot(t *testing.T) {
+	srv, _ := startServer(t, t.TempDir(), listen(t, loopback))
+	const n, size = 200, 4096
+	ids := make([]uint32, 0, n)
+	for range n {
+		ri, err := srv.Create(3, size, true, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, ri.ID)
+	}
+	freed := make(chan error, 1)
+	go func() {
+		for _, id := range ids {
+			if err := srv.Free(0, id); err != nil {
+				freed <- err
+				return
+			}
+		}
+		freed <- nil
+	}()
+	for snaps := 0; ; snaps++ {
+		st := srv.Stats()
+		if st.Used != uint64(st.Regions)*size {
+			t.Fatalf("snapshot %d: %d bytes used with %d regions of %d bytes listed", snaps, st.Used, st.Regions, size)
+		}
+		if st.Regions == 0 {
+			t.Logf("%d snapshots", snaps)
+			break
+		}
+	}
+	if err := <-freed; err != nil {
+		t.Fatal(err)
+	}
+}

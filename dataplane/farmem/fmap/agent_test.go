@@ -351,6 +351,10 @@ func TestMapOptions(t *testing.T) {
 		{name: "chunk above the largest", o: Options{ChunkSize: 2 * maxChunkSize}, wantErr: "chunk size"},
 		{name: "largest chunk, larger than the region", o: Options{ChunkSize: maxChunkSize}, cap: 1},
 		{name: "buffer of every byte there is", o: Options{BufferBytes: math.MaxInt64}, cap: 16},
+		// Refused before it is sent, naming the field and its range
+		// (before: "json: unsupported value: NaN").
+		{name: "load factor NaN", o: Options{LoadFactor: math.NaN()}, wantErr: "Options.LoadFactor NaN: want a value in (0, 1]"},
+		{name: "load factor 2", o: Options{LoadFactor: 2}, wantErr: "Options.LoadFactor 2: want a value in (0, 1]"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

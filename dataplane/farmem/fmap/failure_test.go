@@ -220,16 +220,24 @@ func TestCloseAfterTornReply(t *testing.T) {
 // pages behind in a chunk recorded absent). A write to that page must
 // still mark the chunk dirty, so that Sync writes it back.
 func TestCleanInstallOverPresentPage(t *testing.T) {
+	checkEExistWriteBack(t, "eexist", "the write to a page kept by a clean install")
+}
+
+// checkEExistWriteBack runs helper role (eexist or eexist-written) against
+// a fresh agent and fails unless the byte at eexistAt reached the backend
+// by the program's Sync; what names the write in the failure.
+func checkEExistWriteBack(t *testing.T, role, what string) {
+	t.Helper()
 	a := startAgent(t)
 	be := a.add(1, NewMemBackend(syncErrSize))
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	out := runHelper(t, ctx, "eexist", "FMAP_SOCK="+a.sock)
+	out := runHelper(t, ctx, role, "FMAP_SOCK="+a.sock)
 	t.Log(out)
 	got := make([]byte, 1)
 	be.ReadAt(got, eexistAt)
 	if got[0] != 0x55 {
-		t.Fatalf("backend byte %d is %#x after Sync, want 0x55: the write to a page kept by a clean install was not written back", eexistAt, got[0])
+		t.Fatalf("backend byte %d is %#x after Sync, want 0x55: %s was not written back", eexistAt, got[0], what)
 	}
 }
 
@@ -241,17 +249,7 @@ func TestCleanInstallOverPresentPage(t *testing.T) {
 // clean: the page put in the memfd by the program, standing in for the
 // write, never reached the backend.)
 func TestCleanInstallOverWrittenPage(t *testing.T) {
-	a := startAgent(t)
-	be := a.add(1, NewMemBackend(syncErrSize))
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	defer cancel()
-	out := runHelper(t, ctx, "eexist-written", "FMAP_SOCK="+a.sock)
-	t.Log(out)
-	got := make([]byte, 1)
-	be.ReadAt(got, eexistAt)
-	if got[0] != 0x55 {
-		t.Fatalf("backend byte %d is %#x after Sync, want 0x55: a write in a page kept by a clean install was not written back", eexistAt, got[0])
-	}
+	checkEExistWriteBack(t, "eexist-written", "a write in a page kept by a clean install")
 }
 
 func helperEExistWritten() error {

@@ -197,9 +197,6 @@ func (h *handler) serve(ctx context.Context, m uffdMsg, buf []byte) {
 		// reported by Sync. A lost backend (ErrLost) will not come back:
 		// poison at once.
 		lost := errors.Is(err, ErrLost)
-		if !lost {
-			h.countRetry()
-		}
 		if failing.IsZero() {
 			failing = time.Now()
 		}
@@ -216,6 +213,9 @@ func (h *handler) serve(ctx context.Context, m uffdMsg, buf []byte) {
 			return
 		case <-time.After(backoff):
 		}
+		// Counted here, as it is made: the failure that got the chunk
+		// poisoned, or that ctx's end cut short, is not retried.
+		h.countRetry()
 	}
 }
 

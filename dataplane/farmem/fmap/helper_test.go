@@ -35,12 +35,14 @@ type countingBackend struct {
 	failReadAt    atomic.Int64 // 1 + an offset whose reads fail; 0 for none
 	failReadSkip  atomic.Int64 // reads of that offset that still succeed first
 	failLost      atomic.Bool  // those reads fail with ErrLost
+	readsFailed   atomic.Int64 // reads failed so, each a failed attempt to serve a fault
 	writesLost    atomic.Bool  // every write fails with ErrLost
 }
 
 func (c *countingBackend) ReadAt(p []byte, off int64) (int, error) {
 	c.reads.Add(1)
 	if bad := c.failReadAt.Load() - 1; bad >= off && bad < off+int64(len(p)) && c.failReadSkip.Add(-1) < 0 {
+		c.readsFailed.Add(1)
 		if c.failLost.Load() {
 			return 0, fmt.Errorf("injected read error at %d: region freed: %w", bad, ErrLost)
 		}

@@ -54,6 +54,9 @@ type Mapping struct {
 // holding its P, and a handler in the same process can deadlock against a
 // stop-the-world GC that waits for that P.
 func Map(ctx context.Context, agentSocket string, region RegionRef, opts Options) (*Mapping, error) {
+	if err := opts.check(); err != nil {
+		return nil, fmt.Errorf("fmap: %s: %w", region, err)
+	}
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unix", agentSocket)
 	if err != nil {

@@ -88,6 +88,17 @@ type resolved struct {
 	readAhead    int           // chunks; 0: off
 }
 
+// check refuses the options no region size makes valid, before Map sends
+// them: a NaN or infinite LoadFactor would otherwise fail as an unclear
+// JSON error on the way to the agent.
+func (o Options) check() error {
+	// Written so that NaN, which fails every comparison, is refused too.
+	if lf := o.LoadFactor; !(lf >= 0 && lf <= 1) {
+		return fmt.Errorf("fmap: Options.LoadFactor %g: want a value in (0, 1], or 0 for the default %g", lf, DefaultLoadFactor)
+	}
+	return nil
+}
+
 func (o Options) resolve(size int64) (resolved, error) {
 	page := os.Getpagesize()
 	r := resolved{chunk: o.ChunkSize, size: size, pageSize: page, loadRatio: o.LoadFactor, fetchTimeout: o.FetchTimeout}
@@ -122,11 +133,11 @@ func (o Options) resolve(size int64) (resolved, error) {
 	r.capacity = int((buf + int64(r.chunk) - 1) / int64(r.chunk))
 	r.capacity = max(r.capacity, minBufferChunks)
 	r.capacity = min(r.capacity, r.nchunks)
+	if err := o.check(); err != nil {
+		return r, err
+	}
 	if r.loadRatio == 0 {
 		r.loadRatio = DefaultLoadFactor
-	}
-	if r.loadRatio < 0 || r.loadRatio > 1 {
-		return r, fmt.Errorf("fmap: load factor %g: want a value in (0, 1]", r.loadRatio)
 	}
 	r.lowWater = max(int(float64(r.capacity)*r.loadRatio), 1)
 	if r.capacity == r.nchunks {

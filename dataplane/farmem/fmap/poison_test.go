@@ -28,7 +28,9 @@ const (
 // program recovers as a panic at an address in chunk 1; the other chunks
 // still read right, and Sync and Close report the poisoned chunk. A
 // backend that says its data is lost (ErrLost) gets the chunk poisoned at
-// once, though the timeout is an hour, with no retry.
+// once, though the timeout is an hour, with no retry. Stats.Retries counts
+// the failed fetches that were tried again: all of them when the backend
+// comes back, all but the last when the chunk is poisoned.
 func TestFetchFailure(t *testing.T) {
 	if f, err := uffdFeatures(); err == nil && f&featurePoison == 0 {
 		t.Fatalf("this kernel's userfaultfd lacks UFFD_FEATURE_POISON (features %#x): the test needs Linux 6.6 or later", f)
@@ -94,6 +96,25 @@ func TestFetchFailure(t *testing.T) {
 			}
 			if !strings.Contains(all, wantStats) {
 				t.Errorf("program printed no %q", wantStats)
+			}
+			// A retry is a failed fetch tried again: the one that got
+			// the chunk poisoned is not (before, it counted too, and
+			// with the backend down every failed fetch was a retry).
+			// Fewer may be counted: a fault the kernel sent twice is
+			// served twice, and one still backing off when the program
+			// exits is never tried again.
+			var retries int64 = -1
+			for _, l := range out {
+				fmt.Sscanf(l, "RETRIES %d", &retries)
+			}
+			failed := be.readsFailed.Load()
+			switch {
+			case retries < 0:
+				t.Error("program printed no RETRIES line")
+			case tc.heal && retries > failed:
+				t.Errorf("%d retries counted for %d failed fetches, all served in the end: want at most one each", retries, failed)
+			case !tc.heal && retries >= failed:
+				t.Errorf("%d retries counted for %d failed fetches, the last of which got the chunk poisoned: want fewer", retries, failed)
 			}
 			if tc.heal {
 				if strings.Contains(all, "POISONED") {
@@ -247,5 +268,6 @@ func printStats(ctx context.Context, m *Mapping) error {
 		return err
 	}
 	fmt.Printf("STATS retries>0 %v poisoned %d\n", st.Retries > 0, st.Poisoned)
+	fmt.Printf("RETRIES %d\n", st.Retries)
 	return nil
 }

@@ -102,6 +102,9 @@ func TestOptionsResolve(t *testing.T) {
 		{name: "largest chunk, larger than the region", o: Options{ChunkSize: maxChunkSize}, size: 1 << 20,
 			chunk: maxChunkSize, nchunks: 1, cap: 1, lowW: 1, mapLen: 1 << 20},
 		{name: "load factor above 1", o: Options{LoadFactor: 1.5}, size: 1 << 20, wantErr: true},
+		{name: "load factor NaN", o: Options{LoadFactor: math.NaN()}, size: 1 << 20, wantErr: true},
+		{name: "load factor +Inf", o: Options{LoadFactor: math.Inf(1)}, size: 1 << 20, wantErr: true},
+		{name: "negative load factor", o: Options{LoadFactor: -0.5}, size: 1 << 20, wantErr: true},
 		{name: "negative read-ahead", o: Options{ReadAhead: -1}, size: 1 << 20, wantErr: true},
 		{name: "empty region", size: 0, wantErr: true},
 	}

@@ -45,20 +45,51 @@ func run(ctx context.Context, socket, dir string) error {
 		return fmt.Errorf("an agent already serves %s", socket)
 	}
 	os.Remove(socket)
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: socket, Net: "unix"})
+	ln, err := listen(socket, nil)
 	if err != nil {
 		return err
 	}
 	defer os.Remove(socket)
-	// Mappings expose memory: only the owner (root) may connect.
-	if err := os.Chmod(socket, 0o600); err != nil {
-		return err
-	}
 	fmt.Fprintf(os.Stderr, "fmap-agent: serving regions from %s on %s\n", dir, socket)
 	agent := &fmap.Agent{Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))}
 	return agent.Serve(ctx, ln, func(_ context.Context, r fmap.RegionRef) (fmap.Backend, error) {
 		return openFile(filepath.Join(dir, strconv.FormatUint(r.ID, 10)))
 	})
+}
+
+// listen listens on a unix socket at path that only its owner may connect
+// to, from the start: mappings expose memory. The socket is bound in a new
+// directory beside path that only the owner may enter (0700), made
+// owner-only there, and then renamed to path, so it never is at path with
+// wider permissions. (A chmod after binding at path left a window in which
+// anyone could connect; a umask around the bind would change the whole
+// process's, racing other goroutines' creates.) bound, when not nil, is
+// called with the bound socket's path before the rename (tests).
+func listen(path string, bound func(tmp string)) (*net.UnixListener, error) {
+	dir, err := os.MkdirTemp(filepath.Dir(path), ".fmap-agent-")
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: a private directory for the bind: %w", path, err)
+	}
+	defer os.RemoveAll(dir)
+	tmp := filepath.Join(dir, "sock")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	// The name it was bound to goes with dir; the caller removes path.
+	ln.SetUnlinkOnClose(false)
+	if err := os.Chmod(tmp, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("listen on %s: make the socket owner-only: %w", path, err)
+	}
+	if bound != nil {
+		bound(tmp)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("listen on %s: move the socket into place: %w", path, err)
+	}
+	return ln, nil
 }
 
 // fileBackend is a region kept in a file.

@@ -3,7 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
+	"io/fs"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -92,5 +95,62 @@ func TestAgentFiles(t *testing.T) {
 	}
 	if !bytes.Equal(got, want) {
 		t.Fatalf("region file after Close differs from what was written")
+	}
+}
+
+// TestListenOwnerOnly: the agent's socket is owner-only from the moment it
+// is bound: it is bound in a directory only the owner may enter and made
+// 0600 there, and appears at its path only then. (Before, it was bound at
+// its path with the umask's permissions and made 0600 after: anyone could
+// connect in between, which the check at bind time here catches.)
+func TestListenOwnerOnly(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "agent.sock")
+	var checked bool
+	ln, err := listen(path, func(tmp string) {
+		checked = true
+		if _, err := os.Lstat(path); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("at bind time, %s: %v, want nothing there yet", path, err)
+		}
+		if st, err := os.Stat(filepath.Dir(tmp)); err != nil || st.Mode().Perm() != 0o700 {
+			t.Errorf("the directory the socket is bound in: %v, %v; want mode 0700", st.Mode(), err)
+		}
+		if st, err := os.Lstat(tmp); err != nil || st.Mode().Perm() != 0o600 {
+			t.Errorf("the bound socket: %v, %v; want mode 0600", st.Mode(), err)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if !checked {
+		t.Fatal("listen did not call bound")
+	}
+	st, err := os.Lstat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Type() != fs.ModeSocket || st.Mode().Perm() != 0o600 {
+		t.Fatalf("%s: mode %v, want a socket with mode 0600", path, st.Mode())
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, ".fmap-agent-*")); len(left) != 0 {
+		t.Fatalf("private bind directories left behind: %v", left)
+	}
+	// Served at its path after the rename.
+	accepted := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			c.Close()
+		}
+		accepted <- err
+	}()
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatalf("dial %s: %v", path, err)
+	}
+	c.Close()
+	if err := <-accepted; err != nil {
+		t.Fatalf("accept: %v", err)
 	}
 }
