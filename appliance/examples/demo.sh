@@ -235,7 +235,7 @@ start_node gpu0
 services_up dpu2 gpu0
 # The host registers its slot buffers with the DPU (heartbeat, handle socket).
 wait_until gpu0 "gpu0 to register its GPU slots with dpu2 ('lovelock ingest stats' saying registered)" \
-	output_has ', registered' "$lovelock" --socket "$RUN/gpu0.sock" ingest stats
+	output_has '; registered with its DPU' "$lovelock" --socket "$RUN/gpu0.sock" ingest stats
 "$lovelock" --socket "$RUN/gpu0.sock" ingest gpus
 "$lovelock" --socket "$RUN/dpu2.sock" ingest models
 infer() { "$lovelock" testbed exec --prefix "$PREFIX" client -- "$lovelock" infer --dpu 10.77.0.12:61440 "$@"; }
