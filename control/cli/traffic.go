@@ -261,21 +261,10 @@ func trafficFrames(me, peer testbed.Endpoint, count int) ([][][]byte, error) {
 
 // trafficSend writes every frame out of me, class by class.
 func trafficSend(spec testbed.Spec, me, peer testbed.Endpoint, frames [][][]byte) error {
-	err := spec.Run(me.Node, func() error {
-		l, err := netlink.LinkByName(me.Iface)
-		if err != nil {
-			return err
-		}
-		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			return fmt.Errorf("packet socket: %w", err)
-		}
-		defer unix.Close(fd)
-		to := &unix.SockaddrLinklayer{Ifindex: l.Attrs().Index, Halen: 6}
-		copy(to.Addr[:], testbed.MAC(peer.Node, peer.Iface))
+	err := sendOut(spec, me.Node, me.Iface, testbed.MAC(peer.Node, peer.Iface), func(send func([]byte) error) error {
 		for ci, class := range trafficMix {
 			for _, frame := range frames[ci] {
-				if err := unix.Sendto(fd, frame, 0, to); err != nil {
+				if err := send(frame); err != nil {
 					return fmt.Errorf("%s: send: %w", class.name, err)
 				}
 			}
@@ -286,6 +275,25 @@ func trafficSend(spec testbed.Spec, me, peer testbed.Endpoint, frames [][][]byte
 		return fmt.Errorf("testbed traffic from %s: %w", me.Node, err)
 	}
 	return nil
+}
+
+// sendOut opens a packet socket on node's iface and calls write, whose send
+// writes one frame out of it to the MAC dst.
+func sendOut(spec testbed.Spec, node, iface string, dst []byte, write func(send func([]byte) error) error) error {
+	return spec.Run(node, func() error {
+		l, err := netlink.LinkByName(iface)
+		if err != nil {
+			return err
+		}
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("packet socket: %w", err)
+		}
+		defer unix.Close(fd)
+		to := &unix.SockaddrLinklayer{Ifindex: l.Attrs().Index, Halen: 6}
+		copy(to.Addr[:], dst)
+		return write(func(frame []byte) error { return unix.Sendto(fd, frame, 0, to) })
+	})
 }
 
 // trafficPoint is a place --check watches: the DPU's stack (a packet socket
@@ -467,20 +475,7 @@ func (p *trafficPoint) setMarker(dpu string) {
 
 // sendMarker sends p's marker out of the DPU port p.name, inside dpu.
 func (p *trafficPoint) sendMarker(spec testbed.Spec, dpu string) error {
-	return spec.Run(dpu, func() error {
-		l, err := netlink.LinkByName(p.name)
-		if err != nil {
-			return err
-		}
-		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			return fmt.Errorf("packet socket: %w", err)
-		}
-		defer unix.Close(fd)
-		to := &unix.SockaddrLinklayer{Ifindex: l.Attrs().Index, Halen: 6}
-		copy(to.Addr[:], p.marker[:6])
-		return unix.Sendto(fd, p.marker, 0, to)
-	})
+	return sendOut(spec, dpu, p.name, p.marker[:6], func(send func([]byte) error) error { return send(p.marker) })
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }

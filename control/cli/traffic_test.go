@@ -14,6 +14,7 @@ import (
 
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/lovelock-dpu/lovelock/bpf"
@@ -410,39 +411,8 @@ func TestTrafficCaptureDrops(t *testing.T) {
 	frame := testenv.UDPFrame(5000)
 	const sent = 200
 	p := &trafficPoint{name: trafficKernel}
-	testenv.InNetNS(t, ns, func() error {
-		rx, err := netlink.LinkByName("rx")
-		if err != nil {
-			return err
-		}
-		tx, err := netlink.LinkByName("tx")
-		if err != nil {
-			return err
-		}
-		proto := int(htons(unix.ETH_P_ALL))
-		if p.fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, proto); err != nil {
-			return err
-		}
-		// The smallest buffer: a handful of frames fit, the rest are dropped.
-		if err := unix.SetsockoptInt(p.fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 0); err != nil {
-			return err
-		}
-		if err := unix.Bind(p.fd, &unix.SockaddrLinklayer{Protocol: uint16(proto), Ifindex: rx.Attrs().Index}); err != nil {
-			return err
-		}
-		out, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			return err
-		}
-		defer unix.Close(out)
-		to := &unix.SockaddrLinklayer{Ifindex: tx.Attrs().Index, Halen: 6}
-		for range sent {
-			if err := unix.Sendto(out, frame, 0, to); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	// The smallest buffer: a handful of frames fit, the rest are dropped.
+	captureVeth(t, ns, p, 0, slices.Repeat([][]byte{frame}, sent))
 	stop := make(chan struct{})
 	p.read(map[string]int{string(frame): 0}, stop)
 	close(stop)
@@ -468,35 +438,7 @@ func TestTrafficCaptureStops(t *testing.T) {
 	const sent = 5
 	p := &trafficPoint{name: "p0", at: testbed.Endpoint{Node: "fabric", Iface: "dpu0-p0"}}
 	p.setMarker("dpu0")
-	testenv.InNetNS(t, ns, func() error {
-		rx, err := netlink.LinkByName("rx")
-		if err != nil {
-			return err
-		}
-		tx, err := netlink.LinkByName("tx")
-		if err != nil {
-			return err
-		}
-		proto := int(htons(unix.ETH_P_ALL))
-		if p.fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, proto); err != nil {
-			return err
-		}
-		if err := unix.Bind(p.fd, &unix.SockaddrLinklayer{Protocol: uint16(proto), Ifindex: rx.Attrs().Index}); err != nil {
-			return err
-		}
-		out, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			return err
-		}
-		defer unix.Close(out)
-		to := &unix.SockaddrLinklayer{Ifindex: tx.Attrs().Index, Halen: 6}
-		for _, f := range append(slices.Repeat([][]byte{frame}, sent), p.marker) {
-			if err := unix.Sendto(out, f, 0, to); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	captureVeth(t, ns, p, -1, append(slices.Repeat([][]byte{frame}, sent), p.marker))
 	stop := make(chan struct{})
 	p.read(map[string]int{string(frame): 0}, stop)
 	close(stop)
@@ -518,4 +460,45 @@ func TestTrafficCaptureStops(t *testing.T) {
 	}
 	// Anything else on the veth (IPv6 chatter) counts as other; the marker must not.
 	t.Logf("other frames: %d", p.other)
+}
+
+// captureVeth binds p's packet socket, in ns, to the veth end rx (a
+// receive buffer of rcvbuf bytes; -1: the default) and sends frames into
+// it from tx.
+func captureVeth(t *testing.T, ns netns.NsHandle, p *trafficPoint, rcvbuf int, frames [][]byte) {
+	t.Helper()
+	testenv.InNetNS(t, ns, func() error {
+		rx, err := netlink.LinkByName("rx")
+		if err != nil {
+			return err
+		}
+		tx, err := netlink.LinkByName("tx")
+		if err != nil {
+			return err
+		}
+		proto := int(htons(unix.ETH_P_ALL))
+		if p.fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, proto); err != nil {
+			return err
+		}
+		if rcvbuf >= 0 {
+			if err := unix.SetsockoptInt(p.fd, unix.SOL_SOCKET, unix.SO_RCVBUF, rcvbuf); err != nil {
+				return err
+			}
+		}
+		if err := unix.Bind(p.fd, &unix.SockaddrLinklayer{Protocol: uint16(proto), Ifindex: rx.Attrs().Index}); err != nil {
+			return err
+		}
+		out, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(out)
+		to := &unix.SockaddrLinklayer{Ifindex: tx.Attrs().Index, Halen: 6}
+		for _, f := range frames {
+			if err := unix.Sendto(out, f, 0, to); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
