@@ -89,8 +89,8 @@ func ingestStats(c *ucli.Context) error {
 		if a.Decision > 0 {
 			decision = fmt.Sprintf("scheduler %v per decision", a.Decision)
 		}
-		fmt.Fprintf(w, "  %s; %s; doorbells %d (%d rung again), results resent %d\n",
-			lat, decision, a.Doorbells, a.Rerings, a.Resent)
+		fmt.Fprintf(w, "  %s; %s; doorbells %d (%d rung again), results resent %d; held slots released unrun %d\n",
+			lat, decision, a.Doorbells, a.Rerings, a.Resent, a.HeldReleased)
 		fmt.Fprintf(w, "  host registrations %d (%d failed), host lost %d, host protocol errors %d, reassembly timeouts %d\n", a.Registrations, a.RegisterFailed, a.HostLost,
 			a.ProtocolErrors, a.ReassemblyTimeouts)
 		fmt.Fprintf(w, "  host control refused %d (from outside host_peer %s, or registrations naming a socket outside host_socket %s; the log says which)\n",
@@ -98,8 +98,8 @@ func ingestStats(c *ucli.Context) error {
 	}
 	if h := rep.Host; h != nil {
 		fmt.Fprintf(w, "GPU host agent: epoch %s, %d GPUs of %d slots; %s\n", h.Epoch, h.GPUs, h.Slots, hostRegistration(h))
-		fmt.Fprintf(w, "  doorbells %d (%d repeated, %d stale); ran %d, failed %d; %d bytes in, %d out; device time %v\n",
-			h.Doorbells, h.Repeats, h.Stale, h.Completed, h.Failed, h.BytesIn, h.BytesOut, h.DeviceTime.Round(time.Microsecond))
+		fmt.Fprintf(w, "  doorbells %d (%d repeated, %d stale, %d given up released unrun); ran %d, failed %d; %d bytes in, %d out; device time %v\n",
+			h.Doorbells, h.Repeats, h.Stale, h.ReleasedUnrun, h.Completed, h.Failed, h.BytesIn, h.BytesOut, h.DeviceTime.Round(time.Microsecond))
 		fmt.Fprintf(w, "  handles served %d, refused %d\n", h.HandlesServed, h.HandleRefused)
 		if len(h.Workers) > 0 {
 			names := make([]string, 0, len(h.Workers))

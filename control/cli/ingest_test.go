@@ -71,3 +71,23 @@ func TestNoLatencyMeasured(t *testing.T) {
 		})
 	}
 }
+
+// TestIngestReleasedUnrun: both agents' stats show the given-up requests
+// the host released without running them (before, neither was counted:
+// the host ran the model again and nobody got its output).
+func TestIngestReleasedUnrun(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		svc  string
+		st   any
+		want string
+	}{
+		{"ingest agent", ingestAgent, agent.Stats{HeldReleased: 2}, `doorbells 0 \(0 rung again\), results resent 0; held slots released unrun 2\n`},
+		{"host agent", ingestHost, hostagent.Stats{ReleasedUnrun: 3}, `doorbells 0 \(0 repeated, 0 stale, 3 given up released unrun\); ran 0`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := runFake(t, &fakeService{services: []api.ServiceStatus{{Name: tc.svc, State: api.ServiceRunning}}, svcStats: map[string]any{tc.svc: tc.st}}, "ingest", "stats")
+			matchOutput(t, out, []string{tc.want}, nil)
+		})
+	}
+}

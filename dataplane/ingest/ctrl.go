@@ -11,7 +11,9 @@ import (
 // and its DPU's ingest agent. One layout serves every operation:
 //
 //	0  u8  op (CtrlOp)
-//	1  u8  status (Status; completions and acks)
+//	1  u8  status (Status; completions and acks); flags (CtrlFlags;
+//	   doorbell, version 3: a version 2 host reads them as a status,
+//	   which it ignores in a doorbell)
 //	2  u8  GPU index
 //	3  u8  slot (memory slice) index
 //	4  u32 length: input bytes (doorbell) or output bytes (completion)
@@ -32,6 +34,16 @@ import (
 // Each side says its version in register and register-ack and sends
 // batches only to a peer that said 2 or more: a version 1 peer gets one
 // message per datagram, as before, and works unchanged.
+//
+// Version 3 adds a doorbell's flags, in the byte that is the status of
+// other messages: FlagGivenUp marks a doorbell rung again for a request
+// the DPU has already answered (given up on) and rings only to learn when
+// its slot is free. A host of version 3 answers it as any doorbell rung
+// again when it is running or remembers the request, and otherwise runs
+// nothing and answers Complete with StatusReleased at once. An older host
+// ignores the byte and treats it as an ordinary doorbell (it runs the
+// model if it has no record of the request, as before), so the DPU marks
+// whatever the host's version.
 //
 // The host announces itself with Register every heartbeat interval; a new
 // epoch means new buffers: the DPU fetches their handles from the host's
@@ -63,7 +75,15 @@ const (
 )
 
 // CtrlVersion is the control protocol's version this package speaks.
-const CtrlVersion = 2
+const CtrlVersion = 3
+
+// CtrlFlags are a doorbell's flags (version 3).
+type CtrlFlags uint8
+
+// FlagGivenUp marks a doorbell for a request whose caller the DPU has
+// already answered: the host must not start a run for it, only say
+// whether its slot is free (see the protocol above).
+const FlagGivenUp CtrlFlags = 1
 
 func (o CtrlOp) String() string {
 	switch o {
@@ -94,6 +114,8 @@ type Ctrl struct {
 	Request  uint64
 	DeviceUs uint32
 	Tenant   uint16
+	// Flags are a doorbell's (version 3), sent in place of its status.
+	Flags CtrlFlags
 	// Version is the sender's protocol version, in register and
 	// register-ack (0: a version 1 peer).
 	Version uint16
@@ -119,6 +141,9 @@ func appendCtrlBody(b []byte, c *Ctrl) []byte {
 	b = append(b, make([]byte, CtrlHeaderLen)...)
 	p := b[start:]
 	p[0], p[1], p[2], p[3] = uint8(c.Op), uint8(c.Status), c.GPU, c.Slot
+	if c.Op == OpDoorbell {
+		p[1] = uint8(c.Flags)
+	}
 	binary.BigEndian.PutUint32(p[4:], c.Length)
 	binary.BigEndian.PutUint64(p[8:], c.Epoch)
 	binary.BigEndian.PutUint64(p[16:], c.Request)
@@ -218,6 +243,9 @@ func decodeCtrl(p []byte) (Ctrl, int, error) {
 		return c, 0, fmt.Errorf("%w: control message of %d bytes, header alone is %d", ErrMalformed, len(p), CtrlHeaderLen)
 	}
 	c.Op, c.Status, c.GPU, c.Slot = CtrlOp(p[0]), Status(p[1]), p[2], p[3]
+	if c.Op == OpDoorbell {
+		c.Status, c.Flags = 0, CtrlFlags(p[1])
+	}
 	if c.Op < OpRegister || c.Op > OpBatch {
 		return c, 0, fmt.Errorf("%w: unknown control op %d", ErrMalformed, p[0])
 	}

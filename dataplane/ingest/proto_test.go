@@ -151,8 +151,13 @@ func TestCtrlBatch(t *testing.T) {
 	var cs []Ctrl
 	for i := range 40 {
 		op := []CtrlOp{OpDoorbell, OpComplete, OpRunning}[i%3]
-		cs = append(cs, Ctrl{Op: op, Status: Status(i % 2), GPU: uint8(i % 3), Slot: uint8(i % 8), Length: uint32(i << 10),
-			Epoch: 77, Request: uint64(1000 + i), DeviceUs: uint32(i), Tenant: uint16(i), Text: strings.Repeat("m", i%5)})
+		c := Ctrl{Op: op, Status: Status(i % 2), GPU: uint8(i % 3), Slot: uint8(i % 8), Length: uint32(i << 10),
+			Epoch: 77, Request: uint64(1000 + i), DeviceUs: uint32(i), Tenant: uint16(i), Text: strings.Repeat("m", i%5)}
+		if op == OpDoorbell {
+			// A doorbell has flags where the others have a status.
+			c.Status, c.Flags = 0, CtrlFlags(i%2)
+		}
+		cs = append(cs, c)
 	}
 	decodeAll := func(b []byte) []Ctrl {
 		t.Helper()
@@ -236,5 +241,43 @@ func TestCtrlBatch(t *testing.T) {
 		if got, err := DecodeCtrls(p, []Ctrl{cs[9]}); !errors.Is(err, ErrMalformed) || len(got) != 1 {
 			t.Errorf("%s: %d messages, %v", name, len(got), err)
 		}
+	}
+}
+
+// TestDoorbellFlags: a doorbell's flags (version 3) travel in the byte
+// that is the status of other messages, alone or in a batch, so that an
+// older host reads a given-up doorbell as a doorbell with a status it
+// ignores; other messages keep their status there.
+func TestDoorbellFlags(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		c     Ctrl
+		byte1 uint8
+	}{
+		{"doorbell given up", Ctrl{Op: OpDoorbell, Flags: FlagGivenUp, Request: 5, Text: "mlp"}, uint8(FlagGivenUp)},
+		{"doorbell", Ctrl{Op: OpDoorbell, Request: 5, Text: "mlp"}, 0},
+		{"released", Ctrl{Op: OpComplete, Status: StatusReleased, Request: 5, Text: "ran nothing"}, uint8(StatusReleased)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, batch := range []bool{false, true} {
+				cs := []Ctrl{tc.c, {Op: OpRunning, Request: 6}}
+				b, n := AppendCtrls(nil, cs, 1500, batch)
+				_, payload, err := wire.Decode(b)
+				if err != nil {
+					t.Fatal(err)
+				}
+				body := payload
+				if batch {
+					body = payload[CtrlHeaderLen:]
+				}
+				if body[1] != tc.byte1 {
+					t.Errorf("batch %v: byte 1 is %d, want %d", batch, body[1], tc.byte1)
+				}
+				got, err := DecodeCtrls(payload, nil)
+				if err != nil || len(got) != n || !reflect.DeepEqual(got[0], tc.c) {
+					t.Errorf("batch %v: decoded %+v %v, want %+v first of %d", batch, got, err, tc.c, n)
+				}
+			}
+		})
 	}
 }

@@ -54,6 +54,10 @@ const (
 	StatusHostUnavailable Status = 7 // no GPU host registered, or it restarted mid-request
 	StatusModelFailed     Status = 8 // the model ran and failed
 	StatusInternal        Status = 9
+	// StatusReleased is the control protocol's only (never a client's):
+	// the host's answer to a doorbell marked FlagGivenUp for a request it
+	// has no record of. It ran nothing, and the slot is free.
+	StatusReleased Status = 10
 )
 
 func (s Status) String() string {
@@ -78,6 +82,8 @@ func (s Status) String() string {
 		return "model-failed"
 	case StatusInternal:
 		return "internal"
+	case StatusReleased:
+		return "released"
 	}
 	return fmt.Sprintf("status(%d)", uint8(s))
 }

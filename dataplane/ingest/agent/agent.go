@@ -543,6 +543,12 @@ func (a *Agent) ringLocked(r *request) {
 	r.rings++
 	c := ingest.Ctrl{Op: ingest.OpDoorbell, Epoch: r.host.epoch, Request: r.seq, GPU: uint8(r.gpu), Slot: uint8(r.slot),
 		Length: uint32(r.inLen), Tenant: uint16(r.tenant), Text: r.model.cfg.Name}
+	if r.answered {
+		// Given up: the ring is only to learn when the slot is free, and
+		// must not start a run the host has no record of (an older host
+		// ignores the flag and runs it).
+		c.Flags = ingest.FlagGivenUp
+	}
 	a.toHost.pushCtrl(r.host.addr, &c, r.host.version >= 2)
 	a.stats.doorbells.Add(1)
 }
@@ -744,6 +750,20 @@ func (a *Agent) complete(c ingest.Ctrl) {
 		a.stats.protocolErrors.Add(1)
 		a.cfg.Logger.Warn("GPU host completed a request on another slot than it was placed on; reply ignored",
 			"seq", c.Request, "placed", fmt.Sprintf("%d/%d", r.gpu, r.slot), "reply", fmt.Sprintf("%d/%d", c.GPU, c.Slot))
+		return
+	}
+	if c.Status == ingest.StatusReleased {
+		// The host ran nothing for this request and never will: its slot
+		// is free, and there is no output to read.
+		defer a.mu.Unlock()
+		if !r.answered {
+			// Only a given-up request's doorbell asks for a release.
+			a.stats.protocolErrors.Add(1)
+			a.failLocked(r, ingest.Errorf(ingest.StatusHostUnavailable, "the GPU host released the request without running it: send it again"))
+			return
+		}
+		a.stats.heldReleased.Add(1)
+		a.finishLocked(r, nil, nil)
 		return
 	}
 	a.mu.Unlock()

@@ -23,7 +23,7 @@ type counters struct {
 	bytesToDevice, bytesFromDevice, resultDatagrams, sendErrors atomic.Uint64
 	registrations, registerFailed, hostLost, reassemblyTimeouts atomic.Uint64
 	resultsForgotten, protocolErrors, canceled                  atomic.Uint64
-	fragmentRefusals, hostRefused, inferCalls                   atomic.Uint64
+	fragmentRefusals, hostRefused, inferCalls, heldReleased     atomic.Uint64
 	refused                                                     [16]atomic.Uint64 // by ingest.Status
 }
 
@@ -114,6 +114,10 @@ type Stats struct {
 	BytesFromDevice  uint64 `json:"bytes_from_device"`
 	Doorbells        uint64 `json:"doorbells"`
 	Rerings          uint64 `json:"doorbells_rerung"`
+	// HeldReleased are held slots freed because the host, rung for their
+	// given-up request, had no record of it and ran nothing (released
+	// unrun); a host older than control version 3 runs the model instead.
+	HeldReleased     uint64 `json:"held_released_unrun"`
 	StaleCompletions uint64 `json:"stale_completions"`
 	Registrations    uint64 `json:"registrations"`
 	RegisterFailed   uint64 `json:"registrations_failed"`
@@ -130,7 +134,8 @@ type Stats struct {
 	HostLost   uint64 `json:"host_lost"`
 	SendErrors uint64 `json:"send_errors"`
 	// ProtocolErrors are host replies that contradict the request they
-	// name (a completion for another GPU or slot); they are ignored.
+	// name: a completion for another GPU or slot, which is ignored, or a
+	// release of a request not given up, which fails it.
 	ProtocolErrors uint64 `json:"host_protocol_errors"`
 	// InFlight are requests open now; Queued those waiting for a slice;
 	// BufferBytes the DPU memory their inputs hold. SlotsHeld are the
@@ -171,7 +176,7 @@ func (a *Agent) Stats() Stats {
 		Resent: a.stats.resent.Load(), ResultsForgotten: a.stats.resultsForgotten.Load(), LateResults: a.stats.lateResults.Load(), ReassemblyTimeouts: a.stats.reassemblyTimeouts.Load(),
 		FragmentRefusals: a.stats.fragmentRefusals.Load(),
 		BytesToDevice:    a.stats.bytesToDevice.Load(), BytesFromDevice: a.stats.bytesFromDevice.Load(),
-		Doorbells: a.stats.doorbells.Load(), Rerings: a.stats.rerings.Load(), StaleCompletions: a.stats.staleCompletions.Load(),
+		Doorbells: a.stats.doorbells.Load(), Rerings: a.stats.rerings.Load(), HeldReleased: a.stats.heldReleased.Load(), StaleCompletions: a.stats.staleCompletions.Load(),
 		Registrations: a.stats.registrations.Load(), RegisterFailed: a.stats.registerFailed.Load(), HostLost: a.stats.hostLost.Load(),
 		HostRefused: a.stats.hostRefused.Load(), HostPeer: a.cfg.HostPeer.String(), HostSocket: a.cfg.HostSocket,
 		SendErrors: a.stats.sendErrors.Load(), ProtocolErrors: a.stats.protocolErrors.Load(), Refused: map[string]uint64{},

@@ -152,7 +152,8 @@ const rememberRuns = 32
 // rememberMax (cfg.rememberMax unless a test lowers it) bounds the answers
 // kept, whatever their age: one is about 200 bytes (an ingest.Ctrl with a
 // short text, its map entry and its log entry), so at most about 50 MiB.
-// Only doorbells that ran a model, or found its slot busy, take one: the
+// Only doorbells that ran a model, found its slot busy, or released a
+// given-up request unrun (one per request the DPU gave up on) take one: the
 // agent reaches the bound only above rememberMax/rememberFor (8738) runs a
 // second for rememberFor, and then forgets the soonest to expire first.
 const rememberMax = 1 << 18
@@ -457,6 +458,15 @@ func (a *Agent) doorbell(ctx context.Context, c ingest.Ctrl, b *rx) {
 		b.replies = append(b.replies, ingest.Ctrl{Op: ingest.OpRunning, Epoch: a.epoch, Request: c.Request, GPU: c.GPU, Slot: c.Slot})
 		return
 	}
+	if c.Flags&ingest.FlagGivenUp != 0 {
+		// The DPU answered this request's caller and rings only to free
+		// its slot. With no record of it (its first ring was lost, or its
+		// answer expired) a run now would write output nobody reads, on
+		// a slot the DPU is about to give to another request.
+		b.replies = append(b.replies, a.releasedLocked(c, start))
+		a.mu.Unlock()
+		return
+	}
 	g, s, m, err := a.check(c)
 	if err != nil {
 		// A refusal that ran nothing is the same whenever the doorbell
@@ -599,6 +609,20 @@ func (a *Agent) finishLocked(c ingest.Ctrl, start time.Time, outLen int, err err
 		a.done[c.Request] = answer{reply: reply, at: now}
 		heap.Push(&a.doneLog, doneEntry{request: c.Request, at: now, expires: now.Add(max(rememberFor, rememberRuns*max(took, est)))})
 	}
+	a.forgetLocked(now)
+	return reply
+}
+
+// releasedLocked answers a given-up doorbell the agent has no record of:
+// nothing runs. The answer is remembered like a run's, so that the
+// request's first ring, should it come late, is answered with it and not
+// run either.
+func (a *Agent) releasedLocked(c ingest.Ctrl, now time.Time) ingest.Ctrl {
+	a.stats.releasedUnrun.Add(1)
+	reply := ingest.Ctrl{Op: ingest.OpComplete, Status: ingest.StatusReleased, Epoch: a.epoch, Request: c.Request, GPU: c.GPU, Slot: c.Slot,
+		Text: "the host has no record of this given-up request and ran nothing for it"}
+	a.done[c.Request] = answer{reply: reply, at: now}
+	heap.Push(&a.doneLog, doneEntry{request: c.Request, at: now, expires: now.Add(rememberFor)})
 	a.forgetLocked(now)
 	return reply
 }

@@ -187,3 +187,84 @@ func TestRunTimeFromCompletedRuns(t *testing.T) {
 		}
 	}
 }
+
+// TestGivenUpDoorbell: a doorbell the DPU marks as given up
+// (ingest.FlagGivenUp) is answered as any doorbell rung again while the
+// agent runs or remembers its request, and otherwise is answered released
+// at once, with nothing run and the slot left free; the answer is
+// remembered, so the request's own first ring arriving late runs nothing
+// either. An unmarked doorbell the agent has no record of (its first ring
+// was lost) still runs. Before, a marked doorbell for a request whose
+// answer had expired ran the model again, its output read by nobody.
+func TestGivenUpDoorbell(t *testing.T) {
+	input := []byte("a request its DPU gave up on")
+	for _, tc := range []struct {
+		name string
+		// before runs (or starts) the request and returns its number.
+		before func(t *testing.T, r *extRig, clk *stepClock) uint64
+		// flags are the doorbell's rung for it afterwards.
+		flags ingest.CtrlFlags
+		// want is the answer: OpComplete with status, or OpRunning.
+		op     ingest.CtrlOp
+		status ingest.Status
+		// ran and released are the agent's runs and releases after.
+		ran, released uint64
+		slotFree      bool
+	}{
+		{"forgotten", func(t *testing.T, r *extRig, clk *stepClock) uint64 {
+			c := r.run(0, "checksum", input)
+			clk.set(0, rememberFor+time.Second)
+			return c.Request
+		}, ingest.FlagGivenUp, ingest.OpComplete, ingest.StatusReleased, 1, 1, true},
+		{"never rung before", func(t *testing.T, r *extRig, clk *stepClock) uint64 {
+			return 1 << 40 // a number the rig never rings
+		}, ingest.FlagGivenUp, ingest.OpComplete, ingest.StatusReleased, 0, 1, true},
+		{"remembered", func(t *testing.T, r *extRig, clk *stepClock) uint64 {
+			return r.run(0, "checksum", input).Request
+		}, ingest.FlagGivenUp, ingest.OpComplete, ingest.StatusOK, 1, 0, true},
+		{"running", func(t *testing.T, r *extRig, clk *stepClock) uint64 {
+			// No worker serves "idle": the run waits for one (WorkerWait).
+			return r.ring(0, "idle", input)
+		}, ingest.FlagGivenUp, ingest.OpRunning, 0, 0, 0, false},
+		{"forgotten, not given up (a lost first ring)", func(t *testing.T, r *extRig, clk *stepClock) uint64 {
+			c := r.run(0, "checksum", input)
+			clk.set(0, rememberFor+time.Second)
+			return c.Request
+		}, 0, ingest.OpComplete, ingest.StatusOK, 2, 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := &stepClock{t: time.Unix(1_000_000, 0)}
+			r := newExtRig(t, func(c *Config) { c.now, c.WorkerWait = clk.now, 10*time.Second })
+			id := tc.before(t, r, clk)
+			mdl := "checksum"
+			if tc.op == ingest.OpRunning {
+				mdl = "idle"
+			}
+			r.send(ingest.Ctrl{Op: ingest.OpDoorbell, Flags: tc.flags, Epoch: r.agent.Epoch(), Request: id, Slot: 0, Length: uint32(len(input)), Text: mdl})
+			got := r.next(func(c ingest.Ctrl) bool {
+				return c.Request == id && (c.Op == ingest.OpRunning || c.Op == ingest.OpComplete)
+			})
+			if got.Op != tc.op || (got.Op == ingest.OpComplete && got.Status != tc.status) {
+				t.Fatalf("answer %s %s %q, want %s %s", got.Op, got.Status, got.Text, tc.op, tc.status)
+			}
+			if s := r.agent.Stats(); s.Completed != tc.ran || s.ReleasedUnrun != tc.released {
+				t.Errorf("ran %d, released unrun %d; want %d, %d", s.Completed, s.ReleasedUnrun, tc.ran, tc.released)
+			}
+			if busy := r.agent.gpus[0].slots[0].busy.Load(); busy == tc.slotFree {
+				t.Errorf("slot 0 busy %v, want %v", busy, !tc.slotFree)
+			}
+			if tc.status != ingest.StatusReleased {
+				return
+			}
+			// The request's own first ring, late: answered released from
+			// memory, nothing run.
+			r.send(ingest.Ctrl{Op: ingest.OpDoorbell, Epoch: r.agent.Epoch(), Request: id, Slot: 0, Length: uint32(len(input)), Text: mdl})
+			if got := r.complete(id); got.Status != ingest.StatusReleased {
+				t.Fatalf("late first ring after the release: %s %q, want released", got.Status, got.Text)
+			}
+			if s := r.agent.Stats(); s.Completed != tc.ran || s.Repeats != 1 {
+				t.Errorf("after the late first ring: ran %d, repeats %d; want %d, 1", s.Completed, s.Repeats, tc.ran)
+			}
+		})
+	}
+}

@@ -12,7 +12,7 @@ type counters struct {
 	malformed, sendErrors, handlesServed, handleRefused     atomic.Uint64
 	externalRuns, externalFailed, workerAttaches            atomic.Uint64
 	workerRefused, workerLost, leftoversKilled              atomic.Uint64
-	receives, completionSends                               atomic.Uint64
+	receives, completionSends, releasedUnrun                atomic.Uint64
 }
 
 // Stats are a host agent's counters.
@@ -35,6 +35,10 @@ type Stats struct {
 	Failed    uint64 `json:"failed"`
 	BytesIn   uint64 `json:"bytes_in"`
 	BytesOut  uint64 `json:"bytes_out"`
+	// ReleasedUnrun counts the doorbells the DPU rang for a request it
+	// had given up on (ingest.FlagGivenUp) that the agent had no record
+	// of: answered released, nothing run.
+	ReleasedUnrun uint64 `json:"released_unrun"`
 	// DeviceTime is the total time models ran.
 	DeviceTime    time.Duration `json:"device_time_ns"`
 	Registers     uint64        `json:"registers_sent"`
@@ -80,7 +84,7 @@ func (a *Agent) Stats() Stats {
 	lastAck, _ := a.lastAckAgo()
 	return Stats{
 		Epoch: fmt.Sprintf("%016x", a.epoch), Registered: a.Registered(), LastAck: lastAck, GPUs: len(a.gpus), Slots: a.cfg.Slots,
-		Doorbells: a.stats.doorbells.Load(), Repeats: a.stats.repeats.Load(), Stale: a.stats.stale.Load(),
+		Doorbells: a.stats.doorbells.Load(), Repeats: a.stats.repeats.Load(), Stale: a.stats.stale.Load(), ReleasedUnrun: a.stats.releasedUnrun.Load(),
 		Completed: a.stats.completed.Load(), Failed: a.stats.failed.Load(),
 		BytesIn: a.stats.bytesIn.Load(), BytesOut: a.stats.bytesOut.Load(), DeviceTime: time.Duration(a.stats.deviceNs.Load()),
 		Registers: a.stats.registers.Load(), HandlesServed: a.stats.handlesServed.Load(), HandleRefused: a.stats.handleRefused.Load(),
