@@ -305,6 +305,19 @@ func TestGraphHitRateReadAhead(t *testing.T) {
 	}
 }
 
+// TestGraphHostBufferLine: the host-buffer line shows the chunks read ahead
+// beside the faults; before, it showed the faults only, so a run with
+// --read-ahead 16 looked as if it had read a tenth of what it had.
+func TestGraphHostBufferLine(t *testing.T) {
+	r := graphRunReport{Buffer: 4 << 20, Chunk: 64 << 10, Mapping: &fmap.Stats{Faults: 40, ReadAhead: 400, Evictions: 7, Capacity: 64}}
+	var out bytes.Buffer
+	printGraphRun(&out, r)
+	want := "host buffer: 4MiB (64 chunks of 64KiB): 40 faults, 400 chunks read ahead, 7 evictions\n"
+	if !strings.Contains(out.String(), want) {
+		t.Errorf("output lacks %q:\n%s", want, out.String())
+	}
+}
+
 // TestGraphVerdict: a passed check says what it checked: equality for the
 // apps compared exactly, the tolerance for PageRank and BC; before, every
 // app's verdict said "equal", scores within the tolerance too.

@@ -116,6 +116,15 @@ type Agent struct {
 	mu      sync.RWMutex
 	regions map[uint32]int  // region → index in cfg.Servers
 	shared  map[uint32]bool // region IDs two nodes list, warned of once
+	// A list answered before a free and taken in after it would learn the
+	// freed region again. So frees are numbered (freeEpoch), each list
+	// notes the number when it is requested (lists counts those in flight
+	// by it), and a region dropped as freed since is not learnt from it.
+	// freedAt keeps a drop only while a list requested before it is in
+	// flight. All under mu.
+	freeEpoch uint64
+	freedAt   map[uint32]uint64 // region → freeEpoch of its drop
+	lists     map[uint64]int    // lists in flight, by freeEpoch at their request
 
 	// forwarded counts host requests sent on to memory nodes, each once;
 	// fanOut the further memory nodes they asked (a list's other nodes, a
@@ -192,6 +201,7 @@ type listMerge struct {
 type listPart struct {
 	hr     *hostReq
 	server int
+	since  uint64 // listStart's epoch
 }
 
 // AgentStats are an agent's counters.
@@ -337,7 +347,7 @@ func NewAgent(cfg AgentConfig, opts AgentOptions) (*Agent, error) {
 			return fail(fmt.Errorf("transport carries %d-byte datagrams, need %d", t.MaxPayload(), MinDatagram))
 		}
 	}
-	a := &Agent{cfg: cfg, log: log, regions: make(map[uint32]int), cache: newCache(cfg.Cache, cfg.ChunkSize),
+	a := &Agent{cfg: cfg, log: log, regions: make(map[uint32]int), freedAt: map[uint32]uint64{}, lists: map[uint64]int{}, cache: newCache(cfg.Cache, cfg.ChunkSize),
 		statics: make(chan staticJob, staticQueue), hintLog: sometimes{every: refusalLogEvery}, staticLog: sometimes{every: refusalLogEvery}}
 	a.cache.onFill = a.retryWaiters
 	for i, s := range cfg.Servers {
@@ -470,33 +480,45 @@ func (a *Agent) refresh(ctx context.Context, since time.Time) bool {
 func (a *Agent) listServer(ctx context.Context, i int, addr netip.AddrPort, listed map[uint32]bool) bool {
 	first := uint32(0)
 	for {
-		k := &call{rec: Record{Op: OpList, Region: first}, dst: addr, done: make(chan struct{})}
-		if err := a.fabric[0].issue(ctx, []*call{k}); err != nil {
+		infos, more, ok := a.listPage(ctx, i, addr, first)
+		if !ok {
 			return false
 		}
-		select {
-		case <-k.done:
-		case <-ctx.Done():
-			return false
-		}
-		if k.err != nil || k.reply.Status != StatusOK {
-			a.log.Warn("farmem: agent: listing memory node failed", "server", addr, "err", k.err, "status", k.reply.Status)
-			return false
-		}
-		infos, err := parseInfos(k.rdata)
-		if err != nil {
-			a.log.Warn("farmem: agent: memory node's list is malformed", "server", addr, "err", err)
-			return false
-		}
-		a.learnRegions(infos, i)
 		for _, ri := range infos {
 			listed[ri.ID] = true
 		}
-		if k.reply.Aux == 0 || len(infos) == 0 {
+		if !more || len(infos) == 0 {
 			return true
 		}
 		first = infos[len(infos)-1].ID + 1
 	}
+}
+
+// listPage asks memory node i for its regions from first on, learns them,
+// and returns them and whether it has more.
+func (a *Agent) listPage(ctx context.Context, i int, addr netip.AddrPort, first uint32) ([]RegionInfo, bool, bool) {
+	since := a.listStart()
+	defer a.listEnd(since) // after learnRegions
+	k := &call{rec: Record{Op: OpList, Region: first}, dst: addr, done: make(chan struct{})}
+	if err := a.fabric[0].issue(ctx, []*call{k}); err != nil {
+		return nil, false, false
+	}
+	select {
+	case <-k.done:
+	case <-ctx.Done():
+		return nil, false, false
+	}
+	if k.err != nil || k.reply.Status != StatusOK {
+		a.log.Warn("farmem: agent: listing memory node failed", "server", addr, "err", k.err, "status", k.reply.Status)
+		return nil, false, false
+	}
+	infos, err := parseInfos(k.rdata)
+	if err != nil {
+		a.log.Warn("farmem: agent: memory node's list is malformed", "server", addr, "err", err)
+		return nil, false, false
+	}
+	a.learnRegions(infos, i, since)
+	return infos, k.reply.Aux != 0, true
 }
 
 // route returns the memory node of a request; a create's is the first it
@@ -845,11 +867,13 @@ func (a *Agent) complete(calls []*call) {
 			case OpCreate:
 				a.mu.Lock()
 				a.regions[reply.Region] = hr.server
+				delete(a.freedAt, reply.Region) // an ID the node gave out again is live
 				a.mu.Unlock()
 				a.cache.learn(reply.Region, reply.Offset, hr.tenant, true)
 			case OpFree:
 				a.mu.Lock()
 				delete(a.regions, k.rec.Region)
+				a.markFreedLocked(k.rec.Region)
 				a.mu.Unlock()
 				a.cache.forget(k.rec.Region)
 			case OpOpen:
@@ -914,7 +938,7 @@ func (a *Agent) listAll(hr *hostReq, q request, calls []*call) []*call {
 	n := len(a.cfg.Servers)
 	hr.list = &listMerge{parts: make([][]RegionInfo, n), more: make([]bool, n), left: n}
 	for i, srv := range a.cfg.Servers {
-		k := &call{rec: q.rec, tenant: q.tenant, user: &listPart{hr: hr, server: i}, dst: srv.Addr}
+		k := &call{rec: q.rec, tenant: q.tenant, user: &listPart{hr: hr, server: i, since: a.listStart()}, dst: srv.Addr}
 		k.rec.Data = nil
 		calls = append(calls, k)
 	}
@@ -942,8 +966,9 @@ func (a *Agent) listDone(lp *listPart, k *call) *hostWorker {
 		}
 	}
 	if status == StatusOK {
-		a.learnRegions(infos, lp.server)
+		a.learnRegions(infos, lp.server, lp.since)
 	}
+	a.listEnd(lp.since)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if status != StatusOK && m.failed == StatusOK {
@@ -1010,13 +1035,20 @@ func (a *Agent) readBuf(n int) []byte {
 	return make([]byte, n, a.cfg.ChunkSize)
 }
 
-// learnRegions records that memory node server serves the listed regions.
+// learnRegions records that memory node server serves the listed regions,
+// from a list requested at epoch since (listStart). A region dropped as
+// freed after that is not learnt: the node listed it before the free.
 // A region ID that another node listed as well means two nodes hand out
 // the same IDs: requests for it reach only the last node that listed it,
 // so the agent says so.
-func (a *Agent) learnRegions(infos []RegionInfo, server int) {
+func (a *Agent) learnRegions(infos []RegionInfo, server int, since uint64) {
+	learnt := infos[:0:0]
 	a.mu.Lock()
 	for _, ri := range infos {
+		if a.freedAt[ri.ID] > since {
+			continue
+		}
+		learnt = append(learnt, ri)
 		if old, ok := a.regions[ri.ID]; ok && old != server && !a.shared[ri.ID] {
 			// Once: refreshes repeat every few seconds while caches hold bytes.
 			if a.shared == nil {
@@ -1029,7 +1061,45 @@ func (a *Agent) learnRegions(infos []RegionInfo, server int) {
 		a.regions[ri.ID] = server
 	}
 	a.mu.Unlock()
-	for _, ri := range infos {
+	for _, ri := range learnt {
 		a.cache.learn(ri.ID, ri.Size, ri.Tenant, true)
+	}
+}
+
+// listStart notes a list request about to be sent and returns the epoch
+// to give learnRegions and listEnd.
+func (a *Agent) listStart() uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.lists[a.freeEpoch]++
+	return a.freeEpoch
+}
+
+// listEnd notes that the list requested at epoch since is answered (or
+// given up) and learnt from, and forgets the drops that no list in flight
+// predates.
+func (a *Agent) listEnd(since uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.lists[since]--; a.lists[since] <= 0 {
+		delete(a.lists, since)
+	}
+	oldest := a.freeEpoch
+	for e := range a.lists {
+		oldest = min(oldest, e)
+	}
+	for id, e := range a.freedAt {
+		if e <= oldest {
+			delete(a.freedAt, id)
+		}
+	}
+}
+
+// markFreedLocked numbers the drop of a freed region, for lists in flight
+// that were requested before it (learnRegions). Called with mu held.
+func (a *Agent) markFreedLocked(id uint32) {
+	a.freeEpoch++
+	if len(a.lists) > 0 {
+		a.freedAt[id] = a.freeEpoch
 	}
 }

@@ -532,6 +532,7 @@ func (a *Agent) forgetRegion(id uint32, why string) bool {
 	a.mu.Lock()
 	_, routed := a.regions[id]
 	delete(a.regions, id)
+	a.markFreedLocked(id)
 	a.mu.Unlock()
 	cached := a.cache.regionSize(id) > 0
 	if cached {

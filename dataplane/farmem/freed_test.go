@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -523,5 +524,131 @@ func TestForeignWriteLeavesCache(t *testing.T) {
 			t.Fatalf("hint with tenant %d's write in flight started %d fills, want none", tenant, n)
 		}
 		cc.endWrite(1, esz, esz)
+	}
+}
+
+// holdLists is a memory node's transport that, while armed, keeps its list
+// answers instead of sending them, until release sends them on.
+type holdLists struct {
+	transport.Transport
+	mu     sync.Mutex // one Send at a time, the held ones' too
+	armed  bool
+	held   []transport.Packet
+	caught chan struct{} // closed when the first answer is held
+}
+
+func (h *holdLists) arm() {
+	h.mu.Lock()
+	h.armed, h.caught = true, make(chan struct{})
+	h.mu.Unlock()
+}
+
+// release sends the held answers and disarms.
+func (h *holdLists) release() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.armed = false
+	if len(h.held) > 0 {
+		h.Transport.Send(h.held)
+	}
+	h.held = nil
+}
+
+func (h *holdLists) Send(pkts []transport.Packet) (int, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	kept := make([]transport.Packet, 0, len(pkts))
+	for _, p := range pkts {
+		if _, _, recs, err := Decode(p.Data, nil); h.armed && err == nil && recs[0].Op == OpList {
+			if len(h.held) == 0 {
+				close(h.caught)
+			}
+			h.held = append(h.held, transport.Packet{Addr: p.Addr, Data: bytes.Clone(p.Data)})
+			continue
+		}
+		kept = append(kept, p)
+	}
+	n, err := h.Transport.Send(kept)
+	if err != nil {
+		return n, err
+	}
+	return len(pkts), nil
+}
+
+// TestRefreshDoesNotResurrect: the agent's refresh asks the memory node
+// for its list, the node answers with a region, and the region is freed
+// before the agent takes the answer in (the answer is held): the agent
+// must not learn the freed region again, neither its route nor a cache
+// record. Before, it did, until the next refresh or a request for it.
+func TestRefreshDoesNotResurrect(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		free func(t *testing.T, srv *Server, c *Client, r *Region)
+	}{
+		{"freed through the agent", func(t *testing.T, _ *Server, c *Client, r *Region) {
+			if err := c.Free(context.Background(), r.ID()); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"freed on the node, learnt from a read", func(t *testing.T, srv *Server, _ *Client, r *Region) {
+			if err := srv.Free(0, r.ID()); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := r.ReadAt(make([]byte, freedChunk), 0); !errors.Is(err, ErrUnknownRegion) {
+				t.Fatalf("read of the freed region: %v, want ErrUnknownRegion", err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lists := &holdLists{Transport: listen(t, loopback)}
+			srv, _ := startServer(t, t.TempDir(), lists)
+			a := startCachingAgent(t, srv, freedCache)
+			c := newClient(t, a.Addr(), 3)
+			r, _ := writtenRegion(t, c, freedSize, freedChunk)
+			id := r.ID()
+			// The agent's first refresh, from Run, is over once it has
+			// started and the refresh lock is free again.
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				a.refreshMu.Lock()
+				started := !a.lastRefresh.IsZero()
+				a.refreshMu.Unlock()
+				if started {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the agent's first refresh did not run")
+				}
+				time.Sleep(time.Millisecond)
+			}
+
+			lists.arm()
+			t.Cleanup(lists.release)
+			refreshed := make(chan struct{})
+			go func() {
+				defer close(refreshed)
+				a.refresh(context.Background(), time.Now())
+			}()
+			<-lists.caught // the node listed the region; the agent has not heard
+			tc.free(t, srv, c, r)
+			a.mu.RLock()
+			_, routed := a.regions[id]
+			a.mu.RUnlock()
+			if routed || a.cache.regionSize(id) != 0 {
+				t.Fatalf("region %d still known after its free (routed %v, cache size %d)", id, routed, a.cache.regionSize(id))
+			}
+			lists.release()
+			<-refreshed
+			a.mu.RLock()
+			_, routed = a.regions[id]
+			pending := len(a.freedAt)
+			a.mu.RUnlock()
+			if routed || a.cache.regionSize(id) != 0 {
+				t.Errorf("region %d learnt again from a list answered before its free (routed %v, cache size %d)", id, routed, a.cache.regionSize(id))
+			}
+			if pending != 0 {
+				t.Errorf("%d freed regions still kept with no list in flight", pending)
+			}
+		})
 	}
 }

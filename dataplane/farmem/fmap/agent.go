@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -27,10 +28,20 @@ type Agent struct {
 	// the errors that end mappings. Nil discards them.
 	Logger *slog.Logger
 
+	// WriteBackWait bounds how long an open of a region waits for the
+	// write-back of a mapping of it whose program ended without Close (0:
+	// DefaultWriteBackWait). Past it, or if that write-back fails, the open
+	// fails saying so.
+	WriteBackWait time.Duration
+
 	// features stands in for uffdFeatures in tests: without
 	// UFFD_FEATURE_POISON the agent acts as on a kernel older than 6.6.
 	features func() (uint64, error)
 }
+
+// DefaultWriteBackWait is Agent.WriteBackWait's default, as long as a
+// fault's default FetchTimeout.
+const DefaultWriteBackWait = time.Minute
 
 // Serve runs the agent on ln until ctx ends: it accepts programs' mappings,
 // opens each one's region with open, and serves its faults. ln must be a
@@ -52,6 +63,13 @@ type Agent struct {
 // If a Backend returned by open is an io.Closer, Serve closes it when its
 // mapping ends; on the program's Close it does so before answering, and the
 // Close's error includes the backend's.
+//
+// A program that ends without Close has its dirty chunks written back after
+// its connection ends. An open of the same region that comes meanwhile, from
+// any program, waits for that write-back (and the backend's close) before it
+// opens the region, for at most WriteBackWait, so that it reads what the
+// ended program wrote; if the write-back fails, or outlasts the wait, the
+// open fails saying so.
 func (a *Agent) Serve(ctx context.Context, ln *net.UnixListener, open func(context.Context, RegionRef) (Backend, error)) error {
 	log := a.Logger
 	if log == nil {
@@ -60,6 +78,10 @@ func (a *Agent) Serve(ctx context.Context, ln *net.UnixListener, open func(conte
 	// The mappings end with connCtx: when ctx ends, or when Serve returns
 	// on an accept error.
 	connCtx, endConns := context.WithCancel(ctx)
+	reg := &mappings{byRegion: map[uint64][]*liveMapping{}, wait: a.WriteBackWait, log: log}
+	if reg.wait <= 0 {
+		reg.wait = DefaultWriteBackWait
+	}
 	var wg sync.WaitGroup
 	defer func() {
 		ln.Close()
@@ -103,7 +125,7 @@ func (a *Agent) Serve(ctx context.Context, ln *net.UnixListener, open func(conte
 			// A mapping that fails ends only that program's connection; the
 			// program sees the error in its Map, Sync or Close.
 			pid := peerPID(c)
-			region, st, err := serveConn(connCtx, c, open, a.features)
+			region, st, err := serveConn(connCtx, c, open, a.features, reg, pid)
 			if err != nil {
 				log.Warn("fmap mapping ended with an error", "pid", pid, "region", region.String(), "err", err)
 			}
@@ -147,10 +169,10 @@ func peerPID(c *net.UnixConn) int32 {
 // serveConn runs one program's mapping from handshake to close.
 // It returns the region and, once the mapping was attached, its final
 // counters.
-func serveConn(ctx context.Context, c *net.UnixConn, open func(context.Context, RegionRef) (Backend, error), features func() (uint64, error)) (RegionRef, *Stats, error) {
+func serveConn(ctx context.Context, c *net.UnixConn, open func(context.Context, RegionRef) (Backend, error), features func() (uint64, error), reg *mappings, pid int32) (RegionRef, *Stats, error) {
 	var region RegionRef
 	var h *handler
-	err := serveMapping(ctx, c, open, features, &region, &h)
+	err := serveMapping(ctx, c, open, features, reg, pid, &region, &h)
 	if h == nil {
 		return region, nil, err
 	}
@@ -158,7 +180,7 @@ func serveConn(ctx context.Context, c *net.UnixConn, open func(context.Context, 
 	return region, &st, err
 }
 
-func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Context, RegionRef) (Backend, error), features func() (uint64, error), regionOut *RegionRef, hOut **handler) (err error) {
+func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Context, RegionRef) (Backend, error), features func() (uint64, error), reg *mappings, pid int32, regionOut *RegionRef, hOut **handler) (err error) {
 	defer c.Close()
 	stopConn := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
 	defer stopConn()
@@ -176,6 +198,17 @@ func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Contex
 	}
 	region := *req.Region
 	*regionOut = region
+	// A mapping of the region whose program is gone may still be writing
+	// its last writes back: open after it, or read the bytes it replaces.
+	if err := reg.waitEnded(ctx, region); err != nil {
+		return reply(c, fmt.Errorf("fmap agent: open %s: %w", region, err))
+	}
+	lm := reg.add(region.ID, c, pid)
+	// lost is what an ended program's mapping failed to write back (or to
+	// release); opens that waited for it get it. This defer runs after the
+	// backend's close below, so they open after the release.
+	var lost error
+	defer func() { reg.remove(region.ID, lm, lost) }()
 	be, err := open(ctx, region)
 	if err != nil {
 		return reply(c, fmt.Errorf("fmap agent: open %s: %w", region, err))
@@ -197,7 +230,13 @@ func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Contex
 		}
 		return nil
 	}
-	defer func() { err = errors.Join(err, closeBackend()) }()
+	defer func() {
+		cerr := closeBackend()
+		if lm.ended.Load() {
+			lost = errors.Join(lost, cerr)
+		}
+		err = errors.Join(err, cerr)
+	}()
 	var opts Options
 	if req.Options != nil {
 		opts = *req.Options
@@ -257,17 +296,21 @@ func serveMapping(ctx context.Context, c *net.UnixConn, open func(context.Contex
 		req, fds, err := readFrame(c)
 		closeAll(fds)
 		if err != nil {
+			// Opens of the region from here on wait for this write-back.
+			lm.ended.Store(true)
 			if ctx.Err() != nil && !errors.Is(err, io.EOF) {
 				// The agent stops while the program still maps the
 				// region: write its dirty chunks back with the faults no
 				// longer served (a write from here on waits), then make
 				// its pages raise SIGBUS, since nobody will serve them.
 				stopHandler()
-				return errors.Join(h.flush(true), h.retire())
+				lost = h.flush(true)
+				return errors.Join(lost, h.retire())
 			}
 			// The program exited without Close: its memfd is still
 			// readable here, so write its dirty chunks back.
 			ferr := h.flush(true)
+			lost = ferr
 			if errors.Is(err, io.EOF) {
 				return ferr
 			}
@@ -331,4 +374,112 @@ func respond(c *net.UnixConn, err error) error {
 		f.Err = err.Error()
 	}
 	return writeFrame(c, f)
+}
+
+// mappings are the agent's mappings by region, so that an open of a region
+// can wait for the write-back of a mapping of it whose program ended
+// without Close.
+type mappings struct {
+	wait time.Duration
+	log  *slog.Logger
+
+	mu       sync.Mutex
+	byRegion map[uint64][]*liveMapping // by RegionRef.ID
+}
+
+// liveMapping is one connection's mapping of a region, from its open to the
+// end of its write-back and its backend's close.
+type liveMapping struct {
+	c     *net.UnixConn
+	pid   int32
+	ended atomic.Bool   // the agent saw the connection end: it writes back
+	done  chan struct{} // closed once written back and the backend closed
+	lost  error         // the write-back's or the close's error; read after done
+}
+
+func (r *mappings) add(id uint64, c *net.UnixConn, pid int32) *liveMapping {
+	lm := &liveMapping{c: c, pid: pid, done: make(chan struct{})}
+	r.mu.Lock()
+	r.byRegion[id] = append(r.byRegion[id], lm)
+	r.mu.Unlock()
+	return lm
+}
+
+// remove drops lm, whose write-back and close failed with lost (nil if
+// they did not), and releases the opens waiting for it.
+func (r *mappings) remove(id uint64, lm *liveMapping, lost error) {
+	r.mu.Lock()
+	l := r.byRegion[id]
+	for i := range l {
+		if l[i] == lm {
+			l = append(l[:i], l[i+1:]...)
+			break
+		}
+	}
+	if len(l) == 0 {
+		delete(r.byRegion, id)
+	} else {
+		r.byRegion[id] = l
+	}
+	r.mu.Unlock()
+	lm.lost = lost
+	close(lm.done)
+}
+
+// waitEnded waits for the mappings of region whose programs have ended
+// (their connection closed, whether or not the agent has read that yet) to
+// be written back. It fails if one's write-back failed, or lasts past
+// r.wait.
+func (r *mappings) waitEnded(ctx context.Context, region RegionRef) error {
+	var ended []*liveMapping
+	r.mu.Lock()
+	for _, lm := range r.byRegion[region.ID] {
+		// A mapping still listed has not closed its connection yet, so
+		// the hang-up check reads a live descriptor.
+		if lm.ended.Load() || hungUp(lm.c) {
+			ended = append(ended, lm)
+		}
+	}
+	r.mu.Unlock()
+	if len(ended) == 0 {
+		return nil
+	}
+	r.log.Info("fmap agent: open waits for the write-back of a mapping that ended without Close",
+		"region", region.String(), "pid", ended[0].pid, "mappings", len(ended))
+	t := time.NewTimer(r.wait)
+	defer t.Stop()
+	var errs []error
+	for _, lm := range ended {
+		select {
+		case <-lm.done:
+			if lm.lost != nil {
+				errs = append(errs, fmt.Errorf("the write-back of the mapping of pid %d, which ended without Close, failed, "+
+					"so the region lacks some of its writes (the host agent's log has the chunks): %w", lm.pid, lm.lost))
+			}
+		case <-t.C:
+			return fmt.Errorf("the mapping of pid %d, which ended without Close, is still writing back after %s; "+
+				"map the region again later, or see the host agent's log for why its write-back is slow", lm.pid, r.wait)
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the write-back of the mapping of pid %d, which ended without Close: %w", lm.pid, ctx.Err())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// hungUp reports whether the program on c's other end has closed or shut
+// down its side: it has ended, and will send nothing more. A descriptor it
+// cannot check counts as hung up, which costs only a wait.
+func hungUp(c *net.UnixConn) bool {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return true
+	}
+	hup := true
+	rc.Control(func(fd uintptr) {
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+		if n, err := unix.Poll(p, 0); err == nil {
+			hup = n > 0 && p[0].Revents&(unix.POLLRDHUP|unix.POLLHUP) != 0
+		}
+	})
+	return hup
 }

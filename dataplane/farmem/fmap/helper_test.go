@@ -37,6 +37,8 @@ type countingBackend struct {
 	failLost      atomic.Bool  // those reads fail with ErrLost
 	readsFailed   atomic.Int64 // reads failed so, each a failed attempt to serve a fault
 	writesLost    atomic.Bool  // every write fails with ErrLost
+	// writeGate, when set, holds every write until the channel closes.
+	writeGate atomic.Pointer[chan struct{}]
 }
 
 func (c *countingBackend) ReadAt(p []byte, off int64) (int, error) {
@@ -52,6 +54,9 @@ func (c *countingBackend) ReadAt(p []byte, off int64) (int, error) {
 }
 
 func (c *countingBackend) WriteAt(p []byte, off int64) (int, error) {
+	if g := c.writeGate.Load(); g != nil {
+		<-*g
+	}
 	if c.failWrites.Load() {
 		return 0, fmt.Errorf("injected write error at %d", off)
 	}
@@ -110,14 +115,44 @@ func (w tbWriter) Write(p []byte) (int, error) {
 	w.tb.Log(l)
 	w.lines.mu.Lock()
 	w.lines.l = append(w.lines.l, l)
+	w.lines.watch = slices.DeleteFunc(w.lines.watch, func(lw lineWatch) bool {
+		if strings.Contains(l, lw.s) {
+			close(lw.ch)
+			return true
+		}
+		return false
+	})
 	w.lines.mu.Unlock()
 	return len(p), nil
 }
 
 // logLines are the agent's log lines so far.
 type logLines struct {
-	mu sync.Mutex
-	l  []string
+	mu    sync.Mutex
+	l     []string
+	watch []lineWatch
+}
+
+// lineWatch is a channel closed when a line containing s is logged.
+type lineWatch struct {
+	s  string
+	ch chan struct{}
+}
+
+// logged returns a channel closed once a line containing s is logged (at
+// once if one has been).
+func (ll *logLines) logged(s string) <-chan struct{} {
+	ll.mu.Lock()
+	defer ll.mu.Unlock()
+	ch := make(chan struct{})
+	for _, l := range ll.l {
+		if strings.Contains(l, s) {
+			close(ch)
+			return ch
+		}
+	}
+	ll.watch = append(ll.watch, lineWatch{s, ch})
+	return ch
 }
 
 // wait waits until a line containing s is logged and returns every line
@@ -235,6 +270,10 @@ func helperProcess(role string) error {
 		err = helperAgentStop()
 	case "dropped":
 		err = helperDropped()
+	case "ended-write":
+		err = helperEndedWrite()
+	case "ended-read":
+		err = helperEndedRead()
 	default:
 		err = fmt.Errorf("unknown role %q", role)
 	}
