@@ -5,6 +5,7 @@
 #   make image        bin/image/{amd64,arm64}/: kernel, initramfs, manifest, arm64 .bfb
 #   make image-test   boot both in QEMU (software emulation) and check lovelockd from inside
 #   make image-bpf-test  run the BPF packages' tests inside the image's kernel (QEMU, amd64)
+#   make image-bpf-test-older  run the version-dependent tests inside Debian's 6.1 (QEMU, amd64)
 #   make image-lock   re-pin the Debian kernels to what the mirror has now
 #   make vagrant-validate
 
@@ -28,6 +29,14 @@ IMAGE_APT_PACKAGES := qemu-system-x86 qemu-system-arm qemu-efi-aarch64 vagrant
 # logic the main test pass covers.
 IMAGE_BPF_TEST_ARCHES ?= amd64
 IMAGE_BPF_TEST_PKGS   ?= ./bpf/,./control/attach/ -test.run=TestOpenAdoptDetach|TestClsact|TestAdoptRecreatedInterface|TestUpgradeUnderTraffic,./dataplane/wire/,./control/rules/ -test.run=Differential|BPF|FuzzClassify -rules.sets=4
+# image-bpf-test-older: the same in the lock file's older kernel (Debian's 6.1,
+# images/kernel.lock.json "older"), only the tests whose kernel behaviour
+# differs by version and that assert each version's: the netdev family
+# (6.3+; before, rule sets apply with a warning). Without the verifier step
+# (-objects=false) and control/attach: 6.1's verifier rejects the steering
+# programs (docs/image.md); add both back once they load there.
+IMAGE_BPF_OLDER_TEST_PKGS ?= ./control/netdev/ -test.run=TestDevXDPFeatures,./control/rules/ -test.run=TestXDPRedirect
+IMAGE_BPF_OLDER_FLAGS     ?= -objects=false
 
 .PHONY: image-deps
 image-deps: ## install QEMU, UEFI firmware for arm64 and vagrant; enable arm64 packages in apt (idempotent)
@@ -63,8 +72,13 @@ image-bpf-test: image-deps ## run the BPF packages' tests inside the image's 6.1
 			--out $(IMAGE_DIR)/bpftest --go $(GO) --timeout 900s || exit 1; \
 	done
 
+.PHONY: image-bpf-test-older
+image-bpf-test-older: image-deps ## run the version-dependent tests inside Debian's 6.1 under QEMU (no KVM): no netdev family, no tcx
+	$(GO) run ./images/cmd/bpftest --arch amd64 --kernel older $(IMAGE_BPF_OLDER_FLAGS) --pkgs '$(IMAGE_BPF_OLDER_TEST_PKGS)' \
+		--out $(IMAGE_DIR)/bpftest --go $(GO) --timeout 240s
+
 .PHONY: image-lock
-image-lock: image-deps ## re-pin images/kernel.lock.json to the kernels the mirror has now
+image-lock: image-deps ## re-pin images/kernel.lock.json to the kernels the mirror has now (the older one within its series)
 	$(GO) run ./images/cmd/mkimage lock $(foreach a,$(IMAGE_ARCHES),--arch $(a))
 
 .PHONY: vagrant-validate

@@ -201,3 +201,27 @@ func xdpPassOn(tb testing.TB, ns netns.NsHandle, iface string, flags int) {
 		return nil
 	})
 }
+
+// KernelAtLeast says whether the running kernel is major.minor or newer,
+// for tests that assert what each kernel does (a fallback before a
+// feature's version) rather than skip where the feature is missing. The
+// release is uname's ("6.1.0-56-cloud-amd64").
+func KernelAtLeast(tb testing.TB, major, minor int) bool {
+	tb.Helper()
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err != nil {
+		tb.Fatalf("uname: %v", err)
+	}
+	release := unix.ByteSliceToString(uts.Release[:])
+	gotMajor, gotMinor, ok := parseRelease(release)
+	if !ok {
+		tb.Fatalf("kernel release %q: want major.minor first", release)
+	}
+	return gotMajor > major || gotMajor == major && gotMinor >= minor
+}
+
+// parseRelease reads major and minor from a kernel release.
+func parseRelease(release string) (major, minor int, ok bool) {
+	n, err := fmt.Sscanf(release, "%d.%d", &major, &minor)
+	return major, minor, err == nil && n == 2
+}

@@ -46,6 +46,11 @@ type Lock struct {
 	Note string `json:"note,omitempty"`
 	// Kernels maps a Go architecture (amd64, arm64) to its pinned package.
 	Kernels map[string]Package `json:"kernels"`
+	// Older maps a Go architecture to an older kernel that only the BPF
+	// tests boot (make image-bpf-test-older), never the image: Debian's
+	// 6.1, for the paths that differ by version (no tcx before 6.6, no
+	// netdev family before 6.3), which the build machine cannot take.
+	Older map[string]Package `json:"older,omitempty"`
 }
 
 // Package is one pinned Debian kernel package.
@@ -64,7 +69,10 @@ type Package struct {
 	Release string `json:"release"`
 	// Modules lists the modules the image loads at boot; their dependencies
 	// are added automatically.
-	Modules []string `json:"modules"`
+	Modules []string `json:"modules,omitempty"`
+	// Series, when set, is the kernel series ("6.1") the package must stay
+	// in: re-pinning refuses a metapackage that has moved to another.
+	Series string `json:"series,omitempty"`
 }
 
 // LoadLock reads a lock file.
@@ -77,9 +85,17 @@ func LoadLock(file string) (*Lock, error) {
 	if err := json.Unmarshal(b, &l); err != nil {
 		return nil, fmt.Errorf("kernel lock %s: %w", file, err)
 	}
-	for arch, p := range l.Kernels {
-		if p.Package == "" || p.Version == "" || p.Release == "" || len(p.SHA256) != 64 {
-			return nil, fmt.Errorf("kernel lock %s: %s: package, version, release and a 64-digit sha256 are required", file, arch)
+	for _, pins := range []struct {
+		what string
+		m    map[string]Package
+	}{{"", l.Kernels}, {"older ", l.Older}} {
+		for arch, p := range pins.m {
+			if p.Package == "" || p.Version == "" || p.Release == "" || len(p.SHA256) != 64 {
+				return nil, fmt.Errorf("kernel lock %s: %s%s: package, version, release and a 64-digit sha256 are required", file, pins.what, arch)
+			}
+			if err := p.InSeries(p.Version); err != nil {
+				return nil, fmt.Errorf("kernel lock %s: %s%s: %w", file, pins.what, arch, err)
+			}
 		}
 	}
 	return &l, nil
@@ -105,6 +121,46 @@ func (l *Lock) For(arch string) (Package, error) {
 	p, ok := l.Kernels[arch]
 	if !ok {
 		return Package{}, fmt.Errorf("kernel lock: no kernel pinned for %s", arch)
+	}
+	return p, nil
+}
+
+// OlderFor returns the older kernel pinned for a Go architecture's BPF
+// tests.
+func (l *Lock) OlderFor(arch string) (Package, error) {
+	p, ok := l.Older[arch]
+	if !ok {
+		return Package{}, fmt.Errorf("kernel lock: no older kernel pinned for %s (the \"older\" section of images/kernel.lock.json)", arch)
+	}
+	return p, nil
+}
+
+// InSeries checks that a Debian version ("6.1.192-2", "1:6.1.192-2") is
+// of p.Series; any is when p has none.
+func (p Package) InSeries(version string) error {
+	if p.Series == "" {
+		return nil
+	}
+	if i := strings.Index(version, ":"); i >= 0 {
+		version = version[i+1:]
+	}
+	if !strings.HasPrefix(version, p.Series+".") {
+		return fmt.Errorf("version %s is not of the pinned series %s (linux-image-%s has moved on: pin a flavor whose metapackage stays in %s, or change the series on purpose)",
+			version, p.Series, p.Flavor, p.Series)
+	}
+	return nil
+}
+
+// Repin resolves the package linux-image-<old.Flavor> names now (Resolve),
+// keeps old's modules and series, and refuses a package of another series.
+func Repin(ctx context.Context, old Package, arch string) (Package, error) {
+	p, err := Resolve(ctx, old.Flavor, arch)
+	if err != nil {
+		return Package{}, err
+	}
+	p.Modules, p.Series = old.Modules, old.Series
+	if err := old.InSeries(p.Version); err != nil {
+		return Package{}, fmt.Errorf("kernel: re-pin %s: %w", arch, err)
 	}
 	return p, nil
 }

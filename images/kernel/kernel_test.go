@@ -32,13 +32,21 @@ func TestShippedLock(t *testing.T) {
 			t.Errorf("%s: no modules: the image could not reach its NIC", arch)
 		}
 	}
+	// The BPF tests' older kernel: Debian's 6.1, a cloud flavor (amd64).
+	older, err := l.OlderFor("amd64")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if older.Series != "6.1" || !strings.HasPrefix(older.Version, "6.1.") || older.Release != strings.TrimPrefix(older.Package, "linux-image-") {
+		t.Errorf("older amd64 kernel %+v: want a 6.1 package pinned to its series", older)
+	}
 	// Save writes what LoadLock reads.
 	tmp := filepath.Join(t.TempDir(), "lock.json")
 	if err := l.Save(tmp); err != nil {
 		t.Fatal(err)
 	}
 	again, err := LoadLock(tmp)
-	if err != nil || again.Kernels["arm64"].SHA256 != l.Kernels["arm64"].SHA256 {
+	if err != nil || again.Kernels["arm64"].SHA256 != l.Kernels["arm64"].SHA256 || again.Older["amd64"].SHA256 != older.SHA256 {
 		t.Fatalf("round trip: %v", err)
 	}
 	if b, _ := os.ReadFile(tmp); bytes.Contains(b, []byte(`\u003c`)) {
@@ -55,6 +63,45 @@ func TestLockRejects(t *testing.T) {
 	l := &Lock{}
 	if _, err := l.For("riscv64"); err == nil {
 		t.Fatal("For found a kernel for an architecture without one")
+	}
+	if _, err := l.OlderFor("amd64"); err == nil {
+		t.Fatal("OlderFor found a kernel in a lock without older ones")
+	}
+	sha := strings.Repeat("0", 64)
+	for name, older := range map[string]string{
+		"short sha256":   `{"package": "linux-image-x", "version": "6.1.1-1", "release": "x", "sha256": "short"}`,
+		"another series": `{"package": "linux-image-x", "version": "6.12.1-1", "release": "x", "sha256": "` + sha + `", "series": "6.1"}`,
+		"no release":     `{"package": "linux-image-x", "version": "6.1.1-1", "sha256": "` + sha + `", "series": "6.1"}`,
+	} {
+		os.WriteFile(tmp, []byte(`{"kernels": {}, "older": {"amd64": `+older+`}}`), 0o644)
+		if _, err := LoadLock(tmp); err == nil || !strings.Contains(err.Error(), "older amd64") {
+			t.Errorf("%s: LoadLock: %v, want an error naming older amd64", name, err)
+		}
+	}
+}
+
+// TestInSeries: a package pinned to a series accepts only versions of it
+// (make image-lock refuses to re-pin Debian's 6.1 to the 6.12 a moved
+// metapackage names); one without a series accepts any.
+func TestInSeries(t *testing.T) {
+	for _, tc := range []struct {
+		series, version string
+		ok              bool
+	}{
+		{"6.1", "6.1.192-2", true},
+		{"6.1", "1:6.1.192-2", true},
+		{"6.1", "6.12.117-1~deb12u1", false},
+		{"6.1", "6.10.1-1", false},
+		{"6.1", "5.10.1-1", false},
+		{"", "6.12.117-1~deb12u1", true},
+	} {
+		err := Package{Flavor: "cloud-amd64", Series: tc.series}.InSeries(tc.version)
+		if (err == nil) != tc.ok {
+			t.Errorf("series %q, version %q: %v, want ok=%v", tc.series, tc.version, err, tc.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), "linux-image-cloud-amd64 has moved on") {
+			t.Errorf("series %q, version %q: %v, want it to say the metapackage moved on", tc.series, tc.version, err)
+		}
 	}
 }
 

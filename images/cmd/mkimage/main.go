@@ -113,7 +113,7 @@ func buildCommand() *ucli.Command {
 func lockCommand() *ucli.Command {
 	return &ucli.Command{
 		Name:  "lock",
-		Usage: "pin each --arch's kernel to what linux-image-<flavor> names on the mirror now",
+		Usage: "pin each --arch's kernel, and the older kernel its BPF tests boot, to what linux-image-<flavor> names on the mirror now",
 		Flags: commonFlags,
 		Action: func(c *ucli.Context) error {
 			file := c.String("lock")
@@ -121,21 +121,31 @@ func lockCommand() *ucli.Command {
 			if err != nil {
 				return err
 			}
-			for _, arch := range c.StringSlice("arch") {
-				old, err := lock.For(arch)
+			repin := func(pins map[string]kernel.Package, what, arch string) error {
+				old := pins[arch]
+				p, err := kernel.Repin(c.Context, old, arch)
 				if err != nil {
 					return err
 				}
-				p, err := kernel.Resolve(c.Context, old.Flavor, arch)
-				if err != nil {
-					return err
-				}
-				p.Modules = old.Modules
 				if _, err := kernel.Fetch(c.Context, p, arch, c.String("cache"), c.App.Writer); err != nil {
 					return err
 				}
-				lock.Kernels[arch] = p
-				fmt.Fprintf(c.App.Writer, "%s: %s %s -> %s %s\n", arch, old.Package, old.Version, p.Package, p.Version)
+				pins[arch] = p
+				fmt.Fprintf(c.App.Writer, "%s%s: %s %s -> %s %s\n", what, arch, old.Package, old.Version, p.Package, p.Version)
+				return nil
+			}
+			for _, arch := range c.StringSlice("arch") {
+				if _, err := lock.For(arch); err != nil {
+					return err
+				}
+				if err := repin(lock.Kernels, "", arch); err != nil {
+					return err
+				}
+				if _, ok := lock.Older[arch]; ok {
+					if err := repin(lock.Older, "older ", arch); err != nil {
+						return err
+					}
+				}
 			}
 			return lock.Save(file)
 		},
