@@ -70,6 +70,7 @@ type hop struct {
 	node     int // the peer node (an agent hop), or -1
 	client   int // the local client (a client hop), or -1
 	isClient bool
+	local    bool // a client's own ranks: delivered in memory (local.go)
 }
 
 // NewAgent validates cfg, builds the next-hop table of node and opens (or

@@ -25,7 +25,10 @@ type ClientOptions struct {
 	// client's) and the payload, which is valid only during the call.
 	// Recv is then unavailable. The handler may call Send, but should use
 	// TrySend, or hand the work to another goroutine, where waiting for a
-	// send buffer could close a cycle of waits between processes.
+	// send buffer could close a cycle of waits between processes, or with
+	// itself: messages for the client's own ranks are delivered in memory
+	// through the same queue, whose bundles come back only as this
+	// goroutine consumes them.
 	Handler func(rank uint32, payload []byte)
 	// Logger receives the client's few messages; nil discards them.
 	Logger *slog.Logger
@@ -47,9 +50,11 @@ type Message struct {
 // Client is the messaging library of one application process: it sends
 // messages to ranks, aggregated into bundles towards the node's agent (or,
 // in ModeNone, towards each destination client), and receives the messages
-// for its own ranks. Send and TrySend may be called from many goroutines at
-// once: each takes one of several independent sender shards, so they do not
-// contend on one lock.
+// for its own ranks. Messages it sends to its own ranks never touch the
+// network: their bundles go straight to its delivery queue (local.go).
+// Send and TrySend may be called from many goroutines at once: each takes
+// one of several independent sender shards, so they do not contend on one
+// lock.
 type Client struct {
 	cfg   Config
 	node  int
@@ -58,6 +63,7 @@ type Client struct {
 	tsize int
 	table *rankTable
 	hops  []hop
+	local int32 // the index in hops of the local hop: the client's own ranks
 	// hopDead says, by hop, that a shard declared the next hop dead and no
 	// shard has heard from it since: Send fails fast on every shard.
 	hopDead []atomic.Bool
@@ -81,13 +87,15 @@ type Client struct {
 	rcur   *delivery     // the bundle being consumed
 	rcount uint64        // messages taken from rcur, not yet counted
 
-	ctr    counters
-	kick   chan struct{}
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	closed atomic.Bool
-	once   sync.Once
+	ctr     counters
+	kick    chan struct{}
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	tcancel context.CancelFunc // stops the timer goroutine alone (Close)
+	twg     sync.WaitGroup
+	closed  atomic.Bool
+	once    sync.Once
 }
 
 // NewClient starts the client named client on node: it validates cfg,
@@ -124,9 +132,13 @@ func NewClient(cfg Config, node, client string, opts ClientOptions) (*Client, er
 	}
 	c.recv = newReceiver(&c.cfg, opts.MaxLinks, &c.ctr, c, &c.out)
 	c.q.notify = make(chan struct{}, 1)
+	// The client's own ranks map to the local hop, the last: their
+	// messages go into bundles that the delivery queue takes in memory
+	// (local.go), never through the network.
+	var route func(node, client int) int32
 	if cfg.Mode.HasAgent() {
 		c.hops = []hop{{name: cfg.Nodes[n].Name, addr: cfg.Nodes[n].Agent, node: n, client: -1}}
-		c.table = newRankTable(cfg, func(int, int) int32 { return 0 })
+		route = func(int, int) int32 { return 0 }
 	} else {
 		first := make([]int32, len(cfg.Nodes))
 		for m, nd := range cfg.Nodes {
@@ -135,8 +147,16 @@ func NewClient(cfg Config, node, client string, opts ClientOptions) (*Client, er
 				c.hops = append(c.hops, hop{name: nd.Name + "/" + cl.Name, addr: cl.Addr, node: m, client: k, isClient: true})
 			}
 		}
-		c.table = newRankTable(cfg, func(node, client int) int32 { return first[node] + int32(client) })
+		route = func(node, client int) int32 { return first[node] + int32(client) }
 	}
+	c.local = int32(len(c.hops))
+	c.hops = append(c.hops, hop{name: localHopName, node: n, client: ci, local: true})
+	c.table = newRankTable(cfg, func(node, client int) int32 {
+		if node == n && client == ci {
+			return c.local
+		}
+		return route(node, client)
+	})
 	c.hopDead = make([]atomic.Bool, len(c.hops))
 	nshards := cfg.SenderShards
 	if nshards == 0 {
@@ -160,9 +180,12 @@ func NewClient(cfg Config, node, client string, opts ClientOptions) (*Client, er
 	// The goroutines run until Close cancels their context.
 	ctx, cancel := context.WithCancel(context.Background())
 	c.ctx, c.cancel = ctx, cancel
-	c.wg.Add(2)
+	tctx, tcancel := context.WithCancel(ctx)
+	c.tcancel = tcancel
+	c.wg.Add(1)
+	c.twg.Add(1)
 	go c.receive(ctx)
-	go c.timers(ctx)
+	go c.timers(tctx)
 	if c.handler != nil {
 		c.wg.Add(1)
 		go c.deliver(ctx)
@@ -188,12 +211,19 @@ func (c *Client) TransferSize() int { return c.tsize }
 // Flush first for that), stops the client's goroutines and closes its
 // transport. Messages left waiting for a window are dropped, counted
 // (Drops.Closed) and reported in the error. Blocked Send and Recv calls
-// return ErrClosed; a Handler call in progress is waited for. It is safe
-// to call more than once.
+// return ErrClosed; a Handler call in progress is waited for, and with a
+// Handler every message already in the delivery queue, those for the
+// client's own ranks included, is handed to it before Close returns. It is
+// safe to call more than once.
 func (c *Client) Close() error {
 	var err error
 	c.once.Do(func() {
 		c.closed.Store(true)
+		// The timer goroutine stops first: after the flush below, nothing
+		// but a racing Send writes a buffer, and the delivery goroutine,
+		// which stops after it, sees every local bundle queued.
+		c.tcancel()
+		c.twg.Wait()
 		for _, s := range c.shards {
 			s.mu.Lock()
 			now := c.clock()
@@ -216,6 +246,9 @@ func (c *Client) Close() error {
 			for _, l := range s.links {
 				if l != nil {
 					unsent += l.unsent()
+					if l.loc != nil && l.cur != nil {
+						unsent += l.cur.msgs // a Send that raced Close wrote it after the flush
+					}
 					l.dropGaveUp() // no one asks any more
 				}
 			}
@@ -238,6 +271,9 @@ func (c *Client) Stats() Stats {
 	}
 	for h, hp := range c.hops {
 		d := DestStats{Name: hp.name, Addr: hp.addr.String()}
+		if hp.local {
+			d.Addr = ""
+		}
 		used := false
 		for _, sh := range c.shards {
 			sh.mu.Lock()
@@ -254,6 +290,10 @@ func (c *Client) Stats() Stats {
 		d.PeerDead = d.PeerDead || c.hopDead[h].Load()
 		if d.Bundles > 0 {
 			d.AvgBundleBytes = float64(d.Bytes) / float64(d.Bundles)
+		}
+		if hp.local {
+			s.Local = d // not a next hop: not in Destinations, nor in Sent
+			continue
 		}
 		s.Destinations = append(s.Destinations, d)
 	}

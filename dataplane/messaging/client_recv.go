@@ -13,11 +13,14 @@ import (
 	"github.com/lovelock-dpu/lovelock/dataplane/wire"
 )
 
-// delivery is a bundle waiting for the consumer.
+// delivery is a bundle waiting for the consumer: received, or from a
+// local link (lb set).
 type delivery struct {
 	l    *inLink
 	item rxWork
-	buf  *[]byte // the receive buffer it lives in, returned when consumed
+	buf  *[]byte  // the receive buffer it lives in, returned when consumed
+	lo   *outLink // the local link whose buffer lb is, returned when consumed
+	lb   *txBuf
 }
 
 // deliveryQueue is the FIFO between the receive goroutine and the
@@ -37,6 +40,13 @@ func (q *deliveryQueue) push(d *delivery) {
 	case q.notify <- struct{}{}:
 	default:
 	}
+}
+
+// empty reports whether the queue holds nothing.
+func (q *deliveryQueue) empty() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.items) == 0
 }
 
 func (q *deliveryQueue) pop() *delivery {
@@ -159,11 +169,14 @@ func (c *Client) next(ctx context.Context) (rxMsg, error) {
 				c.rcount++ // added to the counters per bundle, not per message
 				return m, nil
 			}
-			c.countDelivered()
+			c.countDelivered(d.lb != nil)
 			c.consumed(d)
 			c.rcur = nil
 		}
 		if d := c.q.pop(); d != nil {
+			if d.lb != nil {
+				startLocal(d)
+			}
 			c.rcur = d
 			continue
 		}
@@ -172,6 +185,9 @@ func (c *Client) next(ctx context.Context) (rxMsg, error) {
 		case <-ctx.Done():
 			return rxMsg{}, ctx.Err()
 		case <-c.ctx.Done():
+			if !c.q.empty() {
+				continue // Close: what was queued before is delivered
+			}
 			return rxMsg{}, ErrClosed
 		}
 	}
@@ -179,11 +195,15 @@ func (c *Client) next(ctx context.Context) (rxMsg, error) {
 
 // countDelivered adds the messages the consumer took from the bundle it
 // finished to the counters: two atomic adds a bundle rather than a
-// message. The consumer lock must be held.
-func (c *Client) countDelivered() {
+// message; local says the bundle came from a local link. The consumer
+// lock must be held.
+func (c *Client) countDelivered(local bool) {
 	if c.rcount > 0 {
 		c.ctr.messages.Add(c.rcount)
 		c.ctr.delivered.Add(c.rcount)
+		if local {
+			c.ctr.local.Add(c.rcount)
+		}
 		c.rcount = 0
 	}
 }
@@ -193,12 +213,17 @@ func (c *Client) countDelivered() {
 // sender that used its whole window is then never left waiting for the
 // retransmission timer.
 func (c *Client) consumed(d *delivery) {
+	if d.lb != nil {
+		c.returnLocal(d)
+		return
+	}
 	l := d.l
 	if d.buf != nil {
 		c.bufs.Put(d.buf)
 	}
 	consumed := l.consumed.Add(1)
-	if consumed-l.advertised.Load() >= max(1, l.window/2) {
+	// A credit after Close began would only meet the closed transport.
+	if consumed-l.advertised.Load() >= max(1, l.window/2) && c.ctx.Err() == nil {
 		l.advertised.Store(consumed)
 		ack := l.next.Load()
 		var p [creditLen]byte

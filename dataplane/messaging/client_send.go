@@ -34,6 +34,12 @@ func (s *shard) link(h int32) *outLink {
 	}
 	c := s.c
 	hp := c.hops[h]
+	if hp.local {
+		l := s.newLocalLink()
+		l.hop = int(h)
+		s.links[h] = l
+		return l
+	}
 	var dst Endpoint
 	if hp.isClient {
 		dst = ClientEndpoint(hp.node, hp.client, 0)
@@ -263,7 +269,10 @@ func (c *Client) kickTimers() {
 
 // Flush sends every buffered message and waits until the next hops have
 // acknowledged all of them, ctx is done, or the client closes. After Flush
-// returns nil, every message sent before it has left this process. It
+// returns nil, every message sent before it has left this process, or, for
+// one of the client's own ranks, is in its delivery queue: as a receiving
+// client acknowledges a bundle once it has queued it, Flush does not wait
+// for the handler. It
 // returns an error wrapping ErrPeerDead when a next hop is dead, or was
 // declared dead while Flush waited: the messages held for it were dropped.
 func (c *Client) Flush(ctx context.Context) error {
@@ -319,7 +328,7 @@ func (c *Client) Flush(ctx context.Context) error {
 // timers is the goroutine that closes buffers on their flush timeout and
 // when a shard goes idle, and runs the links' retransmission timers.
 func (c *Client) timers(ctx context.Context) {
-	defer c.wg.Done()
+	defer c.twg.Done()
 	ft, idle := int64(c.cfg.FlushTimeout), int64(c.cfg.IdleTimeout)
 	rto, peerTO := int64(c.cfg.RetransmitTimeout), int64(c.cfg.PeerTimeout)
 	t := alarm{k: c.clk, f: c.kickTimers}

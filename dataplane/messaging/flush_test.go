@@ -87,6 +87,10 @@ func TestIdleFlush(t *testing.T) {
 		if f.Idle == 0 || f.Timeout != 0 {
 			t.Errorf("client flushes %+v, want idle ones only", f)
 		}
+		// Its messages to its own ranks are flushed the same way.
+		if f := c.Stats().Local.Flushes; f.Idle == 0 || f.Timeout != 0 {
+			t.Errorf("client local flushes %+v, want idle ones only", f)
+		}
 	}
 	for _, a := range tc.agents {
 		f := a.Stats().Sent().Flushes

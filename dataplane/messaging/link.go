@@ -161,6 +161,7 @@ type outLink struct {
 	ctr           *counters // the owner's, for the messages a dead peer costs
 	freed         int       // buffers freed by the last credit
 	gaveUp        []*gaveUp // sessions a reset gave up, whose fate the receiver is asked (giveup.go)
+	loc           *localOut // set on a client's local link: bundles go to its delivery queue (local.go)
 }
 
 func newOutLink(name string, addr netip.AddrPort, tenant uint32, src, dst Endpoint, tsize, window int, ctr *counters) *outLink {
@@ -369,6 +370,10 @@ func (l *outLink) unsent() int {
 
 // pump sends ready bundles while the window is open.
 func (l *outLink) pump(now int64, out *batch) {
+	if l.loc != nil {
+		l.pumpLocal()
+		return
+	}
 	for l.waiting() > 0 && seqDiff(l.nextSeq, l.limit) < 0 && l.nextSeq-l.base < l.window {
 		b := l.ready[l.rhead]
 		l.ready[l.rhead] = nil

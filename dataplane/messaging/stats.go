@@ -23,6 +23,13 @@ type Stats struct {
 	TransferSize int `json:"transfer_size"`
 	// Destinations has one entry per next hop, in next-hop table order.
 	Destinations []DestStats `json:"destinations"`
+	// Local counts a client's messages to its own ranks, which it
+	// delivers in memory, not through a next hop: bundles handed to its
+	// delivery queue, their messages and record bytes (no headers), flush
+	// reasons, and Blocked (a Send that waited for the consumer to give a
+	// buffer back). It is in neither Destinations nor Sent. Zero for an
+	// agent.
+	Local DestStats `json:"local,omitzero"`
 	// Received counts what arrived.
 	Received RecvStats `json:"received"`
 	// Drops counts every message or datagram dropped, by reason.
@@ -110,6 +117,10 @@ type RecvStats struct {
 	// Delivered counts messages handed to the application (clients) or to
 	// a local client's send buffers (agents).
 	Delivered uint64 `json:"delivered"`
+	// Local counts the messages of Messages and Delivered that a client
+	// sent to its own ranks (Stats.Local): they were never on the network,
+	// so they are in no received bundle or byte.
+	Local uint64 `json:"local"`
 	// Misdirected counts credits that reached the wrong agent worker and
 	// were passed to the right one (one its full mailbox could not take
 	// is counted in Drops.Mailbox instead).
@@ -298,6 +309,7 @@ type counters struct {
 	credits, probes          atomic.Uint64
 	delivered, misdirected   atomic.Uint64
 	refused, unconfirmed     atomic.Uint64
+	local                    atomic.Uint64
 	drops                    [numDropReasons]atomic.Uint64
 }
 
@@ -316,6 +328,7 @@ func (c *counters) addTo(r *RecvStats, d *DropStats) {
 	r.Misdirected += c.misdirected.Load()
 	r.Refused += c.refused.Load()
 	r.Unconfirmed += c.unconfirmed.Load()
+	r.Local += c.local.Load()
 	for i, f := range []*uint64{
 		&d.Malformed, &d.BadBundle, &d.BadCredit, &d.UnknownRank, &d.WrongTenant, &d.WrongDest,
 		&d.OutOfWindow, &d.Oversize, &d.Orphans, &d.TooManyLinks, &d.DeadPeer, &d.StaleCredit,
