@@ -55,6 +55,18 @@ const (
 	steerIfaceLimitsIFACE_OTHER steerIfaceLimits = 1023
 )
 
+type steerParseResult struct {
+	_ structs.HostLayout
+	M struct {
+		_      structs.HostLayout
+		Key    steerFlowKey
+		Status uint32
+		LlOff  uint32
+		BadLl  uint32
+	}
+	Need uint32
+}
+
 type steerRuleEntry struct {
 	_      structs.HostLayout
 	Key    steerFlowKey
@@ -126,6 +138,7 @@ type steerXskKey struct {
 const (
 	steerMapActiveSet         = "active_set"
 	steerMapIfaceStats        = "iface_stats"
+	steerMapParseResults      = "parse_results"
 	steerMapRuleStats         = "rule_stats"
 	steerMapRulesets          = "rulesets"
 	steerMapShapesets         = "shapesets"
@@ -197,14 +210,15 @@ type steerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerMapSpecs struct {
-	ActiveSet  *ebpf.MapSpec `ebpf:"active_set"`
-	IfaceStats *ebpf.MapSpec `ebpf:"iface_stats"`
-	RuleStats  *ebpf.MapSpec `ebpf:"rule_stats"`
-	Rulesets   *ebpf.MapSpec `ebpf:"rulesets"`
-	Shapesets  *ebpf.MapSpec `ebpf:"shapesets"`
-	SteerStats *ebpf.MapSpec `ebpf:"steer_stats"`
-	XskSlots   *ebpf.MapSpec `ebpf:"xsk_slots"`
-	Xsks       *ebpf.MapSpec `ebpf:"xsks"`
+	ActiveSet    *ebpf.MapSpec `ebpf:"active_set"`
+	IfaceStats   *ebpf.MapSpec `ebpf:"iface_stats"`
+	ParseResults *ebpf.MapSpec `ebpf:"parse_results"`
+	RuleStats    *ebpf.MapSpec `ebpf:"rule_stats"`
+	Rulesets     *ebpf.MapSpec `ebpf:"rulesets"`
+	Shapesets    *ebpf.MapSpec `ebpf:"shapesets"`
+	SteerStats   *ebpf.MapSpec `ebpf:"steer_stats"`
+	XskSlots     *ebpf.MapSpec `ebpf:"xsk_slots"`
+	Xsks         *ebpf.MapSpec `ebpf:"xsks"`
 }
 
 // steerVariableSpecs contains global variables before they are loaded into the kernel.
@@ -240,20 +254,22 @@ func (o *steerObjects) Close() error {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerMaps struct {
-	ActiveSet  *ebpf.Map `ebpf:"active_set"`
-	IfaceStats *ebpf.Map `ebpf:"iface_stats"`
-	RuleStats  *ebpf.Map `ebpf:"rule_stats"`
-	Rulesets   *ebpf.Map `ebpf:"rulesets"`
-	Shapesets  *ebpf.Map `ebpf:"shapesets"`
-	SteerStats *ebpf.Map `ebpf:"steer_stats"`
-	XskSlots   *ebpf.Map `ebpf:"xsk_slots"`
-	Xsks       *ebpf.Map `ebpf:"xsks"`
+	ActiveSet    *ebpf.Map `ebpf:"active_set"`
+	IfaceStats   *ebpf.Map `ebpf:"iface_stats"`
+	ParseResults *ebpf.Map `ebpf:"parse_results"`
+	RuleStats    *ebpf.Map `ebpf:"rule_stats"`
+	Rulesets     *ebpf.Map `ebpf:"rulesets"`
+	Shapesets    *ebpf.Map `ebpf:"shapesets"`
+	SteerStats   *ebpf.Map `ebpf:"steer_stats"`
+	XskSlots     *ebpf.Map `ebpf:"xsk_slots"`
+	Xsks         *ebpf.Map `ebpf:"xsks"`
 }
 
 func (m *steerMaps) Close() error {
 	return _SteerClose(
 		m.ActiveSet,
 		m.IfaceStats,
+		m.ParseResults,
 		m.RuleStats,
 		m.Rulesets,
 		m.Shapesets,

@@ -32,11 +32,12 @@ IMAGE_BPF_TEST_PKGS   ?= ./bpf/,./control/attach/ -test.run=TestOpenAdoptDetach|
 # image-bpf-test-older: the same in the lock file's older kernel (Debian's 6.1,
 # images/kernel.lock.json "older"), only the tests whose kernel behaviour
 # differs by version and that assert each version's: the netdev family
-# (6.3+; before, rule sets apply with a warning). Without the verifier step
-# (-objects=false) and control/attach: 6.1's verifier rejects the steering
-# programs (docs/image.md); add both back once they load there.
-IMAGE_BPF_OLDER_TEST_PKGS ?= ./control/netdev/ -test.run=TestDevXDPFeatures,./control/rules/ -test.run=TestXDPRedirect
-IMAGE_BPF_OLDER_FLAGS     ?= -objects=false
+# (6.3+; before, rule sets apply with a warning), the clsact fallback
+# before tcx (6.6+), and the verifier step with the parser and classifier
+# against Go, since 6.1's verifier checks (and removes dead code) its own
+# way. Not TestUpgradeUnderTraffic: it attaches through tcx itself.
+IMAGE_BPF_OLDER_TEST_PKGS ?= ./control/netdev/ -test.run=TestDevXDPFeatures,./control/rules/ -test.run=TestXDPRedirect|Differential|BPF|FuzzClassify -rules.sets=4,./control/attach/ -test.run=TestOpenAdoptDetach|TestClsact|TestAdoptRecreatedInterface,./dataplane/wire/ -test.run=TestCParser|FuzzFrame
+IMAGE_BPF_OLDER_FLAGS     ?=
 
 .PHONY: image-deps
 image-deps: ## install QEMU, UEFI firmware for arm64 and vagrant; enable arm64 packages in apt (idempotent)

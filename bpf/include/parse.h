@@ -126,6 +126,24 @@ static __always_inline void *cursor_pull(struct cursor *c, __u32 len)
 	return p;
 }
 
+/* cursor_pull for a length read from the packet: IPv4 options, an IPv6
+ * extension header. Every such length is below 4096 (at most
+ * IPV6_EXT_MAX_LEN), so the mask leaves the value alone; it bounds the
+ * register that is added to the packet pointer. Without it clang may
+ * compute the length in 64 bits and truncate it with a mask (IPv4's
+ * ihl * 4 - 20), and 6.1's verifier, which then sees a bound near 2^32,
+ * learns no packet range from the check against data_end ("R2 offset is
+ * outside of the packet"). */
+static __always_inline void *cursor_pull_var(struct cursor *c, __u32 len)
+{
+	__u64 l = len;
+
+	asm volatile("%0 &= 0xfff" : "+r"(l));
+	return cursor_pull(c, l);
+}
+
+_Static_assert(IPV6_EXT_MAX_LEN < 4096, "cursor_pull_var's mask must not cut a header length");
+
 static __always_inline int ll_type_known(__u8 type)
 {
 	switch (type) {
@@ -185,6 +203,10 @@ static __always_inline enum ll_status skip_ipv6_ext(struct cursor *c, __u8 *next
 {
 	int i;
 
+	/* Unrolled: no loop for the verifier. As a loop, clang lays out its
+	 * latch to fall through into the header, which 6.1's check_cfg
+	 * refuses ("back-edge from insn N to N+1"; 6.3 and later accept it). */
+#pragma unroll
 	for (i = 0; i < MAX_IPV6_EXT_HDRS; i++) {
 		__u8 *h;
 
@@ -212,7 +234,7 @@ static __always_inline enum ll_status skip_ipv6_ext(struct cursor *c, __u8 *next
 		}
 		__u32 len = *nexthdr == IPPROTO_AH ? ((__u32)h[1] + 2) * 4 : ((__u32)h[1] + 1) * 8;
 
-		if (!cursor_pull(c, len - 2))
+		if (!cursor_pull_var(c, len - 2))
 			return LL_TRUNCATED;
 		*nexthdr = h[0];
 	}
@@ -271,7 +293,7 @@ static __always_inline enum ll_status parse_packet(struct cursor *c, __u16 port,
 			return LL_BAD_HEADER;
 		ihl = ip->ihl * 4;
 		/* Skip IPv4 options. */
-		if (ihl > sizeof(*ip) && !cursor_pull(c, ihl - sizeof(*ip)))
+		if (ihl > sizeof(*ip) && !cursor_pull_var(c, ihl - sizeof(*ip)))
 			return LL_TRUNCATED;
 		m->key.family = 4;
 		m->key.proto = ip->protocol;
