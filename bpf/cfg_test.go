@@ -1,11 +1,20 @@
 package bpf
 
 import (
+	"bytes"
 	"debug/elf"
+	"embed"
 	"encoding/binary"
 	"fmt"
 	"testing"
 )
+
+// committedObjects are the objects the bindings embed, embedded here too:
+// the test binary also runs inside make image-bpf-test's guests, which
+// have no source tree to open them from.
+//
+//go:embed steer_bpfel.o wirecheck/wirecheck_bpfel.o
+var committedObjects embed.FS
 
 // TestNoFallThroughBackEdge walks every function of the committed objects
 // the way 6.1's check_cfg does and fails on the edge it refuses: a plain
@@ -83,9 +92,13 @@ type objFunc struct {
 
 // objectFuncs returns the functions of the BPF object at path.
 func objectFuncs(path string) ([]objFunc, error) {
-	f, err := elf.Open(path)
+	b, err := committedObjects.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("open %s (make generate builds it): %w", path, err)
+		return nil, fmt.Errorf("read %s (make generate builds it): %w", path, err)
+	}
+	f, err := elf.NewFile(bytes.NewReader(b))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	defer f.Close()
 	syms, err := f.Symbols()
