@@ -579,9 +579,11 @@ func TestForwardedCountsHostRequests(t *testing.T) {
 	// Each host request asks both nodes, in a batch each. A loaded machine
 	// may make the client send one again after its timeout, which the
 	// agent takes as one more host request (a list is not answered from
-	// the reply cache): the relations hold whatever the count.
-	if hostReqs < 2 || fwd != hostReqs || fan != hostReqs || batches != 2*hostReqs {
-		t.Errorf("a list and a create, each asking 2 nodes: %d host requests, %d forwarded, %d fan-out in %d batches; want n ≥ 2, n, n in 2n",
+	// the reply cache), and a resend that meets its original in flight
+	// shares the original's batches (the agent aggregates): so 4 batches
+	// for the list and the create, and at most 2 a host request.
+	if hostReqs < 2 || fwd != hostReqs || fan != hostReqs || batches < 4 || batches > 2*hostReqs {
+		t.Errorf("a list and a create, each asking 2 nodes: %d host requests, %d forwarded, %d fan-out in %d batches; want n ≥ 2, n, n in 4 to 2n",
 			hostReqs, fwd, fan, batches)
 	}
 	if st.Forwarded > st.HostRequests || st.AvgBatch != float64(st.Forwarded)/float64(st.Batches) {
