@@ -83,9 +83,10 @@ type Client struct {
 	bufs   sync.Pool // of receive buffers handed to the delivery queue
 
 	q      deliveryQueue
+	rxDone chan struct{} // closed when the receive goroutine has stopped: the queue grows no more
 	rlock  chan struct{} // the consumer lock (Recv or the handler goroutine), usable with a context
 	rcur   *delivery     // the bundle being consumed
-	rcount uint64        // messages taken from rcur, not yet counted
+	rcount uint64        // messages the handler took from rcur, not yet counted (Recv counts its own)
 
 	ctr     counters
 	kick    chan struct{}
@@ -128,7 +129,7 @@ func NewClient(cfg Config, node, client string, opts ClientOptions) (*Client, er
 	c := &Client{
 		cfg: cfg, node: n, idx: ci, tr: tr, tsize: tsize, mine: spec.Ranks, handler: opts.Handler, log: log,
 		clk:  newClock(opts.Clock),
-		kick: make(chan struct{}, 1), rlock: make(chan struct{}, 1),
+		kick: make(chan struct{}, 1), rlock: make(chan struct{}, 1), rxDone: make(chan struct{}),
 	}
 	c.recv = newReceiver(&c.cfg, opts.MaxLinks, &c.ctr, c, &c.out)
 	c.q.notify = make(chan struct{}, 1)
@@ -188,7 +189,7 @@ func NewClient(cfg Config, node, client string, opts ClientOptions) (*Client, er
 	go c.timers(tctx)
 	if c.handler != nil {
 		c.wg.Add(1)
-		go c.deliver(ctx)
+		go c.deliver()
 	}
 	log.Info("messaging: client ready", "node", node, "client", client, "addr", tr.LocalAddr(), "mode", cfg.Mode,
 		"shards", nshards, "transfer_size", tsize)
@@ -210,11 +211,12 @@ func (c *Client) TransferSize() int { return c.tsize }
 // (without waiting for acknowledgements or for a window to open: call
 // Flush first for that), stops the client's goroutines and closes its
 // transport. Messages left waiting for a window are dropped, counted
-// (Drops.Closed) and reported in the error. Blocked Send and Recv calls
-// return ErrClosed; a Handler call in progress is waited for, and with a
-// Handler every message already in the delivery queue, those for the
-// client's own ranks included, is handed to it before Close returns. It is
-// safe to call more than once.
+// (Drops.Closed) and reported in the error. Blocked Send calls return
+// ErrClosed. Every message already in the delivery queue, those for the
+// client's own ranks included, is still delivered: with a Handler, it is
+// handed to it before Close returns (a call in progress is waited for);
+// without, Recv goes on returning them and returns ErrClosed once none is
+// left. It is safe to call more than once.
 func (c *Client) Close() error {
 	var err error
 	c.once.Do(func() {

@@ -68,6 +68,7 @@ func (q *deliveryQueue) pop() *delivery {
 // delivery queue (in sequence, per link), credits to the shards.
 func (c *Client) receive(ctx context.Context) {
 	defer c.wg.Done()
+	defer close(c.rxDone) // nothing pushes a received bundle any more
 	for {
 		n, err := c.tr.Recv(ctx, c.rx)
 		if err != nil {
@@ -144,8 +145,12 @@ func (c *Client) credit(h wire.Header, cr bundle.Credit, _ netip.AddrPort, _ []b
 }
 
 // next returns the next message for the consumer, waiting for one until
-// ctx is done or the client closes. The consumer lock must be held. The
-// data is valid until the next call.
+// ctx is done or the client has closed and its queue is empty: after Close,
+// what was queued (the local bundles Close flushed, and received bundles,
+// which the sender counts as delivered once acknowledged) is still
+// returned, and ErrClosed only once the receive goroutine has stopped
+// pushing and nothing is left. The consumer lock must be held. The data is
+// valid until the next call.
 func (c *Client) next(ctx context.Context) (rxMsg, error) {
 	for {
 		if d := c.rcur; d != nil {
@@ -184,19 +189,23 @@ func (c *Client) next(ctx context.Context) (rxMsg, error) {
 		case <-c.q.notify:
 		case <-ctx.Done():
 			return rxMsg{}, ctx.Err()
-		case <-c.ctx.Done():
+		case <-c.rxDone:
+			// Not the client's context: the receive goroutine may
+			// still push a bundle after Close cancels it.
 			if !c.q.empty() {
-				continue // Close: what was queued before is delivered
+				continue
 			}
 			return rxMsg{}, ErrClosed
 		}
 	}
 }
 
-// countDelivered adds the messages the consumer took from the bundle it
-// finished to the counters: two atomic adds a bundle rather than a
-// message; local says the bundle came from a local link. The consumer
-// lock must be held.
+// countDelivered adds the messages the consumer took from its current
+// bundle and has not counted to the counters: the handler's goroutine
+// calls it once it finishes a bundle, two atomic adds a bundle rather than
+// a message; Recv per message, so that a message returned counts at once
+// and one still queued never does. local says the bundle came from a
+// local link. The consumer lock must be held.
 func (c *Client) countDelivered(local bool) {
 	if c.rcount > 0 {
 		c.ctr.messages.Add(c.rcount)
@@ -236,33 +245,43 @@ func (c *Client) consumed(d *delivery) {
 }
 
 // Recv returns the next message for one of the client's ranks, waiting
-// until one arrives, ctx is done, or the client closes. It is unavailable
-// (ErrMode) when the client has a Handler. Concurrent calls each get
-// different messages.
+// until one arrives, ctx is done, or the client has closed with nothing
+// left to return (ErrClosed). After Close, Recv goes on returning, in
+// order, every message that was queued: those received (the client
+// acknowledged their bundles, so their senders count them delivered), those
+// for the client's own ranks that Close flushed, and the rest of a bundle
+// partly read; messages never read stay queued, and Stats does not count
+// them delivered. It is unavailable (ErrMode) when the client has a
+// Handler. Concurrent calls each get different messages.
 func (c *Client) Recv(ctx context.Context) (Message, error) {
 	if c.handler != nil {
 		return Message{}, fmt.Errorf("messaging: Recv on a client with a Handler: %w", ErrMode)
 	}
+	// Not the client's context: a Recv that holds the lock returns once
+	// the queue is empty after Close, and then this one gets ErrClosed.
 	select {
 	case c.rlock <- struct{}{}:
 	case <-ctx.Done():
 		return Message{}, ctx.Err()
-	case <-c.ctx.Done():
-		return Message{}, ErrClosed
 	}
 	defer func() { <-c.rlock }()
 	m, err := c.next(ctx)
 	if err != nil {
 		return Message{}, err
 	}
+	// Counted as it is returned, not when its bundle is finished, which
+	// may be never: Recv already costs a copy and a lock per message.
+	c.countDelivered(c.rcur.lb != nil)
 	return Message{Rank: m.rank, Payload: append([]byte(nil), m.data...)}, nil
 }
 
-// deliver is the goroutine that calls the Handler.
-func (c *Client) deliver(ctx context.Context) {
+// deliver is the goroutine that calls the Handler. It stops once the
+// client has closed and the queue is empty, not on the client's context:
+// everything queued at Close is handed to the handler.
+func (c *Client) deliver() {
 	defer c.wg.Done()
 	for {
-		m, err := c.next(ctx)
+		m, err := c.next(context.Background())
 		if err != nil {
 			return
 		}
