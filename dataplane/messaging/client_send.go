@@ -140,6 +140,14 @@ func (c *Client) send(ctx context.Context, rank uint32, payload []byte, try bool
 		return fmt.Errorf("messaging: send to rank %d: %w", rank, ErrUnknownRank)
 	}
 	s := c.pick()
+	if c.closed.Load() {
+		// Checked again under the shard's lock: Close sets closed and then
+		// flushes each shard under this lock, so a Send that gets the
+		// shard after that flush would write where nothing sends or
+		// counts it, and return nil.
+		c.put(s)
+		return ErrClosed
+	}
 	// The fast path: a message that fits the buffer being filled towards
 	// its next hop goes in with one bounds check for the whole record, no
 	// clock read (the timer goroutine dates the shard's sends, see
@@ -209,6 +217,10 @@ func (c *Client) sendSlow(ctx context.Context, s *shard, h int32, rank uint32, p
 			return ErrClosed
 		}
 		s.mu.Lock()
+		if !p.started && c.closed.Load() {
+			c.put(s) // as in send: Close may have flushed this shard already
+			return ErrClosed
+		}
 	}
 }
 

@@ -6,6 +6,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -351,5 +353,41 @@ func TestLocalRecv(t *testing.T) {
 		t.Errorf("local: %d messages sent, %d delivered (%d local), %d bundles from the network, %d messages to next hops, drops %+v; "+
 			"want 3, 3 (3), 0, 0, none",
 			st.Local.Messages, st.Received.Delivered, st.Received.Local, st.Received.Bundles, st.Sent().Messages, st.Drops)
+	}
+}
+
+// TestSendAfterCloseFlushed: a Send that passed the closed check before
+// Close began, and gets its shard only after Close set closed, returns
+// ErrClosed and writes nothing. Close flushes each shard under its lock
+// after setting closed, so the Send would otherwise write into a buffer
+// that Close may already have flushed and counted: a message accepted
+// (nil) and never sent or counted.
+func TestSendAfterCloseFlushed(t *testing.T) {
+	tc := startCluster(t, spec{mode: ModeNone, nodes: 1, clientsPerNode: 1, ranksPerClient: 2, mem: memnet.New(memnet.Options{}),
+		tune: func(c *Config) { c.TransferSize = localTSize; c.SenderShards = 1 }})
+	c := tc.clients[0][0]
+	s := c.shards[0]
+	s.mu.Lock()
+	errc := make(chan error, 1)
+	go func() { errc <- c.Send(0, []byte("late")) }()
+	// Wait until the Send waits for the shard, past its first check.
+	deadline := time.Now().Add(10 * time.Second)
+	buf := make([]byte, 1<<20)
+	for !strings.Contains(string(buf[:runtime.Stack(buf, true)]), "messaging.(*Client).pick") {
+		if time.Now().After(deadline) {
+			s.mu.Unlock()
+			t.Fatal("the Send never reached pick")
+		}
+		runtime.Gosched()
+	}
+	c.closed.Store(true) // Close's first step, then it waits for the shard
+	s.mu.Unlock()
+	if err := <-errc; !errors.Is(err, ErrClosed) {
+		t.Fatalf("Send after closed was set: %v, want ErrClosed", err)
+	}
+	for _, l := range s.links {
+		if l != nil && l.cur != nil && l.cur.msgs != 0 {
+			t.Errorf("the Send wrote %d message(s) after closed was set", l.cur.msgs)
+		}
 	}
 }
