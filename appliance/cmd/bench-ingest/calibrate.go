@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/lovelock-dpu/lovelock/appliance/internal/cpupin"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/model"
 )
 
@@ -26,7 +27,7 @@ func modelCost() (time.Duration, error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	var per time.Duration
-	err = withAffinity(hostCPU, func() error {
+	err = cpupin.Thread(hostCPU, func() error {
 		m.Reference(in, out)
 		n, start := 0, time.Now()
 		for time.Since(start) < 200*time.Millisecond {

@@ -31,6 +31,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/lovelock-dpu/lovelock/appliance/internal/cpupin"
 	"github.com/lovelock-dpu/lovelock/control/testbed"
 	"github.com/lovelock-dpu/lovelock/dataplane/farmem"
 )
@@ -105,7 +106,8 @@ func run(ctx context.Context) error {
 	if *concurrency < 1 {
 		return errors.New("-concurrency: want at least 1")
 	}
-	if err := pinSelf(dpuCPU); err != nil {
+	// Pinned for the whole run, never restored: this process is the DPU's.
+	if _, err := cpupin.Pin(os.Getpid(), dpuCPU); err != nil {
 		return err
 	}
 	dir, err := os.MkdirTemp("", "bench-ingest-")

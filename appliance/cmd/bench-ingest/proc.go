@@ -13,8 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/lovelock-dpu/lovelock/appliance/internal/cpupin"
 	"github.com/lovelock-dpu/lovelock/control/testbed"
 )
 
@@ -48,7 +47,7 @@ func startChild(ctx context.Context, spec testbed.Spec, dir, node string, cpu in
 	if err != nil {
 		return nil, err
 	}
-	start := func() error { return withAffinity(cpu, c.cmd.Start) }
+	start := func() error { return cpupin.Thread(cpu, c.cmd.Start) }
 	if node == "" {
 		err = start()
 	} else {
@@ -78,42 +77,6 @@ func startChild(ctx context.Context, spec testbed.Spec, dir, node string, cpu in
 		return nil, fmt.Errorf("%s: %w (its log: %s)", role, err, strings.TrimSpace(string(b)))
 	}
 	return c, nil
-}
-
-// withAffinity runs fn on the calling goroutine's thread pinned to cpu,
-// then restores the thread's mask.
-func withAffinity(cpu int, fn func() error) error {
-	var old, set unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &old); err != nil {
-		return fmt.Errorf("sched_getaffinity: %w", err)
-	}
-	set.Set(cpu)
-	if err := unix.SchedSetaffinity(0, &set); err != nil {
-		return fmt.Errorf("pin to CPU %d: %w", cpu, err)
-	}
-	defer unix.SchedSetaffinity(0, &old)
-	return fn()
-}
-
-// pinSelf pins every thread of this process to cpu; threads started later
-// inherit the mask of the thread that starts them.
-func pinSelf(cpu int) error {
-	tasks, err := os.ReadDir("/proc/self/task")
-	if err != nil {
-		return err
-	}
-	var set unix.CPUSet
-	set.Set(cpu)
-	for _, t := range tasks {
-		tid, err := strconv.Atoi(t.Name())
-		if err != nil {
-			continue
-		}
-		if err := unix.SchedSetaffinity(tid, &set); err != nil && !errors.Is(err, unix.ESRCH) {
-			return fmt.Errorf("pin thread %d to CPU %d: %w", tid, cpu, err)
-		}
-	}
-	return nil
 }
 
 // cpu returns the CPU time the child has used so far.

@@ -325,7 +325,7 @@ func (b *bench) report(ctx context.Context, counts []int) error {
 	fmt.Printf("\nregion %s, %d KiB chunks at random offsets, %v per point; host CPU: this process (the requesters, in host0)\n",
 		farmem.Size(b.region.Size), chunk>>10, *duration)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "op\trequesters\tdirect MB/s\tp50 µs\tp99 µs\tCPU s/GiB\trx/recv\tvia agent MB/s\tp50 µs\tp99 µs\tCPU s/GiB\trx/recv\t×direct\tCPU ×direct\terrors\t")
+	fmt.Fprintln(tw, pairHeader)
 	target := map[string]map[int][2]point{"read": {}, "write": {}} // op → requesters → (direct, via agent)
 	for _, write := range []bool{false, true} {
 		op := "read"
@@ -341,10 +341,7 @@ func (b *bench) report(ctx context.Context, counts []int) error {
 			if err != nil {
 				return err
 			}
-			ratio, cr := a.mbps/d.mbps, a.cpuPerGB/d.cpuPerGB
-			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%d\t%d\t%.2f\t%.1f\t%.0f\t%d\t%d\t%.2f\t%.1f\t%.2f\t%.2f\t%d\t\n", op, n,
-				d.mbps, d.p50.Microseconds(), d.p99.Microseconds(), d.cpuPerGB, d.perRecv,
-				a.mbps, a.p50.Microseconds(), a.p99.Microseconds(), a.cpuPerGB, a.perRecv, ratio, cr, d.errors+a.errors)
+			fmt.Fprintln(tw, pairRow(op, n, d, a))
 			target[op][n] = [2]point{d, a}
 		}
 	}
@@ -378,10 +375,25 @@ func (b *bench) report(ctx context.Context, counts []int) error {
 				ratio(st.Fabric.RXDatagrams, st.Fabric.Receives), ratio(st.Host.RXDatagrams, st.Host.Receives), ratio(st.Host.TXDatagrams, st.Host.Sends))
 		}()
 	}
+	if *pinned {
+		if err := b.pinnedSection(ctx, slices.Max(counts)); err != nil {
+			return err
+		}
+	}
 	if *xdpRows {
 		return b.xdpCompare(ctx, counts[len(counts)-1])
 	}
 	return nil
+}
+
+// pairHeader and pairRow are the columns of the tables that set the
+// direct path beside the agent path, one row per op and requester count.
+const pairHeader = "op\trequesters\tdirect MB/s\tp50 µs\tp99 µs\tCPU s/GiB\trx/recv\tvia agent MB/s\tp50 µs\tp99 µs\tCPU s/GiB\trx/recv\t×direct\tCPU ×direct\terrors\t"
+
+func pairRow(op string, n int, d, a point) string {
+	return fmt.Sprintf("%s\t%d\t%.0f\t%d\t%d\t%.2f\t%.1f\t%.0f\t%d\t%d\t%.2f\t%.1f\t%.2f\t%.2f\t%d\t", op, n,
+		d.mbps, d.p50.Microseconds(), d.p99.Microseconds(), d.cpuPerGB, d.perRecv,
+		a.mbps, a.p50.Microseconds(), a.p99.Microseconds(), a.cpuPerGB, a.perRecv, a.mbps/d.mbps, a.cpuPerGB/d.cpuPerGB, d.errors+a.errors)
 }
 
 // equalLoad measures host CPU per GiB with both paths offered the same
@@ -446,8 +458,15 @@ const targetRequesters = 16
 // throughput and less host CPU per GiB than (a). Without that row, or with
 // errors or nothing moved on either path, it is not measured: a ratio to a
 // failed baseline (+Inf, NaN) is no pass.
-func targetLine(op string, rows map[int][2]point) string {
+func targetLine(op string, rows map[int][2]point) string { return layoutTargetLine("", op, rows) }
+
+// layoutTargetLine is targetLine for rows measured in a CPU layout other
+// than the shared one, which the line names after op.
+func layoutTargetLine(layout, op string, rows map[int][2]point) string {
 	head := fmt.Sprintf("%d requesters, %s: ", targetRequesters, op)
+	if layout != "" {
+		head = fmt.Sprintf("%d requesters, %s, %s: ", targetRequesters, op, layout)
+	}
 	pair, ok := rows[targetRequesters]
 	if !ok {
 		return head + fmt.Sprintf("not measured (no %d-requester row in -requesters)", targetRequesters)

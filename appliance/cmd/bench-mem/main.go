@@ -9,7 +9,10 @@
 //     throughput, p50/p99 latency, host CPU seconds per GiB moved;
 //   - fault-in through the transparent mapping (host0's host agent), without
 //     and with read-ahead, against explicit sequential reads through the
-//     agent.
+//     agent;
+//   - (-pinned) the chunk reads and writes at the most requesters again with
+//     dpu0's agent pinned to a CPU of its own and every other party to
+//     another, as a DPU's own cores would separate them.
 //
 // With -demo it instead uses a running testbed's lovelockds (make demo):
 // it maps a region from host0 through dpu0, writes and verifies a pattern
@@ -42,6 +45,7 @@ var (
 	requesters = flag.String("requesters", "1,4,16", "requester counts")
 	profileDir = flag.String("profile", "", "write CPU profiles of this process (the requesters) during the equal-load points to this directory")
 	rate       = flag.Float64("rate", 100e6, "also measure both paths at this equal offered load in bytes/s (the most requesters, paced; 0: skip)")
+	pinned     = flag.Bool("pinned", true, "also measure both paths at the most requesters with dpu0's agent on CPU 1 and every other party (this process, host0's and mem0's lovelockd) on CPU 0")
 	xdpRows    = flag.Bool("xdp", true, "also compare the DPU agent on AF_XDP with the same agent on kernel UDP, at equal datagram sizes")
 	xdpSG      = flag.Bool("xdp-sg", true, "-xdp: bind the AF_XDP sockets with XDP_USE_SG (multi-buffer) and use datagrams up to the MTU, as on kernel UDP; false: one XDP buffer each (3478 B at MTU 9000)")
 	demo       = flag.Bool("demo", false, "map a region from host0 through dpu0 on a running testbed, write and verify it, print throughput, and exit")
