@@ -31,6 +31,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"net/netip"
@@ -42,6 +43,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/lovelock-dpu/lovelock/appliance/internal/cpupin"
 	"github.com/lovelock-dpu/lovelock/appliance/internal/memcluster"
 	"github.com/lovelock-dpu/lovelock/control/testbed"
 	"github.com/lovelock-dpu/lovelock/dataplane/farmem"
@@ -65,6 +67,7 @@ var (
 	dpuCache   = flag.String("dpu-cache", "8MiB", "dpu0's dynamic cache arena")
 	dpuEntry   = flag.String("dpu-entry", "1MiB", "dpu0's dynamic cache entry size (SODA's is 1 MiB): the unit every prefetcher loads and evicts")
 	rowsFlag   = flag.String("rows", "a,b,c,d,e", "rows to run")
+	pinned     = flag.Bool("pinned", false, "run every row with dpu0's lovelockd on CPU 1 and this process, host0's, host1's and mem0's lovelockd on CPU 0 (the DPU agent on a CPU of its own); needs CPUs 0 and 1")
 )
 
 func main() {
@@ -115,7 +118,12 @@ func (r row) hitRate() (float64, bool) {
 // × entry size (without headers).
 func (r row) prefetchBytes() uint64 { return r.cache.PrefetchIssued * r.entry }
 
-func run(ctx context.Context) error {
+func run(ctx context.Context) (err error) {
+	if *pinned {
+		if err := needCPUs(cpupin.Usable(hostCPU, dpuCPU)); err != nil {
+			return err
+		}
+	}
 	var apps []graph.App
 	for _, s := range strings.Split(*appsFlag, ",") {
 		a, err := graph.ParseApp(strings.TrimSpace(s))
@@ -197,6 +205,15 @@ func run(ctx context.Context) error {
 		return err
 	}
 	defer cl.Stop()
+	// Restored before the cluster stops (defers run last first): Restore
+	// needs the processes it pinned.
+	var lay *layout
+	if *pinned {
+		if lay, err = pinLayout(cl, cl.Extra["host1-direct"]); err != nil {
+			return err
+		}
+		defer func() { err = errors.Join(err, lay.restore()) }()
+	}
 	arena, err := farmem.ParseSize(*dpuCache)
 	if err != nil {
 		return fmt.Errorf("-dpu-cache: %w", err)
@@ -240,6 +257,9 @@ func run(ctx context.Context) error {
 	o := graph.Options{Workers: *workers, HintAhead: uint64(arena) / 4, HintGrain: uint64(entry)}
 	mo := fmap.Options{ChunkSize: int(chunkSize), BufferBytes: buffer, ReadAhead: *readAhead}
 
+	if h := layoutHeader(*pinned); h != "" {
+		fmt.Println(h)
+	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "app\trow\ttime\tvs (a)\tin memory\tmem0 link MB\tvs (a)\ton-demand MB\tprefetch MB\thost↔DPU MB\thit rate\tdynamic hit rate\taccuracy\tfaults\tswitch turns\tcheck\t")
 	failed := 0
@@ -255,7 +275,7 @@ func run(ctx context.Context) error {
 		for _, pa := range paths {
 			// The adaptive switch, B_net and the arena are the agent's,
 			// not the region's: each row starts on a fresh agent.
-			if err := cl.Restart(ctx, spec, *lovelockd, cl.DPU); err != nil {
+			if err := lay.restartDPU(ctx, cl, spec, *lovelockd); err != nil {
 				return fmt.Errorf("restart dpu0's lovelockd: %w", err)
 			}
 			info, err := admin.Create(ctx, 0, farmem.CreateOptions{Preload: f.Name()})
@@ -303,7 +323,7 @@ func run(ctx context.Context) error {
 		}
 	}
 	fmt.Println("targets (issue 12), judged on this run's rows:")
-	for _, l := range graphVerdicts(rows) {
+	for _, l := range layoutVerdicts(layoutName(*pinned), rows) {
 		fmt.Println(l)
 	}
 	if failed > 0 {

@@ -35,7 +35,12 @@ func (r row) sodaDynamic() bool { return r.path.id == "d" && !r.path.caching.Who
 
 // graphVerdicts are issue 12's four targets, judged on rows, this run's:
 // a row -apps or -rows left out, or whose check failed, is not measured.
-func graphVerdicts(rows []row) []string {
+func graphVerdicts(rows []row) []string { return layoutVerdicts("", rows) }
+
+// layoutVerdicts is graphVerdicts for rows measured in a CPU layout, which
+// the time target's lines name after the app unless it is the shared one
+// (""): that is the target the layout changes.
+func layoutVerdicts(layout string, rows []row) []string {
 	of := func(app graph.App, keep func(row) bool) []row {
 		var out []row
 		for _, r := range rows {
@@ -62,12 +67,16 @@ func graphVerdicts(rows []row) []string {
 		out = append(out, fmt.Sprintf("target (e) above SODA's 56-68 %% on %s (the dynamic hit rate column; above 68 %% is above the range): %s",
 			app, aboveSODA(of(app, id("e")))))
 	}
+	named := ""
+	if layout != "" {
+		named = ", " + layout
+	}
 	for _, app := range apps {
 		later := func(r row) bool { return r.path.id >= "c" && r.path.id <= "e" }
-		out = append(out, fmt.Sprintf("target (c)-(e) run time within 10 %% of (a) or better, %s: %s", app, timeWithin(of(app, id("a")), of(app, later))))
+		out = append(out, fmt.Sprintf("target (c)-(e) run time within 10 %% of (a) or better, %s%s: %s", app, named, timeWithin(of(app, id("a")), of(app, later))))
 	}
 	if len(apps) == 0 {
-		out = append(out, "target (c)-(e) run time within 10 % of (a) or better: not measured (no rows)")
+		out = append(out, "target (c)-(e) run time within 10 % of (a) or better"+named+": not measured (no rows)")
 	}
 	return out
 }
