@@ -9,7 +9,9 @@ import (
 	"io"
 	"net"
 	"sync"
+	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -308,6 +310,7 @@ type execQueue struct {
 // it: their run ids to the callers' tags.
 type execLink struct {
 	c       *net.UnixConn
+	raw     rawConn // c's launches and answers, without entersyscall
 	known   map[*shmBuffer]bool
 	pending map[uint64]uint64
 }
@@ -336,7 +339,14 @@ func (q *execQueue) launch(ls []Launch) {
 			fail(fmt.Errorf("shm executor %s: %w (is it running?)", q.path, err), 0)
 			return
 		}
-		q.link = &execLink{c: c.(*net.UnixConn), known: map[*shmBuffer]bool{}, pending: map[uint64]uint64{}}
+		uc := c.(*net.UnixConn)
+		rc, err := uc.SyscallConn()
+		if err != nil {
+			uc.Close()
+			fail(fmt.Errorf("shm executor %s: %w", q.path, err), 0)
+			return
+		}
+		q.link = &execLink{c: uc, raw: rawConn{rc}, known: map[*shmBuffer]bool{}, pending: map[uint64]uint64{}}
 		q.readers.Add(1)
 		go q.read(q.link)
 	}
@@ -390,7 +400,7 @@ func (q *execQueue) write(lk *execLink) error {
 	if len(q.buf) == 0 {
 		return nil
 	}
-	_, err := lk.c.Write(q.buf)
+	err := lk.raw.write(q.buf)
 	q.buf = q.buf[:0]
 	return err
 }
@@ -399,7 +409,7 @@ func (q *execQueue) write(lk *execLink) error {
 // then fails the runs still pending on it.
 func (q *execQueue) read(lk *execLink) {
 	defer q.readers.Done()
-	r := bufio.NewReaderSize(lk.c, 16<<10)
+	r := bufio.NewReaderSize(lk.raw, 16<<10)
 	var batch []Completion
 	var hdr [14]byte
 	for {
@@ -455,4 +465,73 @@ func (q *execQueue) close() {
 	}
 	q.mu.Unlock()
 	q.readers.Wait()
+}
+
+// rawConn reads and writes a non-blocking socket with raw system calls
+// (no entersyscall: they never wait in the kernel), waiting in the
+// runtime's poller as net.Conn does. A plain read or write, the first
+// system call of a wake-up that found the process idle, would also wake
+// the runtime's monitor thread (sysmon) from its deep sleep: a futex wake,
+// and the monitor's futex wait and nanosleep, on every launch and every
+// completion of a host that runs one request at a time (udp's recv says
+// more). A Close of the connection wakes a waiting read or write with an
+// error, as for net.Conn.
+type rawConn struct{ rc syscall.RawConn }
+
+func (r rawConn) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	var n int
+	var errno unix.Errno
+	err := r.rc.Read(func(fd uintptr) bool {
+		for {
+			m, _, e := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+			if e == unix.EINTR {
+				continue
+			}
+			if e == unix.EAGAIN {
+				return false
+			}
+			n, errno = int(m), e
+			return true
+		}
+	})
+	switch {
+	case err != nil:
+		return 0, err
+	case errno != 0:
+		return 0, errno
+	case n == 0:
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
+// write writes all of p.
+func (r rawConn) write(p []byte) error {
+	var errno unix.Errno
+	err := r.rc.Write(func(fd uintptr) bool {
+		for len(p) > 0 {
+			m, _, e := unix.RawSyscall(unix.SYS_WRITE, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+			switch e {
+			case 0:
+				p = p[m:]
+			case unix.EINTR:
+			case unix.EAGAIN:
+				return false
+			default:
+				errno = e
+				return true
+			}
+		}
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	if errno != 0 {
+		return errno
+	}
+	return nil
 }

@@ -148,8 +148,9 @@ type Conn struct {
 	maxPayload int
 	rbuf, wbuf int
 
-	recvMu sync.Mutex // one Recv at a time: it owns rx
-	rx     *scratch
+	recvMu  sync.Mutex // one Recv at a time: it owns rx and drained
+	rx      *scratch
+	drained bool // the last Recv emptied the socket: the next one goes straight to its wait
 
 	wake deadline.Waker // ends a blocked Recv with its context
 
@@ -507,9 +508,19 @@ func newScratch() *scratch {
 // recv is the RawConn.Read callback: one recvmmsg(2). It returns false, to
 // wait for the socket to become readable, only for a blocking receive that
 // found nothing.
+//
+// recv and send make their system calls raw (no entersyscall): the socket
+// is non-blocking, so they never wait in the kernel and the P need not be
+// offered to another thread. A plain Syscall would also wake the runtime's
+// monitor thread (sysmon) from its deep sleep whenever it is the first
+// system call after the process was idle, as it is on every wake-up of a
+// receiver that waits for one datagram at a time (the GPU host agent's
+// doorbells): a futex wake, and the monitor's futex wait and 20 µs
+// nanosleep on the same CPU, about a third of such a wake-up's system
+// calls (docs/ingest-bench.md).
 func (s *scratch) recv(fd uintptr) bool {
 	for {
-		r, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(s.n), 0, 0, 0)
+		r, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(s.n), 0, 0, 0)
 		if e == unix.EINTR {
 			continue
 		}
@@ -525,7 +536,7 @@ func (s *scratch) recv(fd uintptr) bool {
 // wait for room in the socket buffer, when the kernel has none.
 func (s *scratch) send(fd uintptr) bool {
 	for {
-		r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(s.n), 0, 0, 0)
+		r, _, e := unix.RawSyscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(s.n), 0, 0, 0)
 		if e == unix.EINTR {
 			continue
 		}
@@ -787,13 +798,23 @@ func (c *Conn) Recv(ctx context.Context, pkts []transport.Packet) (int, error) {
 	defer clear(s.iovs[:k])
 
 	// Take what is waiting without touching deadlines: the busy case.
-	s.block = false
-	err := c.rc.Read(s.recvF)
-	if err == nil && s.errno == unix.EAGAIN {
-		if err := ctx.Err(); err != nil {
-			return 0, err
-		}
+	// After a Recv that emptied the socket, the next most likely finds
+	// nothing: it goes straight to the wait, whose first recvmmsg takes
+	// what came in meanwhile, rather than spend a second one finding
+	// nothing. A done ctx still gets the non-blocking receive.
+	var err error
+	if c.drained && ctx.Err() == nil {
 		err = c.recvBlocking(ctx, s)
+	} else {
+		s.block = false
+		err = c.rc.Read(s.recvF)
+		if err == nil && s.errno == unix.EAGAIN {
+			if err := ctx.Err(); err != nil {
+				c.drained = true
+				return 0, err
+			}
+			err = c.recvBlocking(ctx, s)
+		}
 	}
 	if err != nil {
 		return 0, err
@@ -801,6 +822,9 @@ func (c *Conn) Recv(ctx context.Context, pkts []transport.Packet) (int, error) {
 	if s.errno != 0 {
 		return 0, fmt.Errorf("udp %s: recvmmsg: %w", c.local, s.errno)
 	}
+	// recvmmsg(2) without MSG_WAITFORONE on a non-blocking socket stops
+	// short of k only when the queue ran dry.
+	c.drained = s.got < k
 	for i := range s.got {
 		pkts[i].Data = pkts[i].Data[:s.hdrs[i].Len]
 		pkts[i].Addr = name(&s.names[i])

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"sync"
 	"syscall"
 	"testing"
@@ -567,5 +568,153 @@ func TestGroupPortTaken(t *testing.T) {
 			}
 			t.Log(err)
 		})
+	}
+}
+
+// waitBlocked returns once some goroutine waits in the poller inside fn
+// (a function name as a stack trace writes it), or fails the test.
+func waitBlocked(t *testing.T, fn string) {
+	t.Helper()
+	buf := make([]byte, 1<<20)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		for _, g := range bytes.Split(buf[:runtime.Stack(buf, true)], []byte("\n\n")) {
+			if bytes.Contains(g, []byte("waitRead")) && bytes.Contains(g, []byte(fn)) {
+				return
+			}
+		}
+	}
+	t.Fatalf("no goroutine waits in %s", fn)
+}
+
+// TestRecvAfterEmptied: a Recv that follows one that emptied the socket
+// goes straight to its wait, and keeps every contract of Recv: it returns
+// what is queued when it starts and what arrives while it waits, a done
+// context still makes it a poll, and cancellation, a deadline and Close
+// wake it; the Recv after it is unaffected. A Recv that filled its batch
+// leaves the next on the non-blocking path.
+func TestRecvAfterEmptied(t *testing.T) {
+	send := func(t *testing.T, c *Conn, msgs ...string) {
+		t.Helper()
+		var pkts []transport.Packet
+		for _, m := range msgs {
+			pkts = append(pkts, transport.Packet{Addr: c.LocalAddr(), Data: []byte(m)})
+		}
+		if n, err := c.Send(pkts); n != len(pkts) || err != nil {
+			t.Fatalf("send: %d, %v", n, err)
+		}
+	}
+	type result struct {
+		got []string
+		err error
+	}
+	// recv runs one Recv with ctx and reports what it returned.
+	recv := func(ctx context.Context, c *Conn) result {
+		pkts := bufs(4, 64)
+		n, err := c.Recv(ctx, pkts)
+		var r result
+		for _, p := range pkts[:n] {
+			r.got = append(r.got, string(p.Data))
+		}
+		r.err = err
+		return r
+	}
+	// await returns the result of a Recv started in a goroutine.
+	await := func(t *testing.T, rc <-chan result) result {
+		t.Helper()
+		select {
+		case r := <-rc:
+			return r
+		case <-time.After(10 * time.Second):
+			t.Fatal("Recv did not return")
+			return result{}
+		}
+	}
+	done, cancelDone := context.WithCancel(context.Background())
+	cancelDone()
+	for _, tc := range []struct {
+		name string
+		// run does the Recv under test on a Conn whose last Recv
+		// emptied it, and returns what the Recv returned.
+		run     func(t *testing.T, c *Conn) result
+		want    []string
+		wantErr error
+		closed  bool
+	}{
+		{name: "queued before it starts", want: []string{"a", "b"}, run: func(t *testing.T, c *Conn) result {
+			send(t, c, "a", "b")
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			return recv(ctx, c)
+		}},
+		{name: "arrives while it waits", want: []string{"a"}, run: func(t *testing.T, c *Conn) result {
+			rc := make(chan result, 1)
+			go func() { rc <- recv(context.Background(), c) }()
+			waitBlocked(t, "udp.(*Conn).recvBlocking")
+			send(t, c, "a")
+			return await(t, rc)
+		}},
+		{name: "done context, datagram waiting", want: []string{"a"}, run: func(t *testing.T, c *Conn) result {
+			send(t, c, "a")
+			return recv(done, c)
+		}},
+		{name: "done context, nothing waiting", wantErr: context.Canceled, run: func(t *testing.T, c *Conn) result {
+			return recv(done, c)
+		}},
+		{name: "cancelled while it waits", wantErr: context.Canceled, run: func(t *testing.T, c *Conn) result {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			rc := make(chan result, 1)
+			go func() { rc <- recv(ctx, c) }()
+			waitBlocked(t, "udp.(*Conn).recvBlocking")
+			cancel()
+			return await(t, rc)
+		}},
+		{name: "deadline while it waits", wantErr: context.DeadlineExceeded, run: func(t *testing.T, c *Conn) result {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+			defer cancel()
+			return recv(ctx, c)
+		}},
+		{name: "closed while it waits", wantErr: transport.ErrClosed, closed: true, run: func(t *testing.T, c *Conn) result {
+			rc := make(chan result, 1)
+			go func() { rc <- recv(context.Background(), c) }()
+			waitBlocked(t, "udp.(*Conn).recvBlocking")
+			if err := c.Close(); err != nil {
+				t.Fatal(err)
+			}
+			return await(t, rc)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := listenT(t, Options{})
+			// Empty the socket: one datagram into a batch of four.
+			send(t, c, "first")
+			if r := recv(context.Background(), c); len(r.got) != 1 || r.err != nil || !c.drained {
+				t.Fatalf("first Recv = %q, %v, emptied %v; want [first], nil, true", r.got, r.err, c.drained)
+			}
+			r := tc.run(t, c)
+			if fmt.Sprint(r.got) != fmt.Sprint(tc.want) || !errors.Is(r.err, tc.wantErr) || (tc.wantErr == nil) != (r.err == nil) {
+				t.Fatalf("Recv = %q, %v; want %q, %v", r.got, r.err, tc.want, tc.wantErr)
+			}
+			if tc.closed {
+				return
+			}
+			send(t, c, "next")
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if r := recv(ctx, c); fmt.Sprint(r.got) != "[next]" || r.err != nil {
+				t.Fatalf("next Recv = %q, %v", r.got, r.err)
+			}
+		})
+	}
+
+	// A Recv that filled its batch leaves the next one on the
+	// non-blocking path, which takes the rest.
+	c := listenT(t, Options{})
+	send(t, c, "a", "b", "c", "d", "e")
+	if r := recv(context.Background(), c); len(r.got) != 4 || c.drained {
+		t.Fatalf("full batch: %q, emptied %v", r.got, c.drained)
+	}
+	if r := recv(done, c); fmt.Sprint(r.got) != "[e]" || r.err != nil {
+		t.Fatalf("after a full batch: %q, %v", r.got, r.err)
 	}
 }
