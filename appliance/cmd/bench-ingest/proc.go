@@ -135,17 +135,13 @@ func parseStatCPU(stat []byte) (time.Duration, error) {
 }
 
 // steerReceive makes each node's kernel receive work run on that node's
-// CPU. On veth the stack's receive path runs on the sending CPU, so the
-// GPU host's TCP and UDP receive work would be charged to the client's CPU
-// and the DPU's to the host's. Receive packet steering (RPS) on every
-// interface of a node moves that work onto the node's CPU, as a NIC's
-// interrupt on the receiving host would.
+// CPU (cpupin.SteerReceive): on veth it would run on the sending CPU, so
+// the GPU host's TCP and UDP receive work would be charged to the client's
+// CPU and the DPU's to the host's.
 func steerReceive(spec testbed.Spec, cpus map[string]int) error {
 	for node, cpu := range cpus {
-		ns := spec.Namespace(node)
-		script := fmt.Sprintf(`for q in /sys/class/net/*/queues/rx-*/rps_cpus; do case $q in */lo/*) ;; *) echo %x > $q ;; esac; done`, 1<<cpu)
-		if out, err := exec.Command("ip", "netns", "exec", ns, "sh", "-c", script).CombinedOutput(); err != nil {
-			return fmt.Errorf("RPS in %s: %v: %s", node, err, out)
+		if err := cpupin.SteerReceive(spec.Namespace(node), 1<<cpu); err != nil {
+			return fmt.Errorf("RPS in %s: %w", node, err)
 		}
 	}
 	return nil

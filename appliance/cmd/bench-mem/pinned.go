@@ -51,6 +51,15 @@ func (b *bench) pinnedRows(ctx context.Context, n int) (rows map[string][2]point
 			err = errors.Join(err, fmt.Errorf("the pinned layout: restore the affinity (the later sections would run pinned): %w", rerr))
 		}
 	}()
+	unsteer, err := b.steerLayout()
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if rerr := unsteer(); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("the pinned layout: turn receive steering off again: %w", rerr))
+		}
+	}()
 	rows = map[string][2]point{}
 	for _, write := range []bool{false, true} {
 		d, err := b.chunks(ctx, memAddr, n, write, 0)
@@ -97,11 +106,37 @@ func (b *bench) pinLayout() (restore func() error, err error) {
 	return restore, nil
 }
 
+// steerLayout runs each node's kernel receive work on its node's CPU
+// (cpupin.SteerReceive: RPS on every interface): host0's and mem0's on
+// hostCPU, dpu0's on dpuCPU, so that dpu0's forwarding on (a)'s path and
+// its agent's sockets on (b)'s are the DPU's work, and the host's and the
+// memory node's receive work stays on theirs whichever node sent. It
+// returns a function that turns steering off again, the testbed's default.
+func (b *bench) steerLayout() (unsteer func() error, err error) {
+	nodes := []struct {
+		name string
+		cpu  int
+	}{{"host0", hostCPU}, {"mem0", hostCPU}, {"dpu0", dpuCPU}}
+	unsteer = func() error {
+		var errs []error
+		for _, n := range nodes {
+			errs = append(errs, cpupin.SteerReceive(b.spec.Namespace(n.name), 0))
+		}
+		return errors.Join(errs...)
+	}
+	for _, n := range nodes {
+		if err := cpupin.SteerReceive(b.spec.Namespace(n.name), 1<<n.cpu); err != nil {
+			return nil, errors.Join(fmt.Errorf("the pinned layout (-pinned=false skips it): %w", err), unsteer())
+		}
+	}
+	return unsteer, nil
+}
+
 // writePinned prints the pinned layout's section: its table and verdict
 // lines from rows (op → direct, via agent, at n requesters), or, with no
 // rows, that it was not measured for want of the CPUs.
 func writePinned(w io.Writer, n int, rows map[string][2]point) error {
-	fmt.Fprintf(w, "\n%d requesters (the -requesters maximum), DPU agent on a CPU of its own: dpu0's lovelockd on CPU %d; this process (the requesters), host0's and mem0's lovelockd on CPU %d, on both paths\n",
+	fmt.Fprintf(w, "\n%d requesters (the -requesters maximum), DPU agent on a CPU of its own: dpu0's lovelockd and kernel receive work on CPU %d; this process (the requesters), host0's and mem0's lovelockd and kernel receive work on CPU %d, on both paths\n",
 		n, dpuCPU, hostCPU)
 	if rows == nil {
 		_, err := fmt.Fprintf(w, "not measured: needs 2 CPUs (CPUs %d and %d in this process's affinity mask)\n", hostCPU, dpuCPU)

@@ -57,7 +57,7 @@ func TestWritePinned(t *testing.T) {
 	}{
 		{"met", 16, map[string][2]point{"read": {good, {mbps: 95, cpuPerGB: 1.5}}, "write": {good, {mbps: 90, cpuPerGB: 1}}},
 			[]string{
-				"16 requesters (the -requesters maximum), DPU agent on a CPU of its own: dpu0's lovelockd on CPU 1; this process (the requesters), host0's and mem0's lovelockd on CPU 0, on both paths\n",
+				"16 requesters (the -requesters maximum), DPU agent on a CPU of its own: dpu0's lovelockd and kernel receive work on CPU 1; this process (the requesters), host0's and mem0's lovelockd and kernel receive work on CPU 0, on both paths\n",
 				"via agent MB/s", "×direct", "CPU ×direct", "errors",
 				"16 requesters, read, DPU on its own CPU: via agent 0.95x the direct throughput (target ≥ 0.9: met), host CPU per GiB 0.75x (target < 1: met)\n",
 				"16 requesters, write, DPU on its own CPU: via agent 0.90x the direct throughput (target ≥ 0.9: met), host CPU per GiB 0.50x (target < 1: met)\n",
