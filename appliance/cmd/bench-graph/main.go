@@ -213,6 +213,11 @@ func run(ctx context.Context) (err error) {
 			return err
 		}
 		defer func() { err = errors.Join(err, lay.restore()) }()
+		var unsteer func() error
+		if unsteer, err = steerLayout(spec); err != nil {
+			return err
+		}
+		defer func() { err = errors.Join(err, unsteer()) }()
 	}
 	arena, err := farmem.ParseSize(*dpuCache)
 	if err != nil {

@@ -36,7 +36,7 @@ func layoutHeader(pinned bool) string {
 	if !pinned {
 		return ""
 	}
-	return fmt.Sprintf("CPU layout: %s: dpu0's lovelockd on CPU %d (started there again at each restart, before the row's timed part); this process (the graph engine, every thread), host0's, host1's and mem0's lovelockd on CPU %d, for every row including (a)",
+	return fmt.Sprintf("CPU layout: %s: dpu0's lovelockd on CPU %d (started there again at each restart, before the row's timed part); this process (the graph engine, every thread), host0's, host1's and mem0's lovelockd on CPU %d, for every row including (a); each node's kernel receive work on its node's CPU (DPUs' on %[2]d)",
 		pinnedLayout, dpuCPU, hostCPU)
 }
 
@@ -51,6 +51,33 @@ func needCPUs(usable bool, err error) error {
 			hostCPU, dpuCPU, os.Getpid())
 	}
 	return nil
+}
+
+// steerLayout runs each node's kernel receive work on its node's CPU
+// (cpupin.SteerReceive: RPS on every interface): host0's, host1's and
+// mem0's on hostCPU, dpu0's and dpu1's on dpuCPU, so that the DPUs'
+// forwarding is the DPUs' work on every path, and the hosts' and the
+// memory node's receive work stays on theirs whichever node sent; on veth
+// it would run on the sending CPU. It returns a function that turns
+// steering off again, the testbed's default.
+func steerLayout(spec testbed.Spec) (unsteer func() error, err error) {
+	nodes := []struct {
+		name string
+		cpu  int
+	}{{"host0", hostCPU}, {"host1", hostCPU}, {"mem0", hostCPU}, {"dpu0", dpuCPU}, {"dpu1", dpuCPU}}
+	unsteer = func() error {
+		var errs []error
+		for _, n := range nodes {
+			errs = append(errs, cpupin.SteerReceive(spec.Namespace(n.name), 0))
+		}
+		return errors.Join(errs...)
+	}
+	for _, n := range nodes {
+		if err := cpupin.SteerReceive(spec.Namespace(n.name), 1<<n.cpu); err != nil {
+			return nil, errors.Join(fmt.Errorf("-pinned: %w", err), unsteer())
+		}
+	}
+	return unsteer, nil
 }
 
 // layout pins the run's parties (-pinned); a nil *layout is the shared
