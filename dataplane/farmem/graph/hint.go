@@ -2,6 +2,7 @@ package graph
 
 import (
 	"context"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -43,6 +44,10 @@ type MappingHinter struct {
 	// Hint sends under the read lock, only while closed is false.
 	closeMu sync.RWMutex
 	closed  bool
+	// queued numbers the hints queued, taken counts those the hinter has
+	// taken off the queue: Hint yields until its own is taken.
+	queueMu       sync.Mutex
+	queued, taken atomic.Uint64
 
 	batches, extents, bytes, started, dropped, errors atomic.Uint64
 	mu                                                sync.Mutex
@@ -62,16 +67,46 @@ func NewMappingHinter(ctx context.Context, adv Advisor, chunk int64) *MappingHin
 // as dropped): hints are advice, and an engine still running when its
 // hinter closed must not crash on a closed queue.
 func (h *MappingHinter) Hint(r []fmap.Extent) {
+	n, ok := h.enqueue(r)
+	if !ok {
+		return
+	}
+	// The caller goes on to read, and fault on, what it just hinted. A
+	// thread waiting in a userfaultfd fault keeps its P, so when the
+	// engine's workers hold every P (GOMAXPROCS 1, or as many workers as
+	// Ps) the hinter would get one only at a worker's next preemption,
+	// after the reads the hints were for: with one P, bench-graph's hinted
+	// rows hit 27-40 % on BFS against 73-75 % with two. Yielding lets the
+	// hinter take the queue and start its Advise first (a wait on the
+	// socket, which gives the P back); with a P to spare it has already.
+	for range 3 {
+		if h.taken.Load() >= n {
+			return
+		}
+		runtime.Gosched()
+	}
+}
+
+// enqueue queues r for the hinter, or counts it dropped (queue full, or
+// the hinter closed); it reports whether r was queued, and its number in
+// the order of the queue (the hinter's taken count once it has taken r).
+func (h *MappingHinter) enqueue(r []fmap.Extent) (uint64, bool) {
 	h.closeMu.RLock()
 	defer h.closeMu.RUnlock()
 	if h.closed {
 		h.dropped.Add(1)
-		return
+		return 0, false
 	}
+	// Numbered and sent under queueMu, so that numbers follow the queue's
+	// order when several workers hint at once.
+	h.queueMu.Lock()
+	defer h.queueMu.Unlock()
 	select {
 	case h.queue <- r:
+		return h.queued.Add(1), true
 	default:
 		h.dropped.Add(1)
+		return 0, false
 	}
 }
 
@@ -89,6 +124,7 @@ func (h *MappingHinter) loop(ctx context.Context) {
 			if !ok {
 				return
 			}
+			h.taken.Add(1)
 			batch = append(batch, r...)
 		}
 		// Take whatever else queued meanwhile: one call for all of it.
@@ -99,6 +135,7 @@ func (h *MappingHinter) loop(ctx context.Context) {
 				if !ok {
 					break drain
 				}
+				h.taken.Add(1)
 				batch = append(batch, r...)
 			default:
 				break drain

@@ -3,6 +3,7 @@ package graph
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 	"testing"
 
@@ -195,5 +196,27 @@ func TestHintAfterClose(t *testing.T) {
 	st = h.Stats()
 	if st.Extents+st.Dropped != workers*each {
 		t.Errorf("hints racing Close: %+v; want %d sent or dropped", st, workers*each)
+	}
+}
+
+// TestHintRunsBeforeCaller: with one P, Hint lets the hinter take the
+// queue and call Advise before it returns, so a caller that then holds the
+// P (a worker faulting on what it hinted keeps it in the kernel) does not
+// delay its hints to its next preemption. Before, Hint returned at once and
+// the Advise came only when the caller gave the P up.
+func TestHintRunsBeforeCaller(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	f := &fakeAdvisor{}
+	h := NewMappingHinter(context.Background(), f, 4096)
+	defer h.Close()
+	for i := range 100 {
+		h.Hint([]fmap.Extent{{Offset: int64(i) * 8192, Size: 1}})
+		// No yield between Hint and this check: the caller keeps the P.
+		f.mu.Lock()
+		calls := f.calls
+		f.mu.Unlock()
+		if calls < i+1 {
+			t.Fatalf("hint %d: %d Advise calls when Hint returned, want %d", i, calls, i+1)
+		}
 	}
 }
