@@ -54,28 +54,22 @@ func needCPUs(usable bool, err error) error {
 }
 
 // steerLayout runs each node's kernel receive work on its node's CPU
-// (cpupin.SteerReceive: RPS on every interface): host0's, host1's and
-// mem0's on hostCPU, dpu0's and dpu1's on dpuCPU, so that the DPUs'
-// forwarding is the DPUs' work on every path, and the hosts' and the
-// memory node's receive work stays on theirs whichever node sent; on veth
-// it would run on the sending CPU. It returns a function that turns
-// steering off again, the testbed's default.
+// (cpupin.SteerAll: RPS on every interface): host0's, host1's and mem0's
+// on hostCPU, dpu0's and dpu1's on dpuCPU, so that the DPUs' forwarding is
+// the DPUs' work on every path, and the hosts' and the memory node's
+// receive work stays on theirs whichever node sent; on veth it would run
+// on the sending CPU. It returns a function that turns steering off again,
+// the testbed's default.
 func steerLayout(spec testbed.Spec) (unsteer func() error, err error) {
-	nodes := []struct {
-		name string
-		cpu  int
-	}{{"host0", hostCPU}, {"host1", hostCPU}, {"mem0", hostCPU}, {"dpu0", dpuCPU}, {"dpu1", dpuCPU}}
-	unsteer = func() error {
-		var errs []error
-		for _, n := range nodes {
-			errs = append(errs, cpupin.SteerReceive(spec.Namespace(n.name), 0))
-		}
-		return errors.Join(errs...)
+	cpus := map[string]int{}
+	for _, n := range []string{"host0", "host1", "mem0"} {
+		cpus[spec.Namespace(n)] = hostCPU
 	}
-	for _, n := range nodes {
-		if err := cpupin.SteerReceive(spec.Namespace(n.name), 1<<n.cpu); err != nil {
-			return nil, errors.Join(fmt.Errorf("-pinned: %w", err), unsteer())
-		}
+	for _, n := range []string{"dpu0", "dpu1"} {
+		cpus[spec.Namespace(n)] = dpuCPU
+	}
+	if unsteer, err = cpupin.SteerAll(cpus); err != nil {
+		return nil, fmt.Errorf("-pinned: %w", err)
 	}
 	return unsteer, nil
 }

@@ -135,14 +135,17 @@ func parseStatCPU(stat []byte) (time.Duration, error) {
 }
 
 // steerReceive makes each node's kernel receive work run on that node's
-// CPU (cpupin.SteerReceive): on veth it would run on the sending CPU, so
-// the GPU host's TCP and UDP receive work would be charged to the client's
-// CPU and the DPU's to the host's.
+// CPU (cpupin.SteerAll): on veth it would run on the sending CPU, so the
+// GPU host's TCP and UDP receive work would be charged to the client's CPU
+// and the DPU's to the host's. The testbed is removed at the end, so it is
+// never turned off.
 func steerReceive(spec testbed.Spec, cpus map[string]int) error {
+	byNS := map[string]int{}
 	for node, cpu := range cpus {
-		if err := cpupin.SteerReceive(spec.Namespace(node), 1<<cpu); err != nil {
-			return fmt.Errorf("RPS in %s: %w", node, err)
-		}
+		byNS[spec.Namespace(node)] = cpu
+	}
+	if _, err := cpupin.SteerAll(byNS); err != nil {
+		return fmt.Errorf("RPS: %w", err)
 	}
 	return nil
 }

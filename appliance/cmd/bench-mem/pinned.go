@@ -107,27 +107,17 @@ func (b *bench) pinLayout() (restore func() error, err error) {
 }
 
 // steerLayout runs each node's kernel receive work on its node's CPU
-// (cpupin.SteerReceive: RPS on every interface): host0's and mem0's on
+// (cpupin.SteerAll: RPS on every interface): host0's and mem0's on
 // hostCPU, dpu0's on dpuCPU, so that dpu0's forwarding on (a)'s path and
 // its agent's sockets on (b)'s are the DPU's work, and the host's and the
 // memory node's receive work stays on theirs whichever node sent. It
 // returns a function that turns steering off again, the testbed's default.
 func (b *bench) steerLayout() (unsteer func() error, err error) {
-	nodes := []struct {
-		name string
-		cpu  int
-	}{{"host0", hostCPU}, {"mem0", hostCPU}, {"dpu0", dpuCPU}}
-	unsteer = func() error {
-		var errs []error
-		for _, n := range nodes {
-			errs = append(errs, cpupin.SteerReceive(b.spec.Namespace(n.name), 0))
-		}
-		return errors.Join(errs...)
-	}
-	for _, n := range nodes {
-		if err := cpupin.SteerReceive(b.spec.Namespace(n.name), 1<<n.cpu); err != nil {
-			return nil, errors.Join(fmt.Errorf("the pinned layout (-pinned=false skips it): %w", err), unsteer())
-		}
+	unsteer, err = cpupin.SteerAll(map[string]int{
+		b.spec.Namespace("host0"): hostCPU, b.spec.Namespace("mem0"): hostCPU, b.spec.Namespace("dpu0"): dpuCPU,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("the pinned layout (-pinned=false skips it): %w", err)
 	}
 	return unsteer, nil
 }

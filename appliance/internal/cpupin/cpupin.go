@@ -161,3 +161,22 @@ func SteerReceive(netns string, mask uint64) error {
 	}
 	return nil
 }
+
+// SteerAll runs SteerReceive for each namespace with its CPU (netns name →
+// CPU) and returns a function that turns steering off in all of them
+// again. On an error the namespaces already steered are turned off.
+func SteerAll(cpus map[string]int) (off func() error, err error) {
+	off = func() error {
+		var errs []error
+		for ns := range cpus {
+			errs = append(errs, SteerReceive(ns, 0))
+		}
+		return errors.Join(errs...)
+	}
+	for ns, cpu := range cpus {
+		if err := SteerReceive(ns, 1<<cpu); err != nil {
+			return nil, errors.Join(err, off())
+		}
+	}
+	return off, nil
+}

@@ -12,7 +12,8 @@ import (
 )
 
 // TestSteerReceive: SteerReceive sets rps_cpus on every interface of the
-// namespace but lo, and a mask of 0 turns it off again.
+// namespace but lo, and a mask of 0 turns it off again; SteerAll steers
+// several and turns them off, also when one fails.
 func TestSteerReceive(t *testing.T) {
 	testenv.RequirePriv(t)
 	ns := fmt.Sprintf("cpupin-test-%d", os.Getpid())
@@ -48,6 +49,24 @@ func TestSteerReceive(t *testing.T) {
 		if got := rps("lo"); got != 0 {
 			t.Errorf("after SteerReceive(%#x): lo's rps_cpus %#x, want it left alone (0)", mask, got)
 		}
+	}
+	off, err := SteerAll(map[string]int{ns: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rps("va"); got != 1 {
+		t.Errorf("after SteerAll to CPU 0: va's rps_cpus %#x, want 0x1", got)
+	}
+	if err := off(); err != nil {
+		t.Fatal(err)
+	}
+	if got := rps("va"); got != 0 {
+		t.Errorf("after SteerAll's off: va's rps_cpus %#x, want 0", got)
+	}
+	if _, err := SteerAll(map[string]int{ns: 0, ns + "-missing": 0}); err == nil {
+		t.Error("SteerAll with a namespace that does not exist: no error")
+	} else if got := rps("va"); got != 0 {
+		t.Errorf("after a failed SteerAll: va's rps_cpus %#x, want 0 (turned off again)", got)
 	}
 	if err := SteerReceive(ns+"-missing", 1); err == nil || !strings.Contains(err.Error(), ns+"-missing") {
 		t.Errorf("SteerReceive in a namespace that does not exist: %v, want an error naming it", err)
