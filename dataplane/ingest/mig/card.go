@@ -117,3 +117,46 @@ func CardByName(name string) (Card, error) {
 	}
 	return Card{}, fmt.Errorf("unknown card %q: want one of %s", name, strings.Join(names, ", "))
 }
+
+// Compare checks the card's table against live, the profiles a GPU of this
+// card reports (cuda.Device.MIGProfiles reads them from NVML), matched by
+// NVML profile ID, and returns one line per difference: a profile missing
+// on either side, or one whose compute slices, memory slices, SMs, most
+// instances or start slots differ. Names and memory sizes are not
+// compared (NVML's profile info has neither as the table writes them).
+// Nil means the scheduler's placements are the GPU's.
+func (c *Card) Compare(live []Profile) []string {
+	var diffs []string
+	byID := map[int]Profile{}
+	for _, p := range live {
+		byID[p.ID] = p
+	}
+	for _, want := range c.Profiles {
+		got, ok := byID[want.ID]
+		if !ok {
+			diffs = append(diffs, fmt.Sprintf("%s (profile %d): in the table, not on the GPU", want.Name, want.ID))
+			continue
+		}
+		delete(byID, want.ID)
+		for _, f := range []struct {
+			what      string
+			want, got any
+		}{
+			{"compute slices", want.Compute, got.Compute},
+			{"memory slices", want.MemSlices, got.MemSlices},
+			{"SMs", want.SMs, got.SMs},
+			{"most instances", want.Max, got.Max},
+			{"start slots", fmt.Sprint(want.Starts), fmt.Sprint(got.Starts)},
+		} {
+			if f.want != f.got {
+				diffs = append(diffs, fmt.Sprintf("%s (profile %d): %s %v in the table, %v on the GPU", want.Name, want.ID, f.what, f.want, f.got))
+			}
+		}
+	}
+	for _, p := range live {
+		if _, ok := byID[p.ID]; ok {
+			diffs = append(diffs, fmt.Sprintf("profile %d (%d compute, %d memory slices): on the GPU, not in the table", p.ID, p.Compute, p.MemSlices))
+		}
+	}
+	return diffs
+}

@@ -2,12 +2,16 @@ package cuda
 
 import "unsafe"
 
-// DefaultStaging is the page-locked staging buffer a device or importer
-// copies through unless Options say otherwise. The driver DMAs from
-// page-locked memory at full PCIe speed and from pageable memory only
-// through its own bounce buffers, an order of magnitude slower (~45 vs
-// ~4.5 GB/s host-to-device on the lent H100).
-const DefaultStaging = 4 << 20
+// StagingSize is a staging buffer's size that suits ReadAt and WriteAt,
+// for Options.Staging. Copies go straight from pageable memory unless a
+// staging buffer is asked for: on the lent H100 (2026-11-25,
+// TestGPUBandwidth) staging through page-locked memory one chunk at a time
+// was no faster at 64 KiB and 1 MiB (1.7 and 7.5-8.7 GB/s host to device
+// either way) and slower at 64 MiB (6-8 against 8-10 GB/s; 6-8 against
+// 12-15 back), since the memmove into the staging buffer and the DMA
+// from it take turns, while the driver overlaps its own bounce buffers'
+// copies. The DMA from page-locked memory alone ran at 20-21 GB/s at 1 MiB.
+const StagingSize = 4 << 20
 
 // stageMin is the copy size from which the staging buffer is used;
 // below it one pageable cuMemcpy costs less than the extra memmove.

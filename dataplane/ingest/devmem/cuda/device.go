@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/devmem"
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/mig"
 )
 
 // Options configure Open.
@@ -21,9 +22,10 @@ type Options struct {
 	// handles, as on a driver that refuses POSIX descriptors: the fallback
 	// path, on demand.
 	LegacyIPC bool
-	// Staging is the page-locked staging buffer's size in bytes for
-	// ReadAt and WriteAt; 0 means DefaultStaging, negative none (copies
-	// from pageable memory).
+	// Staging is the size in bytes of a page-locked buffer that ReadAt
+	// and WriteAt of 64 KiB or more copy through (StagingSize suits); 0
+	// or less, the default, copies straight from pageable memory, which
+	// measured as fast or faster (StagingSize's comment).
 	Staging int
 }
 
@@ -63,9 +65,6 @@ func Open(opts Options) (*Device, error) {
 	cu, err := loadDriver(opts.Library)
 	if err != nil {
 		return nil, fmt.Errorf("cuda: %w", err)
-	}
-	if opts.Staging == 0 {
-		opts.Staging = DefaultStaging
 	}
 	d := &Device{cu: cu, opts: opts, buffers: map[*buffer]struct{}{}}
 	d.t, err = startThread(d.init, d.fini)
@@ -306,6 +305,39 @@ func (d *Device) GPUInstances() ([]GPUInstance, error) {
 	for i, gi := range gis {
 		out[i] = GPUInstance{ID: int(gi.ID), ProfileID: int(gi.ProfileID), Profile: names[int(gi.ProfileID)],
 			Start: int(gi.Start), Size: int(gi.Size)}
+	}
+	return out, nil
+}
+
+// MIGProfiles reads the GPU instance profiles of the device's GPU from
+// NVML: for each, its NVML ID, compute slices, memory slices, SMs, most
+// instances and start slots, as mig.Profile holds them (Name from the mig
+// table when the card is one of mig.Cards(); MemGB is left 0: NVML gives
+// MiB, the table the marketing name's GB). NVML answers with MIG mode off
+// too, so the geometry can be checked without changing the GPU's mode.
+// Compare the result with the scheduler's table with mig.Card.Compare.
+func (d *Device) MIGProfiles() ([]mig.Profile, error) {
+	if d.nv == nil {
+		return nil, fmt.Errorf("cuda: mig profiles: %w: %s not loaded", ErrNotSupported, NVMLLibrary)
+	}
+	infos, places, err := d.nv.profiles(d.gpu)
+	if err != nil {
+		return nil, fmt.Errorf("cuda: mig profiles of %s: %w", d.info.Name, err)
+	}
+	names := profileNames(d.info.Card)
+	out := make([]mig.Profile, len(infos))
+	for i, pi := range infos {
+		p := mig.Profile{Name: names[int(pi.ID)], ID: int(pi.ID), Compute: int(pi.SliceCount),
+			SMs: int(pi.MultiprocessorCount), Max: int(pi.InstanceCount)}
+		for _, pl := range places[i] {
+			p.Starts = append(p.Starts, int(pl.Start))
+			if p.MemSlices != 0 && p.MemSlices != int(pl.Size) {
+				return nil, fmt.Errorf("cuda: mig profiles of %s: profile %d has placements of %d and %d memory slices",
+					d.info.Name, pi.ID, p.MemSlices, pl.Size)
+			}
+			p.MemSlices = int(pl.Size)
+		}
+		out[i] = p
 	}
 	return out, nil
 }

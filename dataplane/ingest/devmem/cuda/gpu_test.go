@@ -21,8 +21,10 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/devmem"
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/mig"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/model"
 )
 
@@ -133,7 +135,7 @@ var sizes = []int{1, 3, 4, 255, 4095, 4096, 65535, 65536, 65537, 1<<20 + 7, 8 <<
 // 8 MiB, at offsets, with and without the staging buffer, on both kinds of
 // allocation.
 func TestGPUCopy(t *testing.T) {
-	for _, opts := range []Options{{}, {Staging: -1}, {LegacyIPC: true}, {Staging: 4096}} {
+	for _, opts := range []Options{{}, {Staging: StagingSize}, {LegacyIPC: true}, {Staging: 4096}} {
 		t.Run(fmt.Sprintf("staging=%d,legacy=%v", opts.Staging, opts.LegacyIPC), func(t *testing.T) {
 			d := openDevice(t, opts)
 			for i, n := range sizes {
@@ -520,40 +522,70 @@ func TestGPULifetime(t *testing.T) {
 	}
 }
 
-// TestGPUBandwidth prints copy bandwidth: host to device and back, through
-// the staging buffer and from pageable memory, on the device and through
-// an imported mapping.
+// TestGPUBandwidth prints copy bandwidth at the bench's input sizes and at
+// 64 MiB: host to device and back, through the staging buffer and from
+// pageable memory, on the device and through an imported mapping; and,
+// as the ceiling both are measured against, straight from page-locked
+// memory (no memmove).
 func TestGPUBandwidth(t *testing.T) {
-	const n, rounds = 64 << 20, 8
-	data := pattern(3, n)
-	for _, opts := range []Options{{}, {Staging: -1}} {
-		d := openDevice(t, opts)
-		b := alloc(t, d, n)
-		what := "staged"
-		if opts.Staging < 0 {
-			what = "pageable"
-		}
-		t.Logf("device %s, %s: HtoD %.1f GB/s, DtoH %.1f GB/s", d.Info().Name, what,
-			rate(t, n, rounds, func() error { return b.WriteAt(data, 0) }),
-			rate(t, n, rounds, func() error { return b.ReadAt(data, 0) }))
-		h, err := b.Export()
-		if err != nil {
-			t.Fatal(err)
-		}
-		im, err := NewImporter(ImporterOptions{Staging: opts.Staging})
-		if err != nil {
-			t.Fatal(err)
-		}
-		m, err := im.Import(h)
-		if err != nil {
+	const total = 512 << 20 // bytes per measurement, whatever the size
+	for _, n := range []int{64 << 10, 1 << 20, 64 << 20} {
+		data := pattern(3, n)
+		rounds := max(total/n, 2)
+		for _, opts := range []Options{{Staging: StagingSize}, {}} {
+			d := openDevice(t, opts)
+			b := alloc(t, d, n)
+			what := "staged"
+			if opts.Staging == 0 {
+				what = "pageable"
+			}
+			t.Logf("%8s  device  %-8s HtoD %5.1f GB/s, DtoH %5.1f GB/s", farSize(n), what,
+				rate(t, n, rounds, func() error { return b.WriteAt(data, 0) }),
+				rate(t, n, rounds, func() error { return b.ReadAt(data, 0) }))
+			h, err := b.Export()
+			if err != nil {
+				t.Fatal(err)
+			}
+			im, err := NewImporter(ImporterOptions{Staging: opts.Staging})
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := im.Import(h)
+			if err != nil {
+				im.Close()
+				t.Fatal(err)
+			}
+			t.Logf("%8s  mapping %-8s HtoD %5.1f GB/s, DtoH %5.1f GB/s (%s handle)", farSize(n), what,
+				rate(t, n, rounds, func() error { return m.WriteAt(data, 0) }),
+				rate(t, n, rounds, func() error { return m.ReadAt(data, 0) }), h.Kind)
 			im.Close()
-			t.Fatal(err)
+			if opts.Staging == 0 {
+				continue
+			}
+			// The DMA alone: from the device's own page-locked staging
+			// buffer, which holds n bytes at these sizes up to 4 MiB.
+			if n > len(d.stage.buf) {
+				continue
+			}
+			ptr := b.(*buffer).ptr
+			src := unsafe.Pointer(&d.stage.buf[0])
+			t.Logf("%8s  device  %-8s HtoD %5.1f GB/s, DtoH %5.1f GB/s", farSize(n), "pinned",
+				rate(t, n, rounds, func() error {
+					return d.t.do(func() error { return d.cu.check("cuMemcpyHtoD_v2", d.cu.cuMemcpyHtoD(ptr, src, uintptr(n))) })
+				}),
+				rate(t, n, rounds, func() error {
+					return d.t.do(func() error { return d.cu.check("cuMemcpyDtoH_v2", d.cu.cuMemcpyDtoH(src, ptr, uintptr(n))) })
+				}))
 		}
-		t.Logf("mapping (%s handle), %s: HtoD %.1f GB/s, DtoH %.1f GB/s", h.Kind, what,
-			rate(t, n, rounds, func() error { return m.WriteAt(data, 0) }),
-			rate(t, n, rounds, func() error { return m.ReadAt(data, 0) }))
-		im.Close()
 	}
+}
+
+// farSize writes n in KiB or MiB.
+func farSize(n int) string {
+	if n >= 1<<20 {
+		return fmt.Sprintf("%d MiB", n>>20)
+	}
+	return fmt.Sprintf("%d KiB", n>>10)
 }
 
 func rate(t *testing.T, n, rounds int, f func() error) float64 {
@@ -568,4 +600,35 @@ func rate(t *testing.T, n, rounds int, f func() error) float64 {
 		}
 	}
 	return float64(n*rounds) / time.Since(start).Seconds() / 1e9
+}
+
+// TestGPUMIGProfiles reads the GPU's MIG geometry from NVML and checks
+// that the scheduler's table for its card (package mig) is the same. The
+// fake libcuda has no NVML: there the call must fail with ErrNotSupported;
+// so must it on a GPU whose card is not in the table.
+func TestGPUMIGProfiles(t *testing.T) {
+	d := openDevice(t, Options{})
+	info := d.Info()
+	live, err := d.MIGProfiles()
+	if strings.HasPrefix(info.Name, "fake libcuda") || info.Card == "" {
+		t.Logf("%s: no NVML or no card of the mig table: profiles %+v, %v", info.Name, live, err)
+		if info.Card != "" && !errors.Is(err, ErrNotSupported) {
+			t.Errorf("without NVML: %v, want ErrNotSupported", err)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatalf("%s (card %s): %v", info.Name, info.Card, err)
+	}
+	for _, p := range live {
+		t.Logf("NVML profile %2d %-10s compute %d, memory slices %d, SMs %3d, most %d, starts %v",
+			p.ID, p.Name, p.Compute, p.MemSlices, p.SMs, p.Max, p.Starts)
+	}
+	card, err := mig.CardByName(info.Card)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diffs := card.Compare(live); diffs != nil {
+		t.Errorf("the mig table's %s differs from what NVML reports:\n%s", card.Name, strings.Join(diffs, "\n"))
+	}
 }

@@ -16,8 +16,9 @@ import (
 type ImporterOptions struct {
 	// Library is the driver library's file name; "" means DriverLibrary.
 	Library string
-	// Staging is the page-locked staging buffer's size per device for
-	// WriteAt and ReadAt; 0 means DefaultStaging, negative none.
+	// Staging is the size of a page-locked buffer per device that
+	// WriteAt and ReadAt copy through, as Options.Staging; 0 or less, the
+	// default, copies straight from pageable memory.
 	Staging int
 }
 
@@ -56,9 +57,6 @@ func NewImporter(opts ImporterOptions) (*Importer, error) {
 	cu, err := loadDriver(opts.Library)
 	if err != nil {
 		return nil, fmt.Errorf("cuda importer: %w", err)
-	}
-	if opts.Staging == 0 {
-		opts.Staging = DefaultStaging
 	}
 	return &Importer{cu: cu, opts: opts, ctxs: map[string]*importCtx{}}, nil
 }

@@ -31,6 +31,11 @@ type giProfileInfo struct {
 	MemorySizeMB                                                       uint64
 }
 
+// giPlacement is nvmlGpuInstancePlacement_t: a span of memory slices.
+type giPlacement struct {
+	Start, Size uint32
+}
+
 // giInfo is nvmlGpuInstanceInfo_t (24 bytes).
 type giInfo struct {
 	Device    nvmlDevice
@@ -59,6 +64,7 @@ type nvml struct {
 	nvmlDeviceGetGpuInstanceProfileInfo          func(h nvmlDevice, profile uint32, info *giProfileInfo) nvmlReturn
 	nvmlDeviceGetGpuInstances                    func(h nvmlDevice, profileID uint32, gis *nvmlGPUInstance, count *uint32) nvmlReturn
 	nvmlGpuInstanceGetInfo                       func(gi nvmlGPUInstance, info *giInfo) nvmlReturn
+	nvmlDeviceGetGpuInstancePossiblePlacements   func(h nvmlDevice, profileID uint32, pl *giPlacement, count *uint32) nvmlReturn
 }
 
 func (n *nvml) symbols() []symbol {
@@ -78,6 +84,7 @@ func (n *nvml) symbols() []symbol {
 		opt(&n.nvmlDeviceGetGpuInstanceProfileInfo, "nvmlDeviceGetGpuInstanceProfileInfo"),
 		opt(&n.nvmlDeviceGetGpuInstances, "nvmlDeviceGetGpuInstances"),
 		opt(&n.nvmlGpuInstanceGetInfo, "nvmlGpuInstanceGetInfo"),
+		opt(&n.nvmlDeviceGetGpuInstancePossiblePlacements, "nvmlDeviceGetGpuInstancePossiblePlacements_v2"),
 	}
 }
 
@@ -192,6 +199,37 @@ func (n *nvml) gpuInstances(h nvmlDevice) ([]giInfo, error) {
 		}
 	}
 	return out, nil
+}
+
+// profiles reads every GPU instance profile the GPU offers and each
+// one's possible placements: the card's MIG geometry as the driver has it.
+func (n *nvml) profiles(h nvmlDevice) ([]giProfileInfo, [][]giPlacement, error) {
+	if n.nvmlDeviceGetGpuInstanceProfileInfo == nil || n.nvmlDeviceGetGpuInstancePossiblePlacements == nil {
+		return nil, nil, fmt.Errorf("nvml: %w: the library has no GPU instance profile calls", ErrNotSupported)
+	}
+	seen := map[uint32]bool{}
+	var infos []giProfileInfo
+	var places [][]giPlacement
+	for p := uint32(0); p < nvmlProfileEnum; p++ {
+		var pi giProfileInfo
+		if n.nvmlDeviceGetGpuInstanceProfileInfo(h, p, &pi) != nvmlSuccess || seen[pi.ID] || pi.InstanceCount == 0 {
+			continue // profile enum unknown to this GPU or driver
+		}
+		seen[pi.ID] = true
+		// At most one placement per memory slice; count says how many.
+		pl := make([]giPlacement, 8)
+		count := uint32(len(pl))
+		if err := n.check("nvmlDeviceGetGpuInstancePossiblePlacements_v2",
+			n.nvmlDeviceGetGpuInstancePossiblePlacements(h, pi.ID, &pl[0], &count)); err != nil {
+			return nil, nil, fmt.Errorf("profile %d: %w", pi.ID, err)
+		}
+		infos = append(infos, pi)
+		places = append(places, pl[:min(count, uint32(len(pl)))])
+	}
+	if len(infos) == 0 {
+		return nil, nil, fmt.Errorf("nvml: %w: the GPU lists no GPU instance profiles (not a MIG-capable GPU)", ErrNotSupported)
+	}
+	return infos, places, nil
 }
 
 // cString returns b up to its first NUL.
