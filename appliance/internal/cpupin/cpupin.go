@@ -12,12 +12,15 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
 
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	llnetns "github.com/lovelock-dpu/lovelock/control/netns"
 )
 
 // maxPasses bounds how often Pin and Restore list a process's threads
@@ -152,12 +155,31 @@ func Usable(cpus ...int) (bool, error) {
 // On veth the stack's receive work runs on the sending CPU, so a node's
 // receive work would be charged to whichever node sent to it: RPS moves it
 // onto the node's own CPU, as a NIC's interrupt on the receiving machine
-// would. It needs the ip command, whose netns exec mounts that namespace's
-// sysfs.
-func SteerReceive(netns string, mask uint64) error {
-	script := fmt.Sprintf(`for q in /sys/class/net/*/queues/rx-*/rps_cpus; do case $q in */lo/*) ;; *) echo %x > $q || exit 1 ;; esac; done`, mask)
-	if out, err := exec.Command("ip", "netns", "exec", netns, "sh", "-c", script).CombinedOutput(); err != nil {
-		return fmt.Errorf("cpupin: receive steering in network namespace %s: %v: %s", netns, err, strings.TrimSpace(string(out)))
+// would. It writes the namespace's own sysfs from Go (netns.DoSysfs), so
+// it needs no ip command.
+func SteerReceive(name string, mask uint64) error {
+	ns, err := netns.GetFromName(name)
+	if err != nil {
+		return fmt.Errorf("cpupin: receive steering: network namespace %s: %w", name, err)
+	}
+	defer ns.Close()
+	err = llnetns.DoSysfs(ns, func() error {
+		queues, err := filepath.Glob("/sys/class/net/*/queues/rx-*/rps_cpus")
+		if err != nil {
+			return err
+		}
+		for _, q := range queues {
+			if strings.HasPrefix(q, "/sys/class/net/lo/") {
+				continue
+			}
+			if err := os.WriteFile(q, []byte(strconv.FormatUint(mask, 16)), 0); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("cpupin: receive steering in network namespace %s: %w", name, err)
 	}
 	return nil
 }

@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	llnetns "github.com/lovelock-dpu/lovelock/control/netns"
 )
 
 // setThreaded makes the NAPI instances of f run in kernel threads of their
@@ -21,33 +21,12 @@ import (
 // generator's core.
 //
 // A network device's sysfs directory is visible only through a sysfs
-// mounted from its own network namespace. The write happens on a thread
-// that enters a private mount namespace and dut's network namespace and
-// mounts a sysfs over /sys there; the thread never goes back to the Go
-// scheduler (its goroutine ends locked, so the runtime ends the thread),
-// and the mount goes with it.
+// mounted from its own network namespace (llnetns.DoSysfs).
 func setThreaded(f iface, cpu int) (pids []int, err error) {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: see above
-		errc <- func() error {
-			if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
-				return fmt.Errorf("unshare mount namespace: %w", err)
-			}
-			if err := unix.Mount("", "/", "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
-				return fmt.Errorf("make mounts private: %w", err)
-			}
-			if err := netns.Set(f.ns); err != nil {
-				return fmt.Errorf("enter netns: %w", err)
-			}
-			if err := unix.Mount("sysfs", "/sys", "sysfs", unix.MS_NOSUID|unix.MS_NOEXEC|unix.MS_NODEV, ""); err != nil {
-				return fmt.Errorf("mount sysfs: %w", err)
-			}
-			defer unix.Unmount("/sys", unix.MNT_DETACH)
-			return os.WriteFile("/sys/class/net/"+f.name+"/threaded", []byte("1"), 0)
-		}()
-	}()
-	if err := <-errc; err != nil {
+	err = llnetns.DoSysfs(f.ns, func() error {
+		return os.WriteFile("/sys/class/net/"+f.name+"/threaded", []byte("1"), 0)
+	})
+	if err != nil {
 		return nil, fmt.Errorf("threaded NAPI on %s: %w", f.name, err)
 	}
 	if pids, err = kthreads("napi/" + f.name + "-"); err == nil && len(pids) == 0 {
