@@ -123,6 +123,13 @@ bench-ingest: ## accelerator ingest on its own netns testbed (root): Conspirator
 	$(GO) run ./appliance/cmd/bench-ingest -size 64KiB $(BENCH_INGEST_FLAGS)
 	$(GO) run ./appliance/cmd/bench-ingest -size 1MiB $(BENCH_INGEST_FLAGS)
 
+# bench-ingest for a GPU machine (-device cuda): the CUDA backend links it
+# dynamically (purego loads libcuda through the system's loader), so it is
+# built here and carried; the GPU machine needs root, not Go.
+.PHONY: bench-ingest-cuda-bin
+bench-ingest-cuda-bin: ## build bench-ingest with the CUDA backend (-device cuda; dynamically linked) into bin/bench-ingest-cuda
+	CGO_ENABLED=0 $(GO) build -tags cuda -trimpath -o $(BIN)/bench-ingest-cuda ./appliance/cmd/bench-ingest
+
 .PHONY: bench-graph
 bench-graph: ## graph apps (BFS, PageRank, CC, Radii, BC) over far memory on its own netns testbed (root): time and fabric bytes direct vs through the DPU agent
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/lovelockd ./appliance/cmd/lovelockd
@@ -166,7 +173,7 @@ lint: ## gofmt, go vet, the layer test and staticcheck
 	$(GO) vet -tags gpu ./dataplane/ingest/devmem/cuda/
 	@# The GPU tests run where a GPU is lent; here they are compiled, not run or skipped.
 	CGO_ENABLED=0 $(GO) test -tags gpu -c -o /dev/null ./dataplane/ingest/devmem/cuda/
-	$(GO) vet -tags cuda ./appliance/service/ingestservice/ ./appliance/cmd/lovelockd/
+	$(GO) vet -tags cuda ./appliance/service/ingestservice/ ./appliance/cmd/lovelockd/ ./appliance/cmd/bench-ingest/
 	$(GO) test -count=1 -run '^TestLayers' ./appliance/
 	$(GO) tool staticcheck ./...
 

@@ -74,13 +74,17 @@ const warmup = 300 * time.Millisecond
 func (b *bench) measure(ctx context.Context, p path, loaded bool) (row, error) {
 	r := row{path: p, loaded: loaded}
 	var hostSide, dpu *child
-	// The models run in an executor, the GPU's stand-in, off the host's
-	// CPU in every path (devmem.ShmOptions.Executor).
-	gpu, err := startChild(ctx, b.spec, b.dir, "gpu0", gpuCPU(), "executor", b.args()...)
-	if err != nil {
-		return r, err
+	var err error
+	if *deviceKind == deviceShm {
+		// The models run in an executor, the GPU's stand-in, off the
+		// host's CPU in every path (devmem.ShmOptions.Executor); on
+		// cuda the GPU runs them.
+		gpu, err := startChild(ctx, b.spec, b.dir, "gpu0", gpuCPU(), "executor", b.args()...)
+		if err != nil {
+			return r, err
+		}
+		defer gpu.stop()
 	}
-	defer gpu.stop()
 	switch p.num {
 	case 1:
 		hostSide, err = startChild(ctx, b.spec, b.dir, "gpu0", hostCPU, "tcp-server", b.args()...)
@@ -181,7 +185,7 @@ func (b *bench) measure(ctx context.Context, p path, loaded bool) (row, error) {
 }
 
 func (b *bench) args() []string {
-	return []string{"-model", *modelName, "-size", fmt.Sprint(*size), "-executor", filepath.Join(b.dir, "executor.sock")}
+	return []string{"-model", *modelName, "-size", fmt.Sprint(*size), "-device", *deviceKind, "-executor", filepath.Join(b.dir, "executor.sock")}
 }
 
 // loadResult is one closed-loop load's outcome.

@@ -18,6 +18,11 @@
 // agent) and the busy loop on CPU 0, the DPU agent on CPU 1. The client
 // (this process) runs on CPU 1 too. Host CPU is the host-side process's
 // utime+stime from /proc over the measured window.
+//
+// -device picks gpu0's device: shm (the default), shared memory with the
+// models run by an executor process standing in for the GPU, or cuda, GPU 0
+// through the CUDA driver in a binary built with -tags cuda, the models run
+// on the GPU and the DPU agent maps its buffers through the driver.
 package main
 
 import (
@@ -42,6 +47,7 @@ var (
 	sizeFlag     = flag.String("size", "64KiB", "input size")
 	duration     = flag.Duration("duration", 3*time.Second, "measured time per row (after a warm-up)")
 	concurrency  = flag.Int("concurrency", 8, "closed-loop requests outstanding (TCP: connections)")
+	deviceKind   = flag.String("device", deviceShm, "the GPU host's device: shm (shared memory, the models in an executor process, the GPU's stand-in) or cuda (GPU 0 through the CUDA driver; a binary built with -tags cuda)")
 	role         = flag.String("role", "", "internal: run as one role of the bench (set by the bench itself)")
 	handleSocket = flag.String("handle-socket", "", "internal: the host agent's handle socket (the DPU agent dials only it)")
 	executor     = flag.String("executor", "", "internal: the executor's socket (set by the bench)")
@@ -88,6 +94,10 @@ func main() {
 		os.Exit(2)
 	}
 	*size = int(s)
+	if err := checkDevice(*deviceKind); err != nil {
+		fmt.Fprintln(os.Stderr, "bench-ingest:", err)
+		os.Exit(2)
+	}
 	if *role != "" {
 		err = runRole(ctx, *role)
 	} else {
@@ -108,6 +118,10 @@ func run(ctx context.Context) error {
 	}
 	// Pinned for the whole run, never restored: this process is the DPU's.
 	if _, err := cpupin.Pin(os.Getpid(), dpuCPU); err != nil {
+		return err
+	}
+	gpuDesc, err := describeGPU()
+	if err != nil {
 		return err
 	}
 	dir, err := os.MkdirTemp("", "bench-ingest-")
@@ -134,7 +148,11 @@ func run(ctx context.Context) error {
 	host, _ := os.Hostname()
 	fmt.Printf("testbed %q, MTU %d, on %s (%d CPUs, %s/%s); model %s, %s inputs, %d outstanding, %v per row\n",
 		spec.Prefix, mtu, host, runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, *modelName, farmem.Size(*size), *concurrency, *duration)
-	fmt.Printf("CPU %d: gpu0's processes (TCP server, UDP receiver, host agent), its network receive work (RPS) and the background load; CPU %d: dpu2's agent and the client; CPU %d: the executor that runs the models (the GPU's stand-in)\n", hostCPU, dpuCPU, gpuCPU())
+	if *deviceKind == deviceCUDA {
+		fmt.Printf("CPU %d: gpu0's processes (TCP server, UDP receiver, host agent), its network receive work (RPS) and the background load; CPU %d: dpu2's agent, which maps gpu0's device buffers through the CUDA driver, and the client; the models run on %s\n", hostCPU, dpuCPU, gpuDesc)
+	} else {
+		fmt.Printf("CPU %d: gpu0's processes (TCP server, UDP receiver, host agent), its network receive work (RPS) and the background load; CPU %d: dpu2's agent and the client; CPU %d: the executor that runs the models (the GPU's stand-in)\n", hostCPU, dpuCPU, gpuCPU())
+	}
 	fmt.Println("host CPU per request: CPU 0's busy time (soft interrupts included) less the background load's, per completed request; the machine must be otherwise quiet")
 	b := &bench{spec: spec, dir: dir}
 	var rows []row
@@ -152,9 +170,13 @@ func run(ctx context.Context) error {
 	}
 	fmt.Println()
 	fmt.Print(formatTable(rows))
+	runsOn := "in the executor (the GPU's stand-in)"
+	if *deviceKind == deviceCUDA {
+		runsOn = "on " + gpuDesc
+	}
 	if c, err := modelCost(); err == nil {
-		fmt.Printf("the model alone (%s on %s, CPU reference on CPU %d, input hot in cache, unloaded): %.1f µs per input; it runs in the executor (the GPU's stand-in), not on the host CPU\n",
-			*modelName, farmem.Size(*size), hostCPU, float64(c)/float64(time.Microsecond))
+		fmt.Printf("the model alone (%s on %s, CPU reference on CPU %d, input hot in cache, unloaded): %.1f µs per input; it runs %s, not on the host CPU\n",
+			*modelName, farmem.Size(*size), hostCPU, float64(c)/float64(time.Microsecond), runsOn)
 	} else {
 		fmt.Printf("the model alone: not measured: %v\n", err)
 	}

@@ -86,7 +86,11 @@ func roleTCPServer(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	dev := devmem.NewShmWith(devmem.Info{}, devmem.ShmOptions{Executor: *executor})
+	dev, err := openDevice()
+	if err != nil {
+		ln.Close()
+		return err
+	}
 	defer dev.Close()
 	ready()
 	go func() { <-ctx.Done(); ln.Close() }()
@@ -182,7 +186,10 @@ func roleUDPHost(ctx context.Context) error {
 		return err
 	}
 	defer tr.Close()
-	dev := devmem.NewShmWith(devmem.Info{}, devmem.ShmOptions{Executor: *executor})
+	dev, err := openDevice()
+	if err != nil {
+		return err
+	}
 	defer dev.Close()
 	in, err := dev.Alloc(*size)
 	if err != nil {
@@ -224,8 +231,13 @@ func roleDPUAgent(ctx context.Context) error {
 		return err
 	}
 	defer host.Close()
+	imp, err := openImporter()
+	if err != nil {
+		return err
+	}
+	defer imp.Close()
 	hostAgent := netip.MustParseAddrPort(hostAgentAddr).Addr()
-	a, err := agent.New(agent.Config{Clients: clients, Host: host, Importer: devmem.ShmImporter{},
+	a, err := agent.New(agent.Config{Clients: clients, Host: host, Importer: imp,
 		HostPeer: netip.PrefixFrom(hostAgent, hostAgent.BitLen()), HostSocket: *handleSocket,
 		Models: []agent.ModelConfig{{Name: *modelName}}, Logger: stderrLogger()})
 	if err != nil {
@@ -236,8 +248,8 @@ func roleDPUAgent(ctx context.Context) error {
 }
 
 // roleHostAgent is path (4)'s host side: the real host agent in gpu0 with
-// one shared-memory device standing in for an H100, registered with the
-// DPU agent; ready once the DPU has mapped its buffers.
+// one device (a shared-memory one standing in for an H100, or GPU 0),
+// registered with the DPU agent; ready once the DPU has mapped its buffers.
 func roleHostAgent(ctx context.Context) error {
 	m, err := model.Builtin(*modelName)
 	if err != nil {
@@ -248,8 +260,17 @@ func roleHostAgent(ctx context.Context) error {
 		return err
 	}
 	defer tr.Close()
+	dev, err := openDevice()
+	if err != nil {
+		return err
+	}
+	defer dev.Close()
+	card, err := hostCard(dev)
+	if err != nil {
+		return err
+	}
 	h, err := hostagent.New(hostagent.Config{Transport: tr, DPU: netip.MustParseAddrPort(dpuHostAddr),
-		Devices: []devmem.Device{devmem.NewShmWith(devmem.Info{Index: 0}, devmem.ShmOptions{Executor: *executor})}, Cards: []string{"H100-80GB"},
+		Devices: []devmem.Device{dev}, Cards: []string{card},
 		HandleSocket: *handleSocket, Models: []*model.Model{m}, Logger: stderrLogger()})
 	if err != nil {
 		return err
@@ -304,6 +325,7 @@ func stderrLogger() *slog.Logger {
 
 // roleExecutor runs the models for the host side's shared-memory devices,
 // as a GPU's engines would: its CPU time is the device's, not the host's.
+// With -device cuda the GPU runs them and there is no executor.
 func roleExecutor(ctx context.Context) error {
 	os.Remove(*executor)
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: *executor, Net: "unix"})
