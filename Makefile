@@ -150,6 +150,11 @@ bench-steer-throughput: ## packets/s through a veth testbed: floor, classifier, 
 # The CUDA device's GPU tests against a fake libcuda built from C (ABI and
 # flows without a GPU; docs/ingest-cuda.md). On a GPU machine run the real
 # ones: go test -tags gpu -c -o cuda.test ./dataplane/ingest/devmem/cuda/
+# The Python workers' CUDA path (cupy, torch) has its own GPU tests, which
+# the fake cannot run: CGO_ENABLED=0 go test -tags gpu -c -o hostagent.test
+# ./dataplane/ingest/hostagent/, then on the GPU machine, from anywhere in
+# a copy of this tree, with python3, numpy, cupy and torch:
+# ./hostagent.test -test.run GPU -test.v -test.count=1
 .PHONY: test-cuda-fake
 test-cuda-fake: ## the CUDA device's GPU tests against a fake libcuda.so.1 (needs clang; no GPU)
 	@dir=$$(mktemp -d) && trap 'rm -rf "$$dir"' EXIT && \
@@ -170,9 +175,10 @@ lint: ## gofmt, go vet, the layer test and staticcheck
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$bad" ]; then echo "gofmt would change:"; echo "$$bad"; exit 1; fi
 	$(GO) vet ./...
-	$(GO) vet -tags gpu ./dataplane/ingest/devmem/cuda/
+	$(GO) vet -tags gpu ./dataplane/ingest/devmem/cuda/ ./dataplane/ingest/hostagent/
 	@# The GPU tests run where a GPU is lent; here they are compiled, not run or skipped.
 	CGO_ENABLED=0 $(GO) test -tags gpu -c -o /dev/null ./dataplane/ingest/devmem/cuda/
+	CGO_ENABLED=0 $(GO) test -tags gpu -c -o /dev/null ./dataplane/ingest/hostagent/
 	$(GO) vet -tags cuda ./appliance/service/ingestservice/ ./appliance/cmd/lovelockd/ ./appliance/cmd/bench-ingest/
 	$(GO) test -count=1 -run '^TestLayers' ./appliance/
 	$(GO) tool staticcheck ./...

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/devmem"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/hostagent/workertest"
@@ -39,15 +41,17 @@ const (
 // extRig is a host agent with a shared-memory GPU of two slots and the
 // external models of testdata/worker.py, on an in-process network where
 // the test plays the DPU: it maps the slot buffers, writes inputs, rings
-// doorbells and reads completions and outputs.
+// doorbells and reads completions and outputs. A tweak may give it a CUDA
+// device instead (external_gpu_test.go).
 type extRig struct {
-	t       *testing.T
-	agent   *Agent
-	dpu     *memnet.Endpoint
-	workers string
-	slots   [][2]devmem.Mapping // in, out
-	cancel  context.CancelFunc
-	done    chan error
+	t        *testing.T
+	agent    *Agent
+	dpu      *memnet.Endpoint
+	workers  string
+	slots    [][2]slotMem // in, out
+	mappings []devmem.Mapping
+	cancel   context.CancelFunc
+	done     chan error
 
 	mu    sync.Mutex
 	ids   uint64
@@ -90,9 +94,8 @@ func newExtRig(t *testing.T, tweak func(*Config)) *extRig {
 		r.stop()
 		hostEP.Close()
 		dpuEP.Close()
-		for _, s := range r.slots {
-			s[0].Close()
-			s[1].Close()
+		for _, m := range r.mappings {
+			m.Close()
 		}
 	})
 	// The first register says the sockets are open.
@@ -107,6 +110,23 @@ func newExtRig(t *testing.T, tweak func(*Config)) *extRig {
 		t.Fatalf("layout %+v with %d handles", l, len(hs))
 	}
 	for i := 0; i < len(hs); i += 2 {
+		if hs[i].Kind != devmem.HandleMemfd {
+			// CUDA legacy IPC handles: the driver opens no process's
+			// own, and this test is the host agent's process. The DPU
+			// side goes through the agent's buffers (cuMemcpy in the
+			// agent's context): like the DPU's import in another
+			// process, that sees a worker's writes only once the
+			// worker synchronized before answering done, so the
+			// ordering the DPU relies on is what is tested.
+			for k := range 2 {
+				if hs[i+k].FD >= 0 {
+					unix.Close(hs[i+k].FD)
+				}
+			}
+			s := &a.gpus[0].slots[i/2]
+			r.slots = append(r.slots, [2]slotMem{s.in, s.out})
+			continue
+		}
 		in, err := devmem.ShmImporter{}.Import(hs[i])
 		if err != nil {
 			t.Fatal(err)
@@ -115,9 +135,17 @@ func newExtRig(t *testing.T, tweak func(*Config)) *extRig {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r.slots = append(r.slots, [2]devmem.Mapping{in, out})
+		r.mappings = append(r.mappings, in, out)
+		r.slots = append(r.slots, [2]slotMem{in, out})
 	}
 	return r
+}
+
+// slotMem is a slot buffer as the rig reaches it: a devmem.Mapping the
+// DPU side imported, or the host agent's own devmem.Buffer.
+type slotMem interface {
+	ReadAt(p []byte, off int) error
+	WriteAt(p []byte, off int) error
 }
 
 func contains(s []string, v string) bool {
@@ -240,7 +268,13 @@ func (r *extRig) run(slot int, mdl string, input []byte) ingest.Ctrl {
 // given, and waits until the agent has want workers of it.
 func (r *extRig) worker(mdl string, want int, more ...string) *workertest.Process {
 	r.t.Helper()
-	p := workertest.Start(r.t, filepath.Join("testdata", "worker.py"), append([]string{mdl, r.workers}, more...)...)
+	return r.script("worker.py", mdl, want, more...)
+}
+
+// script is worker with another script of testdata.
+func (r *extRig) script(script, mdl string, want int, more ...string) *workertest.Process {
+	r.t.Helper()
+	p := workertest.Start(r.t, filepath.Join("testdata", script), append([]string{mdl, r.workers}, more...)...)
 	r.waitWorkers(mdl, want, p)
 	return p
 }
@@ -336,6 +370,39 @@ func TestExternalModel(t *testing.T) {
 	r := newExtRig(t, nil)
 	affine := r.worker("affine", 1)
 	r.worker("rowsum", 1)
+	runs := checkAffineRowsum(t, r)
+	in0, in1 := affineInput(3, 5), affineInput(4, 6)
+	id0, id1 := r.ring(0, "affine", in0), r.ring(1, "affine", in1)
+	wantOK(t, r.complete(id0), len(in0))
+	wantOK(t, r.complete(id1), len(in1))
+	if !bytes.Equal(r.read(0, 1, len(in0)), affineWant(in0)) || !bytes.Equal(r.read(1, 1, len(in1)), affineWant(in1)) {
+		t.Fatal("one worker, two slots: wrong output")
+	}
+	runs += 2
+	// Not a whole number of rows, or more output than the output buffer
+	// holds: refused before any worker sees it.
+	wantFailure(t, r.run(0, "affine", make([]byte, 100)), ingest.StatusBadRequest, "not a whole number")
+	wantFailure(t, r.run(0, "wide", make([]byte, slotIn)), ingest.StatusTooLarge, "more than the 16384-byte output buffer")
+	s := r.agent.Stats()
+	if s.ExternalRuns != uint64(runs) || s.ExternalFailed != 2 || s.Workers["affine"] != 1 || s.Workers["rowsum"] != 1 || s.WorkerAttaches != 2 || s.WorkerLost != 0 {
+		t.Fatalf("stats after %d runs: %+v", runs, s)
+	}
+	// Stopping the agent disconnects its workers: lovelock_ingest raises
+	// ConnectionError, and the process ends.
+	r.stop()
+	exited, err := affine.Wait(10 * time.Second)
+	var ee *exec.ExitError
+	if !exited || !errors.As(err, &ee) || !strings.Contains(affine.Output(), "ConnectionError") {
+		t.Fatalf("worker after the agent stopped: exited %v, %v:\n%s", exited, err, affine.Output())
+	}
+}
+
+// checkAffineRowsum runs affine and rowsum, whose workers are attached,
+// on inputs from one row to a full slot, on both slots, one by one and
+// concurrently, and checks every output byte and that affine's in-place
+// writes are in the input buffer. It returns how many runs it made.
+func checkAffineRowsum(t *testing.T, r *extRig) int {
+	t.Helper()
 	runs := 0
 	for i, rows := range []int{1, 2, 7, 64, 255, 256} {
 		slot := i % 2
@@ -372,30 +439,7 @@ func TestExternalModel(t *testing.T) {
 		}
 		runs += 2
 	}
-	in0, in1 := affineInput(3, 5), affineInput(4, 6)
-	id0, id1 := r.ring(0, "affine", in0), r.ring(1, "affine", in1)
-	wantOK(t, r.complete(id0), len(in0))
-	wantOK(t, r.complete(id1), len(in1))
-	if !bytes.Equal(r.read(0, 1, len(in0)), affineWant(in0)) || !bytes.Equal(r.read(1, 1, len(in1)), affineWant(in1)) {
-		t.Fatal("one worker, two slots: wrong output")
-	}
-	runs += 2
-	// Not a whole number of rows, or more output than the output buffer
-	// holds: refused before any worker sees it.
-	wantFailure(t, r.run(0, "affine", make([]byte, 100)), ingest.StatusBadRequest, "not a whole number")
-	wantFailure(t, r.run(0, "wide", make([]byte, slotIn)), ingest.StatusTooLarge, "more than the 16384-byte output buffer")
-	s := r.agent.Stats()
-	if s.ExternalRuns != uint64(runs) || s.ExternalFailed != 2 || s.Workers["affine"] != 1 || s.Workers["rowsum"] != 1 || s.WorkerAttaches != 2 || s.WorkerLost != 0 {
-		t.Fatalf("stats after %d runs: %+v", runs, s)
-	}
-	// Stopping the agent disconnects its workers: lovelock_ingest raises
-	// ConnectionError, and the process ends.
-	r.stop()
-	exited, err := affine.Wait(10 * time.Second)
-	var ee *exec.ExitError
-	if !exited || !errors.As(err, &ee) || !strings.Contains(affine.Output(), "ConnectionError") {
-		t.Fatalf("worker after the agent stopped: exited %v, %v:\n%s", exited, err, affine.Output())
-	}
+	return runs
 }
 
 // TestExternalNoWorker: a doorbell for an external model no worker serves

@@ -7,6 +7,7 @@ package workertest
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,10 +17,37 @@ import (
 	"time"
 )
 
-// ModuleDir is the directory of lovelock_ingest.py.
+// ModuleDir is the directory of lovelock_ingest.py: next to this source
+// file where it was built, or else (a test binary carried to another
+// machine, such as a lent GPU's, with a copy of the tree) in the tree
+// that holds the working directory, found by walking up to its go.mod.
 func ModuleDir() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "python")
+	built := filepath.Join(filepath.Dir(file), "..", "..", "python")
+	if _, err := os.Stat(filepath.Join(built, "lovelock_ingest.py")); err == nil {
+		return built
+	}
+	if root, err := RepoRoot(); err == nil {
+		return filepath.Join(root, "dataplane", "ingest", "python")
+	}
+	return built
+}
+
+// RepoRoot walks up from the working directory to the directory with
+// the repository's go.mod.
+func RepoRoot() (string, error) {
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for dir := wd; ; dir = filepath.Dir(dir) {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		if dir == filepath.Dir(dir) {
+			return "", fmt.Errorf("no go.mod in %s or above it: run the test binary from inside a copy of the repository", wd)
+		}
+	}
 }
 
 var (
