@@ -185,7 +185,7 @@ func (b *bench) measure(ctx context.Context, p path, loaded bool) (row, error) {
 }
 
 func (b *bench) args() []string {
-	return []string{"-model", *modelName, "-size", fmt.Sprint(*size), "-device", *deviceKind, "-executor", filepath.Join(b.dir, "executor.sock")}
+	return []string{"-model", *modelName, "-size", fmt.Sprint(*size), "-device", *deviceKind, fmt.Sprintf("-cuda-block=%v", *cudaBlock), "-executor", filepath.Join(b.dir, "executor.sock")}
 }
 
 // loadResult is one closed-loop load's outcome.

@@ -84,5 +84,9 @@ func describeGPU() (string, error) {
 	if info.MIG {
 		mig = "MIG on"
 	}
-	return fmt.Sprintf("GPU %d, %s (%s, %d MiB, %s)", info.Index, info.Name, info.Card, info.MemBytes>>20, mig), nil
+	wait := "threads wait for the GPU as the driver does by default (spinning)"
+	if *cudaBlock {
+		wait = "threads sleep while they wait for the GPU (-cuda-block)"
+	}
+	return fmt.Sprintf("GPU %d, %s (%s, %d MiB, %s; %s)", info.Index, info.Name, info.Card, info.MemBytes>>20, mig, wait), nil
 }

@@ -15,7 +15,7 @@ const cudaBuilt = true
 // openCUDA opens GPU 0; without the NVIDIA driver the error wraps
 // cuda.ErrNoDriver.
 func openCUDA() (devmem.Device, error) {
-	d, err := cuda.Open(cuda.Options{Index: 0})
+	d, err := cuda.Open(cuda.Options{Index: 0, BlockingWait: *cudaBlock})
 	if err != nil {
 		return nil, err // not a typed nil in the interface
 	}
@@ -28,7 +28,7 @@ func openCUDA() (devmem.Device, error) {
 type cudaImporter struct{ cu *cuda.Importer }
 
 func newCUDAImporter() (devmem.Importer, error) {
-	c, err := cuda.NewImporter(cuda.ImporterOptions{})
+	c, err := cuda.NewImporter(cuda.ImporterOptions{BlockingWait: *cudaBlock})
 	if err != nil {
 		return nil, err
 	}

@@ -48,6 +48,7 @@ var (
 	duration     = flag.Duration("duration", 3*time.Second, "measured time per row (after a warm-up)")
 	concurrency  = flag.Int("concurrency", 8, "closed-loop requests outstanding (TCP: connections)")
 	deviceKind   = flag.String("device", deviceShm, "the GPU host's device: shm (shared memory, the models in an executor process, the GPU's stand-in) or cuda (GPU 0 through the CUDA driver; a binary built with -tags cuda)")
+	cudaBlock    = flag.Bool("cuda-block", false, "with -device cuda: the host and DPU processes sleep while they wait for the GPU (cuda.Options.BlockingWait) instead of the driver's default, which spins")
 	role         = flag.String("role", "", "internal: run as one role of the bench (set by the bench itself)")
 	handleSocket = flag.String("handle-socket", "", "internal: the host agent's handle socket (the DPU agent dials only it)")
 	executor     = flag.String("executor", "", "internal: the executor's socket (set by the bench)")

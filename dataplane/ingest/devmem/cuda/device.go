@@ -27,6 +27,17 @@ type Options struct {
 	// or less, the default, copies straight from pageable memory, which
 	// measured as fast or faster (StagingSize's comment).
 	Staging int
+	// BlockingWait makes the device's thread sleep while it waits for the
+	// GPU (Run's kernel, a copy) until the driver's interrupt wakes it
+	// (CU_CTX_SCHED_BLOCKING_SYNC), instead of the driver's default, which
+	// spins while the process has fewer contexts than the machine has
+	// CPUs. Neither costs the host less CPU everywhere: on the lent H100
+	// (docs/ingest-bench.md, 2026-11-25) blocking took about a third less
+	// host CPU per request through the DPU at 64 KiB and about half as
+	// much more at 1 MiB. It applies to the GPU's primary context, which
+	// every user in this process shares; the first to make it active
+	// sets it.
+	BlockingWait bool
 }
 
 // Device is one GPU, implementing devmem.Device. Its methods may be called
@@ -92,7 +103,8 @@ func (d *Device) init() error {
 	if err := cu.check("cuDeviceGet", cu.cuDeviceGet(&d.dev, int32(d.opts.Index))); err != nil {
 		return err
 	}
-	if err := cu.check("cuDevicePrimaryCtxRetain", cu.cuDevicePrimaryCtxRetain(&d.ctx, d.dev)); err != nil {
+	var err error
+	if d.ctx, err = cu.retainPrimary(d.dev, d.opts.BlockingWait); err != nil {
 		return err
 	}
 	if err := cu.check("cuCtxPushCurrent_v2", cu.cuCtxPushCurrent(d.ctx)); err != nil {

@@ -62,6 +62,12 @@ type accessDesc struct {
 const (
 	cuSuccess = 0
 
+	ctxSchedAuto         = 0x0 // CU_CTX_SCHED_AUTO
+	ctxSchedBlockingSync = 0x4 // CU_CTX_SCHED_BLOCKING_SYNC
+	ctxSchedMask         = 0x7 // CU_CTX_SCHED_MASK
+
+	errPrimaryContextActive = 708 // CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE
+
 	attrMultiprocessorCount = 16  // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
 	attrComputeMajor        = 75  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
 	attrComputeMinor        = 76  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
@@ -105,9 +111,14 @@ type driver struct {
 	cuDeviceGetAttribute      func(v *int32, attr int32, d cuDevice) cuResult
 	cuDevicePrimaryCtxRetain  func(ctx *cuContext, d cuDevice) cuResult
 	cuDevicePrimaryCtxRelease func(d cuDevice) cuResult
-	cuCtxPushCurrent          func(ctx cuContext) cuResult
-	cuCtxPopCurrent           func(ctx *cuContext) cuResult
-	cuCtxSynchronize          func() cuResult
+	// Optional: without it the context keeps the driver's default
+	// scheduling (spin while there are fewer active contexts than CPUs).
+	cuDevicePrimaryCtxSetFlags func(d cuDevice, flags uint32) cuResult
+	// Optional; the GPU tests read the flags back with it.
+	cuDevicePrimaryCtxGetState func(d cuDevice, flags *uint32, active *int32) cuResult
+	cuCtxPushCurrent           func(ctx cuContext) cuResult
+	cuCtxPopCurrent            func(ctx *cuContext) cuResult
+	cuCtxSynchronize           func() cuResult
 
 	cuMemAlloc     func(p *cuDevPtr, size uintptr) cuResult
 	cuMemFree      func(p cuDevPtr) cuResult
@@ -164,6 +175,8 @@ func (d *driver) symbols() []symbol {
 		req(&d.cuDeviceGetAttribute, "cuDeviceGetAttribute"),
 		req(&d.cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"),
 		req(&d.cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"),
+		opt(&d.cuDevicePrimaryCtxSetFlags, "cuDevicePrimaryCtxSetFlags_v2", "cuDevicePrimaryCtxSetFlags"),
+		opt(&d.cuDevicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState"),
 		req(&d.cuCtxPushCurrent, "cuCtxPushCurrent_v2"),
 		req(&d.cuCtxPopCurrent, "cuCtxPopCurrent_v2"),
 		req(&d.cuCtxSynchronize, "cuCtxSynchronize"),
@@ -196,6 +209,32 @@ func (d *driver) symbols() []symbol {
 
 // hasVMM reports whether the driver exports every call that cuMemCreate
 // allocations with POSIX descriptors need.
+// retainPrimary retains dev's primary context after setting how a thread
+// waits for the GPU in it (a kernel, a synchronous copy): the driver's
+// default (CU_CTX_SCHED_AUTO: spin while the process has fewer active
+// contexts than the machine has CPUs), or, if block, sleeping until the
+// GPU's interrupt wakes it (CU_CTX_SCHED_BLOCKING_SYNC). The flags are set
+// either way, since they outlive the context: a context made after one
+// that blocked would block too. A context that another user in this
+// process made active keeps its flags (older drivers refuse to change
+// them then); a driver without the call keeps its default.
+func (d *driver) retainPrimary(dev cuDevice, block bool) (cuContext, error) {
+	if d.cuDevicePrimaryCtxSetFlags != nil {
+		flags := uint32(ctxSchedAuto)
+		if block {
+			flags = ctxSchedBlockingSync
+		}
+		if r := d.cuDevicePrimaryCtxSetFlags(dev, flags); r != cuSuccess && r != errPrimaryContextActive {
+			return 0, d.check("cuDevicePrimaryCtxSetFlags_v2", r)
+		}
+	}
+	var ctx cuContext
+	if err := d.check("cuDevicePrimaryCtxRetain", d.cuDevicePrimaryCtxRetain(&ctx, dev)); err != nil {
+		return 0, err
+	}
+	return ctx, nil
+}
+
 func (d *driver) hasVMM() bool {
 	return d.cuMemGetAllocationGranularity != nil && d.cuMemCreate != nil && d.cuMemRelease != nil &&
 		d.cuMemAddressReserve != nil && d.cuMemAddressFree != nil && d.cuMemMap != nil &&

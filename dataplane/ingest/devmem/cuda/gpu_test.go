@@ -632,3 +632,47 @@ func TestGPUMIGProfiles(t *testing.T) {
 		t.Errorf("the mig table's %s differs from what NVML reports:\n%s", card.Name, strings.Join(diffs, "\n"))
 	}
 }
+
+// TestGPUWait: a device's thread waits for the GPU as the driver does by
+// default unless Options.BlockingWait asks it to sleep, also after a
+// device that blocked (the flags outlive the context). (An importer sets
+// its contexts the same way, through the same call; in this process the
+// device's context is active already, so only another process could tell
+// them apart.)
+func TestGPUWait(t *testing.T) {
+	for _, block := range []bool{false, true, false} {
+		want := ctxSchedAuto
+		if block {
+			want = ctxSchedBlockingSync
+		}
+		d := openDevice(t, Options{BlockingWait: block})
+		if got := schedFlags(d.cu, d.dev); got != want {
+			t.Errorf("BlockingWait %v: the primary context's scheduling flags are %#x, want %#x", block, got, want)
+		}
+		b := alloc(t, d, 1<<20)
+		in := pattern(9, 1<<20)
+		if err := b.WriteAt(in, 0); err != nil {
+			t.Fatal(err)
+		}
+		out := make([]byte, len(in))
+		if err := b.ReadAt(out, 0); err != nil || !bytes.Equal(in, out) {
+			t.Fatalf("BlockingWait %v: read back %v, equal %v", block, err, bytes.Equal(in, out))
+		}
+		b.Free()
+		d.Close()
+	}
+}
+
+// schedFlags returns the scheduling flags of dev's primary context
+// (ctxSchedAuto, ctxSchedBlockingSync, ...), -1 where the driver cannot say.
+func schedFlags(d *driver, dev cuDevice) int {
+	if d.cuDevicePrimaryCtxGetState == nil {
+		return -1
+	}
+	var flags uint32
+	var active int32
+	if d.cuDevicePrimaryCtxGetState(dev, &flags, &active) != cuSuccess {
+		return -1
+	}
+	return int(flags & ctxSchedMask)
+}

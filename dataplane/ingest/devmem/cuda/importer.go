@@ -20,6 +20,9 @@ type ImporterOptions struct {
 	// WriteAt and ReadAt copy through, as Options.Staging; 0 or less, the
 	// default, copies straight from pageable memory.
 	Staging int
+	// BlockingWait, as Options.BlockingWait: sleep through the copies'
+	// waits instead of the driver's default.
+	BlockingWait bool
 }
 
 // Importer maps exported CUDA buffers into this process: the DPU-side
@@ -135,7 +138,7 @@ func (im *Importer) context(h devmem.Handle) (*importCtx, error) {
 		return c, nil
 	}
 	c := &importCtx{cu: im.cu, mappings: map[*mapping]struct{}{}}
-	t, err := startThread(func() error { return c.init(h.UUID, h.Device, im.opts.Staging) }, c.fini)
+	t, err := startThread(func() error { return c.init(h.UUID, h.Device, im.opts.Staging, im.opts.BlockingWait) }, c.fini)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", devName(h), err)
 	}
@@ -146,7 +149,7 @@ func (im *Importer) context(h devmem.Handle) (*importCtx, error) {
 
 // init opens the device with uuid, or without one the device with
 // ordinal index, and makes its primary context current.
-func (c *importCtx) init(uuid string, index, staging int) error {
+func (c *importCtx) init(uuid string, index, staging int, block bool) error {
 	cu := c.cu
 	if err := cu.check("cuInit", cu.cuInit(0)); err != nil {
 		return err
@@ -164,7 +167,7 @@ func (c *importCtx) init(uuid string, index, staging int) error {
 	if err != nil {
 		return err
 	}
-	if err := cu.check("cuDevicePrimaryCtxRetain", cu.cuDevicePrimaryCtxRetain(&c.ctx, c.dev)); err != nil {
+	if c.ctx, err = cu.retainPrimary(c.dev, block); err != nil {
 		return err
 	}
 	if err := cu.check("cuCtxPushCurrent_v2", cu.cuCtxPushCurrent(c.ctx)); err != nil {

@@ -73,8 +73,15 @@ CUresult cuDeviceGetUuid_v2(unsigned char *u, CUdevice d) { if (gpuof(d) < 0) re
 CUresult cuDeviceTotalMem_v2(size_t *b, CUdevice d) { *b = 81559ull << 20; return 0; }
 CUresult cuDeviceGetAttribute(int *v, int a, CUdevice d) {
 	*v = a == 16 ? 132 : a == 102 ? 1 : a == 103 ? (getenv("FAKE_NO_FD") ? 0 : 1) : 0; return 0; }
-CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) { if (gpuof(d) < 0) return 101; *c = &ctxobj[gpuof(d)]; return 0; }
-CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { return 0; }
+// Primary contexts count their retains; their scheduling flags change only
+// while inactive (the stricter of the drivers' rules: older ones return
+// CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, 708, for an active one).
+static unsigned ctxflags[MAXGPU]; static int ctxrefs[MAXGPU];
+CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) { if (gpuof(d) < 0) return 101; *c = &ctxobj[gpuof(d)]; ctxrefs[gpuof(d)]++; return 0; }
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { if (gpuof(d) < 0 || ctxrefs[gpuof(d)] == 0) return 101; ctxrefs[gpuof(d)]--; return 0; }
+CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice d, unsigned f) { if (gpuof(d) < 0) return 101; if ((f & 7) == 3 || (f & 7) > 4) return 1;
+	if (ctxrefs[gpuof(d)] > 0) return 708; ctxflags[gpuof(d)] = f; return 0; }
+CUresult cuDevicePrimaryCtxGetState(CUdevice d, unsigned *f, int *active) { if (gpuof(d) < 0) return 101; *f = ctxflags[gpuof(d)]; *active = ctxrefs[gpuof(d)] > 0; return 0; }
 CUresult cuCtxPushCurrent_v2(CUcontext c) { if ((int *)c < ctxobj || (int *)c >= ctxobj + ngpus) return 201; cur = c; notetid(); return 0; }
 CUresult cuCtxPopCurrent_v2(CUcontext *c) { *c = cur; cur = 0; return 0; }
 CUresult cuCtxSynchronize(void) { NEEDCTX; return 0; }
