@@ -5,6 +5,7 @@ package ingestservice
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/devmem"
@@ -18,20 +19,26 @@ import (
 const CUDABuilt = true
 
 // cudaDevices opens every GPU the driver sees; cards[i], if set, names
-// GPU i's MIG card where the driver's name does not.
-func cudaDevices(cfg []GPUConfig) ([]devmem.Device, []string, error) {
+// GPU i's MIG card where the driver's name does not. A GPU whose MIG
+// geometry, read from NVML, differs from the scheduler's table of its card
+// is refused (checkGeometry). legacyIPC makes every buffer export a legacy
+// CUDA IPC handle (cuda.Options.LegacyIPC).
+func cudaDevices(cfg []GPUConfig, legacyIPC bool, log *slog.Logger) ([]devmem.Device, []string, error) {
 	var devs []devmem.Device
 	var cards []string
+	fail := func(err error) ([]devmem.Device, []string, error) {
+		for _, d := range devs {
+			d.Close()
+		}
+		return nil, nil, err
+	}
 	for i := 0; ; i++ {
-		d, err := cuda.Open(cuda.Options{Index: i})
+		d, err := cuda.Open(cuda.Options{Index: i, LegacyIPC: legacyIPC})
 		if errors.Is(err, cuda.ErrNoDevice) && i > 0 {
 			break
 		}
 		if err != nil {
-			for _, d := range devs {
-				d.Close()
-			}
-			return nil, nil, fmt.Errorf("ingest_host: GPU %d: %w", i, err)
+			return fail(fmt.Errorf("ingest_host: GPU %d: %w", i, err))
 		}
 		devs = append(devs, d)
 		card := d.Info().Card
@@ -39,6 +46,15 @@ func cudaDevices(cfg []GPUConfig) ([]devmem.Device, []string, error) {
 			card = cfg[i].Card
 		}
 		cards = append(cards, card)
+		if card == "" {
+			continue // the host agent refuses it, naming the config field
+		}
+		live, readErr := d.MIGProfiles()
+		note, err := checkGeometry(i, card, live, readErr)
+		if err != nil {
+			return fail(err)
+		}
+		log.Info(note)
 	}
 	return devs, cards, nil
 }

@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync/atomic"
 
 	"github.com/lovelock-dpu/lovelock/appliance/service"
 	"github.com/lovelock-dpu/lovelock/control/api"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/devmem"
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/hostagent"
+	"github.com/lovelock-dpu/lovelock/dataplane/ingest/mig"
 	"github.com/lovelock-dpu/lovelock/dataplane/transport/udp"
 )
 
@@ -88,7 +90,10 @@ func (s *HostService) devices() ([]devmem.Device, []string, error) {
 		}
 		return devs, cards, nil
 	}
-	return cudaDevices(s.cfg.GPUs)
+	// The Python workers of external models map legacy CUDA IPC handles
+	// (cupy opens them; it cannot map cuMemCreate descriptors), so with
+	// external models every buffer is a cuMemAlloc one with such a handle.
+	return cudaDevices(s.cfg.GPUs, len(s.cfg.ExternalModels) > 0, s.log)
 }
 
 // Stats implements service.Service: hostagent.Stats.
@@ -112,3 +117,25 @@ func (s *HostService) gpus(w http.ResponseWriter, r *http.Request) {
 }
 
 var _ service.Service = (*HostService)(nil)
+
+// checkGeometry compares the MIG geometry GPU i reports (live, read from
+// NVML; readErr where it could not be read) with the scheduler's table of
+// card, the card the host agent registers it as. A GPU whose geometry
+// differs is refused: the scheduler would place instances it cannot hold.
+// One that cannot say (no NVML, or a driver without the calls) is taken
+// on the table's word, and the returned note says so for the log.
+func checkGeometry(i int, card string, live []mig.Profile, readErr error) (note string, err error) {
+	if readErr != nil {
+		return fmt.Sprintf("GPU %d: MIG geometry not checked against the %s table: %v", i, card, readErr), nil
+	}
+	c, err := mig.CardByName(card)
+	if err != nil {
+		return "", fmt.Errorf("ingest_host: GPU %d: %w", i, err)
+	}
+	if diffs := c.Compare(live); diffs != nil {
+		return "", fmt.Errorf("ingest_host: GPU %d: its MIG geometry differs from the scheduler's %s table, so placements would be wrong: %s; "+
+			"set gpus[%d].card to the card this GPU is, or report the driver's geometry to the developers",
+			i, card, strings.Join(diffs, "; "), i)
+	}
+	return fmt.Sprintf("GPU %d: MIG geometry matches the %s table (%d profiles, from NVML)", i, card, len(live)), nil
+}

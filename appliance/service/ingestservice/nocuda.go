@@ -4,6 +4,7 @@ package ingestservice
 
 import (
 	"errors"
+	"log/slog"
 
 	"github.com/lovelock-dpu/lovelock/dataplane/ingest/devmem"
 )
@@ -17,7 +18,7 @@ const CUDABuilt = false
 var errNoCUDA = errors.New("this lovelockd is the static build without the CUDA backend (the DPU image's); " +
 	"on a GPU host run the lovelockd of 'make lovelockd-cuda' (dynamically linked, for libcuda), or use device shm")
 
-func cudaDevices([]GPUConfig) ([]devmem.Device, []string, error) {
+func cudaDevices([]GPUConfig, bool, *slog.Logger) ([]devmem.Device, []string, error) {
 	return nil, nil, errNoCUDA
 }
 
