@@ -7,8 +7,8 @@ array: affine (float32 rows of 16, y = 2x + 1, computed in place in the
 input buffer, then replied from there) and rowsum (int32 rows of 16, one
 int32 sum per row, replied from a new array).
 
-slow (torch, affine): before y, queues long GPU work (matrix products) that
-y depends on, and checks that it is still running when req.reply() is
+slow (torch, affine): before y, queues a long GPU kernel that y waits for
+on the stream, and checks that it is still running when req.reply() is
 called; if it is not, the request fails saying so, as the test would then
 not show that reply waits for the GPU before it tells the host agent done.
 """
@@ -33,7 +33,6 @@ if lib == "torch":
 cp.cuda.runtime.deviceSynchronize()
 
 requests = lovelock_ingest.serve(model, socket=sock)
-busy = None
 for req in requests:
     if lib == "cupy":
         if model == "affine":
@@ -50,19 +49,17 @@ for req in requests:
         continue
     if model == "affine" and slow:
         x = req.torch("float32", (-1, 16))
-        if busy is None:
-            g = torch.Generator(device="cuda").manual_seed(1)
-            busy = torch.randn(2048, 2048, device="cuda", generator=g) / 64
-            torch.cuda.synchronize()  # the first products' set-up (cuBLAS) stays out of the timing below
-        acc = busy
-        for _ in range(600):  # 10 TFLOP: about 150 ms on an H100 in FP32, queued in about 10 ms
-            acc = torch.tanh(acc @ busy)
-        # 0 * a finite sum is ±0, and 2x + 1 ± 0 is 2x + 1 to the bit: y waits for acc without changing.
-        y = x * 2 + 1 + acc.sum() * 0
+        # One kernel that keeps the GPU busy for about half a second
+        # (torch.cuda._sleep spins for that many clock cycles), queued
+        # before y on the same stream, so y lands only after it: the Python
+        # loop of matrix products used before was launched no faster than
+        # the GPU ran it on the lent H100, and had finished by reply.
+        torch.cuda._sleep(1_000_000_000)
+        y = x * 2 + 1
         ev = torch.cuda.Event()
         ev.record()
         if ev.query():
-            req.fail("cudaworker: the GPU work had finished before reply: make the busy loop longer")
+            req.fail("cudaworker: the GPU work had finished before reply: make the sleep longer")
             continue
         req.reply(y)
     elif model == "affine":

@@ -1,0 +1,94 @@
+# The testbed demos' shared part, sourced by demo.sh (make demo) and
+# ingest-cuda.sh from the repository's root: the run directory, starting
+# lovelockd in a node, waiting for services and conditions, and the cleanup
+# that stops everything and takes the testbed down, also when a step fails.
+# It expects BIN (binaries, default bin) and PREFIX (the testbed's prefix,
+# default ll-) and sets RUN, lovelock and pids.
+
+BIN=${BIN:-bin}
+PREFIX=${PREFIX:-ll-}
+RUN=$(mktemp -d /tmp/lovelock-demo.XXXXXX)
+lovelock="$BIN/lovelock"
+pids=()
+
+say() { if [ -t 1 ]; then printf '\n\033[1m== %s\033[0m\n' "$*"; else printf '\n== %s\n' "$*"; fi; }
+
+# start_node NODE [FLAGS...] runs $BIN/lovelockd (or $BIN/$BIN_LOVELOCKD) in
+# NODE with $RUN/NODE.yaml; each daemon locks its pin directory's parent, so
+# one parent per node.
+start_node() {
+	local node=$1
+	shift
+	mkdir -p "/sys/fs/bpf/lovelock-demo-$node"
+	"$lovelock" testbed exec --prefix "$PREFIX" "$node" -- "$BIN/${BIN_LOVELOCKD:-lovelockd}" \
+		--config "$RUN/$node.yaml" --pin-dir "/sys/fs/bpf/lovelock-demo-$node/lovelock" \
+		--state "$RUN/$node.state.json" --socket "$RUN/$node.sock" --metrics off "$@" >"$RUN/$node.log" 2>&1 &
+	pids+=($!)
+}
+
+# services_up NODE... waits until every service of each node runs (lovelock
+# services exits non-zero until then) and fails the demo with the node's log
+# otherwise.
+services_up() {
+	local node
+	for node in "$@"; do
+		for _ in $(seq 100); do
+			"$lovelock" --socket "$RUN/$node.sock" services >/dev/null 2>&1 && break
+			sleep 0.1
+		done
+		if ! "$lovelock" --socket "$RUN/$node.sock" services; then
+			echo "a service on $node is not running; its log:"
+			cat "$RUN/$node.log"
+			exit 1
+		fi
+	done
+}
+
+# wait_until NODE WHAT COMMAND [ARG...] retries COMMAND for up to 10 s until it
+# succeeds; if it never does, it fails the demo, saying what it waited for,
+# with NODE's log.
+wait_until() {
+	local node=$1 what=$2
+	shift 2
+	for _ in $(seq 100); do
+		"$@" >/dev/null 2>&1 && return 0
+		sleep 0.1
+	done
+	echo "timed out after 10 s waiting for $what; $node's log:"
+	cat "$RUN/$node.log"
+	exit 1
+}
+
+# output_has PATTERN COMMAND [ARG...] succeeds when COMMAND succeeds and its
+# output contains PATTERN (no grep -q in a pipe: with pipefail, the
+# command's SIGPIPE would fail a match).
+output_has() {
+	local pattern=$1 out
+	shift
+	out=$("$@") && [[ $out == *"$pattern"* ]]
+}
+
+cleanup() {
+	local rc=$?
+	# Last started first, each waited for: the Python worker goes before
+	# the lovelockd it is attached to (else it reports the closed socket).
+	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+		kill "${pids[i]}" 2>/dev/null || true
+		wait "${pids[i]}" 2>/dev/null || true
+	done
+	# Removing the pins detaches the programs: the demo leaves nothing behind.
+	# What is left anyway fails the demo, said, rather than stay unnoticed.
+	rm -rf /sys/fs/bpf/lovelock-demo-* 2>/dev/null || true
+	if compgen -G '/sys/fs/bpf/lovelock-demo-*' >/dev/null; then
+		echo "pins left behind (remove them by hand):" /sys/fs/bpf/lovelock-demo-*
+		rc=1
+	fi
+	if ! "$lovelock" testbed down --prefix "$PREFIX" >"$RUN/down.log" 2>&1; then
+		echo "testbed down failed, namespaces or veths may be left; run '$lovelock testbed down --prefix $PREFIX' again:"
+		cat "$RUN/down.log"
+		rc=1
+	fi
+	rm -rf "$RUN"
+	exit "$rc"
+}
+trap cleanup EXIT
