@@ -13,7 +13,8 @@ buffers once, and hands your code each input where it landed:
 Shared-memory devices (the testbed, CI): req.numpy() is an ndarray over the
 mmap of the slot's memfd. CUDA devices: req.cupy() / req.torch() are device
 arrays over the slot (legacy CUDA IPC handle opened with cupy, then DLPack to
-PyTorch). The CUDA path is UNTESTED: no GPU was lent when it was written.
+PyTorch); tested on an H100 (hostagent's external_gpu_test.go). Import cupy
+and torch and touch the GPU before serve(): the first request opens the slots.
 Needs numpy; cupy and torch only for CUDA. The protocol is in
 dataplane/ingest/hostagent/workers.go; docs/ingest.md tells the rest.
 """
@@ -86,7 +87,7 @@ class Request:
         return a if shape is None else a.reshape(shape)
 
     def cupy(self, dtype="uint8", shape=None, output=False):
-        """The input (or the output buffer) as a cupy array on the GPU: no copy. UNTESTED."""
+        """The input (or the output buffer) as a cupy array on the GPU: no copy."""
         cp = self._w._cuda()
         ptr = self._s["out_ptr" if output else "in_ptr"]
         n = self.out_nbytes if output else self.nbytes
@@ -95,7 +96,7 @@ class Request:
         return a if shape is None else a.reshape(shape)
 
     def torch(self, dtype="uint8", shape=None, output=False):
-        """The input (or output buffer) as a torch CUDA tensor through DLPack: no copy. dtype is numpy's. UNTESTED."""
+        """The input (or output buffer) as a torch CUDA tensor through DLPack: no copy. dtype is numpy's."""
         try:
             import torch
         except ImportError as e:
@@ -185,7 +186,7 @@ class Worker:
                 os.close(fd)
 
     def _cuda(self):
-        """Imports cupy and opens every slot's IPC handle on first use. UNTESTED."""
+        """Imports cupy and opens every slot's IPC handle on first use."""
         if self._cp is None:
             try:
                 import cupy as cp

@@ -31,12 +31,12 @@ type Options struct {
 	// GPU (Run's kernel, a copy) until the driver's interrupt wakes it
 	// (CU_CTX_SCHED_BLOCKING_SYNC), instead of the driver's default, which
 	// spins while the process has fewer contexts than the machine has
-	// CPUs. Neither costs the host less CPU everywhere: on the lent H100
-	// (docs/ingest-bench.md, 2026-11-25) blocking took about a third less
-	// host CPU per request through the DPU at 64 KiB and about half as
-	// much more at 1 MiB. It applies to the GPU's primary context, which
-	// every user in this process shares; the first to make it active
-	// sets it.
+	// CPUs. It pays for long waits only: on the lent H100 (TestGPURunCost,
+	// 2026-11-25) a checksum run, about 40 µs, cost 49 µs of CPU spinning
+	// and 73 µs blocking; an MLP run of 180-680 µs cost its whole length
+	// spinning and 86-97 µs blocking, for 50-80 µs more latency. It
+	// applies to the GPU's primary context, which every user in this
+	// process shares; the first to make it active sets it.
 	BlockingWait bool
 }
 

@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -675,4 +676,52 @@ func schedFlags(d *driver, dev cuDevice) int {
 		return -1
 	}
 	return int(flags & ctxSchedMask)
+}
+
+// TestGPURunCost prints what one Run costs the host agent: wall time and
+// this process's CPU time per run of each built-in model, at the bench's
+// input sizes, with the driver's default wait (spin) and BlockingWait.
+func TestGPURunCost(t *testing.T) {
+	const maxRuns = 2000
+	for _, block := range []bool{false, true} {
+		d := openDevice(t, Options{BlockingWait: block})
+		for _, name := range []string{"checksum", "mlp"} {
+			m, err := model.Builtin(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, n := range []int{4 << 10, 64 << 10, 1 << 20} {
+				in := alloc(t, d, n)
+				out := alloc(t, d, max(m.OutputSize(n), 1))
+				if err := in.WriteAt(pattern(5, n), 0); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := d.Run(m, in, n, out); err != nil { // warm up
+					t.Fatal(err)
+				}
+				// At least 20 runs and 300 ms, at most 2000 runs: a GPU
+				// does 2000; the fake libcuda's C kernels take longer.
+				cpu0, start := cpuTime(t), time.Now()
+				k := 0
+				for ; k < maxRuns && (k < 20 || time.Since(start) < 300*time.Millisecond); k++ {
+					if _, err := d.Run(m, in, n, out); err != nil {
+						t.Fatal(err)
+					}
+				}
+				wall, cpu := time.Since(start)/time.Duration(k), (cpuTime(t)-cpu0)/time.Duration(k)
+				t.Logf("BlockingWait %-5v %-8s %8s: %6.1f µs wall, %6.1f µs CPU per run (%d runs)", block, name, farSize(n),
+					float64(wall)/1e3, float64(cpu)/1e3, k)
+			}
+		}
+		d.Close()
+	}
+}
+
+// cpuTime is this process's user and system time so far.
+func cpuTime(t *testing.T) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
