@@ -92,3 +92,51 @@ cleanup() {
 	exit "$rc"
 }
 trap cleanup EXIT
+
+# The ingest step's shared parts (demo.sh and ingest-cuda.sh).
+
+# ingest_dpu_yaml writes dpu2's config: the ingest agent on an AF_XDP socket
+# on p0 and a KServe v2 gRPC front end.
+ingest_dpu_yaml() {
+	cat >"$RUN/dpu2.yaml" <<YAML
+ingest:
+  listen: "10.77.0.12:61440"
+  host_listen: "10.77.12.2:61441"
+  grpc: "10.77.0.12:8001"
+  transport: xdp
+  interfaces: [p0]
+  models: [{name: checksum}, {name: mlp}, {name: affine}]
+  tenants: [{id: 1, models: [checksum, mlp, affine]}, {id: 2, models: [checksum]}]
+YAML
+}
+
+# infer ARGS... runs lovelock infer from the client node against dpu2.
+infer() { "$lovelock" testbed exec --prefix "$PREFIX" client -- "$lovelock" infer --dpu 10.77.0.12:61440 "$@"; }
+
+# check_affine PYTHON WHERE sends 64 rows of 64 floats to the affine model
+# (a Python worker's) and checks that every output is 2x+1, with PYTHON (a
+# python3 with NumPy).
+check_affine() {
+	local python=$1 where=$2
+	"$python" -c 'import numpy as np, sys; np.arange(64*64, dtype=np.float32).tofile(sys.argv[1])' "$RUN/affine.in"
+	infer --tenant 1 --model affine --input "$RUN/affine.in" -o json >"$RUN/affine.json"
+	"$python" -c '
+import base64, json, sys, numpy as np
+out = np.frombuffer(base64.b64decode(json.load(open(sys.argv[1]))["result"]["output"]), dtype=np.float32)
+x = np.arange(64*64, dtype=np.float32)
+assert np.array_equal(out, 2 * x + 1), "the Python model'"'"'s output is wrong"
+print("affine over 64 rows through the Python worker" + sys.argv[2] + ": every output equals 2x+1")
+' "$RUN/affine.json" "$where"
+}
+
+# load_host_cpu SIZE NOTE sends 2000 requests of SIZE, 16 outstanding, every
+# output checked, and prints gpu0's lovelockd CPU time per request.
+load_host_cpu() {
+	local size=$1 note=$2 pid before after
+	pid=$(pgrep -f -- "--socket $RUN/gpu0.sock" | head -1)
+	before=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+	infer --tenant 1 --size "$size" --count 2000 --concurrency 16 --check
+	after=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+	awk -v t=$((after - before)) -v hz="$(getconf CLK_TCK)" -v note="$note" \
+		'BEGIN { printf "gpu0 lovelockd CPU: %.3f s for 2000 requests = %.1f us per request (%s)\n", t/hz, t/hz/2000*1e6, note }'
+}

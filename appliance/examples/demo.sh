@@ -123,16 +123,7 @@ say "accelerator ingest (Conspirator): clients send inputs to dpu2, which writes
 # dpu2's lovelockd runs the ingest agent on an AF_XDP socket on p0 and a
 # KServe v2 gRPC front end; gpu0's runs the GPU host agent with two
 # shared-memory GPUs standing in for an H100 and an A100 (docs/ingest.md).
-cat >"$RUN/dpu2.yaml" <<YAML
-ingest:
-  listen: "10.77.0.12:61440"
-  host_listen: "10.77.12.2:61441"
-  grpc: "10.77.0.12:8001"
-  transport: xdp
-  interfaces: [p0]
-  models: [{name: checksum}, {name: mlp}, {name: affine}]
-  tenants: [{id: 1, models: [checksum, mlp, affine]}, {id: 2, models: [checksum]}]
-YAML
+ingest_dpu_yaml
 cat >"$RUN/gpu0.yaml" <<YAML
 ingest_host:
   listen: "10.77.12.1:61441"
@@ -153,7 +144,6 @@ wait_until gpu0 "gpu0 to register its GPU slots with dpu2 ('lovelock ingest stat
 	output_has '; registered with its DPU' "$lovelock" --socket "$RUN/gpu0.sock" ingest stats
 "$lovelock" --socket "$RUN/gpu0.sock" ingest gpus
 "$lovelock" --socket "$RUN/dpu2.sock" ingest models
-infer() { "$lovelock" testbed exec --prefix "$PREFIX" client -- "$lovelock" infer --dpu 10.77.0.12:61440 "$@"; }
 echo "-- one 1 MiB input, checksummed where it landed on the GPU side; --check compares with the client's own"
 infer --tenant 1 --size 1MiB --check
 echo "-- the MLP on 256 rows, checked against its CPU reference"
@@ -170,15 +160,7 @@ for req in lovelock_ingest.serve("affine", socket=sys.argv[1]):
 pids+=($!)
 wait_until gpu0 "the Python worker of affine to attach to gpu0 ('workers attached: affine 1')" \
 	output_has 'workers attached: affine 1' "$lovelock" --socket "$RUN/gpu0.sock" ingest stats
-/usr/bin/python3 -c 'import numpy as np, sys; np.arange(64*64, dtype=np.float32).tofile(sys.argv[1])' "$RUN/affine.in"
-infer --tenant 1 --model affine --input "$RUN/affine.in" -o json >"$RUN/affine.json"
-/usr/bin/python3 -c '
-import base64, json, sys, numpy as np
-out = np.frombuffer(base64.b64decode(json.load(open(sys.argv[1]))["result"]["output"]), dtype=np.float32)
-x = np.arange(64*64, dtype=np.float32)
-assert np.array_equal(out, 2 * x + 1), "the Python model'"'"'s output is wrong"
-print("affine over 64 rows through the Python worker: every output equals 2x+1")
-' "$RUN/affine.json"
+check_affine /usr/bin/python3 ""
 echo "-- tenant 2 is not granted the MLP: refused, and nothing else harmed"
 # Refused means dpu2 answered not-granted: any other failure (dpu2 gone, a
 # wrong flag) is not the refusal this step shows.
@@ -193,12 +175,7 @@ if ! grep -q '^error: *not-granted: tenant 2 ' "$RUN/refused.out"; then
 	exit 1
 fi
 echo "-- a load: 2000 requests of 4 KiB, 16 outstanding, every output checked; host CPU per request from gpu0's lovelockd"
-gpu_pid=$(pgrep -f -- "--socket $RUN/gpu0.sock" | head -1)
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-before=$(cpu_ticks "$gpu_pid")
-infer --tenant 1 --size 4KiB --count 2000 --concurrency 16 --check
-after=$(cpu_ticks "$gpu_pid")
-awk -v t=$((after - before)) -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "gpu0 lovelockd CPU: %.3f s for 2000 requests = %.1f us per request (doorbell, launch, completion; the shm device runs the model on this CPU too)\n", t/hz, t/hz/2000*1e6 }'
+load_host_cpu 4KiB "doorbell, launch, completion; the shm device runs the model on this CPU too"
 "$lovelock" --socket "$RUN/dpu2.sock" ingest stats
 "$lovelock" --socket "$RUN/gpu0.sock" ingest stats
 
