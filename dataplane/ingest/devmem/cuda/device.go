@@ -32,10 +32,13 @@ type Options struct {
 	// (CU_CTX_SCHED_BLOCKING_SYNC), instead of the driver's default, which
 	// spins while the process has fewer contexts than the machine has
 	// CPUs. It pays for long waits only: on the lent H100 (TestGPURunCost,
-	// 2026-11-25) a checksum run, about 40 µs, cost 49 µs of CPU spinning
-	// and 73 µs blocking; an MLP run of 180-680 µs cost its whole length
-	// spinning and 86-97 µs blocking, for 50-80 µs more latency. It
-	// applies to the GPU's primary context, which every user in this
+	// 2026-11-25) a checksum run, about 40 µs, cost 44-49 µs of CPU
+	// spinning and 73-93 µs blocking; the MLP kernel of before, whose runs
+	// took 180-680 µs, cost its whole length spinning and 86-97 µs
+	// blocking. Every built-in run now takes under 100 µs alone, so
+	// spinning, the default, costs less; blocking is for models that run
+	// long, or a GPU shared with other processes (docs/ingest-bench.md).
+	// It applies to the GPU's primary context, which every user in this
 	// process shares; the first to make it active sets it.
 	BlockingWait bool
 }

@@ -32,6 +32,10 @@ var entries = map[string]int{
 // and reductions are sized for exactly this many.
 const threadsPerBlock = 256
 
+// mlpRowsPerBlock is MLP_ROWS in kernels.cl: the mlp kernel gives each row
+// one thread per hidden unit.
+const mlpRowsPerBlock = threadsPerBlock / model.MLPHidden
+
 // jitLogSize bounds the JIT compiler's error log kept in errors.
 const jitLogSize = 16 << 10
 

@@ -74,7 +74,7 @@ func (d *Device) checksum(in *buffer, n int, out *buffer) error {
 // mlp runs on the thread.
 func (d *Device) mlp(in *buffer, n int, out *buffer) error {
 	rows := uint64(n / (model.MLPIn * 4))
-	blocks := (rows + threadsPerBlock - 1) / threadsPerBlock
+	blocks := (rows + mlpRowsPerBlock - 1) / mlpRowsPerBlock
 	inPtr, weights, outPtr := in.ptr, d.kernels.weights, out.ptr
 	return launch(d.cu, d.kernels.mlp, uint32(blocks),
 		unsafe.Pointer(&inPtr), unsafe.Pointer(&rows), unsafe.Pointer(&weights), unsafe.Pointer(&outPtr))

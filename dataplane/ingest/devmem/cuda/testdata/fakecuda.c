@@ -147,7 +147,7 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
 		return 0; }
 	if (f == (void *)2) {
 		const float *in = *(const float **)params[0]; unsigned long long rows = *(unsigned long long *)params[1]; const float *w = *(const float **)params[2]; float *out = *(float **)params[3];
-		if ((unsigned long long)gx * 256 < rows) return 1;
+		if ((unsigned long long)gx * 4 < rows || (unsigned long long)(gx - 1) * 4 >= rows) return 1; // 4 rows a block
 		const float *w1 = w, *b1 = w1 + 64 * 64, *w2 = b1 + 64, *b2 = w2 + 16 * 64;
 		for (unsigned long long r = 0; r < rows; r++) { float h[64];
 			for (int j = 0; j < 64; j++) { float s = b1[j]; for (int k = 0; k < 64; k++) s += w1[j * 64 + k] * in[r * 64 + k]; h[j] = s > 0 ? s : 0; }
