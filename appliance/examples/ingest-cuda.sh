@@ -53,12 +53,12 @@ infer --tenant 1 --model mlp --size 64KiB --check
 echo "-- the same MLP through the KServe v2 gRPC front end"
 infer --tenant 1 --model mlp --size 16KiB --check --grpc 10.77.0.12:8001
 echo "-- a user's own model in Python: the slot as a torch tensor on the GPU (DLPack), no copy"
-# torch, cupy and the CUDA context are set up before the worker attaches:
-# in the first request they would take seconds, past the client's
-# retransmissions (lovelock infer --retries).
+# The worker imports torch, as the user's model code would, before it
+# attaches; lovelock_ingest opens the CUDA slots as it attaches, so the first
+# request waits for neither (they take seconds, past the client's
+# retransmissions).
 PYTHONPATH=dataplane/ingest/python python3 -c '
-import sys, cupy, torch, lovelock_ingest
-torch.zeros(1, device="cuda")
+import sys, torch, lovelock_ingest
 for req in lovelock_ingest.serve("affine", socket=sys.argv[1]):
     x = req.torch("float32", (-1, 64))   # the one changed line
     req.reply(2 * x + 1)                 # the user model, unchanged

@@ -13,8 +13,9 @@ buffers once, and hands your code each input where it landed:
 Shared-memory devices (the testbed, CI): req.numpy() is an ndarray over the
 mmap of the slot's memfd. CUDA devices: req.cupy() / req.torch() are device
 arrays over the slot (legacy CUDA IPC handle opened with cupy, then DLPack to
-PyTorch); tested on an H100 (hostagent's external_gpu_test.go). Import cupy
-and torch and touch the GPU before serve(): the first request opens the slots.
+PyTorch); tested on an H100 (hostagent's external_gpu_test.go). The worker
+opens CUDA slots when it attaches; import torch before serve() too, if the
+model uses it, so that the first request does not wait for that.
 Needs numpy; cupy and torch only for CUDA. The protocol is in
 dataplane/ingest/hostagent/workers.go; docs/ingest.md tells the rest.
 """
@@ -149,6 +150,12 @@ class Request:
             raise ConnectionError(f"lovelock_ingest: the host agent is gone ({e}): start the worker again") from e
 
 
+def _importable(name):
+    """Whether module name can be imported, without importing it."""
+    import importlib.util
+    return importlib.util.find_spec(name) is not None
+
+
 class Worker:
     """A connection to the host agent serving one model; iterate it for Requests."""
 
@@ -184,9 +191,19 @@ class Worker:
         finally:
             for fd in set(fds) - kept:  # an mmap keeps its pages without the descriptor
                 os.close(fd)
+        # CUDA slots are opened now, while no request waits, not in the first
+        # one: importing cupy and opening the handles takes seconds, which a
+        # client's retransmissions may not outlast. Without cupy, the first
+        # req.cupy() or req.torch() says what to install.
+        if any(s["kind"] != "memfd" for s in self._slots.values()) and _importable("cupy"):
+            try:
+                self._cuda()
+            except BaseException:
+                self.sock.close()
+                raise
 
     def _cuda(self):
-        """Imports cupy and opens every slot's IPC handle on first use."""
+        """Imports cupy and opens every slot's IPC handle, once: at attach where cupy is installed."""
         if self._cp is None:
             try:
                 import cupy as cp
