@@ -207,8 +207,6 @@ func (d *driver) symbols() []symbol {
 	}
 }
 
-// hasVMM reports whether the driver exports every call that cuMemCreate
-// allocations with POSIX descriptors need.
 // retainPrimary retains dev's primary context after setting how a thread
 // waits for the GPU in it (a kernel, a synchronous copy): the driver's
 // default (CU_CTX_SCHED_AUTO: spin while the process has fewer active
@@ -235,6 +233,8 @@ func (d *driver) retainPrimary(dev cuDevice, block bool) (cuContext, error) {
 	return ctx, nil
 }
 
+// hasVMM reports whether the driver exports every call that cuMemCreate
+// allocations with POSIX descriptors need.
 func (d *driver) hasVMM() bool {
 	return d.cuMemGetAllocationGranularity != nil && d.cuMemCreate != nil && d.cuMemRelease != nil &&
 		d.cuMemAddressReserve != nil && d.cuMemAddressFree != nil && d.cuMemMap != nil &&
