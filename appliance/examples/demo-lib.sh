@@ -26,23 +26,29 @@ start_node() {
 	pids+=($!)
 }
 
-# services_up NODE... waits until every service of each node runs (lovelock
-# services exits non-zero until then) and fails the demo with the node's log
-# otherwise.
-services_up() {
-	local node
+# node_ok SUBCOMMAND WHAT NODE... retries 'lovelock SUBCOMMAND' on each node
+# for up to 10 s until it exits 0, then runs it once more to show its
+# output; if it still fails, the demo fails saying "WHAT on NODE", with the
+# node's log.
+node_ok() {
+	local sub=$1 what=$2 node
+	shift 2
 	for node in "$@"; do
 		for _ in $(seq 100); do
-			"$lovelock" --socket "$RUN/$node.sock" services >/dev/null 2>&1 && break
+			"$lovelock" --socket "$RUN/$node.sock" "$sub" >/dev/null 2>&1 && break
 			sleep 0.1
 		done
-		if ! "$lovelock" --socket "$RUN/$node.sock" services; then
-			echo "a service on $node is not running; its log:"
+		if ! "$lovelock" --socket "$RUN/$node.sock" "$sub"; then
+			echo "$what on $node; its log:"
 			cat "$RUN/$node.log"
 			exit 1
 		fi
 	done
 }
+
+# services_up NODE... waits until every service of each node runs (lovelock
+# services exits non-zero until then).
+services_up() { node_ok services "a service is not running" "$@"; }
 
 # wait_until NODE WHAT COMMAND [ARG...] retries COMMAND for up to 10 s until it
 # succeeds; if it never does, it fails the demo, saying what it waited for,

@@ -45,19 +45,9 @@ for dpu in dpu0 dpu1; do
 	"$lovelock" --socket "$RUN/$dpu.sock" iface list
 done
 
-for dpu in dpu0 dpu1; do
-	# Ready means everything asked for runs: attachments on the live
-	# interfaces, rules, services (lovelock status exits 1 otherwise).
-	for _ in $(seq 100); do
-		"$lovelock" --socket "$RUN/$dpu.sock" status >/dev/null 2>&1 && break
-		sleep 0.1
-	done
-	if ! "$lovelock" --socket "$RUN/$dpu.sock" status; then
-		echo "lovelockd on $dpu runs degraded; its log:"
-		cat "$RUN/$dpu.log"
-		exit 1
-	fi
-done
+# Ready means everything asked for runs: attachments on the live
+# interfaces, rules, services (lovelock status exits 1 otherwise).
+node_ok status "lovelockd runs degraded" dpu0 dpu1
 
 for dpu in dpu0 dpu1; do
 	# The agents start beside the API; wait until messaging runs on its AF_XDP sockets.
